@@ -1,0 +1,66 @@
+# Thin wrapper around CMake: install dependencies, build, run, test, bench.
+#   make run        build Release in build/ and run `spmd train`
+#   make test       build in build/ and run the tests with CTest
+#   make test-asan  the same with ASan+UBSan in build-asan/
+#   make bench      build and run the benchmarks
+#   make clean      remove the build folders
+# Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=...
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+BUILD_TYPE ?= Release
+NATIVE ?= ON
+WERROR ?= OFF
+CMAKE_ARGS ?=
+CTEST_ARGS ?=
+
+BUILD := build
+ASAN_BUILD := build-asan
+
+.PHONY: all deps build build-asan run test test-asan bench clean
+
+all: build
+
+deps:
+	@echo "==> checking system packages (scripts/install-deps.sh)"
+	@bash scripts/install-deps.sh
+
+build: deps
+	@echo "==> configuring $(BUILD)/ ($(BUILD_TYPE), native=$(NATIVE), werror=$(WERROR))"
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPMD_NATIVE=$(NATIVE) \
+	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF $(CMAKE_ARGS) >/dev/null
+	@echo "==> building $(BUILD)/ with $(JOBS) jobs"
+	@cmake --build $(BUILD) -j $(JOBS)
+
+build-asan: deps
+	@echo "==> configuring $(ASAN_BUILD)/ (RelWithDebInfo, ASan+UBSan, werror=$(WERROR))"
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
+	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=ON -DSPMD_BUILD_BENCH=OFF \
+	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS) >/dev/null
+	@echo "==> building $(ASAN_BUILD)/ with $(JOBS) jobs"
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+run: build
+	@if [ -x $(BUILD)/spmd ]; then \
+	    echo "==> running ./$(BUILD)/spmd train"; \
+	    ./$(BUILD)/spmd train; \
+	else \
+	    echo "==> the spmd tool is not built yet (no tools/*.c): nothing to run"; \
+	fi
+
+test: build
+	@echo "==> running the tests (ctest in $(BUILD)/)"
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+test-asan: build-asan
+	@echo "==> running the tests under ASan+UBSan (ctest in $(ASAN_BUILD)/)"
+	@cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+bench: build
+	@set -e; found=0; for b in $(BUILD)/bench/*; do \
+	    [ -f "$$b" ] && [ -x "$$b" ] || continue; found=1; \
+	    echo "==> running $$b"; "$$b"; \
+	done; [ $$found = 1 ] || echo "==> no benchmarks built"
+
+clean:
+	@echo "==> removing $(BUILD)/ and $(ASAN_BUILD)/"
+	@rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,112 @@
+/*
+ * Ready-made models, built only from the public graph API in spmd.h: a
+ * multilayer perceptron and a GPT-2 style decoder.  Parameter names and
+ * shapes follow PyTorch (nn.Linear weights are [out, in]; the GPT uses the
+ * nanoGPT / Hugging Face GPT-2 names), so checkpoints and reference
+ * computations map onto them one to one.
+ *
+ * Builders that return a status leave a message in spmd_last_error() on
+ * failure; builders that return a tensor return NULL instead.
+ */
+#ifndef SPMD_MODELS_H
+#define SPMD_MODELS_H
+
+#include "spmd/spmd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Multilayer perceptron ---------------------------------------------- */
+
+/* `layers` hidden layers of width `hidden`, so layers + 1 Linear layers:
+ *   fc.0: in_dim -> hidden, fc.1 .. fc.{layers-1}: hidden -> hidden,
+ *   fc.{layers}: hidden -> out_dim   (layers == 0: one Linear in -> out).
+ * Linear i has "fc.{i}.weight" [out, in] and "fc.{i}.bias" [out]; GELU
+ * (tanh form) follows every Linear but the last.
+ * Init: weights uniform in [-1/sqrt(in), 1/sqrt(in)) -- the distribution
+ * PyTorch's nn.Linear gives its weights (kaiming_uniform with a = sqrt(5));
+ * biases zero. */
+typedef struct spmd_mlp_config {
+    int in_dim;
+    int hidden;
+    int layers; /* hidden layers */
+    int out_dim;
+} spmd_mlp_config;
+
+typedef struct spmd_mlp_tensors {
+    spmd_tensor *input;   /* [B, in_dim] f32 */
+    spmd_tensor *output;  /* [B, out_dim] */
+    spmd_tensor *targets; /* set by spmd_mlp_add_loss */
+    spmd_tensor *loss;    /* scalar; set by spmd_mlp_add_loss */
+} spmd_mlp_tensors;
+
+typedef enum spmd_mlp_loss_kind {
+    SPMD_MLP_MSE = 0,          /* targets f32 [B, out_dim] */
+    SPMD_MLP_CROSS_ENTROPY = 1 /* targets i32 [B], class ids in [0, out_dim) */
+} spmd_mlp_loss_kind;
+
+SPMD_API spmd_status spmd_mlp_validate(const spmd_mlp_config *cfg);
+/* Trained elements of the model; -1 (with a message) for a bad config. */
+SPMD_API int64_t spmd_mlp_param_count(const spmd_mlp_config *cfg);
+/* Build the MLP on `x` [B, in_dim] f32, or, with x == NULL, on a new input
+ * "input" [batch, in_dim] (batch is ignored when x is given).  Fills
+ * out->input and out->output; out->targets and out->loss become NULL. */
+SPMD_API spmd_status spmd_mlp_build(spmd_graph *g, const spmd_mlp_config *cfg,
+                                    spmd_tensor *x, int batch, spmd_mlp_tensors *out);
+/* Add the input "targets" and the scalar mean loss of out->output. */
+SPMD_API spmd_status spmd_mlp_add_loss(spmd_graph *g, spmd_mlp_loss_kind kind,
+                                       spmd_mlp_tensors *t);
+
+/* ---- GPT-2 style decoder ---------------------------------------------- */
+
+/* Parameters (C = dim, T = seq, V = vocab):
+ *   wte.weight [V, C]   token embedding, also the (tied) LM head
+ *   wpe.weight [context, C]   position embedding (rows 0..T-1 used)
+ *   per block i:
+ *     h.{i}.ln_1.weight, h.{i}.ln_1.bias           [C]
+ *     h.{i}.attn.c_attn.weight [3C, C], .bias [3C]  (q, k, v in that order)
+ *     h.{i}.attn.c_proj.weight [C, C],  .bias [C]
+ *     h.{i}.ln_2.weight, h.{i}.ln_2.bias           [C]
+ *     h.{i}.mlp.c_fc.weight    [4C, C], .bias [4C]
+ *     h.{i}.mlp.c_proj.weight  [C, 4C], .bias [C]
+ *   ln_f.weight, ln_f.bias [C]
+ * Pre-norm blocks, causal attention, GELU (tanh form), LayerNorm eps 1e-5.
+ * Init as GPT-2 / nanoGPT: weights and embeddings normal(0, 0.02), the two
+ * c_proj weights normal(0, 0.02 / sqrt(2 * layers)), biases zero,
+ * LayerNorm weights one and biases zero. */
+typedef struct spmd_gpt_config {
+    int vocab;  /* V */
+    int seq;    /* T: the sequence length trained on */
+    int context; /* rows of wpe (GPT-2: 1024); 0 means seq */
+    int layers;
+    int heads;  /* must divide dim */
+    int dim;    /* C */
+} spmd_gpt_config;
+
+typedef struct spmd_gpt_tensors {
+    spmd_tensor *input;   /* "input"   i32 [B, T] token ids */
+    spmd_tensor *targets; /* "targets" i32 [B, T] next-token ids */
+    spmd_tensor *logits;  /* [B, T, V] */
+    spmd_tensor *loss;    /* scalar mean cross-entropy */
+} spmd_gpt_tensors;
+
+#define SPMD_GPT_LN_EPS 1e-5f
+
+SPMD_API spmd_status spmd_gpt_validate(const spmd_gpt_config *cfg);
+/* Trained elements: V*C + context*C + layers*(12*C*C + 13*C) + 2*C
+ * (124,439,808 for GPT-2 small); -1 (with a message) for a bad config. */
+SPMD_API int64_t spmd_gpt_param_count(const spmd_gpt_config *cfg);
+/* The whole model and its loss for `batch` sequences of cfg->seq tokens. */
+SPMD_API spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
+                                    spmd_gpt_tensors *out);
+/* One transformer block (parameters h.{layer}.*) on x [B, T, C] f32,
+ * returning x + attn(ln_1(x)) followed by + mlp(ln_2(.)), [B, T, C].
+ * For tests and for callers that assemble their own stack. */
+SPMD_API spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer,
+                                     spmd_tensor *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

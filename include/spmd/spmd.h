@@ -1,0 +1,231 @@
+/*
+ * libspmd public API: build a training program for one logical device, then
+ * compile and run it.  Every handle is opaque; every function that can fail
+ * returns a status (or NULL) and leaves a message in spmd_last_error().
+ *
+ * Graph-building functions accept NULL operands and then return NULL without
+ * replacing the first error, so a whole model can be built and checked once.
+ */
+#ifndef SPMD_SPMD_H
+#define SPMD_SPMD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(SPMD_BUILDING) && defined(__GNUC__)
+#define SPMD_API __attribute__((visibility("default")))
+#else
+#define SPMD_API
+#endif
+
+#define SPMD_MAX_RANK 6
+
+/* ---- Status and errors ------------------------------------------------ */
+
+typedef enum spmd_status {
+    SPMD_OK = 0,
+    SPMD_ERR_INVALID,     /* bad argument or malformed input */
+    SPMD_ERR_SHAPE,       /* shapes that do not fit the op */
+    SPMD_ERR_NOMEM,       /* an allocation failed */
+    SPMD_ERR_IO,          /* a file could not be read or written */
+    SPMD_ERR_UNSUPPORTED, /* valid request the library cannot do (yet) */
+    SPMD_ERR_BACKEND,     /* BLAS or another backend is missing or failed */
+    SPMD_ERR_INTERNAL     /* a broken invariant: a libspmd bug */
+} spmd_status;
+
+/* The message of the last error on this thread ("" when none). */
+SPMD_API const char *spmd_last_error(void);
+SPMD_API const char *spmd_status_name(spmd_status status);
+SPMD_API void spmd_clear_error(void);
+
+/* ---- Allocation ------------------------------------------------------- */
+
+/* One allocator hook for everything a graph or program owns.  Tests use it
+ * to make allocation fail on purpose. NULL everywhere means malloc/free. */
+typedef struct spmd_allocator {
+    void *(*alloc)(void *ctx, size_t bytes); /* 64-byte aligned */
+    void (*free)(void *ctx, void *ptr);
+    void *ctx;
+} spmd_allocator;
+
+/* ---- Data types -------------------------------------------------------- */
+
+typedef enum spmd_dtype {
+    SPMD_F32 = 0,
+    SPMD_I32 = 1,  /* token ids and class targets */
+    SPMD_BF16 = 2  /* reserved: not computed with yet */
+} spmd_dtype;
+
+SPMD_API size_t spmd_dtype_size(spmd_dtype dtype);
+SPMD_API const char *spmd_dtype_name(spmd_dtype dtype);
+
+/* ---- Graph ------------------------------------------------------------- */
+
+typedef struct spmd_graph spmd_graph;
+typedef struct spmd_tensor spmd_tensor;
+
+SPMD_API spmd_graph *spmd_graph_create(const spmd_allocator *alloc);
+SPMD_API void spmd_graph_free(spmd_graph *g);
+
+/* How a parameter or state tensor starts: values are a function of
+ * (seed, tensor name, global element index) only. */
+typedef enum spmd_init_kind {
+    SPMD_INIT_ZEROS = 0,
+    SPMD_INIT_ONES,
+    SPMD_INIT_NORMAL,  /* mean 0, standard deviation `scale` */
+    SPMD_INIT_UNIFORM  /* uniform in [-scale, scale) */
+} spmd_init_kind;
+
+typedef struct spmd_init {
+    spmd_init_kind kind;
+    float scale;
+} spmd_init;
+
+/* Leaves.  `name` is copied; names are unique within a graph. */
+SPMD_API spmd_tensor *spmd_input(spmd_graph *g, const char *name, spmd_dtype dtype,
+                                 int rank, const int64_t *dims);
+SPMD_API spmd_tensor *spmd_param(spmd_graph *g, const char *name, int rank,
+                                 const int64_t *dims, spmd_init init);
+/* Persistent but not trained (optimizer moments, step counters). */
+SPMD_API spmd_tensor *spmd_state(spmd_graph *g, const char *name, int rank,
+                                 const int64_t *dims, spmd_init init);
+SPMD_API spmd_tensor *spmd_fill(spmd_graph *g, int rank, const int64_t *dims, float value);
+
+/* Elementwise with numpy broadcasting. */
+SPMD_API spmd_tensor *spmd_add(spmd_graph *g, spmd_tensor *a, spmd_tensor *b);
+SPMD_API spmd_tensor *spmd_sub(spmd_graph *g, spmd_tensor *a, spmd_tensor *b);
+SPMD_API spmd_tensor *spmd_mul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b);
+SPMD_API spmd_tensor *spmd_div(spmd_graph *g, spmd_tensor *a, spmd_tensor *b);
+SPMD_API spmd_tensor *spmd_scale(spmd_graph *g, spmd_tensor *x, float c);
+SPMD_API spmd_tensor *spmd_neg(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_exp(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_log(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_tanh(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_gelu(spmd_graph *g, spmd_tensor *x); /* tanh form */
+SPMD_API spmd_tensor *spmd_relu(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_sqrt(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_rsqrt(spmd_graph *g, spmd_tensor *x);
+/* Broadcast x to `dims` (numpy rules). */
+SPMD_API spmd_tensor *spmd_expand(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims);
+
+/* Reductions.  `axes` is a bit mask of dimensions (bit i = dim i). */
+SPMD_API spmd_tensor *spmd_sum(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
+SPMD_API spmd_tensor *spmd_mean(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
+SPMD_API spmd_tensor *spmd_max(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim);
+
+/* Normalisations over the last dimension. */
+SPMD_API spmd_tensor *spmd_softmax(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_log_softmax(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_layernorm(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma,
+                                     spmd_tensor *beta, float eps);
+
+/* Linear algebra.  matmul: a [..., M, K] times b [K, N] (b [N, K] with
+ * trans_b); with trans_a, a [L..., K'] and b [L..., N] contract over all
+ * leading dims (the weight-gradient form) and give [K', N].
+ * bmm: a [B..., M, K] times b [B..., K, N], transposes on the last two. */
+SPMD_API spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b,
+                                  bool trans_a, bool trans_b);
+SPMD_API spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b,
+                               bool trans_a, bool trans_b);
+
+/* Causal multi-head self-attention: q, k, v [B, T, C], C = heads * head_dim;
+ * returns softmax(q k^T / sqrt(head_dim), causal) v as [B, T, C]. */
+SPMD_API spmd_tensor *spmd_attention(spmd_graph *g, spmd_tensor *q, spmd_tensor *k,
+                                     spmd_tensor *v, int heads);
+
+/* Rows of `table` [V, D] picked by int32 `ids` [...] -> [..., D]. */
+SPMD_API spmd_tensor *spmd_embedding(spmd_graph *g, spmd_tensor *table, spmd_tensor *ids);
+/* Mean cross-entropy of logits [..., V] against int32 targets [...]. */
+SPMD_API spmd_tensor *spmd_cross_entropy(spmd_graph *g, spmd_tensor *logits,
+                                         spmd_tensor *targets);
+/* Mean squared error, a scalar. */
+SPMD_API spmd_tensor *spmd_mse(spmd_graph *g, spmd_tensor *a, spmd_tensor *b);
+
+/* Layout. */
+SPMD_API spmd_tensor *spmd_reshape(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims);
+SPMD_API spmd_tensor *spmd_permute(spmd_graph *g, spmd_tensor *x, const int *perm);
+SPMD_API spmd_tensor *spmd_transpose(spmd_graph *g, spmd_tensor *x, int dim0, int dim1);
+/* x[..., start:start+len, ...] along `axis`. */
+SPMD_API spmd_tensor *spmd_slice(spmd_graph *g, spmd_tensor *x, int axis, int64_t start,
+                                 int64_t len);
+SPMD_API spmd_tensor *spmd_concat(spmd_graph *g, spmd_tensor *const *xs, int n, int axis);
+
+/* Tensor queries. */
+SPMD_API int spmd_tensor_rank(const spmd_tensor *t);
+SPMD_API int64_t spmd_tensor_dim(const spmd_tensor *t, int i);
+SPMD_API int64_t spmd_tensor_numel(const spmd_tensor *t);
+SPMD_API spmd_dtype spmd_tensor_dtype(const spmd_tensor *t);
+SPMD_API const char *spmd_tensor_name(const spmd_tensor *t); /* NULL if unnamed */
+SPMD_API spmd_status spmd_tensor_set_name(spmd_tensor *t, const char *name);
+SPMD_API const char *spmd_tensor_op_name(const spmd_tensor *t);
+SPMD_API bool spmd_tensor_is_param(const spmd_tensor *t);
+/* The gradient of a parameter after spmd_grad (NULL before). */
+SPMD_API spmd_tensor *spmd_tensor_grad(const spmd_tensor *t);
+/* The iteration-space signature of the op, einsum style ("mk,nk->mn"). */
+SPMD_API const char *spmd_tensor_signature(const spmd_tensor *t, char *buf, size_t size);
+
+SPMD_API spmd_tensor *spmd_graph_find(const spmd_graph *g, const char *name);
+SPMD_API int spmd_graph_tensor_count(const spmd_graph *g);
+SPMD_API spmd_tensor *spmd_graph_tensor(const spmd_graph *g, int index); /* creation order */
+SPMD_API int64_t spmd_graph_param_count(const spmd_graph *g); /* trained elements */
+
+/* Keep `t` readable after a run. */
+SPMD_API spmd_status spmd_graph_mark_output(spmd_graph *g, spmd_tensor *t);
+/* After each run, copy `value` into the persistent tensor `target`. */
+SPMD_API spmd_status spmd_graph_set_update(spmd_graph *g, spmd_tensor *target, spmd_tensor *value);
+
+/* ---- Autodiff ---------------------------------------------------------- */
+
+/* Append the reverse-mode backward pass of the scalar `loss`.  Afterwards
+ * spmd_tensor_grad(p) gives dloss/dp for every parameter p. */
+SPMD_API spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss);
+
+/* ---- Optimizer updates -------------------------------------------------- */
+
+/* Append plain SGD: p <- p - lr * dloss/dp for every parameter, with `lr`
+ * a scalar f32 input (so schedules change it without recompiling).
+ * Requires spmd_grad first. */
+SPMD_API spmd_status spmd_sgd(spmd_graph *g, spmd_tensor *lr);
+
+/* ---- Compile and run on one device ------------------------------------ */
+
+typedef struct spmd_program spmd_program;
+
+typedef struct spmd_compile_options {
+    int threads;        /* compute threads; 0 = every core */
+    uint64_t seed;      /* parameter initialisation */
+} spmd_compile_options;
+
+SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);
+SPMD_API void spmd_program_free(spmd_program *p);
+
+SPMD_API spmd_status spmd_program_set_input(spmd_program *p, const spmd_tensor *t,
+                                            const void *data, size_t bytes);
+SPMD_API spmd_status spmd_program_run(spmd_program *p);
+/* Read an output, input or persistent tensor. */
+SPMD_API spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t,
+                                       void *dst, size_t bytes);
+/* Overwrite a parameter or state tensor. */
+SPMD_API spmd_status spmd_program_write(spmd_program *p, const spmd_tensor *t,
+                                        const void *src, size_t bytes);
+
+/* Memory: the largest transient arena plus persistent and input bytes. */
+SPMD_API size_t spmd_program_peak_bytes(const spmd_program *p);
+SPMD_API size_t spmd_program_persistent_bytes(const spmd_program *p);
+SPMD_API size_t spmd_program_arena_bytes(const spmd_program *p);
+
+/* ---- BLAS ---------------------------------------------------------------- */
+
+/* Which GEMM library and kernel the runtime loaded ("OpenBLAS 0.3.21
+ * SkylakeX"); loads it on first call. NULL on failure. */
+SPMD_API const char *spmd_blas_describe(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

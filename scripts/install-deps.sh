@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Install the Debian packages libspmd needs to build, test and run, and only
+# those that are missing.  Quick and offline when everything is present.
+# On a machine without apt-get (or without the right to use it) it names the
+# packages and exits nonzero.
+set -euo pipefail
+
+# package -> why it is needed
+declare -A why=(
+  [cmake]="configures the build (CMake >= 3.18)"
+  [gcc]="the C11 compiler"
+  [make]="runs the build"
+  [pkg-config]="finds cmocka and cJSON"
+  [libopenblas0-pthread]="the GEMM library, loaded at run time (libopenblas.so.0)"
+  [libcmocka-dev]="the unit test framework"
+  [libcjson-dev]="JSON for the spmd tool's configs and reports"
+)
+packages=(cmake gcc make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev)
+# Optional: libblis4 is a slower fallback BLAS, used only without OpenBLAS.
+
+say() { echo "install-deps: $*"; }
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  say "no dpkg-query: not a Debian-like system, cannot check packages."
+  missing_cmds=()
+  for c in cmake cc make pkg-config; do
+    command -v "$c" >/dev/null 2>&1 || missing_cmds+=("$c")
+  done
+  if ((${#missing_cmds[@]} == 0)) && pkg-config --exists cmocka libcjson 2>/dev/null; then
+    say "the tools and libraries are there; make sure OpenBLAS (libopenblas.so.0) is installed too."
+    exit 0
+  fi
+  say "please install the equivalents of: ${packages[*]}"
+  exit 1
+fi
+
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
+
+missing=()
+for p in "${packages[@]}"; do
+  installed "$p" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  say "all ${#packages[@]} packages present (${packages[*]})"
+  exit 0
+fi
+
+say "missing packages:"
+for p in "${missing[@]}"; do
+  echo "  $p: ${why[$p]}"
+done
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  say "no apt-get here; install them by hand: ${missing[*]}"
+  exit 1
+fi
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+  else
+    say "not root and no sudo; as root run: apt-get install ${missing[*]}"
+    exit 1
+  fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+apt_install() {
+  "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+}
+say "running: ${sudo[*]:+${sudo[*]} }apt-get install ${missing[*]}"
+if ! apt_install; then
+  say "install failed; refreshing the package lists (apt-get update) and retrying"
+  if ! { "${sudo[@]}" apt-get update && apt_install; }; then
+    say "could not install: ${missing[*]} (no permission or no network?)"
+    exit 1
+  fi
+fi
+say "installed: ${missing[*]}"

@@ -1,0 +1,31 @@
+/*
+ * Allocation: the user's allocator hook, and a bump arena on top of it for
+ * objects that live and die together (graph nodes and names).
+ */
+#ifndef SPMD_BASE_ARENA_H
+#define SPMD_BASE_ARENA_H
+
+#include "spmd/spmd.h"
+
+/* `alloc` may be NULL (malloc).  Returns 64-byte aligned memory or NULL
+ * with an SPMD_ERR_NOMEM message naming `what`. */
+void *base_alloc(const spmd_allocator *alloc, size_t bytes, const char *what);
+void *base_calloc(const spmd_allocator *alloc, size_t bytes, const char *what);
+void base_free(const spmd_allocator *alloc, void *ptr);
+/* The allocator to use: `alloc` or the default. */
+spmd_allocator base_allocator_or_default(const spmd_allocator *alloc);
+
+typedef struct base_arena_block base_arena_block;
+typedef struct base_arena {
+    spmd_allocator alloc;
+    base_arena_block *head;
+    size_t used, cap; /* in the head block */
+} base_arena;
+
+void base_arena_init(base_arena *a, const spmd_allocator *alloc);
+/* Zeroed, 16-byte aligned; NULL with an error on failure. */
+void *base_arena_alloc(base_arena *a, size_t bytes);
+char *base_arena_strdup(base_arena *a, const char *s);
+void base_arena_free(base_arena *a);
+
+#endif

@@ -1,0 +1,29 @@
+/*
+ * Schedule and memory plan for one device's program.
+ *
+ * The schedule is the creation order (a topological order) restricted to
+ * the nodes that outputs and updates need.  The memory plan gives every
+ * computed tensor an offset in one arena, reusing a buffer once its last
+ * reader has run; a reshape of a computed tensor shares its input's buffer.
+ */
+#ifndef SPMD_COMPILE_PLAN_H
+#define SPMD_COMPILE_PLAN_H
+
+#include "ir/ir.h"
+
+typedef struct plan {
+    spmd_allocator alloc;
+    int n_nodes;          /* graph size when planned */
+    spmd_tensor **steps;  /* computed nodes in execution order */
+    int n_steps;
+    bool *needed;         /* per node id */
+    int *storage;         /* per node id: node whose bytes it uses (itself, or a reshape's source) */
+    int64_t *offset;      /* per node id: arena offset of its storage, -1 for leaves */
+    size_t arena_bytes;
+} plan;
+
+/* Plan graph g; SPMD_OK or an error with a message. */
+spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc);
+void plan_free(plan *p);
+
+#endif

@@ -1,0 +1,598 @@
+/*
+ * Reverse-mode autodiff as graph rewriting: spmd_grad appends, for each node
+ * on a path from a parameter to the loss, the ops that compute the adjoint
+ * of its inputs (one vjp_* rule per op, named in ops.def's fifth column).
+ * The backward pass is ordinary graph ops, so it is compiled, sharded and
+ * scheduled exactly like the forward pass.
+ */
+#include "ir/ir.h"
+#include "base/error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- Helpers ---------------------------------------------------------------- */
+
+/* "'w1' [4, 8]" or "matmul #12 [4, 8]" for messages. */
+static const char *label(const spmd_tensor *t, char *buf, size_t size)
+{
+    char shape[96];
+    ir_shape_str(t, shape, sizeof shape);
+    if (t->name)
+        snprintf(buf, size, "'%s' %s", t->name, shape);
+    else
+        snprintf(buf, size, "%s #%d %s", ir_op_name(t->op), t->id, shape);
+    return buf;
+}
+
+/* The status for a builder that returned NULL.  Builders report through
+ * base_error without handing the status back; every allocation failure goes
+ * through base_alloc, whose message starts "out of memory", and anything
+ * else inside a backward rule is a rule emitting ill-shaped ops. */
+static spmd_status builder_failed(void)
+{
+    const char *msg = spmd_last_error();
+    if (strncmp(msg, "out of memory", 13) == 0) return SPMD_ERR_NOMEM;
+    if (!base_error_pending() || msg[0] == '\0')
+        return BASE_INTERNAL("a builder failed without a message");
+    return SPMD_ERR_INTERNAL;
+}
+
+/* While spmd_grad runs: which nodes need adjoints, indexed by id.  Rules
+ * skip inputs outside this set, so e.g. the data input of the first matmul
+ * costs no backward matmul.  Outside spmd_grad every f32 input is wanted. */
+static _Thread_local const bool *want_set;
+static _Thread_local int want_count;
+
+static bool wants(const spmd_tensor *t, int i)
+{
+    const spmd_tensor *x = t->in[i];
+    if (x->dtype != SPMD_F32) return false; /* ids, targets */
+    if (want_set && x->id < want_count) return want_set[x->id];
+    return true;
+}
+
+/* Every wanted input got a contribution, else a builder failed. */
+static spmd_status done(const spmd_tensor *t, spmd_tensor *const *dx)
+{
+    for (int i = 0; i < t->n_in; i++)
+        if (wants(t, i) && !dx[i]) return builder_failed();
+    return SPMD_OK;
+}
+
+spmd_tensor *ir_reduce_to_shape(spmd_graph *g, spmd_tensor *dy, const spmd_tensor *x)
+{
+    if (!dy || !x) return NULL;
+    if (ir_same_shape(dy, x)) return dy;
+    char a[128], b[128];
+    int lead = dy->rank - x->rank;
+    if (lead < 0) {
+        base_error(SPMD_ERR_SHAPE, "reduce_to_shape: %s has fewer dims than %s",
+                   label(dy, a, sizeof a), label(x, b, sizeof b));
+        return NULL;
+    }
+    uint32_t axes = 0;
+    bool inner = false; /* a kept dim of x is 1 where dy's is not */
+    for (int i = 0; i < lead; i++) axes |= 1u << i;
+    for (int i = 0; i < x->rank; i++) {
+        int64_t d = dy->dims[lead + i];
+        if (x->dims[i] == d) continue;
+        if (x->dims[i] != 1) {
+            base_error(SPMD_ERR_SHAPE, "reduce_to_shape: %s does not broadcast to %s",
+                       label(x, b, sizeof b), label(dy, a, sizeof a));
+            return NULL;
+        }
+        axes |= 1u << (lead + i);
+        inner = true;
+    }
+    /* Only leading dims: dropping them leaves x's shape.  Inner 1-dims
+     * must stay in place, so keep every dim and drop the leading 1s after. */
+    spmd_tensor *s = axes ? spmd_sum(g, dy, axes, inner) : dy;
+    if (!s) return NULL;
+    if (ir_same_shape(s, x)) return s;
+    return spmd_reshape(g, s, x->rank, x->dims);
+}
+
+/* Broadcast dy, the adjoint of a reduction of x over `axes`, back to x's
+ * shape.  Without keepdim the reduced dims are first put back as 1s so
+ * that broadcasting lines up dims that follow a reduced one. */
+static spmd_tensor *unreduce(spmd_graph *g, spmd_tensor *dy, const spmd_tensor *x,
+                             uint32_t axes, bool keepdim)
+{
+    if (!keepdim) {
+        int64_t dims[SPMD_MAX_RANK];
+        for (int i = 0; i < x->rank; i++) dims[i] = (axes >> i) & 1u ? 1 : x->dims[i];
+        dy = spmd_reshape(g, dy, x->rank, dims);
+    }
+    return spmd_expand(g, dy, x->rank, x->dims);
+}
+
+static uint32_t last_axis(const spmd_tensor *t) { return 1u << (t->rank - 1); }
+
+/* ---- Rules -------------------------------------------------------------------
+ * t = op(in[0], in[1], ...), dy has t's shape; each rule writes the adjoint
+ * of in[i] into dx[i] for every wanted input. */
+
+static spmd_status vjp_none(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    (void)g, (void)dy, (void)dx;
+    char buf[160];
+    return base_error(SPMD_ERR_UNSUPPORTED,
+                      "cannot differentiate through %s (%s): the op only appears in backward "
+                      "passes and has no backward rule",
+                      ir_op_name(t->op), label(t, buf, sizeof buf));
+}
+
+static spmd_status vjp_leaf(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    (void)g, (void)t, (void)dy, (void)dx;
+    return SPMD_OK;
+}
+
+static spmd_status vjp_add(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    if (wants(t, 0)) dx[0] = ir_reduce_to_shape(g, dy, t->in[0]);
+    if (wants(t, 1)) dx[1] = ir_reduce_to_shape(g, dy, t->in[1]);
+    return done(t, dx);
+}
+
+static spmd_status vjp_sub(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    if (wants(t, 0)) dx[0] = ir_reduce_to_shape(g, dy, t->in[0]);
+    /* Negate after reducing: the reduced tensor is the smaller one. */
+    if (wants(t, 1)) dx[1] = spmd_neg(g, ir_reduce_to_shape(g, dy, t->in[1]));
+    return done(t, dx);
+}
+
+static spmd_status vjp_mul(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *a = t->in[0], *b = t->in[1];
+    if (wants(t, 0)) dx[0] = ir_reduce_to_shape(g, spmd_mul(g, dy, b), a);
+    if (wants(t, 1)) dx[1] = ir_reduce_to_shape(g, spmd_mul(g, dy, a), b);
+    return done(t, dx);
+}
+
+/* y = a / b: da = dy / b, db = -dy a / b^2 = -(dy / b) y. */
+static spmd_status vjp_div(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *a = t->in[0], *b = t->in[1];
+    spmd_tensor *q = spmd_div(g, dy, b); /* t's shape */
+    if (wants(t, 0)) dx[0] = ir_reduce_to_shape(g, q, a);
+    if (wants(t, 1)) dx[1] = spmd_neg(g, ir_reduce_to_shape(g, spmd_mul(g, q, t), b));
+    return done(t, dx);
+}
+
+static spmd_status vjp_expand(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = ir_reduce_to_shape(g, dy, t->in[0]);
+    return done(t, dx);
+}
+
+static spmd_status vjp_scale(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = spmd_scale(g, dy, t->attr.scale.c);
+    return done(t, dx);
+}
+
+static spmd_status vjp_neg(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = spmd_neg(g, dy);
+    return done(t, dx);
+}
+
+static spmd_status vjp_exp(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = spmd_mul(g, dy, t);
+    return done(t, dx);
+}
+
+static spmd_status vjp_log(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = spmd_div(g, dy, t->in[0]);
+    return done(t, dx);
+}
+
+/* dy (1 - y^2) written as dy - (dy y) y: no constant tensor needed. */
+static spmd_status vjp_tanh(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = spmd_sub(g, dy, spmd_mul(g, spmd_mul(g, dy, t), t));
+    return done(t, dx);
+}
+
+static spmd_status vjp_gelu(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = ir_gelu_backward(g, t->in[0], dy);
+    return done(t, dx);
+}
+
+static spmd_status vjp_relu(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = ir_relu_backward(g, t->in[0], dy);
+    return done(t, dx);
+}
+
+/* y = x^(1/2): dx = dy / (2 y). */
+static spmd_status vjp_sqrt(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = spmd_div(g, spmd_scale(g, dy, 0.5f), t);
+    return done(t, dx);
+}
+
+/* y = x^(-1/2): dx = -dy x^(-3/2) / 2 = -dy y^3 / 2. */
+static spmd_status vjp_rsqrt(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *y3 = spmd_mul(g, spmd_mul(g, t, t), t);
+    dx[0] = spmd_mul(g, spmd_scale(g, dy, -0.5f), y3);
+    return done(t, dx);
+}
+
+static spmd_status vjp_sum(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = unreduce(g, dy, t->in[0], t->attr.reduce.axes, t->attr.reduce.keepdim);
+    return done(t, dx);
+}
+
+static spmd_status vjp_mean(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    const spmd_tensor *x = t->in[0];
+    uint32_t axes = t->attr.reduce.axes;
+    int64_t count = 1;
+    for (int i = 0; i < x->rank; i++)
+        if ((axes >> i) & 1u) count *= x->dims[i];
+    /* Scale before broadcasting: dy is the smaller tensor. */
+    spmd_tensor *s = spmd_scale(g, dy, (float)(1.0 / (double)count));
+    dx[0] = unreduce(g, s, x, axes, t->attr.reduce.keepdim);
+    return done(t, dx);
+}
+
+static spmd_status vjp_max(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = ir_max_backward(g, t->in[0], dy, t->attr.max.axis, t->attr.max.keepdim);
+    return done(t, dx);
+}
+
+/* y = softmax(x) over the last dim: dx = y (dy - sum(dy y)). */
+static spmd_status vjp_softmax(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                               spmd_tensor **dx)
+{
+    spmd_tensor *s = spmd_sum(g, spmd_mul(g, dy, t), last_axis(t), true); /* [..., 1] */
+    dx[0] = spmd_mul(g, t, spmd_sub(g, dy, s));
+    return done(t, dx);
+}
+
+/* y = log_softmax(x): softmax(x) = exp(y), dx = dy - exp(y) sum(dy). */
+static spmd_status vjp_log_softmax(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                   spmd_tensor **dx)
+{
+    spmd_tensor *s = spmd_sum(g, dy, last_axis(t), true); /* [..., 1] */
+    dx[0] = spmd_sub(g, dy, spmd_mul(g, spmd_exp(g, t), s));
+    return done(t, dx);
+}
+
+/* y = xhat gamma + beta, xhat = (x - mean) / sqrt(var + eps) per row;
+ * gamma and beta broadcast over the leading dims, so their adjoints are
+ * sums over those dims. */
+static spmd_status vjp_layernorm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                 spmd_tensor **dx)
+{
+    spmd_tensor *x = t->in[0], *gamma = t->in[1], *beta = t->in[2];
+    float eps = t->attr.norm.eps;
+    if (wants(t, 0)) dx[0] = ir_layernorm_backward(g, x, gamma, dy, eps);
+    if (wants(t, 1))
+        dx[1] = ir_reduce_to_shape(g, spmd_mul(g, dy, ir_layernorm_xhat(g, x, eps)), gamma);
+    if (wants(t, 2)) dx[2] = ir_reduce_to_shape(g, dy, beta);
+    return done(t, dx);
+}
+
+/*
+ * matmul has three forms (spmd.h); each adjoint is again one of them:
+ *   A  !ta:     a [L..., M, K], b [K, N] or [N, K] (tb), y [L..., M, N]
+ *   B  ta, !tb: a [L..., K'], b [L..., N], y [K', N] (sum over L...)
+ *   C  ta, tb:  a [K, M], b [N, K], y [M, N]
+ */
+static spmd_status vjp_matmul(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                              spmd_tensor **dx)
+{
+    spmd_tensor *a = t->in[0], *b = t->in[1];
+    bool ta = t->attr.matmul.ta, tb = t->attr.matmul.tb;
+    bool wa = wants(t, 0), wb = wants(t, 1);
+    if (!ta && !tb) {
+        /* y = a b: da = dy b^T (A), db = a^T dy over L..., M (B). */
+        if (wa) dx[0] = spmd_matmul(g, dy, b, false, true);
+        if (wb) dx[1] = spmd_matmul(g, a, dy, true, false);
+    } else if (!ta) {
+        /* y = a b^T: da = dy b (A), db = dy^T a over L..., M (B). */
+        if (wa) dx[0] = spmd_matmul(g, dy, b, false, false);
+        if (wb) dx[1] = spmd_matmul(g, dy, a, true, false);
+    } else if (!tb) {
+        /* y = a^T b with rows flattened over L...: da = b dy^T (A with b
+         * [L..., N] as the left operand), db = a dy (A). */
+        if (wa) dx[0] = spmd_matmul(g, b, dy, false, true);
+        if (wb) dx[1] = spmd_matmul(g, a, dy, false, false);
+    } else {
+        /* y = a^T b^T: da = b^T dy^T [K, M], db = dy^T a^T [N, K] (C). */
+        if (wa) dx[0] = spmd_matmul(g, b, dy, true, true);
+        if (wb) dx[1] = spmd_matmul(g, dy, a, true, true);
+    }
+    return done(t, dx);
+}
+
+/* y = op(a) op(b) per batch, op = transpose where set.  reduce_to_shape
+ * sums over batch dims that an operand broadcast, if the builder allows it. */
+static spmd_status vjp_bmm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *a = t->in[0], *b = t->in[1];
+    bool ta = t->attr.matmul.ta, tb = t->attr.matmul.tb;
+    spmd_tensor *da = NULL, *db = NULL;
+    bool wa = wants(t, 0), wb = wants(t, 1);
+    if (!ta && !tb) { /* a [M, K], b [K, N] */
+        if (wa) da = spmd_bmm(g, dy, b, false, true);
+        if (wb) db = spmd_bmm(g, a, dy, true, false);
+    } else if (!ta) { /* a [M, K], b [N, K] */
+        if (wa) da = spmd_bmm(g, dy, b, false, false);
+        if (wb) db = spmd_bmm(g, dy, a, true, false);
+    } else if (!tb) { /* a [K, M], b [K, N] */
+        if (wa) da = spmd_bmm(g, b, dy, false, true);
+        if (wb) db = spmd_bmm(g, a, dy, false, false);
+    } else { /* a [K, M], b [N, K] */
+        if (wa) da = spmd_bmm(g, b, dy, true, true);
+        if (wb) db = spmd_bmm(g, dy, a, true, true);
+    }
+    if (wa) dx[0] = ir_reduce_to_shape(g, da, a);
+    if (wb) dx[1] = ir_reduce_to_shape(g, db, b);
+    return done(t, dx);
+}
+
+/* One fused backward kernel gives dq, dk, dv stacked as [3, B, T, C]. */
+static spmd_status vjp_attention(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                 spmd_tensor **dx)
+{
+    spmd_tensor *all = ir_attention_backward(g, t->in[0], t->in[1], t->in[2], dy,
+                                             t->attr.attention.heads);
+    for (int i = 0; i < 3; i++) {
+        if (!wants(t, i)) continue;
+        spmd_tensor *x = t->in[i];
+        dx[i] = spmd_reshape(g, spmd_slice(g, all, 0, i, 1), x->rank, x->dims);
+    }
+    return done(t, dx);
+}
+
+/* table [V, D], ids [...] (int32, no adjoint). */
+static spmd_status vjp_embedding(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                 spmd_tensor **dx)
+{
+    spmd_tensor *table = t->in[0], *ids = t->in[1];
+    if (wants(t, 0)) dx[0] = ir_embedding_backward(g, ids, dy, table->dims[0]);
+    return done(t, dx);
+}
+
+static spmd_status vjp_cross_entropy(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                     spmd_tensor **dx)
+{
+    if (wants(t, 0)) dx[0] = ir_cross_entropy_backward(g, t->in[0], t->in[1], dy);
+    return done(t, dx);
+}
+
+/* y = mean((a - b)^2) over the N elements of a - b: da = dy 2 (a - b) / N;
+ * dy is a scalar and broadcasts in the mul. */
+static spmd_status vjp_mse(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *a = t->in[0], *b = t->in[1];
+    spmd_tensor *d = spmd_sub(g, a, b);
+    if (!d) return builder_failed();
+    spmd_tensor *gd = spmd_mul(g, spmd_scale(g, d, (float)(2.0 / (double)ir_numel(d))), dy);
+    if (wants(t, 0)) dx[0] = ir_reduce_to_shape(g, gd, a);
+    if (wants(t, 1)) dx[1] = spmd_neg(g, ir_reduce_to_shape(g, gd, b));
+    return done(t, dx);
+}
+
+static spmd_status vjp_reshape(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                               spmd_tensor **dx)
+{
+    const spmd_tensor *x = t->in[0];
+    dx[0] = spmd_reshape(g, dy, x->rank, x->dims);
+    return done(t, dx);
+}
+
+/* Out dim i is in dim perm[i]; the inverse sends dim perm[i] back to i. */
+static spmd_status vjp_permute(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                               spmd_tensor **dx)
+{
+    int inv[SPMD_MAX_RANK];
+    for (int i = 0; i < t->rank; i++) inv[t->attr.permute.perm[i]] = i;
+    dx[0] = spmd_permute(g, dy, inv);
+    return done(t, dx);
+}
+
+static spmd_status vjp_slice(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    int axis = t->attr.slice.axis;
+    dx[0] = ir_pad(g, dy, axis, t->attr.slice.start, t->in[0]->dims[axis]);
+    return done(t, dx);
+}
+
+static spmd_status vjp_concat(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                              spmd_tensor **dx)
+{
+    int axis = t->attr.concat.axis;
+    int64_t start = 0;
+    for (int i = 0; i < t->n_in; i++) {
+        int64_t len = t->in[i]->dims[axis];
+        if (wants(t, i)) dx[i] = spmd_slice(g, dy, axis, start, len);
+        start += len;
+    }
+    return done(t, dx);
+}
+
+/* ---- Op table ------------------------------------------------------------------ */
+
+static const ir_vjp_fn vjp_table[] = {
+#define OP(e, name, arity, sig, vjp, kern) [IR_##e] = vjp,
+#include "ir/ops.def"
+#undef OP
+};
+
+_Static_assert(sizeof vjp_table / sizeof vjp_table[0] == IR_OP_COUNT, "vjp table out of step");
+
+ir_vjp_fn ir_op_vjp(ir_op op) { return (unsigned)op < IR_OP_COUNT ? vjp_table[op] : NULL; }
+
+bool ir_op_has_vjp(ir_op op)
+{
+    return (unsigned)op < IR_OP_COUNT && vjp_table[op] && vjp_table[op] != vjp_none;
+}
+
+/* ---- spmd_grad -------------------------------------------------------------------- */
+
+/* Name p's gradient "<p>.grad".  An adjoint can be shared (y = p + q passes
+ * dy to both) or be the seed itself, so a node that already carries a name
+ * gets a same-shape reshape of its own to carry this one. */
+static spmd_status name_grad(spmd_graph *g, spmd_tensor *p, spmd_tensor *gr, int n_forward)
+{
+    if (gr->name || gr->id < n_forward) {
+        spmd_tensor *copy = spmd_reshape(g, gr, p->rank, p->dims);
+        /* A builder may return its operand for a same-shape reshape. */
+        if (copy == gr) copy = spmd_scale(g, gr, 1.0f);
+        if (!copy) return builder_failed();
+        gr = copy;
+    }
+    const char *pname = p->name ? p->name : "param";
+    size_t len = strlen(pname) + sizeof ".grad";
+    char *name = base_alloc(&g->alloc, len, "gradient name");
+    if (!name) return SPMD_ERR_NOMEM;
+    snprintf(name, len, "%s.grad", pname);
+    spmd_status st = spmd_tensor_set_name(gr, name);
+    base_free(&g->alloc, name);
+    if (st != SPMD_OK) return st;
+    p->grad = gr;
+    return SPMD_OK;
+}
+
+spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss)
+{
+    char buf[160];
+    if (!g) return base_error(SPMD_ERR_INVALID, "spmd_grad: graph is NULL");
+    if (!loss) {
+        /* A builder failed on the way to the loss and said why. */
+        if (base_error_pending() && spmd_last_error()[0]) return SPMD_ERR_INVALID;
+        return base_error(SPMD_ERR_INVALID, "spmd_grad: loss is NULL");
+    }
+    if (loss->graph != g)
+        return base_error(SPMD_ERR_INVALID, "spmd_grad: loss %s belongs to another graph",
+                          label(loss, buf, sizeof buf));
+    if (g->has_grad)
+        return base_error(SPMD_ERR_INVALID,
+                          "spmd_grad: the graph already has a backward pass (spmd_grad "
+                          "runs once per graph)");
+    if (loss->rank != 0)
+        return base_error(SPMD_ERR_SHAPE, "spmd_grad: loss %s must be a scalar (rank 0)",
+                          label(loss, buf, sizeof buf));
+    if (loss->dtype != SPMD_F32)
+        return base_error(SPMD_ERR_INVALID, "spmd_grad: loss %s is %s, not f32",
+                          label(loss, buf, sizeof buf), spmd_dtype_name(loss->dtype));
+
+    /* Backward nodes are appended while walking; only the forward ids
+     * [0, n) index the arrays below. */
+    int n = g->n_nodes;
+    size_t nn = (size_t)n;
+    bool *from_param = base_calloc(&g->alloc, nn * sizeof(bool), "autodiff reachability");
+    bool *need = base_calloc(&g->alloc, nn * sizeof(bool), "autodiff reachability");
+    spmd_tensor **adj = base_calloc(&g->alloc, nn * sizeof *adj, "autodiff adjoints");
+    spmd_status st = SPMD_OK;
+    if (!from_param || !need || !adj) {
+        st = SPMD_ERR_NOMEM;
+        goto out;
+    }
+
+    /* need = depends on a param (forward sweep) and reaches the loss
+     * (backward sweep), f32 only. */
+    int last = loss->id;
+    for (int i = 0; i <= last; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        bool f = t->op == IR_PARAM;
+        for (int j = 0; j < t->n_in && !f; j++) f = from_param[t->in[j]->id];
+        from_param[i] = f && t->dtype == SPMD_F32;
+    }
+    /* need[i] means "reaches the loss" until the sweep visits i (its
+     * consumers all have larger ids, so it is final by then), and "needs
+     * an adjoint" afterwards. */
+    need[last] = true;
+    for (int i = last; i >= 0; i--) {
+        const spmd_tensor *t = g->nodes[i];
+        if (!need[i]) continue;
+        for (int j = 0; j < t->n_in; j++) need[t->in[j]->id] = true;
+        need[i] = from_param[i];
+    }
+
+    /* Refuse before appending anything, so a failed call leaves the graph
+     * as it was. */
+    for (int i = 0; i <= last; i++) {
+        spmd_tensor *t = g->nodes[i];
+        if (!need[i]) continue;
+        ir_vjp_fn vjp = ir_op_vjp(t->op);
+        if (!vjp) {
+            st = BASE_INTERNAL("op without a backward rule in the table");
+            goto out;
+        }
+        if (vjp == vjp_none) {
+            st = vjp_none(g, t, NULL, NULL);
+            goto out;
+        }
+    }
+
+    g->has_grad = true;
+    want_set = need;
+    want_count = n;
+    if (need[last]) {
+        adj[last] = spmd_fill(g, 0, NULL, 1.0f);
+        if (!adj[last]) {
+            st = builder_failed();
+            goto out;
+        }
+    }
+    for (int i = last; i >= 0; i--) {
+        spmd_tensor *t = g->nodes[i];
+        if (!need[i] || !adj[i]) continue;
+        spmd_tensor *dx[IR_MAX_INPUTS] = {0};
+        st = ir_op_vjp(t->op)(g, t, adj[i], dx);
+        if (st != SPMD_OK) goto out;
+        for (int j = 0; j < t->n_in; j++) {
+            spmd_tensor *x = t->in[j];
+            if (!dx[j] || !need[x->id]) continue;
+            if (!ir_same_shape(dx[j], x)) {
+                char a[96];
+                snprintf(a, sizeof a, "adjoint of input %d of %s has the wrong shape", j,
+                         ir_op_name(t->op));
+                st = BASE_INTERNAL(a);
+                goto out;
+            }
+            adj[x->id] = adj[x->id] ? spmd_add(g, adj[x->id], dx[j]) : dx[j];
+            if (!adj[x->id]) {
+                st = builder_failed();
+                goto out;
+            }
+        }
+    }
+
+    for (int i = 0; i < n; i++) {
+        spmd_tensor *p = g->nodes[i];
+        if (p->op != IR_PARAM) continue;
+        spmd_tensor *gr = i <= last ? adj[i] : NULL;
+        if (!gr) { /* the loss does not depend on p */
+            gr = spmd_fill(g, p->rank, p->dims, 0.0f);
+            if (!gr) {
+                st = builder_failed();
+                goto out;
+            }
+        }
+        st = name_grad(g, p, gr, n);
+        if (st != SPMD_OK) goto out;
+    }
+
+out:
+    want_set = NULL;
+    want_count = 0;
+    base_free(&g->alloc, from_param);
+    base_free(&g->alloc, need);
+    base_free(&g->alloc, adj);
+    return st;
+}

@@ -1,0 +1,338 @@
+/*
+ * The graph: node creation, leaves, names, outputs and updates, queries.
+ * Op builders with their shape checks live in builders.c.
+ */
+#include "ir/ir.h"
+#include "base/error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- Graph lifetime ------------------------------------------------------ */
+
+spmd_graph *spmd_graph_create(const spmd_allocator *alloc)
+{
+    spmd_graph *g = base_calloc(alloc, sizeof *g, "graph");
+    if (!g) return NULL;
+    g->alloc = base_allocator_or_default(alloc);
+    base_arena_init(&g->arena, &g->alloc);
+    return g;
+}
+
+void spmd_graph_free(spmd_graph *g)
+{
+    if (!g) return;
+    spmd_allocator a = g->alloc;
+    base_arena_free(&g->arena);
+    base_free(&a, g->nodes);
+    base_free(&a, g->updates);
+    base_free(&a, g);
+}
+
+/* Grow a pointer array owned by the graph's allocator. */
+static bool grow(spmd_graph *g, void **items, int *cap, int need, size_t item_size)
+{
+    if (need <= *cap) return true;
+    int cap2 = *cap ? *cap * 2 : 64;
+    while (cap2 < need) cap2 *= 2;
+    void *p = base_alloc(&g->alloc, (size_t)cap2 * item_size, "graph node list");
+    if (!p) return false;
+    if (*items) memcpy(p, *items, (size_t)*cap * item_size);
+    base_free(&g->alloc, *items);
+    *items = p;
+    *cap = cap2;
+    return true;
+}
+
+/* ---- Shapes ---------------------------------------------------------------- */
+
+int64_t ir_numel(const spmd_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+    return n;
+}
+
+size_t ir_nbytes(const spmd_tensor *t) { return (size_t)ir_numel(t) * spmd_dtype_size(t->dtype); }
+
+bool ir_same_shape(const spmd_tensor *a, const spmd_tensor *b)
+{
+    if (a->rank != b->rank) return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+const char *ir_shape_str(const spmd_tensor *t, char *buf, size_t size)
+{
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < t->rank && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, i ? ", %lld" : "%lld", (long long)t->dims[i]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+    return buf;
+}
+
+size_t spmd_dtype_size(spmd_dtype dtype)
+{
+    switch (dtype) {
+    case SPMD_F32: return 4;
+    case SPMD_I32: return 4;
+    case SPMD_BF16: return 2;
+    }
+    return 0;
+}
+
+const char *spmd_dtype_name(spmd_dtype dtype)
+{
+    switch (dtype) {
+    case SPMD_F32: return "f32";
+    case SPMD_I32: return "i32";
+    case SPMD_BF16: return "bf16";
+    }
+    return "?";
+}
+
+/* ---- Nodes ------------------------------------------------------------------ */
+
+spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
+                         const int64_t *dims, spmd_tensor *const *in, int n_in)
+{
+    if (!g) {
+        base_error(SPMD_ERR_INVALID, "%s: graph is NULL", ir_op_name(op));
+        return NULL;
+    }
+    for (int i = 0; i < n_in; i++) {
+        if (!in[i]) {
+            /* An earlier builder failed and said why; keep its message. */
+            if (!base_error_pending())
+                base_error(SPMD_ERR_INVALID, "%s: operand %d is NULL", ir_op_name(op), i);
+            return NULL;
+        }
+        if (in[i]->graph != g) {
+            base_error(SPMD_ERR_INVALID, "%s: operand %d belongs to another graph",
+                       ir_op_name(op), i);
+            return NULL;
+        }
+    }
+    if (rank < 0 || rank > SPMD_MAX_RANK) {
+        base_error(SPMD_ERR_SHAPE, "%s: rank %d outside 0..%d", ir_op_name(op), rank,
+                   SPMD_MAX_RANK);
+        return NULL;
+    }
+    if (n_in > IR_MAX_INPUTS) {
+        base_error(SPMD_ERR_INVALID, "%s: %d operands, at most %d", ir_op_name(op), n_in,
+                   IR_MAX_INPUTS);
+        return NULL;
+    }
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] <= 0) {
+            base_error(SPMD_ERR_SHAPE, "%s: dimension %d is %lld; sizes must be positive",
+                       ir_op_name(op), i, (long long)dims[i]);
+            return NULL;
+        }
+    }
+    if (!grow(g, (void **)&g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes))
+        return NULL;
+    spmd_tensor *t = base_arena_alloc(&g->arena, sizeof *t);
+    if (!t) return NULL;
+    t->id = g->n_nodes;
+    t->op = op;
+    t->dtype = dtype;
+    t->rank = rank;
+    for (int i = 0; i < rank; i++) t->dims[i] = dims[i];
+    t->n_in = n_in;
+    for (int i = 0; i < n_in; i++) t->in[i] = in[i];
+    t->graph = g;
+    g->nodes[g->n_nodes++] = t;
+    return t;
+}
+
+static bool name_ok(spmd_graph *g, const char *name, const char *what)
+{
+    if (!name || !*name) {
+        base_error(SPMD_ERR_INVALID, "%s: a name is required", what);
+        return false;
+    }
+    if (spmd_graph_find(g, name)) {
+        base_error(SPMD_ERR_INVALID, "%s: the graph already has a tensor named '%s'", what,
+                   name);
+        return false;
+    }
+    return true;
+}
+
+static spmd_tensor *leaf(spmd_graph *g, ir_op op, const char *name, spmd_dtype dtype,
+                         int rank, const int64_t *dims, spmd_init init)
+{
+    if (!g) {
+        base_error(SPMD_ERR_INVALID, "%s: graph is NULL", ir_op_name(op));
+        return NULL;
+    }
+    if (!name_ok(g, name, ir_op_name(op))) return NULL;
+    if (rank > 0 && !dims) {
+        base_error(SPMD_ERR_INVALID, "%s '%s': dims is NULL", ir_op_name(op), name);
+        return NULL;
+    }
+    if (dtype != SPMD_F32 && dtype != SPMD_I32) {
+        base_error(SPMD_ERR_UNSUPPORTED, "%s '%s': dtype %s is not computed with yet",
+                   ir_op_name(op), name, spmd_dtype_name(dtype));
+        return NULL;
+    }
+    spmd_tensor *t = ir_node_new(g, op, dtype, rank, dims, NULL, 0);
+    if (!t) return NULL;
+    t->name = base_arena_strdup(&g->arena, name);
+    if (!t->name) return NULL;
+    t->init = init;
+    return t;
+}
+
+spmd_tensor *spmd_input(spmd_graph *g, const char *name, spmd_dtype dtype, int rank,
+                        const int64_t *dims)
+{
+    return leaf(g, IR_INPUT, name, dtype, rank, dims, (spmd_init){SPMD_INIT_ZEROS, 0});
+}
+
+spmd_tensor *spmd_param(spmd_graph *g, const char *name, int rank, const int64_t *dims,
+                        spmd_init init)
+{
+    return leaf(g, IR_PARAM, name, SPMD_F32, rank, dims, init);
+}
+
+spmd_tensor *spmd_state(spmd_graph *g, const char *name, int rank, const int64_t *dims,
+                        spmd_init init)
+{
+    return leaf(g, IR_STATE, name, SPMD_F32, rank, dims, init);
+}
+
+spmd_tensor *spmd_fill(spmd_graph *g, int rank, const int64_t *dims, float value)
+{
+    if (rank > 0 && !dims) {
+        base_error(SPMD_ERR_INVALID, "fill: dims is NULL");
+        return NULL;
+    }
+    spmd_tensor *t = ir_node_new(g, IR_FILL, SPMD_F32, rank, dims, NULL, 0);
+    if (t) t->attr.fill.value = value;
+    return t;
+}
+
+/* ---- Outputs and updates -------------------------------------------------- */
+
+spmd_status spmd_graph_mark_output(spmd_graph *g, spmd_tensor *t)
+{
+    if (!g || !t) return base_error(SPMD_ERR_INVALID, "mark_output: graph or tensor is NULL");
+    if (t->graph != g) return base_error(SPMD_ERR_INVALID, "mark_output: tensor of another graph");
+    t->is_output = true;
+    return SPMD_OK;
+}
+
+spmd_status spmd_graph_set_update(spmd_graph *g, spmd_tensor *target, spmd_tensor *value)
+{
+    if (!g || !target || !value)
+        return base_error(SPMD_ERR_INVALID, "set_update: graph, target or value is NULL");
+    if (target->graph != g || value->graph != g)
+        return base_error(SPMD_ERR_INVALID, "set_update: tensors of another graph");
+    if (target->op != IR_PARAM && target->op != IR_STATE)
+        return base_error(SPMD_ERR_INVALID,
+                          "set_update: target must be a param or state, '%s' is a %s",
+                          target->name ? target->name : "(unnamed)", ir_op_name(target->op));
+    if (!ir_same_shape(target, value) || target->dtype != value->dtype) {
+        char a[96], b[96];
+        return base_error(SPMD_ERR_SHAPE, "set_update: target '%s' %s and value %s %s differ",
+                          target->name, ir_shape_str(target, a, sizeof a), ir_op_name(value->op),
+                          ir_shape_str(value, b, sizeof b));
+    }
+    for (int i = 0; i < g->n_updates; i++)
+        if (g->updates[i].target == target)
+            return base_error(SPMD_ERR_INVALID, "set_update: '%s' already has an update",
+                              target->name);
+    if (!grow(g, (void **)&g->updates, &g->cap_updates, g->n_updates + 1, sizeof *g->updates))
+        return SPMD_ERR_NOMEM;
+    g->updates[g->n_updates++] = (ir_update){target, value};
+    return SPMD_OK;
+}
+
+/* ---- Queries ---------------------------------------------------------------- */
+
+int spmd_tensor_rank(const spmd_tensor *t) { return t ? t->rank : -1; }
+
+int64_t spmd_tensor_dim(const spmd_tensor *t, int i)
+{
+    if (!t || i < 0 || i >= t->rank) return -1;
+    return t->dims[i];
+}
+
+int64_t spmd_tensor_numel(const spmd_tensor *t) { return t ? ir_numel(t) : -1; }
+spmd_dtype spmd_tensor_dtype(const spmd_tensor *t) { return t ? t->dtype : SPMD_F32; }
+const char *spmd_tensor_name(const spmd_tensor *t) { return t ? t->name : NULL; }
+const char *spmd_tensor_op_name(const spmd_tensor *t) { return t ? ir_op_name(t->op) : "?"; }
+bool spmd_tensor_is_param(const spmd_tensor *t) { return t && t->op == IR_PARAM; }
+spmd_tensor *spmd_tensor_grad(const spmd_tensor *t) { return t ? t->grad : NULL; }
+
+spmd_status spmd_tensor_set_name(spmd_tensor *t, const char *name)
+{
+    if (!t) return base_error(SPMD_ERR_INVALID, "set_name: tensor is NULL");
+    spmd_graph *g = t->graph;
+    if (t->name && name && strcmp(t->name, name) == 0) return SPMD_OK;
+    if (!name_ok(g, name, "set_name")) return SPMD_ERR_INVALID;
+    char *copy = base_arena_strdup(&g->arena, name);
+    if (!copy) return SPMD_ERR_NOMEM;
+    t->name = copy;
+    return SPMD_OK;
+}
+
+const char *spmd_tensor_signature(const spmd_tensor *t, char *buf, size_t size)
+{
+    ir_dimsig sig;
+    if (!t || !buf || size == 0) return "";
+    if (!ir_signature(t, &sig)) {
+        snprintf(buf, size, "(%s: explicit rule)", ir_op_name(t->op));
+        return buf;
+    }
+    ir_signature_format(&sig, buf, size);
+    return buf;
+}
+
+spmd_tensor *spmd_graph_find(const spmd_graph *g, const char *name)
+{
+    if (!g || !name) return NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->name && strcmp(g->nodes[i]->name, name) == 0) return g->nodes[i];
+    return NULL;
+}
+
+int spmd_graph_tensor_count(const spmd_graph *g) { return g ? g->n_nodes : 0; }
+
+spmd_tensor *spmd_graph_tensor(const spmd_graph *g, int index)
+{
+    if (!g || index < 0 || index >= g->n_nodes) return NULL;
+    return g->nodes[index];
+}
+
+int64_t spmd_graph_param_count(const spmd_graph *g)
+{
+    int64_t n = 0;
+    for (int i = 0; g && i < g->n_nodes; i++)
+        if (g->nodes[i]->op == IR_PARAM) n += ir_numel(g->nodes[i]);
+    return n;
+}
+
+/* ---- Op table (names, arity) ----------------------------------------------- */
+
+static const char *const op_names[] = {
+#define OP(e, name, arity, sig, vjp, kern) name,
+#include "ir/ops.def"
+#undef OP
+};
+
+static const int op_arity[] = {
+#define OP(e, name, arity, sig, vjp, kern) arity,
+#include "ir/ops.def"
+#undef OP
+};
+
+_Static_assert(sizeof op_names / sizeof op_names[0] == IR_OP_COUNT, "op table out of step");
+_Static_assert(sizeof op_arity / sizeof op_arity[0] == IR_OP_COUNT, "op table out of step");
+
+const char *ir_op_name(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_names[op] : "?"; }
+int ir_op_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_arity[op] : 0; }
+bool ir_op_is_leaf(ir_op op) { return op == IR_INPUT || op == IR_PARAM || op == IR_STATE; }

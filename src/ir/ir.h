@@ -1,0 +1,147 @@
+/*
+ * Internal view of the graph IR: the node struct, per-op attributes, the op
+ * table generated from ops.def, and dimension signatures.
+ *
+ * A graph is a list of nodes in creation order.  An op can only name nodes
+ * that already exist, so creation order is a topological order.
+ */
+#ifndef SPMD_IR_H
+#define SPMD_IR_H
+
+#include "spmd/spmd.h"
+#include "base/arena.h"
+
+#define IR_MAX_INPUTS 16 /* also the most tensors one concat takes */
+#define IR_MAX_ITER 12
+
+typedef enum ir_op {
+#define OP(e, name, arity, sig, vjp, kern) IR_##e,
+#include "ir/ops.def"
+#undef OP
+    IR_OP_COUNT
+} ir_op;
+
+/* Per-op attributes; which member is live depends on the op. */
+typedef union ir_attr {
+    struct { bool ta, tb; } matmul;          /* MATMUL, BMM */
+    struct { uint32_t axes; bool keepdim; } reduce; /* SUM, MEAN */
+    struct { int axis; bool keepdim; } max;  /* MAX, MAX_BACKWARD */
+    struct { int axis; int64_t start, len; } slice; /* SLICE: x[start:start+len] */
+    struct { int axis; int64_t start, total; } pad; /* PAD: zeros, x at [start:] */
+    struct { int axis; } concat;
+    struct { int perm[SPMD_MAX_RANK]; } permute; /* out dim i = in dim perm[i] */
+    struct { int heads; } attention;         /* ATTENTION(_BACKWARD) */
+    struct { float c; } scale;
+    struct { float eps; } norm;              /* LAYERNORM* */
+    struct { float value; } fill;
+    struct { int64_t rows; } embed_grad;     /* EMBEDDING_BACKWARD: V */
+} ir_attr;
+
+struct spmd_tensor {
+    int id;                 /* index in the graph's creation order */
+    ir_op op;
+    spmd_dtype dtype;
+    int rank;
+    int64_t dims[SPMD_MAX_RANK];
+    int n_in;
+    spmd_tensor *in[IR_MAX_INPUTS];
+    ir_attr attr;
+    char *name;             /* NULL if unnamed; arena-owned */
+    spmd_init init;         /* PARAM, STATE */
+    spmd_tensor *grad;      /* PARAM after spmd_grad */
+    spmd_graph *graph;
+    bool is_output;
+};
+
+typedef struct ir_update {
+    spmd_tensor *target; /* PARAM or STATE */
+    spmd_tensor *value;
+} ir_update;
+
+struct spmd_graph {
+    spmd_allocator alloc;
+    base_arena arena;       /* nodes and names */
+    spmd_tensor **nodes;
+    int n_nodes, cap_nodes;
+    ir_update *updates;
+    int n_updates, cap_updates;
+    bool has_grad;
+};
+
+/* ---- Dimension signatures ---------------------------------------------- */
+
+typedef enum ir_iter_kind {
+    IR_ITER_PARALLEL = 0, /* independent: any sharding keeps results exact */
+    IR_ITER_SUM,          /* linear reduction: sharding leaves a partial sum */
+    IR_ITER_FULL          /* must be whole on each device (softmax row, ...) */
+} ir_iter_kind;
+
+typedef struct ir_dimsig {
+    int n_iter;
+    int64_t size[IR_MAX_ITER];
+    uint8_t kind[IR_MAX_ITER];     /* ir_iter_kind */
+    int64_t granule[IR_MAX_ITER];  /* a shard must hold multiples (heads) */
+    char letter[IR_MAX_ITER];      /* for printing: "mk,kn->mn" */
+    int n_in;
+    int in_rank[IR_MAX_INPUTS], out_rank;
+    int8_t in[IR_MAX_INPUTS][SPMD_MAX_RANK]; /* iteration index, -1: none */
+    int8_t out[SPMD_MAX_RANK];
+} ir_dimsig;
+
+/* Fill `sig` for node `t`; false when the op has no einsum form (reshape)
+ * and needs an explicit rule. */
+bool ir_signature(const spmd_tensor *t, ir_dimsig *sig);
+/* "mk,kn->mn"; writes at most `size` bytes. */
+void ir_signature_format(const ir_dimsig *sig, char *buf, size_t size);
+
+/* ---- Op table ------------------------------------------------------------ */
+
+const char *ir_op_name(ir_op op);
+int ir_op_arity(ir_op op);
+bool ir_op_is_leaf(ir_op op);
+bool ir_op_has_vjp(ir_op op);
+
+/* Backward rule: given node t and the adjoint dy of its output, add each
+ * input's adjoint contribution into dx[i] (NULL where the input gets none).
+ * Builds graph ops only; returns SPMD_OK or an error status. */
+typedef spmd_status (*ir_vjp_fn)(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                 spmd_tensor **dx);
+ir_vjp_fn ir_op_vjp(ir_op op);
+
+/* ---- Node construction (shared by the public builders and autodiff) ---- */
+
+/* A new node with the given op, inputs, dtype and shape; NULL on error.
+ * Returns NULL without a new message if any input is NULL. */
+spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
+                         const int64_t *dims, spmd_tensor *const *in, int n_in);
+/* "[4, 768]" into buf. */
+const char *ir_shape_str(const spmd_tensor *t, char *buf, size_t size);
+int64_t ir_numel(const spmd_tensor *t);
+size_t ir_nbytes(const spmd_tensor *t);
+bool ir_same_shape(const spmd_tensor *a, const spmd_tensor *b);
+/* Builders of the ops that backward passes emit (shapes checked). */
+spmd_tensor *ir_pad(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, int64_t total);
+spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
+spmd_tensor *ir_relu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
+/* dx for max over `axis`: dy (reduced shape, keepdim as given) routed to
+ * the first maximum of each row of x; result has x's shape. */
+spmd_tensor *ir_max_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy, int axis,
+                             bool keepdim);
+spmd_tensor *ir_layernorm_xhat(spmd_graph *g, spmd_tensor *x, float eps);
+/* dx of layernorm(x, gamma, .) given dy. */
+spmd_tensor *ir_layernorm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma,
+                                   spmd_tensor *dy, float eps);
+/* [3, B, T, C]: dq, dk, dv stacked. */
+spmd_tensor *ir_attention_backward(spmd_graph *g, spmd_tensor *q, spmd_tensor *k,
+                                   spmd_tensor *v, spmd_tensor *dout, int heads);
+/* [rows, D]: dout rows scatter-added at ids. */
+spmd_tensor *ir_embedding_backward(spmd_graph *g, spmd_tensor *ids, spmd_tensor *dout,
+                                   int64_t rows);
+/* dlogits = (softmax(logits) - onehot(targets)) * dloss / count(targets). */
+spmd_tensor *ir_cross_entropy_backward(spmd_graph *g, spmd_tensor *logits,
+                                       spmd_tensor *targets, spmd_tensor *dloss);
+
+/* Sum dy down to the shape of x (undoing numpy broadcasting). */
+spmd_tensor *ir_reduce_to_shape(spmd_graph *g, spmd_tensor *dy, const spmd_tensor *x);
+
+#endif

@@ -1,0 +1,341 @@
+/*
+ * Dimension signatures: each op's iteration space, einsum style.  Sharding
+ * propagation and partitioning are written once over these, not per op
+ * (DESIGN.md, "Ops carry dimension signatures").
+ *
+ * An iteration dimension is PARALLEL (any sharding is exact), SUM (a linear
+ * reduction: sharding it leaves a partial sum) or FULL (each device needs it
+ * whole: a softmax row, a layernorm row, a concat axis).
+ */
+#include "ir/ir.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int add_iter(ir_dimsig *s, int64_t size, ir_iter_kind kind, char letter)
+{
+    int i = s->n_iter++;
+    s->size[i] = size;
+    s->kind[i] = (uint8_t)kind;
+    s->granule[i] = 1;
+    s->letter[i] = letter;
+    return i;
+}
+
+static void init_sig(ir_dimsig *s, const spmd_tensor *t)
+{
+    memset(s, 0, sizeof *s);
+    memset(s->in, -1, sizeof s->in);
+    memset(s->out, -1, sizeof s->out);
+    s->n_in = t->n_in;
+    for (int j = 0; j < t->n_in; j++) s->in_rank[j] = t->in[j]->rank;
+    s->out_rank = t->rank;
+}
+
+/* Letters for generic dims: a, b, c, ... skipping those an op uses. */
+static char generic_letter(int i) { return (char)('a' + i); }
+
+/* Output dims become parallel iterations; return nothing else. */
+static bool sig_leaf(const spmd_tensor *t, ir_dimsig *s)
+{
+    for (int i = 0; i < t->rank; i++) s->out[i] = (int8_t)add_iter(s, t->dims[i], IR_ITER_PARALLEL, generic_letter(i));
+    return true;
+}
+
+static bool sig_fill(const spmd_tensor *t, ir_dimsig *s) { return sig_leaf(t, s); }
+
+/* numpy broadcasting: an operand's size-1 dim under a larger output dim
+ * maps to no iteration (every device reads the same single element). */
+static bool sig_broadcast(const spmd_tensor *t, ir_dimsig *s)
+{
+    sig_leaf(t, s);
+    for (int j = 0; j < t->n_in; j++) {
+        const spmd_tensor *x = t->in[j];
+        for (int i = 0; i < x->rank; i++) {
+            int o = t->rank - x->rank + i;
+            if (x->dims[i] == t->dims[o]) s->in[j][i] = s->out[o];
+        }
+    }
+    return true;
+}
+
+static bool sig_elementwise(const spmd_tensor *t, ir_dimsig *s) { return sig_broadcast(t, s); }
+
+/* Input dims are the iterations; reduced ones are SUM (sum, mean) or FULL
+ * (max: not linear). */
+static bool sig_reduce(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *x = t->in[0];
+    uint32_t axes = t->op == IR_MAX ? 1u << t->attr.max.axis : t->attr.reduce.axes;
+    bool keepdim = t->op == IR_MAX ? t->attr.max.keepdim : t->attr.reduce.keepdim;
+    ir_iter_kind reduced = t->op == IR_MAX ? IR_ITER_FULL : IR_ITER_SUM;
+    int o = 0;
+    for (int i = 0; i < x->rank; i++) {
+        bool r = axes & (1u << i);
+        int it = add_iter(s, x->dims[i], r ? reduced : IR_ITER_PARALLEL, generic_letter(i));
+        s->in[0][i] = (int8_t)it;
+        if (!r) s->out[o++] = (int8_t)it;
+        else if (keepdim) o++; /* a kept size-1 dim maps to nothing */
+    }
+    return true;
+}
+
+/* max_backward(x, dy): x's dims, the max axis FULL; dy is x reduced. */
+static bool sig_reduce_backward(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *x = t->in[0];
+    int axis = t->attr.max.axis, o = 0;
+    for (int i = 0; i < x->rank; i++) {
+        int it = add_iter(s, x->dims[i], i == axis ? IR_ITER_FULL : IR_ITER_PARALLEL,
+                          generic_letter(i));
+        s->in[0][i] = s->out[i] = (int8_t)it;
+        if (i != axis) s->in[1][o++] = (int8_t)it;
+        else if (t->attr.max.keepdim) o++;
+    }
+    return true;
+}
+
+/* Rows over the last dim (softmax, layernorm): the row is FULL; [D]
+ * operands (gamma, beta) map to it. */
+static bool sig_rowwise(const spmd_tensor *t, ir_dimsig *s)
+{
+    for (int i = 0; i < t->rank; i++) {
+        bool last = i == t->rank - 1;
+        s->out[i] = (int8_t)add_iter(s, t->dims[i], last ? IR_ITER_FULL : IR_ITER_PARALLEL,
+                                     last ? 'd' : generic_letter(i));
+    }
+    for (int j = 0; j < t->n_in; j++) {
+        const spmd_tensor *x = t->in[j];
+        for (int i = 0; i < x->rank; i++) s->in[j][i] = s->out[t->rank - x->rank + i];
+    }
+    return true;
+}
+
+static bool sig_matmul(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *a = t->in[0], *b = t->in[1];
+    bool ta = t->attr.matmul.ta, tb = t->attr.matmul.tb;
+    if (!ta) {
+        /* a [L..., K] . b [K, N] -> [L..., N]: "btk,kn->btn" */
+        static const char lead[] = "bt";
+        int r = a->rank;
+        for (int i = 0; i < r - 1; i++) {
+            char l = r == 2 ? 'm' : (i < 2 && r - 1 <= 2 ? lead[i] : generic_letter(i));
+            s->in[0][i] = s->out[i] = (int8_t)add_iter(s, a->dims[i], IR_ITER_PARALLEL, l);
+        }
+        int k = add_iter(s, a->dims[r - 1], IR_ITER_SUM, 'k');
+        int n = add_iter(s, t->dims[r - 1], IR_ITER_PARALLEL, 'n');
+        s->in[0][r - 1] = (int8_t)k;
+        s->in[1][tb ? 1 : 0] = (int8_t)k;
+        s->in[1][tb ? 0 : 1] = (int8_t)n;
+        s->out[r - 1] = (int8_t)n;
+    } else if (tb) {
+        /* a [K, M]^T . b [N, K]^T: "km,nk->mn" */
+        int m = add_iter(s, a->dims[1], IR_ITER_PARALLEL, 'm');
+        int n = add_iter(s, b->dims[0], IR_ITER_PARALLEL, 'n');
+        int k = add_iter(s, a->dims[0], IR_ITER_SUM, 'k');
+        s->in[0][0] = (int8_t)k, s->in[0][1] = (int8_t)m;
+        s->in[1][0] = (int8_t)n, s->in[1][1] = (int8_t)k;
+        s->out[0] = (int8_t)m, s->out[1] = (int8_t)n;
+    } else {
+        /* a [L..., M]^T . b [L..., N]: the weight-gradient form, "btm,btn->mn" */
+        static const char lead[] = "bt";
+        int r = a->rank;
+        for (int i = 0; i < r - 1; i++) {
+            char l = r == 2 ? 'k' : (r - 1 <= 2 ? lead[i] : generic_letter(i));
+            s->in[0][i] = s->in[1][i] = (int8_t)add_iter(s, a->dims[i], IR_ITER_SUM, l);
+        }
+        int m = add_iter(s, a->dims[r - 1], IR_ITER_PARALLEL, 'm');
+        int n = add_iter(s, b->dims[r - 1], IR_ITER_PARALLEL, 'n');
+        s->in[0][r - 1] = (int8_t)m;
+        s->in[1][r - 1] = (int8_t)n;
+        s->out[0] = (int8_t)m, s->out[1] = (int8_t)n;
+    }
+    return true;
+}
+
+static bool sig_bmm(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *a = t->in[0];
+    int r = a->rank;
+    bool ta = t->attr.matmul.ta, tb = t->attr.matmul.tb;
+    for (int i = 0; i < r - 2; i++)
+        s->in[0][i] = s->in[1][i] = s->out[i] =
+            (int8_t)add_iter(s, a->dims[i], IR_ITER_PARALLEL, generic_letter(i));
+    int m = add_iter(s, t->dims[r - 2], IR_ITER_PARALLEL, 'm');
+    int n = add_iter(s, t->dims[r - 1], IR_ITER_PARALLEL, 'n');
+    int k = add_iter(s, ta ? a->dims[r - 2] : a->dims[r - 1], IR_ITER_SUM, 'k');
+    s->in[0][r - 2] = (int8_t)(ta ? k : m), s->in[0][r - 1] = (int8_t)(ta ? m : k);
+    s->in[1][r - 2] = (int8_t)(tb ? n : k), s->in[1][r - 1] = (int8_t)(tb ? k : n);
+    s->out[r - 2] = (int8_t)m, s->out[r - 1] = (int8_t)n;
+    return true;
+}
+
+/* q [b,t,c], k and v [b,s,c] -> [b,t,c]: "btc,bsc,bsc->btc".  Channels
+ * shard in whole heads (granule = head_dim); the causal mask needs global
+ * positions, so t and s stay whole for now.  The backward op adds a
+ * leading stack dim of 3 (dq, dk, dv). */
+static bool sig_attention(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *q = t->in[0];
+    int stack = -1;
+    if (t->op == IR_ATTENTION_BACKWARD) stack = add_iter(s, 3, IR_ITER_FULL, 'x');
+    int b = add_iter(s, q->dims[0], IR_ITER_PARALLEL, 'b');
+    int tq = add_iter(s, q->dims[1], IR_ITER_FULL, 't');
+    int ts = add_iter(s, q->dims[1], IR_ITER_FULL, 's');
+    int c = add_iter(s, q->dims[2], IR_ITER_PARALLEL, 'c');
+    s->granule[c] = q->dims[2] / t->attr.attention.heads;
+    int8_t qmap[3] = {(int8_t)b, (int8_t)tq, (int8_t)c};
+    int8_t kvmap[3] = {(int8_t)b, (int8_t)ts, (int8_t)c};
+    memcpy(s->in[0], qmap, 3);
+    memcpy(s->in[1], kvmap, 3);
+    memcpy(s->in[2], kvmap, 3);
+    if (stack < 0) {
+        memcpy(s->out, qmap, 3);
+    } else {
+        memcpy(s->in[3], qmap, 3);
+        s->out[0] = (int8_t)stack;
+        memcpy(s->out + 1, qmap, 3);
+    }
+    return true;
+}
+
+/* embedding: table [v,d], ids [i...] -> [i..., d]; v is a SUM: a device
+ * holding rows v0..v1 contributes its rows and zeros elsewhere, so a
+ * vocab-sharded lookup is a partial sum.  The backward scatter-add is the
+ * transpose: ids dims are summed over, v and d are parallel. */
+static bool sig_embedding(const spmd_tensor *t, ir_dimsig *s)
+{
+    bool fwd = t->op == IR_EMBEDDING;
+    const spmd_tensor *ids = fwd ? t->in[1] : t->in[0];
+    int64_t rows = fwd ? t->in[0]->dims[0] : t->attr.embed_grad.rows;
+    int64_t width = t->dims[t->rank - 1];
+    int v = add_iter(s, rows, fwd ? IR_ITER_SUM : IR_ITER_PARALLEL, 'v');
+    int d = add_iter(s, width, IR_ITER_PARALLEL, 'd');
+    int idx[SPMD_MAX_RANK];
+    for (int i = 0; i < ids->rank; i++)
+        idx[i] = add_iter(s, ids->dims[i], fwd ? IR_ITER_PARALLEL : IR_ITER_SUM, generic_letter(i));
+    if (fwd) {
+        s->in[0][0] = (int8_t)v, s->in[0][1] = (int8_t)d;
+        for (int i = 0; i < ids->rank; i++) s->in[1][i] = s->out[i] = (int8_t)idx[i];
+        s->out[ids->rank] = (int8_t)d;
+    } else {
+        for (int i = 0; i < ids->rank; i++) s->in[0][i] = s->in[1][i] = (int8_t)idx[i];
+        s->in[1][ids->rank] = (int8_t)d;
+        s->out[0] = (int8_t)v, s->out[1] = (int8_t)d;
+    }
+    return true;
+}
+
+/* logits [n..., v], targets [n...] -> scalar: the mean over n is linear
+ * (SUM), the softmax over v is FULL.  The backward keeps n parallel. */
+static bool sig_cross_entropy(const spmd_tensor *t, ir_dimsig *s)
+{
+    bool fwd = t->op == IR_CROSS_ENTROPY;
+    const spmd_tensor *logits = t->in[0];
+    int r = logits->rank;
+    for (int i = 0; i < r - 1; i++) {
+        int it = add_iter(s, logits->dims[i], fwd ? IR_ITER_SUM : IR_ITER_PARALLEL,
+                          r == 2 ? 'n' : generic_letter(i));
+        s->in[0][i] = s->in[1][i] = (int8_t)it;
+        if (!fwd) s->out[i] = (int8_t)it;
+    }
+    int v = add_iter(s, logits->dims[r - 1], IR_ITER_FULL, 'v');
+    s->in[0][r - 1] = (int8_t)v;
+    if (!fwd) s->out[r - 1] = (int8_t)v;
+    return true;
+}
+
+/* mse(a, b) -> scalar: every dim is summed. */
+static bool sig_mse(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *a = t->in[0];
+    for (int i = 0; i < a->rank; i++)
+        s->in[0][i] = s->in[1][i] = (int8_t)add_iter(s, a->dims[i], IR_ITER_SUM, generic_letter(i));
+    return true;
+}
+
+/* Reshape moves data between dims: no einsum form, an explicit rule. */
+static bool sig_reshape(const spmd_tensor *t, ir_dimsig *s)
+{
+    (void)t, (void)s;
+    return false;
+}
+
+static bool sig_permute(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *x = t->in[0];
+    int it[SPMD_MAX_RANK];
+    for (int i = 0; i < x->rank; i++) {
+        it[i] = add_iter(s, x->dims[i], IR_ITER_PARALLEL, generic_letter(i));
+        s->in[0][i] = (int8_t)it[i];
+    }
+    for (int i = 0; i < t->rank; i++) s->out[i] = (int8_t)it[t->attr.permute.perm[i]];
+    return true;
+}
+
+/* slice and pad: the cut axis is FULL (sized like the larger side), the
+ * other dims parallel. */
+static bool sig_slice(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *x = t->in[0];
+    int axis = t->op == IR_SLICE ? t->attr.slice.axis : t->attr.pad.axis;
+    for (int i = 0; i < t->rank; i++) {
+        bool cut = i == axis;
+        int64_t size = cut && x->dims[i] > t->dims[i] ? x->dims[i] : t->dims[i];
+        s->in[0][i] = s->out[i] =
+            (int8_t)add_iter(s, size, cut ? IR_ITER_FULL : IR_ITER_PARALLEL, generic_letter(i));
+    }
+    return true;
+}
+
+static bool sig_concat(const spmd_tensor *t, ir_dimsig *s)
+{
+    int axis = t->attr.concat.axis;
+    for (int i = 0; i < t->rank; i++) {
+        int it = add_iter(s, t->dims[i], i == axis ? IR_ITER_FULL : IR_ITER_PARALLEL,
+                          generic_letter(i));
+        s->out[i] = (int8_t)it;
+        for (int j = 0; j < t->n_in; j++) s->in[j][i] = (int8_t)it;
+    }
+    return true;
+}
+
+/* ---- Table --------------------------------------------------------------------- */
+
+typedef bool (*sig_fn)(const spmd_tensor *t, ir_dimsig *s);
+
+static const sig_fn sig_table[] = {
+#define OP(e, name, arity, sig, vjp, kern) sig,
+#include "ir/ops.def"
+#undef OP
+};
+
+_Static_assert(sizeof sig_table / sizeof sig_table[0] == IR_OP_COUNT, "op table out of step");
+
+bool ir_signature(const spmd_tensor *t, ir_dimsig *sig)
+{
+    init_sig(sig, t);
+    return sig_table[t->op](t, sig);
+}
+
+/* A dim that maps to no iteration (a broadcast or kept size-1 dim) is '1'. */
+static char letter_of(const ir_dimsig *sig, int8_t it) { return it < 0 ? '1' : sig->letter[it]; }
+
+void ir_signature_format(const ir_dimsig *sig, char *buf, size_t size)
+{
+    size_t n = 0;
+#define PUT(c) \
+    do { \
+        if (n + 1 < size) buf[n++] = (c); \
+    } while (0)
+    for (int j = 0; j < sig->n_in; j++) {
+        if (j) PUT(',');
+        for (int i = 0; i < sig->in_rank[j]; i++) PUT(letter_of(sig, sig->in[j][i]));
+    }
+    PUT('-');
+    PUT('>');
+    for (int i = 0; i < sig->out_rank; i++) PUT(letter_of(sig, sig->out[i]));
+#undef PUT
+    buf[n < size ? n : size - 1] = '\0';
+}

@@ -1,0 +1,175 @@
+/*
+ * GPT-2 style decoder as a graph builder: token + position embeddings,
+ * pre-norm transformer blocks (causal attention, GELU MLP), a final
+ * LayerNorm and an LM head tied to the token embedding.  Names, shapes and
+ * init follow nanoGPT so its checkpoints and numerics carry over.
+ */
+#include "spmd/models.h"
+
+#include "base/error.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define GPT_STD 0.02f
+
+/* Rows of wpe: the model's context, which sequences may not fill. */
+static int gpt_context(const spmd_gpt_config *cfg) { return cfg->context ? cfg->context : cfg->seq; }
+
+spmd_status spmd_gpt_validate(const spmd_gpt_config *cfg)
+{
+    if (!cfg)
+        return base_error(SPMD_ERR_INVALID, "gpt: config is NULL");
+    if (cfg->vocab <= 0 || cfg->seq <= 0 || cfg->layers <= 0 || cfg->heads <= 0 || cfg->dim <= 0)
+        return base_error(SPMD_ERR_INVALID,
+                          "gpt: vocab (%d), seq (%d), layers (%d), heads (%d) and dim (%d) "
+                          "must all be positive",
+                          cfg->vocab, cfg->seq, cfg->layers, cfg->heads, cfg->dim);
+    if (cfg->context < 0 || (cfg->context > 0 && cfg->context < cfg->seq))
+        return base_error(SPMD_ERR_INVALID,
+                          "gpt: context (%d) must be 0 (same as seq) or at least seq (%d)",
+                          cfg->context, cfg->seq);
+    if (cfg->dim % cfg->heads != 0)
+        return base_error(SPMD_ERR_INVALID, "gpt: dim (%d) is not a multiple of heads (%d)",
+                          cfg->dim, cfg->heads);
+    /* The count below must fit in int64; checked in double to avoid overflow. */
+    double c = cfg->dim;
+    double total = ((double)cfg->vocab + gpt_context(cfg) + 2) * c + cfg->layers * (12 * c * c + 13 * c);
+    if (total > 0x1p62)
+        return base_error(SPMD_ERR_INVALID, "gpt: %.3g parameters is too many", total);
+    return SPMD_OK;
+}
+
+int64_t spmd_gpt_param_count(const spmd_gpt_config *cfg)
+{
+    if (spmd_gpt_validate(cfg) != SPMD_OK)
+        return -1;
+    int64_t c = cfg->dim;
+    /* Per block: two LayerNorms (4C), c_attn (3C*C + 3C), attn.c_proj
+     * (C*C + C), c_fc (4C*C + 4C), mlp.c_proj (4C*C + C). */
+    int64_t block = 12 * c * c + 13 * c;
+    return (int64_t)cfg->vocab * c + (int64_t)gpt_context(cfg) * c + cfg->layers * block + 2 * c;
+}
+
+/* A graph op returned NULL and has already said why; keep its message. */
+static spmd_status build_failed(void)
+{
+    if (!base_error_pending() || spmd_last_error()[0] == '\0')
+        return base_error(SPMD_ERR_INTERNAL, "gpt: a graph op failed without a message");
+    return SPMD_ERR_INVALID;
+}
+
+static spmd_tensor *layernorm(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t c)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    spmd_tensor *w = spmd_param(g, name, 1, (const int64_t[]){c}, (spmd_init){SPMD_INIT_ONES, 0});
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    spmd_tensor *b = spmd_param(g, name, 1, (const int64_t[]){c}, (spmd_init){SPMD_INIT_ZEROS, 0});
+    return spmd_layernorm(g, x, w, b, SPMD_GPT_LN_EPS);
+}
+
+/* y = x W^T + b with W [out, in], nn.Linear's layout as nanoGPT uses it. */
+static spmd_tensor *linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t in,
+                           int64_t out, float std)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    spmd_tensor *w = spmd_param(g, name, 2, (const int64_t[]){out, in},
+                                (spmd_init){SPMD_INIT_NORMAL, std});
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    spmd_tensor *b = spmd_param(g, name, 1, (const int64_t[]){out},
+                                (spmd_init){SPMD_INIT_ZEROS, 0});
+    return spmd_add(g, spmd_matmul(g, x, w, false, true), b);
+}
+
+/* x [B, T, C] -> [B, T, C]; the caller has checked cfg and x. */
+static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x)
+{
+    int64_t c = cfg->dim;
+    /* GPT-2 scales the projections into the residual stream so its variance
+     * does not grow with depth (two per block). */
+    float proj_std = (float)(GPT_STD / sqrt(2.0 * cfg->layers));
+    char p[64];
+
+    snprintf(p, sizeof p, "h.%d.ln_1", layer);
+    spmd_tensor *a = layernorm(g, x, p, c);
+    snprintf(p, sizeof p, "h.%d.attn.c_attn", layer);
+    spmd_tensor *qkv = linear(g, a, p, c, 3 * c, GPT_STD); // [B, T, 3C]: q | k | v
+    spmd_tensor *q = spmd_slice(g, qkv, 2, 0, c);          // [B, T, C]
+    spmd_tensor *k = spmd_slice(g, qkv, 2, c, c);
+    spmd_tensor *v = spmd_slice(g, qkv, 2, 2 * c, c);
+    a = spmd_attention(g, q, k, v, cfg->heads);            // [B, T, C]
+    snprintf(p, sizeof p, "h.%d.attn.c_proj", layer);
+    x = spmd_add(g, x, linear(g, a, p, c, c, proj_std));
+
+    snprintf(p, sizeof p, "h.%d.ln_2", layer);
+    spmd_tensor *m = layernorm(g, x, p, c);
+    snprintf(p, sizeof p, "h.%d.mlp.c_fc", layer);
+    m = spmd_gelu(g, linear(g, m, p, c, 4 * c, GPT_STD)); // [B, T, 4C]
+    snprintf(p, sizeof p, "h.%d.mlp.c_proj", layer);
+    return spmd_add(g, x, linear(g, m, p, 4 * c, c, proj_std)); // [B, T, C]
+}
+
+spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x)
+{
+    if (!x) /* an earlier op failed and said why */
+        return NULL;
+    if (!g) {
+        base_error(SPMD_ERR_INVALID, "gpt block: graph is NULL");
+        return NULL;
+    }
+    if (spmd_gpt_validate(cfg) != SPMD_OK)
+        return NULL;
+    if (layer < 0 || layer >= cfg->layers) {
+        base_error(SPMD_ERR_INVALID, "gpt block: layer %d is outside [0, %d)", layer, cfg->layers);
+        return NULL;
+    }
+    if (spmd_tensor_dtype(x) != SPMD_F32 || spmd_tensor_rank(x) != 3 ||
+        spmd_tensor_dim(x, 2) != cfg->dim) {
+        base_error(SPMD_ERR_SHAPE, "gpt block: x must be f32 [B, T, %d]", cfg->dim);
+        return NULL;
+    }
+    return block(g, cfg, layer, x);
+}
+
+spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
+                           spmd_gpt_tensors *out)
+{
+    if (!out)
+        return base_error(SPMD_ERR_INVALID, "gpt: output struct is NULL");
+    memset(out, 0, sizeof *out);
+    if (!g)
+        return base_error(SPMD_ERR_INVALID, "gpt: graph is NULL");
+    spmd_status st = spmd_gpt_validate(cfg);
+    if (st != SPMD_OK)
+        return st;
+    if (batch <= 0)
+        return base_error(SPMD_ERR_INVALID, "gpt: batch (%d) must be positive", batch);
+
+    int64_t b = batch, t = cfg->seq, c = cfg->dim, v = cfg->vocab;
+    spmd_init emb_init = {SPMD_INIT_NORMAL, GPT_STD};
+    spmd_tensor *ids = spmd_input(g, "input", SPMD_I32, 2, (const int64_t[]){b, t});
+    spmd_tensor *targets = spmd_input(g, "targets", SPMD_I32, 2, (const int64_t[]){b, t});
+    spmd_tensor *wte = spmd_param(g, "wte.weight", 2, (const int64_t[]){v, c}, emb_init);
+    int64_t ctx = gpt_context(cfg);
+    spmd_tensor *wpe = spmd_param(g, "wpe.weight", 2, (const int64_t[]){ctx, c}, emb_init);
+
+    /* Positions 0..T-1: the first T rows of wpe, broadcast over the batch. */
+    spmd_tensor *pos = ctx > t ? spmd_slice(g, wpe, 0, 0, t) : wpe; // [T, C]
+    spmd_tensor *x = spmd_add(g, spmd_embedding(g, wte, ids), pos); // [B, T, C]
+    for (int i = 0; i < cfg->layers && x; i++)
+        x = block(g, cfg, i, x);
+    x = layernorm(g, x, "ln_f", c);
+    spmd_tensor *logits = spmd_matmul(g, x, wte, false, true); // [B, T, V], tied head
+    spmd_tensor *loss = spmd_cross_entropy(g, logits, targets);
+    if (!loss)
+        return build_failed();
+
+    out->input = ids;
+    out->targets = targets;
+    out->logits = logits;
+    out->loss = loss;
+    return SPMD_OK;
+}

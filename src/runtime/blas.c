@@ -1,0 +1,303 @@
+/*
+ * The GEMM backend (see blas.h): OpenBLAS, or BLIS as a fallback, loaded
+ * with dlopen at run time instead of linked, so that the OpenBLAS core type
+ * can be chosen from CPUID before OpenBLAS's constructor runs.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* RTLD_NOLOAD, RTLD_DEFAULT, dladdr */
+#endif
+
+#include "runtime/blas.h"
+
+#include "base/error.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The CBLAS constants we use (values fixed by the CBLAS standard); cblas.h
+ * is not included so no BLAS headers are needed to build. */
+enum { CblasRowMajor = 101, CblasNoTrans = 111, CblasTrans = 112 };
+
+typedef void (*cblas_sgemm_fn)(int order, int transa, int transb, int m, int n, int k,
+                               float alpha, const float *a, int lda, const float *b,
+                               int ldb, float beta, float *c, int ldc);
+typedef void (*openblas_set_num_threads_fn)(int n);
+typedef char *(*openblas_str_fn)(void);
+typedef long (*bli_thread_set_num_threads_fn)(long n); /* return type unused */
+typedef const char *(*bli_str_fn)(void);
+typedef int (*bli_arch_query_id_fn)(void);
+typedef const char *(*bli_arch_string_fn)(int id);
+
+/* Found through the dynamic loader's search; overridable for tests. */
+#ifndef OPENBLAS_SONAME
+#define OPENBLAS_SONAME "libopenblas.so.0"
+#endif
+#ifndef BLIS_SONAME
+#define BLIS_SONAME "libblis.so.4"
+#endif
+#define INSTALL_HINT \
+    "install libopenblas0 (apt-get install libopenblas0-pthread) or BLIS (apt-get install libblis4)"
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool init_done;           /* set (release) after the fields below */
+static spmd_status init_status;
+static char init_message[512];          /* the failure, repeated to later callers */
+static char lib_name[160] = "no BLAS loaded";
+static cblas_sgemm_fn sgemm_fn;
+
+/* ---- Choosing an OpenBLAS core type ----------------------------------- */
+
+/* The OpenBLAS core name that fits this CPU, or NULL to let OpenBLAS
+ * decide.  Only the cores Debian's DYNAMIC_ARCH OpenBLAS gets wrong on
+ * AVX-512 machines matter; older CPUs are detected correctly. */
+static const char *detect_coretype(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+#if !defined(__clang__) || __clang_major__ >= 16
+    if (__builtin_cpu_supports("avx512bf16"))
+        return "Cooperlake";
+#endif
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+#endif
+    return NULL;
+}
+
+/* A saved environment variable, to put back exactly as it was. */
+typedef struct saved_env {
+    const char *name;
+    char *value; /* copy of the old value; NULL if it was unset */
+    bool changed;
+} saved_env;
+
+static void env_set_temporarily(saved_env *s, const char *name, const char *value)
+{
+    s->name = name;
+    s->value = NULL;
+    s->changed = false;
+    const char *old = getenv(name);
+    if (old) {
+        s->value = strdup(old);
+        if (!s->value)
+            return; /* cannot restore it: leave it alone */
+    }
+    if (setenv(name, value, 1) == 0)
+        s->changed = true;
+}
+
+static void env_restore(saved_env *s)
+{
+    if (s->changed) {
+        if (s->value)
+            setenv(s->name, s->value, 1);
+        else
+            unsetenv(s->name);
+    }
+    free(s->value);
+    s->value = NULL;
+    s->changed = false;
+}
+
+/* ---- Loading ------------------------------------------------------------ */
+
+/* OpenBLAS that something else in the process already loaded (numpy, a
+ * host application, the library linked by soname): use that one instead of
+ * a second copy with its own thread pool and core choice. */
+static void *find_loaded_openblas(void)
+{
+    void *h = dlopen(OPENBLAS_SONAME, RTLD_NOW | RTLD_NOLOAD);
+    if (h)
+        return h;
+    /* Loaded under another name (e.g. as libblas.so.3): find its file. */
+    void *sym = dlsym(RTLD_DEFAULT, "openblas_get_config");
+    Dl_info info;
+    if (sym && dladdr(sym, &info) && info.dli_fname)
+        return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    return NULL;
+}
+
+static spmd_status load_openblas(const char *coretype, char *why, size_t why_size)
+{
+    void *h = find_loaded_openblas();
+    if (!h) {
+        /*
+         * Debian's OpenBLAS is built with DYNAMIC_ARCH and picks its kernels
+         * in a constructor that runs inside dlopen, reading OPENBLAS_CORETYPE
+         * there and never again.  On AVX-512 CPUs it can end up on an older
+         * core (by its own detection, or because an environment inherited
+         * from other tools presets OPENBLAS_CORETYPE), and sgemm then runs at
+         * half speed or less.  libspmd's configuration is explicit: the core
+         * is the caller's `coretype` (the CLI's --blas-core), else the one
+         * CPUID says fits; an inherited OPENBLAS_CORETYPE is overridden for
+         * the duration of dlopen only and then put back as it was, so child
+         * processes and other libraries still see it.  OPENBLAS_NUM_THREADS=1
+         * likewise keeps OpenBLAS from starting a thread pool we never use
+         * (the executor splits GEMMs itself).  setenv is not thread-safe
+         * against concurrent getenv; this runs once, under init_lock,
+         * normally before the executor starts threads.
+         */
+        saved_env core = {0}, threads = {0};
+        if (!coretype) coretype = detect_coretype();
+        if (coretype)
+            env_set_temporarily(&core, "OPENBLAS_CORETYPE", coretype);
+        env_set_temporarily(&threads, "OPENBLAS_NUM_THREADS", "1");
+        h = dlopen(OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+        const char *err = h ? NULL : dlerror();
+        env_restore(&threads);
+        env_restore(&core);
+        if (!h) {
+            snprintf(why, why_size, "cannot load %s: %s", OPENBLAS_SONAME,
+                     err ? err : "unknown error");
+            return SPMD_ERR_BACKEND;
+        }
+    }
+
+    cblas_sgemm_fn gemm = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
+    openblas_set_num_threads_fn set_threads =
+        (openblas_set_num_threads_fn)dlsym(h, "openblas_set_num_threads");
+    openblas_str_fn corename = (openblas_str_fn)dlsym(h, "openblas_get_corename");
+    openblas_str_fn config = (openblas_str_fn)dlsym(h, "openblas_get_config");
+    if (!gemm) {
+        snprintf(why, why_size, "%s has no cblas_sgemm", OPENBLAS_SONAME);
+        dlclose(h);
+        return SPMD_ERR_BACKEND;
+    }
+    if (set_threads)
+        set_threads(1);
+
+    /* openblas_get_config: "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY ..." */
+    char version[32] = "";
+    const char *cfg = config ? config() : NULL;
+    if (cfg && strncmp(cfg, "OpenBLAS ", 9) == 0)
+        sscanf(cfg + 9, "%31s", version);
+    const char *core = corename ? corename() : NULL;
+    snprintf(lib_name, sizeof lib_name, "OpenBLAS%s%s (%s)", version[0] ? " " : "", version,
+             core && core[0] ? core : "unknown core");
+    sgemm_fn = gemm;
+    return SPMD_OK; /* the handle stays open for the life of the process */
+}
+
+static spmd_status load_blis(char *why, size_t why_size)
+{
+    void *h = dlopen(BLIS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *err = dlerror();
+        snprintf(why, why_size, "cannot load %s: %s", BLIS_SONAME, err ? err : "unknown error");
+        return SPMD_ERR_BACKEND;
+    }
+    cblas_sgemm_fn gemm = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
+    if (!gemm) {
+        snprintf(why, why_size, "%s has no cblas_sgemm (BLIS built without CBLAS)",
+                 BLIS_SONAME);
+        dlclose(h);
+        return SPMD_ERR_BACKEND;
+    }
+    bli_thread_set_num_threads_fn set_threads =
+        (bli_thread_set_num_threads_fn)dlsym(h, "bli_thread_set_num_threads");
+    bli_str_fn version = (bli_str_fn)dlsym(h, "bli_info_get_version_str");
+    bli_arch_query_id_fn arch_id = (bli_arch_query_id_fn)dlsym(h, "bli_arch_query_id");
+    bli_arch_string_fn arch_str = (bli_arch_string_fn)dlsym(h, "bli_arch_string");
+    if (set_threads)
+        set_threads(1);
+    const char *v = version ? version() : NULL;
+    const char *arch = arch_id && arch_str ? arch_str(arch_id()) : NULL;
+    if (arch && arch[0])
+        snprintf(lib_name, sizeof lib_name, "BLIS %s (%s)", v ? v : "", arch);
+    else
+        snprintf(lib_name, sizeof lib_name, "BLIS %s", v ? v : "");
+    sgemm_fn = gemm;
+    return SPMD_OK;
+}
+
+static spmd_status do_init(blas_library lib, const char *coretype)
+{
+    char why_openblas[256] = "", why_blis[256] = "";
+    switch (lib) {
+    case BLAS_OPENBLAS:
+        if (load_openblas(coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
+            return SPMD_OK;
+        snprintf(init_message, sizeof init_message, "BLAS: %s; %s", why_openblas,
+                 INSTALL_HINT);
+        return SPMD_ERR_BACKEND;
+    case BLAS_BLIS:
+        if (load_blis(why_blis, sizeof why_blis) == SPMD_OK)
+            return SPMD_OK;
+        snprintf(init_message, sizeof init_message, "BLAS: %s; %s", why_blis, INSTALL_HINT);
+        return SPMD_ERR_BACKEND;
+    case BLAS_AUTO:
+        if (load_openblas(coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
+            return SPMD_OK;
+        if (load_blis(why_blis, sizeof why_blis) == SPMD_OK)
+            return SPMD_OK;
+        snprintf(init_message, sizeof init_message, "BLAS: %s; %s; %s", why_openblas,
+                 why_blis, INSTALL_HINT);
+        return SPMD_ERR_BACKEND;
+    }
+    snprintf(init_message, sizeof init_message, "BLAS: unknown library choice %d", (int)lib);
+    return SPMD_ERR_INVALID;
+}
+
+spmd_status blas_init(blas_library lib, const char *coretype)
+{
+    if (!atomic_load_explicit(&init_done, memory_order_acquire)) {
+        pthread_mutex_lock(&init_lock);
+        if (!atomic_load_explicit(&init_done, memory_order_relaxed)) {
+            init_status = do_init(lib, coretype);
+            atomic_store_explicit(&init_done, true, memory_order_release);
+        }
+        pthread_mutex_unlock(&init_lock);
+    }
+    if (init_status != SPMD_OK)
+        return base_error(init_status, "%s", init_message);
+    return SPMD_OK;
+}
+
+void blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                float *c, int64_t ldc)
+{
+    if (!atomic_load_explicit(&init_done, memory_order_acquire) || !sgemm_fn) {
+        if (blas_init(BLAS_AUTO, NULL) != SPMD_OK)
+            return; /* the error is recorded; C is left as it was */
+    }
+    if (m <= 0 || n <= 0)
+        return;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX || k < 0) {
+        base_error(SPMD_ERR_UNSUPPORTED,
+                   "sgemm %lldx%lldx%lld: dimensions past the 32-bit BLAS interface",
+                   (long long)m, (long long)n, (long long)k);
+        return;
+    }
+    if (k == 0) { /* C = beta C; BLAS would reject lda < 1 here */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
+    }
+    sgemm_fn(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+             (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+const char *blas_name(void)
+{
+    if (!atomic_load_explicit(&init_done, memory_order_acquire) || init_status != SPMD_OK)
+        return "no BLAS loaded";
+    return lib_name;
+}
+
+const char *spmd_blas_describe(void)
+{
+    if (blas_init(BLAS_AUTO, NULL) != SPMD_OK)
+        return NULL;
+    return lib_name;
+}

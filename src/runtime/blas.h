@@ -1,0 +1,32 @@
+/*
+ * The GEMM backend: OpenBLAS (or BLIS) loaded at run time, so the library
+ * can pick a kernel that fits the CPU before the BLAS library initialises
+ * (Debian's OpenBLAS otherwise detects some AVX-512 CPUs as older cores and
+ * runs several times slower).
+ */
+#ifndef SPMD_RUNTIME_BLAS_H
+#define SPMD_RUNTIME_BLAS_H
+
+#include "spmd/spmd.h"
+
+typedef enum blas_library {
+    BLAS_AUTO = 0,  /* OpenBLAS with a fitting core type, else BLIS */
+    BLAS_OPENBLAS,
+    BLAS_BLIS
+} blas_library;
+
+/* Load the library once (thread-safe); later calls return the first
+ * result.  `coretype` is an OpenBLAS core name ("SkylakeX") or NULL for
+ * detection.  BLAS threading is set to 1: the executor splits GEMMs. */
+spmd_status blas_init(blas_library lib, const char *coretype);
+
+/* Row-major C = alpha * op(A) op(B) + beta * C, op = transpose if set.
+ * blas_init must have succeeded. */
+void blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                float *c, int64_t ldc);
+
+/* "OpenBLAS 0.3.21 (SkylakeX)" or "BLIS 0.9.0". */
+const char *blas_name(void);
+
+#endif

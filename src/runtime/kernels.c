@@ -1,0 +1,87 @@
+/*
+ * The kernel table (generated from ops.def), per-thread scratch sizes, and
+ * the two helpers every kernel uses: work splitting and data errors.
+ * The kernels themselves live in kernels_<family>.c.
+ */
+#include "runtime/kernels.h"
+#include "runtime/kernels_ops.h"
+
+#include "base/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+/* Leaves are placed by the executor; kern_for hides this entry. */
+void kern_leaf(const kern_args *args) { (void)args; }
+
+static const kern_fn kernel_table[] = {
+#define OP(e, name, arity, sig, vjp, kern) kern,
+#include "ir/ops.def"
+#undef OP
+};
+
+_Static_assert(sizeof kernel_table / sizeof kernel_table[0] == IR_OP_COUNT,
+               "kernel table out of step with ops.def");
+
+kern_fn kern_for(ir_op op)
+{
+    if ((unsigned)op >= (unsigned)IR_OP_COUNT) return NULL;
+    kern_fn fn = kernel_table[op];
+    return fn == kern_leaf ? NULL : fn;
+}
+
+size_t kern_scratch_bytes(const spmd_tensor *t, int nth)
+{
+    (void)nth; /* scratch is per thread, so its size does not depend on nth */
+    switch (t->op) {
+    case IR_ATTENTION:
+    case IR_ATTENTION_BACKWARD: {
+        /* A block of query rows against all keys: scores (forward), and
+         * scores plus their gradients (backward). */
+        if (t->n_in < 1 || t->in[0]->rank != 3) return 0;
+        int64_t T = t->in[0]->dims[1];
+        size_t one = (size_t)KN_ATTN_BLOCK * (size_t)T * sizeof(float);
+        return t->op == IR_ATTENTION ? one : 2 * one;
+    }
+    default:
+        return 0;
+    }
+}
+
+/* Only the first failure of a step keeps its status and message: the
+ * winner of the compare-exchange writes the shared buffer, which the
+ * executor reads after the pool has finished (so no one else touches it
+ * meanwhile).  The thread-local message is set too, for callers that run a
+ * kernel directly. */
+void kern_fail(const kern_args *a, spmd_status status, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (a->status) {
+        int expected = SPMD_OK;
+        if (!atomic_compare_exchange_strong(a->status, &expected, (int)status)) return;
+    }
+    if (a->message && a->message_size > 0) snprintf(a->message, a->message_size, "%s", msg);
+    base_error(status, "%s", msg);
+}
+
+void kern_split(int64_t n, int ith, int nth, int64_t align, int64_t *begin, int64_t *end)
+{
+    if (align < 1) align = 1;
+    if (nth < 1) nth = 1;
+    if (n <= 0) {
+        *begin = *end = 0;
+        return;
+    }
+    /* Blocks of `align` items, spread as evenly as possible: the first
+     * (blocks % nth) threads take one block more. */
+    int64_t blocks = kn_ceil_div(n, align);
+    int64_t per = blocks / nth, extra = blocks % nth;
+    int64_t b = per * ith + kn_min(ith, extra);
+    int64_t e = b + per + (ith < extra ? 1 : 0);
+    *begin = kn_min(b * align, n);
+    *end = kn_min(e * align, n);
+}

@@ -1,0 +1,44 @@
+/*
+ * CPU kernels, one per op (ops.def's last column).  Every kernel splits its
+ * work by (ith, nth): thread ith of nth computes a disjoint part of the
+ * output, each output element always by the same arithmetic in the same
+ * order, so results do not depend on nth.  The executor runs all nth
+ * threads on a node, then a barrier, then the next node.
+ */
+#ifndef SPMD_RUNTIME_KERNELS_H
+#define SPMD_RUNTIME_KERNELS_H
+
+#include "ir/ir.h"
+
+#include <stdatomic.h>
+
+typedef struct kern_args {
+    const spmd_tensor *node;            /* op, attributes, shapes */
+    const void *in[IR_MAX_INPUTS];      /* contiguous row-major inputs */
+    void *out;                          /* contiguous row-major output */
+    void *scratch;                      /* this thread's scratch space */
+    int ith, nth;
+    /* A kernel that finds bad data (an id outside a table) stores a
+     * status here (first one wins, via kern_fail) and skips the bad item;
+     * the executor turns it into the step's error. */
+    _Atomic int *status;
+    char *message;          /* shared buffer for the winner's message */
+    size_t message_size;
+} kern_args;
+
+typedef void (*kern_fn)(const kern_args *a);
+
+/* The kernel of `op`; NULL for leaves. */
+kern_fn kern_for(ir_op op);
+/* Per-thread scratch bytes that node t's kernel needs (0 for most). */
+size_t kern_scratch_bytes(const spmd_tensor *t, int nth);
+
+/* Record a data error from inside a kernel (message via base_error is
+ * thread-local, so the kernel also writes the message once). */
+void kern_fail(const kern_args *a, spmd_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* [begin, end) of n items for thread ith of nth, in blocks of `align`. */
+void kern_split(int64_t n, int ith, int nth, int64_t align, int64_t *begin, int64_t *end);
+
+#endif

@@ -1,0 +1,261 @@
+/*
+ * Elementwise kernels: fill, the broadcasting binary ops (add, sub, mul,
+ * div) and expand, the unary ops, and the backward helpers of gelu and
+ * relu.  Every output element is a function of its own inputs only, so any
+ * split over threads gives the same bits; the split is by contiguous runs
+ * of 16 elements (64 bytes) so that threads never share a cache line.
+ */
+#include "runtime/kernels_ops.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { EW_ALIGN = 16 };
+
+/* ---- fill ------------------------------------------------------------------ */
+
+/* out [...] = value (f32, or i32 when the node says so). */
+void kern_fill(const kern_args *a)
+{
+    const spmd_tensor *t = a->node;
+    int64_t b, e;
+    kern_split(kn_numel(t), a->ith, a->nth, EW_ALIGN, &b, &e);
+    if (t->dtype == SPMD_I32) {
+        int32_t *restrict out = a->out;
+        int32_t v = (int32_t)t->attr.fill.value;
+        for (int64_t i = b; i < e; i++) out[i] = v;
+    } else {
+        float *restrict out = a->out;
+        float v = t->attr.fill.value;
+        for (int64_t i = b; i < e; i++) out[i] = v;
+    }
+}
+
+/* ---- Broadcasting ---------------------------------------------------------- */
+
+/*
+ * A broadcast is described by the output's dims and, for each operand, an
+ * element stride per output dim (0 where the operand is broadcast).  Output
+ * dims of size 1 are dropped and neighbouring dims merged when every
+ * operand walks them as one, so the common cases collapse to rank 1 (same
+ * shape, scalar operand) or rank 2 (bias [N] over [M, N]).  After that the
+ * innermost stride of each operand is 0 or 1, which gives four simple,
+ * vectorisable inner loops.
+ */
+typedef struct bc_plan {
+    int rank; /* >= 1 */
+    int64_t dims[SPMD_MAX_RANK];
+    int64_t sa[SPMD_MAX_RANK], sb[SPMD_MAX_RANK];
+} bc_plan;
+
+/* Strides of operand x (x's dims right-aligned to the output's). */
+static void bc_strides(const spmd_tensor *out, const spmd_tensor *x, int64_t *s)
+{
+    int r = out->rank, off = r - x->rank;
+    int64_t stride = 1;
+    for (int i = r - 1; i >= 0; i--) {
+        int64_t d = i >= off ? x->dims[i - off] : 1;
+        s[i] = d == 1 ? 0 : stride;
+        stride *= d;
+    }
+}
+
+/* `y` may be NULL (expand): its strides are then all zero. */
+static void bc_plan_make(const spmd_tensor *out, const spmd_tensor *x, const spmd_tensor *y,
+                         bc_plan *p)
+{
+    int64_t sx[SPMD_MAX_RANK], sy[SPMD_MAX_RANK] = {0};
+    bc_strides(out, x, sx);
+    if (y) bc_strides(out, y, sy);
+    int n = 0;
+    for (int i = 0; i < out->rank; i++) {
+        int64_t d = out->dims[i];
+        if (d == 1) continue;
+        if (n > 0 && sx[i] * d == p->sa[n - 1] && sy[i] * d == p->sb[n - 1]) {
+            /* Dim n-1 steps exactly over dim i for both: one dim. */
+            p->dims[n - 1] *= d;
+            p->sa[n - 1] = sx[i];
+            p->sb[n - 1] = sy[i];
+            continue;
+        }
+        p->dims[n] = d;
+        p->sa[n] = sx[i];
+        p->sb[n] = sy[i];
+        n++;
+    }
+    if (n == 0) {
+        p->dims[0] = 1;
+        p->sa[0] = p->sb[0] = 0;
+        n = 1;
+    }
+    p->rank = n;
+}
+
+/* Offsets of the operands at the start of output row `row` (a row being
+ * the innermost plan dim). */
+static void bc_row_offsets(const bc_plan *p, int64_t row, int64_t *oa, int64_t *ob)
+{
+    int64_t xa = 0, xb = 0;
+    for (int d = p->rank - 2; d >= 0; d--) {
+        int64_t i = row % p->dims[d];
+        row /= p->dims[d];
+        xa += i * p->sa[d];
+        xb += i * p->sb[d];
+    }
+    *oa = xa;
+    *ob = xb;
+}
+
+static inline float op_add(float x, float y) { return x + y; }
+static inline float op_sub(float x, float y) { return x - y; }
+static inline float op_mul(float x, float y) { return x * y; }
+static inline float op_div(float x, float y) { return x / y; }
+
+/* out[e0:e1) of a broadcast binary op; each run of a row gets one of four
+ * inner loops by the operands' innermost strides. */
+#define DEFINE_BROADCAST(OPF)                                                        \
+    static void bc_##OPF(const bc_plan *p, const float *x, const float *y,           \
+                         float *out, int64_t e0, int64_t e1)                         \
+    {                                                                                \
+        const int64_t len = p->dims[p->rank - 1];                                    \
+        const int64_t ia = p->sa[p->rank - 1], ib = p->sb[p->rank - 1];              \
+        for (int64_t e = e0; e < e1;) {                                              \
+            int64_t row = e / len, col = e % len, oa, ob;                            \
+            int64_t n = kn_min(len - col, e1 - e);                                   \
+            bc_row_offsets(p, row, &oa, &ob);                                        \
+            const float *restrict pa = x + oa + col * ia;                            \
+            const float *restrict pb = y + ob + col * ib;                            \
+            float *restrict po = out + e;                                            \
+            if (ia && ib) {                                                          \
+                for (int64_t i = 0; i < n; i++) po[i] = OPF(pa[i], pb[i]);           \
+            } else if (ia) {                                                         \
+                const float vb = pb[0];                                              \
+                for (int64_t i = 0; i < n; i++) po[i] = OPF(pa[i], vb);              \
+            } else if (ib) {                                                         \
+                const float va = pa[0];                                              \
+                for (int64_t i = 0; i < n; i++) po[i] = OPF(va, pb[i]);              \
+            } else {                                                                 \
+                const float v = OPF(pa[0], pb[0]);                                   \
+                for (int64_t i = 0; i < n; i++) po[i] = v;                           \
+            }                                                                        \
+            e += n;                                                                  \
+        }                                                                            \
+    }
+
+DEFINE_BROADCAST(op_add)
+DEFINE_BROADCAST(op_sub)
+DEFINE_BROADCAST(op_mul)
+DEFINE_BROADCAST(op_div)
+
+#define DEFINE_BINARY_KERNEL(NAME, OPF)                                              \
+    void NAME(const kern_args *a)                                                    \
+    {                                                                                \
+        const spmd_tensor *t = a->node;                                              \
+        bc_plan p;                                                                   \
+        bc_plan_make(t, t->in[0], t->in[1], &p);                                     \
+        int64_t b, e;                                                                \
+        kern_split(kn_numel(t), a->ith, a->nth, EW_ALIGN, &b, &e);                   \
+        bc_##OPF(&p, a->in[0], a->in[1], a->out, b, e);                              \
+    }
+
+/* out = a op b, numpy broadcasting: a [..], b [..] -> out [max rank]. */
+DEFINE_BINARY_KERNEL(kern_add, op_add)
+DEFINE_BINARY_KERNEL(kern_sub, op_sub)
+DEFINE_BINARY_KERNEL(kern_mul, op_mul)
+DEFINE_BINARY_KERNEL(kern_div, op_div)
+
+/* x [..] broadcast to out [..].  Moves raw 32-bit elements, so it works
+ * for i32 as well and copies NaN payloads untouched. */
+void kern_expand(const kern_args *a)
+{
+    const spmd_tensor *t = a->node;
+    bc_plan p;
+    bc_plan_make(t, t->in[0], NULL, &p);
+    int64_t b, e;
+    kern_split(kn_numel(t), a->ith, a->nth, EW_ALIGN, &b, &e);
+    const uint32_t *x = a->in[0];
+    uint32_t *out = a->out;
+    const int64_t len = p.dims[p.rank - 1], ia = p.sa[p.rank - 1];
+    for (int64_t i = b; i < e;) {
+        int64_t row = i / len, col = i % len, oa, ob;
+        int64_t n = kn_min(len - col, e - i);
+        bc_row_offsets(&p, row, &oa, &ob);
+        if (ia) {
+            memcpy(out + i, x + oa + col, (size_t)n * sizeof *out);
+        } else {
+            const uint32_t v = x[oa];
+            uint32_t *restrict po = out + i;
+            for (int64_t j = 0; j < n; j++) po[j] = v;
+        }
+        i += n;
+    }
+}
+
+/* ---- Unary ------------------------------------------------------------------ */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_C 0.044715f
+
+/* gelu(x) = 0.5 x (1 + tanh u), u = k (x + c x^3).  Since
+ * 0.5 (1 + tanh u) = sigmoid(2u), this is x / (1 + e^-2u): one vectorised
+ * exponential instead of a libm tanhf call, and no cancellation near 0. */
+static inline float f_gelu(float x)
+{
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    return x / (1.0f + kn_expf(-2.0f * u));
+}
+
+/* d gelu / dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u'
+ *             = s + 2 x s (1 - s) u',   s = sigmoid(2u), u' = k (1 + 3 c x^2). */
+static inline float f_gelu_grad(float x)
+{
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    float s = 1.0f / (1.0f + kn_expf(-2.0f * u));
+    float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+    return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+/* y [..] = f(x [..]); `c` is only read by scale. */
+#define DEFINE_UNARY_KERNEL(NAME, EXPR)                                              \
+    void NAME(const kern_args *a)                                                    \
+    {                                                                                \
+        int64_t b, e;                                                                \
+        kern_split(kn_numel(a->node), a->ith, a->nth, EW_ALIGN, &b, &e);             \
+        const float *restrict in = a->in[0];                                         \
+        float *restrict out = a->out;                                                \
+        const float c = a->node->attr.scale.c;                                       \
+        (void)c;                                                                     \
+        for (int64_t i = b; i < e; i++) {                                            \
+            const float x = in[i];                                                   \
+            out[i] = (EXPR);                                                         \
+        }                                                                            \
+    }
+
+DEFINE_UNARY_KERNEL(kern_scale, x * c)
+DEFINE_UNARY_KERNEL(kern_neg, -x)
+DEFINE_UNARY_KERNEL(kern_exp, expf(x))
+DEFINE_UNARY_KERNEL(kern_log, logf(x))
+DEFINE_UNARY_KERNEL(kern_tanh, tanhf(x))
+DEFINE_UNARY_KERNEL(kern_sqrt, sqrtf(x))
+DEFINE_UNARY_KERNEL(kern_rsqrt, 1.0f / sqrtf(x))
+/* relu passes NaN through, as torch.relu does. */
+DEFINE_UNARY_KERNEL(kern_relu, x > 0.0f ? x : (x != x ? x : 0.0f))
+DEFINE_UNARY_KERNEL(kern_gelu, f_gelu(x))
+
+/* Backward helpers: (x [..], dy [..]) -> dx [..]. */
+#define DEFINE_GRAD_KERNEL(NAME, EXPR)                                               \
+    void NAME(const kern_args *a)                                                    \
+    {                                                                                \
+        int64_t b, e;                                                                \
+        kern_split(kn_numel(a->node), a->ith, a->nth, EW_ALIGN, &b, &e);             \
+        const float *restrict xs = a->in[0];                                         \
+        const float *restrict dys = a->in[1];                                        \
+        float *restrict out = a->out;                                                \
+        for (int64_t i = b; i < e; i++) {                                            \
+            const float x = xs[i], dy = dys[i];                                      \
+            out[i] = (EXPR);                                                         \
+        }                                                                            \
+    }
+
+DEFINE_GRAD_KERNEL(kern_gelu_backward, dy * f_gelu_grad(x))
+DEFINE_GRAD_KERNEL(kern_relu_backward, x > 0.0f ? dy : 0.0f)

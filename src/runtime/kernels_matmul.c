@@ -1,0 +1,142 @@
+/*
+ * matmul and bmm on top of blas_sgemm (single-threaded BLAS; the threads
+ * here split the output).
+ *
+ * The output is cut into tiles whose size depends only on the shapes, and
+ * each tile is one blas_sgemm call; threads take contiguous runs of tiles.
+ * Splitting "one block of rows per thread" instead would hand BLAS
+ * different m for different nth, and BLAS libraries pick different code
+ * paths (small-matrix kernels, edge kernels, K blocking) by size, which
+ * changes the rounding: with fixed tiles every element is computed by the
+ * same call whatever nth is, so results are bitwise identical.
+ */
+#include "runtime/kernels_ops.h"
+
+#include "runtime/blas.h"
+
+#include <string.h>
+
+/* Aim for at least this many tiles so that up to 64 threads have work,
+ * but never cut a tile below about 64 x 64 (BLAS needs some size to run
+ * at speed). */
+enum { MM_MIN_TILES = 64, MM_MIN_SIDE = 64, MM_ROUND = 16 };
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* Tile sizes for `batch` products of m x n: halve the longer side until
+ * there are enough tiles. */
+static void gemm_tiles(int64_t batch, int64_t m, int64_t n, int64_t *tm, int64_t *tn)
+{
+    int64_t bm = kn_max_i(m, 1), bn = kn_max_i(n, 1);
+    while (batch * kn_ceil_div(m, bm) * kn_ceil_div(n, bn) < MM_MIN_TILES) {
+        if (bm >= bn && bm > MM_MIN_SIDE)
+            bm = round_up(kn_ceil_div(bm, 2), MM_ROUND);
+        else if (bn > MM_MIN_SIDE)
+            bn = round_up(kn_ceil_div(bn, 2), MM_ROUND);
+        else
+            break;
+    }
+    *tm = bm;
+    *tn = bn;
+}
+
+/* One product C[m, n] = op(A) op(B), given by its row-major operands. */
+typedef struct gemm_desc {
+    bool ta, tb;
+    int64_t m, n, k;
+    const float *a, *b;
+    float *c;
+    int64_t lda, ldb, ldc;
+    int64_t sa, sb, sc; /* batch strides */
+} gemm_desc;
+
+/* Tile (i0, j0) of size (mm, nn) of batch entry `bi`. */
+static void gemm_tile(const gemm_desc *g, int64_t bi, int64_t i0, int64_t j0, int64_t mm,
+                      int64_t nn)
+{
+    float *c = g->c + bi * g->sc + i0 * g->ldc + j0;
+    if (g->k == 0) {
+        for (int64_t i = 0; i < mm; i++) memset(c + i * g->ldc, 0, (size_t)nn * sizeof *c);
+        return;
+    }
+    /* op(A) row i0: A[i0, :] or, transposed, A[:, i0]; likewise for B. */
+    const float *pa = g->a + bi * g->sa + (g->ta ? i0 : i0 * g->lda);
+    const float *pb = g->b + bi * g->sb + (g->tb ? j0 * g->ldb : j0);
+    blas_sgemm(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c, g->ldc);
+}
+
+static void gemm_run(const gemm_desc *g, int64_t batch, int ith, int nth)
+{
+    if (batch == 0 || g->m == 0 || g->n == 0) return;
+    int64_t tm, tn;
+    gemm_tiles(batch, g->m, g->n, &tm, &tn);
+    const int64_t gm = kn_ceil_div(g->m, tm), gn = kn_ceil_div(g->n, tn);
+    int64_t b, e;
+    kern_split(batch * gm * gn, ith, nth, 1, &b, &e);
+    for (int64_t u = b; u < e; u++) {
+        int64_t bi = u / (gm * gn), r = u % (gm * gn);
+        int64_t i0 = (r / gn) * tm, j0 = (r % gn) * tn;
+        gemm_tile(g, bi, i0, j0, kn_min(tm, g->m - i0), kn_min(tn, g->n - j0));
+    }
+}
+
+/*
+ * matmul, attr.matmul.ta/tb:
+ *   !ta: a [L..., K] (as [M, K]), b [K, N] or, tb, [N, K] -> out [L..., N]
+ *    ta: a [L..., M] (as [K, M]), b [L..., N] (as [K, N]) -> out [M, N]:
+ *        the weight gradient, contracting over all leading dims;
+ *        ta and tb (2-D only): a [K, M], b [N, K] -> out [M, N].
+ */
+void kern_matmul(const kern_args *a)
+{
+    const spmd_tensor *t = a->node;
+    const spmd_tensor *at = t->in[0];
+    gemm_desc g = {0};
+    g.ta = t->attr.matmul.ta;
+    g.tb = t->attr.matmul.tb;
+    const int64_t a_last = at->rank > 0 ? at->dims[at->rank - 1] : 1;
+    if (!g.ta) {
+        g.k = a_last;
+        g.n = t->rank > 0 ? t->dims[t->rank - 1] : 1;
+        g.m = g.n > 0 ? kn_numel(t) / g.n : 0;
+        g.lda = g.k;
+    } else {
+        g.m = a_last;
+        g.n = t->dims[1];
+        g.k = g.m > 0 ? kn_numel(at) / g.m : 0;
+        g.lda = g.m;
+    }
+    g.ldb = g.tb ? g.k : g.n;
+    g.ldc = g.n;
+    g.a = a->in[0];
+    g.b = a->in[1];
+    g.c = a->out;
+    gemm_run(&g, 1, a->ith, a->nth);
+}
+
+/* bmm: a [B..., M, K] (ta: [B..., K, M]), b [B..., K, N] (tb: [B..., N, K])
+ * -> out [B..., M, N], one product per batch index. */
+void kern_bmm(const kern_args *a)
+{
+    const spmd_tensor *t = a->node;
+    const spmd_tensor *at = t->in[0];
+    const int r = t->rank;
+    if (r < 2 || at->rank < 2) return; /* the builder only makes rank >= 2 */
+    gemm_desc g = {0};
+    g.ta = t->attr.matmul.ta;
+    g.tb = t->attr.matmul.tb;
+    g.m = t->dims[r - 2];
+    g.n = t->dims[r - 1];
+    g.k = g.ta ? at->dims[at->rank - 2] : at->dims[at->rank - 1];
+    g.lda = g.ta ? g.m : g.k;
+    g.ldb = g.tb ? g.k : g.n;
+    g.ldc = g.n;
+    g.sa = g.m * g.k;
+    g.sb = g.k * g.n;
+    g.sc = g.m * g.n;
+    g.a = a->in[0];
+    g.b = a->in[1];
+    g.c = a->out;
+    const int64_t batch = kn_numel_dims(t->dims, r - 2);
+    gemm_run(&g, batch, a->ith, a->nth);
+}

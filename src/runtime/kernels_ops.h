@@ -1,0 +1,165 @@
+/*
+ * Internal to the CPU kernels: one declaration per kernel, generated from
+ * ops.def's last column so that the table in kernels.c, these prototypes and
+ * the definitions in kernels_*.c cannot drift apart, plus the few helpers
+ * that several kernel files share.
+ *
+ * kern_leaf appears on three rows; repeating an identical declaration is
+ * legal C.
+ */
+#ifndef SPMD_RUNTIME_KERNELS_OPS_H
+#define SPMD_RUNTIME_KERNELS_OPS_H
+
+#include "runtime/kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define OP(e, name, arity, sig, vjp, kern) void kern(const kern_args *args);
+#include "ir/ops.def"
+#undef OP
+
+/* Elements of a shape (1 for rank 0). */
+static inline int64_t kn_numel_dims(const int64_t *dims, int rank)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) n *= dims[i];
+    return n;
+}
+
+static inline int64_t kn_numel(const spmd_tensor *t) { return kn_numel_dims(t->dims, t->rank); }
+
+/* Bytes per element of the dtypes the layout kernels move around. */
+static inline size_t kn_elsize(spmd_dtype dtype) { return dtype == SPMD_BF16 ? 2 : 4; }
+
+/* Eight double lanes, combined in a fixed order: the loop vectorises
+ * without -ffast-math, and the result depends only on x and n, never on
+ * which thread runs it. */
+enum { KN_LANES = 8 };
+
+static inline void kn_lanes_add(double *restrict acc, const float *restrict x, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + KN_LANES <= n; i += KN_LANES)
+        for (int l = 0; l < KN_LANES; l++) acc[l] += (double)x[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += (double)x[i];
+}
+
+static inline double kn_lanes_total(const double *acc)
+{
+    double s = 0.0;
+    for (int l = 0; l < KN_LANES; l++) s += acc[l];
+    return s;
+}
+
+static inline double kn_sum(const float *restrict x, int64_t n)
+{
+    double acc[KN_LANES] = {0};
+    kn_lanes_add(acc, x, n);
+    return kn_lanes_total(acc);
+}
+
+/* Whether v replaces the running maximum m: larger, or the first NaN.
+ * Bitwise operators, not || and &&, keep it free of branches so that
+ * loops using it vectorise. */
+static inline bool kn_max_takes(float v, float m) { return (v > m) | ((v != v) & (m == m)); }
+
+/* Largest element; a NaN wins, like torch.max.  The main loop keeps 16
+ * plain running maxima (v > m ? v : m, which vectorises) and a flag for
+ * NaNs; only a row that holds a NaN is scanned again for its first one.
+ * The maximum does not depend on the order it is taken in, so this equals
+ * a left-to-right scan. */
+static inline float kn_max(const float *restrict x, int64_t n)
+{
+    enum { W = 16 };
+    float m = x[0];
+    int nan = x[0] != x[0];
+    int64_t i = 0;
+    if (n >= 2 * W) {
+        float lane[W];
+        int lnan[W];
+        for (int l = 0; l < W; l++) {
+            lane[l] = x[l];
+            lnan[l] = x[l] != x[l];
+        }
+        for (i = W; i + W <= n; i += W) {
+            /* Unrolled, the lanes become 16 scalar selects that GCC does
+             * not vectorise; kept as a loop, they become one vector. */
+#pragma GCC unroll 1
+            for (int l = 0; l < W; l++) {
+                const float v = x[i + l];
+                lane[l] = v > lane[l] ? v : lane[l];
+                lnan[l] |= v != v;
+            }
+        }
+        for (int l = 0; l < W; l++) {
+            m = lane[l] > m ? lane[l] : m;
+            nan |= lnan[l];
+        }
+    }
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    if (nan)
+        for (i = 0; i < n; i++)
+            if (x[i] != x[i]) return x[i];
+    return m;
+}
+
+/* e^x to about 1 ulp, written so that loops calling it vectorise (libm's
+ * expf is a call that stops vectorisation, and exponentials dominate
+ * softmax, attention and cross-entropy).  Cephes' method: x = n ln2 + r,
+ * |r| <= ln2/2, e^r by a degree-6 polynomial, times 2^n built from the
+ * exponent bits (as 2^(n-1) * 2, so n = 128 stays representable).
+ * Results below e^-86 flush to 0; NaN and +-inf behave as in expf. */
+static inline float kn_expf(float x)
+{
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float xc = x < -86.0f ? -86.0f : x;
+    xc = xc > 88.72283f ? 88.72283f : xc;
+    xc = x != x ? 0.0f : xc;
+    const float t = xc * 1.44269504088896341f + magic;
+    const float n = t - magic;
+    float r = xc - n * 0.693359375f;  /* ln2 in two parts, so r is exact */
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t tb, mb;
+    memcpy(&tb, &t, sizeof tb);
+    memcpy(&mb, &magic, sizeof mb);
+    const int32_t sbits = (tb - mb + 126) << 23; /* 2^(n-1) */
+    float s;
+    memcpy(&s, &sbits, sizeof s);
+    float y = p * s * 2.0f;
+    y = x < -86.0f ? 0.0f : y;
+    y = x > 88.72283f ? INFINITY : y;
+    return x != x ? x : y;
+}
+
+/* Softmax of one row into y (y may be x): the exponentials, then one
+ * scale by 1/sum. */
+static inline void kn_softmax_row(const float *x, float *y, int64_t n)
+{
+    if (n <= 0) return;
+    float m = kn_max(x, n);
+    for (int64_t i = 0; i < n; i++) y[i] = kn_expf(x[i] - m);
+    float inv = (float)(1.0 / kn_sum(y, n));
+    for (int64_t i = 0; i < n; i++) y[i] *= inv;
+}
+
+/* Attention works on blocks of this many query rows: the scratch size in
+ * kernels.c and the loops in kernels_attention.c must agree. */
+enum { KN_ATTN_BLOCK = 64 };
+
+static inline int64_t kn_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t kn_max_i(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t kn_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#endif

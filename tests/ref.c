@@ -1,0 +1,573 @@
+/*
+ * Reference ops for tests (see ref.h): one output element at a time, its
+ * multi-index decoded and the inputs read by index arithmetic.
+ */
+#include "ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REF_PI 3.14159265358979323846
+
+int64_t ref_numel(const int64_t *dims, int rank)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) n *= dims[i];
+    return n;
+}
+
+/* Multi-index of flat position `flat` in dims. */
+static void unflatten(int64_t flat, const int64_t *dims, int rank, int64_t *idx)
+{
+    for (int i = rank - 1; i >= 0; i--) {
+        idx[i] = dims[i] ? flat % dims[i] : 0;
+        flat = dims[i] ? flat / dims[i] : 0;
+    }
+}
+
+static int64_t flatten(const int64_t *idx, const int64_t *dims, int rank)
+{
+    int64_t f = 0;
+    for (int i = 0; i < rank; i++) f = f * dims[i] + idx[i];
+    return f;
+}
+
+int ref_broadcast_shape(const int64_t *ad, int ar, const int64_t *bd, int br, int64_t *od)
+{
+    int r = ar > br ? ar : br;
+    for (int i = 0; i < r; i++) {
+        int64_t x = i - (r - ar) >= 0 ? ad[i - (r - ar)] : 1;
+        int64_t y = i - (r - br) >= 0 ? bd[i - (r - br)] : 1;
+        if (x != y && x != 1 && y != 1) return -1;
+        od[i] = x == 1 ? y : x;
+    }
+    return r;
+}
+
+/* Flat position in x (dims xd, rank xr) of the output index idx (rank r)
+ * under broadcasting. */
+static int64_t bcast_source(const int64_t *idx, int r, const int64_t *xd, int xr)
+{
+    int64_t f = 0;
+    for (int i = 0; i < xr; i++) {
+        int64_t j = idx[i + r - xr];
+        f = f * xd[i] + (xd[i] == 1 ? 0 : j);
+    }
+    return f;
+}
+
+/* ---- Elementwise ---------------------------------------------------------------- */
+
+void ref_fill(float *out, int64_t n, float value)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = value;
+}
+
+void ref_binary(ref_binop op, const float *a, const int64_t *ad, int ar, const float *b,
+                const int64_t *bd, int br, float *out)
+{
+    int64_t od[REF_MAX_RANK], idx[REF_MAX_RANK];
+    int r = ref_broadcast_shape(ad, ar, bd, br, od);
+    if (r < 0) return;
+    int64_t n = ref_numel(od, r);
+    for (int64_t i = 0; i < n; i++) {
+        unflatten(i, od, r, idx);
+        double x = a[bcast_source(idx, r, ad, ar)], y = b[bcast_source(idx, r, bd, br)];
+        double z = 0;
+        switch (op) {
+        case REF_ADD: z = x + y; break;
+        case REF_SUB: z = x - y; break;
+        case REF_MUL: z = x * y; break;
+        case REF_DIV: z = x / y; break;
+        }
+        out[i] = (float)z;
+    }
+}
+
+void ref_expand(const float *x, const int64_t *xd, int xr, const int64_t *od, int orank,
+                float *out)
+{
+    int64_t idx[REF_MAX_RANK];
+    int64_t n = ref_numel(od, orank);
+    for (int64_t i = 0; i < n; i++) {
+        unflatten(i, od, orank, idx);
+        out[i] = x[bcast_source(idx, orank, xd, xr)];
+    }
+}
+
+static double gelu_d(double x)
+{
+    const double k = sqrt(2.0 / REF_PI);
+    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+void ref_unary(ref_unop op, const float *x, int64_t n, float c, float *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i], y = 0;
+        switch (op) {
+        case REF_SCALE: y = v * c; break;
+        case REF_NEG: y = -v; break;
+        case REF_EXP: y = exp(v); break;
+        case REF_LOG: y = log(v); break;
+        case REF_TANH: y = tanh(v); break;
+        case REF_GELU: y = gelu_d(v); break;
+        case REF_RELU: y = isnan(v) ? v : (v > 0 ? v : 0); break;
+        case REF_SQRT: y = sqrt(v); break;
+        case REF_RSQRT: y = 1.0 / sqrt(v); break;
+        }
+        out[i] = (float)y;
+    }
+}
+
+void ref_gelu_backward(const float *x, const float *dy, int64_t n, float *out)
+{
+    const double k = sqrt(2.0 / REF_PI), c = 0.044715;
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        double th = tanh(k * (v + c * v * v * v));
+        double g = 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * k * (1 + 3 * c * v * v);
+        out[i] = (float)(dy[i] * g);
+    }
+}
+
+void ref_relu_backward(const float *x, const float *dy, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] > 0 ? dy[i] : 0.0f;
+}
+
+/* ---- Reductions ------------------------------------------------------------------ */
+
+/* The output dims of reducing `axes` of (xd, xr) (keepdim=false). */
+static int reduced_dims(const int64_t *xd, int xr, uint32_t axes, int64_t *od)
+{
+    int r = 0;
+    for (int i = 0; i < xr; i++)
+        if (!((axes >> i) & 1u)) od[r++] = xd[i];
+    return r;
+}
+
+/* One pass over x, each element added into its output's double sum. */
+static void sum_or_mean(const float *x, const int64_t *xd, int xr, uint32_t axes, bool mean,
+                        float *out)
+{
+    int64_t od[REF_MAX_RANK], idx[REF_MAX_RANK], oidx[REF_MAX_RANK];
+    int orank = reduced_dims(xd, xr, axes, od);
+    int64_t nout = ref_numel(od, orank), n = ref_numel(xd, xr), count = 1;
+    for (int i = 0; i < xr; i++)
+        if ((axes >> i) & 1u) count *= xd[i];
+    if (nout == 0) return;
+    double *acc = calloc((size_t)nout, sizeof *acc);
+    if (!acc) return;
+    for (int64_t i = 0; i < n; i++) {
+        unflatten(i, xd, xr, idx);
+        int r = 0;
+        for (int d = 0; d < xr; d++)
+            if (!((axes >> d) & 1u)) oidx[r++] = idx[d];
+        acc[flatten(oidx, od, orank)] += x[i];
+    }
+    for (int64_t o = 0; o < nout; o++) out[o] = (float)(mean ? acc[o] / (double)count : acc[o]);
+    free(acc);
+}
+
+void ref_sum(const float *x, const int64_t *xd, int xr, uint32_t axes, float *out)
+{
+    sum_or_mean(x, xd, xr, axes, false, out);
+}
+
+void ref_mean(const float *x, const int64_t *xd, int xr, uint32_t axes, float *out)
+{
+    sum_or_mean(x, xd, xr, axes, true, out);
+}
+
+/* Position along `axis` of the first maximum (first NaN if any) for the
+ * output element whose multi-index, without axis, is oidx. */
+static int64_t argmax_at(const float *x, const int64_t *xd, int xr, int axis,
+                         const int64_t *oidx)
+{
+    int64_t idx[REF_MAX_RANK];
+    for (int d = 0, r = 0; d < xr; d++)
+        if (d != axis) idx[d] = oidx[r++];
+    int64_t best = 0;
+    for (int64_t l = 0; l < xd[axis]; l++) {
+        idx[axis] = l;
+        float v = x[flatten(idx, xd, xr)];
+        idx[axis] = best;
+        float m = x[flatten(idx, xd, xr)];
+        if (isnan(m)) break;
+        if (isnan(v) || v > m) best = l;
+    }
+    return best;
+}
+
+void ref_max(const float *x, const int64_t *xd, int xr, int axis, float *out)
+{
+    int64_t od[REF_MAX_RANK], oidx[REF_MAX_RANK], idx[REF_MAX_RANK];
+    int orank = reduced_dims(xd, xr, 1u << axis, od);
+    int64_t nout = ref_numel(od, orank);
+    for (int64_t o = 0; o < nout; o++) {
+        unflatten(o, od, orank, oidx);
+        if (xd[axis] == 0) {
+            out[o] = -INFINITY;
+            continue;
+        }
+        int64_t l = argmax_at(x, xd, xr, axis, oidx);
+        for (int d = 0, r = 0; d < xr; d++) idx[d] = d == axis ? l : oidx[r++];
+        out[o] = x[flatten(idx, xd, xr)];
+    }
+}
+
+void ref_max_backward(const float *x, const int64_t *xd, int xr, int axis, const float *dy,
+                      float *out)
+{
+    int64_t od[REF_MAX_RANK], oidx[REF_MAX_RANK], idx[REF_MAX_RANK];
+    int orank = reduced_dims(xd, xr, 1u << axis, od);
+    memset(out, 0, (size_t)ref_numel(xd, xr) * sizeof *out);
+    if (xd[axis] == 0) return;
+    int64_t nout = ref_numel(od, orank);
+    for (int64_t o = 0; o < nout; o++) {
+        unflatten(o, od, orank, oidx);
+        int64_t l = argmax_at(x, xd, xr, axis, oidx);
+        for (int d = 0, r = 0; d < xr; d++) idx[d] = d == axis ? l : oidx[r++];
+        out[flatten(idx, xd, xr)] = dy[o];
+    }
+}
+
+/* ---- Row normalisations ------------------------------------------------------------ */
+
+static int64_t last_dim(const int64_t *xd, int xr) { return xr > 0 ? xd[xr - 1] : 1; }
+
+void ref_softmax(const float *x, const int64_t *xd, int xr, float *out)
+{
+    int64_t d = last_dim(xd, xr), rows = d ? ref_numel(xd, xr) / d : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr_ = x + r * d;
+        double m = -INFINITY, s = 0;
+        for (int64_t i = 0; i < d; i++) m = xr_[i] > m ? xr_[i] : m;
+        for (int64_t i = 0; i < d; i++) s += exp(xr_[i] - m);
+        for (int64_t i = 0; i < d; i++) out[r * d + i] = (float)(exp(xr_[i] - m) / s);
+    }
+}
+
+void ref_log_softmax(const float *x, const int64_t *xd, int xr, float *out)
+{
+    int64_t d = last_dim(xd, xr), rows = d ? ref_numel(xd, xr) / d : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr_ = x + r * d;
+        double m = -INFINITY, s = 0;
+        for (int64_t i = 0; i < d; i++) m = xr_[i] > m ? xr_[i] : m;
+        for (int64_t i = 0; i < d; i++) s += exp(xr_[i] - m);
+        for (int64_t i = 0; i < d; i++) out[r * d + i] = (float)(xr_[i] - m - log(s));
+    }
+}
+
+static void moments(const float *x, int64_t d, double *mean, double *var)
+{
+    double s = 0, v = 0;
+    for (int64_t i = 0; i < d; i++) s += x[i];
+    *mean = s / (double)d;
+    for (int64_t i = 0; i < d; i++) v += (x[i] - *mean) * (x[i] - *mean);
+    *var = v / (double)d;
+}
+
+void ref_layernorm(const float *x, const int64_t *xd, int xr, const float *gamma,
+                   const float *beta, float eps, float *out)
+{
+    int64_t d = last_dim(xd, xr), rows = d ? ref_numel(xd, xr) / d : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double mean, var;
+        moments(x + r * d, d, &mean, &var);
+        double rstd = 1.0 / sqrt(var + eps);
+        for (int64_t i = 0; i < d; i++)
+            out[r * d + i] = (float)((x[r * d + i] - mean) * rstd * gamma[i] + beta[i]);
+    }
+}
+
+void ref_layernorm_xhat(const float *x, const int64_t *xd, int xr, float eps, float *out)
+{
+    int64_t d = last_dim(xd, xr), rows = d ? ref_numel(xd, xr) / d : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double mean, var;
+        moments(x + r * d, d, &mean, &var);
+        double rstd = 1.0 / sqrt(var + eps);
+        for (int64_t i = 0; i < d; i++) out[r * d + i] = (float)((x[r * d + i] - mean) * rstd);
+    }
+}
+
+void ref_layernorm_backward(const float *x, const int64_t *xd, int xr, const float *gamma,
+                            const float *dy, float eps, float *out)
+{
+    int64_t d = last_dim(xd, xr), rows = d ? ref_numel(xd, xr) / d : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr_ = x + r * d, *dyr = dy + r * d;
+        double mean, var;
+        moments(xr_, d, &mean, &var);
+        double rstd = 1.0 / sqrt(var + eps), mg = 0, mgx = 0;
+        for (int64_t i = 0; i < d; i++) {
+            double g = (double)dyr[i] * gamma[i];
+            mg += g;
+            mgx += g * (xr_[i] - mean) * rstd;
+        }
+        mg /= (double)d;
+        mgx /= (double)d;
+        for (int64_t i = 0; i < d; i++) {
+            double xh = (xr_[i] - mean) * rstd;
+            out[r * d + i] = (float)(rstd * ((double)dyr[i] * gamma[i] - mg - xh * mgx));
+        }
+    }
+}
+
+/* ---- Linear algebra --------------------------------------------------------------------- */
+
+/* out[m, n] = sum_k A(m, k) B(k, n), with A(m, k) = a[m * sam + k * sak]
+ * and B(k, n) = b[k * sbk + n * sbn]. */
+static void gemm_ref(int64_t M, int64_t N, int64_t K, const float *a, int64_t sam, int64_t sak,
+                     const float *b, int64_t sbk, int64_t sbn, float *out)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++) s += (double)a[m * sam + k * sak] * b[k * sbk + n * sbn];
+            out[m * N + n] = (float)s;
+        }
+}
+
+void ref_matmul(const float *a, const int64_t *ad, int ar, const float *b, const int64_t *bd,
+                int br, bool ta, bool tb, float *out)
+{
+    (void)br;
+    if (!ta) {
+        int64_t K = ad[ar - 1], M = K ? ref_numel(ad, ar) / K : 0;
+        int64_t N = tb ? bd[0] : bd[1];
+        if (!K) M = ref_numel(ad, ar - 1);
+        /* a [M, K]; b [K, N] or [N, K]. */
+        gemm_ref(M, N, K, a, K, 1, b, tb ? 1 : N, tb ? K : 1, out);
+    } else {
+        int64_t M = ad[ar - 1], K = M ? ref_numel(ad, ar) / M : 0;
+        int64_t N = tb ? bd[0] : bd[br - 1];
+        /* a [K, M]; b [K, N] or [N, K]. */
+        gemm_ref(M, N, K, a, 1, M, b, tb ? 1 : N, tb ? K : 1, out);
+    }
+}
+
+void ref_bmm(const float *a, const int64_t *ad, int ar, const float *b, const int64_t *bd,
+             int br, bool ta, bool tb, float *out)
+{
+    int64_t M = ta ? ad[ar - 1] : ad[ar - 2], K = ta ? ad[ar - 2] : ad[ar - 1];
+    int64_t N = tb ? bd[br - 2] : bd[br - 1];
+    int64_t batch = ref_numel(ad, ar - 2);
+    for (int64_t i = 0; i < batch; i++)
+        gemm_ref(M, N, K, a + i * M * K, ta ? 1 : K, ta ? M : 1, b + i * K * N, tb ? 1 : N,
+                 tb ? K : 1, out + i * M * N);
+}
+
+/* Probabilities p[s] (s <= t) of query t of head h in batch b. */
+static void attn_row(const float *q, const float *k, int64_t T, int64_t C, int64_t D,
+                     int64_t b, int64_t h, int64_t t, double *p)
+{
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j <= t; j++) {
+        double dot = 0;
+        for (int64_t c = 0; c < D; c++)
+            dot += (double)q[(b * T + t) * C + h * D + c] * k[(b * T + j) * C + h * D + c];
+        p[j] = dot / sqrt((double)D);
+        m = p[j] > m ? p[j] : m;
+    }
+    for (int64_t j = 0; j <= t; j++) s += (p[j] = exp(p[j] - m));
+    for (int64_t j = 0; j <= t; j++) p[j] /= s;
+}
+
+void ref_attention(const float *q, const float *k, const float *v, int64_t B, int64_t T,
+                   int64_t C, int heads, float *out)
+{
+    int64_t D = C / heads;
+    double *p = malloc((size_t)(T ? T : 1) * sizeof *p);
+    if (!p) return;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t t = 0; t < T; t++) {
+                attn_row(q, k, T, C, D, b, h, t, p);
+                for (int64_t c = 0; c < D; c++) {
+                    double s = 0;
+                    for (int64_t j = 0; j <= t; j++) s += p[j] * v[(b * T + j) * C + h * D + c];
+                    out[(b * T + t) * C + h * D + c] = (float)s;
+                }
+            }
+    free(p);
+}
+
+void ref_attention_backward(const float *q, const float *k, const float *v, const float *dout,
+                            int64_t B, int64_t T, int64_t C, int heads, float *out)
+{
+    int64_t D = C / heads, n = B * T * C;
+    double *acc = calloc((size_t)(n > 0 ? 3 * n : 1), sizeof *acc);
+    double *p = malloc((size_t)(T ? T : 1) * sizeof *p);
+    double *dp = malloc((size_t)(T ? T : 1) * sizeof *dp);
+    if (!acc || !p || !dp) goto done;
+    double *dq = acc, *dk = acc + n, *dv = acc + 2 * n;
+    const double scale = 1.0 / sqrt((double)D);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t t = 0; t < T; t++) {
+                attn_row(q, k, T, C, D, b, h, t, p);
+                const float *dot_ = dout + (b * T + t) * C + h * D;
+                /* dP[j] = dO_t . v_j; dS = P (dP - sum P dP). */
+                double c = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    double s = 0;
+                    for (int64_t e = 0; e < D; e++) s += (double)dot_[e] * v[(b * T + j) * C + h * D + e];
+                    dp[j] = s;
+                    c += p[j] * s;
+                }
+                for (int64_t j = 0; j <= t; j++) {
+                    double ds = p[j] * (dp[j] - c) * scale;
+                    for (int64_t e = 0; e < D; e++) {
+                        int64_t it = (b * T + t) * C + h * D + e, ij = (b * T + j) * C + h * D + e;
+                        dq[it] += ds * k[ij];
+                        dk[ij] += ds * q[it];
+                        dv[ij] += p[j] * dot_[e];
+                    }
+                }
+            }
+    for (int64_t i = 0; i < 3 * n; i++) out[i] = (float)acc[i];
+done:
+    free(acc);
+    free(p);
+    free(dp);
+}
+
+/* ---- Lookups and losses ----------------------------------------------------------------- */
+
+int64_t ref_embedding(const float *table, int64_t V, int64_t D, const int32_t *ids, int64_t n,
+                      float *out)
+{
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n; i++) {
+        bool ok = ids[i] >= 0 && ids[i] < V;
+        if (!ok && bad < 0) bad = i;
+        for (int64_t j = 0; j < D; j++) out[i * D + j] = ok ? table[ids[i] * D + j] : 0.0f;
+    }
+    return bad;
+}
+
+void ref_embedding_backward(const int32_t *ids, int64_t n, const float *dout, int64_t V,
+                            int64_t D, float *out)
+{
+    double *acc = calloc((size_t)(V * D > 0 ? V * D : 1), sizeof *acc);
+    if (!acc) return;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < V)
+            for (int64_t j = 0; j < D; j++) acc[ids[i] * D + j] += dout[i * D + j];
+    for (int64_t i = 0; i < V * D; i++) out[i] = (float)acc[i];
+    free(acc);
+}
+
+float ref_cross_entropy(const float *logits, int64_t rows, int64_t V, const int32_t *targets,
+                        int64_t *first_bad)
+{
+    double total = 0;
+    if (first_bad) *first_bad = -1;
+    for (int64_t r = 0; r < rows; r++) {
+        if (targets[r] < 0 || targets[r] >= V) {
+            if (first_bad && *first_bad < 0) *first_bad = r;
+            continue;
+        }
+        const float *x = logits + r * V;
+        double m = -INFINITY, s = 0;
+        for (int64_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+        for (int64_t i = 0; i < V; i++) s += exp(x[i] - m);
+        total += m + log(s) - x[targets[r]];
+    }
+    return (float)(total / (double)rows);
+}
+
+void ref_cross_entropy_backward(const float *logits, int64_t rows, int64_t V,
+                                const int32_t *targets, float dloss, float *out)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * V;
+        float *y = out + r * V;
+        if (targets[r] < 0 || targets[r] >= V) {
+            for (int64_t i = 0; i < V; i++) y[i] = 0.0f;
+            continue;
+        }
+        double m = -INFINITY, s = 0;
+        for (int64_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+        for (int64_t i = 0; i < V; i++) s += exp(x[i] - m);
+        for (int64_t i = 0; i < V; i++) {
+            double p = exp(x[i] - m) / s - (i == targets[r] ? 1.0 : 0.0);
+            y[i] = (float)(p * dloss / (double)rows);
+        }
+    }
+}
+
+float ref_mse(const float *a, const float *b, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return (float)(s / (double)n);
+}
+
+/* ---- Layout ------------------------------------------------------------------------------ */
+
+void ref_permute(const float *x, const int64_t *xd, int xr, const int *perm, float *out)
+{
+    int64_t od[REF_MAX_RANK], oidx[REF_MAX_RANK], idx[REF_MAX_RANK];
+    for (int i = 0; i < xr; i++) od[i] = xd[perm[i]];
+    int64_t n = ref_numel(xd, xr);
+    for (int64_t o = 0; o < n; o++) {
+        unflatten(o, od, xr, oidx);
+        for (int i = 0; i < xr; i++) idx[perm[i]] = oidx[i];
+        out[o] = x[flatten(idx, xd, xr)];
+    }
+}
+
+void ref_slice(const float *x, const int64_t *xd, int xr, int axis, int64_t start, int64_t len,
+               float *out)
+{
+    int64_t od[REF_MAX_RANK], idx[REF_MAX_RANK];
+    memcpy(od, xd, (size_t)xr * sizeof *od);
+    od[axis] = len;
+    int64_t n = ref_numel(od, xr);
+    for (int64_t o = 0; o < n; o++) {
+        unflatten(o, od, xr, idx);
+        idx[axis] += start;
+        out[o] = x[flatten(idx, xd, xr)];
+    }
+}
+
+void ref_pad(const float *x, const int64_t *xd, int xr, int axis, int64_t start, int64_t total,
+             float *out)
+{
+    int64_t od[REF_MAX_RANK], idx[REF_MAX_RANK];
+    memcpy(od, xd, (size_t)xr * sizeof *od);
+    od[axis] = total;
+    int64_t n = ref_numel(od, xr);
+    for (int64_t o = 0; o < n; o++) {
+        unflatten(o, od, xr, idx);
+        int64_t j = idx[axis] - start;
+        if (j < 0 || j >= xd[axis]) {
+            out[o] = 0.0f;
+            continue;
+        }
+        idx[axis] = j;
+        out[o] = x[flatten(idx, xd, xr)];
+    }
+}
+
+void ref_concat(const float *const *xs, const int64_t *const *xdims, int n, int rank, int axis,
+                float *out)
+{
+    int64_t od[REF_MAX_RANK], idx[REF_MAX_RANK];
+    memcpy(od, xdims[0], (size_t)rank * sizeof *od);
+    od[axis] = 0;
+    for (int i = 0; i < n; i++) od[axis] += xdims[i][axis];
+    int64_t total = ref_numel(od, rank);
+    for (int64_t o = 0; o < total; o++) {
+        unflatten(o, od, rank, idx);
+        int i = 0;
+        while (idx[axis] >= xdims[i][axis]) idx[axis] -= xdims[i++][axis];
+        out[o] = xs[i][flatten(idx, xdims[i], rank)];
+    }
+}

@@ -1,0 +1,798 @@
+/*
+ * Gradient checks: for every differentiable op, spmd_grad's gradients
+ * against central finite differences of the compiled forward pass.
+ *
+ * Each case makes loss = sum(op(params...) * R) with R a fixed random input,
+ * so every output element gets its own weight in the adjoint.  Inputs are
+ * drawn from a seeded generator; a failure prints the seed, and
+ * SPMD_TEST_SEED=<seed> replays it.  Also: the errors spmd_grad reports.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "ir/ir.h"
+#include "spmd/spmd.h"
+
+#define D(...) ((const int64_t[]){__VA_ARGS__})
+#define MAXT 8
+
+/* ---- Seeded values -------------------------------------------------------- */
+
+static uint64_t test_seed;
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
+}
+
+/* Each case draws from the seed and its own name, so one case replays the
+ * same whatever runs before it. */
+static void rng_for_case(const char *what)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *s = what; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    rng_state = test_seed ^ h;
+}
+
+typedef enum gen {
+    GEN_ANY,      /* uniform [-1, 1) */
+    GEN_POS,      /* [0.5, 2): log, sqrt, rsqrt, denominators */
+    GEN_AWAY0,    /* |x| in [0.2, 1): relu's kink stays outside x +- h */
+    GEN_DISTINCT  /* distinct, at least 0.1 apart: max keeps its argmax */
+} gen;
+
+static void fill_values(float *v, int64_t n, gen kind)
+{
+    switch (kind) {
+    case GEN_ANY:
+        for (int64_t i = 0; i < n; i++) v[i] = rng_uniform(-1.0f, 1.0f);
+        break;
+    case GEN_POS:
+        for (int64_t i = 0; i < n; i++) v[i] = rng_uniform(0.5f, 2.0f);
+        break;
+    case GEN_AWAY0:
+        for (int64_t i = 0; i < n; i++) {
+            float m = rng_uniform(0.2f, 1.0f);
+            v[i] = rng_next() & 1 ? m : -m;
+        }
+        break;
+    case GEN_DISTINCT:
+        for (int64_t i = 0; i < n; i++) v[i] = 0.1f * (float)(i - n / 2);
+        for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
+            int64_t j = (int64_t)(rng_next() % (uint64_t)(i + 1));
+            float t = v[i];
+            v[i] = v[j];
+            v[j] = t;
+        }
+        break;
+    }
+}
+
+/* ---- The check --------------------------------------------------------------- */
+
+typedef struct gcheck {
+    char what[128];
+    spmd_graph *g;
+    int np, ni;
+    spmd_tensor *p[MAXT];
+    float *pv[MAXT];
+    spmd_tensor *in[MAXT];
+    void *iv[MAXT];
+    double h, rtol, atol;
+} gcheck;
+
+static void gc_init(gcheck *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void gc_init(gcheck *c, const char *fmt, ...)
+{
+    memset(c, 0, sizeof *c);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->what, sizeof c->what, fmt, ap);
+    va_end(ap);
+    rng_for_case(c->what);
+    spmd_clear_error();
+    c->g = spmd_graph_create(NULL);
+    assert_non_null(c->g);
+    c->h = 1e-2;
+    c->rtol = 2e-2;
+    c->atol = 1e-3;
+}
+
+static spmd_tensor *gc_param(gcheck *c, const char *name, int rank, const int64_t *dims,
+                             gen kind)
+{
+    assert_true(c->np < MAXT);
+    spmd_tensor *t = spmd_param(c->g, name, rank, dims, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
+    if (!t) fail_msg("%s: param %s: %s", c->what, name, spmd_last_error());
+    float *v = malloc((size_t)spmd_tensor_numel(t) * sizeof *v);
+    assert_non_null(v);
+    fill_values(v, spmd_tensor_numel(t), kind);
+    c->p[c->np] = t;
+    c->pv[c->np++] = v;
+    return t;
+}
+
+static spmd_tensor *gc_input(gcheck *c, const char *name, int rank, const int64_t *dims,
+                             gen kind)
+{
+    assert_true(c->ni < MAXT);
+    spmd_tensor *t = spmd_input(c->g, name, SPMD_F32, rank, dims);
+    if (!t) fail_msg("%s: input %s: %s", c->what, name, spmd_last_error());
+    float *v = malloc((size_t)spmd_tensor_numel(t) * sizeof *v);
+    assert_non_null(v);
+    fill_values(v, spmd_tensor_numel(t), kind);
+    c->in[c->ni] = t;
+    c->iv[c->ni++] = v;
+    return t;
+}
+
+/* int32 ids in [0, limit), or the given values when `values` is not NULL. */
+static spmd_tensor *gc_ids(gcheck *c, const char *name, int rank, const int64_t *dims,
+                           int32_t limit, const int32_t *values)
+{
+    assert_true(c->ni < MAXT);
+    spmd_tensor *t = spmd_input(c->g, name, SPMD_I32, rank, dims);
+    if (!t) fail_msg("%s: input %s: %s", c->what, name, spmd_last_error());
+    int64_t n = spmd_tensor_numel(t);
+    int32_t *v = malloc((size_t)n * sizeof *v);
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = values ? values[i] : (int32_t)(rng_next() % (uint64_t)limit);
+    c->in[c->ni] = t;
+    c->iv[c->ni++] = v;
+    return t;
+}
+
+static size_t nbytes(const spmd_tensor *t) { return (size_t)spmd_tensor_numel(t) * 4; }
+
+static float gc_loss(gcheck *c, spmd_program *prog, spmd_tensor *loss)
+{
+    for (int i = 0; i < c->ni; i++)
+        assert_int_equal(spmd_program_set_input(prog, c->in[i], c->iv[i], nbytes(c->in[i])),
+                         SPMD_OK);
+    spmd_status st = spmd_program_run(prog);
+    if (st != SPMD_OK) fail_msg("%s: run: %s", c->what, spmd_last_error());
+    float l = 0;
+    assert_int_equal(spmd_program_read(prog, loss, &l, sizeof l), SPMD_OK);
+    return l;
+}
+
+/* loss = sum(y * R); check every parameter's gradient; free everything. */
+static void gc_run(gcheck *c, spmd_tensor *y)
+{
+    if (!y) fail_msg("%s: building the op failed: %s", c->what, spmd_last_error());
+    int rank = spmd_tensor_rank(y);
+    int64_t dims[SPMD_MAX_RANK];
+    for (int i = 0; i < rank; i++) dims[i] = spmd_tensor_dim(y, i);
+    spmd_tensor *r = gc_input(c, "R", rank, dims, GEN_ANY);
+    spmd_tensor *loss = spmd_mul(c->g, y, r);
+    if (rank > 0) loss = spmd_sum(c->g, loss, (1u << rank) - 1, false);
+    if (!loss) fail_msg("%s: loss: %s", c->what, spmd_last_error());
+
+    spmd_status st = spmd_grad(c->g, loss);
+    if (st != SPMD_OK) fail_msg("%s: spmd_grad: %s", c->what, spmd_last_error());
+    assert_int_equal(spmd_graph_mark_output(c->g, loss), SPMD_OK);
+    for (int k = 0; k < c->np; k++) {
+        spmd_tensor *gr = spmd_tensor_grad(c->p[k]);
+        assert_non_null(gr);
+        assert_int_equal(spmd_graph_mark_output(c->g, gr), SPMD_OK);
+    }
+
+    spmd_compile_options opts = {.threads = 1, .seed = 1};
+    spmd_program *prog = spmd_compile(c->g, &opts);
+    if (!prog) fail_msg("%s: compile: %s", c->what, spmd_last_error());
+    for (int k = 0; k < c->np; k++)
+        assert_int_equal(spmd_program_write(prog, c->p[k], c->pv[k], nbytes(c->p[k])), SPMD_OK);
+    (void)gc_loss(c, prog, loss);
+    /* Every gradient now, before any perturbed run overwrites them. */
+    float *grads[MAXT];
+    for (int k = 0; k < c->np; k++) {
+        grads[k] = malloc(nbytes(c->p[k]));
+        assert_non_null(grads[k]);
+        assert_int_equal(
+            spmd_program_read(prog, spmd_tensor_grad(c->p[k]), grads[k], nbytes(c->p[k])),
+            SPMD_OK);
+    }
+
+    int bad = 0;
+    for (int k = 0; k < c->np; k++) {
+        spmd_tensor *p = c->p[k];
+        int64_t n = spmd_tensor_numel(p);
+        const float *grad = grads[k];
+        float *v = c->pv[k];
+        for (int64_t i = 0; i < n; i++) {
+            float v0 = v[i];
+            float vp = (float)(v0 + c->h), vm = (float)(v0 - c->h);
+            v[i] = vp;
+            assert_int_equal(spmd_program_write(prog, p, v, nbytes(p)), SPMD_OK);
+            double lp = gc_loss(c, prog, loss);
+            v[i] = vm;
+            assert_int_equal(spmd_program_write(prog, p, v, nbytes(p)), SPMD_OK);
+            double lm = gc_loss(c, prog, loss);
+            v[i] = v0;
+            /* Divide by the step the floats really took. */
+            double num = (lp - lm) / ((double)vp - (double)vm);
+            double ana = grad[i];
+            double mag = fabs(num) > fabs(ana) ? fabs(num) : fabs(ana);
+            if (fabs(num - ana) > c->atol + c->rtol * mag) {
+                if (bad < 8)
+                    print_message("%s: d loss / d %s[%lld]: autodiff %.6g, finite "
+                                  "differences %.6g (seed %llu)\n",
+                                  c->what, spmd_tensor_name(p), (long long)i, ana, num,
+                                  (unsigned long long)test_seed);
+                bad++;
+            }
+        }
+        assert_int_equal(spmd_program_write(prog, p, v, nbytes(p)), SPMD_OK);
+    }
+    for (int k = 0; k < c->np; k++) free(grads[k]);
+
+    spmd_program_free(prog);
+    spmd_graph_free(c->g);
+    for (int k = 0; k < c->np; k++) free(c->pv[k]);
+    for (int i = 0; i < c->ni; i++) free(c->iv[i]);
+    if (bad)
+        fail_msg("%s: %d gradient element(s) off; replay with SPMD_TEST_SEED=%llu", c->what,
+                 bad, (unsigned long long)test_seed);
+}
+
+/* ---- Elementwise --------------------------------------------------------------- */
+
+typedef struct shape {
+    int rank;
+    int64_t dims[SPMD_MAX_RANK];
+} shape;
+
+typedef struct shape_pair {
+    shape a, b;
+} shape_pair;
+
+/* Same shapes, trailing match, 1-dims on both sides, a scalar, and the
+ * smaller operand on the left. */
+static const shape_pair broadcast_pairs[] = {
+    {{3, {2, 3, 4}}, {3, {2, 3, 4}}},
+    {{3, {2, 3, 4}}, {1, {4}}},
+    {{3, {2, 1, 4}}, {2, {3, 1}}},
+    {{2, {2, 3}}, {0, {0}}},
+    {{1, {4}}, {3, {2, 3, 4}}},
+    {{3, {2, 3, 1}}, {3, {1, 1, 4}}},
+};
+
+typedef spmd_tensor *(*binary_fn)(spmd_graph *, spmd_tensor *, spmd_tensor *);
+
+static void check_binary(const char *name, binary_fn fn, gen b_kind)
+{
+    for (size_t i = 0; i < sizeof broadcast_pairs / sizeof broadcast_pairs[0]; i++) {
+        const shape_pair *s = &broadcast_pairs[i];
+        gcheck c;
+        gc_init(&c, "%s, shapes %zu", name, i);
+        spmd_tensor *a = gc_param(&c, "a", s->a.rank, s->a.dims, GEN_ANY);
+        spmd_tensor *b = gc_param(&c, "b", s->b.rank, s->b.dims, b_kind);
+        gc_run(&c, fn(c.g, a, b));
+    }
+}
+
+static void test_add(void **state)
+{
+    (void)state;
+    check_binary("add", spmd_add, GEN_ANY);
+}
+
+static void test_sub(void **state)
+{
+    (void)state;
+    check_binary("sub", spmd_sub, GEN_ANY);
+}
+
+static void test_mul(void **state)
+{
+    (void)state;
+    check_binary("mul", spmd_mul, GEN_ANY);
+}
+
+static void test_div(void **state)
+{
+    (void)state;
+    check_binary("div", spmd_div, GEN_POS);
+}
+
+static void test_expand(void **state)
+{
+    (void)state;
+    static const shape from[] = {{2, {3, 1}}, {1, {4}}, {0, {0}}, {3, {2, 1, 4}}};
+    for (size_t i = 0; i < sizeof from / sizeof from[0]; i++) {
+        gcheck c;
+        gc_init(&c, "expand %zu", i);
+        spmd_tensor *x = gc_param(&c, "x", from[i].rank, from[i].dims, GEN_ANY);
+        gc_run(&c, spmd_expand(c.g, x, 3, D(2, 3, 4)));
+    }
+}
+
+static spmd_tensor *scale_by(spmd_graph *g, spmd_tensor *x) { return spmd_scale(g, x, -1.5f); }
+
+static void test_unary(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        spmd_tensor *(*fn)(spmd_graph *, spmd_tensor *);
+        gen kind;
+    } ops[] = {
+        {"scale", scale_by, GEN_ANY},   {"neg", spmd_neg, GEN_ANY},
+        {"exp", spmd_exp, GEN_ANY},     {"log", spmd_log, GEN_POS},
+        {"tanh", spmd_tanh, GEN_ANY},   {"gelu", spmd_gelu, GEN_ANY},
+        {"relu", spmd_relu, GEN_AWAY0}, {"sqrt", spmd_sqrt, GEN_POS},
+        {"rsqrt", spmd_rsqrt, GEN_POS},
+    };
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        gcheck c;
+        gc_init(&c, "%s", ops[i].name);
+        spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 4), ops[i].kind);
+        gc_run(&c, ops[i].fn(c.g, x));
+    }
+}
+
+/* ---- Reductions and row normalisations ------------------------------------------- */
+
+static void check_reduce(const char *name,
+                         spmd_tensor *(*fn)(spmd_graph *, spmd_tensor *, uint32_t, bool))
+{
+    for (uint32_t axes = 1; axes < 8; axes++)
+        for (int keep = 0; keep < 2; keep++) {
+            gcheck c;
+            gc_init(&c, "%s axes 0x%x keepdim %d", name, axes, keep);
+            spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 4), GEN_ANY);
+            gc_run(&c, fn(c.g, x, axes, keep));
+        }
+}
+
+static void test_sum(void **state)
+{
+    (void)state;
+    check_reduce("sum", spmd_sum);
+}
+
+static void test_mean(void **state)
+{
+    (void)state;
+    check_reduce("mean", spmd_mean);
+}
+
+static void test_max(void **state)
+{
+    (void)state;
+    for (int axis = 0; axis < 3; axis++)
+        for (int keep = 0; keep < 2; keep++) {
+            gcheck c;
+            gc_init(&c, "max axis %d keepdim %d", axis, keep);
+            spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 4), GEN_DISTINCT);
+            gc_run(&c, spmd_max(c.g, x, axis, keep));
+        }
+}
+
+static void test_softmax(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "softmax");
+    gc_run(&c, spmd_softmax(c.g, gc_param(&c, "x", 3, D(2, 3, 5), GEN_ANY)));
+    gc_init(&c, "softmax 1-D");
+    gc_run(&c, spmd_softmax(c.g, gc_param(&c, "x", 1, D(6), GEN_ANY)));
+}
+
+static void test_log_softmax(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "log_softmax");
+    gc_run(&c, spmd_log_softmax(c.g, gc_param(&c, "x", 3, D(2, 3, 5), GEN_ANY)));
+    gc_init(&c, "log_softmax 2-D");
+    gc_run(&c, spmd_log_softmax(c.g, gc_param(&c, "x", 2, D(4, 3), GEN_ANY)));
+}
+
+static void test_layernorm(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "layernorm");
+    spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 6), GEN_ANY);
+    spmd_tensor *gamma = gc_param(&c, "gamma", 1, D(6), GEN_POS);
+    spmd_tensor *beta = gc_param(&c, "beta", 1, D(6), GEN_ANY);
+    gc_run(&c, spmd_layernorm(c.g, x, gamma, beta, 1e-5f));
+
+    gc_init(&c, "layernorm 2-D");
+    x = gc_param(&c, "x", 2, D(4, 5), GEN_ANY);
+    gamma = gc_param(&c, "gamma", 1, D(5), GEN_ANY);
+    beta = gc_param(&c, "beta", 1, D(5), GEN_ANY);
+    gc_run(&c, spmd_layernorm(c.g, x, gamma, beta, 1e-5f));
+}
+
+/* ---- Linear algebra and attention ------------------------------------------------- */
+
+typedef struct mm_case {
+    shape a, b;
+    bool ta, tb;
+} mm_case;
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    static const mm_case cases[] = {
+        {{3, {2, 3, 4}}, {2, {4, 5}}, false, false},    /* [2, 3, 5] */
+        {{2, {3, 4}}, {2, {4, 5}}, false, false},       /* [3, 5] */
+        {{3, {2, 3, 4}}, {2, {5, 4}}, false, true},     /* [2, 3, 5] */
+        {{2, {3, 4}}, {2, {5, 4}}, false, true},        /* [3, 5] */
+        {{3, {2, 3, 4}}, {3, {2, 3, 5}}, true, false},  /* [4, 5] over 2, 3 */
+        {{2, {3, 4}}, {2, {3, 5}}, true, false},        /* [4, 5] */
+        {{2, {4, 3}}, {2, {5, 4}}, true, true},         /* [3, 5] */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const mm_case *m = &cases[i];
+        gcheck c;
+        gc_init(&c, "matmul %zu (ta %d, tb %d)", i, m->ta, m->tb);
+        spmd_tensor *a = gc_param(&c, "a", m->a.rank, m->a.dims, GEN_ANY);
+        spmd_tensor *b = gc_param(&c, "b", m->b.rank, m->b.dims, GEN_ANY);
+        gc_run(&c, spmd_matmul(c.g, a, b, m->ta, m->tb));
+    }
+}
+
+static void test_bmm(void **state)
+{
+    (void)state;
+    static const mm_case cases[] = {
+        {{3, {2, 3, 4}}, {3, {2, 4, 5}}, false, false},
+        {{3, {2, 3, 4}}, {3, {2, 5, 4}}, false, true},
+        {{3, {2, 4, 3}}, {3, {2, 4, 5}}, true, false},
+        {{3, {2, 4, 3}}, {3, {2, 5, 4}}, true, true},
+        {{4, {2, 2, 3, 4}}, {4, {2, 2, 4, 5}}, false, false},
+        {{4, {2, 2, 4, 3}}, {4, {2, 2, 5, 4}}, true, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const mm_case *m = &cases[i];
+        gcheck c;
+        gc_init(&c, "bmm %zu (ta %d, tb %d)", i, m->ta, m->tb);
+        spmd_tensor *a = gc_param(&c, "a", m->a.rank, m->a.dims, GEN_ANY);
+        spmd_tensor *b = gc_param(&c, "b", m->b.rank, m->b.dims, GEN_ANY);
+        gc_run(&c, spmd_bmm(c.g, a, b, m->ta, m->tb));
+    }
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "attention, 2 heads");
+    spmd_tensor *q = gc_param(&c, "q", 3, D(2, 4, 8), GEN_ANY);
+    spmd_tensor *k = gc_param(&c, "k", 3, D(2, 4, 8), GEN_ANY);
+    spmd_tensor *v = gc_param(&c, "v", 3, D(2, 4, 8), GEN_ANY);
+    gc_run(&c, spmd_attention(c.g, q, k, v, 2));
+
+    /* One tensor as q, k and v: three contributions summed. */
+    gc_init(&c, "attention, shared q = k = v");
+    spmd_tensor *x = gc_param(&c, "x", 3, D(1, 3, 4), GEN_ANY);
+    gc_run(&c, spmd_attention(c.g, x, x, x, 2));
+}
+
+/* ---- Lookups and losses -------------------------------------------------------------- */
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "embedding");
+    spmd_tensor *table = gc_param(&c, "table", 2, D(6, 4), GEN_ANY);
+    /* Repeated rows add up; rows 1 and 4 are never picked. */
+    spmd_tensor *ids = gc_ids(&c, "ids", 2, D(2, 3), 6, (const int32_t[]){0, 2, 2, 5, 0, 3});
+    gc_run(&c, spmd_embedding(c.g, table, ids));
+}
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "cross_entropy 3-D");
+    spmd_tensor *logits = gc_param(&c, "logits", 3, D(2, 3, 5), GEN_ANY);
+    spmd_tensor *targets = gc_ids(&c, "targets", 2, D(2, 3), 5, NULL);
+    gc_run(&c, spmd_cross_entropy(c.g, logits, targets));
+
+    gc_init(&c, "cross_entropy 2-D");
+    logits = gc_param(&c, "logits", 2, D(4, 7), GEN_ANY);
+    targets = gc_ids(&c, "targets", 1, D(4), 7, NULL);
+    gc_run(&c, spmd_cross_entropy(c.g, logits, targets));
+}
+
+static void test_mse(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "mse");
+    spmd_tensor *a = gc_param(&c, "a", 2, D(3, 4), GEN_ANY);
+    spmd_tensor *b = gc_param(&c, "b", 2, D(3, 4), GEN_ANY);
+    gc_run(&c, spmd_mse(c.g, a, b));
+
+    /* Targets as an input: only a gets a gradient. */
+    gc_init(&c, "mse against an input");
+    a = gc_param(&c, "a", 1, D(5), GEN_ANY);
+    b = gc_input(&c, "target", 1, D(5), GEN_ANY);
+    gc_run(&c, spmd_mse(c.g, a, b));
+}
+
+/* ---- Layout ------------------------------------------------------------------------------ */
+
+static void test_reshape(void **state)
+{
+    (void)state;
+    static const shape to[] = {{2, {6, 4}}, {3, {4, 3, 2}}, {1, {24}}, {4, {2, 1, 12, 1}}};
+    for (size_t i = 0; i < sizeof to / sizeof to[0]; i++) {
+        gcheck c;
+        gc_init(&c, "reshape %zu", i);
+        spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 4), GEN_ANY);
+        gc_run(&c, spmd_reshape(c.g, x, to[i].rank, to[i].dims));
+    }
+}
+
+static void test_permute(void **state)
+{
+    (void)state;
+    static const int perms[][3] = {{2, 0, 1}, {1, 2, 0}, {0, 2, 1}, {2, 1, 0}};
+    for (size_t i = 0; i < sizeof perms / sizeof perms[0]; i++) {
+        gcheck c;
+        gc_init(&c, "permute (%d %d %d)", perms[i][0], perms[i][1], perms[i][2]);
+        spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 4), GEN_ANY);
+        gc_run(&c, spmd_permute(c.g, x, perms[i]));
+    }
+    gcheck c;
+    gc_init(&c, "transpose 0 3 of 4-D");
+    spmd_tensor *x = gc_param(&c, "x", 4, D(2, 3, 1, 4), GEN_ANY);
+    gc_run(&c, spmd_transpose(c.g, x, 0, 3));
+}
+
+static void test_slice(void **state)
+{
+    (void)state;
+    static const struct {
+        int axis;
+        int64_t start, len;
+    } s[] = {{1, 1, 3}, {0, 1, 1}, {2, 0, 2}, {2, 2, 2}, {1, 0, 5}};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        gcheck c;
+        gc_init(&c, "slice axis %d [%lld:+%lld]", s[i].axis, (long long)s[i].start,
+                (long long)s[i].len);
+        spmd_tensor *x = gc_param(&c, "x", 3, D(2, 5, 4), GEN_ANY);
+        gc_run(&c, spmd_slice(c.g, x, s[i].axis, s[i].start, s[i].len));
+    }
+}
+
+static void test_concat(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "concat axis 1");
+    spmd_tensor *xs[3];
+    xs[0] = gc_param(&c, "x0", 3, D(2, 1, 4), GEN_ANY);
+    xs[1] = gc_param(&c, "x1", 3, D(2, 3, 4), GEN_ANY);
+    xs[2] = gc_param(&c, "x2", 3, D(2, 2, 4), GEN_ANY);
+    gc_run(&c, spmd_concat(c.g, xs, 3, 1));
+
+    gc_init(&c, "concat axis 0");
+    xs[0] = gc_param(&c, "x0", 2, D(1, 3), GEN_ANY);
+    xs[1] = gc_param(&c, "x1", 2, D(2, 3), GEN_ANY);
+    gc_run(&c, spmd_concat(c.g, xs, 2, 0));
+
+    /* The last axis, with one part an input that gets no adjoint. */
+    gc_init(&c, "concat last axis");
+    xs[0] = gc_param(&c, "x0", 3, D(2, 2, 1), GEN_ANY);
+    xs[1] = gc_input(&c, "x1", 3, D(2, 2, 2), GEN_ANY);
+    xs[2] = gc_param(&c, "x2", 3, D(2, 2, 3), GEN_ANY);
+    gc_run(&c, spmd_concat(c.g, xs, 3, 2));
+}
+
+/* ---- Whole graphs ------------------------------------------------------------------------- */
+
+/* A small MLP with a reused weight, a shared input of two ops, a data input
+ * and an unused parameter: accumulation and pruning together. */
+static void test_composite(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "composite");
+    spmd_tensor *x = gc_input(&c, "x", 2, D(3, 4), GEN_ANY);
+    spmd_tensor *w = gc_param(&c, "w", 2, D(4, 4), GEN_ANY);
+    spmd_tensor *b = gc_param(&c, "b", 1, D(4), GEN_ANY);
+    spmd_tensor *unused = gc_param(&c, "unused", 1, D(3), GEN_ANY);
+    (void)unused;
+    spmd_tensor *h = spmd_tanh(c.g, spmd_add(c.g, spmd_matmul(c.g, x, w, false, true), b));
+    h = spmd_matmul(c.g, h, w, false, false); /* w again */
+    spmd_tensor *y = spmd_add(c.g, spmd_mul(c.g, h, h), spmd_exp(c.g, spmd_scale(c.g, h, 0.5f)));
+    gc_run(&c, spmd_mean(c.g, y, 1, false));
+}
+
+/* ---- What spmd_grad refuses ----------------------------------------------------------------- */
+
+static void test_grad_names(void **state)
+{
+    (void)state;
+    spmd_clear_error();
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *p = spmd_param(g, "p", 0, NULL, (spmd_init){SPMD_INIT_ONES, 0});
+    spmd_tensor *q = spmd_param(g, "q", 0, NULL, (spmd_init){SPMD_INIT_ONES, 0});
+    spmd_tensor *r = spmd_param(g, "r", 2, D(2, 3), (spmd_init){SPMD_INIT_ONES, 0});
+    /* p + q hands the same adjoint to both; r is unused. */
+    spmd_tensor *loss = spmd_add(g, p, q);
+    assert_non_null(loss);
+    assert_null(spmd_tensor_grad(p));
+    assert_int_equal(spmd_grad(g, loss), SPMD_OK);
+    assert_ptr_equal(spmd_graph_find(g, "p.grad"), spmd_tensor_grad(p));
+    assert_ptr_equal(spmd_graph_find(g, "q.grad"), spmd_tensor_grad(q));
+    assert_ptr_equal(spmd_graph_find(g, "r.grad"), spmd_tensor_grad(r));
+    assert_int_equal(spmd_tensor_rank(spmd_tensor_grad(r)), 2);
+    assert_int_equal(spmd_tensor_dim(spmd_tensor_grad(r), 1), 3);
+    assert_string_equal(spmd_tensor_op_name(spmd_tensor_grad(r)), "fill");
+    assert_true(g->has_grad);
+    /* Twice is refused. */
+    assert_int_equal(spmd_grad(g, loss), SPMD_ERR_INVALID);
+    assert_non_null(strstr(spmd_last_error(), "already"));
+    spmd_graph_free(g);
+}
+
+static void test_non_scalar_loss(void **state)
+{
+    (void)state;
+    spmd_clear_error();
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *p = spmd_param(g, "p", 2, D(2, 3), (spmd_init){SPMD_INIT_ONES, 0});
+    spmd_tensor *y = spmd_exp(g, p);
+    assert_int_equal(spmd_tensor_set_name(y, "activations"), SPMD_OK);
+    int before = spmd_graph_tensor_count(g);
+    assert_int_equal(spmd_grad(g, y), SPMD_ERR_SHAPE);
+    const char *msg = spmd_last_error();
+    assert_non_null(strstr(msg, "activations"));
+    assert_non_null(strstr(msg, "[2, 3]"));
+    assert_int_equal(spmd_graph_tensor_count(g), before);
+    assert_null(spmd_tensor_grad(p));
+
+    /* An int32 scalar is no loss either. */
+    spmd_tensor *n = spmd_input(g, "count", SPMD_I32, 0, NULL);
+    assert_int_equal(spmd_grad(g, n), SPMD_ERR_INVALID);
+    assert_non_null(strstr(spmd_last_error(), "count"));
+
+    /* Neither refusal used up the graph's one backward pass. */
+    assert_int_equal(spmd_grad(g, spmd_sum(g, y, 3, false)), SPMD_OK);
+    assert_non_null(spmd_tensor_grad(p));
+    spmd_graph_free(g);
+}
+
+static void test_backward_only_op(void **state)
+{
+    (void)state;
+    spmd_clear_error();
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *p = spmd_param(g, "p", 2, D(2, 3), (spmd_init){SPMD_INIT_ONES, 0});
+    spmd_tensor *dy = spmd_input(g, "dy", SPMD_F32, 2, D(2, 3));
+    spmd_tensor *r = ir_relu_backward(g, p, dy);
+    assert_non_null(r);
+    spmd_tensor *loss = spmd_sum(g, r, 3, false);
+    assert_non_null(loss);
+    int before = spmd_graph_tensor_count(g);
+    assert_int_equal(spmd_grad(g, loss), SPMD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(spmd_last_error(), "relu_backward"));
+    /* Refused before anything was appended. */
+    assert_int_equal(spmd_graph_tensor_count(g), before);
+    assert_false(g->has_grad);
+    assert_null(spmd_tensor_grad(p));
+
+    /* The rule itself says the same when called directly. */
+    assert_false(ir_op_has_vjp(IR_RELU_BACKWARD));
+    assert_true(ir_op_has_vjp(IR_MATMUL));
+    spmd_tensor *dx[IR_MAX_INPUTS] = {0};
+    spmd_clear_error();
+    assert_int_equal(ir_op_vjp(IR_RELU_BACKWARD)(g, r, r, dx), SPMD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(spmd_last_error(), "cannot differentiate through relu_backward"));
+    spmd_graph_free(g);
+}
+
+/* Inputs no parameter reaches get no adjoint ops: the data input of a
+ * matmul costs no second matmul. */
+static void test_prunes_unneeded_adjoints(void **state)
+{
+    (void)state;
+    spmd_clear_error();
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, D(3, 4));
+    spmd_tensor *w = spmd_param(g, "w", 2, D(5, 4), (spmd_init){SPMD_INIT_ONES, 0});
+    spmd_tensor *loss = spmd_sum(g, spmd_matmul(g, x, w, false, true), 3, false);
+    assert_int_equal(spmd_grad(g, loss), SPMD_OK);
+    int matmuls = 0;
+    for (int i = 0; i < spmd_graph_tensor_count(g); i++)
+        matmuls += strcmp(spmd_tensor_op_name(spmd_graph_tensor(g, i)), "matmul") == 0;
+    assert_int_equal(matmuls, 2); /* forward and dw */
+    spmd_tensor *gw = spmd_tensor_grad(w);
+    assert_int_equal(spmd_tensor_rank(gw), 2);
+    assert_int_equal(spmd_tensor_dim(gw, 0), 5);
+    assert_int_equal(spmd_tensor_dim(gw, 1), 4);
+    spmd_graph_free(g);
+}
+
+static void test_reduce_to_shape(void **state)
+{
+    (void)state;
+    spmd_clear_error();
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *dy = spmd_input(g, "dy", SPMD_F32, 3, D(2, 3, 4));
+    spmd_tensor *same = spmd_input(g, "same", SPMD_F32, 3, D(2, 3, 4));
+    spmd_tensor *col = spmd_input(g, "col", SPMD_F32, 2, D(3, 1));
+    spmd_tensor *row = spmd_input(g, "row", SPMD_F32, 1, D(4));
+    spmd_tensor *bad = spmd_input(g, "bad", SPMD_F32, 1, D(5));
+    assert_ptr_equal(ir_reduce_to_shape(g, dy, same), dy);
+    spmd_tensor *r = ir_reduce_to_shape(g, dy, col);
+    assert_non_null(r);
+    assert_int_equal(spmd_tensor_rank(r), 2);
+    assert_int_equal(spmd_tensor_dim(r, 0), 3);
+    assert_int_equal(spmd_tensor_dim(r, 1), 1);
+    r = ir_reduce_to_shape(g, dy, row);
+    assert_non_null(r);
+    assert_int_equal(spmd_tensor_rank(r), 1);
+    assert_int_equal(spmd_tensor_dim(r, 0), 4);
+    assert_null(ir_reduce_to_shape(g, dy, bad));
+    assert_non_null(strstr(spmd_last_error(), "'bad' [5]"));
+    spmd_graph_free(g);
+}
+
+int main(void)
+{
+    const char *env = getenv("SPMD_TEST_SEED");
+    /* A fixed default keeps CI repeatable; set the variable to explore others. */
+    test_seed = env ? strtoull(env, NULL, 10) : 20261129u;
+    print_message("test_grad: seed %llu (SPMD_TEST_SEED=%llu replays it)\n",
+                  (unsigned long long)test_seed, (unsigned long long)test_seed);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grad_names),
+        cmocka_unit_test(test_non_scalar_loss),
+        cmocka_unit_test(test_backward_only_op),
+        cmocka_unit_test(test_prunes_unneeded_adjoints),
+        cmocka_unit_test(test_reduce_to_shape),
+        cmocka_unit_test(test_add),
+        cmocka_unit_test(test_sub),
+        cmocka_unit_test(test_mul),
+        cmocka_unit_test(test_div),
+        cmocka_unit_test(test_expand),
+        cmocka_unit_test(test_unary),
+        cmocka_unit_test(test_sum),
+        cmocka_unit_test(test_mean),
+        cmocka_unit_test(test_max),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_log_softmax),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_bmm),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_mse),
+        cmocka_unit_test(test_reshape),
+        cmocka_unit_test(test_permute),
+        cmocka_unit_test(test_slice),
+        cmocka_unit_test(test_concat),
+        cmocka_unit_test(test_composite),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
