@@ -127,7 +127,7 @@ static int bench_gpt(const spmd_gpt_config *cfg, int batch, int threads, int rep
 
 int main(int argc, char **argv)
 {
-    spmd_gpt_config cfg = {.vocab = 50257, .seq = 64, .layers = 12, .heads = 12, .dim = 768};
+    spmd_gpt_config cfg = {.vocab = 50257, .seq = 64, .context = 1024, .layers = 12, .heads = 12, .dim = 768};
     int reps = 3, batch = 4;
     int seqs[4] = {64, 256}, n_seqs = 2;
     for (int i = 1; i + 1 < argc; i += 2) {

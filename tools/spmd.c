@@ -34,6 +34,8 @@ typedef struct train_opts {
     uint64_t seed;
     mesh_opts mesh;
     const char *json;       /* report path or NULL */
+    const char *blas;       /* "auto", "openblas", "blis" */
+    const char *blas_core;  /* OpenBLAS core type or NULL */
 } train_opts;
 
 static void train_defaults(train_opts *o)
@@ -65,7 +67,9 @@ static void usage(FILE *f)
             "  --threads N          compute threads (all cores)\n"
             "  --mesh SHAPE         device mesh, e.g. 1 or 4x2 (1)\n"
             "  --axes NAMES         mesh axis names, e.g. data or replica,fsdp (data)\n"
-            "  --json FILE          write a JSON report\n");
+            "  --json FILE          write a JSON report\n"
+            "  --blas NAME          GEMM library: auto, openblas or blis (auto)\n"
+            "  --blas-core NAME     OpenBLAS core type, e.g. SkylakeX (fits the CPU)\n");
 }
 
 /* Print "spmd: <message>" and return the usage-error exit code. */
@@ -148,6 +152,8 @@ static int parse_train(int argc, char **argv, train_opts *o)
             if (strlen(v) >= sizeof o->mesh.axes) return fail("--axes is too long: '%s'", v);
             strcpy(o->mesh.axes, v);
         } else if (!strcmp(f, "--json")) o->json = v;
+        else if (!strcmp(f, "--blas")) o->blas = v;
+        else if (!strcmp(f, "--blas-core")) o->blas_core = v;
         else {
             usage(stderr);
             return fail("unknown flag '%s'", f);
@@ -197,8 +203,15 @@ static int build_model(const train_opts *o, model *m)
         m->tokens_per_step = o->batch;
     }
     if (st != SPMD_OK) return 1;
-    /* Forward + backward is about 6 flops per parameter per token. */
-    m->flops_per_step = 6.0 * (double)m->params * (double)m->tokens_per_step;
+    /* Forward + backward: 6 flops per parameter per token for the weights
+     * that multiply (not the position table, which is only added), plus
+     * attention's 12 * layers * dim * seq per token (as nanoGPT counts). */
+    double mults = (double)m->params, attn = 0;
+    if (!strcmp(o->model, "gpt")) {
+        mults -= (double)o->gpt.context * o->gpt.dim;
+        attn = 12.0 * o->gpt.layers * o->gpt.dim * o->gpt.seq;
+    }
+    m->flops_per_step = (6.0 * mults + attn) * (double)m->tokens_per_step;
     m->lr = spmd_input(m->g, "lr", SPMD_F32, 0, NULL);
     if (spmd_graph_mark_output(m->g, m->loss) != SPMD_OK) return 1;
     if (spmd_grad(m->g, m->loss) != SPMD_OK) return 1;
@@ -276,6 +289,10 @@ static int cmd_train(int argc, char **argv)
     train_opts o;
     int rc = parse_train(argc, argv, &o);
     if (rc) return rc;
+    if (spmd_blas_select(o.blas, o.blas_core) != SPMD_OK) {
+        fprintf(stderr, "spmd: %s\n", spmd_last_error());
+        return 1;
+    }
     model m = {0};
     if (build_model(&o, &m)) {
         fprintf(stderr, "spmd: cannot build the model: %s\n", spmd_last_error());

@@ -224,6 +224,11 @@ SPMD_API size_t spmd_program_arena_bytes(const spmd_program *p);
 /* Which GEMM library and kernel the runtime loaded ("OpenBLAS 0.3.21
  * SkylakeX"); loads it on first call. NULL on failure. */
 SPMD_API const char *spmd_blas_describe(void);
+/* Choose the GEMM library ("auto", "openblas" or "blis"; NULL is auto) and
+ * the OpenBLAS core type ("SkylakeX"; NULL picks the one CPUID says fits,
+ * whatever OPENBLAS_CORETYPE the environment holds).  Call before the
+ * first compile; loads the library now. */
+SPMD_API spmd_status spmd_blas_select(const char *library, const char *coretype);
 
 #ifdef __cplusplus
 }

@@ -301,3 +301,20 @@ const char *spmd_blas_describe(void)
         return NULL;
     return lib_name;
 }
+
+spmd_status spmd_blas_select(const char *library, const char *coretype)
+{
+    blas_library lib;
+    if (!library || !strcmp(library, "auto")) lib = BLAS_AUTO;
+    else if (!strcmp(library, "openblas")) lib = BLAS_OPENBLAS;
+    else if (!strcmp(library, "blis")) lib = BLAS_BLIS;
+    else
+        return base_error(SPMD_ERR_INVALID, "BLAS: unknown library '%s' (auto, openblas or blis)",
+                          library);
+    if (coretype && !*coretype) coretype = NULL;
+    if (atomic_load_explicit(&init_done, memory_order_acquire))
+        return base_error(SPMD_ERR_INVALID,
+                          "BLAS: %s is already loaded; choose the library before the first "
+                          "compile", blas_name());
+    return blas_init(lib, coretype);
+}
