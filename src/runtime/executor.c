@@ -30,7 +30,9 @@ struct spmd_program {
     size_t persistent_bytes;  /* params and state */
     size_t input_bytes;
     uint64_t seed;
-    _Atomic int status;       /* first failure of the current run */
+    /* First failure of the current run, one word per step parity (see
+     * run_worker); at most one of them is ever set in a run. */
+    _Atomic int status[2];
     char message[512];
 };
 
@@ -175,7 +177,6 @@ static void run_worker(void *ctx, int ith, int nth)
     kern_args a = {0};
     a.ith = ith;
     a.nth = nth;
-    a.status = &p->status;
     a.message = p->message;
     a.message_size = sizeof p->message;
     a.scratch = p->scratch ? p->scratch + (size_t)ith * p->scratch_each : NULL;
@@ -184,11 +185,16 @@ static void run_worker(void *ctx, int ith, int nth)
         a.node = t;
         for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(p, t->in[j]);
         a.out = data_of(p, t);
+        /* Steps alternate between two status words: a fast thread that
+         * has passed this barrier and already fails step s + 1 writes the
+         * other word, so a slow thread still reading step s's word cannot
+         * stop one step early and leave the others at the next barrier. */
+        a.status = &p->status[s & 1];
         kern_for(t->op)(&a);
         rt_pool_barrier(p->pool);
-        /* Every thread reads the status after the same barrier, so all
-         * stop at the same node. */
-        if (atomic_load(&p->status) != SPMD_OK) return;
+        /* Every thread reads this step's word after the same barrier, so
+         * all stop at the same node. */
+        if (atomic_load(a.status) != SPMD_OK) return;
     }
     /* Updates: copy new values into parameters and state. */
     const spmd_graph *g = p->g;
@@ -204,10 +210,12 @@ static void run_worker(void *ctx, int ith, int nth)
 spmd_status spmd_program_run(spmd_program *p)
 {
     if (!p) return base_error(SPMD_ERR_INVALID, "run: program is NULL");
-    atomic_store(&p->status, SPMD_OK);
+    atomic_store(&p->status[0], SPMD_OK);
+    atomic_store(&p->status[1], SPMD_OK);
     p->message[0] = '\0';
     rt_pool_run(p->pool, run_worker, p);
-    int status = atomic_load(&p->status);
+    int status = atomic_load(&p->status[0]);
+    if (status == SPMD_OK) status = atomic_load(&p->status[1]);
     if (status != SPMD_OK) return base_error((spmd_status)status, "%s", p->message);
     return SPMD_OK;
 }
