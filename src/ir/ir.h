@@ -11,6 +11,10 @@
 #include "spmd/spmd.h"
 #include "base/arena.h"
 
+/* Declared in mesh/ (sharding.h, spmd/mesh.h); the IR only points at them. */
+struct sharding;
+struct spmd_mesh;
+
 #define IR_MAX_INPUTS 16 /* also the most tensors one concat takes */
 #define IR_MAX_ITER 12
 
@@ -35,6 +39,16 @@ typedef union ir_attr {
     struct { float eps; } norm;              /* LAYERNORM* */
     struct { float value; } fill;
     struct { int64_t rows; } embed_grad;     /* EMBEDDING_BACKWARD: V */
+    /* Collectives and shard-local ops over the group `spec` of the
+     * program's group list (its members rank the blocks):
+     *   ALL_REDUCE      sum over the group
+     *   ALL_GATHER      concatenate members' blocks along `dim`
+     *   REDUCE_SCATTER  sum, keep this member's block of `dim`
+     *   ALL_TO_ALL      split `dim` into blocks sent to members, concatenate
+     *                   the received ones along `dim2`
+     *   SHARD_SLICE     this member's block of `dim` (free), zeros past `global`
+     *   MASK_PADDING    zero elements of `dim` at global index >= `global` */
+    struct { int spec, dim, dim2; int64_t global; } coll;
 } ir_attr;
 
 struct spmd_tensor {
@@ -51,6 +65,8 @@ struct spmd_tensor {
     spmd_tensor *grad;      /* PARAM after spmd_grad */
     spmd_graph *graph;
     bool is_output;
+    struct sharding *mark;     /* the user's spmd_mark_sharding, arena-owned; NULL if none */
+    struct sharding *sharding; /* set by propagation; NULL before it */
 };
 
 typedef struct ir_update {
@@ -66,6 +82,7 @@ struct spmd_graph {
     ir_update *updates;
     int n_updates, cap_updates;
     bool has_grad;
+    const struct spmd_mesh *mesh; /* the mesh of every mark; NULL when none */
 };
 
 /* ---- Dimension signatures ---------------------------------------------- */

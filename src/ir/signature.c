@@ -301,6 +301,10 @@ static bool sig_concat(const spmd_tensor *t, ir_dimsig *s)
     return true;
 }
 
+/* Per-device ops exist only after partitioning, where no propagation
+ * runs: each output dim is its own parallel iteration. */
+static bool sig_local(const spmd_tensor *t, ir_dimsig *s) { return sig_leaf(t, s); }
+
 /* ---- Table --------------------------------------------------------------------- */
 
 typedef bool (*sig_fn)(const spmd_tensor *t, ir_dimsig *s);

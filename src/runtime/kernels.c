@@ -43,6 +43,9 @@ size_t kern_scratch_bytes(const spmd_tensor *t, int nth)
         size_t one = (size_t)KN_ATTN_BLOCK * (size_t)T * sizeof(float);
         return t->op == IR_ATTENTION ? one : 2 * one;
     }
+    case IR_ALL_TO_ALL:
+        /* Packed send and receive buffers (thread 0 only). */
+        return 2 * ir_nbytes(t->in[0]);
     default:
         return 0;
     }

@@ -12,6 +12,19 @@
 
 #include <stdatomic.h>
 
+struct coll_group;
+struct coll_world;
+
+/* What a device's kernels need to know about the device: its groups for
+ * each mesh-axis list the program uses (indexed by attr.coll.spec), and its
+ * rank in each, which is also the block of a dimension it holds. */
+typedef struct kern_device {
+    int device;
+    struct coll_group *const *groups;
+    const int *member;
+    struct coll_world *world;
+} kern_device;
+
 typedef struct kern_args {
     const spmd_tensor *node;            /* op, attributes, shapes */
     const void *in[IR_MAX_INPUTS];      /* contiguous row-major inputs */
@@ -24,6 +37,7 @@ typedef struct kern_args {
     _Atomic int *status;
     char *message;          /* shared buffer for the winner's message */
     size_t message_size;
+    const kern_device *dev; /* NULL on a one-device program */
 } kern_args;
 
 typedef void (*kern_fn)(const kern_args *a);

@@ -1,0 +1,60 @@
+/*
+ * Meshes and sharding marks: the named device mesh a program is
+ * partitioned over, and PyTorch/XLA-style partition specs on tensors.
+ */
+#ifndef SPMD_MESH_PUBLIC_H
+#define SPMD_MESH_PUBLIC_H
+
+#include "spmd/spmd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct spmd_mesh spmd_mesh;
+
+/* A mesh of prod(shape) devices with the given axis names (unique,
+ * [A-Za-z_][A-Za-z0-9_]*).  `device_ids` is a permutation of 0..N-1 giving
+ * the device at each row-major coordinate, or NULL for 0..N-1. */
+SPMD_API spmd_mesh *spmd_mesh_create(int rank, const int *shape, const char *const *axis_names,
+                                     const int *device_ids);
+/* From text: shape "4x2" (or "8"), axes "replica,fsdp". */
+SPMD_API spmd_mesh *spmd_mesh_parse(const char *shape, const char *axes);
+SPMD_API void spmd_mesh_free(spmd_mesh *m);
+
+SPMD_API int spmd_mesh_devices(const spmd_mesh *m);
+SPMD_API int spmd_mesh_rank(const spmd_mesh *m);
+SPMD_API int spmd_mesh_axis_size(const spmd_mesh *m, int axis);
+SPMD_API const char *spmd_mesh_axis_name(const spmd_mesh *m, int axis);
+/* -1 (with a message naming the axis and the mesh's axes) if unknown. */
+SPMD_API int spmd_mesh_axis_index(const spmd_mesh *m, const char *name);
+/* Mark which axes keep their groups inside one process (all, by default). */
+SPMD_API spmd_status spmd_mesh_set_axis_local(spmd_mesh *m, int axis, bool local);
+SPMD_API bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis);
+/* The devices of `device`'s group along the comma-separated `axes`, in
+ * rank order; returns the group size or -1 with a message. */
+SPMD_API int spmd_mesh_group(const spmd_mesh *m, int device, const char *axes, int *members,
+                             int capacity);
+
+/* ---- Sharding marks ------------------------------------------------------- */
+
+/* Mark tensor t with a PyTorch/XLA partition spec over mesh m: one entry
+ * per dimension, each an axis name, a parenthesised tuple of axes (major
+ * to minor) or None, e.g. "(replica, fsdp), None".  Axes not named are
+ * replicated; an axis is used at most once.  All marks of a graph use one
+ * mesh, which must outlive the graph.  Errors name the token and its
+ * column. */
+SPMD_API spmd_status spmd_mark_sharding(spmd_graph *g, spmd_tensor *t, const spmd_mesh *m,
+                                        const char *spec);
+SPMD_API spmd_status spmd_clear_sharding(spmd_tensor *t);
+/* The tensor's sharding as spec text: the propagated one once the graph
+ * has been partitioned, else the mark; "" when it has neither. */
+SPMD_API const char *spmd_get_sharding(const spmd_tensor *t, char *buf, size_t size);
+/* The same sharding as GSPMD HloSharding text ("{devices=[4,1,2]0,1,...
+ * last_tile_dim_replicate}", "{replicated}"). */
+SPMD_API const char *spmd_get_hlo_sharding(const spmd_tensor *t, char *buf, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,86 @@
+/*
+ * Device meshes (DESIGN.md, "Mesh"): N devices, a permutation of device
+ * ids, a logical shape and one name per axis.  The device at mesh
+ * coordinate c is ids[row-major(c)].  A group of device p along an ordered
+ * list of axes is every device sharing p's coordinates off those axes,
+ * ranked by its coordinates on them (first axis major).
+ */
+#ifndef SPMD_MESH_MESH_H
+#define SPMD_MESH_MESH_H
+
+#include "spmd/mesh.h"
+
+#define MESH_MAX_AXES 8
+#define MESH_MAX_DEVICES 4096
+#define MESH_MAX_NAME 32
+
+struct spmd_mesh {
+    int rank;                                   /* number of axes */
+    int shape[MESH_MAX_AXES];
+    char names[MESH_MAX_AXES][MESH_MAX_NAME];
+    bool local[MESH_MAX_AXES];                  /* groups stay inside one process */
+    int n_devices;
+    int *ids;                                   /* ids[row-major coord] = device id */
+    int *position;                              /* position[device id] = row-major coord */
+};
+
+/* An ordered list of mesh axes (major to minor). */
+typedef struct mesh_axes {
+    int n;
+    int8_t axis[MESH_MAX_AXES];
+} mesh_axes;
+
+/* spmd_mesh_create with the length of `ids` checked against the mesh
+ * ("mesh 4x2 has 8 devices, got 6 ids"), for callers that read ids from
+ * text.  ids NULL means 0..N-1; n_ids < 0 trusts ids to hold N entries. */
+spmd_mesh *mesh_create(int rank, const int *shape, const char *const *names, const int *ids,
+                       int n_ids);
+/* "4x2 (replica, fsdp)", plus " devices 7,6,..." when ids are permuted:
+ * what error messages call the mesh. */
+const char *mesh_describe(const spmd_mesh *m, char *buf, size_t size);
+/* Same shape, axis names and device ids (process-locality is not
+ * compared: it prices collectives, it does not move data). */
+bool mesh_equal(const spmd_mesh *a, const spmd_mesh *b);
+/* Index of the axis called name[0..len), -1 if none (no message). */
+int mesh_find_axis(const spmd_mesh *m, const char *name, size_t len);
+
+/* Bit a set for each axis a of `axes`. */
+uint32_t mesh_axes_mask(const mesh_axes *axes);
+/* The axes whose bits are set in `mask`, in mesh order. */
+mesh_axes mesh_axes_from_mask(const spmd_mesh *m, uint32_t mask);
+/* Set coords on `axes` to group rank `index` (the inverse of
+ * mesh_group_rank); coordinates on other axes are left alone. */
+void mesh_set_coords(const spmd_mesh *m, const mesh_axes *axes, int index, int *coords);
+/* The device id at mesh coordinates `coords`. */
+int mesh_device_at(const spmd_mesh *m, const int *coords);
+
+/* Coordinates of `device` (its id) on every axis. */
+void mesh_coords(const spmd_mesh *m, int device, int *coords);
+/* Product of the sizes of `axes`. */
+int mesh_axes_size(const spmd_mesh *m, const mesh_axes *axes);
+/* Rank of `device` within its group along `axes` (mixed radix, first axis
+ * major). */
+int mesh_group_rank(const spmd_mesh *m, int device, const mesh_axes *axes);
+/* Device ids of the group of `device` along `axes`, in rank order; returns
+ * the group size.  `members` must hold mesh_axes_size entries. */
+int mesh_group(const spmd_mesh *m, int device, const mesh_axes *axes, int *members);
+/* Index of the group itself among all groups along `axes` (0..N/size-1),
+ * ranked by the coordinates off `axes`. */
+int mesh_group_index(const spmd_mesh *m, int device, const mesh_axes *axes);
+
+/* Text appended to a fixed buffer, snprintf style: what does not fit is
+ * dropped (the buffer stays terminated) and `len` counts every byte that
+ * was asked for. */
+typedef struct mesh_text {
+    char *buf;
+    size_t size, len;
+} mesh_text;
+
+void mesh_text_init(mesh_text *t, char *buf, size_t size);
+void mesh_text_add(mesh_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "replica, fsdp" */
+void mesh_text_axes(mesh_text *t, const spmd_mesh *m, const mesh_axes *axes);
+/* Bytes actually in the buffer (len, capped by the size). */
+size_t mesh_text_written(const mesh_text *t);
+
+#endif

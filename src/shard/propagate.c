@@ -1,0 +1,340 @@
+/*
+ * Sharding propagation over iteration dimensions (see propagate.h for the
+ * rules and their order).  Reshape, which has no einsum form, carries
+ * shardings through groups of dims whose sizes multiply to the same
+ * product (reshape_map below).
+ */
+#include "shard/propagate.h"
+#include "base/error.h"
+
+#include <string.h>
+
+/* ---- Small helpers ---------------------------------------------------------- */
+
+static uint32_t axes_mask(const mesh_axes *a)
+{
+    uint32_t m = 0;
+    for (int i = 0; i < a->n; i++) m |= 1u << a->axis[i];
+    return m;
+}
+
+/* Can an iteration dim of `size` (with `granule`) be split over `axes`?
+ * Blocks must hold whole granules; uneven splits are padded, but a
+ * granule-bound dim (attention heads) must divide exactly. */
+static bool splittable(const spmd_mesh *m, const mesh_axes *axes, int64_t size, int64_t granule)
+{
+    int64_t blocks = mesh_axes_size(m, axes);
+    if (blocks <= 1) return blocks == 1;
+    if (granule > 1) return size % (blocks * granule) == 0;
+    return size >= blocks;
+}
+
+static sharding project_out(const shard_node *n, const spmd_tensor *t)
+{
+    sharding s = sharding_replicated(t->rank);
+    for (int i = 0; i < t->rank; i++)
+        if (n->sig.out[i] >= 0) s.dim[i] = n->iter[n->sig.out[i]];
+    for (int it = 0; it < n->sig.n_iter; it++)
+        if (n->sig.kind[it] == IR_ITER_SUM) s.partial |= axes_mask(&n->iter[it]);
+    s.partial |= n->through;
+    return s;
+}
+
+/* ---- Reshape ------------------------------------------------------------------ */
+
+/* Carry sharding `from` (over dims `fd`) to dims `td` of the same element
+ * count.  Dims group into runs whose products match; inside a run the
+ * axes of the source dims, major first, are dealt to the target dims
+ * major first, as long as every split is exact (no padding moves across a
+ * reshape).  Runs that cannot be carried stay whole. */
+static sharding reshape_map(const spmd_mesh *m, const sharding *from, int fr, const int64_t *fd,
+                            int tr, const int64_t *td)
+{
+    sharding out = sharding_replicated(tr);
+    int i = 0, j = 0;
+    while (i < fr || j < tr) {
+        int i0 = i, j0 = j;
+        int64_t pi = i < fr ? fd[i++] : 1, pj = j < tr ? td[j++] : 1;
+        while (pi != pj) {
+            if (pi < pj && i < fr) pi *= fd[i++];
+            else if (pj < pi && j < tr) pj *= td[j++];
+            else break;
+        }
+        /* Axes of source dims i0..i-1, major first; each dim split exactly. */
+        int8_t axes[MESH_MAX_AXES];
+        int n = 0;
+        bool exact = true;
+        for (int d = i0; d < i; d++) {
+            int64_t b = sharding_blocks(from, m, d);
+            if (fd[d] % b != 0) exact = false;
+            for (int k = 0; k < from->dim[d].n; k++) axes[n++] = from->dim[d].axis[k];
+        }
+        if (!exact || n == 0) continue;
+        /* A source dim's axes must sit on its own stretch: only the major
+         * source dim may be sharded unless the run is one-to-one. */
+        int sharded_src = 0;
+        for (int d = i0; d < i; d++) sharded_src += from->dim[d].n > 0;
+        if (sharded_src > 1 && !(i - i0 == 1 && j - j0 == 1)) {
+            bool major_only = true;
+            for (int d = i0 + 1; d < i; d++)
+                if (from->dim[d].n) major_only = false;
+            if (!major_only) {
+                /* (X on d0, Y on d1) -> merged dim over (X, Y) is exact when
+                 * both split evenly, which was checked above. */
+                if (j - j0 != 1) continue;
+            }
+        }
+        /* Deal the axes to target dims, major first, while they divide. */
+        int k = 0;
+        for (int d = j0; d < j && k < n; d++) {
+            int64_t blocks = 1;
+            while (k < n) {
+                int64_t next = blocks * m->shape[axes[k]];
+                if (td[d] % next != 0) break;
+                blocks = next;
+                out.dim[d].axis[out.dim[d].n++] = axes[k++];
+            }
+            if (blocks < td[d] && k < n && d + 1 < j) {
+                /* Remaining axes may only continue on the next dim if this
+                 * one is fully split (block size 1). */
+                if (td[d] / blocks != 1) break;
+            }
+        }
+        if (k < n) {
+            /* Could not deal every axis: leave the whole run unsharded. */
+            for (int d = j0; d < j; d++) out.dim[d].n = 0;
+        }
+    }
+    out.partial = from->partial;
+    return out;
+}
+
+/* ---- The choice per op ---------------------------------------------------------- */
+
+/* Operands ordered by the priority rules of propagate.h. */
+static void order_operands(const shard_plan *p, const spmd_tensor *t, int *order)
+{
+    for (int j = 0; j < t->n_in; j++) order[j] = j;
+    for (int a = 1; a < t->n_in; a++) {
+        for (int b = a; b > 0; b--) {
+            const spmd_tensor *x = t->in[order[b - 1]], *y = t->in[order[b]];
+            const shard_node *nx = &p->nodes[x->id], *ny = &p->nodes[y->id];
+            int kx = nx->data * 4 + (nx->level == SHARD_MARKED) * 2;
+            int ky = ny->data * 4 + (ny->level == SHARD_MARKED) * 2;
+            bool swap = ky > kx || (ky == kx && ir_numel(y) > ir_numel(x));
+            if (!swap) break;
+            int tmp = order[b - 1];
+            order[b - 1] = order[b];
+            order[b] = tmp;
+        }
+    }
+}
+
+/* Ops that are linear in an operand, so a pending sum can pass through
+ * them instead of being resolved first.  Returns the common partial axes
+ * and the operands that keep them. */
+static uint32_t linear_through(const shard_plan *p, const spmd_tensor *t, uint32_t *operands)
+{
+    uint32_t part[IR_MAX_INPUTS];
+    for (int j = 0; j < t->n_in; j++) {
+        const shard_node *n = &p->nodes[t->in[j]->id];
+        part[j] = n->level ? n->out.partial : 0;
+    }
+    *operands = 0;
+    switch (t->op) {
+    case IR_SCALE:
+    case IR_NEG:
+    case IR_SUM:
+    case IR_EXPAND:
+    case IR_PERMUTE:
+    case IR_SLICE:
+    case IR_PAD:
+        if (!part[0]) return 0;
+        *operands = 1;
+        return part[0];
+    case IR_MUL:
+    case IR_MATMUL:
+    case IR_BMM:
+        /* Linear in each operand alone: exactly one may be partial. */
+        if (part[0] && !part[1]) return *operands = 1, part[0];
+        if (part[1] && !part[0]) return *operands = 2, part[1];
+        return 0;
+    case IR_DIV:
+        if (part[0] && !part[1]) return *operands = 1, part[0];
+        return 0;
+    case IR_ADD:
+    case IR_SUB:
+    case IR_CONCAT:
+        for (int j = 0; j < t->n_in; j++)
+            if (!part[j] || part[j] != part[0]) return 0;
+        *operands = (1u << t->n_in) - 1;
+        return part[0];
+    default:
+        return 0;
+    }
+}
+
+/* Assign operand dims' axes to free iteration dims. */
+static void take_axes(const shard_plan *p, shard_node *n, const int8_t *map, int rank,
+                      const sharding *s, uint32_t *used)
+{
+    for (int i = 0; i < rank; i++) {
+        int it = map[i];
+        const mesh_axes *want = &s->dim[i];
+        if (it < 0 || want->n == 0 || n->iter[it].n) continue;
+        if (n->sig.kind[it] == IR_ITER_FULL) continue;
+        uint32_t mask = axes_mask(want);
+        if (mask & *used) continue;
+        if (!splittable(p->m, want, n->sig.size[it], n->sig.granule[it])) continue;
+        n->iter[it] = *want;
+        *used |= mask;
+    }
+}
+
+/* Decide node t from its operands (and its own mark, which comes first). */
+static void choose(shard_plan *p, const spmd_tensor *t)
+{
+    shard_node *n = &p->nodes[t->id];
+    memset(n->iter, 0, sizeof n->iter);
+    uint32_t used = 0;
+    n->through = linear_through(p, t, &n->through_operands);
+    used |= n->through;
+    if (t->mark) take_axes(p, n, n->sig.out, t->rank, t->mark, &used);
+    int order[IR_MAX_INPUTS];
+    order_operands(p, t, order);
+    for (int k = 0; k < t->n_in; k++) {
+        int j = order[k];
+        const shard_node *in = &p->nodes[t->in[j]->id];
+        if (in->level == SHARD_UNKNOWN) continue;
+        take_axes(p, n, n->sig.in[j], t->in[j]->rank, &in->out, &used);
+    }
+}
+
+static bool any_known(const shard_plan *p, const spmd_tensor *t)
+{
+    for (int j = 0; j < t->n_in; j++)
+        if (p->nodes[t->in[j]->id].level != SHARD_UNKNOWN) return true;
+    return false;
+}
+
+/* Forward: every computed node from its operands.  Returns true if a
+ * node's sharding changed. */
+static bool sweep_forward(shard_plan *p, const bool *needed)
+{
+    bool changed = false;
+    const spmd_graph *g = p->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        shard_node *n = &p->nodes[i];
+        if ((needed && !needed[i]) || ir_op_is_leaf(t->op)) continue;
+        sharding before = n->out;
+        uint8_t level_before = n->level;
+        if (t->mark) {
+            n->out = *t->mark;
+            n->level = SHARD_MARKED;
+            if (n->has_sig) choose(p, t);
+        } else if (!any_known(p, t)) {
+            n->level = SHARD_UNKNOWN;
+        } else if (!n->has_sig) { /* reshape */
+            const spmd_tensor *x = t->in[0];
+            n->out = reshape_map(p->m, &p->nodes[x->id].out, x->rank, x->dims, t->rank, t->dims);
+            n->level = SHARD_DERIVED;
+        } else {
+            choose(p, t);
+            n->out = project_out(n, t);
+            n->level = SHARD_DERIVED;
+        }
+        if (n->level != level_before || !sharding_equal(&before, &n->out)) changed = true;
+    }
+    return changed;
+}
+
+/* Backward: unmarked leaves take the sharding their first consumer (in
+ * program order, visited last to first so the first wins) implies. */
+static bool sweep_backward(shard_plan *p, const bool *needed)
+{
+    bool changed = false;
+    const spmd_graph *g = p->g;
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        const spmd_tensor *t = g->nodes[i];
+        if ((needed && !needed[i]) || ir_op_is_leaf(t->op)) continue;
+        if (p->nodes[i].level == SHARD_UNKNOWN) continue;
+        for (int j = 0; j < t->n_in; j++) {
+            const spmd_tensor *x = t->in[j];
+            shard_node *nx = &p->nodes[x->id];
+            if (!ir_op_is_leaf(x->op) || nx->level == SHARD_MARKED || nx->level == SHARD_DERIVED)
+                continue;
+            sharding want = shard_operand_need(p, t, j);
+            want.partial = 0;
+            if (nx->level == SHARD_INFERRED && sharding_equal(&nx->out, &want)) continue;
+            nx->out = want;
+            nx->level = SHARD_INFERRED;
+            changed = true;
+        }
+    }
+    return changed;
+}
+
+/* ---- Entry points ------------------------------------------------------------------ */
+
+sharding shard_operand_need(const shard_plan *p, const spmd_tensor *t, int j)
+{
+    const shard_node *n = &p->nodes[t->id];
+    const spmd_tensor *x = t->in[j];
+    if (!n->has_sig) { /* reshape: the output's sharding carried back */
+        sharding s = reshape_map(p->m, &n->out, t->rank, t->dims, x->rank, x->dims);
+        s.partial = 0;
+        return s;
+    }
+    sharding s = sharding_replicated(x->rank);
+    for (int i = 0; i < x->rank; i++)
+        if (n->sig.in[j][i] >= 0) s.dim[i] = n->iter[n->sig.in[j][i]];
+    if (n->through_operands & (1u << j)) s.partial = n->through;
+    return s;
+}
+
+spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh *m,
+                            const bool *needed, const spmd_allocator *alloc)
+{
+    memset(p, 0, sizeof *p);
+    p->g = g;
+    p->m = m;
+    p->alloc = base_allocator_or_default(alloc);
+    p->n_nodes = g->n_nodes;
+    p->nodes = base_calloc(&p->alloc, (size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *p->nodes,
+                           "sharding propagation");
+    if (!p->nodes) return SPMD_ERR_NOMEM;
+    if (g->mesh && g->mesh != m)
+        return base_error(SPMD_ERR_INVALID,
+                          "partition: the graph's marks use another mesh than the one given");
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        shard_node *n = &p->nodes[i];
+        n->out = sharding_replicated(t->rank);
+        n->has_sig = ir_signature(t, &n->sig);
+        n->data = t->op == IR_INPUT;
+        for (int j = 0; j < t->n_in; j++) n->data |= p->nodes[t->in[j]->id].data;
+        if (t->mark) {
+            if (t->mark->rank != t->rank)
+                return base_error(SPMD_ERR_SHAPE, "partition: mark of rank %d on a rank-%d tensor",
+                                  t->mark->rank, t->rank);
+            n->out = *t->mark;
+            n->level = SHARD_MARKED;
+        }
+    }
+    for (int round = 0; round < 8; round++) {
+        bool fwd = sweep_forward(p, needed);
+        bool bwd = sweep_backward(p, needed);
+        if (!fwd && !bwd) break;
+    }
+    /* Whatever is still unknown is replicated. */
+    for (int i = 0; i < g->n_nodes; i++)
+        if (p->nodes[i].level == SHARD_UNKNOWN) p->nodes[i].out = sharding_replicated(g->nodes[i]->rank);
+    return SPMD_OK;
+}
+
+void shard_plan_free(shard_plan *p)
+{
+    base_free(&p->alloc, p->nodes);
+    memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,62 @@
+/*
+ * Sharding propagation (DESIGN.md, "Propagate" and "Priorities").
+ *
+ * Every op's sharding is decided over its iteration dimensions: each
+ * iteration dimension takes an ordered list of mesh axes (or none), each
+ * axis at most once per op.  The output's sharding is the projection of
+ * that choice onto the output's dims, partial over the axes of sharded SUM
+ * dimensions (and over partial axes a linear op lets through).  Each
+ * operand is resharded to the projection onto its dims.
+ *
+ * The choice, op by op in program order, takes operands in this order:
+ * values that flow from the inputs (activations, data) before values that
+ * flow only from parameters; within each, user marks first; then the
+ * larger tensor (moving the smaller one costs fewer bytes); then operand
+ * position.  An operand whose axes clash with axes already taken is
+ * resharded where it is used.  A backward sweep gives unmarked leaves the
+ * sharding their consumers imply, and the two sweeps repeat to a fixpoint.
+ * Nothing depends on hashes or pointers.
+ */
+#ifndef SPMD_SHARD_PROPAGATE_H
+#define SPMD_SHARD_PROPAGATE_H
+
+#include "ir/ir.h"
+#include "mesh/sharding.h"
+
+typedef enum shard_level {
+    SHARD_UNKNOWN = 0,
+    SHARD_INFERRED, /* given to an unmarked leaf by its consumers */
+    SHARD_DERIVED,  /* computed from the operands */
+    SHARD_MARKED    /* the user's mark: never changed */
+} shard_level;
+
+typedef struct shard_node {
+    sharding out;                    /* the sharding the node produces */
+    uint8_t level;                   /* shard_level */
+    bool data;                       /* flows from an input */
+    bool has_sig;                    /* the op has a dimension signature */
+    ir_dimsig sig;
+    mesh_axes iter[IR_MAX_ITER];     /* the op's choice per iteration dim */
+    uint32_t through;                /* partial axes the op lets through */
+    uint32_t through_operands;       /* bit j: operand j stays partial */
+} shard_node;
+
+typedef struct shard_plan {
+    const spmd_graph *g;
+    const spmd_mesh *m;
+    shard_node *nodes;               /* per node id */
+    int n_nodes;
+    spmd_allocator alloc;
+} shard_plan;
+
+/* Decide every needed node's sharding.  `needed` is per node id (NULL:
+ * all).  Errors: marks on a mesh other than m, a mark whose rank is not
+ * the tensor's. */
+spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh *m,
+                            const bool *needed, const spmd_allocator *alloc);
+void shard_plan_free(shard_plan *p);
+
+/* The sharding operand j of node t must have where t uses it. */
+sharding shard_operand_need(const shard_plan *p, const spmd_tensor *t, int j);
+
+#endif
