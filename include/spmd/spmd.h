@@ -196,8 +196,12 @@ SPMD_API spmd_status spmd_sgd(spmd_graph *g, spmd_tensor *lr);
 
 typedef struct spmd_program spmd_program;
 
+/* A graph with sharding marks (spmd/mesh.h) compiles to one program per
+ * device of the marks' mesh, run by worker threads of this process with
+ * shared-memory collectives; inputs, parameters and outputs are still read
+ * and written whole. */
 typedef struct spmd_compile_options {
-    int threads;        /* compute threads; 0 = every core */
+    int threads;        /* compute threads in all; 0 = every core */
     uint64_t seed;      /* parameter initialisation */
 } spmd_compile_options;
 
@@ -218,6 +222,9 @@ SPMD_API spmd_status spmd_program_write(spmd_program *p, const spmd_tensor *t,
 SPMD_API size_t spmd_program_peak_bytes(const spmd_program *p);
 SPMD_API size_t spmd_program_persistent_bytes(const spmd_program *p);
 SPMD_API size_t spmd_program_arena_bytes(const spmd_program *p);
+/* Devices the program runs on: the mesh size of the graph's sharding
+ * marks, or 1.  Memory figures above are per device. */
+SPMD_API int spmd_program_devices(const spmd_program *p);
 
 /* ---- BLAS ---------------------------------------------------------------- */
 

@@ -540,6 +540,7 @@ spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss)
     }
 
     g->has_grad = true;
+    g->backward_begin = n;
     want_set = need;
     want_count = n;
     if (need[last]) {
@@ -589,6 +590,7 @@ spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss)
     }
 
 out:
+    if (g->has_grad) g->backward_end = g->n_nodes;
     want_set = NULL;
     want_count = 0;
     base_free(&g->alloc, from_param);

@@ -82,6 +82,9 @@ struct spmd_graph {
     ir_update *updates;
     int n_updates, cap_updates;
     bool has_grad;
+    /* Nodes [backward_begin, backward_end) are the backward pass; later
+     * ones (optimizer updates) the update phase.  0 before spmd_grad. */
+    int backward_begin, backward_end;
     const struct spmd_mesh *mesh; /* the mesh of every mark; NULL when none */
 };
 

@@ -200,17 +200,18 @@ static bool sig_attention(const spmd_tensor *t, ir_dimsig *s)
     return true;
 }
 
-/* embedding: table [v,d], ids [i...] -> [i..., d]; v is a SUM: a device
- * holding rows v0..v1 contributes its rows and zeros elsewhere, so a
- * vocab-sharded lookup is a partial sum.  The backward scatter-add is the
- * transpose: ids dims are summed over, v and d are parallel. */
+/* embedding: table [v,d], ids [i...] -> [i..., d]; the backward
+ * scatter-add is the transpose, summing over the ids dims.  A vocab-sharded
+ * table would make the lookup a partial sum (each device contributes its
+ * rows, zeros elsewhere), but the kernels need the shard's row offset for
+ * that, so v stays whole (FULL) until the vocab-parallel kernels exist. */
 static bool sig_embedding(const spmd_tensor *t, ir_dimsig *s)
 {
     bool fwd = t->op == IR_EMBEDDING;
     const spmd_tensor *ids = fwd ? t->in[1] : t->in[0];
     int64_t rows = fwd ? t->in[0]->dims[0] : t->attr.embed_grad.rows;
     int64_t width = t->dims[t->rank - 1];
-    int v = add_iter(s, rows, fwd ? IR_ITER_SUM : IR_ITER_PARALLEL, 'v');
+    int v = add_iter(s, rows, IR_ITER_FULL, 'v');
     int d = add_iter(s, width, IR_ITER_PARALLEL, 'd');
     int idx[SPMD_MAX_RANK];
     for (int i = 0; i < ids->rank; i++)

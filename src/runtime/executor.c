@@ -1,15 +1,24 @@
 /*
- * The one-device executor: owns the arena and the persistent tensors of a
- * compiled program and runs its schedule on a pool of threads, every
- * thread on every node (kernels split work by thread index), with a
+ * The executor: compiles a graph into a program and runs it on one device
+ * or, when the graph carries sharding marks, on every device of the mesh.
+ *
+ * A multi-device program is the partitioner's per-device graph, planned
+ * once and run by one worker per device (threads of this process) with
+ * shared-memory collectives between them.  Each device owns its arena and
+ * the blocks of the inputs, parameters and state it holds; the user reads
+ * and writes whole (global) tensors, which the program splits and
+ * assembles.  Every device runs its schedule on its own thread pool,
+ * every thread on every node (kernels split work by thread index), with a
  * barrier between nodes.
  *
- * The program borrows its graph: the graph must outlive it.
+ * The program borrows its graph and mesh: both must outlive it.
  */
 #include "base/error.h"
 #include "base/rng.h"
 #include "compile/plan.h"
 #include "runtime/blas.h"
+#include "runtime/collectives.h"
+#include "runtime/executor.h"
 #include "runtime/kernels.h"
 #include "runtime/pool.h"
 
@@ -17,76 +26,214 @@
 #include <string.h>
 #include <unistd.h>
 
-struct spmd_program {
-    spmd_allocator alloc;
-    const spmd_graph *g;
-    plan plan;
-    int nth;
+typedef struct device {
+    struct spmd_program *prog;
+    int id;                   /* device id in the mesh */
     rt_pool *pool;
     unsigned char *arena;
     unsigned char *scratch;   /* nth slices of scratch_each bytes */
-    size_t scratch_each;
-    void **leaf_data;         /* per node id: storage of inputs, params, state */
-    size_t persistent_bytes;  /* params and state */
-    size_t input_bytes;
-    uint64_t seed;
+    void **leaf_data;         /* per local node id: inputs, params, state */
+    kern_device kd;
+    coll_group **groups;      /* per spec */
+    int *member;              /* per spec */
     /* First failure of the current run, one word per step parity (see
-     * run_worker); at most one of them is ever set in a run. */
+     * run_worker); at most one of them is set in a run. */
     _Atomic int status[2];
     char message[512];
+} device;
+
+struct spmd_program {
+    spmd_allocator alloc;
+    const spmd_graph *g;      /* the user's graph */
+    const spmd_graph *local;  /* what every device runs: g itself on one device */
+    partition part;           /* multi-device only */
+    bool partitioned;
+    const spmd_mesh *mesh;
+    plan plan;
+    int n_dev, nth;
+    device *dev;
+    rt_pool *outer;           /* one thread per device */
+    coll_world *world;
+    size_t scratch_each;
+    size_t persistent_bytes;  /* per device: params and state */
+    size_t input_bytes;
+    uint64_t seed;
 };
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
 
-static void *data_of(const spmd_program *p, const spmd_tensor *t)
+static void *data_of(const device *d, const spmd_tensor *t)
 {
-    if (ir_op_is_leaf(t->op)) return p->leaf_data[t->id];
-    return p->arena + p->plan.offset[t->id];
+    if (ir_op_is_leaf(t->op)) return d->leaf_data[t->id];
+    return d->arena + d->prog->plan.offset[t->id];
 }
 
-/* ---- Parameter initialisation ------------------------------------------------ */
+/* ---- Blocks: a device's part of a global tensor ------------------------------------ */
 
-typedef struct init_job {
-    spmd_program *p;
-} init_job;
+/* Where device d's block of global tensor t starts, per dim, and how many
+ * of its elements are real (the rest is padding). */
+typedef struct block {
+    int rank;
+    int64_t gdims[SPMD_MAX_RANK], ldims[SPMD_MAX_RANK], start[SPMD_MAX_RANK],
+        valid[SPMD_MAX_RANK];
+} block;
 
-/* Values depend on (seed, name, element index) only: the same on any
- * thread count and, later, any sharding. */
-static void init_range(const spmd_tensor *t, float *x, int64_t begin, int64_t end, uint64_t seed)
+static block block_of(const spmd_program *p, const spmd_tensor *t, int dev)
 {
-    uint64_t stream = base_rng_stream(t->name);
-    float s = t->init.scale;
-    switch (t->init.kind) {
-    case SPMD_INIT_ZEROS:
-        for (int64_t i = begin; i < end; i++) x[i] = 0.0f;
-        break;
-    case SPMD_INIT_ONES:
-        for (int64_t i = begin; i < end; i++) x[i] = 1.0f;
-        break;
-    case SPMD_INIT_NORMAL:
-        for (int64_t i = begin; i < end; i++) x[i] = s * base_rng_normal(seed, stream, (uint64_t)i);
-        break;
-    case SPMD_INIT_UNIFORM:
-        for (int64_t i = begin; i < end; i++)
-            x[i] = s * (2.0f * base_rng_uniform(seed, stream, (uint64_t)i) - 1.0f);
-        break;
+    block b = {.rank = t->rank};
+    const spmd_tensor *lt = p->partitioned ? p->part.local_of[t->id] : t;
+    for (int i = 0; i < t->rank; i++) {
+        b.gdims[i] = t->dims[i];
+        b.ldims[i] = lt->dims[i];
+        b.start[i] = p->partitioned
+                         ? sharding_block_index(&p->part.held[t->id], p->mesh, i, dev) * b.ldims[i]
+                         : 0;
+        int64_t v = b.gdims[i] - b.start[i];
+        b.valid[i] = v < 0 ? 0 : v > b.ldims[i] ? b.ldims[i] : v;
+    }
+    return b;
+}
+
+/* Visit the block's rows along the last dim: fn(local offset, global
+ * offset, real elements, padding elements), offsets in elements. */
+typedef void (*row_fn)(void *ctx, int64_t local, int64_t global, int64_t n, int64_t pad);
+
+static void for_rows(const block *b, row_fn fn, void *ctx)
+{
+    int r = b->rank;
+    if (r == 0) {
+        fn(ctx, 0, 0, 1, 0);
+        return;
+    }
+    int64_t rows = 1;
+    for (int i = 0; i < r - 1; i++) rows *= b->ldims[i];
+    int64_t last = b->ldims[r - 1];
+    for (int64_t row = 0; row < rows; row++) {
+        /* Local multi-index of the row -> global offset, or padding. */
+        int64_t rest = row, goff = 0, gstride = b->gdims[r - 1];
+        bool pad = false;
+        for (int i = r - 2; i >= 0; i--) {
+            int64_t li = rest % b->ldims[i];
+            rest /= b->ldims[i];
+            if (li >= b->valid[i]) pad = true;
+            goff += (b->start[i] + li) * gstride;
+            gstride *= b->gdims[i];
+        }
+        goff += b->start[r - 1];
+        int64_t n = pad ? 0 : b->valid[r - 1];
+        fn(ctx, row * last, goff, n, last - n);
     }
 }
 
+typedef struct copy_ctx {
+    char *local;
+    char *global;
+    size_t es;
+    bool to_local;
+} copy_ctx;
+
+static void copy_row(void *ctx, int64_t local, int64_t global, int64_t n, int64_t pad)
+{
+    copy_ctx *c = ctx;
+    char *l = c->local + (size_t)local * c->es, *g = c->global + (size_t)global * c->es;
+    if (c->to_local) {
+        memcpy(l, g, (size_t)n * c->es);
+        memset(l + (size_t)n * c->es, 0, (size_t)pad * c->es);
+    } else {
+        memcpy(g, l, (size_t)n * c->es);
+    }
+}
+
+static void scatter(spmd_program *p, const spmd_tensor *t, const void *src)
+{
+    for (int d = 0; d < p->n_dev; d++) {
+        const spmd_tensor *lt = p->partitioned ? p->part.local_of[t->id] : t;
+        block b = block_of(p, t, p->dev[d].id);
+        copy_ctx c = {p->dev[d].leaf_data[lt->id], (char *)src, spmd_dtype_size(t->dtype), true};
+        for_rows(&b, copy_row, &c);
+    }
+}
+
+static void assemble(const spmd_program *p, const spmd_tensor *t, void *dst)
+{
+    for (int d = 0; d < p->n_dev; d++) {
+        const spmd_tensor *lt = p->partitioned ? p->part.local_of[t->id] : t;
+        block b = block_of(p, t, p->dev[d].id);
+        copy_ctx c = {data_of(&p->dev[d], lt), dst, spmd_dtype_size(t->dtype), false};
+        for_rows(&b, copy_row, &c);
+    }
+}
+
+/* ---- Parameter initialisation ------------------------------------------------------ */
+
+/* Values depend on (seed, name, global element index) only: the same on
+ * any thread count and any sharding. */
+typedef struct init_ctx {
+    const spmd_tensor *t;
+    float *x;
+    uint64_t seed, stream;
+} init_ctx;
+
+static void init_row(void *ctx, int64_t local, int64_t global, int64_t n, int64_t pad)
+{
+    init_ctx *c = ctx;
+    float *x = c->x + local, s = c->t->init.scale;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t gi = (uint64_t)(global + i);
+        switch (c->t->init.kind) {
+        case SPMD_INIT_ZEROS: x[i] = 0.0f; break;
+        case SPMD_INIT_ONES: x[i] = 1.0f; break;
+        case SPMD_INIT_NORMAL: x[i] = s * base_rng_normal(c->seed, c->stream, gi); break;
+        case SPMD_INIT_UNIFORM:
+            x[i] = s * (2.0f * base_rng_uniform(c->seed, c->stream, gi) - 1.0f);
+            break;
+        }
+    }
+    memset(x + n, 0, (size_t)pad * sizeof *x);
+}
+
+/* Thread ith of device d fills its share of each global leaf's block. */
 static void init_worker(void *ctx, int ith, int nth)
 {
-    spmd_program *p = ctx;
+    device *d = ctx;
+    spmd_program *p = d->prog;
     for (int i = 0; i < p->g->n_nodes; i++) {
         const spmd_tensor *t = p->g->nodes[i];
         if (!ir_op_is_leaf(t->op)) continue;
-        int64_t b, e;
-        kern_split(ir_numel(t), ith, nth, 16, &b, &e);
-        if (is_persistent(t)) init_range(t, p->leaf_data[i], b, e, p->seed);
-        else memset((char *)p->leaf_data[i] + b * 4, 0, (size_t)(e - b) * 4);
+        const spmd_tensor *lt = p->partitioned ? p->part.local_of[i] : t;
+        if (!lt) continue;
+        block b = block_of(p, t, d->id);
+        if (!is_persistent(t)) {
+            if (ith == 0) memset(d->leaf_data[lt->id], 0, ir_nbytes(lt));
+            continue;
+        }
+        /* Split the block's leading dim over threads: rows [lo, hi). */
+        if (t->rank > 0) {
+            int64_t lo, hi;
+            kern_split(b.ldims[0], ith, nth, 1, &lo, &hi);
+            int64_t row = ir_numel(lt) / (b.ldims[0] ? b.ldims[0] : 1);
+            block part = b;
+            part.ldims[0] = hi - lo;
+            part.start[0] = b.start[0] + lo;
+            part.valid[0] = b.valid[0] - lo < 0 ? 0 : b.valid[0] - lo > hi - lo ? hi - lo : b.valid[0] - lo;
+            init_ctx c = {t, (float *)d->leaf_data[lt->id] + lo * row, p->seed,
+                          base_rng_stream(t->name)};
+            if (hi > lo) for_rows(&part, init_row, &c);
+        } else if (ith == 0) {
+            init_ctx c = {t, d->leaf_data[lt->id], p->seed, base_rng_stream(t->name)};
+            for_rows(&b, init_row, &c);
+        }
     }
 }
 
-/* ---- Compile -------------------------------------------------------------------- */
+static void device_init(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    spmd_program *p = ctx;
+    rt_pool_run(p->dev[ith].pool, init_worker, &p->dev[ith]);
+}
+
+/* ---- Compile ------------------------------------------------------------------------- */
 
 static spmd_status check_graph(const spmd_graph *g)
 {
@@ -97,6 +244,49 @@ static spmd_status check_graph(const spmd_graph *g)
                               ir_op_name(t->op), i);
         if (!ir_op_is_leaf(t->op) && !kern_for(t->op))
             return base_error(SPMD_ERR_INTERNAL, "compile: no kernel for %s", ir_op_name(t->op));
+    }
+    return SPMD_OK;
+}
+
+static spmd_status setup_device(spmd_program *p, device *d, int id)
+{
+    const spmd_graph *lg = p->local;
+    d->prog = p;
+    d->id = id;
+    d->leaf_data = base_calloc(&p->alloc, (size_t)(lg->n_nodes ? lg->n_nodes : 1) * sizeof(void *),
+                               "program tensors");
+    if (!d->leaf_data) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < lg->n_nodes; i++) {
+        const spmd_tensor *t = lg->nodes[i];
+        if (!ir_op_is_leaf(t->op)) continue;
+        d->leaf_data[i] = base_alloc(&p->alloc, ir_nbytes(t), t->name);
+        if (!d->leaf_data[i]) return SPMD_ERR_NOMEM;
+    }
+    if (p->plan.arena_bytes) {
+        d->arena = base_alloc(&p->alloc, p->plan.arena_bytes, "activation arena");
+        if (!d->arena) return SPMD_ERR_NOMEM;
+    }
+    if (p->scratch_each) {
+        d->scratch = base_alloc(&p->alloc, p->scratch_each * (size_t)p->nth, "kernel scratch");
+        if (!d->scratch) return SPMD_ERR_NOMEM;
+    }
+    d->pool = rt_pool_create(p->nth, &p->alloc);
+    if (!d->pool) return SPMD_ERR_NOMEM;
+    if (p->partitioned) {
+        int n = p->part.n_specs ? p->part.n_specs : 1;
+        d->groups = base_calloc(&p->alloc, (size_t)n * sizeof *d->groups, "device groups");
+        d->member = base_calloc(&p->alloc, (size_t)n * sizeof *d->member, "device groups");
+        if (!d->groups || !d->member) return SPMD_ERR_NOMEM;
+        for (int s = 0; s < p->part.n_specs; s++) {
+            int members[MESH_MAX_DEVICES];
+            int size = mesh_group(p->mesh, id, &p->part.specs[s], members);
+            /* World ranks are mesh positions: device ids may be permuted. */
+            for (int k = 0; k < size; k++) members[k] = p->mesh->position[members[k]];
+            d->groups[s] = coll_world_group(p->world, size, members);
+            if (!d->groups[s]) return SPMD_ERR_NOMEM;
+            d->member[s] = mesh_group_rank(p->mesh, id, &p->part.specs[s]);
+        }
+        d->kd = (kern_device){id, d->groups, d->member, p->world};
     }
     return SPMD_OK;
 }
@@ -114,40 +304,51 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
     if (!p) return NULL;
     p->alloc = g->alloc;
     p->g = g;
+    p->local = g;
     p->seed = opts ? opts->seed : 0;
-    p->nth = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    p->mesh = g->mesh;
+    p->n_dev = g->mesh ? spmd_mesh_devices(g->mesh) : 1;
+    int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    /* Each device gets its share of the threads, at least one. */
+    p->nth = threads / p->n_dev;
     if (p->nth < 1) p->nth = 1;
     if (p->nth > 256) p->nth = 256;
 
-    if (plan_build(&p->plan, g, &p->alloc) != SPMD_OK) goto fail;
-    p->leaf_data = base_calloc(&p->alloc, (size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof(void *),
-                               "program tensors");
-    if (!p->leaf_data) goto fail;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const spmd_tensor *t = g->nodes[i];
-        if (!ir_op_is_leaf(t->op)) continue;
-        size_t bytes = ir_nbytes(t);
-        p->leaf_data[i] = base_alloc(&p->alloc, bytes, t->name);
-        if (!p->leaf_data[i]) goto fail;
-        if (is_persistent(t)) p->persistent_bytes += bytes;
-        else p->input_bytes += bytes;
+    if (g->mesh) {
+        plan needed;
+        if (plan_build(&needed, g, &p->alloc) != SPMD_OK) goto fail;
+        spmd_status st = partition_build(&p->part, g, g->mesh, needed.needed, &p->alloc);
+        plan_free(&needed);
+        p->partitioned = true;
+        if (st != SPMD_OK) goto fail;
+        p->local = p->part.local;
+        if (check_graph(p->local) != SPMD_OK) goto fail;
+        p->world = coll_shm_world_create(p->n_dev, &p->alloc);
+        if (!p->world) goto fail;
     }
-    if (p->plan.arena_bytes) {
-        p->arena = base_alloc(&p->alloc, p->plan.arena_bytes, "activation arena");
-        if (!p->arena) goto fail;
-    }
+    if (plan_build(&p->plan, p->local, &p->alloc) != SPMD_OK) goto fail;
     for (int s = 0; s < p->plan.n_steps; s++) {
         size_t need = kern_scratch_bytes(p->plan.steps[s], p->nth);
         if (need > p->scratch_each) p->scratch_each = need;
     }
     p->scratch_each = (p->scratch_each + 63) / 64 * 64;
-    if (p->scratch_each) {
-        p->scratch = base_alloc(&p->alloc, p->scratch_each * (size_t)p->nth, "kernel scratch");
-        if (!p->scratch) goto fail;
+    for (int i = 0; i < p->local->n_nodes; i++) {
+        const spmd_tensor *t = p->local->nodes[i];
+        if (!ir_op_is_leaf(t->op)) continue;
+        if (is_persistent(t)) p->persistent_bytes += ir_nbytes(t);
+        else p->input_bytes += ir_nbytes(t);
     }
-    p->pool = rt_pool_create(p->nth, &p->alloc);
-    if (!p->pool) goto fail;
-    rt_pool_run(p->pool, init_worker, p);
+    p->dev = base_calloc(&p->alloc, (size_t)p->n_dev * sizeof *p->dev, "devices");
+    if (!p->dev) goto fail;
+    for (int d = 0; d < p->n_dev; d++)
+        if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[d] : 0) != SPMD_OK) goto fail;
+    if (p->n_dev > 1) {
+        p->outer = rt_pool_create(p->n_dev, &p->alloc);
+        if (!p->outer) goto fail;
+        rt_pool_run(p->outer, device_init, p);
+    } else {
+        rt_pool_run(p->dev[0].pool, init_worker, &p->dev[0]);
+    }
     return p;
 
 fail:
@@ -158,75 +359,111 @@ fail:
 void spmd_program_free(spmd_program *p)
 {
     if (!p) return;
-    if (p->pool) rt_pool_free(p->pool);
-    if (p->leaf_data)
-        for (int i = 0; i < p->plan.n_nodes; i++) base_free(&p->alloc, p->leaf_data[i]);
-    base_free(&p->alloc, p->leaf_data);
-    base_free(&p->alloc, p->arena);
-    base_free(&p->alloc, p->scratch);
+    if (p->outer) rt_pool_free(p->outer);
+    for (int d = 0; p->dev && d < p->n_dev; d++) {
+        device *dv = &p->dev[d];
+        if (dv->pool) rt_pool_free(dv->pool);
+        for (int i = 0; dv->leaf_data && i < p->local->n_nodes; i++)
+            base_free(&p->alloc, dv->leaf_data[i]);
+        base_free(&p->alloc, dv->leaf_data);
+        base_free(&p->alloc, dv->arena);
+        base_free(&p->alloc, dv->scratch);
+        base_free(&p->alloc, dv->groups);
+        base_free(&p->alloc, dv->member);
+    }
+    base_free(&p->alloc, p->dev);
+    if (p->world) coll_world_free(p->world);
     plan_free(&p->plan);
+    if (p->partitioned) partition_free(&p->part);
     spmd_allocator a = p->alloc;
     base_free(&a, p);
 }
 
-/* ---- Run ------------------------------------------------------------------------- */
+/* ---- Run ------------------------------------------------------------------------------ */
 
 static void run_worker(void *ctx, int ith, int nth)
 {
-    spmd_program *p = ctx;
+    device *d = ctx;
+    spmd_program *p = d->prog;
     kern_args a = {0};
     a.ith = ith;
     a.nth = nth;
-    a.message = p->message;
-    a.message_size = sizeof p->message;
-    a.scratch = p->scratch ? p->scratch + (size_t)ith * p->scratch_each : NULL;
+    a.message = d->message;
+    a.message_size = sizeof d->message;
+    a.scratch = d->scratch ? d->scratch + (size_t)ith * p->scratch_each : NULL;
+    a.dev = p->partitioned ? &d->kd : NULL;
     for (int s = 0; s < p->plan.n_steps; s++) {
         const spmd_tensor *t = p->plan.steps[s];
         a.node = t;
-        for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(p, t->in[j]);
-        a.out = data_of(p, t);
-        /* Steps alternate between two status words: a fast thread that
-         * has passed this barrier and already fails step s + 1 writes the
-         * other word, so a slow thread still reading step s's word cannot
-         * stop one step early and leave the others at the next barrier. */
-        a.status = &p->status[s & 1];
+        for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
+        a.out = data_of(d, t);
+        /* Alternate status words: a fast thread failing step s+1 cannot be
+         * seen by a slow thread still checking step s, so every thread of
+         * the device stops at the same node. */
+        a.status = &d->status[s & 1];
         kern_for(t->op)(&a);
-        rt_pool_barrier(p->pool);
-        /* Every thread reads this step's word after the same barrier, so
-         * all stop at the same node. */
-        if (atomic_load(a.status) != SPMD_OK) return;
+        rt_pool_barrier(d->pool);
+        if (atomic_load(a.status) != SPMD_OK) {
+            /* Peers may be waiting for this device in a collective. */
+            if (ith == 0 && p->world) coll_world_abort(p->world, d->message);
+            return;
+        }
     }
     /* Updates: copy new values into parameters and state. */
-    const spmd_graph *g = p->g;
-    for (int u = 0; u < g->n_updates; u++) {
-        const ir_update *up = &g->updates[u];
+    const spmd_graph *lg = p->local;
+    for (int u = 0; u < lg->n_updates; u++) {
+        const ir_update *up = &lg->updates[u];
         int64_t b, e;
         kern_split((int64_t)ir_nbytes(up->target), ith, nth, 64, &b, &e);
-        memcpy((char *)data_of(p, up->target) + b, (const char *)data_of(p, up->value) + b,
+        memcpy((char *)data_of(d, up->target) + b, (const char *)data_of(d, up->value) + b,
                (size_t)(e - b));
     }
+}
+
+static void device_run(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    spmd_program *p = ctx;
+    rt_pool_run(p->dev[ith].pool, run_worker, &p->dev[ith]);
 }
 
 spmd_status spmd_program_run(spmd_program *p)
 {
     if (!p) return base_error(SPMD_ERR_INVALID, "run: program is NULL");
-    atomic_store(&p->status[0], SPMD_OK);
-    atomic_store(&p->status[1], SPMD_OK);
-    p->message[0] = '\0';
-    rt_pool_run(p->pool, run_worker, p);
-    int status = atomic_load(&p->status[0]);
-    if (status == SPMD_OK) status = atomic_load(&p->status[1]);
-    if (status != SPMD_OK) return base_error((spmd_status)status, "%s", p->message);
-    return SPMD_OK;
+    for (int d = 0; d < p->n_dev; d++) {
+        atomic_store(&p->dev[d].status[0], SPMD_OK);
+        atomic_store(&p->dev[d].status[1], SPMD_OK);
+        p->dev[d].message[0] = '\0';
+    }
+    if (p->n_dev > 1) rt_pool_run(p->outer, device_run, p);
+    else rt_pool_run(p->dev[0].pool, run_worker, &p->dev[0]);
+    /* Report the device that failed first-hand, not one that only saw
+     * the abort of a collective. */
+    int failed = -1;
+    for (int d = 0; d < p->n_dev; d++) {
+        const device *dv = &p->dev[d];
+        int st = atomic_load(&dv->status[0]) ? atomic_load(&dv->status[0]) : atomic_load(&dv->status[1]);
+        if (st == SPMD_OK) continue;
+        if (failed < 0 || (st != SPMD_ERR_BACKEND && failed >= 0)) {
+            failed = d;
+            if (st != SPMD_ERR_BACKEND) break;
+        }
+    }
+    if (p->world) coll_world_reset(p->world);
+    if (failed < 0) return SPMD_OK;
+    const device *dv = &p->dev[failed];
+    int st = atomic_load(&dv->status[0]) ? atomic_load(&dv->status[0]) : atomic_load(&dv->status[1]);
+    if (p->n_dev > 1) return base_error((spmd_status)st, "device %d: %s", dv->id, dv->message);
+    return base_error((spmd_status)st, "%s", dv->message);
 }
 
-/* ---- Data in and out ------------------------------------------------------------ */
+/* ---- Data in and out ---------------------------------------------------------------- */
 
 static spmd_status check_access(const spmd_program *p, const spmd_tensor *t, size_t bytes,
                                 const char *what)
 {
     if (!p || !t) return base_error(SPMD_ERR_INVALID, "%s: program or tensor is NULL", what);
-    if (t->graph != p->g || t->id >= p->plan.n_nodes)
+    if (t->graph != p->g)
         return base_error(SPMD_ERR_INVALID, "%s: tensor is not part of this program", what);
     if (bytes != ir_nbytes(t)) {
         char s[96];
@@ -234,6 +471,11 @@ static spmd_status check_access(const spmd_program *p, const spmd_tensor *t, siz
                           t->name ? t->name : ir_op_name(t->op), spmd_dtype_name(t->dtype),
                           ir_shape_str(t, s, sizeof s), ir_nbytes(t), bytes);
     }
+    if (p->partitioned && !p->part.local_of[t->id])
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: %s '%s' is not kept after a run; mark it with "
+                          "spmd_graph_mark_output before compiling",
+                          what, ir_op_name(t->op), t->name ? t->name : "(unnamed)");
     return SPMD_OK;
 }
 
@@ -245,7 +487,7 @@ spmd_status spmd_program_set_input(spmd_program *p, const spmd_tensor *t, const 
     if (t->op != IR_INPUT)
         return base_error(SPMD_ERR_INVALID, "set_input: '%s' is a %s, not an input",
                           t->name ? t->name : "(unnamed)", ir_op_name(t->op));
-    memcpy(p->leaf_data[t->id], data, bytes);
+    scatter(p, t, data);
     return SPMD_OK;
 }
 
@@ -257,7 +499,7 @@ spmd_status spmd_program_write(spmd_program *p, const spmd_tensor *t, const void
     if (!is_persistent(t))
         return base_error(SPMD_ERR_INVALID, "write: '%s' is a %s, not a param or state",
                           t->name ? t->name : "(unnamed)", ir_op_name(t->op));
-    memcpy(p->leaf_data[t->id], src, bytes);
+    scatter(p, t, src);
     return SPMD_OK;
 }
 
@@ -271,18 +513,24 @@ spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t, void 
                           "read: %s '%s' is not kept after a run; mark it with "
                           "spmd_graph_mark_output before compiling",
                           ir_op_name(t->op), t->name ? t->name : "(unnamed)");
-    memcpy(dst, data_of(p, t), bytes);
+    assemble(p, t, dst);
     return SPMD_OK;
 }
 
-/* ---- Memory report ---------------------------------------------------------------- */
+/* ---- Reports ---------------------------------------------------------------------------- */
 
 size_t spmd_program_arena_bytes(const spmd_program *p) { return p ? p->plan.arena_bytes : 0; }
 size_t spmd_program_persistent_bytes(const spmd_program *p) { return p ? p->persistent_bytes : 0; }
+int spmd_program_devices(const spmd_program *p) { return p ? p->n_dev : 0; }
 
 size_t spmd_program_peak_bytes(const spmd_program *p)
 {
     if (!p) return 0;
     return p->persistent_bytes + p->input_bytes + p->plan.arena_bytes +
            p->scratch_each * (size_t)p->nth;
+}
+
+const partition *executor_partition(const spmd_program *p)
+{
+    return p && p->partitioned ? &p->part : NULL;
 }

@@ -277,6 +277,13 @@ static bool sweep_backward(shard_plan *p, const bool *needed)
 
 /* ---- Entry points ------------------------------------------------------------------ */
 
+sharding shard_produced(const shard_plan *p, const spmd_tensor *t)
+{
+    const shard_node *n = &p->nodes[t->id];
+    if (ir_op_is_leaf(t->op) || !n->has_sig) return n->out;
+    return project_out(n, t);
+}
+
 sharding shard_operand_need(const shard_plan *p, const spmd_tensor *t, int j)
 {
     const shard_node *n = &p->nodes[t->id];

@@ -56,6 +56,8 @@ spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh 
                             const bool *needed, const spmd_allocator *alloc);
 void shard_plan_free(shard_plan *p);
 
+/* The sharding node t's op produces (its mark may then ask for another). */
+sharding shard_produced(const shard_plan *p, const spmd_tensor *t);
 /* The sharding operand j of node t must have where t uses it. */
 sharding shard_operand_need(const shard_plan *p, const spmd_tensor *t, int j);
 

@@ -1,0 +1,674 @@
+/*
+ * Shared-memory collectives (see collectives.h): the devices of a world are
+ * threads of one process, so a collective needs no messages.  Each group
+ * has one slot per member, where the member publishes its buffer pointers
+ * and sizes, and one reusable barrier.  After the entry barrier every
+ * member reads its peers' buffers directly, so data moves once, without
+ * staging copies; an exit barrier keeps every buffer alive and unchanged
+ * until all peers have finished reading it.
+ *
+ * Waits spin briefly, yield a few times and then sleep on a futex (a
+ * condition variable off Linux), because a world often runs more device
+ * threads than cores, and a spinning thread would then starve the one it
+ * waits for.
+ *
+ * Abort: the barrier word holds an abort bit next to its generation, and
+ * opening the barrier and aborting are both atomic operations on that one
+ * word, so a barrier either opened before the abort (every member passes
+ * it) or never opens (every member gets an error).  Only the entry barrier
+ * of a collective may fail that way: once every member is past it, the
+ * members only copy memory until the next barrier, so the later barriers
+ * wait through an abort.  That costs at most one copy phase of latency and
+ * guarantees that no member returns, and lets its caller free or overwrite
+ * its buffer, while a peer may still be reading it.
+ */
+#include "runtime/collectives.h"
+
+#include "base/arena.h"
+#include "base/error.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__linux__) && !defined(COLL_NO_FUTEX)
+#define COLL_FUTEX 1
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#else
+#define COLL_FUTEX 0
+#endif
+
+/* Pauses before yielding, as in the thread pool: some 10-50 microseconds
+ * when every device thread has a core, almost none when they share cores
+ * (then the thread being waited for is often not running at all).  Then a
+ * few sched_yield calls before sleeping: when device threads share cores,
+ * yielding hands the core straight to a peer that still has to arrive,
+ * which measured 4-8x faster than a futex sleep and wake for small
+ * collectives with 4 and 8 threads on 2 cores; when nothing else is
+ * runnable a yield returns at once, so this only bounds the spin. */
+enum {
+    SPIN_PAUSES = 4096,
+    SPIN_PAUSES_OVERSUBSCRIBED = 16,
+    YIELDS = 4,
+    YIELDS_OVERSUBSCRIBED = 16
+};
+
+/* Floats summed in a local block before they are written: small enough for
+ * L1, large enough that the loop over members costs nothing. */
+enum { SUM_BLOCK = 2048 };
+
+/* Chunks of an all-reduce start on 64-byte boundaries, so that two members
+ * never write the same cache line of a buffer in the copy-back phase. */
+enum { CHUNK_FLOATS = 16 };
+
+enum { ABORT_MESSAGE = 256 };
+
+#define ABORT_BIT 0x80000000u
+#define GEN_MASK 0x7fffffffu
+
+typedef enum coll_op {
+    OP_ALL_REDUCE,
+    OP_ALL_GATHER,
+    OP_REDUCE_SCATTER,
+    OP_ALL_TO_ALL,
+    OP_BROADCAST,
+    OP_PERMUTE
+} coll_op;
+
+static const char *const op_names[] = {"all_reduce", "all_gather", "reduce_scatter",
+                                       "all_to_all", "broadcast",  "permute"};
+
+/* What a member publishes for the current collective, alone on its cache
+ * line because each member writes only its own.  Written before the entry
+ * barrier, read by peers between the entry and exit barriers. */
+typedef struct coll_slot {
+    _Alignas(64) const void *in;
+    const int *src;   /* permute's source table */
+    int64_t a, b;     /* sizes, compared across members */
+    int op;
+    int root;
+} coll_slot;
+
+/* The word waited on (abort bit | generation) and the arrival count, on
+ * separate cache lines so that arriving does not disturb the spinners. */
+typedef struct coll_barrier {
+    _Alignas(64) _Atomic uint32_t word;
+    _Atomic int sleepers;
+    _Alignas(64) _Atomic uint32_t count;
+} coll_barrier;
+
+typedef struct coll_shm_group {
+    coll_barrier bar;
+    coll_group pub;
+    struct coll_shm_group *next;
+    coll_world *world;
+    int *ranks;
+    coll_slot *slots;
+} coll_shm_group;
+
+struct coll_world {
+    int n;
+    int spin;   /* pauses before yielding */
+    int yields; /* yields before sleeping */
+    spmd_allocator alloc;
+    /* Guards the group list and the abort message; groups are never freed
+     * before the world, so a group pointer stays valid without it. */
+    pthread_mutex_t mu;
+    coll_shm_group *groups;
+    _Atomic bool aborted;
+    char message[ABORT_MESSAGE];
+#if !COLL_FUTEX
+    pthread_mutex_t wait_mu;
+    pthread_cond_t wait_cv;
+#endif
+};
+
+/* ---- Waiting on a word ------------------------------------------------------ */
+
+static inline void cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+#if COLL_FUTEX
+static void word_sleep(coll_world *w, _Atomic uint32_t *word, uint32_t old)
+{
+    (void)w;
+    /* Returns at once if the word already moved; spurious wakeups and EINTR
+     * are handled by the caller's loop. */
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, old, NULL, NULL, 0);
+}
+
+static void word_wake(coll_world *w, _Atomic uint32_t *word)
+{
+    (void)w;
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+#else
+/* One mutex and condition variable per world: sleeping is the slow path. */
+static void word_sleep(coll_world *w, _Atomic uint32_t *word, uint32_t old)
+{
+    pthread_mutex_lock(&w->wait_mu);
+    while (atomic_load(word) == old) pthread_cond_wait(&w->wait_cv, &w->wait_mu);
+    pthread_mutex_unlock(&w->wait_mu);
+}
+
+static void word_wake(coll_world *w, _Atomic uint32_t *word)
+{
+    (void)word;
+    /* Taking the mutex orders the wake after a waiter's check-then-wait. */
+    pthread_mutex_lock(&w->wait_mu);
+    pthread_cond_broadcast(&w->wait_cv);
+    pthread_mutex_unlock(&w->wait_mu);
+}
+#endif
+
+/* Wait until the barrier word differs from `old`; returns it (acquire):
+ * spin, then yield, then sleep.
+ * The sleeper count is sequentially consistent on both sides, as in the
+ * thread pool: the waiter counts itself then re-reads the word, the waker
+ * changes the word then reads the count, so one of them sees the other. */
+static uint32_t word_wait(coll_world *w, coll_barrier *b, uint32_t old)
+{
+    uint32_t v;
+    for (int i = 0; i < w->spin; i++) {
+        v = atomic_load_explicit(&b->word, memory_order_acquire);
+        if (v != old) return v;
+        cpu_pause();
+    }
+    for (int i = 0; i < w->yields; i++) {
+        v = atomic_load_explicit(&b->word, memory_order_acquire);
+        if (v != old) return v;
+        sched_yield();
+    }
+    atomic_fetch_add(&b->sleepers, 1);
+    while ((v = atomic_load(&b->word)) == old) word_sleep(w, &b->word, old);
+    atomic_fetch_sub(&b->sleepers, 1);
+    return v;
+}
+
+/* Wait for every member of the group.  True once the barrier opened;
+ * false only when `may_abort` and the world was aborted before it could
+ * open, in which case it never opens (opening checks the abort bit in the
+ * same compare-and-swap), so every member of this barrier fails alike. */
+static bool barrier_wait(coll_shm_group *g, bool may_abort)
+{
+    coll_barrier *b = &g->bar;
+    /* Read before arriving: the barrier cannot open until this thread
+     * arrives, so this is the current generation. */
+    uint32_t cur = atomic_load(&b->word);
+    if (may_abort && (cur & ABORT_BIT)) return false;
+    if (atomic_fetch_add(&b->count, 1) == (uint32_t)(g->pub.size - 1)) {
+        /* Last to arrive: reset the count before opening, so that nobody
+         * can arrive at the next barrier early and miscount. */
+        atomic_store(&b->count, 0);
+        cur = atomic_load(&b->word);
+        for (;;) {
+            if (may_abort && (cur & ABORT_BIT)) return false;
+            uint32_t next = (cur & ABORT_BIT) | ((cur + 1) & GEN_MASK);
+            if (atomic_compare_exchange_weak(&b->word, &cur, next)) break;
+        }
+        if (atomic_load(&b->sleepers) > 0) word_wake(g->world, &b->word);
+        return true;
+    }
+    uint32_t gen = cur & GEN_MASK;
+    for (;;) {
+        cur = word_wait(g->world, b, cur);
+        if ((cur & GEN_MASK) != gen) return true;
+        if (may_abort && (cur & ABORT_BIT)) return false;
+    }
+}
+
+/* CPUs this process may run on (1 if unknown). */
+static int usable_cpus(void)
+{
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* ---- Entry and exit ---------------------------------------------------------- */
+
+static spmd_status aborted_error(coll_world *w)
+{
+    char msg[ABORT_MESSAGE];
+    pthread_mutex_lock(&w->mu);
+    memcpy(msg, w->message, sizeof msg);
+    pthread_mutex_unlock(&w->mu);
+    return base_error(SPMD_ERR_BACKEND, "collective aborted: %s", msg);
+}
+
+static spmd_status check_member(const coll_group *pub, int member, coll_op op)
+{
+    if (member < 0 || member >= pub->size)
+        return base_error(SPMD_ERR_INVALID, "%s: member %d of a group of %d", op_names[op],
+                          member, pub->size);
+    return SPMD_OK;
+}
+
+static bool same_call(const coll_slot *x, const coll_slot *y, int n)
+{
+    if (x->op != y->op || x->a != y->a || x->b != y->b || x->root != y->root) return false;
+    if (x->op == OP_PERMUTE && memcmp(x->src, y->src, sizeof *x->src * (size_t)n) != 0)
+        return false;
+    return true;
+}
+
+/* Publish this member's call and wait for every member.  Then check that
+ * all of them called the same collective with the same sizes: a mismatch
+ * is a bug in the program, and reading peers' buffers with the wrong sizes
+ * would read past their ends, so every member fails instead. */
+static spmd_status enter(coll_shm_group *g, int member, coll_op op, const void *in, int64_t a,
+                         int64_t b, int root, const int *src)
+{
+    coll_slot *s = &g->slots[member];
+    s->in = in;
+    s->src = src;
+    s->a = a;
+    s->b = b;
+    s->op = (int)op;
+    s->root = root;
+    if (!barrier_wait(g, true)) return aborted_error(g->world);
+    int n = g->pub.size;
+    for (int i = 1; i < n; i++) {
+        const coll_slot *s0 = &g->slots[0], *si = &g->slots[i];
+        if (!same_call(s0, si, n)) {
+            /* The message reads the slots, so it comes first: after the
+             * barrier a peer may already publish its next call. */
+            spmd_status st = base_error(
+                SPMD_ERR_INTERNAL,
+                "collective mismatch in a group of %d: member 0 called %s(%lld, %lld, root %d), "
+                "member %d %s(%lld, %lld, root %d)",
+                n, op_names[s0->op], (long long)s0->a, (long long)s0->b, s0->root, i,
+                op_names[si->op], (long long)si->a, (long long)si->b, si->root);
+            /* Keep the slots unchanged until every member has checked them. */
+            barrier_wait(g, false);
+            return st;
+        }
+    }
+    return SPMD_OK;
+}
+
+/* After the last read of a peer's buffer: nobody returns (and lets its
+ * caller reuse the buffer) until every peer is done with it. */
+static void leave(coll_shm_group *g) { barrier_wait(g, false); }
+
+/* A group of one has nobody to wait for, but still fails after an abort. */
+static spmd_status alone(coll_shm_group *g)
+{
+    if (atomic_load(&g->world->aborted)) return aborted_error(g->world);
+    return SPMD_OK;
+}
+
+static void copy(void *dst, const void *src, size_t bytes)
+{
+    if (dst != src && bytes) memcpy(dst, src, bytes);
+}
+
+/* ---- Summing in member order ------------------------------------------------- */
+
+static void add2(float *restrict acc, const float *restrict x, const float *restrict y,
+                 int64_t m)
+{
+    for (int64_t i = 0; i < m; i++) acc[i] = x[i] + y[i];
+}
+
+static void add_into(float *restrict acc, const float *restrict x, int64_t m)
+{
+    for (int64_t i = 0; i < m; i++) acc[i] += x[i];
+}
+
+/* out[c] = in_0[off + c] + in_1[off + c] + ... + in_{n-1}[off + c], left to
+ * right, so every member and every run gets the same bits.  `out` may be
+ * the same elements as one member's input: each block is summed locally
+ * before it is written. */
+static void sum_members(const coll_shm_group *g, float *out, int64_t off, int64_t len)
+{
+    int n = g->pub.size;
+    const coll_slot *s = g->slots;
+    float acc[SUM_BLOCK];
+    for (int64_t c = 0; c < len; c += SUM_BLOCK) {
+        int64_t m = len - c < SUM_BLOCK ? len - c : SUM_BLOCK;
+        int64_t at = off + c;
+        add2(acc, (const float *)s[0].in + at, (const float *)s[1].in + at, m);
+        for (int i = 2; i < n; i++) add_into(acc, (const float *)s[i].in + at, m);
+        memcpy(out + c, acc, sizeof *acc * (size_t)m);
+    }
+}
+
+/* Elements [lo, hi) of `count` that member i of n reduces. */
+static void chunk_of(int64_t count, int n, int i, int64_t *lo, int64_t *hi)
+{
+    int64_t units = (count + CHUNK_FLOATS - 1) / CHUNK_FLOATS;
+    int64_t a = (units / n * i + units % n * i / n) * CHUNK_FLOATS;
+    int64_t b = (units / n * (i + 1) + units % n * (i + 1) / n) * CHUNK_FLOATS;
+    *lo = a < count ? a : count;
+    *hi = b < count ? b : count;
+}
+
+/* ---- The collectives ----------------------------------------------------------- */
+
+/* Member j sums chunk j of every member's buffer into its own buffer (only
+ * j reads or writes chunk j in this phase, so in place is safe); then
+ * every member copies chunk i from member i.  Three barriers, no scratch. */
+static spmd_status shm_all_reduce(coll_group *pub, int member, float *buf, int64_t count)
+{
+    coll_shm_group *g = pub->impl;
+    spmd_status st = check_member(pub, member, OP_ALL_REDUCE);
+    if (st) return st;
+    if (count < 0 || (count > 0 && !buf))
+        return base_error(SPMD_ERR_INVALID, "all_reduce: %lld floats at %p", (long long)count,
+                          (void *)buf);
+    int n = pub->size;
+    if (n == 1) return alone(g);
+    st = enter(g, member, OP_ALL_REDUCE, buf, count, 0, 0, NULL);
+    if (st) return st;
+    int64_t lo, hi;
+    chunk_of(count, n, member, &lo, &hi);
+    sum_members(g, buf + lo, lo, hi - lo);
+    /* Every chunk is reduced, and nobody reads peers' inputs any more. */
+    barrier_wait(g, false);
+    for (int k = 1; k < n; k++) {
+        int i = (member + k) % n; /* staggered, so members start on different peers */
+        chunk_of(count, n, i, &lo, &hi);
+        copy(buf + lo, (const float *)g->slots[i].in + lo, sizeof *buf * (size_t)(hi - lo));
+    }
+    leave(g);
+    return SPMD_OK;
+}
+
+static spmd_status shm_all_gather(coll_group *pub, int member, const void *in, void *out,
+                                  int64_t outer, int64_t inner_bytes)
+{
+    coll_shm_group *g = pub->impl;
+    spmd_status st = check_member(pub, member, OP_ALL_GATHER);
+    if (st) return st;
+    if (outer < 0 || inner_bytes < 0 || (outer * inner_bytes > 0 && (!in || !out)))
+        return base_error(SPMD_ERR_INVALID, "all_gather: [%lld, %lld bytes]",
+                          (long long)outer, (long long)inner_bytes);
+    int n = pub->size;
+    if (n == 1) {
+        st = alone(g);
+        if (!st) copy(out, in, (size_t)(outer * inner_bytes));
+        return st;
+    }
+    st = enter(g, member, OP_ALL_GATHER, in, outer, inner_bytes, 0, NULL);
+    if (st) return st;
+    unsigned char *o = out;
+    size_t inner = (size_t)inner_bytes, row = inner * (size_t)n;
+    if (outer == 1) {
+        /* `in` may be this member's own block of `out` (in place). */
+        for (int k = 0; k < n; k++) {
+            int j = (member + k) % n;
+            copy(o + inner * (size_t)j, g->slots[j].in, inner);
+        }
+    } else {
+        /* Row by row, so the output is written front to back. */
+        for (int64_t r = 0; r < outer; r++)
+            for (int j = 0; j < n; j++)
+                copy(o + row * (size_t)r + inner * (size_t)j,
+                     (const unsigned char *)g->slots[j].in + inner * (size_t)r, inner);
+    }
+    leave(g);
+    return SPMD_OK;
+}
+
+static spmd_status shm_reduce_scatter(coll_group *pub, int member, const float *in, float *out,
+                                      int64_t outer, int64_t inner)
+{
+    coll_shm_group *g = pub->impl;
+    spmd_status st = check_member(pub, member, OP_REDUCE_SCATTER);
+    if (st) return st;
+    if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
+        return base_error(SPMD_ERR_INVALID, "reduce_scatter: [%lld, %lld floats]",
+                          (long long)outer, (long long)inner);
+    int n = pub->size;
+    if (n == 1) {
+        st = alone(g);
+        if (!st) copy(out, in, sizeof *out * (size_t)(outer * inner));
+        return st;
+    }
+    st = enter(g, member, OP_REDUCE_SCATTER, in, outer, inner, 0, NULL);
+    if (st) return st;
+    /* Only this member reads its own column block, so `out` may be that
+     * block of `in` (outer == 1). */
+    for (int64_t r = 0; r < outer; r++)
+        sum_members(g, out + inner * r, inner * (r * n + member), inner);
+    leave(g);
+    return SPMD_OK;
+}
+
+static spmd_status shm_all_to_all(coll_group *pub, int member, const void *in, void *out,
+                                  int64_t bytes)
+{
+    coll_shm_group *g = pub->impl;
+    spmd_status st = check_member(pub, member, OP_ALL_TO_ALL);
+    if (st) return st;
+    if (bytes < 0 || (bytes > 0 && (!in || !out)))
+        return base_error(SPMD_ERR_INVALID, "all_to_all: blocks of %lld bytes", (long long)bytes);
+    int n = pub->size;
+    if (n == 1) {
+        st = alone(g);
+        if (!st) copy(out, in, (size_t)bytes);
+        return st;
+    }
+    /* Peers read `in` while this member writes `out`. */
+    if (in == out && bytes > 0)
+        return base_error(SPMD_ERR_INVALID, "all_to_all: out must not be in");
+    st = enter(g, member, OP_ALL_TO_ALL, in, bytes, 0, 0, NULL);
+    if (st) return st;
+    size_t b = (size_t)bytes;
+    for (int k = 0; k < n; k++) {
+        int i = (member + k) % n;
+        copy((unsigned char *)out + b * (size_t)i,
+             (const unsigned char *)g->slots[i].in + b * (size_t)member, b);
+    }
+    leave(g);
+    return SPMD_OK;
+}
+
+static spmd_status shm_broadcast(coll_group *pub, int member, void *buf, int64_t bytes, int root)
+{
+    coll_shm_group *g = pub->impl;
+    spmd_status st = check_member(pub, member, OP_BROADCAST);
+    if (st) return st;
+    if (root < 0 || root >= pub->size)
+        return base_error(SPMD_ERR_INVALID, "broadcast: root %d of a group of %d", root,
+                          pub->size);
+    if (bytes < 0 || (bytes > 0 && !buf))
+        return base_error(SPMD_ERR_INVALID, "broadcast: %lld bytes", (long long)bytes);
+    if (pub->size == 1) return alone(g);
+    st = enter(g, member, OP_BROADCAST, buf, bytes, 0, root, NULL);
+    if (st) return st;
+    if (member != root) copy(buf, g->slots[root].in, (size_t)bytes);
+    leave(g);
+    return SPMD_OK;
+}
+
+static spmd_status shm_permute(coll_group *pub, int member, const void *in, void *out,
+                               int64_t bytes, const int *src)
+{
+    coll_shm_group *g = pub->impl;
+    spmd_status st = check_member(pub, member, OP_PERMUTE);
+    if (st) return st;
+    int n = pub->size;
+    if (!src || bytes < 0 || (bytes > 0 && (!in || !out)))
+        return base_error(SPMD_ERR_INVALID, "permute: %lld bytes, source table %p",
+                          (long long)bytes, (const void *)src);
+    for (int i = 0; i < n; i++)
+        if (src[i] >= n)
+            return base_error(SPMD_ERR_INVALID, "permute: member %d reads member %d of %d", i,
+                              src[i], n);
+    if (n == 1) {
+        st = alone(g);
+        if (!st && src[0] == 0) copy(out, in, (size_t)bytes);
+        return st;
+    }
+    st = enter(g, member, OP_PERMUTE, in, bytes, 0, 0, src);
+    if (st) return st;
+    if (src[member] >= 0) copy(out, g->slots[src[member]].in, (size_t)bytes);
+    leave(g);
+    return SPMD_OK;
+}
+
+static const coll_ops shm_ops = {
+    .all_reduce = shm_all_reduce,
+    .all_gather = shm_all_gather,
+    .reduce_scatter = shm_reduce_scatter,
+    .all_to_all = shm_all_to_all,
+    .broadcast = shm_broadcast,
+    .permute = shm_permute,
+};
+
+/* ---- The world and its groups ------------------------------------------------ */
+
+coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc)
+{
+    if (n < 1) {
+        base_error(SPMD_ERR_INVALID, "collectives: a world of %d devices", n);
+        return NULL;
+    }
+    spmd_allocator a = base_allocator_or_default(alloc);
+    coll_world *w = base_calloc(&a, sizeof *w, "collectives world");
+    if (!w) return NULL;
+    w->n = n;
+    w->alloc = a;
+    w->spin = n <= usable_cpus() ? SPIN_PAUSES : SPIN_PAUSES_OVERSUBSCRIBED;
+    w->yields = n <= usable_cpus() ? YIELDS : YIELDS_OVERSUBSCRIBED;
+    pthread_mutex_init(&w->mu, NULL);
+    atomic_init(&w->aborted, false);
+#if !COLL_FUTEX
+    pthread_mutex_init(&w->wait_mu, NULL);
+    pthread_cond_init(&w->wait_cv, NULL);
+#endif
+    return w;
+}
+
+static void group_free(coll_world *w, coll_shm_group *g)
+{
+    base_free(&w->alloc, g->ranks);
+    base_free(&w->alloc, g->slots);
+    base_free(&w->alloc, g);
+}
+
+void coll_world_free(coll_world *w)
+{
+    if (!w) return;
+    for (coll_shm_group *g = w->groups, *next; g; g = next) {
+        next = g->next;
+        group_free(w, g);
+    }
+    pthread_mutex_destroy(&w->mu);
+#if !COLL_FUTEX
+    pthread_mutex_destroy(&w->wait_mu);
+    pthread_cond_destroy(&w->wait_cv);
+#endif
+    base_free(&w->alloc, w);
+}
+
+static bool valid_ranks(const coll_world *w, int size, const int *ranks)
+{
+    if (size < 1 || size > w->n || !ranks) {
+        base_error(SPMD_ERR_INVALID, "collectives: a group of %d in a world of %d", size, w->n);
+        return false;
+    }
+    for (int i = 0; i < size; i++) {
+        if (ranks[i] < 0 || ranks[i] >= w->n) {
+            base_error(SPMD_ERR_INVALID, "collectives: rank %d in a world of %d", ranks[i], w->n);
+            return false;
+        }
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i]) {
+                base_error(SPMD_ERR_INVALID, "collectives: rank %d twice in a group", ranks[i]);
+                return false;
+            }
+    }
+    return true;
+}
+
+/* Under w->mu. */
+static coll_shm_group *group_create(coll_world *w, int size, const int *ranks)
+{
+    coll_shm_group *g = base_calloc(&w->alloc, sizeof *g, "collective group");
+    if (!g) return NULL;
+    g->ranks = base_alloc(&w->alloc, sizeof *g->ranks * (size_t)size, "collective group");
+    g->slots = base_calloc(&w->alloc, sizeof *g->slots * (size_t)size, "collective group");
+    if (!g->ranks || !g->slots) {
+        group_free(w, g);
+        return NULL;
+    }
+    memcpy(g->ranks, ranks, sizeof *ranks * (size_t)size);
+    g->world = w;
+    g->pub = (coll_group){&shm_ops, size, g};
+    /* A group made after an abort is aborted too, until the reset. */
+    atomic_init(&g->bar.word, atomic_load(&w->aborted) ? ABORT_BIT : 0);
+    atomic_init(&g->bar.sleepers, 0);
+    atomic_init(&g->bar.count, 0);
+    return g;
+}
+
+coll_group *coll_world_group(coll_world *w, int size, const int *world_ranks)
+{
+    if (!w || !valid_ranks(w, size, world_ranks)) return NULL;
+    pthread_mutex_lock(&w->mu);
+    coll_shm_group *g = w->groups;
+    while (g && !(g->pub.size == size &&
+                  memcmp(g->ranks, world_ranks, sizeof *world_ranks * (size_t)size) == 0))
+        g = g->next;
+    if (!g) {
+        g = group_create(w, size, world_ranks);
+        if (g) {
+            g->next = w->groups;
+            w->groups = g;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return g ? &g->pub : NULL;
+}
+
+void coll_world_abort(coll_world *w, const char *message)
+{
+    pthread_mutex_lock(&w->mu);
+    /* The first abort names the cause; later ones are its consequences. */
+    if (!atomic_load(&w->aborted)) {
+        snprintf(w->message, sizeof w->message, "%s", message ? message : "(no reason given)");
+        atomic_store(&w->aborted, true);
+    }
+    for (coll_shm_group *g = w->groups; g; g = g->next) {
+        atomic_fetch_or(&g->bar.word, ABORT_BIT);
+        word_wake(w, &g->bar.word);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+bool coll_world_aborted(const coll_world *w) { return atomic_load(&w->aborted); }
+
+void coll_world_reset(coll_world *w)
+{
+    pthread_mutex_lock(&w->mu);
+    /* Every device is idle, so members that failed mid-barrier left their
+     * arrivals behind: forget them. */
+    for (coll_shm_group *g = w->groups; g; g = g->next) {
+        atomic_store(&g->bar.count, 0);
+        atomic_fetch_and(&g->bar.word, GEN_MASK);
+    }
+    w->message[0] = '\0';
+    atomic_store(&w->aborted, false);
+    pthread_mutex_unlock(&w->mu);
+}

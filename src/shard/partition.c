@@ -1,0 +1,493 @@
+/*
+ * The partitioner and the resharding planner (see partition.h).
+ *
+ * Every global node gets a local node with the padded block shape of the
+ * sharding its op produces.  Operands are resharded to what the op needs
+ * by reshard(), which orders its steps to move the fewest bytes: pending
+ * sums go first into reduce-scatters where the target splits a dim over
+ * the summed axes, then free local slices shrink the value, then the
+ * remaining sums are all-reduced, then axes that must leave a dim are
+ * moved (all-to-all) or gathered, then the last slices.  Each resharded
+ * value is cached per (node, sharding), so a weight gathered for the
+ * forward pass is not gathered again for the backward pass.
+ */
+#include "shard/partition.h"
+#include "base/error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct variant {
+    sharding s;
+    spmd_tensor *t;
+    struct variant *next;
+} variant;
+
+typedef struct builder {
+    partition *p;
+    variant **variants; /* per global node id; the first is what the op produced */
+} builder;
+
+/* ---- Growing arrays ------------------------------------------------------------ */
+
+static bool grow(partition *p, void **items, int *cap, int need, size_t size)
+{
+    if (need <= *cap) return true;
+    int c = *cap ? *cap * 2 : 16;
+    while (c < need) c *= 2;
+    void *n = base_alloc(&p->alloc, (size_t)c * size, "partition report");
+    if (!n) return false;
+    if (*items) memcpy(n, *items, (size_t)*cap * size);
+    base_free(&p->alloc, *items);
+    *items = n;
+    *cap = c;
+    return true;
+}
+
+static int spec_index(partition *p, const mesh_axes *axes)
+{
+    for (int i = 0; i < p->n_specs; i++)
+        if (p->specs[i].n == axes->n && !memcmp(p->specs[i].axis, axes->axis, (size_t)axes->n))
+            return i;
+    if (!grow(p, (void **)&p->specs, &p->cap_specs, p->n_specs + 1, sizeof *p->specs)) return -1;
+    p->specs[p->n_specs] = *axes;
+    return p->n_specs++;
+}
+
+part_phase partition_phase(const spmd_graph *g, int node)
+{
+    if (!g->has_grad || node < g->backward_begin) return PART_FORWARD;
+    if (node < g->backward_end) return PART_BACKWARD;
+    return PART_UPDATE;
+}
+
+const char *partition_phase_name(part_phase phase)
+{
+    static const char *const names[] = {"forward", "backward", "update"};
+    return names[phase];
+}
+
+/* ---- Axis lists --------------------------------------------------------------------- */
+
+static bool is_prefix(const mesh_axes *a, const mesh_axes *b)
+{
+    return a->n <= b->n && !memcmp(a->axis, b->axis, (size_t)a->n);
+}
+
+static int common_prefix(const mesh_axes *a, const mesh_axes *b)
+{
+    int k = 0;
+    while (k < a->n && k < b->n && a->axis[k] == b->axis[k]) k++;
+    return k;
+}
+
+static mesh_axes tail(const mesh_axes *a, int from)
+{
+    mesh_axes t = {0};
+    for (int i = from; i < a->n; i++) t.axis[t.n++] = a->axis[i];
+    return t;
+}
+
+static void append(mesh_axes *a, const mesh_axes *more)
+{
+    for (int i = 0; i < more->n; i++) a->axis[a->n++] = more->axis[i];
+}
+
+static uint32_t used_axes(const sharding *s) { return sharding_dim_axes(s) | s->partial; }
+
+/* ---- Emitting per-device ops ---------------------------------------------------------- */
+
+static spmd_tensor *emit_coll(builder *b, ir_op kind, spmd_tensor *x, const mesh_axes *axes,
+                              int dim, int dim2, int64_t global, const int64_t *dims, int gid,
+                              int consumer)
+{
+    partition *p = b->p;
+    if (!x) return NULL;
+    int spec = spec_index(p, axes);
+    if (spec < 0) return NULL;
+    spmd_tensor *t = ir_node_new(p->local, kind, x->dtype, x->rank, dims, &x, 1);
+    if (!t) return NULL;
+    t->attr.coll.spec = spec;
+    t->attr.coll.dim = dim;
+    t->attr.coll.dim2 = dim2;
+    t->attr.coll.global = global;
+    if (kind == IR_SHARD_SLICE || kind == IR_MASK_PADDING) return t;
+    if (!grow(p, (void **)&p->colls, &p->cap_colls, p->n_colls + 1, sizeof *p->colls)) return NULL;
+    size_t bytes = ir_nbytes(t) > ir_nbytes(x) ? ir_nbytes(t) : ir_nbytes(x);
+    p->colls[p->n_colls++] = (part_collective){
+        kind, *axes, (int64_t)bytes,
+        partition_phase(p->g, consumer >= 0 ? consumer : gid), gid, consumer};
+    return t;
+}
+
+static void dims_of(const spmd_tensor *x, int64_t *dims) { memcpy(dims, x->dims, sizeof x->dims); }
+
+/* Gather axes `s` of dim d (the minor end of its list) back into it. */
+static spmd_tensor *gather(builder *b, spmd_tensor *x, sharding *cur, int d, int keep,
+                           const int64_t *gdims, int gid, int consumer)
+{
+    mesh_axes s = tail(&cur->dim[d], keep);
+    int64_t dims[SPMD_MAX_RANK];
+    dims_of(x, dims);
+    dims[d] *= mesh_axes_size(b->p->m, &s);
+    x = emit_coll(b, IR_ALL_GATHER, x, &s, d, 0, 0, dims, gid, consumer);
+    cur->dim[d].n = keep;
+    /* A whole dim gathered from padded blocks: drop the padding. */
+    if (x && keep == 0 && x->dims[d] > gdims[d]) x = spmd_slice(b->p->local, x, d, 0, gdims[d]);
+    return x;
+}
+
+/* This device's block of dim d over the further axes `s`. */
+static spmd_tensor *slice(builder *b, spmd_tensor *x, sharding *cur, int d, const mesh_axes *s,
+                          const int64_t *gdims, int gid)
+{
+    int64_t n = mesh_axes_size(b->p->m, s);
+    int64_t whole = cur->dim[d].n == 0 ? gdims[d] : x->dims[d];
+    int64_t dims[SPMD_MAX_RANK];
+    dims_of(x, dims);
+    dims[d] = (whole + n - 1) / n;
+    x = emit_coll(b, IR_SHARD_SLICE, x, s, d, 0, whole, dims, gid, -1);
+    append(&cur->dim[d], s);
+    return x;
+}
+
+/* Can dim d, now split over cur->dim[d], be split further by `s` locally
+ * without moving padding?  From a whole dim always; from a split dim only
+ * when every split is exact. */
+static bool exact_split(const partition *p, const sharding *cur, int d, const mesh_axes *s,
+                        const int64_t *gdims)
+{
+    if (cur->dim[d].n == 0) return true;
+    int64_t have = sharding_blocks(cur, p->m, d), more = mesh_axes_size(p->m, s);
+    return gdims[d] % (have * more) == 0;
+}
+
+/* ---- Resharding -------------------------------------------------------------------------- */
+
+static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const sharding *want,
+                            const int64_t *gdims, int gid, int consumer)
+{
+    partition *p = b->p;
+    const spmd_mesh *m = p->m;
+    int r = want->rank;
+    uint32_t resolve = cur.partial & ~want->partial;
+
+    /* 1. Sums into the dims the target splits over their axes. */
+    for (int d = 0; d < r && x && resolve; d++) {
+        if (!is_prefix(&cur.dim[d], &want->dim[d])) continue;
+        mesh_axes s = {0};
+        for (int k = cur.dim[d].n; k < want->dim[d].n && (resolve >> want->dim[d].axis[k] & 1); k++)
+            s.axis[s.n++] = want->dim[d].axis[k];
+        if (!s.n || !exact_split(p, &cur, d, &s, gdims)) continue;
+        int64_t n = mesh_axes_size(m, &s);
+        if (cur.dim[d].n == 0 && x->dims[d] % n) /* pad a whole dim to n blocks */
+            x = ir_pad(p->local, x, d, 0, (x->dims[d] + n - 1) / n * n);
+        if (!x) return NULL;
+        int64_t dims[SPMD_MAX_RANK];
+        dims_of(x, dims);
+        dims[d] /= n;
+        x = emit_coll(b, IR_REDUCE_SCATTER, x, &s, d, 0, 0, dims, gid, consumer);
+        append(&cur.dim[d], &s);
+        resolve &= ~mesh_axes_mask(&s);
+        cur.partial &= ~mesh_axes_mask(&s);
+    }
+    /* 2. Free slices on axes the value does not use at all (shrink first). */
+    for (int d = 0; d < r && x; d++) {
+        if (!is_prefix(&cur.dim[d], &want->dim[d]) || cur.dim[d].n == want->dim[d].n) continue;
+        mesh_axes s = tail(&want->dim[d], cur.dim[d].n);
+        if ((mesh_axes_mask(&s) & used_axes(&cur)) || !exact_split(p, &cur, d, &s, gdims)) continue;
+        x = slice(b, x, &cur, d, &s, gdims, gid);
+    }
+    /* 3. The remaining sums. */
+    if (x && resolve) {
+        mesh_axes s = mesh_axes_from_mask(m, resolve);
+        int64_t dims[SPMD_MAX_RANK];
+        dims_of(x, dims);
+        x = emit_coll(b, IR_ALL_REDUCE, x, &s, 0, 0, 0, dims, gid, consumer);
+        cur.partial &= ~resolve;
+    }
+    /* 4. Axes that must leave a dim: all-to-all when the target wants the
+     * axis next on another dim and nothing is padded, else all-gather. */
+    for (int d = 0; d < r && x; d++) {
+        int keep = common_prefix(&cur.dim[d], &want->dim[d]);
+        if (keep == cur.dim[d].n) continue;
+        if (cur.dim[d].n - keep == 1) {
+            int8_t ax = cur.dim[d].axis[keep];
+            for (int e = 0; e < r; e++) {
+                if (e == d || !is_prefix(&cur.dim[e], &want->dim[e]) ||
+                    want->dim[e].n <= cur.dim[e].n || want->dim[e].axis[cur.dim[e].n] != ax)
+                    continue;
+                int64_t n = m->shape[ax];
+                if (gdims[d] % sharding_blocks(&cur, m, d) || x->dims[e] % n ||
+                    gdims[e] % (sharding_blocks(&cur, m, e) * n))
+                    break;
+                mesh_axes s = {1, {ax}};
+                int64_t dims[SPMD_MAX_RANK];
+                dims_of(x, dims);
+                dims[e] /= n;
+                dims[d] *= n;
+                x = emit_coll(b, IR_ALL_TO_ALL, x, &s, e, d, 0, dims, gid, consumer);
+                cur.dim[d].n = keep;
+                cur.dim[e].axis[cur.dim[e].n++] = ax;
+                break;
+            }
+            if (cur.dim[d].n == keep) continue;
+        }
+        /* Padded blocks cannot be regrouped: gather the whole dim. */
+        if (gdims[d] % sharding_blocks(&cur, m, d)) keep = 0;
+        x = gather(b, x, &cur, d, keep, gdims, gid, consumer);
+    }
+    /* 5. The last slices (from a whole dim if a split would move padding). */
+    for (int d = 0; d < r && x; d++) {
+        if (cur.dim[d].n == want->dim[d].n) continue;
+        mesh_axes s = tail(&want->dim[d], cur.dim[d].n);
+        if (!exact_split(p, &cur, d, &s, gdims)) {
+            x = gather(b, x, &cur, d, 0, gdims, gid, consumer);
+            s = want->dim[d];
+        }
+        if (x) x = slice(b, x, &cur, d, &s, gdims, gid);
+    }
+    if (x && !sharding_equal(&cur, want)) {
+        base_error(SPMD_ERR_INTERNAL, "partition: resharding node %d did not reach its target", gid);
+        return NULL;
+    }
+    return x;
+}
+
+/* The local value of global node `gid` with sharding `want`. */
+static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want, int consumer)
+{
+    variant *first = b->variants[x->id];
+    for (variant *v = first; v; v = v->next)
+        if (sharding_equal(&v->s, want)) return v->t;
+    if (!first) {
+        base_error(SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned", x->id);
+        return NULL;
+    }
+    spmd_tensor *t = reshard(b, first->t, first->s, want, x->dims, x->id, consumer);
+    if (!t) return NULL;
+    variant *v = base_arena_alloc(&b->p->local->arena, sizeof *v);
+    if (!v) return NULL;
+    *v = (variant){*want, t, first->next};
+    first->next = v;
+    return t;
+}
+
+static bool add_variant(builder *b, int gid, const sharding *s, spmd_tensor *t)
+{
+    variant *v = base_arena_alloc(&b->p->local->arena, sizeof *v);
+    if (!v) return false;
+    *v = (variant){*s, t, b->variants[gid]};
+    b->variants[gid] = v;
+    return true;
+}
+
+/* ---- Ops ------------------------------------------------------------------------------------ */
+
+static bool note_fallback(partition *p, int tensor, int consumer)
+{
+    if (!grow(p, (void **)&p->fallbacks, &p->cap_fallbacks, p->n_fallbacks + 1,
+              sizeof *p->fallbacks))
+        return false;
+    p->fallbacks[p->n_fallbacks++] = (part_fallback){tensor, consumer};
+    return true;
+}
+
+/* An operand arriving split on a dim its op needs whole (a FULL or
+ * unmapped dim) is a fallback: counted, shown by explain. */
+static bool check_fallback(partition *p, const spmd_tensor *t, int j, const sharding *have,
+                           const sharding *need)
+{
+    const shard_node *n = &p->prop.nodes[t->id];
+    for (int i = 0; i < have->rank; i++) {
+        if (have->dim[i].n <= need->dim[i].n) continue;
+        int it = n->has_sig ? n->sig.in[j][i] : -1;
+        if (it < 0 || n->sig.kind[it] == IR_ITER_FULL) return note_fallback(p, t->in[j]->id, t->id);
+    }
+    return true;
+}
+
+/* Product over the dims of `s` split by any axis of `mask`... of local vs
+ * global sizes: used to rescale means computed on local blocks. */
+static double local_share(const partition *p, const spmd_tensor *x, const sharding *s,
+                          uint32_t dims_mask)
+{
+    double local = 1, global = 1;
+    for (int i = 0; i < x->rank; i++) {
+        if (!(dims_mask >> i & 1)) continue;
+        global *= (double)x->dims[i];
+        local *= (double)sharding_block_size(s, p->m, i, x->dims[i]);
+    }
+    return local / global;
+}
+
+static bool padded(const partition *p, const sharding *s, const spmd_tensor *x, uint32_t dims_mask)
+{
+    for (int i = 0; i < x->rank; i++)
+        if ((dims_mask >> i & 1) && x->dims[i] % sharding_blocks(s, p->m, i)) return true;
+    return false;
+}
+
+static spmd_status unsupported_padding(const spmd_tensor *t)
+{
+    char shape[96];
+    return base_error(SPMD_ERR_UNSUPPORTED,
+                      "partition: %s on %s with its rows split unevenly is not supported yet; "
+                      "choose a mesh axis that divides the rows",
+                      ir_op_name(t->op), ir_shape_str(t->in[0], shape, sizeof shape));
+}
+
+static spmd_status emit_op(builder *b, const spmd_tensor *t)
+{
+    partition *p = b->p;
+    const shard_node *n = &p->prop.nodes[t->id];
+    spmd_tensor *in[IR_MAX_INPUTS];
+    sharding need[IR_MAX_INPUTS];
+    for (int j = 0; j < t->n_in; j++) {
+        need[j] = shard_operand_need(&p->prop, t, j);
+        const variant *have = b->variants[t->in[j]->id];
+        if (have && !check_fallback(p, t, j, &have->s, &need[j])) return SPMD_ERR_NOMEM;
+        in[j] = value(b, t->in[j], &need[j], t->id);
+        if (!in[j]) return base_error_pending() ? SPMD_ERR_INTERNAL : SPMD_ERR_NOMEM;
+    }
+    /* Sums over split, padded dims: zero the padding first. */
+    if (n->has_sig) {
+        for (int it = 0; it < n->sig.n_iter; it++) {
+            const mesh_axes *ax = &n->iter[it];
+            int64_t blocks = mesh_axes_size(p->m, ax);
+            if (n->sig.kind[it] != IR_ITER_SUM || !ax->n || n->sig.size[it] % blocks == 0) continue;
+            for (int j = 0; j < t->n_in; j++)
+                for (int i = 0; i < t->in[j]->rank; i++) {
+                    if (n->sig.in[j][i] != it || in[j]->dtype != SPMD_F32) continue;
+                    int64_t dims[SPMD_MAX_RANK];
+                    dims_of(in[j], dims);
+                    in[j] = emit_coll(b, IR_MASK_PADDING, in[j], ax, i, 0, n->sig.size[it], dims,
+                                      t->in[j]->id, t->id);
+                    if (!in[j]) return SPMD_ERR_NOMEM;
+                }
+        }
+    }
+    sharding out = shard_produced(&p->prop, t);
+    int64_t dims[SPMD_MAX_RANK];
+    sharding_local_dims(&out, p->m, t->rank, t->dims, dims);
+    spmd_tensor *lt = ir_node_new(p->local, t->op, t->dtype, t->rank, dims, in, t->n_in);
+    if (!lt) return SPMD_ERR_NOMEM;
+    lt->attr = t->attr;
+
+    /* Op attributes that depend on the split. */
+    switch (t->op) {
+    case IR_ATTENTION:
+    case IR_ATTENTION_BACKWARD: {
+        const spmd_tensor *q = t->in[0];
+        lt->attr.attention.heads =
+            (int)(t->attr.attention.heads / sharding_blocks(&need[0], p->m, q->rank - 1));
+        break;
+    }
+    case IR_MEAN:
+        if (sharding_dim_axes(&need[0]))
+            lt = spmd_scale(p->local, lt, (float)local_share(p, t->in[0], &need[0], t->attr.reduce.axes));
+        break;
+    case IR_MSE:
+        lt = spmd_scale(p->local, lt, (float)local_share(p, t->in[0], &need[0], (1u << t->in[0]->rank) - 1));
+        break;
+    case IR_CROSS_ENTROPY:
+    case IR_CROSS_ENTROPY_BACKWARD: {
+        uint32_t rows = (1u << t->in[1]->rank) - 1;
+        if (padded(p, &need[1], t->in[1], rows)) return unsupported_padding(t);
+        if (sharding_dim_axes(&need[1]))
+            lt = spmd_scale(p->local, lt, (float)local_share(p, t->in[1], &need[1], rows));
+        break;
+    }
+    default:
+        break;
+    }
+    if (!lt) return SPMD_ERR_NOMEM;
+    if (!add_variant(b, t->id, &out, lt)) return SPMD_ERR_NOMEM;
+    return SPMD_OK;
+}
+
+static spmd_status emit_leaf(builder *b, const spmd_tensor *t)
+{
+    partition *p = b->p;
+    sharding s = p->prop.nodes[t->id].out;
+    s.partial = 0;
+    int64_t dims[SPMD_MAX_RANK];
+    sharding_local_dims(&s, p->m, t->rank, t->dims, dims);
+    spmd_tensor *lt = ir_node_new(p->local, t->op, t->dtype, t->rank, dims, NULL, 0);
+    if (!lt) return SPMD_ERR_NOMEM;
+    lt->name = base_arena_strdup(&p->local->arena, t->name);
+    lt->init = t->init;
+    if (!lt->name || !add_variant(b, t->id, &s, lt)) return SPMD_ERR_NOMEM;
+    p->local_of[t->id] = lt;
+    p->held[t->id] = s;
+    return SPMD_OK;
+}
+
+/* ---- Entry points ---------------------------------------------------------------------------- */
+
+static spmd_status build(builder *b, const bool *needed)
+{
+    partition *p = b->p;
+    const spmd_graph *g = p->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        if (needed && !needed[i] && !ir_op_is_leaf(t->op)) continue;
+        spmd_status st = ir_op_is_leaf(t->op) ? emit_leaf(b, t) : emit_op(b, t);
+        if (st != SPMD_OK) return st;
+        /* A marked value is held as marked, whatever its op produced. */
+        if (t->mark && !ir_op_is_leaf(t->op) && !value(b, t, t->mark, t->id))
+            return SPMD_ERR_INTERNAL;
+    }
+    /* Outputs are resolved: no pending sums when read. */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        if (!t->is_output || ir_op_is_leaf(t->op)) continue;
+        sharding s = t->mark ? *t->mark : shard_produced(&p->prop, t);
+        s.partial = 0;
+        spmd_tensor *lt = value(b, t, &s, -1);
+        if (!lt) return SPMD_ERR_INTERNAL;
+        lt->is_output = true;
+        p->local_of[i] = lt;
+        p->held[i] = s;
+    }
+    for (int u = 0; u < g->n_updates; u++) {
+        const ir_update *up = &g->updates[u];
+        spmd_tensor *lv = value(b, up->value, &p->held[up->target->id], up->value->id);
+        if (!lv) return SPMD_ERR_INTERNAL;
+        spmd_status st = spmd_graph_set_update(p->local, p->local_of[up->target->id], lv);
+        if (st != SPMD_OK) return st;
+    }
+    return SPMD_OK;
+}
+
+spmd_status partition_build(partition *p, const spmd_graph *g, const spmd_mesh *m,
+                            const bool *needed, const spmd_allocator *alloc)
+{
+    memset(p, 0, sizeof *p);
+    p->g = g;
+    p->m = m;
+    p->alloc = base_allocator_or_default(alloc);
+    spmd_status st = shard_propagate(&p->prop, g, m, needed, &p->alloc);
+    if (st != SPMD_OK) return st;
+    size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);
+    p->local = spmd_graph_create(&p->alloc);
+    p->local_of = base_calloc(&p->alloc, nn * sizeof *p->local_of, "partition");
+    p->held = base_calloc(&p->alloc, nn * sizeof *p->held, "partition");
+    builder b = {p, base_calloc(&p->alloc, nn * sizeof(variant *), "partition")};
+    if (!p->local || !p->local_of || !p->held || !b.variants) st = SPMD_ERR_NOMEM;
+    if (st == SPMD_OK) st = build(&b, needed);
+    base_free(&p->alloc, b.variants);
+    return st;
+}
+
+void partition_free(partition *p)
+{
+    shard_plan_free(&p->prop);
+    spmd_graph_free(p->local);
+    base_free(&p->alloc, p->local_of);
+    base_free(&p->alloc, p->held);
+    base_free(&p->alloc, p->specs);
+    base_free(&p->alloc, p->colls);
+    base_free(&p->alloc, p->fallbacks);
+    memset(p, 0, sizeof *p);
+}
