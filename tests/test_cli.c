@@ -10,6 +10,7 @@
 
 #include <cJSON.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,13 +117,79 @@ static void test_small_gpt_learns(void **state)
     cJSON_Delete(j);
 }
 
-static void test_refuses_larger_mesh(void **state)
+/* The motivating case by hand: the 4x2 FSDP-in-replicas run follows the
+ * one-device run step by step, and explain reports its plan. */
+static void test_mesh_run_matches_one_device(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char args[512];
+    const int steps = 5;
+    double one[5], mesh[5];
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "train --steps %d --json %s %s", steps, report_path,
+                 k ? "--mesh 4x2 --axes replica,fsdp --shard '*.weight=fsdp,None'" : "");
+        int rc = run_tool(args, out, sizeof out);
+        if (rc != 0) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        cJSON *j = load_json(report_path);
+        const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
+        for (int s = 0; s < steps; s++) (k ? mesh : one)[s] = cJSON_GetArrayItem(loss, s)->valuedouble;
+        if (k) {
+            assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "peak_bytes_per_device")), 8);
+            assert_true(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "collectives")) > 0);
+        }
+        cJSON_Delete(j);
+    }
+    for (int s = 0; s < steps; s++) assert_true(fabs(one[s] - mesh[s]) <= 1e-3 * fabs(one[s]));
+}
+
+static void test_explain_json(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char args[512];
+    snprintf(args, sizeof args,
+             "explain --model mlp --mesh 4x2 --axes replica,fsdp --shard '*.weight=fsdp,None' "
+             "--json %s", report_path);
+    int rc = run_tool(args, out, sizeof out);
+    if (rc != 0) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "all-gather"));
+    cJSON *j = load_json(report_path);
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(j, "tensors");
+    bool found = false;
+    for (int i = 0; i < cJSON_GetArraySize(tensors); i++) {
+        const cJSON *t = cJSON_GetArrayItem(tensors, i);
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(t, "name")->valuestring, "fc.0.weight")) {
+            assert_string_equal(cJSON_GetObjectItemCaseSensitive(t, "sharding")->valuestring, "fsdp, None");
+            found = true;
+        }
+    }
+    assert_true(found);
+    const cJSON *colls = cJSON_GetObjectItemCaseSensitive(j, "collectives");
+    int gathers = 0;
+    for (int i = 0; i < cJSON_GetArraySize(colls); i++) {
+        const cJSON *c = cJSON_GetArrayItem(colls, i);
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(c, "kind")->valuestring, "all-gather") &&
+            !strcmp(cJSON_GetObjectItemCaseSensitive(c, "phase")->valuestring, "forward"))
+            gathers += (int)number(c, "count");
+    }
+    assert_int_equal(gathers, 3); /* one per weight of the 3-layer MLP */
+    assert_int_equal((int)number(j, "fallback_count"), 0);
+    cJSON_Delete(j);
+}
+
+static void test_bad_mesh_and_shard(void **state)
 {
     (void)state;
     char out[4096];
-    int rc = run_tool("train --mesh 4x2 --axes replica,fsdp", out, sizeof out);
-    assert_int_not_equal(rc, 0);
+    assert_int_not_equal(run_tool("train --mesh 4x2 --axes replica", out, sizeof out), 0);
     assert_non_null(strstr(out, "mesh"));
+    assert_int_not_equal(run_tool("train --mesh 2 --axes data --shard 'input=(data,,x),None'", out, sizeof out), 0);
+    assert_non_null(strstr(out, "column"));
+    assert_int_not_equal(run_tool("train --mesh 2 --axes data --shard 'nothing*=data'", out, sizeof out), 0);
+    assert_non_null(strstr(out, "nothing*"));
 }
 
 static void test_bad_flags(void **state)
@@ -134,6 +201,8 @@ static void test_bad_flags(void **state)
     assert_int_not_equal(run_tool("train --frobnicate 3", out, sizeof out), 0);
     assert_non_null(strstr(out, "--frobnicate"));
     assert_int_not_equal(run_tool("train --mesh 2 --axes a,b", out, sizeof out), 0);
+    assert_int_not_equal(run_tool("visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdq, None'", out, sizeof out), 0);
+    assert_non_null(strstr(out, "fsdq"));
     assert_int_not_equal(run_tool("train --dim 30 --heads 4", out, sizeof out), 0);
     assert_non_null(strstr(out, "heads"));
 }
@@ -143,7 +212,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_gpt2_124m_one_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_small_gpt_learns, setup, teardown),
-        cmocka_unit_test(test_refuses_larger_mesh),
+        cmocka_unit_test_setup_teardown(test_mesh_run_matches_one_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_explain_json, setup, teardown),
+        cmocka_unit_test(test_bad_mesh_and_shard),
         cmocka_unit_test(test_bad_flags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

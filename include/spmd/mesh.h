@@ -54,6 +54,34 @@ SPMD_API const char *spmd_get_sharding(const spmd_tensor *t, char *buf, size_t s
  * last_tile_dim_replicate}", "{replicated}"). */
 SPMD_API const char *spmd_get_hlo_sharding(const spmd_tensor *t, char *buf, size_t size);
 
+/* Draw which devices hold which block of a 1-D or 2-D tensor of `dims`
+ * sharded by `spec` (as JAX's visualize_tensor_sharding does).  Returns
+ * the bytes written, or -1 with a message. */
+SPMD_API int spmd_sharding_visualize(const spmd_mesh *m, const char *spec, int rank,
+                                     const int64_t *dims, char *buf, size_t size);
+
+/* ---- What a compiled multi-device program does ---------------------------- */
+
+/* One collective the partitioner inserted. */
+typedef struct spmd_collective_info {
+    const char *kind;   /* "all-gather", "reduce-scatter", "all-reduce", "all-to-all" */
+    char axes[64];      /* mesh axes, comma-separated: "replica,fsdp" */
+    int64_t bytes;      /* per device: the larger of its input and output */
+    int count;          /* times per step */
+    const char *phase;  /* "forward", "backward" or "update" */
+    char tensor[96];    /* the value it moves (a pending sum: named by its source) */
+} spmd_collective_info;
+
+/* Collectives per step, in program order (0 on one device). */
+SPMD_API int spmd_program_collective_count(const spmd_program *p);
+SPMD_API spmd_status spmd_program_collective(const spmd_program *p, int i,
+                                             spmd_collective_info *out);
+/* Bytes of the parameters one device holds (its blocks). */
+SPMD_API size_t spmd_program_param_bytes(const spmd_program *p);
+/* Whole-tensor gathers forced by an op that cannot use a sharding. */
+SPMD_API int spmd_program_fallback_count(const spmd_program *p);
+SPMD_API spmd_status spmd_program_fallback(const spmd_program *p, int i, char *buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

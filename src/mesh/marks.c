@@ -103,3 +103,15 @@ const char *spmd_get_hlo_sharding(const spmd_tensor *t, char *buf, size_t size)
 {
     return get_text(t, buf, size, sharding_format_hlo);
 }
+
+int spmd_sharding_visualize(const spmd_mesh *m, const char *spec, int rank, const int64_t *dims,
+                            char *buf, size_t size)
+{
+    if (!m || !spec || !buf || (rank > 0 && !dims)) {
+        base_error(SPMD_ERR_INVALID, "visualize: mesh, spec, dims or buffer is NULL");
+        return -1;
+    }
+    sharding s;
+    if (sharding_parse(spec, m, rank, &s) != SPMD_OK) return -1;
+    return sharding_visualize(&s, m, rank, dims, buf, size);
+}

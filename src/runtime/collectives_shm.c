@@ -19,8 +19,8 @@
  * of a collective may fail that way: once every member is past it, the
  * members only copy memory until the next barrier, so the later barriers
  * wait through an abort.  That costs at most one copy phase of latency and
- * guarantees that no member returns, and lets its caller free or overwrite
- * its buffer, while a peer may still be reading it.
+ * guarantees that no member returns (so that its caller may free or
+ * overwrite its buffer) while a peer may still be reading that buffer.
  */
 #include "runtime/collectives.h"
 
@@ -63,8 +63,9 @@ enum {
  * L1, large enough that the loop over members costs nothing. */
 enum { SUM_BLOCK = 2048 };
 
-/* Chunks of an all-reduce start on 64-byte boundaries, so that two members
- * never write the same cache line of a buffer in the copy-back phase. */
+/* All-reduce chunks start at multiples of 16 floats (64 bytes), so that
+ * two members never write the same cache line of an aligned buffer in the
+ * copy-back phase. */
 enum { CHUNK_FLOATS = 16 };
 
 enum { ABORT_MESSAGE = 256 };
@@ -501,6 +502,8 @@ static spmd_status shm_broadcast(coll_group *pub, int member, void *buf, int64_t
     return SPMD_OK;
 }
 
+/* Peers read `in` while this member writes `out`, so they must not overlap
+ * (out == in only for a member that receives nothing or its own data). */
 static spmd_status shm_permute(coll_group *pub, int member, const void *in, void *out,
                                int64_t bytes, const int *src)
 {

@@ -21,6 +21,7 @@
 #include "runtime/executor.h"
 #include "runtime/kernels.h"
 #include "runtime/pool.h"
+#include "spmd/mesh.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -291,6 +292,19 @@ static spmd_status setup_device(spmd_program *p, device *d, int id)
     return SPMD_OK;
 }
 
+/* Leave every tensor's sharding on the graph, for spmd_get_sharding: what
+ * the program holds (leaves, outputs) or what its op produces. */
+static spmd_status record_shardings(spmd_program *p, spmd_graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        spmd_tensor *t = g->nodes[i];
+        if (!t->sharding) t->sharding = base_arena_alloc(&g->arena, sizeof *t->sharding);
+        if (!t->sharding) return SPMD_ERR_NOMEM;
+        *t->sharding = p->part.local_of[i] ? p->part.held[i] : p->part.prop.nodes[i].out;
+    }
+    return SPMD_OK;
+}
+
 spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
 {
     if (!g) {
@@ -323,6 +337,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         if (st != SPMD_OK) goto fail;
         p->local = p->part.local;
         if (check_graph(p->local) != SPMD_OK) goto fail;
+        if (record_shardings(p, g) != SPMD_OK) goto fail;
         p->world = coll_shm_world_create(p->n_dev, &p->alloc);
         if (!p->world) goto fail;
     }
@@ -522,6 +537,14 @@ spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t, void 
 size_t spmd_program_arena_bytes(const spmd_program *p) { return p ? p->plan.arena_bytes : 0; }
 size_t spmd_program_persistent_bytes(const spmd_program *p) { return p ? p->persistent_bytes : 0; }
 int spmd_program_devices(const spmd_program *p) { return p ? p->n_dev : 0; }
+
+size_t spmd_program_param_bytes(const spmd_program *p)
+{
+    size_t n = 0;
+    for (int i = 0; p && i < p->local->n_nodes; i++)
+        if (p->local->nodes[i]->op == IR_PARAM) n += ir_nbytes(p->local->nodes[i]);
+    return n;
+}
 
 size_t spmd_program_peak_bytes(const spmd_program *p)
 {

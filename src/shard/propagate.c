@@ -130,6 +130,20 @@ static void order_operands(const shard_plan *p, const spmd_tensor *t, int *order
     }
 }
 
+/* Mesh axes that operands other than `except` split their dims over.  A
+ * pending sum over such an axis must not pass through: the output could
+ * not be split over it, so that operand (a weight marked over it, say)
+ * would be gathered whole; the sum is resolved first instead. */
+static uint32_t split_by_others(const shard_plan *p, const spmd_tensor *t, int except)
+{
+    uint32_t mask = 0;
+    for (int j = 0; j < t->n_in; j++) {
+        const shard_node *n = &p->nodes[t->in[j]->id];
+        if (j != except && n->level) mask |= sharding_dim_axes(&n->out);
+    }
+    return mask;
+}
+
 /* Ops that are linear in an operand, so a pending sum can pass through
  * them instead of being resolved first.  Returns the common partial axes
  * and the operands that keep them. */
@@ -155,11 +169,15 @@ static uint32_t linear_through(const shard_plan *p, const spmd_tensor *t, uint32
     case IR_MUL:
     case IR_MATMUL:
     case IR_BMM:
-        /* Linear in each operand alone: exactly one may be partial. */
+        /* Linear in each operand alone: exactly one may be partial, and
+         * only its axes the other operand does not split stay pending. */
+        if (part[0] && !part[1]) part[0] &= ~split_by_others(p, t, 0);
+        else if (part[1] && !part[0]) part[1] &= ~split_by_others(p, t, 1);
         if (part[0] && !part[1]) return *operands = 1, part[0];
         if (part[1] && !part[0]) return *operands = 2, part[1];
         return 0;
     case IR_DIV:
+        part[0] &= ~split_by_others(p, t, 0);
         if (part[0] && !part[1]) return *operands = 1, part[0];
         return 0;
     case IR_ADD:

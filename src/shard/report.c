@@ -1,0 +1,89 @@
+/*
+ * What a compiled program does, for people and tools (`spmd explain`):
+ * every tensor's sharding, every collective the partitioner inserted, and
+ * the fallbacks that gathered a whole tensor because an op could not use
+ * its sharding.
+ */
+#include "base/error.h"
+#include "runtime/executor.h"
+#include "spmd/mesh.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *kind_name(ir_op kind)
+{
+    switch (kind) {
+    case IR_ALL_GATHER: return "all-gather";
+    case IR_REDUCE_SCATTER: return "reduce-scatter";
+    case IR_ALL_REDUCE: return "all-reduce";
+    case IR_ALL_TO_ALL: return "all-to-all";
+    default: return ir_op_name(kind);
+    }
+}
+
+/* The value a collective moves, named after where it comes from: a pending
+ * sum passed through linear ops (lr * gradient) is named by its source. */
+static void describe_tensor(const partition *p, int id, char *buf, size_t size)
+{
+    const spmd_graph *g = p->g;
+    const spmd_tensor *t = g->nodes[id];
+    for (int hops = 0; !t->name && hops < 16; hops++) {
+        uint32_t through = p->prop.nodes[t->id].through_operands;
+        int j = 0;
+        while (j < t->n_in && !(through >> j & 1)) j++;
+        if (j == t->n_in) break;
+        t = t->in[j];
+    }
+    if (t->name) snprintf(buf, size, "%s", t->name);
+    else snprintf(buf, size, "%s#%d", ir_op_name(t->op), t->id);
+}
+
+int spmd_program_collective_count(const spmd_program *prog)
+{
+    const partition *p = executor_partition(prog);
+    return p ? p->n_colls : 0;
+}
+
+spmd_status spmd_program_collective(const spmd_program *prog, int i, spmd_collective_info *out)
+{
+    const partition *p = executor_partition(prog);
+    if (!out) return base_error(SPMD_ERR_INVALID, "collective: out is NULL");
+    if (!p || i < 0 || i >= p->n_colls)
+        return base_error(SPMD_ERR_INVALID, "collective: index %d outside 0..%d", i,
+                          p ? p->n_colls - 1 : -1);
+    const part_collective *c = &p->colls[i];
+    memset(out, 0, sizeof *out);
+    out->kind = kind_name(c->kind);
+    size_t n = 0;
+    for (int a = 0; a < c->axes.n && n < sizeof out->axes; a++)
+        n += (size_t)snprintf(out->axes + n, sizeof out->axes - n, a ? ",%s" : "%s",
+                              p->m->names[c->axes.axis[a]]);
+    out->bytes = c->bytes;
+    out->count = 1;
+    out->phase = partition_phase_name(c->phase);
+    describe_tensor(p, c->tensor, out->tensor, sizeof out->tensor);
+    return SPMD_OK;
+}
+
+int spmd_program_fallback_count(const spmd_program *prog)
+{
+    const partition *p = executor_partition(prog);
+    return p ? p->n_fallbacks : 0;
+}
+
+spmd_status spmd_program_fallback(const spmd_program *prog, int i, char *buf, size_t size)
+{
+    const partition *p = executor_partition(prog);
+    if (!p || i < 0 || i >= p->n_fallbacks || !buf)
+        return base_error(SPMD_ERR_INVALID, "fallback: index %d outside the program's %d", i,
+                          p ? p->n_fallbacks : 0);
+    char what[96], shape[96];
+    const part_fallback *f = &p->fallbacks[i];
+    describe_tensor(p, f->tensor, what, sizeof what);
+    const spmd_tensor *consumer = p->g->nodes[f->consumer];
+    snprintf(buf, size, "%s %s gathered whole for %s#%d (%s)", what,
+             ir_shape_str(p->g->nodes[f->tensor], shape, sizeof shape), ir_op_name(consumer->op),
+             consumer->id, partition_phase_name(partition_phase(p->g, consumer->id)));
+    return SPMD_OK;
+}

@@ -1,0 +1,74 @@
+/*
+ * The `spmd` tool's shared pieces: flags (one struct for train and
+ * explain), building the model with its marks, and messages.
+ */
+#ifndef SPMD_TOOLS_CLI_H
+#define SPMD_TOOLS_CLI_H
+
+#include "spmd/data.h"
+#include "spmd/mesh.h"
+#include "spmd/models.h"
+#include "spmd/spmd.h"
+
+#include <stdio.h>
+
+#define CLI_MAX_SHARDS 64
+
+typedef struct cli_shard {
+    const char *pattern; /* glob over tensor names */
+    const char *spec;
+} cli_shard;
+
+typedef struct cli_opts {
+    char model[8]; /* "gpt" or "mlp" */
+    spmd_gpt_config gpt;
+    spmd_mlp_config mlp;
+    int batch, steps, threads;
+    float lr;
+    uint64_t seed;
+    const char *mesh;  /* "4x2" */
+    const char *axes;  /* "replica,fsdp" */
+    cli_shard shards[CLI_MAX_SHARDS];
+    int n_shards;
+    const char *json;
+    const char *blas, *blas_core;
+} cli_opts;
+
+typedef struct cli_model {
+    spmd_graph *g;
+    spmd_mesh *mesh; /* NULL on one device */
+    spmd_tensor *input, *targets, *loss, *lr;
+    int64_t params, tokens_per_step;
+    double flops_per_step;
+} cli_model;
+
+/* "spmd: <message>" on stderr; returns 2 (usage error). */
+int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cli_usage(FILE *f, const char *command);
+/* Parse train/explain flags; 0, or an exit code (help printed: -1). */
+int cli_parse(int argc, char **argv, const char *command, cli_opts *o);
+/* Mesh, model, marks, gradient and SGD update; 0 or an exit code. */
+int cli_build(const cli_opts *o, cli_model *m);
+void cli_model_free(cli_model *m);
+/* Compile with the BLAS and thread choices of the flags. */
+spmd_program *cli_compile(const cli_opts *o, cli_model *m);
+/* One global batch for `step` into the program's inputs. */
+int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step);
+/* Per-device parameter + gradient + optimizer bytes. */
+size_t cli_param_bytes(const spmd_program *p);
+
+/* Report pieces (json.c).  cJSON handles stay opaque here. */
+struct cJSON;
+struct cJSON *cli_collectives_json(const spmd_program *p);
+struct cJSON *cli_mesh_json(const cli_model *m);
+struct cJSON *cli_per_device(const spmd_program *p, double value);
+/* Writes and frees `root`. */
+int cli_write_json(const char *path, struct cJSON *root);
+/* "4x2 (replica, fsdp)" or "1 device". */
+void cli_mesh_text(const cli_model *m, char *buf, size_t size);
+
+int cmd_train(int argc, char **argv);
+int cmd_explain(int argc, char **argv);
+int cmd_visualize(int argc, char **argv);
+
+#endif

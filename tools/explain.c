@@ -1,0 +1,111 @@
+/*
+ * `spmd explain`: how a training step is partitioned, without running it:
+ * each named tensor's sharding, each collective (kind, mesh axes, bytes per
+ * device, phase, the value it moves), per-device memory and the fallbacks.
+ */
+#include "cli.h"
+
+#include <cJSON.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *human(double bytes, char *buf, size_t size)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 3) bytes /= 1024, u++;
+    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+    return buf;
+}
+
+static void shape_text(const spmd_tensor *t, char *buf, size_t size)
+{
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < spmd_tensor_rank(t); i++)
+        n += (size_t)snprintf(buf + n, size - n, i ? ", %lld" : "%lld", (long long)spmd_tensor_dim(t, i));
+    snprintf(buf + n, size - n, "]");
+}
+
+static void print_tensors(const cli_model *m, cJSON *list)
+{
+    printf("\ntensors (named):\n  %-34s %-18s %s\n", "name", "shape", "sharding");
+    for (int i = 0; i < spmd_graph_tensor_count(m->g); i++) {
+        const spmd_tensor *t = spmd_graph_tensor(m->g, i);
+        if (!spmd_tensor_name(t)) continue;
+        char shape[96], spec[256];
+        shape_text(t, shape, sizeof shape);
+        spmd_get_sharding(t, spec, sizeof spec);
+        if (!spec[0]) snprintf(spec, sizeof spec, "replicated");
+        printf("  %-34s %-18s %s\n", spmd_tensor_name(t), shape, spec);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", spmd_tensor_name(t));
+        cJSON *dims = cJSON_AddArrayToObject(o, "shape");
+        for (int d = 0; d < spmd_tensor_rank(t); d++)
+            cJSON_AddItemToArray(dims, cJSON_CreateNumber((double)spmd_tensor_dim(t, d)));
+        cJSON_AddStringToObject(o, "sharding", spec);
+        cJSON_AddItemToArray(list, o);
+    }
+}
+
+static void print_collectives(const spmd_program *p)
+{
+    int n = spmd_program_collective_count(p);
+    double total = 0;
+    printf("\ncollectives per step (%d):\n", n);
+    if (n) printf("  %-9s %-15s %-16s %12s  %s\n", "phase", "kind", "axes", "bytes/device", "moves");
+    for (int i = 0; i < n; i++) {
+        spmd_collective_info c;
+        char b[32];
+        spmd_program_collective(p, i, &c);
+        total += (double)c.bytes;
+        printf("  %-9s %-15s %-16s %12s  %s\n", c.phase, c.kind, c.axes, human((double)c.bytes, b, sizeof b),
+               c.tensor);
+    }
+    char b[32];
+    if (n) printf("  in all: %s per device per step\n", human(total, b, sizeof b));
+}
+
+int cmd_explain(int argc, char **argv)
+{
+    cli_opts o;
+    int rc = cli_parse(argc, argv, "explain", &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    cli_model m;
+    rc = cli_build(&o, &m);
+    spmd_program *p = rc ? NULL : cli_compile(&o, &m);
+    if (!p) {
+        cli_model_free(&m);
+        return rc ? rc : 1;
+    }
+    char mesh[128], a[32], b[32];
+    cli_mesh_text(&m, mesh, sizeof mesh);
+    printf("spmd explain: %s, %.2fM parameters, mesh %s, batch %d\n", o.model, (double)m.params / 1e6,
+           mesh, o.batch);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "mesh", cli_mesh_json(&m));
+    cJSON_AddStringToObject(root, "model", o.model);
+    cJSON_AddNumberToObject(root, "params", (double)m.params);
+    print_tensors(&m, cJSON_AddArrayToObject(root, "tensors"));
+    print_collectives(p);
+    cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
+    printf("\nmemory per device: %s parameters + gradients + optimizer state, %s peak\n",
+           human((double)cli_param_bytes(p), a, sizeof a), human((double)spmd_program_peak_bytes(p), b, sizeof b));
+    cJSON_AddItemToObject(root, "param_bytes_per_device", cli_per_device(p, (double)cli_param_bytes(p)));
+    cJSON_AddItemToObject(root, "peak_bytes_per_device", cli_per_device(p, (double)spmd_program_peak_bytes(p)));
+    int nf = spmd_program_fallback_count(p);
+    printf("fallbacks (whole-tensor gathers an op forced): %d\n", nf);
+    cJSON *fb = cJSON_AddArrayToObject(root, "fallbacks");
+    for (int i = 0; i < nf; i++) {
+        char line[256];
+        spmd_program_fallback(p, i, line, sizeof line);
+        printf("  %s\n", line);
+        cJSON_AddItemToArray(fb, cJSON_CreateString(line));
+    }
+    cJSON_AddNumberToObject(root, "fallback_count", nf);
+    if (o.json) rc = cli_write_json(o.json, root);
+    else cJSON_Delete(root);
+    spmd_program_free(p);
+    cli_model_free(&m);
+    return rc;
+}

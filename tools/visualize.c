@@ -1,0 +1,47 @@
+/*
+ * `spmd visualize`: which device holds which block of a 1-D or 2-D
+ * tensor under a spec, e.g.
+ *   spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'
+ */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int cmd_visualize(int argc, char **argv)
+{
+    const char *mesh = "1", *axes = "data", *shape = NULL, *spec = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'\n");
+            return 0;
+        }
+        if (i + 1 >= argc) return cli_fail("%s needs a value", argv[i]);
+        const char *f = argv[i], *v = argv[++i];
+        if (!strcmp(f, "--mesh")) mesh = v;
+        else if (!strcmp(f, "--axes")) axes = v;
+        else if (!strcmp(f, "--shape")) shape = v;
+        else if (!strcmp(f, "--spec")) spec = v;
+        else return cli_fail("unknown flag '%s'", f);
+    }
+    if (!shape || !spec) return cli_fail("visualize needs --shape (e.g. 8,6) and --spec");
+    int64_t dims[SPMD_MAX_RANK];
+    int rank = 0;
+    for (const char *s = shape; *s;) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || v <= 0 || rank == SPMD_MAX_RANK)
+            return cli_fail("--shape wants positive sizes like 8,6, got '%s'", shape);
+        dims[rank++] = v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return cli_fail("--shape wants positive sizes like 8,6, got '%s'", shape);
+    }
+    spmd_mesh *m = spmd_mesh_parse(mesh, axes);
+    if (!m) return cli_fail("--mesh %s --axes %s: %s", mesh, axes, spmd_last_error());
+    char buf[1 << 16];
+    int n = spmd_sharding_visualize(m, spec, rank, dims, buf, sizeof buf);
+    spmd_mesh_free(m);
+    if (n < 0) return cli_fail("%s", spmd_last_error());
+    fputs(buf, stdout);
+    return 0;
+}
