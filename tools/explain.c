@@ -53,17 +53,21 @@ static void print_collectives(const spmd_program *p)
     int n = spmd_program_collective_count(p);
     double total = 0;
     printf("\ncollectives per step (%d):\n", n);
-    if (n) printf("  %-9s %-15s %-16s %12s  %s\n", "phase", "kind", "axes", "bytes/device", "moves");
+    double est = 0;
+    if (n) printf("  %-9s %-15s %-16s %12s %9s  %s\n", "phase", "kind", "axes", "bytes/device", "est. us", "moves");
     for (int i = 0; i < n; i++) {
         spmd_collective_info c;
         char b[32];
         spmd_program_collective(p, i, &c);
         total += (double)c.bytes;
-        printf("  %-9s %-15s %-16s %12s  %s\n", c.phase, c.kind, c.axes, human((double)c.bytes, b, sizeof b),
-               c.tensor);
+        est += c.seconds;
+        printf("  %-9s %-15s %-16s %12s %9.1f  %s\n", c.phase, c.kind, c.axes, human((double)c.bytes, b, sizeof b),
+               c.seconds * 1e6, c.tensor);
     }
     char b[32];
-    if (n) printf("  in all: %s per device per step\n", human(total, b, sizeof b));
+    if (n)
+        printf("  in all: %s per device per step, about %.2f ms by the alpha-beta model\n",
+               human(total, b, sizeof b), est * 1e3);
 }
 
 int cmd_explain(int argc, char **argv)

@@ -67,6 +67,7 @@ typedef struct spmd_collective_info {
     const char *kind;   /* "all-gather", "reduce-scatter", "all-reduce", "all-to-all" */
     char axes[64];      /* mesh axes, comma-separated: "replica,fsdp" */
     int64_t bytes;      /* per device: the larger of its input and output */
+    double seconds;     /* estimated by the per-axis alpha-beta cost model */
     int count;          /* times per step */
     const char *phase;  /* "forward", "backward" or "update" */
     char tensor[96];    /* the value it moves (a pending sum: named by its source) */

@@ -12,6 +12,7 @@
  * forward pass is not gathered again for the backward pass.
  */
 #include "shard/partition.h"
+#include "shard/cost.h"
 #include "base/error.h"
 
 #include <stdio.h>
@@ -115,7 +116,7 @@ static spmd_tensor *emit_coll(builder *b, ir_op kind, spmd_tensor *x, const mesh
     if (!grow(p, (void **)&p->colls, &p->cap_colls, p->n_colls + 1, sizeof *p->colls)) return NULL;
     size_t bytes = ir_nbytes(t) > ir_nbytes(x) ? ir_nbytes(t) : ir_nbytes(x);
     p->colls[p->n_colls++] = (part_collective){
-        kind, *axes, (int64_t)bytes,
+        kind, *axes, (int64_t)bytes, cost_collective(p->m, kind, axes, (int64_t)bytes),
         partition_phase(p->g, consumer >= 0 ? consumer : gid), gid, consumer};
     return t;
 }

@@ -18,6 +18,7 @@ typedef struct part_collective {
     ir_op kind;          /* IR_ALL_REDUCE, IR_ALL_GATHER, ... */
     mesh_axes axes;
     int64_t bytes;       /* per device: the larger of its input and output */
+    double seconds;      /* estimated by the alpha-beta model */
     part_phase phase;
     int tensor;          /* global node id of the value moved */
     int consumer;        /* global node id of the op that needed it (-1: output) */

@@ -5,6 +5,7 @@
  * product (reshape_map below).
  */
 #include "shard/propagate.h"
+#include "shard/cost.h"
 #include "base/error.h"
 
 #include <string.h>
@@ -111,17 +112,33 @@ static sharding reshape_map(const spmd_mesh *m, const sharding *from, int fr, co
 
 /* ---- The choice per op ---------------------------------------------------------- */
 
+/* What it would cost to gather every split dim of x: the price of
+ * letting another operand win a clash over x. */
+static double losing_cost(const shard_plan *p, const spmd_tensor *x)
+{
+    const sharding *s = &p->nodes[x->id].out;
+    double c = 0;
+    for (int i = 0; i < x->rank; i++)
+        c += cost_collective(p->m, IR_ALL_GATHER, &s->dim[i], (int64_t)ir_nbytes(x));
+    return c;
+}
+
 /* Operands ordered by the priority rules of propagate.h. */
 static void order_operands(const shard_plan *p, const spmd_tensor *t, int *order)
 {
-    for (int j = 0; j < t->n_in; j++) order[j] = j;
+    double cost[IR_MAX_INPUTS];
+    for (int j = 0; j < t->n_in; j++) {
+        order[j] = j;
+        cost[j] = losing_cost(p, t->in[j]);
+    }
     for (int a = 1; a < t->n_in; a++) {
         for (int b = a; b > 0; b--) {
             const spmd_tensor *x = t->in[order[b - 1]], *y = t->in[order[b]];
             const shard_node *nx = &p->nodes[x->id], *ny = &p->nodes[y->id];
             int kx = nx->data * 4 + (nx->level == SHARD_MARKED) * 2;
             int ky = ny->data * 4 + (ny->level == SHARD_MARKED) * 2;
-            bool swap = ky > kx || (ky == kx && ir_numel(y) > ir_numel(x));
+            double cx = cost[order[b - 1]], cy = cost[order[b]];
+            bool swap = ky > kx || (ky == kx && (cy > cx || (cy == cx && ir_numel(y) > ir_numel(x))));
             if (!swap) break;
             int tmp = order[b - 1];
             order[b - 1] = order[b];

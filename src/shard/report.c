@@ -60,6 +60,7 @@ spmd_status spmd_program_collective(const spmd_program *prog, int i, spmd_collec
         n += (size_t)snprintf(out->axes + n, sizeof out->axes - n, a ? ",%s" : "%s",
                               p->m->names[c->axes.axis[a]]);
     out->bytes = c->bytes;
+    out->seconds = c->seconds;
     out->count = 1;
     out->phase = partition_phase_name(c->phase);
     describe_tensor(p, c->tensor, out->tensor, sizeof out->tensor);

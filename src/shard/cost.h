@@ -1,0 +1,30 @@
+/*
+ * The alpha-beta cost model (DESIGN.md, "Reshard"): a collective over a
+ * group costs a latency per message (alpha) plus its bytes over the link
+ * bandwidth (beta per byte), per mesh axis, since an axis whose groups stay
+ * inside one process moves bytes through shared memory and one that
+ * crosses processes goes over the network.  A group over several axes is
+ * priced at its slowest axis.  Ring algorithms: an all-reduce moves
+ * 2(n-1)/n of the buffer, an all-gather, reduce-scatter or all-to-all
+ * (n-1)/n of the whole tensor.
+ */
+#ifndef SPMD_SHARD_COST_H
+#define SPMD_SHARD_COST_H
+
+#include "ir/ir.h"
+#include "mesh/mesh.h"
+
+/* Link figures of an axis kind. */
+typedef struct cost_link {
+    double alpha_s;       /* seconds per message */
+    double bytes_per_s;   /* bandwidth */
+} cost_link;
+
+/* Inside one process (shared memory) and across processes (network). */
+extern const cost_link COST_LOCAL, COST_REMOTE;
+
+/* Estimated seconds of collective `kind` over `axes` moving a tensor of
+ * `bytes` (the whole tensor: the gathered or unreduced side). */
+double cost_collective(const spmd_mesh *m, ir_op kind, const mesh_axes *axes, int64_t bytes);
+
+#endif
