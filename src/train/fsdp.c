@@ -1,0 +1,66 @@
+/*
+ * The FSDP wrapper, with PyTorch/XLA FSDPv2's behaviour: parameters are
+ * sharded over one mesh axis on their largest dimension, the batch over
+ * the data axes, and propagation does the rest (each weight all-gathered
+ * before use, its gradient reduce-scattered, the optimizer state sharded
+ * like it: ZeRO-3).  Marks the user already made are kept.
+ */
+#include "spmd/train.h"
+#include "base/error.h"
+#include "ir/ir.h"
+#include "mesh/mesh.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* "None, axis, None" with the axis on dim d; "" for rank 0. */
+static void dim_spec(int rank, int d, const char *axis, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < rank && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%s", i ? ", " : "", i == d ? axis : "None");
+}
+
+spmd_status spmd_fsdp_wrap(spmd_graph *g, const spmd_mesh *m, const char *axis,
+                           spmd_tensor *const *inputs, int n, const char *data_axes)
+{
+    if (!g || !m || !axis) return base_error(SPMD_ERR_INVALID, "fsdp: graph, mesh or axis is NULL");
+    int a = spmd_mesh_axis_index(m, axis);
+    if (a < 0) return SPMD_ERR_INVALID; /* the message names the axis and the mesh's axes */
+    int size = spmd_mesh_axis_size(m, a);
+    char spec[256];
+    for (int i = 0; i < g->n_nodes; i++) {
+        spmd_tensor *t = g->nodes[i];
+        if (t->op != IR_PARAM || t->mark) continue;
+        /* The largest dim that every device gets a piece of. */
+        int best = -1;
+        for (int d = 0; d < t->rank; d++)
+            if (t->dims[d] >= size && (best < 0 || t->dims[d] > t->dims[best])) best = d;
+        if (best < 0) continue;
+        dim_spec(t->rank, best, axis, spec, sizeof spec);
+        spmd_status st = spmd_mark_sharding(g, t, m, spec);
+        if (st != SPMD_OK) return st;
+    }
+    /* The batch: "(a, b), None, ..." over the data axes. */
+    char batch[192];
+    if (data_axes) {
+        snprintf(batch, sizeof batch, "(%s)", data_axes);
+    } else {
+        size_t k = (size_t)snprintf(batch, sizeof batch, "(");
+        for (int i = 0; i < spmd_mesh_rank(m); i++)
+            k += (size_t)snprintf(batch + k, sizeof batch - k, "%s%s", i ? ", " : "",
+                                  spmd_mesh_axis_name(m, i));
+        snprintf(batch + k, sizeof batch - k, ")");
+    }
+    for (int j = 0; j < n; j++) {
+        spmd_tensor *t = inputs[j];
+        if (!t) return base_error(SPMD_ERR_INVALID, "fsdp: input %d is NULL", j);
+        if (t->mark || t->rank == 0) continue;
+        size_t k = (size_t)snprintf(spec, sizeof spec, "%s", batch);
+        for (int d = 1; d < t->rank; d++) k += (size_t)snprintf(spec + k, sizeof spec - k, ", None");
+        spmd_status st = spmd_mark_sharding(g, t, m, spec);
+        if (st != SPMD_OK) return st;
+    }
+    return SPMD_OK;
+}
