@@ -72,6 +72,9 @@ SPMD_API spmd_status spmd_mlp_add_loss(spmd_graph *g, spmd_mlp_loss_kind kind,
  *     h.{i}.mlp.c_proj.weight  [C, 4C], .bias [C]
  *   ln_f.weight, ln_f.bias [C]
  * Pre-norm blocks, causal attention, GELU (tanh form), LayerNorm eps 1e-5.
+ * Block i's output [B, T, C] (the residual stream after its MLP) is the
+ * tensor named "h.{i}.out": spmd_graph_find(g, "h.3.out") finds it, e.g.
+ * to pass every block's output to spmd_grad_checkpointed (spmd/train.h).
  * Init as GPT-2 / nanoGPT: weights and embeddings normal(0, 0.02), the two
  * c_proj weights normal(0, 0.02 / sqrt(2 * layers)), biases zero,
  * LayerNorm weights one and biases zero. */
@@ -101,8 +104,9 @@ SPMD_API int64_t spmd_gpt_param_count(const spmd_gpt_config *cfg);
 SPMD_API spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
                                     spmd_gpt_tensors *out);
 /* One transformer block (parameters h.{layer}.*) on x [B, T, C] f32,
- * returning x + attn(ln_1(x)) followed by + mlp(ln_2(.)), [B, T, C].
- * For tests and for callers that assemble their own stack. */
+ * returning x + attn(ln_1(x)) followed by + mlp(ln_2(.)), [B, T, C],
+ * named "h.{layer}.out".  For tests and for callers that assemble their
+ * own stack. */
 SPMD_API spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer,
                                      spmd_tensor *x);
 

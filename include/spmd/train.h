@@ -40,13 +40,32 @@ typedef struct spmd_optimizer_tensors {
 /* Append the update of every parameter (spmd_grad first).  State tensors
  * ("<param>.momentum", "<param>.exp_avg", "<param>.exp_avg_sq", "opt.step")
  * start at zero and take their parameter's sharding; each gradient is held
- * in its parameter's sharding too (so FSDP reduce-scatters it).  The
- * global norm is a sum over every shard. */
+ * in its parameter's sharding too (so FSDP reduce-scatters it), through a
+ * marked copy that the update reads (spmd_tensor_grad stays the raw
+ * gradient).  The global norm, "opt.grad_norm", is a sum over every shard
+ * and an output whether or not clip_norm is set.  "opt.step" counts the
+ * steps run, and AdamW's bias corrections come from it.
+ *
+ * The learning rate is the graph's f32 scalar input "lr", created here or
+ * reused when the graph already has it.  `out` may be NULL.
+ *
+ * Refused with a message, leaving the graph as it was: NULL graph or
+ * settings; no spmd_grad yet; negative or non-finite momentum, weight
+ * decay, clip_norm or eps; a beta outside [0, 1); settings of the other
+ * kind (betas or eps for SGD, momentum for AdamW); a tensor "lr" that is
+ * not an f32 scalar input; a parameter that already has an update
+ * (spmd_sgd or a second call) or was created after spmd_grad; state
+ * names already taken.  After SPMD_ERR_NOMEM the graph may hold part of
+ * the update and is only fit for spmd_graph_free. */
 SPMD_API spmd_status spmd_optimizer_apply(spmd_graph *g, const spmd_optimizer *opt,
                                           spmd_optimizer_tensors *out);
 
 /* Linear warmup over `warmup` steps to `peak`, then cosine decay to `floor`
- * at `total` steps (and `floor` after).  step counts from 0. */
+ * at `total` steps (and `floor` after).  step counts from 0: step s < warmup
+ * gets peak * s / warmup (so step 0 gets 0, as in Hugging Face's
+ * get_cosine_schedule_with_warmup), step `warmup` gets peak.  A negative
+ * step or warmup counts as 0; total <= warmup gives the floor once warmup
+ * ends. */
 SPMD_API float spmd_lr_schedule(int step, int warmup, int total, float peak, float floor);
 
 /* ---- FSDP wrapper ------------------------------------------------------------- */
@@ -63,8 +82,24 @@ SPMD_API spmd_status spmd_fsdp_wrap(spmd_graph *g, const spmd_mesh *m, const cha
 
 /* spmd_grad with activation checkpointing: the forward values between
  * consecutive checkpoints are recomputed in the backward pass instead of
- * kept, so only the `checkpoints` (e.g. each transformer block's output)
- * live from the forward to the backward pass. */
+ * kept, so only the `checkpoints` (e.g. each transformer block's output,
+ * "h.{i}.out" in the GPT of spmd/models.h) live from the forward to the
+ * backward pass.  On one device the gradients are the same bits as
+ * spmd_grad's (the recompute runs the same kernels on the same values).
+ *
+ * The checkpoints (n of them, any order, repeats ignored) cut the forward
+ * pass, in creation order, into segments; each segment's values that the
+ * backward pass reads are recomputed from the checkpoints and leaves
+ * (inputs, parameters, state), which are never recomputed, right before
+ * that segment's backward ops first need them.  The values after the last
+ * checkpoint (the model's head and the loss), outputs marked before the
+ * call and update values are kept, not recomputed.  n == 0 is spmd_grad.
+ *
+ * Refused, leaving the graph as it was: a graph that already has a
+ * backward pass, a NULL loss or checkpoint, a checkpoint that is a leaf,
+ * of another graph, or not part of the loss's forward pass (the loss does
+ * not depend on it).  After an allocation failure the graph is as a
+ * failed spmd_grad leaves it, or holds spmd_grad's plain backward pass. */
 SPMD_API spmd_status spmd_grad_checkpointed(spmd_graph *g, spmd_tensor *loss,
                                             spmd_tensor *const *checkpoints, int n);
 

@@ -467,7 +467,9 @@ static spmd_status name_grad(spmd_graph *g, spmd_tensor *p, spmd_tensor *gr, int
     return SPMD_OK;
 }
 
-spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss)
+spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss) { return ir_grad(g, loss, NULL); }
+
+spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
 {
     char buf[160];
     if (!g) return base_error(SPMD_ERR_INVALID, "spmd_grad: graph is NULL");
@@ -541,6 +543,8 @@ spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss)
 
     g->has_grad = true;
     g->backward_begin = n;
+    if (rule_begin)
+        for (int i = 0; i < n; i++) rule_begin[i] = -1;
     want_set = need;
     want_count = n;
     if (need[last]) {
@@ -553,6 +557,7 @@ spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss)
     for (int i = last; i >= 0; i--) {
         spmd_tensor *t = g->nodes[i];
         if (!need[i] || !adj[i]) continue;
+        if (rule_begin) rule_begin[i] = g->n_nodes;
         spmd_tensor *dx[IR_MAX_INPUTS] = {0};
         st = ir_op_vjp(t->op)(g, t, adj[i], dx);
         if (st != SPMD_OK) goto out;

@@ -100,7 +100,7 @@ typedef struct ir_dimsig {
     int n_iter;
     int64_t size[IR_MAX_ITER];
     uint8_t kind[IR_MAX_ITER];     /* ir_iter_kind */
-    int64_t granule[IR_MAX_ITER];  /* a shard must hold multiples (heads) */
+    int64_t granule[IR_MAX_ITER];  /* > 0: a shard must hold exact multiples (heads) */
     char letter[IR_MAX_ITER];      /* for printing: "mk,kn->mn" */
     int n_in;
     int in_rank[IR_MAX_INPUTS], out_rank;
@@ -160,6 +160,16 @@ spmd_tensor *ir_embedding_backward(spmd_graph *g, spmd_tensor *ids, spmd_tensor 
 /* dlogits = (softmax(logits) - onehot(targets)) * dloss / count(targets). */
 spmd_tensor *ir_cross_entropy_backward(spmd_graph *g, spmd_tensor *logits,
                                        spmd_tensor *targets, spmd_tensor *dloss);
+
+/* spmd_grad, also saying which forward node's backward rule emitted each
+ * backward node, for rewrites that work per forward region (checkpoint.c).
+ * rule_begin (one entry per node the graph has at the call) is NULL or
+ * gets, for forward node i, the id of the first node its rule (and the
+ * adjoint sums after it) appended, or -1 where the rule did not run.
+ * Rules run from the loss down, so these ids grow as i falls, and node i
+ * owns the backward nodes up to the next larger one (the last rule also
+ * owns the gradient naming after it). */
+spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin);
 
 /* Sum dy down to the shape of x (undoing numpy broadcasting). */
 spmd_tensor *ir_reduce_to_shape(spmd_graph *g, spmd_tensor *dy, const spmd_tensor *x);

@@ -109,7 +109,14 @@ static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, 
     snprintf(p, sizeof p, "h.%d.mlp.c_fc", layer);
     m = spmd_gelu(g, linear(g, m, p, c, 4 * c, GPT_STD)); // [B, T, 4C]
     snprintf(p, sizeof p, "h.%d.mlp.c_proj", layer);
-    return spmd_add(g, x, linear(g, m, p, 4 * c, c, proj_std)); // [B, T, C]
+    x = spmd_add(g, x, linear(g, m, p, 4 * c, c, proj_std)); // [B, T, C]
+
+    /* Named so callers can find each block's output (the usual activation
+     * checkpoint, spmd_grad_checkpointed) with spmd_graph_find. */
+    snprintf(p, sizeof p, "h.%d.out", layer);
+    if (x && spmd_tensor_set_name(x, p) != SPMD_OK)
+        return NULL;
+    return x;
 }
 
 spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x)

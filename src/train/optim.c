@@ -1,0 +1,474 @@
+/*
+ * Optimizers as graph ops appended after spmd_grad (spmd/train.h): SGD
+ * with momentum and L2 weight decay, AdamW, and clipping by the global
+ * gradient norm, each with PyTorch's semantics (torch.optim.SGD,
+ * torch.optim.AdamW, torch.nn.utils.clip_grad_norm_), plus the learning
+ * rate schedule.
+ *
+ * Being graph ops, the updates are partitioned with the rest of the step.
+ * A marked parameter's moments, and the copy of its gradient the update
+ * reads, get the parameter's mark: left to propagation, a state tensor
+ * only learns its sharding from consumers, which fails through chains of
+ * values nobody has placed yet.  With the marks, FSDP reduce-scatters each
+ * gradient into the parameter's shard and every device holds and updates
+ * only its block of each moment (ZeRO-3).
+ *
+ * The learning rate is an input, so a schedule changes it every step
+ * without recompiling; the step count is a state scalar, so AdamW's bias
+ * corrections are computed in the graph and a checkpoint of the state
+ * resumes them exactly.
+ */
+#include "train/optim.h"
+
+#include "base/error.h"
+#include "ir/ir.h"
+#include "mesh/sharding.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define LR_NAME "lr"
+#define STEP_NAME "opt.step"
+#define NORM_NAME "opt.grad_norm"
+#define NAME_SIZE 256
+#define CLIP_EPS 1e-6f /* clip_grad_norm_'s guard against a zero norm */
+#define ADAM_BETA1 0.9f
+#define ADAM_BETA2 0.999f
+#define ADAM_EPS 1e-8f
+
+/* The state each kind keeps per parameter: "<param><suffix>". */
+static const char *const sgd_momentum_state[] = {".momentum"};
+static const char *const adamw_state[] = {".exp_avg", ".exp_avg_sq"};
+
+static int state_count(const spmd_optimizer *o)
+{
+    if (o->kind == SPMD_OPTIMIZER_ADAMW) return 2;
+    return o->momentum != 0.0f ? 1 : 0;
+}
+
+static const char *state_suffix(const spmd_optimizer *o, int i)
+{
+    return o->kind == SPMD_OPTIMIZER_ADAMW ? adamw_state[i] : sgd_momentum_state[i];
+}
+
+/* A graph op returned NULL and has already said why; keep its message.
+ * Everything was checked before the first op, so only allocation may fail
+ * there: anything else is a bug. */
+static spmd_status builder_failed(const char *who)
+{
+    const char *msg = spmd_last_error();
+    if (strncmp(msg, "out of memory", 13) == 0) return SPMD_ERR_NOMEM;
+    if (!base_error_pending() || msg[0] == '\0')
+        return base_error(SPMD_ERR_INTERNAL, "%s: a graph op failed without a message", who);
+    return SPMD_ERR_INTERNAL;
+}
+
+/* ---- Settings ---------------------------------------------------------------------------- */
+
+static bool nonneg(float x) { return x >= 0.0f && isfinite(x); }
+
+/* Check `opt` and fill `r` with the settings in force (AdamW defaults in). */
+static spmd_status resolve(const spmd_optimizer *opt, const char *who, spmd_optimizer *r)
+{
+    *r = *opt;
+    if (!nonneg(opt->weight_decay))
+        return base_error(SPMD_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", who,
+                          (double)opt->weight_decay);
+    if (!nonneg(opt->clip_norm))
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: clip_norm %g must be finite and >= 0 (0 turns clipping off)", who,
+                          (double)opt->clip_norm);
+    switch (opt->kind) {
+    case SPMD_OPTIMIZER_SGD:
+        if (!nonneg(opt->momentum))
+            return base_error(SPMD_ERR_INVALID, "%s: SGD momentum %g must be finite and >= 0",
+                              who, (double)opt->momentum);
+        /* Settings SGD would silently ignore are most likely a mistaken kind. */
+        if (opt->beta1 != 0.0f || opt->beta2 != 0.0f || opt->eps != 0.0f)
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: beta1, beta2 and eps are AdamW settings; SGD takes momentum, "
+                              "weight_decay and clip_norm", who);
+        return SPMD_OK;
+    case SPMD_OPTIMIZER_ADAMW:
+        if (opt->momentum != 0.0f)
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: momentum is an SGD setting; AdamW's first moment decays by "
+                              "beta1", who);
+        if (opt->beta1 == 0.0f && opt->beta2 == 0.0f) {
+            r->beta1 = ADAM_BETA1;
+            r->beta2 = ADAM_BETA2;
+        }
+        if (!(r->beta1 >= 0.0f && r->beta1 < 1.0f))
+            return base_error(SPMD_ERR_INVALID, "%s: AdamW beta1 %g is outside [0, 1)", who,
+                              (double)r->beta1);
+        if (!(r->beta2 >= 0.0f && r->beta2 < 1.0f))
+            return base_error(SPMD_ERR_INVALID, "%s: AdamW beta2 %g is outside [0, 1)", who,
+                              (double)r->beta2);
+        if (opt->eps == 0.0f) r->eps = ADAM_EPS;
+        if (!(r->eps > 0.0f && isfinite(r->eps)))
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: AdamW eps %g must be finite and > 0 (0 means 1e-8)", who,
+                              (double)opt->eps);
+        return SPMD_OK;
+    }
+    return base_error(SPMD_ERR_INVALID, "%s: unknown optimizer kind %d", who, (int)opt->kind);
+}
+
+/* ---- Checks on the graph, before anything is appended ------------------------------------ */
+
+static spmd_status name_free(const spmd_graph *g, const char *name, const char *who)
+{
+    if (!spmd_graph_find(g, name)) return SPMD_OK;
+    return base_error(SPMD_ERR_INVALID,
+                      "%s: the graph already has a tensor named '%s' (applied an optimizer "
+                      "twice?)", who, name);
+}
+
+static spmd_status state_name(const spmd_tensor *p, const char *suffix, char *buf, const char *who)
+{
+    int n = snprintf(buf, NAME_SIZE, "%s%s", p->name, suffix);
+    if (n < 0 || n >= NAME_SIZE)
+        return base_error(SPMD_ERR_INVALID, "%s: parameter name '%.64s...' is too long for its "
+                          "state names (at most %d characters)", who, p->name,
+                          NAME_SIZE - 1 - (int)strlen(suffix));
+    return SPMD_OK;
+}
+
+/* The learning rate: the caller's tensor, else the graph's input "lr";
+ * *lr stays NULL when that is still to be created. */
+static spmd_status check_lr(const spmd_graph *g, spmd_tensor **lr, const char *who)
+{
+    const spmd_tensor *t = *lr;
+    if (!t) {
+        t = *lr = spmd_graph_find(g, LR_NAME);
+        if (!t) return SPMD_OK;
+        if (t->op != IR_INPUT)
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: the graph's tensor '" LR_NAME "' is a %s; the learning rate is "
+                              "the f32 scalar input '" LR_NAME "' (rename the other tensor)",
+                              who, ir_op_name(t->op));
+    }
+    if (t->graph != g)
+        return base_error(SPMD_ERR_INVALID, "%s: lr belongs to another graph", who);
+    if (t->rank != 0 || t->dtype != SPMD_F32)
+        return base_error(SPMD_ERR_SHAPE, "%s: lr must be an f32 scalar, got rank %d %s", who,
+                          t->rank, spmd_dtype_name(t->dtype));
+    return SPMD_OK;
+}
+
+static spmd_status check_param(const spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
+                               const char *who)
+{
+    if (!p->grad)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: parameter '%s' was created after spmd_grad and has no gradient",
+                          who, p->name);
+    for (int i = 0; i < g->n_updates; i++)
+        if (g->updates[i].target == p)
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: parameter '%s' already has an update (spmd_sgd or an optimizer "
+                              "was applied already)", who, p->name);
+    /* Every mark of a graph is on its one mesh (marks.c), which the state
+     * marks copied from the parameter's rely on. */
+    if (p->mark && !g->mesh) return BASE_INTERNAL("a marked parameter in a graph without a mesh");
+    char name[NAME_SIZE];
+    for (int k = 0; k < state_count(o); k++) {
+        spmd_status st = state_name(p, state_suffix(o, k), name, who);
+        if (st == SPMD_OK) st = name_free(g, name, who);
+        if (st != SPMD_OK) return st;
+    }
+    return SPMD_OK;
+}
+
+static spmd_status check_graph(const spmd_graph *g, const spmd_optimizer *o, bool bookkeeping,
+                               const char *who)
+{
+    if (!g->has_grad)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: call spmd_grad first: the update needs every parameter's gradient",
+                          who);
+    int params = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *p = g->nodes[i];
+        if (p->op != IR_PARAM) continue;
+        params++;
+        spmd_status st = check_param(g, o, p, who);
+        if (st != SPMD_OK) return st;
+    }
+    if (!bookkeeping) return SPMD_OK;
+    if (params == 0) return base_error(SPMD_ERR_INVALID, "%s: the graph has no parameters", who);
+    spmd_status st = name_free(g, STEP_NAME, who);
+    return st != SPMD_OK ? st : name_free(g, NORM_NAME, who);
+}
+
+/* ---- Building blocks --------------------------------------------------------------------- */
+
+static spmd_status copy_mark(spmd_graph *g, spmd_tensor *t, const sharding *mark)
+{
+    if (!t->mark) t->mark = base_arena_alloc(&g->arena, sizeof *t->mark);
+    if (!t->mark) return SPMD_ERR_NOMEM;
+    *t->mark = *mark;
+    return SPMD_OK;
+}
+
+/* "<param><suffix>", zeros, in the parameter's sharding. */
+static spmd_tensor *param_state(spmd_graph *g, const spmd_tensor *p, const char *suffix)
+{
+    char name[NAME_SIZE];
+    snprintf(name, sizeof name, "%s%s", p->name, suffix); /* length checked up front */
+    spmd_tensor *s = spmd_state(g, name, p->rank, p->dims, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
+    if (s && p->mark && copy_mark(g, s, p->mark) != SPMD_OK) return NULL;
+    return s;
+}
+
+static spmd_status update(spmd_graph *g, spmd_tensor *target, spmd_tensor *value, const char *who)
+{
+    if (!target || !value) return builder_failed(who);
+    return spmd_graph_set_update(g, target, value);
+}
+
+static spmd_tensor *sum_of_squares(spmd_graph *g, spmd_tensor *x)
+{
+    spmd_tensor *sq = spmd_mul(g, x, x);
+    if (!sq || x->rank == 0) return sq;
+    return spmd_sum(g, sq, (1u << x->rank) - 1u, false);
+}
+
+/* min(1, c) for a scalar c.  There is no min op; -max(-c, -1) is exact,
+ * where 1 - relu(1 - c) loses the low bits of a small c (hard clipping)
+ * and c - relu(c - 1) breaks once c - 1 rounds (a norm near zero). */
+static spmd_tensor *min_one(spmd_graph *g, spmd_tensor *c)
+{
+    const int64_t dims[1] = {1};
+    spmd_tensor *pair[2] = {spmd_reshape(g, spmd_neg(g, c), 1, dims), spmd_fill(g, 1, dims, -1.0f)};
+    return spmd_neg(g, spmd_max(g, spmd_concat(g, pair, 2, 0), 0, false));
+}
+
+/* 1 - b^t for the step count t >= 1 (an f32 scalar): -expm1(t ln b), with
+ * expm1(x) = tanh(x / 2) (e^x + 1).  Written as 1 - exp(t ln b) it cancels:
+ * at b = 0.999, t = 1 only 3 of the 7 digits survive. */
+static spmd_tensor *bias_correction(spmd_graph *g, spmd_tensor *t, spmd_tensor *one, float b)
+{
+    if (b == 0.0f) return one; /* 0^t = 0 */
+    double ln_b = log((double)b);
+    spmd_tensor *e = spmd_add(g, spmd_exp(g, spmd_scale(g, t, (float)ln_b)), one);
+    spmd_tensor *th = spmd_tanh(g, spmd_scale(g, t, (float)(0.5 * ln_b)));
+    return spmd_neg(g, spmd_mul(g, th, e));
+}
+
+/* Scalars every parameter's update shares. */
+typedef struct shared {
+    spmd_tensor *lr;
+    spmd_tensor *clip_scale; /* NULL: no clipping */
+    /* AdamW */
+    spmd_tensor *decay;      /* 1 - lr wd; NULL without weight decay */
+    spmd_tensor *step_size;  /* lr / (1 - b1^t) */
+    spmd_tensor *bc2_sqrt;   /* sqrt(1 - b2^t) */
+    spmd_tensor *eps;
+} shared;
+
+/* torch.optim.SGD (dampening 0, no Nesterov):
+ *   d = g + wd p;  buf = momentum buf + d;  p -= lr buf  (lr d without momentum).
+ * torch starts buf as a copy of the first d; a zero buffer gives exactly
+ * that (momentum * 0 + d == d), and a buffer restored from a checkpoint
+ * resumes where it was. */
+static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
+                             spmd_tensor *grad, const shared *s, const char *who)
+{
+    spmd_tensor *d = grad;
+    if (o->weight_decay != 0.0f) d = spmd_add(g, d, spmd_scale(g, p, o->weight_decay));
+    if (o->momentum != 0.0f) {
+        spmd_tensor *buf = param_state(g, p, sgd_momentum_state[0]);
+        spmd_tensor *next = spmd_add(g, spmd_scale(g, buf, o->momentum), d);
+        spmd_status st = update(g, buf, next, who);
+        if (st != SPMD_OK) return st;
+        d = next;
+    }
+    return update(g, p, spmd_sub(g, p, spmd_mul(g, d, s->lr)), who);
+}
+
+/* torch.optim.AdamW, in its order of operations:
+ *   p *= 1 - lr wd
+ *   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
+ *   p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
+static spmd_status adamw_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
+                               spmd_tensor *grad, const shared *s, const char *who)
+{
+    spmd_tensor *m = param_state(g, p, adamw_state[0]);
+    spmd_tensor *v = param_state(g, p, adamw_state[1]);
+    /* (1 - b) rounded from double, as torch passes it to the kernels. */
+    float c1 = (float)(1.0 - (double)o->beta1), c2 = (float)(1.0 - (double)o->beta2);
+    spmd_tensor *m_next = spmd_add(g, spmd_scale(g, m, o->beta1), spmd_scale(g, grad, c1));
+    spmd_tensor *v_next =
+        spmd_add(g, spmd_scale(g, v, o->beta2), spmd_scale(g, spmd_mul(g, grad, grad), c2));
+    spmd_status st = update(g, m, m_next, who);
+    if (st == SPMD_OK) st = update(g, v, v_next, who);
+    if (st != SPMD_OK) return st;
+    spmd_tensor *denom = spmd_add(g, spmd_div(g, spmd_sqrt(g, v_next), s->bc2_sqrt), s->eps);
+    spmd_tensor *delta = spmd_div(g, spmd_mul(g, m_next, s->step_size), denom);
+    spmd_tensor *base = s->decay ? spmd_mul(g, p, s->decay) : p;
+    return update(g, p, spmd_sub(g, base, delta), who);
+}
+
+/* ---- The whole update -------------------------------------------------------------------- */
+
+/* The gradient the update reads, on a mesh: a copy held in the
+ * parameter's sharding (replicated for an unmarked parameter).  Marking
+ * the gradient's producer instead (a matmul summing over the batch) makes
+ * propagation place that op by the mark first and gather its batch-split
+ * operands whole; a marked copy leaves the producer its pending sum and
+ * resolves it once, into the shard (one reduce-scatter, and an all-reduce
+ * over the replica axes).  Unheld, every consumer (the norm, each moment)
+ * would resolve the pending sum again. */
+static spmd_tensor *held_grad(spmd_graph *g, const spmd_tensor *p)
+{
+    if (!g->mesh) return p->grad;
+    spmd_tensor *held = spmd_scale(g, p->grad, 1.0f);
+    sharding whole = sharding_replicated(p->rank);
+    if (held && copy_mark(g, held, p->mark ? p->mark : &whole) != SPMD_OK) return NULL;
+    return held;
+}
+
+static bool same_mark(const spmd_tensor *a, const spmd_tensor *b)
+{
+    if (!a->mark || !b->mark) return !a->mark && !b->mark;
+    return sharding_equal(a->mark, b->mark);
+}
+
+/* Sum of every gradient's squares, those of equally marked parameters
+ * first: their partial sums are pending over the same axes and add up
+ * before one all-reduce, where a sum in parameter order would resolve at
+ * every change of mark.  `grouped` is scratch, n_params long. */
+static spmd_tensor *squares_total(spmd_graph *g, spmd_tensor **params, spmd_tensor **grads,
+                                  int n_params, bool *grouped)
+{
+    spmd_tensor *total = NULL;
+    memset(grouped, 0, (size_t)n_params * sizeof *grouped);
+    for (int k = 0; k < n_params; k++) {
+        if (grouped[k]) continue;
+        spmd_tensor *group = NULL;
+        for (int j = k; j < n_params; j++) {
+            if (grouped[j] || !same_mark(params[j], params[k])) continue;
+            grouped[j] = true;
+            spmd_tensor *sq = sum_of_squares(g, grads[j]);
+            group = group ? spmd_add(g, group, sq) : sq;
+        }
+        total = total ? spmd_add(g, total, group) : group;
+    }
+    return total;
+}
+
+/* Append the updates once everything is checked: only allocation can fail. */
+static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *lr,
+                          bool bookkeeping, const char *who, spmd_tensor **params,
+                          spmd_tensor **grads, bool *grouped, int n_params,
+                          spmd_optimizer_tensors *out)
+{
+    spmd_status st;
+    for (int k = 0; k < n_params; k++)
+        if (!(grads[k] = bookkeeping ? held_grad(g, params[k]) : params[k]->grad))
+            return builder_failed(who);
+
+    shared s = {.lr = lr};
+    spmd_tensor *one = spmd_fill(g, 0, NULL, 1.0f), *t = NULL, *norm = NULL;
+    if (bookkeeping) {
+        spmd_tensor *step = spmd_state(g, STEP_NAME, 0, NULL, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
+        t = spmd_add(g, step, one); /* this step's count, from 1 */
+        if ((st = update(g, step, t, who)) != SPMD_OK) return st;
+    }
+    if (bookkeeping || o->clip_norm > 0.0f) {
+        /* sqrt of the sum over every parameter of sum(g^2): on a mesh each
+         * device sums its blocks and the partitioner adds the partials. */
+        spmd_tensor *total = squares_total(g, params, grads, n_params, grouped);
+        norm = total ? spmd_sqrt(g, total) : spmd_fill(g, 0, NULL, 0.0f);
+        if (!norm) return builder_failed(who);
+        if (bookkeeping && ((st = spmd_tensor_set_name(norm, NORM_NAME)) != SPMD_OK ||
+                            (st = spmd_graph_mark_output(g, norm)) != SPMD_OK))
+            return st;
+    }
+    if (o->clip_norm > 0.0f) {
+        /* clip_grad_norm_: scale = min(1, clip / (norm + 1e-6)), applied
+         * whether or not it is below 1, as torch does. */
+        spmd_tensor *guarded = spmd_add(g, norm, spmd_fill(g, 0, NULL, CLIP_EPS));
+        s.clip_scale = min_one(g, spmd_div(g, spmd_fill(g, 0, NULL, o->clip_norm), guarded));
+        if (!s.clip_scale) return builder_failed(who); /* NULL would mean "no clipping" */
+    }
+    if (o->kind == SPMD_OPTIMIZER_ADAMW) {
+        if (o->weight_decay != 0.0f &&
+            !(s.decay = spmd_sub(g, one, spmd_scale(g, lr, o->weight_decay))))
+            return builder_failed(who); /* NULL would mean "no decay" */
+        s.step_size = spmd_div(g, lr, bias_correction(g, t, one, o->beta1));
+        s.bc2_sqrt = spmd_sqrt(g, bias_correction(g, t, one, o->beta2));
+        s.eps = spmd_fill(g, 0, NULL, o->eps);
+    }
+
+    for (int k = 0; k < n_params; k++) {
+        spmd_tensor *grad = s.clip_scale ? spmd_mul(g, grads[k], s.clip_scale) : grads[k];
+        st = o->kind == SPMD_OPTIMIZER_ADAMW ? adamw_param(g, o, params[k], grad, &s, who)
+                                              : sgd_param(g, o, params[k], grad, &s, who);
+        if (st != SPMD_OK) return st;
+    }
+    if (out) {
+        out->lr = lr;
+        out->grad_norm = bookkeeping ? norm : NULL;
+    }
+    return SPMD_OK;
+}
+
+/* ---- Entry points ------------------------------------------------------------------------ */
+
+spmd_status train_optimizer_append(spmd_graph *g, const spmd_optimizer *opt, spmd_tensor *lr,
+                                   bool bookkeeping, const char *who,
+                                   spmd_optimizer_tensors *out)
+{
+    if (out) memset(out, 0, sizeof *out);
+    if (!g || !opt) return base_error(SPMD_ERR_INVALID, "%s: graph or settings is NULL", who);
+    spmd_optimizer o;
+    spmd_status st = resolve(opt, who, &o);
+    if (st != SPMD_OK) return st;
+    if (o.kind == SPMD_OPTIMIZER_ADAMW && !bookkeeping)
+        return BASE_INTERNAL("AdamW needs the step counter");
+    if ((st = check_lr(g, &lr, who)) != SPMD_OK) return st;
+    if ((st = check_graph(g, &o, bookkeeping, who)) != SPMD_OK) return st;
+
+    /* The parameters as they are now (the update adds nodes, no params). */
+    int n_params = 0;
+    for (int i = 0; i < g->n_nodes; i++) n_params += g->nodes[i]->op == IR_PARAM;
+    size_t n = (size_t)(n_params ? n_params : 1);
+    spmd_tensor **params = base_alloc(&g->alloc, n * (2 * sizeof(spmd_tensor *) + sizeof(bool)),
+                                      "optimizer parameter list");
+    if (!params) return SPMD_ERR_NOMEM;
+    spmd_tensor **grads = params + n;
+    bool *grouped = (bool *)(grads + n);
+    for (int i = 0, k = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == IR_PARAM) params[k++] = g->nodes[i];
+
+    if (lr || (lr = spmd_input(g, LR_NAME, SPMD_F32, 0, NULL)))
+        st = append(g, &o, lr, bookkeeping, who, params, grads, grouped, n_params, out);
+    else
+        st = builder_failed(who);
+    base_free(&g->alloc, params);
+    return st;
+}
+
+spmd_status spmd_optimizer_apply(spmd_graph *g, const spmd_optimizer *opt,
+                                 spmd_optimizer_tensors *out)
+{
+    return train_optimizer_append(g, opt, NULL, true, "optimizer", out);
+}
+
+/* The Hugging Face / PyTorch warmup-cosine rule (LambdaLR with
+ * get_cosine_schedule_with_warmup's factor), decaying to `floor` instead
+ * of 0: peak * step / warmup while warming up, so the first step (step 0)
+ * is at 0 and step `warmup` at the peak. */
+float spmd_lr_schedule(int step, int warmup, int total, float peak, float floor)
+{
+    if (step < 0) step = 0;
+    if (warmup < 0) warmup = 0;
+    if (step < warmup) return (float)((double)peak * step / warmup);
+    if (step >= total) return floor;
+    double progress = (double)(step - warmup) / (double)(total - warmup);
+    double cosine = 0.5 * (1.0 + cos(M_PI * progress));
+    return (float)((double)floor + ((double)peak - (double)floor) * cosine);
+}
