@@ -1,7 +1,7 @@
 /*
- * Flags, model building and data feeding shared by `spmd train` and
- * `spmd explain`.  Flags map onto cli_opts; the library reads no
- * environment.
+ * Flags, model building, data feeding and evaluation shared by
+ * `spmd train` and `spmd explain`.  Flags map onto cli_opts; the library
+ * reads no environment.
  */
 #include "cli.h"
 
@@ -26,22 +26,31 @@ void cli_usage(FILE *f, const char *command)
 {
     fprintf(f,
             "usage: spmd %s [flags]\n"
-            "  --model gpt|mlp      model to train (gpt)\n"
-            "  --layers N --dim N --heads N --seq N --vocab N   GPT shape (2, 64, 4, 32, 64)\n"
-            "  --context N          GPT position table rows (1024, as GPT-2; at least --seq)\n"
+            "  --mesh SHAPE         device mesh, e.g. 8 or 4x2 (4x2)\n"
+            "  --axes NAMES         mesh axis names (replica,fsdp)\n"
+            "  --devices N          device workers (the mesh size; alone: a mesh N, axis 'data')\n"
+            "  --fsdp AXIS|none     shard every parameter on its largest dim over AXIS\n"
+            "                       (default: the axis named fsdp when the mesh has one)\n"
+            "  --shard PATTERN=SPEC shard the tensors whose names match the glob and whose rank\n"
+            "                       fits the spec, e.g. '*.weight=fsdp,None'; repeatable, later\n"
+            "                       rules win; the inputs' batch dim is split over every mesh\n"
+            "                       axis unless a rule names them\n"
+            "  --model gpt|mlp      model (gpt)\n"
+            "  --layers N --dim N --heads N --seq N   GPT shape (2, 96, 4, 40)\n"
+            "  --vocab N            vocabulary (the data's)\n"
+            "  --context N          GPT position table rows (--seq)\n"
             "  --hidden N           MLP width (128); --layers sets its depth\n"
-            "  --batch N            global batch (16)\n"
-            "  --steps N            training steps (60)\n"
-            "  --lr X               SGD learning rate (0.1)\n"
+            "  --data PATH          arith (built-in additions), a text file, or llm.c token\n"
+            "                       shards (FILE.bin or a glob) (arith)\n"
+            "  --batch N            global batch (32)\n"
+            "  --steps N            training steps (2000)\n"
+            "  --optimizer sgd|adamw  (adamw, weight decay 0.01, clip 1.0)\n"
+            "  --lr X               peak learning rate (adamw 3e-3 with warmup and cosine\n"
+            "                       decay; sgd 0.1, constant)\n"
+            "  --checkpoint on|off  recompute GPT block activations in backward (off)\n"
+            "  --eval N             held-out samples scored at the end (256)\n"
             "  --seed N             initialisation and data seed (1)\n"
             "  --threads N          compute threads in all (every core)\n"
-            "  --mesh SHAPE         device mesh, e.g. 8 or 4x2 (1)\n"
-            "  --axes NAMES         mesh axis names, e.g. data or replica,fsdp (data)\n"
-            "  --shard PATTERN=SPEC shard the tensors whose names match the glob, e.g.\n"
-            "                       '*.weight=fsdp,None' or 'input=(replica,fsdp),None';\n"
-            "                       repeatable, later rules win; the batch dim of the\n"
-            "                       inputs is split over every mesh axis unless a rule\n"
-            "                       names them\n"
             "  --json FILE          write a JSON report\n"
             "  --blas NAME          GEMM library: auto, openblas or blis (auto)\n"
             "  --blas-core NAME     OpenBLAS core type, e.g. SkylakeX (fits the CPU)\n",
@@ -52,14 +61,15 @@ static void defaults(cli_opts *o)
 {
     memset(o, 0, sizeof *o);
     strcpy(o->model, "gpt");
-    o->gpt = (spmd_gpt_config){.vocab = 64, .seq = 32, .layers = 2, .heads = 4, .dim = 64};
-    o->mlp = (spmd_mlp_config){.in_dim = 32, .hidden = 128, .layers = 2, .out_dim = 32};
-    o->batch = 16;
-    o->steps = 60;
-    o->lr = 0.1f;
+    o->gpt = (spmd_gpt_config){.seq = 40, .layers = 2, .heads = 4, .dim = 96};
+    o->mlp = (spmd_mlp_config){.hidden = 128, .layers = 2};
+    o->batch = 32;
+    o->steps = 2000;
     o->seed = 1;
-    o->mesh = "1";
-    o->axes = "data";
+    o->mesh = "4x2";
+    o->axes = "replica,fsdp";
+    o->optimizer = (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f};
+    o->eval_samples = 256;
 }
 
 static int parse_int(const char *flag, const char *text, int min, int *out)
@@ -73,9 +83,17 @@ static int parse_int(const char *flag, const char *text, int min, int *out)
     return 0;
 }
 
+static int parse_choice(const char *flag, const char *v, const char *a, const char *b, bool *is_b)
+{
+    if (strcmp(v, a) && strcmp(v, b)) return cli_fail("%s is %s or %s, got '%s'", flag, a, b, v);
+    *is_b = !strcmp(v, b);
+    return 0;
+}
+
 int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
 {
     defaults(o);
+    bool mesh_given = false;
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -85,9 +103,10 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
         if (i + 1 >= argc) return cli_fail("%s needs a value", f);
         const char *v = argv[++i];
         int rc = 0;
+        bool b = false;
         if (!strcmp(f, "--model")) {
-            if (strcmp(v, "gpt") && strcmp(v, "mlp")) return cli_fail("--model is gpt or mlp, got '%s'", v);
-            strcpy(o->model, v);
+            rc = parse_choice(f, v, "gpt", "mlp", &b);
+            strcpy(o->model, b ? "mlp" : "gpt");
         } else if (!strcmp(f, "--layers")) {
             rc = parse_int(f, v, 0, &o->gpt.layers);
             o->mlp.layers = o->gpt.layers;
@@ -100,6 +119,8 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
         else if (!strcmp(f, "--batch")) rc = parse_int(f, v, 1, &o->batch);
         else if (!strcmp(f, "--steps")) rc = parse_int(f, v, 1, &o->steps);
         else if (!strcmp(f, "--threads")) rc = parse_int(f, v, 1, &o->threads);
+        else if (!strcmp(f, "--devices")) rc = parse_int(f, v, 1, &o->devices);
+        else if (!strcmp(f, "--eval")) rc = parse_int(f, v, 0, &o->eval_samples);
         else if (!strcmp(f, "--seed")) {
             int s = 0;
             rc = parse_int(f, v, 0, &s);
@@ -108,8 +129,18 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
             char *end;
             o->lr = strtof(v, &end);
             if (*end || end == v || !(o->lr > 0)) return cli_fail("--lr wants a positive number, got '%s'", v);
-        } else if (!strcmp(f, "--mesh")) o->mesh = v;
-        else if (!strcmp(f, "--axes")) o->axes = v;
+        } else if (!strcmp(f, "--optimizer")) {
+            rc = parse_choice(f, v, "adamw", "sgd", &b);
+            o->optimizer = b ? (spmd_optimizer){.kind = SPMD_OPTIMIZER_SGD}
+                             : (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f,
+                                                .clip_norm = 1.0f};
+        } else if (!strcmp(f, "--checkpoint")) {
+            rc = parse_choice(f, v, "off", "on", &b);
+            o->checkpoint = b;
+        } else if (!strcmp(f, "--mesh")) o->mesh = v, mesh_given = true;
+        else if (!strcmp(f, "--axes")) o->axes = v, mesh_given = true;
+        else if (!strcmp(f, "--fsdp")) o->fsdp = v;
+        else if (!strcmp(f, "--data")) o->data = v;
         else if (!strcmp(f, "--shard")) {
             const char *eq = strchr(v, '=');
             if (!eq || eq == v) return cli_fail("--shard wants PATTERN=SPEC, got '%s'", v);
@@ -126,23 +157,18 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
         }
         if (rc) return rc;
     }
-    if (!o->gpt.context) o->gpt.context = o->gpt.seq > 1024 ? o->gpt.seq : 1024;
+    /* --devices N alone: a mesh of N devices along one 'data' axis. */
+    static char devices_text[16];
+    if (o->devices && !mesh_given) {
+        snprintf(devices_text, sizeof devices_text, "%d", o->devices);
+        o->mesh = devices_text;
+        o->axes = "data";
+    }
+    if (!o->lr) o->lr = o->optimizer.kind == SPMD_OPTIMIZER_ADAMW ? 3e-3f : 0.1f;
     return 0;
 }
 
-/* ---- Model and marks ------------------------------------------------------ */
-
-/* The batch dim over every mesh axis: "(a, b), None, ..." for rank r. */
-static void batch_spec(const spmd_mesh *m, int rank, char *buf, size_t size)
-{
-    size_t n = 0;
-    int axes = spmd_mesh_rank(m);
-    n += (size_t)snprintf(buf + n, size - n, axes > 1 ? "(" : "");
-    for (int a = 0; a < axes; a++)
-        n += (size_t)snprintf(buf + n, size - n, a ? ", %s" : "%s", spmd_mesh_axis_name(m, a));
-    n += (size_t)snprintf(buf + n, size - n, axes > 1 ? ")" : "");
-    for (int i = 1; i < rank; i++) n += (size_t)snprintf(buf + n, size - n, ", None");
-}
+/* ---- Marks ------------------------------------------------------------------ */
 
 /* Entries of a spec: top-level commas + 1 ("" has none).  A rule applies
  * to the matching tensors of that rank, so '*.weight=fsdp,None' shards the
@@ -160,113 +186,175 @@ static int spec_entries(const char *spec)
     return any ? n + 1 : 0;
 }
 
-/* Apply the --shard rules (later rules win), then the batch default to
- * inputs no rule named. */
-static int apply_marks(const cli_opts *o, cli_model *m)
+static bool rule_fits(const cli_shard *r, const spmd_tensor *t)
 {
-    bool used[CLI_MAX_SHARDS] = {false};
-    for (int i = 0; i < spmd_graph_tensor_count(m->g); i++) {
-        spmd_tensor *t = spmd_graph_tensor(m->g, i);
-        const char *name = spmd_tensor_name(t);
-        if (!name) continue;
+    const char *name = spmd_tensor_name(t);
+    return name && fnmatch(r->pattern, name, 0) == 0 && spec_entries(r->spec) == spmd_tensor_rank(t);
+}
+
+/* The --shard rules (later rules win), then FSDP for the parameters left
+ * and the batch over every axis for the inputs left. */
+static int apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
+{
+    for (int i = 0; i < spmd_graph_tensor_count(c->g); i++) {
+        spmd_tensor *t = spmd_graph_tensor(c->g, i);
         int rule = -1;
         for (int r = 0; r < o->n_shards; r++)
-            if (fnmatch(o->shards[r].pattern, name, 0) == 0 &&
-                spec_entries(o->shards[r].spec) == spmd_tensor_rank(t))
-                rule = r;
-        if (rule >= 0) {
-            used[rule] = true;
-            if (spmd_mark_sharding(m->g, t, m->mesh, o->shards[rule].spec) != SPMD_OK)
-                return cli_fail("--shard '%s=%s': %s", o->shards[rule].pattern, o->shards[rule].spec,
-                                spmd_last_error());
-        } else if ((t == m->input || t == m->targets) && spmd_tensor_rank(t) > 0) {
+            if (rule_fits(&o->shards[r], t)) rule = r;
+        if (rule >= 0 && spmd_mark_sharding(c->g, t, mesh, o->shards[rule].spec) != SPMD_OK)
+            return cli_fail("--shard '%s=%s': %s", o->shards[rule].pattern, o->shards[rule].spec,
+                            spmd_last_error());
+    }
+    for (int r = 0; r < o->n_shards; r++) {
+        bool any = false;
+        for (int i = 0; i < spmd_graph_tensor_count(c->g) && !any; i++)
+            any = rule_fits(&o->shards[r], spmd_graph_tensor(c->g, i));
+        if (!any)
+            return cli_fail("--shard '%s=%s' fits no tensor: no name matches with a rank of %d",
+                            o->shards[r].pattern, o->shards[r].spec, spec_entries(o->shards[r].spec));
+    }
+    const char *fsdp = o->fsdp;
+    if (!fsdp) { /* FSDPv2's convention: the axis named fsdp, if any */
+        fsdp = "none";
+        for (int a = 0; a < spmd_mesh_rank(mesh); a++)
+            if (!strcmp(spmd_mesh_axis_name(mesh, a), "fsdp")) fsdp = "fsdp";
+    }
+    spmd_tensor *inputs[2] = {c->input, c->targets};
+    spmd_status st;
+    if (strcmp(fsdp, "none")) {
+        st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, 2, NULL);
+    } else {
+        /* No FSDP: only the batch, over every axis. */
+        spmd_graph *g = c->g;
+        st = SPMD_OK;
+        for (int j = 0; j < 2 && st == SPMD_OK; j++) {
             char spec[256];
-            batch_spec(m->mesh, spmd_tensor_rank(t), spec, sizeof spec);
-            if (spmd_mark_sharding(m->g, t, m->mesh, spec) != SPMD_OK)
-                return cli_fail("batch sharding of '%s': %s", name, spmd_last_error());
+            size_t n = (size_t)snprintf(spec, sizeof spec, "(");
+            for (int a = 0; a < spmd_mesh_rank(mesh); a++)
+                n += (size_t)snprintf(spec + n, sizeof spec - n, "%s%s", a ? ", " : "", spmd_mesh_axis_name(mesh, a));
+            n += (size_t)snprintf(spec + n, sizeof spec - n, ")");
+            for (int d = 1; d < spmd_tensor_rank(inputs[j]); d++) n += (size_t)snprintf(spec + n, sizeof spec - n, ", None");
+            char have[256];
+            if (!spmd_get_sharding(inputs[j], have, sizeof have)[0]) st = spmd_mark_sharding(g, inputs[j], mesh, spec);
         }
     }
-    for (int r = 0; r < o->n_shards; r++)
-        if (!used[r]) {
-            /* A rule can also be overridden by a later one: only complain
-             * when it fits no tensor at all. */
-            bool any = false;
-            for (int i = 0; i < spmd_graph_tensor_count(m->g) && !any; i++) {
-                const spmd_tensor *t = spmd_graph_tensor(m->g, i);
-                any = spmd_tensor_name(t) && fnmatch(o->shards[r].pattern, spmd_tensor_name(t), 0) == 0 &&
-                      spec_entries(o->shards[r].spec) == spmd_tensor_rank(t);
-            }
-            if (!any)
-                return cli_fail("--shard '%s=%s' fits no tensor: no name matches with a rank of %d",
-                                o->shards[r].pattern, o->shards[r].spec, spec_entries(o->shards[r].spec));
-        }
+    if (st != SPMD_OK) return cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
     return 0;
 }
 
-int cli_build(const cli_opts *o, cli_model *m)
+/* ---- Model ---------------------------------------------------------------------- */
+
+/* The model for `batch` rows of the data: a GPT over sequences, or an MLP
+ * reading a one-hot token and predicting the next (a bigram model). */
+static int build_graph(const cli_opts *o, const cli_model *m, cli_graph *c)
 {
-    memset(m, 0, sizeof *m);
-    m->mesh = spmd_mesh_parse(o->mesh, o->axes);
-    if (!m->mesh) return cli_fail("--mesh %s --axes %s: %s", o->mesh, o->axes, spmd_last_error());
-    if (spmd_mesh_devices(m->mesh) == 1 && o->n_shards == 0) {
-        spmd_mesh_free(m->mesh); /* one device, nothing to partition */
-        m->mesh = NULL;
-    }
-    m->g = spmd_graph_create(NULL);
-    if (!m->g) return cli_fail("%s", spmd_last_error());
+    c->g = spmd_graph_create(NULL);
+    if (!c->g) return cli_fail("%s", spmd_last_error());
     spmd_status st;
     if (!strcmp(o->model, "gpt")) {
         spmd_gpt_tensors t;
-        st = spmd_gpt_build(m->g, &o->gpt, o->batch, &t);
-        m->input = t.input, m->targets = t.targets, m->loss = t.loss;
-        m->params = spmd_gpt_param_count(&o->gpt);
-        m->tokens_per_step = (int64_t)o->batch * o->gpt.seq;
+        st = spmd_gpt_build(c->g, &o->gpt, o->batch, &t);
+        c->input = t.input, c->targets = t.targets, c->loss = t.loss, c->logits = t.logits;
     } else {
-        spmd_mlp_config c = o->mlp;
-        c.in_dim = c.out_dim = o->gpt.vocab;
+        spmd_mlp_config cfg = o->mlp;
+        cfg.in_dim = cfg.out_dim = o->gpt.vocab;
         spmd_mlp_tensors t;
-        st = spmd_mlp_build(m->g, &c, NULL, o->batch, &t);
-        if (st == SPMD_OK) st = spmd_mlp_add_loss(m->g, SPMD_MLP_CROSS_ENTROPY, &t);
-        m->input = t.input, m->targets = t.targets, m->loss = t.loss;
-        m->params = spmd_mlp_param_count(&c);
-        m->tokens_per_step = o->batch;
+        st = spmd_mlp_build(c->g, &cfg, NULL, o->batch * o->gpt.seq, &t);
+        if (st == SPMD_OK) st = spmd_mlp_add_loss(c->g, SPMD_MLP_CROSS_ENTROPY, &t);
+        c->input = t.input, c->targets = t.targets, c->loss = t.loss, c->logits = t.output;
     }
     if (st != SPMD_OK) return cli_fail("cannot build the model: %s", spmd_last_error());
+    if (m->mesh) {
+        int rc = apply_marks(o, m->mesh, c);
+        if (rc) return rc;
+    }
+    if (spmd_graph_mark_output(c->g, c->loss) != SPMD_OK) return cli_fail("%s", spmd_last_error());
+    return 0;
+}
+
+/* Backward (checkpointing each GPT block if asked) and the optimizer. */
+static int add_training(const cli_opts *o, cli_model *m)
+{
+    cli_graph *c = &m->train;
+    spmd_status st;
+    if (o->checkpoint && !strcmp(o->model, "gpt")) {
+        spmd_tensor *cuts[256];
+        int n = 0;
+        for (int i = 0; i < o->gpt.layers && n < 256; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "h.%d.out", i);
+            if ((cuts[n] = spmd_graph_find(c->g, name))) n++;
+        }
+        st = spmd_grad_checkpointed(c->g, c->loss, cuts, n);
+    } else {
+        st = spmd_grad(c->g, c->loss);
+    }
+    if (st == SPMD_OK) st = spmd_optimizer_apply(c->g, &o->optimizer, &m->opt);
+    if (st != SPMD_OK) return cli_fail("cannot build the training step: %s", spmd_last_error());
+    return 0;
+}
+
+int cli_build(const cli_opts *o_in, cli_model *m)
+{
+    memset(m, 0, sizeof *m);
+    cli_opts o = *o_in;
+    m->data = spmd_dataset_open(o.data, o.gpt.seq, o.seed);
+    if (!m->data) return cli_fail("--data %s: %s", o.data ? o.data : "arith", spmd_last_error());
+    if (!o.gpt.vocab) o.gpt.vocab = spmd_dataset_vocab(m->data);
+    if (spmd_dataset_check_vocab(m->data, o.gpt.vocab) != SPMD_OK)
+        return cli_fail("--vocab %d: %s", o.gpt.vocab, spmd_last_error());
+    m->mesh = spmd_mesh_parse(o.mesh, o.axes);
+    if (!m->mesh) return cli_fail("--mesh %s --axes %s: %s", o.mesh, o.axes, spmd_last_error());
+    if (o.devices && o.devices != spmd_mesh_devices(m->mesh))
+        return cli_fail("--devices %d but the mesh %s has %d devices", o.devices, o.mesh,
+                        spmd_mesh_devices(m->mesh));
+    if (spmd_mesh_devices(m->mesh) == 1 && o.n_shards == 0) {
+        spmd_mesh_free(m->mesh); /* one device, nothing to partition */
+        m->mesh = NULL;
+    }
+    int rc = build_graph(&o, m, &m->train);
+    if (rc) return rc;
+    bool gpt = !strcmp(o.model, "gpt");
+    m->params = gpt ? spmd_gpt_param_count(&o.gpt) : spmd_graph_param_count(m->train.g);
+    m->tokens_per_step = (int64_t)o.batch * o.gpt.seq;
     /* Forward + backward: 6 flops per parameter per token for the weights
      * that multiply (not the position table, which is only added), plus
      * attention's 12 * layers * dim * seq per token (as nanoGPT counts). */
     double mults = (double)m->params, attn = 0;
-    if (!strcmp(o->model, "gpt")) {
-        mults -= (double)o->gpt.context * o->gpt.dim;
-        attn = 12.0 * o->gpt.layers * o->gpt.dim * o->gpt.seq;
+    if (gpt) {
+        mults -= (double)(o.gpt.context ? o.gpt.context : o.gpt.seq) * o.gpt.dim;
+        attn = 12.0 * o.gpt.layers * o.gpt.dim * o.gpt.seq;
     }
     m->flops_per_step = (6.0 * mults + attn) * (double)m->tokens_per_step;
-    if (m->mesh) {
-        int rc = apply_marks(o, m);
-        if (rc) return rc;
+    rc = add_training(&o, m);
+    if (rc) return rc;
+    if (spmd_dataset_has_accuracy(m->data) && o.eval_samples > 0) {
+        rc = build_graph(&o, m, &m->eval);
+        if (!rc && spmd_graph_mark_output(m->eval.g, m->eval.logits) != SPMD_OK)
+            rc = cli_fail("%s", spmd_last_error());
     }
-    m->lr = spmd_input(m->g, "lr", SPMD_F32, 0, NULL);
-    if (spmd_graph_mark_output(m->g, m->loss) != SPMD_OK || spmd_grad(m->g, m->loss) != SPMD_OK ||
-        spmd_sgd(m->g, m->lr) != SPMD_OK)
-        return cli_fail("cannot build the training step: %s", spmd_last_error());
-    return 0;
+    return rc;
 }
 
 void cli_model_free(cli_model *m)
 {
-    spmd_graph_free(m->g);
+    spmd_graph_free(m->train.g);
+    spmd_graph_free(m->eval.g);
     spmd_mesh_free(m->mesh);
+    spmd_dataset_free(m->data);
     memset(m, 0, sizeof *m);
 }
 
-spmd_program *cli_compile(const cli_opts *o, cli_model *m)
+spmd_program *cli_compile(const cli_opts *o, spmd_graph *g)
 {
-    if (spmd_blas_select(o->blas, o->blas_core) != SPMD_OK) {
+    static bool blas_chosen;
+    if (!blas_chosen && spmd_blas_select(o->blas, o->blas_core) != SPMD_OK) {
         cli_fail("%s", spmd_last_error());
         return NULL;
     }
+    blas_chosen = true;
     spmd_compile_options copt = {.threads = o->threads, .seed = o->seed};
-    spmd_program *p = spmd_compile(m->g, &copt);
+    spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());
     return p;
 }
@@ -278,33 +366,91 @@ size_t cli_param_bytes(const spmd_program *p)
     return spmd_program_persistent_bytes(p) + spmd_program_param_bytes(p);
 }
 
-/* ---- Data ---------------------------------------------------------------------- */
+/* ---- Data and evaluation ----------------------------------------------------------- */
 
-/* GPT reads token sequences; the MLP reads a one-hot of the first token
- * and predicts the second. */
+/* Samples [first, first + batch) of a split into a graph's inputs. */
+static int feed_split(const cli_opts *o, const cli_model *m, const cli_graph *c, spmd_program *p,
+                      spmd_split split, int64_t first, int32_t *tok, int32_t *tgt)
+{
+    int seq = o->gpt.seq, v = spmd_tensor_dim(c->logits, spmd_tensor_rank(c->logits) - 1);
+    size_t ntok = (size_t)o->batch * (size_t)seq;
+    if (spmd_dataset_batch(m->data, split, first, o->batch, tok, tgt) != SPMD_OK)
+        return cli_fail("data: %s", spmd_last_error());
+    spmd_status st;
+    if (!strcmp(o->model, "gpt")) {
+        st = spmd_program_set_input(p, c->input, tok, ntok * sizeof *tok);
+    } else {
+        float *onehot = calloc(ntok * (size_t)v, sizeof *onehot);
+        if (!onehot) return cli_fail("out of memory");
+        for (size_t i = 0; i < ntok; i++) onehot[i * (size_t)v + (size_t)tok[i]] = 1.0f;
+        st = spmd_program_set_input(p, c->input, onehot, ntok * (size_t)v * sizeof *onehot);
+        free(onehot);
+    }
+    if (st == SPMD_OK) st = spmd_program_set_input(p, c->targets, tgt, ntok * sizeof *tgt);
+    if (st != SPMD_OK) return cli_fail("cannot feed the inputs: %s", spmd_last_error());
+    return 0;
+}
+
 int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step)
 {
-    bool gpt = !strcmp(o->model, "gpt");
-    int seq = gpt ? o->gpt.seq : 2, v = o->gpt.vocab;
-    size_t ntok = (size_t)o->batch * (size_t)seq;
+    size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
-    float *onehot = gpt ? NULL : calloc((size_t)o->batch * (size_t)v, sizeof *onehot);
-    int rc = !tok || !tgt || (!gpt && !onehot);
-    if (!rc) rc = spmd_data_sequences(o->seed, (int64_t)step * o->batch, o->batch, seq, v, tok, tgt) != SPMD_OK;
-    spmd_status st = SPMD_ERR_NOMEM;
-    if (!rc && gpt) {
-        st = spmd_program_set_input(p, m->input, tok, ntok * sizeof *tok);
-        if (st == SPMD_OK) st = spmd_program_set_input(p, m->targets, tgt, ntok * sizeof *tgt);
-    } else if (!rc) {
-        for (int b = 0; b < o->batch; b++) {
-            onehot[(size_t)b * v + tok[(size_t)b * 2]] = 1.0f;
-            tgt[b] = tok[(size_t)b * 2 + 1];
-        }
-        st = spmd_program_set_input(p, m->input, onehot, (size_t)o->batch * v * sizeof *onehot);
-        if (st == SPMD_OK) st = spmd_program_set_input(p, m->targets, tgt, (size_t)o->batch * sizeof *tgt);
-    }
-    if (st == SPMD_OK) st = spmd_program_set_input(p, m->lr, &o->lr, sizeof o->lr);
-    free(tok), free(tgt), free(onehot);
-    if (st != SPMD_OK) return cli_fail("cannot feed step %d: %s", step + 1, spmd_last_error());
+    int rc = tok && tgt ? feed_split(o, m, &m->train, p, SPMD_SPLIT_TRAIN, (int64_t)step * o->batch, tok, tgt)
+                        : cli_fail("out of memory");
+    free(tok), free(tgt);
+    if (rc) return rc;
+    float lr = o->optimizer.kind == SPMD_OPTIMIZER_ADAMW
+                   ? spmd_lr_schedule(step, o->steps / 10 + 1, o->steps, o->lr, o->lr / 10)
+                   : o->lr;
+    if (spmd_program_set_input(p, m->opt.lr, &lr, sizeof lr) != SPMD_OK)
+        return cli_fail("cannot feed the learning rate: %s", spmd_last_error());
     return 0;
+}
+
+/* Copy every parameter of the training program into the evaluation one. */
+static int copy_params(const cli_model *m, const spmd_program *train, spmd_program *eval)
+{
+    for (int i = 0; i < spmd_graph_tensor_count(m->eval.g); i++) {
+        spmd_tensor *t = spmd_graph_tensor(m->eval.g, i);
+        if (!spmd_tensor_is_param(t)) continue;
+        spmd_tensor *src = spmd_graph_find(m->train.g, spmd_tensor_name(t));
+        size_t bytes = (size_t)spmd_tensor_numel(t) * sizeof(float);
+        float *buf = malloc(bytes);
+        spmd_status st = buf ? spmd_program_read(train, src, buf, bytes) : SPMD_ERR_NOMEM;
+        if (st == SPMD_OK) st = spmd_program_write(eval, t, buf, bytes);
+        free(buf);
+        if (st != SPMD_OK) return cli_fail("evaluation: %s", spmd_last_error());
+    }
+    return 0;
+}
+
+double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,
+                    spmd_program *eval)
+{
+    if (!m->eval.g || !eval || copy_params(m, train, eval)) return -1;
+    int v = (int)spmd_tensor_dim(m->eval.logits, spmd_tensor_rank(m->eval.logits) - 1);
+    size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
+    int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
+    uint8_t *mask = malloc(ntok);
+    float *logits = malloc(ntok * (size_t)v * sizeof *logits);
+    int64_t right = 0, scored = 0;
+    bool ok = tok && tgt && mask && logits;
+    for (int64_t first = 0; ok && first < o->eval_samples; first += o->batch) {
+        ok = !feed_split(o, m, &m->eval, eval, SPMD_SPLIT_HELDOUT, first, tok, tgt) &&
+             spmd_dataset_score_mask(m->data, SPMD_SPLIT_HELDOUT, first, o->batch, mask) == SPMD_OK &&
+             spmd_program_run(eval) == SPMD_OK &&
+             spmd_program_read(eval, m->eval.logits, logits, ntok * (size_t)v * sizeof *logits) == SPMD_OK;
+        for (size_t i = 0; ok && i < ntok; i++) {
+            if (!mask[i]) continue;
+            const float *row = logits + i * (size_t)v;
+            int best = 0;
+            for (int k = 1; k < v; k++)
+                if (row[k] > row[best]) best = k;
+            right += best == tgt[i];
+            scored++;
+        }
+    }
+    if (!ok) cli_fail("evaluation: %s", spmd_last_error());
+    free(tok), free(tgt), free(mask), free(logits);
+    return ok && scored ? (double)right / (double)scored : -1;
 }

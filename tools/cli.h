@@ -9,6 +9,7 @@
 #include "spmd/mesh.h"
 #include "spmd/models.h"
 #include "spmd/spmd.h"
+#include "spmd/train.h"
 
 #include <stdio.h>
 
@@ -23,21 +24,34 @@ typedef struct cli_opts {
     char model[8]; /* "gpt" or "mlp" */
     spmd_gpt_config gpt;
     spmd_mlp_config mlp;
-    int batch, steps, threads;
-    float lr;
+    int batch, steps, threads, devices;
+    float lr;          /* 0: the optimizer's default */
     uint64_t seed;
     const char *mesh;  /* "4x2" */
     const char *axes;  /* "replica,fsdp" */
+    const char *fsdp;  /* axis, "none", or NULL: "fsdp" when the mesh has it */
+    const char *data;  /* NULL: the synthetic addition set */
+    spmd_optimizer optimizer;
+    bool checkpoint;   /* recompute each GPT block's activations in backward */
+    int eval_samples;  /* held-out samples scored at the end */
     cli_shard shards[CLI_MAX_SHARDS];
     int n_shards;
     const char *json;
     const char *blas, *blas_core;
 } cli_opts;
 
-typedef struct cli_model {
+/* One model graph (training step or held-out evaluation). */
+typedef struct cli_graph {
     spmd_graph *g;
-    spmd_mesh *mesh; /* NULL on one device */
-    spmd_tensor *input, *targets, *loss, *lr;
+    spmd_tensor *input, *targets, *loss, *logits;
+} cli_graph;
+
+typedef struct cli_model {
+    spmd_mesh *mesh;     /* NULL on one device */
+    spmd_dataset *data;
+    cli_graph train;
+    spmd_optimizer_tensors opt;
+    cli_graph eval;      /* forward only; eval.g NULL when the data has no accuracy */
     int64_t params, tokens_per_step;
     double flops_per_step;
 } cli_model;
@@ -47,13 +61,17 @@ int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_usage(FILE *f, const char *command);
 /* Parse train/explain flags; 0, or an exit code (help printed: -1). */
 int cli_parse(int argc, char **argv, const char *command, cli_opts *o);
-/* Mesh, model, marks, gradient and SGD update; 0 or an exit code. */
+/* Data, mesh, model, marks, gradient and optimizer; 0 or an exit code. */
 int cli_build(const cli_opts *o, cli_model *m);
 void cli_model_free(cli_model *m);
-/* Compile with the BLAS and thread choices of the flags. */
-spmd_program *cli_compile(const cli_opts *o, cli_model *m);
-/* One global batch for `step` into the program's inputs. */
+/* Compile a graph with the BLAS and thread choices of the flags. */
+spmd_program *cli_compile(const cli_opts *o, spmd_graph *g);
+/* One global batch of the training split for `step`, and its lr. */
 int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step);
+/* Held-out accuracy of the trained parameters (read from `train`): the
+ * share of scored targets predicted exactly; -1 when there is none. */
+double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,
+                    spmd_program *eval);
 /* Per-device parameter + gradient + optimizer bytes. */
 size_t cli_param_bytes(const spmd_program *p);
 

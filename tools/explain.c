@@ -30,8 +30,8 @@ static void shape_text(const spmd_tensor *t, char *buf, size_t size)
 static void print_tensors(const cli_model *m, cJSON *list)
 {
     printf("\ntensors (named):\n  %-34s %-18s %s\n", "name", "shape", "sharding");
-    for (int i = 0; i < spmd_graph_tensor_count(m->g); i++) {
-        const spmd_tensor *t = spmd_graph_tensor(m->g, i);
+    for (int i = 0; i < spmd_graph_tensor_count(m->train.g); i++) {
+        const spmd_tensor *t = spmd_graph_tensor(m->train.g, i);
         if (!spmd_tensor_name(t)) continue;
         char shape[96], spec[256];
         shape_text(t, shape, sizeof shape);
@@ -77,7 +77,7 @@ int cmd_explain(int argc, char **argv)
     if (rc) return rc < 0 ? 0 : rc;
     cli_model m;
     rc = cli_build(&o, &m);
-    spmd_program *p = rc ? NULL : cli_compile(&o, &m);
+    spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g);
     if (!p) {
         cli_model_free(&m);
         return rc ? rc : 1;
