@@ -33,12 +33,12 @@ int main(int argc, char **argv)
     CHECK(spmd_mark_sharding(g, t.targets, mesh, "(replica, fsdp), None") == SPMD_OK);
 
     /* Backward and AdamW as graph ops; compile once, step many times. */
-    spmd_optimizer adamw = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f};
-    spmd_optimizer_tensors opt;
-    CHECK(spmd_graph_mark_output(g, t.loss) == SPMD_OK && spmd_grad(g, t.loss) == SPMD_OK);
-    CHECK(spmd_optimizer_apply(g, &adamw, &opt) == SPMD_OK);
-    spmd_program *prog = spmd_compile(g, &(spmd_compile_options){.seed = 1});
-    CHECK(prog);
+    spmd_trainer_options opts = {
+        .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f},
+        .compile = {.seed = 1}};
+    spmd_trainer *trainer = spmd_trainer_create(g, t.loss, &opts);
+    CHECK(trainer);
+    spmd_program *prog = spmd_trainer_program(trainer);
     printf("%d devices, %d collectives per step, %.1f KiB of parameters per device\n",
            spmd_program_devices(prog), spmd_program_collective_count(prog),
            spmd_program_param_bytes(prog) / 1024.0);
@@ -49,12 +49,10 @@ int main(int argc, char **argv)
         CHECK(spmd_data_sequences(1, (int64_t)s * batch, batch, cfg.seq, cfg.vocab, in, tg) == SPMD_OK);
         CHECK(spmd_program_set_input(prog, t.input, in, sizeof in) == SPMD_OK);
         CHECK(spmd_program_set_input(prog, t.targets, tg, sizeof tg) == SPMD_OK);
-        CHECK(spmd_program_set_input(prog, opt.lr, &lr, sizeof lr) == SPMD_OK);
-        CHECK(spmd_program_run(prog) == SPMD_OK);
-        CHECK(spmd_program_read(prog, t.loss, &loss, sizeof loss) == SPMD_OK);
+        CHECK(spmd_trainer_step(trainer, lr, &loss, NULL) == SPMD_OK);
         if (s % 10 == 0 || s == steps - 1) printf("step %3d  loss %.4f\n", s, loss);
     }
-    spmd_program_free(prog);
+    spmd_trainer_free(trainer);
     spmd_graph_free(g);
     spmd_mesh_free(mesh);
     return 0;

@@ -103,6 +103,30 @@ SPMD_API spmd_status spmd_fsdp_wrap(spmd_graph *g, const spmd_mesh *m, const cha
 SPMD_API spmd_status spmd_grad_checkpointed(spmd_graph *g, spmd_tensor *loss,
                                             spmd_tensor *const *checkpoints, int n);
 
+/* ---- The training step ------------------------------------------------------------ */
+
+/* Compile once, step many times: the graph's backward pass (checkpointed
+ * at `checkpoints` when n_checkpoints > 0), the optimizer's update, and the
+ * program over the mesh of the graph's marks (one device without marks). */
+typedef struct spmd_trainer spmd_trainer;
+
+typedef struct spmd_trainer_options {
+    spmd_optimizer optimizer;
+    spmd_tensor *const *checkpoints;
+    int n_checkpoints;
+    spmd_compile_options compile;
+} spmd_trainer_options;
+
+/* Takes over building the graph: after this, g only runs. */
+SPMD_API spmd_trainer *spmd_trainer_create(spmd_graph *g, spmd_tensor *loss,
+                                           const spmd_trainer_options *opts);
+SPMD_API void spmd_trainer_free(spmd_trainer *t);
+/* The compiled program: set inputs, read outputs and parameters here. */
+SPMD_API spmd_program *spmd_trainer_program(const spmd_trainer *t);
+/* One step at learning rate `lr`; the loss (and the gradient norm before
+ * clipping) come back through the pointers when not NULL. */
+SPMD_API spmd_status spmd_trainer_step(spmd_trainer *t, float lr, float *loss, float *grad_norm);
+
 #ifdef __cplusplus
 }
 #endif
