@@ -17,7 +17,7 @@ static int add_iter(ir_dimsig *s, int64_t size, ir_iter_kind kind, char letter)
     int i = s->n_iter++;
     s->size[i] = size;
     s->kind[i] = (uint8_t)kind;
-    s->granule[i] = 1;
+    s->granule[i] = 0; /* any split; attention channels set whole heads */
     s->letter[i] = letter;
     return i;
 }

@@ -21,12 +21,14 @@ static uint32_t axes_mask(const mesh_axes *a)
 
 /* Can an iteration dim of `size` (with `granule`) be split over `axes`?
  * Blocks must hold whole granules; uneven splits are padded, but a
- * granule-bound dim (attention heads) must divide exactly. */
+ * granule-bound dim (attention heads) must divide exactly.  A granule of
+ * 1 (one channel per head) is bound too: 6 heads over 5 devices once
+ * split unevenly, and each device ran 6 / 5 = 1 head of 2 channels. */
 static bool splittable(const spmd_mesh *m, const mesh_axes *axes, int64_t size, int64_t granule)
 {
     int64_t blocks = mesh_axes_size(m, axes);
     if (blocks <= 1) return blocks == 1;
-    if (granule > 1) return size % (blocks * granule) == 0;
+    if (granule > 0) return size % (blocks * granule) == 0;
     return size >= blocks;
 }
 
@@ -71,20 +73,20 @@ static sharding reshape_map(const spmd_mesh *m, const sharding *from, int fr, co
             for (int k = 0; k < from->dim[d].n; k++) axes[n++] = from->dim[d].axis[k];
         }
         if (!exact || n == 0) continue;
-        /* A source dim's axes must sit on its own stretch: only the major
-         * source dim may be sharded unless the run is one-to-one. */
-        int sharded_src = 0;
-        for (int d = i0; d < i; d++) sharded_src += from->dim[d].n > 0;
-        if (sharded_src > 1 && !(i - i0 == 1 && j - j0 == 1)) {
-            bool major_only = true;
-            for (int d = i0 + 1; d < i; d++)
-                if (from->dim[d].n) major_only = false;
-            if (!major_only) {
-                /* (X on d0, Y on d1) -> merged dim over (X, Y) is exact when
-                 * both split evenly, which was checked above. */
-                if (j - j0 != 1) continue;
-            }
+        /* Each device's block must be one contiguous stretch of the run's
+         * elements, as the target dims will hold it: a sharded source dim
+         * needs every dim before it in the run split down to single
+         * elements.  [2, 3] as (None, x) holds a column, not a stretch of
+         * [6], and [4, 6] as (x, y) holds tiles.  Carrying those (as once
+         * done) made a marked reshape's operand need a layout whose local
+         * reshape is not the mark, nor anything reshape_map gives back. */
+        bool contiguous = true;
+        for (int d = i0; d < i && contiguous; d++) {
+            if (!from->dim[d].n) continue;
+            for (int e = i0; e < d; e++)
+                if (fd[e] / sharding_blocks(from, m, e) != 1) contiguous = false;
         }
+        if (!contiguous) continue;
         /* Deal the axes to target dims, major first, while they divide. */
         int k = 0;
         for (int d = j0; d < j && k < n; d++) {
@@ -315,7 +317,17 @@ static bool sweep_backward(shard_plan *p, const bool *needed)
 sharding shard_produced(const shard_plan *p, const spmd_tensor *t)
 {
     const shard_node *n = &p->nodes[t->id];
-    if (ir_op_is_leaf(t->op) || !n->has_sig) return n->out;
+    if (ir_op_is_leaf(t->op)) return n->out;
+    if (!n->has_sig) {
+        /* reshape: what its operand, resharded as it needs, gives.  That is
+         * not always n->out: a mark (or the round trip through reshape_map)
+         * may ask for dims the reshape cannot carry, and the partitioner
+         * then reshards the produced value to the mark.  Claiming n->out
+         * here gave local blocks of the wrong shape. */
+        const spmd_tensor *x = t->in[0];
+        sharding need = shard_operand_need(p, t, 0);
+        return reshape_map(p->m, &need, x->rank, x->dims, t->rank, t->dims);
+    }
     return project_out(n, t);
 }
 
@@ -323,10 +335,13 @@ sharding shard_operand_need(const shard_plan *p, const spmd_tensor *t, int j)
 {
     const shard_node *n = &p->nodes[t->id];
     const spmd_tensor *x = t->in[j];
-    if (!n->has_sig) { /* reshape: the output's sharding carried back */
-        sharding s = reshape_map(p->m, &n->out, t->rank, t->dims, x->rank, x->dims);
-        s.partial = 0;
-        return s;
+    if (!n->has_sig) {
+        /* reshape: the output's sharding carried back.  Reshape is linear,
+         * so a pending sum passes through it: the operand keeps the partial
+         * axes the output was given (the operand's own when unmarked).
+         * Asking for it resolved here, while the output still claimed the
+         * sum pending, all-reduced the value twice. */
+        return reshape_map(p->m, &n->out, t->rank, t->dims, x->rank, x->dims);
     }
     sharding s = sharding_replicated(x->rank);
     for (int i = 0; i < x->rank; i++)
