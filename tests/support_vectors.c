@@ -5,10 +5,13 @@
  */
 #include "support_vectors.h"
 
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cmocka.h>
 
 #define TV_MAGIC "SPMDVEC1"
 #define TV_MAGIC_LEN 8
@@ -18,7 +21,7 @@ typedef struct cursor {
     size_t left;
 } cursor;
 
-static int fail(char *err, size_t err_size, const char *fmt, ...)
+static int fail_with(char *err, size_t err_size, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -71,7 +74,7 @@ static int parse_record(cursor *c, int index, tv_record *r, unsigned char **stor
     const unsigned char *name, *data;
 
     if (take_u32(c, &name_len) || take(c, name_len, &name))
-        return fail(err, err_size, "record %d: truncated name", index);
+        return fail_with(err, err_size, "record %d: truncated name", index);
     char *copy = (char *)*store;
     memcpy(copy, name, name_len);
     copy[name_len] = '\0';
@@ -79,25 +82,25 @@ static int parse_record(cursor *c, int index, tv_record *r, unsigned char **stor
     r->name = copy;
 
     if (take_u32(c, &dtype) || take_u32(c, &rank))
-        return fail(err, err_size, "record '%s': truncated header", copy);
+        return fail_with(err, err_size, "record '%s': truncated header", copy);
     if (dtype != TV_F32 && dtype != TV_I32)
-        return fail(err, err_size, "record '%s': unknown dtype %u", copy, dtype);
+        return fail_with(err, err_size, "record '%s': unknown dtype %u", copy, dtype);
     if (rank > TV_MAX_RANK)
-        return fail(err, err_size, "record '%s': rank %u exceeds %d", copy, rank, TV_MAX_RANK);
+        return fail_with(err, err_size, "record '%s': rank %u exceeds %d", copy, rank, TV_MAX_RANK);
     r->dtype = (tv_dtype)dtype;
     r->rank = (int)rank;
     r->numel = 1;
     for (uint32_t i = 0; i < rank; i++) {
         if (take_i64(c, &r->dims[i]))
-            return fail(err, err_size, "record '%s': truncated dims", copy);
+            return fail_with(err, err_size, "record '%s': truncated dims", copy);
         if (r->dims[i] < 0 || (r->dims[i] > 0 && r->numel > (int64_t)(SIZE_MAX / 8) / r->dims[i]))
-            return fail(err, err_size, "record '%s': bad dim %lld", copy, (long long)r->dims[i]);
+            return fail_with(err, err_size, "record '%s': bad dim %lld", copy, (long long)r->dims[i]);
         r->numel *= r->dims[i];
     }
 
     r->bytes = (size_t)r->numel * 4;
     if (take(c, r->bytes, &data))
-        return fail(err, err_size, "record '%s': truncated data (%zu bytes, %zu left)", copy,
+        return fail_with(err, err_size, "record '%s': truncated data (%zu bytes, %zu left)", copy,
                     r->bytes, c->left);
     uint32_t *dst = (uint32_t *)*store; /* storage is 8-byte aligned */
     for (int64_t i = 0; i < r->numel; i++)
@@ -115,14 +118,14 @@ int tv_parse(const void *bytes, size_t size, tv_file *f, char *err, size_t err_s
     uint32_t count;
 
     if (take(&c, TV_MAGIC_LEN, &magic))
-        return fail(err, err_size, "truncated: %zu bytes, shorter than the magic", size);
+        return fail_with(err, err_size, "truncated: %zu bytes, shorter than the magic", size);
     if (memcmp(magic, TV_MAGIC, TV_MAGIC_LEN) != 0)
-        return fail(err, err_size, "bad magic: not an " TV_MAGIC " vector file");
+        return fail_with(err, err_size, "bad magic: not an " TV_MAGIC " vector file");
     if (take_u32(&c, &count))
-        return fail(err, err_size, "truncated: no record count");
+        return fail_with(err, err_size, "truncated: no record count");
     /* Each record takes at least 12 bytes, which bounds a corrupt count. */
     if (count > c.left / 12)
-        return fail(err, err_size, "truncated: %u records cannot fit in %zu bytes", count, c.left);
+        return fail_with(err, err_size, "truncated: %u records cannot fit in %zu bytes", count, c.left);
 
     /* Names and data are copied out, each padded to 8 bytes, so the file
      * size plus 16 bytes a record is always enough. */
@@ -130,7 +133,7 @@ int tv_parse(const void *bytes, size_t size, tv_file *f, char *err, size_t err_s
     f->storage = malloc(size + 16 * (size_t)count + 8);
     if (!f->records || !f->storage) {
         tv_free(f);
-        return fail(err, err_size, "out of memory for %u records", count);
+        return fail_with(err, err_size, "out of memory for %u records", count);
     }
     unsigned char *store = f->storage;
     for (uint32_t i = 0; i < count; i++) {
@@ -141,7 +144,7 @@ int tv_parse(const void *bytes, size_t size, tv_file *f, char *err, size_t err_s
     }
     if (c.left != 0) {
         tv_free(f);
-        return fail(err, err_size, "%zu trailing bytes after %u records", c.left, count);
+        return fail_with(err, err_size, "%zu trailing bytes after %u records", c.left, count);
     }
     f->count = (int)count;
     return 0;
@@ -152,7 +155,7 @@ int tv_load(const char *path, tv_file *f, char *err, size_t err_size)
     memset(f, 0, sizeof *f);
     FILE *fp = fopen(path, "rb");
     if (!fp)
-        return fail(err, err_size, "%s: cannot open", path);
+        return fail_with(err, err_size, "%s: cannot open", path);
     unsigned char *buf = NULL;
     long size = -1;
     if (fseek(fp, 0, SEEK_END) == 0)
@@ -163,15 +166,23 @@ int tv_load(const char *path, tv_file *f, char *err, size_t err_size)
     fclose(fp);
     if (!buf || got != (size_t)size) {
         free(buf);
-        return fail(err, err_size, "%s: cannot read", path);
+        return fail_with(err, err_size, "%s: cannot read", path);
     }
 
     char why[256];
     int rc = tv_parse(buf, (size_t)size, f, why, sizeof why);
     free(buf);
     if (rc)
-        return fail(err, err_size, "%s: %s", path, why);
+        return fail_with(err, err_size, "%s: %s", path, why);
     return 0;
+}
+
+void tv_load_case(const char *name, tv_file *f)
+{
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/%s.bin", tv_dir(), name);
+    if (tv_load(path, f, err, sizeof err) != 0)
+        fail_msg("%s (set SPMD_VECTOR_DIR to the tests/vectors folder)", err);
 }
 
 const tv_record *tv_find(const tv_file *f, const char *name)

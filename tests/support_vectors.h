@@ -34,6 +34,9 @@ typedef struct tv_file {
 int tv_load(const char *path, tv_file *f, char *err, size_t err_size);
 /* Parse an in-memory image; the same checks as tv_load. */
 int tv_parse(const void *bytes, size_t size, tv_file *f, char *err, size_t err_size);
+/* Load <tv_dir()>/<name>.bin, or fail the running cmocka test with tv_load's
+ * message. */
+void tv_load_case(const char *name, tv_file *f);
 /* The record called `name`, or NULL. */
 const tv_record *tv_find(const tv_file *f, const char *name);
 void tv_free(tv_file *f);

@@ -31,6 +31,7 @@
 #include "spmd/models.h"
 #include "spmd/spmd.h"
 #include "spmd/train.h"
+#include "support_alloc.h"
 
 #define D(...) ((const int64_t[]){__VA_ARGS__})
 
@@ -465,25 +466,6 @@ static void test_no_checkpoints(void **state)
  * order with ids matching positions; one that comes after the backward
  * pass was built leaves exactly spmd_grad's graph, which still compiles. */
 
-typedef struct failing {
-    int budget; /* allocations left; < 0: unlimited */
-} failing;
-
-static void *failing_alloc(void *ctx, size_t bytes)
-{
-    failing *f = ctx;
-    if (f->budget == 0) return NULL;
-    if (f->budget > 0) f->budget--;
-    void *p = NULL;
-    return posix_memalign(&p, 64, bytes ? bytes : 1) == 0 ? p : NULL;
-}
-
-static void failing_free(void *ctx, void *p)
-{
-    (void)ctx;
-    free(p);
-}
-
 static void expect_well_formed(const spmd_graph *g)
 {
     for (int i = 0; i < g->n_nodes; i++) {
@@ -506,16 +488,16 @@ static void test_allocation_failure(void **state)
     int late = 0;
     bool ok = false;
     for (int k = 0; k < 10000 && !ok; k++) {
-        failing f = {-1};
-        spmd_allocator a = {failing_alloc, failing_free, &f};
+        test_alloc f;
+        spmd_allocator a = test_alloc_init(&f, -1);
         spmd_graph *g = spmd_graph_create(&a);
         assert_non_null(g);
         assert_int_equal(spmd_gpt_build(g, &cfg, 2, &t), SPMD_OK);
         spmd_tensor *ck[2] = {spmd_graph_find(g, "h.0.out"), spmd_graph_find(g, "h.1.out")};
         spmd_clear_error();
-        f.budget = k;
+        test_alloc_set_budget(&f, k);
         spmd_status st = spmd_grad_checkpointed(g, t.loss, ck, 2);
-        f.budget = -1;
+        test_alloc_set_budget(&f, -1);
         expect_well_formed(g);
         if (st == SPMD_OK) {
             ok = true;

@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "runtime/collectives.h"
+#include "support_alloc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -553,34 +554,11 @@ static void test_mismatch(void **state)
 
 /* ---- Allocation through the hook --------------------------------------------------- */
 
-typedef struct counting {
-    _Atomic long allocs, frees, left; /* `left` allocations succeed, then NULL */
-} counting;
-
-static void *count_alloc(void *ctx, size_t bytes)
-{
-    counting *c = ctx;
-    if (atomic_fetch_sub(&c->left, 1) <= 0) return NULL;
-    atomic_fetch_add(&c->allocs, 1);
-    void *p = NULL;
-    return posix_memalign(&p, 64, bytes ? bytes : 1) == 0 ? p : NULL;
-}
-
-static void count_free(void *ctx, void *p)
-{
-    counting *c = ctx;
-    atomic_fetch_add(&c->frees, 1);
-    free(p);
-}
-
 static void test_allocator(void **state)
 {
     (void)state;
-    counting c;
-    atomic_init(&c.allocs, 0);
-    atomic_init(&c.frees, 0);
-    atomic_init(&c.left, 1000);
-    spmd_allocator a = {count_alloc, count_free, &c};
+    test_alloc c;
+    spmd_allocator a = test_alloc_init(&c, -1);
     coll_world *w = coll_shm_world_create(4, &a);
     assert_non_null(w);
     int r[] = {0, 1, 2, 3};
@@ -592,7 +570,7 @@ static void test_allocator(void **state)
 
     /* Failing allocations: NULL with a message, nothing leaked. */
     for (long left = 0; left < 4; left++) {
-        atomic_store(&c.left, left);
+        test_alloc_set_budget(&c, left);
         spmd_clear_error();
         w = coll_shm_world_create(4, &a);
         if (w) {

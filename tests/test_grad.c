@@ -22,6 +22,7 @@
 #include "base/error.h"
 #include "ir/ir.h"
 #include "spmd/spmd.h"
+#include "support_rng.h"
 
 #define D(...) ((const int64_t[]){__VA_ARGS__})
 #define MAXT 8
@@ -29,29 +30,9 @@
 /* ---- Seeded values -------------------------------------------------------- */
 
 static uint64_t test_seed;
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
-}
-
-/* Each case draws from the seed and its own name, so one case replays the
- * same whatever runs before it. */
-static void rng_for_case(const char *what)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (const char *s = what; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    rng_state = test_seed ^ h;
-}
+/* The current case's: each case draws from the seed and its own name, so
+ * one case replays the same whatever runs before it. */
+static test_rng rng;
 
 typedef enum gen {
     GEN_ANY,      /* uniform [-1, 1) */
@@ -64,21 +45,21 @@ static void fill_values(float *v, int64_t n, gen kind)
 {
     switch (kind) {
     case GEN_ANY:
-        for (int64_t i = 0; i < n; i++) v[i] = rng_uniform(-1.0f, 1.0f);
+        for (int64_t i = 0; i < n; i++) v[i] = test_rng_float(&rng, -1.0f, 1.0f);
         break;
     case GEN_POS:
-        for (int64_t i = 0; i < n; i++) v[i] = rng_uniform(0.5f, 2.0f);
+        for (int64_t i = 0; i < n; i++) v[i] = test_rng_float(&rng, 0.5f, 2.0f);
         break;
     case GEN_AWAY0:
         for (int64_t i = 0; i < n; i++) {
-            float m = rng_uniform(0.2f, 1.0f);
-            v[i] = rng_next() & 1 ? m : -m;
+            float m = test_rng_float(&rng, 0.2f, 1.0f);
+            v[i] = test_rng_next(&rng) & 1 ? m : -m;
         }
         break;
     case GEN_DISTINCT:
         for (int64_t i = 0; i < n; i++) v[i] = 0.1f * (float)(i - n / 2);
         for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
-            int64_t j = (int64_t)(rng_next() % (uint64_t)(i + 1));
+            int64_t j = (int64_t)(test_rng_next(&rng) % (uint64_t)(i + 1));
             float t = v[i];
             v[i] = v[j];
             v[j] = t;
@@ -108,7 +89,7 @@ static void gc_init(gcheck *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->what, sizeof c->what, fmt, ap);
     va_end(ap);
-    rng_for_case(c->what);
+    rng = test_rng_for(test_seed, c->what);
     spmd_clear_error();
     c->g = spmd_graph_create(NULL);
     assert_non_null(c->g);
@@ -156,7 +137,7 @@ static spmd_tensor *gc_ids(gcheck *c, const char *name, int rank, const int64_t 
     int32_t *v = malloc((size_t)n * sizeof *v);
     assert_non_null(v);
     for (int64_t i = 0; i < n; i++)
-        v[i] = values ? values[i] : (int32_t)(rng_next() % (uint64_t)limit);
+        v[i] = values ? values[i] : (int32_t)(test_rng_next(&rng) % (uint64_t)limit);
     c->in[c->ni] = t;
     c->iv[c->ni++] = v;
     return t;
@@ -759,11 +740,7 @@ static void test_reduce_to_shape(void **state)
 
 int main(void)
 {
-    const char *env = getenv("SPMD_TEST_SEED");
-    /* A fixed default keeps CI repeatable; set the variable to explore others. */
-    test_seed = env ? strtoull(env, NULL, 10) : 20261129u;
-    print_message("test_grad: seed %llu (SPMD_TEST_SEED=%llu replays it)\n",
-                  (unsigned long long)test_seed, (unsigned long long)test_seed);
+    test_seed = test_announce_seed("test_grad", 20261129u);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grad_names),
         cmocka_unit_test(test_non_scalar_loss),

@@ -16,6 +16,7 @@
 #include "compile/plan.h"
 #include "ir/ir.h"
 #include "spmd/spmd.h"
+#include "support_alloc.h"
 
 static spmd_tensor *input2(spmd_graph *g, const char *name, int64_t a, int64_t b)
 {
@@ -180,30 +181,12 @@ static void test_plan_prunes_and_aliases(void **state)
 }
 
 /* Allocation failures injected through the hook come back as errors. */
-typedef struct failing {
-    int budget;
-} failing;
-
-static void *failing_alloc(void *ctx, size_t bytes)
-{
-    failing *f = ctx;
-    if (f->budget-- <= 0) return NULL;
-    void *p = NULL;
-    return posix_memalign(&p, 64, bytes ? bytes : 1) == 0 ? p : NULL;
-}
-
-static void failing_free(void *ctx, void *p)
-{
-    (void)ctx;
-    free(p);
-}
-
 static void test_allocation_failure_is_clean(void **state)
 {
     (void)state;
     for (int budget = 0; budget < 12; budget++) {
-        failing f = {budget};
-        spmd_allocator a = {failing_alloc, failing_free, &f};
+        test_alloc f;
+        spmd_allocator a = test_alloc_init(&f, budget);
         spmd_graph *g = spmd_graph_create(&a);
         if (!g) {
             assert_non_null(strstr(spmd_last_error(), "out of memory"));

@@ -17,20 +17,13 @@
 
 #include "spmd/models.h"
 #include "spmd/spmd.h"
+#include "support_check.h"
 #include "support_vectors.h"
 
 /* float32 against float64 truth: make_vectors.py checks PyTorch's own
  * float32 run uses well under a tenth of this. */
 #define ATOL 1e-4
 #define RTOL 1e-3
-
-static void load_case(const char *name, tv_file *v)
-{
-    char path[1024], err[512];
-    snprintf(path, sizeof path, "%s/%s.bin", tv_dir(), name);
-    if (tv_load(path, v, err, sizeof err) != 0)
-        fail_msg("%s (set SPMD_VECTOR_DIR to the tests/vectors folder)", err);
-}
 
 static const tv_record *need(const tv_file *v, const char *name)
 {
@@ -60,28 +53,6 @@ static void expect_shape(const tv_record *r, const spmd_tensor *t)
         fail_msg("'%s': vector and graph tensor differ in dtype or shape", r->name);
 }
 
-/* |got - want| <= ATOL + RTOL |want| everywhere; else print the worst. */
-static bool close_enough(const char *what, const float *got, const float *want, int64_t n)
-{
-    int64_t worst = -1;
-    double worst_ratio = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        double ratio = d / (ATOL + RTOL * fabs((double)want[i]));
-        if (!(ratio <= worst_ratio) || worst < 0) { /* NaN counts as worst */
-            worst_ratio = ratio;
-            worst = i;
-        }
-    }
-    if (n > 0 && !(worst_ratio <= 1.0)) {
-        print_error("%s: element %lld of %lld: got %.8g, want %.8g (|diff| %.3g, allowed %.3g)\n",
-                    what, (long long)worst, (long long)n, got[worst], want[worst],
-                    fabs((double)got[worst] - want[worst]), ATOL + RTOL * fabs(want[worst]));
-        return false;
-    }
-    return true;
-}
-
 static bool compare_read(spmd_program *p, const spmd_tensor *t, const tv_record *want)
 {
     if (want->rank == 0) /* a scalar loss: accept [] or [1] */
@@ -91,7 +62,7 @@ static bool compare_read(spmd_program *p, const spmd_tensor *t, const tv_record 
     float *got = malloc(want->bytes ? want->bytes : 1);
     assert_non_null(got);
     assert_int_equal(spmd_program_read(p, t, got, want->bytes), SPMD_OK);
-    bool ok = close_enough(want->name, got, want->data, want->numel);
+    bool ok = test_close_enough(want->name, got, want->data, want->numel, ATOL, RTOL);
     free(got);
     return ok;
 }
@@ -165,7 +136,7 @@ static void test_mlp_matches_torch(void **state)
 {
     (void)state;
     tv_file v;
-    load_case("mlp", &v);
+    tv_load_case("mlp", &v);
     const int32_t *c = config_of(&v, 4);
     spmd_mlp_config cfg = {.in_dim = c[0], .hidden = c[1], .layers = c[2], .out_dim = c[3]};
     int batch = (int)need(&v, "input")->dims[0];
@@ -194,7 +165,7 @@ static void test_gpt_block_matches_torch(void **state)
 {
     (void)state;
     tv_file v;
-    load_case("gpt_block", &v);
+    tv_load_case("gpt_block", &v);
     spmd_gpt_config cfg = gpt_config_of(&v);
     const tv_record *x_rec = need(&v, "input");
 
@@ -217,7 +188,7 @@ static void test_gpt_matches_torch(void **state)
 {
     (void)state;
     tv_file v;
-    load_case("gpt", &v);
+    tv_load_case("gpt", &v);
     spmd_gpt_config cfg = gpt_config_of(&v);
     int batch = (int)need(&v, "input")->dims[0];
 

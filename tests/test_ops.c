@@ -28,6 +28,7 @@
 
 #include "ref.h"
 #include "spmd/spmd.h"
+#include "support_rng.h"
 
 #define MAXT 8          /* inputs per case */
 #define MAX_THREADS 3   /* every case runs on 1 .. MAX_THREADS threads */
@@ -49,27 +50,7 @@ typedef struct shape {
 /* ---- Seeded values ----------------------------------------------------------- */
 
 static uint64_t test_seed;
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
-}
-
-static void rng_for_case(const char *label)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (const char *s = label; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    rng_state = test_seed ^ h;
-}
+static test_rng rng; /* the current case's, from the seed and its label */
 
 typedef enum gen {
     GEN_ANY,  /* uniform [-1, 1) */
@@ -85,8 +66,8 @@ static void fill_values(float *v, int64_t n, gen kind)
                                      [GEN_POS] = {0.5f, 2.0f},
                                      [GEN_NAN] = {-1.0f, 1.0f}};
     for (int64_t i = 0; i < n; i++) {
-        v[i] = rng_uniform(range[kind][0], range[kind][1]);
-        if (kind == GEN_NAN && rng_next() % 16 == 0) v[i] = NAN;
+        v[i] = test_rng_float(&rng, range[kind][0], range[kind][1]);
+        if (kind == GEN_NAN && test_rng_next(&rng) % 16 == 0) v[i] = NAN;
     }
 }
 
@@ -151,7 +132,7 @@ static void oc_init(opcase *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->what, sizeof c->what, fmt, ap);
     va_end(ap);
-    rng_for_case(c->what);
+    rng = test_rng_for(test_seed, c->what);
     spmd_clear_error();
     c->g = spmd_graph_create(NULL);
     assert_non_null(c->g);
@@ -194,7 +175,7 @@ static spmd_tensor *oc_ids(opcase *c, int rank, const int64_t *dims, int32_t lim
     int32_t *v = c->val[c->n - 1];
     float *f = c->ids_f32[c->n - 1] = xmalloc(tensor_bytes(t));
     for (int64_t i = 0; i < spmd_tensor_numel(t); i++) {
-        v[i] = (int32_t)(rng_next() % (uint64_t)limit);
+        v[i] = (int32_t)(test_rng_next(&rng) % (uint64_t)limit);
         f[i] = (float)v[i];
     }
     return t;
@@ -1034,11 +1015,7 @@ static void test_chained_bad_data(void **state)
 
 int main(void)
 {
-    const char *env = getenv("SPMD_TEST_SEED");
-    /* A fixed default keeps CI repeatable; set the variable to explore others. */
-    test_seed = env ? strtoull(env, NULL, 10) : 20261207u;
-    print_message("test_ops: seed %llu (SPMD_TEST_SEED=%llu replays it)\n",
-                  (unsigned long long)test_seed, (unsigned long long)test_seed);
+    test_seed = test_announce_seed("test_ops", 20261207u);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill),
         cmocka_unit_test(test_binary),

@@ -34,6 +34,9 @@
 #include "spmd/models.h"
 #include "spmd/spmd.h"
 #include "spmd/train.h"
+#include "support_alloc.h"
+#include "support_check.h"
+#include "support_rng.h"
 #include "support_vectors.h"
 
 #define D(...) ((const int64_t[]){__VA_ARGS__})
@@ -52,29 +55,6 @@
 #define SPMD_ATOL 1e-6
 #define SPMD_RTOL 1e-4
 #define MAX_STEPS 16
-
-/* |got - want| <= atol + rtol |want| everywhere; else print the worst. */
-static bool close_enough(const char *what, const float *got, const float *want, int64_t n,
-                         double atol, double rtol)
-{
-    int64_t worst = -1;
-    double worst_ratio = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        double ratio = d / (atol + rtol * fabs((double)want[i]));
-        if (!(ratio <= worst_ratio) || worst < 0) { /* NaN counts as worst */
-            worst_ratio = ratio;
-            worst = i;
-        }
-    }
-    if (n > 0 && !(worst_ratio <= 1.0)) {
-        print_error("%s: element %lld of %lld: got %.9g, want %.9g (|diff| %.3g, allowed %.3g)\n",
-                    what, (long long)worst, (long long)n, got[worst], want[worst],
-                    fabs((double)got[worst] - want[worst]), atol + rtol * fabs(want[worst]));
-        return false;
-    }
-    return true;
-}
 
 /* got_after - got_before against want_after - want_before. */
 static bool update_close(const char *what, const float *got_before, const float *got_after,
@@ -225,14 +205,14 @@ static void replay_torch_case(const tv_file *v, const char *name)
          * the script's own formula. */
         float lr = spmd_lr_schedule(s, (int)sched[0], (int)sched[1], sched[2], sched[3]);
         snprintf(what, sizeof what, "%s step %d lr", name, s);
-        ok &= close_enough(what, &lr, &lrs[s], 1, 1e-12, 1e-6);
+        ok &= test_close_enough(what, &lr, &lrs[s], 1, 1e-12, 1e-6);
         set_scalar(p, ot.lr, lr);
         if (spmd_program_run(p) != SPMD_OK) fail_msg("%s: run: %s", name, spmd_last_error());
         float loss = read_scalar(p, t.loss), norm = read_scalar(p, ot.grad_norm);
         snprintf(what, sizeof what, "%s step %d loss", name, s);
-        ok &= close_enough(what, &loss, &losses[s], 1, TORCH_ATOL, TORCH_RTOL);
+        ok &= test_close_enough(what, &loss, &losses[s], 1, TORCH_ATOL, TORCH_RTOL);
         snprintf(what, sizeof what, "%s step %d grad norm", name, s);
-        ok &= close_enough(what, &norm, &norms[s], 1, TORCH_ATOL, TORCH_RTOL);
+        ok &= test_close_enough(what, &norm, &norms[s], 1, TORCH_ATOL, TORCH_RTOL);
         for (int i = 0; i < spmd_graph_tensor_count(g); i++) {
             spmd_tensor *w = spmd_graph_tensor(g, i);
             if (!spmd_tensor_is_param(w)) continue;
@@ -242,7 +222,7 @@ static void replay_torch_case(const tv_file *v, const char *name)
             const float *want_before = s ? want - n : need(v, spmd_tensor_name(w), n)->data;
             float *got = read_all(p, w);
             snprintf(what, sizeof what, "%s step %d '%s'", name, s, spmd_tensor_name(w));
-            ok &= close_enough(what, got, want, n, TORCH_ATOL, TORCH_RTOL);
+            ok &= test_close_enough(what, got, want, n, TORCH_ATOL, TORCH_RTOL);
             ok &= update_close(what, before[i], got, want_before, want, n);
             free(before[i]);
             before[i] = got;
@@ -261,11 +241,8 @@ static void replay_torch_case(const tv_file *v, const char *name)
 static void test_against_torch(void **state)
 {
     (void)state;
-    char path[1024], err[512];
-    snprintf(path, sizeof path, "%s/optim.bin", tv_dir());
     tv_file v;
-    if (tv_load(path, &v, err, sizeof err) != 0)
-        fail_msg("%s (set SPMD_VECTOR_DIR to the tests/vectors folder)", err);
+    tv_load_case("optim", &v);
     for (size_t i = 0; i < sizeof torch_cases / sizeof torch_cases[0]; i++)
         replay_torch_case(&v, torch_cases[i]);
     tv_free(&v);
@@ -311,28 +288,14 @@ static void test_lr_schedule(void **state)
 static const spmd_mlp_config fsdp_cfg = {.in_dim = 8, .hidden = 16, .layers = 2, .out_dim = 4};
 static const int fsdp_batch = 16;
 
-/* Deterministic values from the tensor's name. */
-static void fill_values(const spmd_tensor *t, float *v, int64_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (const char *c = spmd_tensor_name(t); *c; c++)
-        h = (h ^ (unsigned char)*c) * 1099511628211ull;
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t z = (h += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        v[i] = (float)((double)(z >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-    }
-}
-
+/* Every input from its name, so the sharded and one-device runs agree. */
 static void set_inputs(spmd_program *p, spmd_tensor *const *ins, int n_ins)
 {
     for (int k = 0; k < n_ins; k++) {
         int64_t n = spmd_tensor_numel(ins[k]);
         float *v = malloc((size_t)n * sizeof *v);
         assert_non_null(v);
-        fill_values(ins[k], v, n);
+        test_fill_by_name(spmd_tensor_name(ins[k]), v, n);
         assert_int_equal(spmd_program_set_input(p, ins[k], v, (size_t)n * sizeof *v), SPMD_OK);
         free(v);
     }
@@ -400,8 +363,8 @@ static bool same_persistent(const fsdp_run *a, const fsdp_run *b)
         if (strcmp(op, "param") != 0 && strcmp(op, "state") != 0) continue;
         spmd_tensor *got_t = find(a->g, spmd_tensor_name(want_t));
         float *got = read_all(a->p, got_t), *want = read_all(b->p, want_t);
-        ok &= close_enough(spmd_tensor_name(want_t), got, want, spmd_tensor_numel(want_t),
-                           SPMD_ATOL, SPMD_RTOL);
+        ok &= test_close_enough(spmd_tensor_name(want_t), got, want, spmd_tensor_numel(want_t),
+                                SPMD_ATOL, SPMD_RTOL);
         free(got);
         free(want);
         compared++;
@@ -421,10 +384,10 @@ static void check_fsdp_run(bool mark_biases)
     assert_int_equal(spmd_program_devices(one.p), 1);
     assert_int_equal(spmd_program_devices(sharded.p), 8);
 
-    bool ok = close_enough("loss per step", sharded.loss, one.loss, FSDP_STEPS, SPMD_ATOL,
-                           SPMD_RTOL);
-    ok &= close_enough("grad norm per step", sharded.norm, one.norm, FSDP_STEPS, SPMD_ATOL,
-                       SPMD_RTOL);
+    bool ok = test_close_enough("loss per step", sharded.loss, one.loss, FSDP_STEPS, SPMD_ATOL,
+                                SPMD_RTOL);
+    ok &= test_close_enough("grad norm per step", sharded.norm, one.norm, FSDP_STEPS, SPMD_ATOL,
+                            SPMD_RTOL);
     ok &= same_persistent(&sharded, &one);
     if (!ok) fail_msg("the FSDP run does not follow the one-device run");
     /* Clipping acted (the norm starts above FSDP_CLIP) and training went on. */
@@ -649,25 +612,6 @@ static void test_errors(void **state)
  * Allocations fail from the k-th on, for every k until the call succeeds:
  * each failure is SPMD_ERR_NOMEM with a message, never a crash or a leak. */
 
-typedef struct failing {
-    int budget; /* allocations left; < 0: unlimited */
-} failing;
-
-static void *failing_alloc(void *ctx, size_t bytes)
-{
-    failing *f = ctx;
-    if (f->budget == 0) return NULL;
-    if (f->budget > 0) f->budget--;
-    void *p = NULL;
-    return posix_memalign(&p, 64, bytes ? bytes : 1) == 0 ? p : NULL;
-}
-
-static void failing_free(void *ctx, void *p)
-{
-    (void)ctx;
-    free(p);
-}
-
 static void test_allocation_failure(void **state)
 {
     (void)state;
@@ -677,17 +621,17 @@ static void test_allocation_failure(void **state)
     bool ok = false;
     int failures = 0;
     for (int k = 0; k < 10000 && !ok; k++) {
-        failing f = {-1};
-        spmd_allocator a = {failing_alloc, failing_free, &f};
+        test_alloc f;
+        spmd_allocator a = test_alloc_init(&f, -1);
         spmd_graph *g = spmd_graph_create(&a);
         assert_non_null(g);
         spmd_mlp_tensors t = mlp_graph(g, &cfg, 2);
         assert_int_equal(spmd_grad(g, t.loss), SPMD_OK);
         spmd_clear_error();
-        f.budget = k;
+        test_alloc_set_budget(&f, k);
         spmd_optimizer_tensors ot;
         spmd_status st = spmd_optimizer_apply(g, &adamw, &ot);
-        f.budget = -1;
+        test_alloc_set_budget(&f, -1);
         if (st == SPMD_OK) {
             ok = true;
             assert_non_null(ot.grad_norm);

@@ -49,6 +49,7 @@
 #include "shard/partition.h"
 #include "spmd/mesh.h"
 #include "spmd/spmd.h"
+#include "support_rng.h"
 
 #define ATOL 1e-5
 #define RTOL 1e-4
@@ -64,31 +65,6 @@
 
 #define D(...) ((const int64_t[]){__VA_ARGS__})
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-
-/* ---- Seeded draws ------------------------------------------------------------------ */
-
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint64_t rng_next(rng *r) { return mix64(r->s += 0x9e3779b97f4a7c15ull); }
-
-/* Uniform in [lo, hi] (inclusive). */
-static int rng_int(rng *r, int lo, int hi)
-{
-    return lo + (int)(rng_next(r) % (uint64_t)(hi - lo + 1));
-}
-
-static double rng_unit(rng *r) { return (double)(rng_next(r) >> 11) / 9007199254740992.0; }
-static bool rng_chance(rng *r, double p) { return rng_unit(r) < p; }
-static float rng_float(rng *r, float lo, float hi) { return lo + (hi - lo) * (float)rng_unit(r); }
 
 /* ---- A case --------------------------------------------------------------------------- */
 
@@ -128,7 +104,7 @@ struct eq_case {
     build_fn build;
     bool random_marks;     /* draw specs (random cases) or take the builder's */
     /* Per build. */
-    rng r;
+    test_rng r;
     spmd_graph *g;
     bool apply_marks;      /* false: the one-device copy */
     int n_leaves;
@@ -218,8 +194,8 @@ static void random_spec(eq_case *c, const spmd_tensor *t, char *buf, size_t size
     buf[0] = '\0';
     for (int i = 0; i < rank; i++) {
         int64_t dim = spmd_tensor_dim(t, i);
-        bool finer_ok = rng_chance(&c->r, 0.1);
-        double u = rng_unit(&c->r);
+        bool finer_ok = test_rng_chance(&c->r, 0.1);
+        double u = test_rng_unit(&c->r);
         int want = u < 0.45 ? 0 : u < 0.85 ? 1 : 2;
         int axes[2], n = 0;
         int64_t blocks = 1;
@@ -228,7 +204,7 @@ static void random_spec(eq_case *c, const spmd_tensor *t, char *buf, size_t size
             for (int a = 0; a < md->rank; a++)
                 if (!used[a] && (finer_ok || blocks * md->shape[a] <= dim)) free_axes[nf++] = a;
             if (!nf) break;
-            int a = free_axes[rng_int(&c->r, 0, nf - 1)];
+            int a = free_axes[test_rng_int(&c->r, 0, nf - 1)];
             used[a] = true;
             axes[n++] = a;
             blocks *= md->shape[a];
@@ -245,7 +221,7 @@ static void random_spec(eq_case *c, const spmd_tensor *t, char *buf, size_t size
 static void maybe_mark(eq_case *c, spmd_tensor *t, double p)
 {
     if (!t || !c->random_marks || spmd_tensor_rank(t) == 0) return;
-    bool yes = rng_chance(&c->r, p);
+    bool yes = test_rng_chance(&c->r, p);
     char spec[128];
     random_spec(c, t, spec, sizeof spec);
     if (yes) mark(c, t, spec);
@@ -285,7 +261,7 @@ static spmd_tensor *param(eq_case *c, int rank, const int64_t *dims, gen kind, f
     snprintf(name, sizeof name, "w%d", c->n_leaves);
     static const spmd_init_kind kinds[] = {SPMD_INIT_NORMAL, SPMD_INIT_UNIFORM, SPMD_INIT_ONES,
                                            SPMD_INIT_ZEROS};
-    spmd_init init = {kinds[rng_int(&c->r, 0, 3)], rng_float(&c->r, 0.05f, 1.0f)};
+    spmd_init init = {kinds[test_rng_int(&c->r, 0, 3)], test_rng_float(&c->r, 0.05f, 1.0f)};
     spmd_tensor *t = add_leaf(c, spmd_param(c->g, name, rank, dims, init), kind, scale, 0);
     maybe_mark(c, t, 0.6);
     return t;
@@ -349,7 +325,7 @@ static spmd_tensor *note(eq_case *c, spmd_tensor *t, const char *fmt, ...)
     LOG(c, "  %s %s = %s\n", name, shape_str(t, s, sizeof s), what);
     if (c->random_marks) {
         maybe_mark(c, t, 0.15);
-        if (rng_chance(&c->r, 0.2)) add_output(c, t);
+        if (test_rng_chance(&c->r, 0.2)) add_output(c, t);
     }
     return t;
 }
@@ -366,7 +342,7 @@ static void save(eq_case *c, spmd_tensor *t)
 {
     if (!t) return;
     if (c->n_saved < MAX_SAVED) c->saved[c->n_saved++] = t;
-    else c->saved[rng_int(&c->r, 0, MAX_SAVED - 1)] = t;
+    else c->saved[test_rng_int(&c->r, 0, MAX_SAVED - 1)] = t;
 }
 
 /* ---- Random graphs: ops on the current value x ------------------------------------------ */
@@ -378,7 +354,7 @@ static float fan_scale(int64_t fan_in) { return 1.2f / sqrtf((float)fan_in); }
 
 static spmd_tensor *activate(eq_case *c, spmd_tensor *x)
 {
-    switch (rng_int(&c->r, 0, 4)) {
+    switch (test_rng_int(&c->r, 0, 4)) {
     case 0: return note(c, spmd_tanh(c->g, x), "tanh(%s)", name_of(x));
     case 1: return note(c, spmd_gelu(c->g, x), "gelu(%s)", name_of(x));
     case 2: return note(c, spmd_relu(c->g, x), "relu(%s)", name_of(x));
@@ -391,12 +367,12 @@ static spmd_tensor *op_linear(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
     if (r < 2) return NULL;
-    int64_t k = dim_of(x, r - 1), n = rng_int(&c->r, 2, 10);
-    bool tb = rng_chance(&c->r, 0.5);
+    int64_t k = dim_of(x, r - 1), n = test_rng_int(&c->r, 2, 10);
+    bool tb = test_rng_chance(&c->r, 0.5);
     spmd_tensor *w = param(c, 2, tb ? D(n, k) : D(k, n), GEN_WEIGHT, fan_scale(k));
     spmd_tensor *y = note(c, spmd_matmul(c->g, x, w, false, tb), "matmul(%s, %s, ta 0, tb %d)",
                           name_of(x), name_of(w), tb);
-    if (rng_chance(&c->r, 0.5)) {
+    if (test_rng_chance(&c->r, 0.5)) {
         spmd_tensor *b = param(c, 1, D(n), GEN_WEIGHT, 0.3f);
         y = note(c, spmd_add(c->g, y, b), "add(%s, %s)", name_of(y), name_of(b));
     }
@@ -412,11 +388,11 @@ static spmd_tensor *op_matmul_ta(eq_case *c, spmd_tensor *x)
     dims_of(x, dims);
     for (int i = 0; i < r - 1; i++) lead *= dims[i];
     spmd_tensor *y;
-    if (rng_chance(&c->r, 0.5)) {
-        dims[r - 1] = rng_int(&c->r, 2, 8);
+    if (test_rng_chance(&c->r, 0.5)) {
+        dims[r - 1] = test_rng_int(&c->r, 2, 8);
         y = input(c, r, dims);
     } else {
-        int64_t k = dims[r - 1], n = rng_int(&c->r, 2, 8);
+        int64_t k = dims[r - 1], n = test_rng_int(&c->r, 2, 8);
         spmd_tensor *w = param(c, 2, D(k, n), GEN_WEIGHT, fan_scale(k));
         y = note(c, spmd_tanh(c->g, spmd_matmul(c->g, x, w, false, false)), "tanh(matmul(%s, %s))",
                  name_of(x), name_of(w));
@@ -431,7 +407,7 @@ static spmd_tensor *op_matmul_ta(eq_case *c, spmd_tensor *x)
 static spmd_tensor *op_matmul_tt(eq_case *c, spmd_tensor *x)
 {
     if (rank_of(x) != 2) return NULL;
-    int64_t k = dim_of(x, 0), n = rng_int(&c->r, 2, 9);
+    int64_t k = dim_of(x, 0), n = test_rng_int(&c->r, 2, 9);
     spmd_tensor *w = param(c, 2, D(n, k), GEN_WEIGHT, fan_scale(k));
     spmd_tensor *y = note(c, spmd_matmul(c->g, x, w, true, true), "matmul(%s, %s, ta 1, tb 1)",
                           name_of(x), name_of(w));
@@ -446,10 +422,10 @@ static spmd_tensor *op_bmm(eq_case *c, spmd_tensor *x)
     if (r < 3) return NULL;
     int64_t dims[SPMD_MAX_RANK];
     dims_of(x, dims);
-    bool ta = rng_chance(&c->r, 0.4), tb = rng_chance(&c->r, 0.5);
+    bool ta = test_rng_chance(&c->r, 0.4), tb = test_rng_chance(&c->r, 0.5);
     int64_t k = ta ? dims[r - 2] : dims[r - 1];
-    if (rng_chance(&c->r, 0.5)) {
-        int64_t n = rng_int(&c->r, 2, 7);
+    if (test_rng_chance(&c->r, 0.5)) {
+        int64_t n = test_rng_int(&c->r, 2, 7);
         dims[r - 2] = tb ? n : k;
         dims[r - 1] = tb ? k : n;
         spmd_tensor *w = param(c, r, dims, GEN_WEIGHT, fan_scale(k));
@@ -463,16 +439,16 @@ static spmd_tensor *op_bmm(eq_case *c, spmd_tensor *x)
                           name_of(x), name_of(x), ta, tb2);
     s = note(c, spmd_scale(c->g, s, 1.0f / (float)k), "scale(%s, 1/%lld)", name_of(s),
              (long long)k);
-    if (rng_chance(&c->r, 0.5)) s = note(c, spmd_softmax(c->g, s), "softmax(%s)", name_of(s));
+    if (test_rng_chance(&c->r, 0.5)) s = note(c, spmd_softmax(c->g, s), "softmax(%s)", name_of(s));
     return s;
 }
 
 static spmd_tensor *op_unary(eq_case *c, spmd_tensor *x)
 {
-    switch (rng_int(&c->r, 0, 6)) {
+    switch (test_rng_int(&c->r, 0, 6)) {
     case 6: { /* sqrt, rsqrt or log of exp(tanh(x)), in [0.37, 2.72] */
         spmd_tensor *t = note(c, spmd_exp(c->g, spmd_tanh(c->g, x)), "exp(tanh(%s))", name_of(x));
-        switch (rng_int(&c->r, 0, 2)) {
+        switch (test_rng_int(&c->r, 0, 2)) {
         case 0: return note(c, spmd_sqrt(c->g, t), "sqrt(%s)", name_of(t));
         case 1: return note(c, spmd_rsqrt(c->g, t), "rsqrt(%s)", name_of(t));
         default: return note(c, spmd_log(c->g, t), "log(%s)", name_of(t));
@@ -482,7 +458,7 @@ static spmd_tensor *op_unary(eq_case *c, spmd_tensor *x)
     case 1: return note(c, spmd_gelu(c->g, x), "gelu(%s)", name_of(x));
     case 2: return note(c, spmd_relu(c->g, x), "relu(%s)", name_of(x));
     case 3: {
-        float s = rng_float(&c->r, -1.5f, 1.5f);
+        float s = test_rng_float(&c->r, -1.5f, 1.5f);
         return note(c, spmd_scale(c->g, x, s), "scale(%s, %g)", name_of(x), (double)s);
     }
     case 4: return note(c, spmd_neg(c->g, x), "neg(%s)", name_of(x));
@@ -498,16 +474,16 @@ static spmd_tensor *op_unary(eq_case *c, spmd_tensor *x)
 static spmd_tensor *op_broadcast(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
-    int k = rng_int(&c->r, 0, r);
+    int k = test_rng_int(&c->r, 0, r);
     int64_t dims[SPMD_MAX_RANK];
     for (int i = 0; i < k; i++) {
         dims[i] = dim_of(x, r - k + i);
-        if (rng_chance(&c->r, 0.3)) dims[i] = 1;
+        if (test_rng_chance(&c->r, 0.3)) dims[i] = 1;
     }
-    int op = rng_int(&c->r, 0, 3);
-    bool left = op != 3 && rng_chance(&c->r, 0.3);
+    int op = test_rng_int(&c->r, 0, 3);
+    bool left = op != 3 && test_rng_chance(&c->r, 0.3);
     spmd_tensor *p = param(c, k, dims, op == 3 ? GEN_POS : GEN_WEIGHT, op == 2 ? 1.0f : 0.5f);
-    if (rng_chance(&c->r, 0.2)) { /* broadcast explicitly first */
+    if (test_rng_chance(&c->r, 0.2)) { /* broadcast explicitly first */
         int64_t xd[SPMD_MAX_RANK];
         dims_of(x, xd);
         spmd_tensor *e = note(c, spmd_expand(c->g, p, r, xd), "expand(%s)", name_of(p));
@@ -536,9 +512,9 @@ static spmd_tensor *op_branch(eq_case *c, spmd_tensor *x)
         for (int d = 0; same && d < rank_of(x); d++) same = dim_of(s, d) == dim_of(x, d);
         if (same) cand[n++] = s;
     }
-    int op = rng_int(&c->r, 0, 3);
+    int op = test_rng_int(&c->r, 0, 3);
     if (!n) return NULL;
-    spmd_tensor *s = cand[rng_int(&c->r, 0, n - 1)];
+    spmd_tensor *s = cand[test_rng_int(&c->r, 0, n - 1)];
     switch (op) {
     case 0: return note(c, spmd_add(c->g, x, s), "add(%s, %s)", name_of(x), name_of(s));
     case 1: return note(c, spmd_sub(c->g, s, x), "sub(%s, %s)", name_of(s), name_of(x));
@@ -564,13 +540,13 @@ static spmd_tensor *op_reduce(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
     if (r < 1) return NULL;
-    uint32_t axes = (uint32_t)rng_int(&c->r, 1, (1 << r) - 1);
-    bool keep = rng_chance(&c->r, 0.5), mean = rng_chance(&c->r, 0.5);
-    int form = rng_int(&c->r, 0, 2);
+    uint32_t axes = (uint32_t)test_rng_int(&c->r, 1, (1 << r) - 1);
+    bool keep = test_rng_chance(&c->r, 0.5), mean = test_rng_chance(&c->r, 0.5);
+    int form = test_rng_int(&c->r, 0, 2);
     char ax[32];
     if (form == 1) keep = true; /* x - m must broadcast */
     if (form == 2) { /* center over a leading prefix, no keepdim */
-        int k = rng_int(&c->r, 1, r);
+        int k = test_rng_int(&c->r, 1, r);
         axes = (1u << k) - 1;
         keep = false;
     }
@@ -597,8 +573,8 @@ static spmd_tensor *op_max(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
     if (r < 1) return NULL;
-    int axis = rng_int(&c->r, 0, r - 1);
-    bool keep = rng_chance(&c->r, 0.5), center = rng_chance(&c->r, 0.5);
+    int axis = test_rng_int(&c->r, 0, r - 1);
+    bool keep = test_rng_chance(&c->r, 0.5), center = test_rng_chance(&c->r, 0.5);
     if (center) keep = true;
     spmd_tensor *m = note(c, spmd_max(c->g, x, axis, keep), "max(%s, axis %d, keepdim %d)",
                           name_of(x), axis, keep);
@@ -610,7 +586,7 @@ static spmd_tensor *op_softmax(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
     if (r < 1 || dim_of(x, r - 1) < 2) return NULL;
-    if (rng_chance(&c->r, 0.5)) return note(c, spmd_softmax(c->g, x), "softmax(%s)", name_of(x));
+    if (test_rng_chance(&c->r, 0.5)) return note(c, spmd_softmax(c->g, x), "softmax(%s)", name_of(x));
     return note(c, spmd_log_softmax(c->g, x), "log_softmax(%s)", name_of(x));
 }
 
@@ -636,12 +612,12 @@ static spmd_tensor *op_attention(eq_case *c, spmd_tensor *x)
     int divs[16], nd = 0;
     for (int h = 1; h <= ch && nd < 16; h++)
         if (ch % h == 0) divs[nd++] = h;
-    int heads = divs[rng_int(&c->r, 0, nd - 1)];
+    int heads = divs[test_rng_int(&c->r, 0, nd - 1)];
     spmd_tensor *q = x, *k = x, *v = x;
-    if (rng_chance(&c->r, 0.6)) {
+    if (test_rng_chance(&c->r, 0.6)) {
         spmd_tensor **qkv[3] = {&q, &k, &v};
         for (int i = 0; i < 3; i++) {
-            bool tb = rng_chance(&c->r, 0.5);
+            bool tb = test_rng_chance(&c->r, 0.5);
             spmd_tensor *w = param(c, 2, D(ch, ch), GEN_WEIGHT, fan_scale(ch));
             *qkv[i] = note(c, spmd_matmul(c->g, x, w, false, tb), "matmul(%s, %s, ta 0, tb %d)",
                            name_of(x), name_of(w), tb);
@@ -658,7 +634,7 @@ static spmd_tensor *op_embed_add(eq_case *c, spmd_tensor *x)
     if (r < 2) return NULL;
     int64_t dims[SPMD_MAX_RANK];
     dims_of(x, dims);
-    int32_t vocab = rng_int(&c->r, 2, 12);
+    int32_t vocab = test_rng_int(&c->r, 2, 12);
     spmd_tensor *table = param(c, 2, D(vocab, dims[r - 1]), GEN_WEIGHT, 0.5f);
     spmd_tensor *ids = ids_input(c, r - 1, dims, vocab);
     spmd_tensor *e = note(c, spmd_embedding(c->g, table, ids), "embedding(%s, %s)", name_of(table),
@@ -671,18 +647,18 @@ static spmd_tensor *op_reshape(eq_case *c, spmd_tensor *x)
     int r = rank_of(x);
     int64_t dims[SPMD_MAX_RANK], to[SPMD_MAX_RANK];
     dims_of(x, dims);
-    int form = rng_int(&c->r, 0, 2), nr = 0;
+    int form = test_rng_int(&c->r, 0, 2), nr = 0;
     if (form == 0 && r >= 2) { /* merge two neighbours */
-        int i = rng_int(&c->r, 0, r - 2);
+        int i = test_rng_int(&c->r, 0, r - 2);
         for (int d = 0; d < r; d++) {
             if (d == i + 1) to[nr - 1] *= dims[d];
             else to[nr++] = dims[d];
         }
     } else if (form == 1 && r < 5) { /* split a composite dim */
-        int i = rng_int(&c->r, 0, r - 1);
+        int i = test_rng_int(&c->r, 0, r - 1);
         int64_t f = 0;
         for (int64_t q = 2; q < dims[i]; q++)
-            if (dims[i] % q == 0 && (!f || rng_chance(&c->r, 0.5))) f = q;
+            if (dims[i] % q == 0 && (!f || test_rng_chance(&c->r, 0.5))) f = q;
         if (!f) return NULL;
         for (int d = 0; d < r; d++) {
             if (d == i) {
@@ -710,15 +686,15 @@ static spmd_tensor *op_permute(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
     if (r < 2) return NULL;
-    if (rng_chance(&c->r, 0.4)) {
-        int a = rng_int(&c->r, 0, r - 1), b = rng_int(&c->r, 0, r - 2);
+    if (test_rng_chance(&c->r, 0.4)) {
+        int a = test_rng_int(&c->r, 0, r - 1), b = test_rng_int(&c->r, 0, r - 2);
         if (b >= a) b++;
         return note(c, spmd_transpose(c->g, x, a, b), "transpose(%s, %d, %d)", name_of(x), a, b);
     }
     int perm[SPMD_MAX_RANK];
     for (int i = 0; i < r; i++) perm[i] = i;
     for (int i = r - 1; i > 0; i--) {
-        int j = rng_int(&c->r, 0, i);
+        int j = test_rng_int(&c->r, 0, i);
         int t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
@@ -734,11 +710,11 @@ static spmd_tensor *op_slice(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
     if (r < 1) return NULL;
-    int axis = rng_int(&c->r, 0, r - 1);
+    int axis = test_rng_int(&c->r, 0, r - 1);
     int64_t d = dim_of(x, axis);
     if (d < 3) return NULL;
-    int64_t len = rng_int(&c->r, 2, (int)d - 1);
-    int64_t start = rng_int(&c->r, 0, (int)(d - len));
+    int64_t len = test_rng_int(&c->r, 2, (int)d - 1);
+    int64_t start = test_rng_int(&c->r, 0, (int)(d - len));
     return note(c, spmd_slice(c->g, x, axis, start, len), "slice(%s, axis %d, %lld:+%lld)",
                 name_of(x), axis, (long long)start, (long long)len);
 }
@@ -749,8 +725,8 @@ static spmd_tensor *op_concat(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
     if (r < 1 || spmd_tensor_numel(x) > MAX_NUMEL / 3) return NULL;
-    int axis = rng_int(&c->r, 0, r - 1);
-    int n = rng_int(&c->r, 2, 3);
+    int axis = test_rng_int(&c->r, 0, r - 1);
+    int n = test_rng_int(&c->r, 2, 3);
     spmd_tensor *parts[3] = {x};
     char desc[128];
     size_t len = 0;
@@ -758,17 +734,17 @@ static spmd_tensor *op_concat(eq_case *c, spmd_tensor *x)
     textf(desc, sizeof desc, &len, "%s", name_of(x));
     for (int j = 1; j < n; j++) {
         spmd_tensor *p = NULL;
-        int kind = rng_int(&c->r, 0, 2);
+        int kind = test_rng_int(&c->r, 0, 2);
         if (kind == 0) {
             p = note(c, spmd_tanh(c->g, x), "tanh(%s)", name_of(x));
         } else if (kind == 1 && dim_of(x, axis) >= 2) {
-            int64_t l = rng_int(&c->r, 1, (int)dim_of(x, axis) - 1);
+            int64_t l = test_rng_int(&c->r, 1, (int)dim_of(x, axis) - 1);
             p = note(c, spmd_slice(c->g, x, axis, 0, l), "slice(%s, axis %d, 0:+%lld)", name_of(x),
                      axis, (long long)l);
         } else {
             int64_t dims[SPMD_MAX_RANK];
             dims_of(x, dims);
-            dims[axis] = rng_int(&c->r, 1, 5);
+            dims[axis] = test_rng_int(&c->r, 1, 5);
             p = input(c, r, dims);
         }
         parts[j] = p;
@@ -794,7 +770,7 @@ static op_fn pick_op(eq_case *c)
 {
     int total = 0;
     for (size_t i = 0; i < ARRAY_LEN(ops); i++) total += ops[i].weight;
-    int w = rng_int(&c->r, 0, total - 1);
+    int w = test_rng_int(&c->r, 0, total - 1);
     for (size_t i = 0; i < ARRAY_LEN(ops); i++) {
         if (w < ops[i].weight) return ops[i].fn;
         w -= ops[i].weight;
@@ -810,7 +786,7 @@ static spmd_tensor *loss_term(eq_case *c, spmd_tensor *v)
     dims_of(v, dims);
     /* Cross entropy is refused (skipped) when its rows end up split
      * unevenly, so it is drawn less often than the others. */
-    int u = rng_int(&c->r, 0, 99);
+    int u = test_rng_int(&c->r, 0, 99);
     int kind = u < 30 ? 0 : u < 42 ? 1 : u < 71 ? 2 : 3;
     if (r == 0) kind = 2;
     if (kind == 0) { /* mse against a target */
@@ -819,8 +795,8 @@ static spmd_tensor *loss_term(eq_case *c, spmd_tensor *v)
     }
     if (kind == 1 && r >= 2) { /* cross entropy of a projection */
         int64_t k = dims[r - 1];
-        int32_t classes = rng_int(&c->r, 2, 8);
-        bool tb = rng_chance(&c->r, 0.5);
+        int32_t classes = test_rng_int(&c->r, 2, 8);
+        bool tb = test_rng_chance(&c->r, 0.5);
         spmd_tensor *w = param(c, 2, tb ? D(classes, k) : D(k, classes), GEN_WEIGHT, fan_scale(k));
         spmd_tensor *logits = note(c, spmd_matmul(c->g, v, w, false, tb),
                                    "matmul(%s, %s, ta 0, tb %d)", name_of(v), name_of(w), tb);
@@ -842,16 +818,16 @@ static spmd_tensor *loss_term(eq_case *c, spmd_tensor *v)
 static void build_random(eq_case *c)
 {
     /* The start: data [dims] or an embedding of ids. */
-    int r = rng_int(&c->r, 0, 9) < 4 ? 2 : rng_int(&c->r, 0, 9) < 7 ? 3 : 4;
+    int r = test_rng_int(&c->r, 0, 9) < 4 ? 2 : test_rng_int(&c->r, 0, 9) < 7 ? 3 : 4;
     int64_t dims[SPMD_MAX_RANK];
     for (int i = 0; i < r; i++) {
-        dims[i] = rng_int(&c->r, 2, r == 2 ? 12 : r == 3 ? 8 : 5);
-        if (rng_chance(&c->r, 0.04)) dims[i] = 1;
+        dims[i] = test_rng_int(&c->r, 2, r == 2 ? 12 : r == 3 ? 8 : 5);
+        if (test_rng_chance(&c->r, 0.04)) dims[i] = 1;
     }
     spmd_tensor *x;
-    if (rng_chance(&c->r, 0.25)) {
-        int32_t vocab = rng_int(&c->r, 2, 12);
-        int64_t width = rng_int(&c->r, 2, 10);
+    if (test_rng_chance(&c->r, 0.25)) {
+        int32_t vocab = test_rng_int(&c->r, 2, 12);
+        int64_t width = test_rng_int(&c->r, 2, 10);
         spmd_tensor *table = param(c, 2, D(vocab, width), GEN_WEIGHT, 1.0f);
         spmd_tensor *ids = ids_input(c, r - 1, dims, vocab);
         x = note(c, spmd_embedding(c->g, table, ids), "embedding(%s, %s)", name_of(table),
@@ -860,7 +836,7 @@ static void build_random(eq_case *c)
         x = input(c, r, dims);
     }
     save(c, x);
-    int steps = rng_int(&c->r, 2, 9);
+    int steps = test_rng_int(&c->r, 2, 9);
     for (int s = 0; s < steps && !c->build_failed; s++) {
         for (int tries = 0; tries < 8 && !c->build_failed; tries++) {
             spmd_tensor *y = pick_op(c)(c, x);
@@ -874,9 +850,9 @@ static void build_random(eq_case *c)
     if (c->build_failed) return;
     /* A loss over the last value and maybe an earlier one. */
     spmd_tensor *loss = loss_term(c, x);
-    int extra = rng_int(&c->r, 0, 2);
+    int extra = test_rng_int(&c->r, 0, 2);
     for (int i = 0; i < extra && c->n_saved && !c->build_failed; i++) {
-        spmd_tensor *v = c->saved[rng_int(&c->r, 0, c->n_saved - 1)];
+        spmd_tensor *v = c->saved[test_rng_int(&c->r, 0, c->n_saved - 1)];
         spmd_tensor *t = loss_term(c, v);
         loss = note(c, spmd_add(c->g, loss, t), "add(%s, %s)", name_of(loss), name_of(t));
     }
@@ -894,8 +870,8 @@ static void random_mesh(eq_case *c)
     };
     static const char *const names[] = {"data", "fsdp", "model", "tp", "dp", "x", "y",
                                         "z", "replica", "seq", "expert", "a1"};
-    rng r = {mix64(c->seed ^ 0x6d657368ull)};
-    const int *s = shapes[rng_int(&r, 0, (int)ARRAY_LEN(shapes) - 1)];
+    test_rng r = {test_mix64(c->seed ^ 0x6d657368ull)};
+    const int *s = shapes[test_rng_int(&r, 0, (int)ARRAY_LEN(shapes) - 1)];
     mesh_desc *md = &c->md;
     memset(md, 0, sizeof *md);
     int n = 1;
@@ -906,22 +882,22 @@ static void random_mesh(eq_case *c)
     int pick[ARRAY_LEN(names)];
     for (size_t i = 0; i < ARRAY_LEN(names); i++) pick[i] = (int)i;
     for (int a = 0; a < md->rank; a++) {
-        int j = rng_int(&r, a, (int)ARRAY_LEN(names) - 1);
+        int j = test_rng_int(&r, a, (int)ARRAY_LEN(names) - 1);
         int t = pick[a];
         pick[a] = pick[j];
         pick[j] = t;
         snprintf(md->names[a], sizeof md->names[a], "%s", names[pick[a]]);
     }
     for (int i = 0; i < n; i++) md->ids[i] = i;
-    md->permuted = rng_chance(&r, 0.4);
+    md->permuted = test_rng_chance(&r, 0.4);
     if (md->permuted)
         for (int i = n - 1; i > 0; i--) {
-            int j = rng_int(&r, 0, i);
+            int j = test_rng_int(&r, 0, i);
             int t = md->ids[i];
             md->ids[i] = md->ids[j];
             md->ids[j] = t;
         }
-    c->threads = n * (rng_chance(&r, 0.3) ? 2 : 1);
+    c->threads = n * (test_rng_chance(&r, 0.3) ? 2 : 1);
 }
 
 static spmd_mesh *make_mesh(const mesh_desc *md)
@@ -951,7 +927,7 @@ static void mesh_label(const mesh_desc *md, char *buf, size_t size)
 
 static void reset_build(eq_case *c, bool apply)
 {
-    c->r.s = mix64(c->seed ^ 0x67726170680aull);
+    c->r.s = test_mix64(c->seed ^ 0x67726170680aull);
     c->apply_marks = apply;
     c->n_leaves = c->n_out = c->n_inter = c->n_marks = c->n_saved = 0;
     c->loss = NULL;
@@ -990,7 +966,7 @@ static void build_copy(eq_case *c, bool apply)
         maybe_mark(c, gr, 0.25);
     }
     /* Some random cases also update the parameters (plain SGD). */
-    if (c->random_marks && rng_chance(&c->r, 0.25)) {
+    if (c->random_marks && test_rng_chance(&c->r, 0.25)) {
         spmd_tensor *lr = add_leaf(c, spmd_input(c->g, "lr", SPMD_F32, 0, NULL), GEN_LR, 1, 0);
         if (!lr || spmd_sgd(c->g, lr) != SPMD_OK) {
             build_fail(c, "sgd");
@@ -1016,19 +992,19 @@ static void draw_values(eq_case *c)
     for (int i = 0; i < c->n_leaves; i++) {
         leaf *l = &c->leaves[i];
         int64_t n = spmd_tensor_numel(l->t);
-        rng r = {mix64(c->seed * 31 + (uint64_t)i + 0x76616c75ull)};
+        test_rng r = {test_mix64(c->seed * 31 + (uint64_t)i + 0x76616c75ull)};
         l->val = malloc((size_t)(n ? n : 1) * 4);
         assert_non_null(l->val);
         float *f = l->val;
         int32_t *ids = l->val;
         for (int64_t k = 0; k < n; k++) {
             switch (l->kind) {
-            case GEN_ANY: f[k] = rng_float(&r, -1.0f, 1.0f); break;
-            case GEN_WEIGHT: f[k] = rng_float(&r, -l->scale, l->scale); break;
-            case GEN_POS: f[k] = rng_float(&r, 0.5f, 2.0f); break;
-            case GEN_GAMMA: f[k] = rng_float(&r, 0.5f, 1.5f); break;
-            case GEN_IDS: ids[k] = (int32_t)(rng_next(&r) % (uint64_t)l->limit); break;
-            case GEN_LR: f[k] = rng_float(&r, 0.05f, 0.2f); break;
+            case GEN_ANY: f[k] = test_rng_float(&r, -1.0f, 1.0f); break;
+            case GEN_WEIGHT: f[k] = test_rng_float(&r, -l->scale, l->scale); break;
+            case GEN_POS: f[k] = test_rng_float(&r, 0.5f, 2.0f); break;
+            case GEN_GAMMA: f[k] = test_rng_float(&r, 0.5f, 1.5f); break;
+            case GEN_IDS: ids[k] = (int32_t)(test_rng_next(&r) % (uint64_t)l->limit); break;
+            case GEN_LR: f[k] = test_rng_float(&r, 0.05f, 0.2f); break;
             }
         }
     }
@@ -1504,8 +1480,7 @@ static void test_random_equivalence(void **state)
 
 int main(void)
 {
-    const char *env = getenv("SPMD_TEST_SEED");
-    base_seed = env ? strtoull(env, NULL, 10) : DEFAULT_SEED;
+    base_seed = test_env_seed(DEFAULT_SEED);
     const char *cases = getenv("SPMD_TEST_CASES");
     if (cases && atoi(cases) > 0) n_cases = atoi(cases);
     const char *v = getenv("SPMD_TEST_VERBOSE");

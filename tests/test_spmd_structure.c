@@ -39,6 +39,7 @@
 #include "spmd/mesh.h"
 #include "spmd/models.h"
 #include "spmd/spmd.h"
+#include "support_rng.h"
 
 #define D(...) ((const int64_t[]){__VA_ARGS__})
 #define RTOL 1e-5
@@ -72,20 +73,6 @@ static void mark(step *s, spmd_tensor *t, const spmd_mesh *m, const char *spec)
         fail_msg("mark %s as \"%s\": %s", spmd_tensor_name(t), spec, spmd_last_error());
 }
 
-/* Deterministic input values from the tensor's name. */
-static void fill_input(const spmd_tensor *t, float *v, int64_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (const char *c = spmd_tensor_name(t); *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t z = (h += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        v[i] = (float)((double)(z >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-    }
-}
-
 static spmd_program *compile_and_run(step *s)
 {
     spmd_compile_options opts = {.threads = 8, .seed = 7};
@@ -99,7 +86,7 @@ static spmd_program *compile_and_run(step *s)
         float *v = malloc((size_t)n * sizeof *v);
         assert_non_null(v);
         if (t == s->lr) v[0] = LR;
-        else fill_input(t, v, n);
+        else test_fill_by_name(spmd_tensor_name(t), v, n); /* alike in both builds */
         assert_int_equal(spmd_program_set_input(p, t, v, (size_t)n * sizeof *v), SPMD_OK);
         free(v);
     }
@@ -151,17 +138,6 @@ static void check_numerics(spmd_program *sharded, const step *s, build_fn build,
 
 /* ---- Reading the collectives ------------------------------------------------------ */
 
-static const char *kind_name(ir_op kind)
-{
-    switch (kind) {
-    case IR_ALL_GATHER: return "all-gather";
-    case IR_REDUCE_SCATTER: return "reduce-scatter";
-    case IR_ALL_REDUCE: return "all-reduce";
-    case IR_ALL_TO_ALL: return "all-to-all";
-    default: return ir_op_name(kind);
-    }
-}
-
 static const char *axes_text(const spmd_mesh *m, const mesh_axes *a, char *buf, size_t size)
 {
     mesh_text t;
@@ -190,7 +166,7 @@ static void print_colls(const char *title, const partition *pt)
         char axes[64], moved[96], user[96], spec[96];
         const shard_node *n = &pt->prop.nodes[c->tensor];
         printf("  %-8s %-14s %-16s %6lld B  %-34s (%s) -> %s\n", partition_phase_name(c->phase),
-               kind_name(c->kind), axes_text(pt->m, &c->axes, axes, sizeof axes),
+               partition_collective_name(c->kind), axes_text(pt->m, &c->axes, axes, sizeof axes),
                (long long)c->bytes, node_label(pt->g, c->tensor, moved, sizeof moved),
                sharding_format(&n->out, pt->m, spec, sizeof spec),
                node_label(pt->g, c->consumer, user, sizeof user));
@@ -449,7 +425,7 @@ static void check_fsdp(const char *title, const mlp_case *cfg)
             if (x->tensor != w->id) continue;
             if (x->kind != IR_ALL_GATHER || x->phase != PART_FORWARD || !axes_are(c.m, &x->axes, "fsdp"))
                 fail_msg("%s: unexpected %s over %d axes in the %s phase", param_name(&c, k),
-                         kind_name(x->kind), x->axes.n, partition_phase_name(x->phase));
+                         partition_collective_name(x->kind), x->axes.n, partition_phase_name(x->phase));
             gathers++;
         }
         EXPECT_COUNT(gathers, sharded ? 1 : 0, "%s: forward all-gathers over [fsdp]\n", param_name(&c, k));
@@ -620,7 +596,7 @@ static void check_megatron(int blocks, first_layer first)
     for (int i = 0; i < c.pt->n_colls; i++) {
         const part_collective *x = &c.pt->colls[i];
         if (uses_axis(c.m, &x->axes, "model") && x->kind != IR_ALL_REDUCE)
-            fail_msg("%s: a %s over model", title, kind_name(x->kind));
+            fail_msg("%s: a %s over model", title, partition_collective_name(x->kind));
     }
     /* Gradients: the first layer's (replicated) over data, with the
      * deferred model sum when there is one; the blocks' (split over

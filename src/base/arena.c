@@ -47,6 +47,21 @@ void base_free(const spmd_allocator *alloc, void *ptr)
     a.free(a.ctx, ptr);
 }
 
+bool base_grow(const spmd_allocator *alloc, void **items, int *cap, int need, size_t item_size,
+               int first, const char *what)
+{
+    if (need <= *cap) return true;
+    int cap2 = *cap ? *cap * 2 : first;
+    while (cap2 < need) cap2 *= 2;
+    void *p = base_alloc(alloc, (size_t)cap2 * item_size, what);
+    if (!p) return false;
+    if (*items) memcpy(p, *items, (size_t)*cap * item_size);
+    base_free(alloc, *items);
+    *items = p;
+    *cap = cap2;
+    return true;
+}
+
 struct base_arena_block {
     base_arena_block *next;
     size_t pad; /* keeps the payload 16-byte aligned */

@@ -14,6 +14,12 @@ void *base_calloc(const spmd_allocator *alloc, size_t bytes, const char *what);
 void base_free(const spmd_allocator *alloc, void *ptr);
 /* The allocator to use: `alloc` or the default. */
 spmd_allocator base_allocator_or_default(const spmd_allocator *alloc);
+/* Make *items, an array of *cap items of item_size bytes from `alloc`, hold
+ * at least `need`: the capacity doubles (from `first` when empty), so
+ * appending one at a time copies each item a bounded number of times.
+ * False when out of memory, with the array as it was. */
+bool base_grow(const spmd_allocator *alloc, void **items, int *cap, int need, size_t item_size,
+               int first, const char *what);
 
 typedef struct base_arena_block base_arena_block;
 typedef struct base_arena {

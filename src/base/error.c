@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_message[1024];
 static _Thread_local bool pending;
@@ -18,6 +19,13 @@ spmd_status base_error(spmd_status status, const char *fmt, ...)
 }
 
 bool base_error_pending(void) { return pending; }
+
+spmd_status base_error_reported(void)
+{
+    if (strncmp(last_message, "out of memory", 13) == 0) return SPMD_ERR_NOMEM;
+    if (!pending || last_message[0] == '\0') return SPMD_OK;
+    return SPMD_ERR_INTERNAL;
+}
 
 const char *spmd_last_error(void) { return last_message; }
 

@@ -17,6 +17,13 @@ spmd_status base_error(spmd_status status, const char *fmt, ...)
  * when a NULL operand from a failed builder call reaches the next op. */
 bool base_error_pending(void);
 
+/* For a call that failed and reported through base_error without handing
+ * back a status (a graph builder returning NULL): SPMD_ERR_NOMEM when the
+ * message is base_alloc's "out of memory", SPMD_ERR_INTERNAL for any other
+ * message, and SPMD_OK when there is none, which the caller reports as its
+ * own bug (with BASE_INTERNAL, so the message names the caller's line). */
+spmd_status base_error_reported(void);
+
 #define BASE_INTERNAL(msg) \
     base_error(SPMD_ERR_INTERNAL, "internal error at %s:%d: %s", __FILE__, __LINE__, (msg))
 

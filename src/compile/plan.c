@@ -81,11 +81,7 @@ static void mark_needed(const spmd_graph *g, bool *needed)
         needed[g->updates[i].target->id] = true;
         needed[g->updates[i].value->id] = true;
     }
-    for (int i = g->n_nodes - 1; i >= 0; i--) {
-        if (!needed[i]) continue;
-        const spmd_tensor *t = g->nodes[i];
-        for (int j = 0; j < t->n_in; j++) needed[t->in[j]->id] = true;
-    }
+    ir_mark_inputs(g, needed, g->n_nodes - 1);
 }
 
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc)

@@ -13,29 +13,14 @@
 
 /* ---- Helpers ---------------------------------------------------------------- */
 
-/* "'w1' [4, 8]" or "matmul #12 [4, 8]" for messages. */
-static const char *label(const spmd_tensor *t, char *buf, size_t size)
-{
-    char shape[96];
-    ir_shape_str(t, shape, sizeof shape);
-    if (t->name)
-        snprintf(buf, size, "'%s' %s", t->name, shape);
-    else
-        snprintf(buf, size, "%s #%d %s", ir_op_name(t->op), t->id, shape);
-    return buf;
-}
-
 /* The status for a builder that returned NULL.  Builders report through
  * base_error without handing the status back; every allocation failure goes
  * through base_alloc, whose message starts "out of memory", and anything
  * else inside a backward rule is a rule emitting ill-shaped ops. */
 static spmd_status builder_failed(void)
 {
-    const char *msg = spmd_last_error();
-    if (strncmp(msg, "out of memory", 13) == 0) return SPMD_ERR_NOMEM;
-    if (!base_error_pending() || msg[0] == '\0')
-        return BASE_INTERNAL("a builder failed without a message");
-    return SPMD_ERR_INTERNAL;
+    spmd_status st = base_error_reported();
+    return st ? st : BASE_INTERNAL("a builder failed without a message");
 }
 
 /* While spmd_grad runs: which nodes need adjoints, indexed by id.  Rules
@@ -68,7 +53,7 @@ spmd_tensor *ir_reduce_to_shape(spmd_graph *g, spmd_tensor *dy, const spmd_tenso
     int lead = dy->rank - x->rank;
     if (lead < 0) {
         base_error(SPMD_ERR_SHAPE, "reduce_to_shape: %s has fewer dims than %s",
-                   label(dy, a, sizeof a), label(x, b, sizeof b));
+                   ir_label(dy, a, sizeof a), ir_label(x, b, sizeof b));
         return NULL;
     }
     uint32_t axes = 0;
@@ -79,7 +64,7 @@ spmd_tensor *ir_reduce_to_shape(spmd_graph *g, spmd_tensor *dy, const spmd_tenso
         if (x->dims[i] == d) continue;
         if (x->dims[i] != 1) {
             base_error(SPMD_ERR_SHAPE, "reduce_to_shape: %s does not broadcast to %s",
-                       label(x, b, sizeof b), label(dy, a, sizeof a));
+                       ir_label(x, b, sizeof b), ir_label(dy, a, sizeof a));
             return NULL;
         }
         axes |= 1u << (lead + i);
@@ -120,7 +105,7 @@ static spmd_status vjp_none(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd
     return base_error(SPMD_ERR_UNSUPPORTED,
                       "cannot differentiate through %s (%s): the op only appears in backward "
                       "passes and has no backward rule",
-                      ir_op_name(t->op), label(t, buf, sizeof buf));
+                      ir_op_name(t->op), ir_label(t, buf, sizeof buf));
 }
 
 static spmd_status vjp_leaf(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
@@ -480,17 +465,17 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
     }
     if (loss->graph != g)
         return base_error(SPMD_ERR_INVALID, "spmd_grad: loss %s belongs to another graph",
-                          label(loss, buf, sizeof buf));
+                          ir_label(loss, buf, sizeof buf));
     if (g->has_grad)
         return base_error(SPMD_ERR_INVALID,
                           "spmd_grad: the graph already has a backward pass (spmd_grad "
                           "runs once per graph)");
     if (loss->rank != 0)
         return base_error(SPMD_ERR_SHAPE, "spmd_grad: loss %s must be a scalar (rank 0)",
-                          label(loss, buf, sizeof buf));
+                          ir_label(loss, buf, sizeof buf));
     if (loss->dtype != SPMD_F32)
         return base_error(SPMD_ERR_INVALID, "spmd_grad: loss %s is %s, not f32",
-                          label(loss, buf, sizeof buf), spmd_dtype_name(loss->dtype));
+                          ir_label(loss, buf, sizeof buf), spmd_dtype_name(loss->dtype));
 
     /* Backward nodes are appended while walking; only the forward ids
      * [0, n) index the arrays below. */
@@ -514,16 +499,9 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
         for (int j = 0; j < t->n_in && !f; j++) f = from_param[t->in[j]->id];
         from_param[i] = f && t->dtype == SPMD_F32;
     }
-    /* need[i] means "reaches the loss" until the sweep visits i (its
-     * consumers all have larger ids, so it is final by then), and "needs
-     * an adjoint" afterwards. */
     need[last] = true;
-    for (int i = last; i >= 0; i--) {
-        const spmd_tensor *t = g->nodes[i];
-        if (!need[i]) continue;
-        for (int j = 0; j < t->n_in; j++) need[t->in[j]->id] = true;
-        need[i] = from_param[i];
-    }
+    ir_mark_inputs(g, need, last);
+    for (int i = 0; i <= last; i++) need[i] = need[i] && from_param[i];
 
     /* Refuse before appending anything, so a failed call leaves the graph
      * as it was. */

@@ -88,31 +88,10 @@ typedef struct rewriter {
 
 /* ---- Helpers -------------------------------------------------------------------- */
 
-/* "'h.0.out' [8, 32, 64]" or "add #12 [8, 32, 64]" for messages. */
-static const char *label(const spmd_tensor *t, char *buf, size_t size)
-{
-    char shape[96];
-    ir_shape_str(t, shape, sizeof shape);
-    if (t->name)
-        snprintf(buf, size, "'%s' %s", t->name, shape);
-    else
-        snprintf(buf, size, "%s #%d %s", ir_op_name(t->op), t->id, shape);
-    return buf;
-}
-
 /* Grow an array owned by the graph's allocator to hold `need` items. */
 static bool grow(spmd_graph *g, void **items, int *cap, int need, size_t item_size)
 {
-    if (need <= *cap) return true;
-    int cap2 = *cap ? *cap * 2 : 64;
-    while (cap2 < need) cap2 *= 2;
-    void *p = base_alloc(&g->alloc, (size_t)cap2 * item_size, "checkpoint rewrite");
-    if (!p) return false;
-    if (*items) memcpy(p, *items, (size_t)*cap * item_size);
-    base_free(&g->alloc, *items);
-    *items = p;
-    *cap = cap2;
-    return true;
+    return base_grow(&g->alloc, items, cap, need, item_size, 64, "checkpoint rewrite");
 }
 
 /* The status for an ir_node_new that returned NULL: allocation failures
@@ -120,11 +99,8 @@ static bool grow(spmd_graph *g, void **items, int *cap, int need, size_t item_si
  * original's checks accepted being refused, which is a bug here. */
 static spmd_status node_failed(void)
 {
-    const char *msg = spmd_last_error();
-    if (strncmp(msg, "out of memory", 13) == 0) return SPMD_ERR_NOMEM;
-    if (!base_error_pending() || msg[0] == '\0')
-        return BASE_INTERNAL("cloning a forward node failed without a message");
-    return SPMD_ERR_INTERNAL;
+    spmd_status st = base_error_reported();
+    return st ? st : BASE_INTERNAL("cloning a forward node failed without a message");
 }
 
 static spmd_tensor *memo_find(const rewriter *r, int seg, const spmd_tensor *x)
@@ -228,7 +204,7 @@ static spmd_status check_args(spmd_graph *g, spmd_tensor *loss, spmd_tensor *con
     if (loss->graph != g)
         return base_error(SPMD_ERR_INVALID,
                           "spmd_grad_checkpointed: loss %s belongs to another graph",
-                          label(loss, buf, sizeof buf));
+                          ir_label(loss, buf, sizeof buf));
     if (n < 0)
         return base_error(SPMD_ERR_INVALID, "spmd_grad_checkpointed: %d checkpoints", n);
     if (n > 0 && !ckpts)
@@ -245,11 +221,7 @@ static spmd_status check_args(spmd_graph *g, spmd_tensor *loss, spmd_tensor *con
                               "checkpoint reachability");
     if (!reach) return SPMD_ERR_NOMEM;
     reach[loss->id] = true;
-    for (int i = loss->id; i >= 0; i--) {
-        const spmd_tensor *t = g->nodes[i];
-        if (!reach[i]) continue;
-        for (int j = 0; j < t->n_in; j++) reach[t->in[j]->id] = true;
-    }
+    ir_mark_inputs(g, reach, loss->id);
     *reach_out = reach;
 
     for (int i = 0; i < n; i++) {
@@ -262,13 +234,13 @@ static spmd_status check_args(spmd_graph *g, spmd_tensor *loss, spmd_tensor *con
             return base_error(SPMD_ERR_INVALID,
                               "spmd_grad_checkpointed: checkpoint %d, %s, is a %s: leaves are "
                               "always kept, so only computed tensors can be checkpoints",
-                              i, label(c, buf, sizeof buf), ir_op_name(c->op));
+                              i, ir_label(c, buf, sizeof buf), ir_op_name(c->op));
         if (c->id > loss->id || !reach[c->id]) {
             char lb[160];
             return base_error(SPMD_ERR_INVALID,
                               "spmd_grad_checkpointed: checkpoint %d, %s, is not part of the "
                               "forward pass of the loss %s (the loss does not depend on it)",
-                              i, label(c, buf, sizeof buf), label(loss, lb, sizeof lb));
+                              i, ir_label(c, buf, sizeof buf), ir_label(loss, lb, sizeof lb));
         }
     }
     return SPMD_OK;

@@ -32,16 +32,7 @@ void spmd_graph_free(spmd_graph *g)
 /* Grow a pointer array owned by the graph's allocator. */
 static bool grow(spmd_graph *g, void **items, int *cap, int need, size_t item_size)
 {
-    if (need <= *cap) return true;
-    int cap2 = *cap ? *cap * 2 : 64;
-    while (cap2 < need) cap2 *= 2;
-    void *p = base_alloc(&g->alloc, (size_t)cap2 * item_size, "graph node list");
-    if (!p) return false;
-    if (*items) memcpy(p, *items, (size_t)*cap * item_size);
-    base_free(&g->alloc, *items);
-    *items = p;
-    *cap = cap2;
-    return true;
+    return base_grow(&g->alloc, items, cap, need, item_size, 64, "graph node list");
 }
 
 /* ---- Shapes ---------------------------------------------------------------- */
@@ -70,6 +61,26 @@ const char *ir_shape_str(const spmd_tensor *t, char *buf, size_t size)
         n += (size_t)snprintf(buf + n, size - n, i ? ", %lld" : "%lld", (long long)t->dims[i]);
     if (n < size) snprintf(buf + n, size - n, "]");
     return buf;
+}
+
+const char *ir_label(const spmd_tensor *t, char *buf, size_t size)
+{
+    char shape[96];
+    ir_shape_str(t, shape, sizeof shape);
+    if (t->name)
+        snprintf(buf, size, "'%s' %s", t->name, shape);
+    else
+        snprintf(buf, size, "%s #%d %s", ir_op_name(t->op), t->id, shape);
+    return buf;
+}
+
+void ir_mark_inputs(const spmd_graph *g, bool *marked, int last)
+{
+    for (int i = last; i >= 0; i--) {
+        if (!marked[i]) continue;
+        const spmd_tensor *t = g->nodes[i];
+        for (int j = 0; j < t->n_in; j++) marked[t->in[j]->id] = true;
+    }
 }
 
 size_t spmd_dtype_size(spmd_dtype dtype)

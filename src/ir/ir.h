@@ -136,6 +136,13 @@ spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
                          const int64_t *dims, spmd_tensor *const *in, int n_in);
 /* "[4, 768]" into buf. */
 const char *ir_shape_str(const spmd_tensor *t, char *buf, size_t size);
+/* "'w1' [4, 8]", or "matmul #12 [4, 8]" for a node without a name: a
+ * tensor as messages name it. */
+const char *ir_label(const spmd_tensor *t, char *buf, size_t size);
+/* Mark, transitively, the inputs of every marked node among ids
+ * [0, last]: marked[i] then says "some marked node reads node i".  One
+ * sweep from `last` down, since a node's inputs have smaller ids. */
+void ir_mark_inputs(const spmd_graph *g, bool *marked, int last);
 int64_t ir_numel(const spmd_tensor *t);
 size_t ir_nbytes(const spmd_tensor *t);
 bool ir_same_shape(const spmd_tensor *a, const spmd_tensor *b);

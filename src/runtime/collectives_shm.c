@@ -8,9 +8,9 @@
  * until all peers have finished reading it.
  *
  * Waits spin briefly, yield a few times and then sleep on a futex (a
- * condition variable off Linux), because a world often runs more device
- * threads than cores, and a spinning thread would then starve the one it
- * waits for.
+ * condition variable off Linux; wait.h), because a world often runs more
+ * device threads than cores, and a spinning thread would then starve the
+ * one it waits for.
  *
  * Abort: the barrier word holds an abort bit next to its generation, and
  * opening the barrier and aborting are both atomic operations on that one
@@ -26,23 +26,13 @@
 
 #include "base/arena.h"
 #include "base/error.h"
+#include "runtime/wait.h"
 
-#include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
-
-#if defined(__linux__) && !defined(COLL_NO_FUTEX)
-#define COLL_FUTEX 1
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#else
-#define COLL_FUTEX 0
-#endif
 
 /* Pauses before yielding, as in the thread pool: some 10-50 microseconds
  * when every device thread has a core, almost none when they share cores
@@ -52,12 +42,8 @@
  * which measured 4-8x faster than a futex sleep and wake for small
  * collectives with 4 and 8 threads on 2 cores; when nothing else is
  * runnable a yield returns at once, so this only bounds the spin. */
-enum {
-    SPIN_PAUSES = 4096,
-    SPIN_PAUSES_OVERSUBSCRIBED = 16,
-    YIELDS = 4,
-    YIELDS_OVERSUBSCRIBED = 16
-};
+static const rt_wait_spin COLL_SPIN = {.pauses = 4096, .yields = 4};
+static const rt_wait_spin COLL_SPIN_OVERSUBSCRIBED = {.pauses = 16, .yields = 16};
 
 /* Floats summed in a local block before they are written: small enough for
  * L1, large enough that the loop over members costs nothing. */
@@ -99,8 +85,7 @@ typedef struct coll_slot {
 /* The word waited on (abort bit | generation) and the arrival count, on
  * separate cache lines so that arriving does not disturb the spinners. */
 typedef struct coll_barrier {
-    _Alignas(64) _Atomic uint32_t word;
-    _Atomic int sleepers;
+    _Alignas(64) rt_wait_word word;
     _Alignas(64) _Atomic uint32_t count;
 } coll_barrier;
 
@@ -115,8 +100,7 @@ typedef struct coll_shm_group {
 
 struct coll_world {
     int n;
-    int spin;   /* pauses before yielding */
-    int yields; /* yields before sleeping */
+    rt_waiter wait; /* for every barrier of the world */
     spmd_allocator alloc;
     /* Guards the group list and the abort message; groups are never freed
      * before the world, so a group pointer stays valid without it. */
@@ -124,79 +108,9 @@ struct coll_world {
     coll_shm_group *groups;
     _Atomic bool aborted;
     char message[ABORT_MESSAGE];
-#if !COLL_FUTEX
-    pthread_mutex_t wait_mu;
-    pthread_cond_t wait_cv;
-#endif
 };
 
-/* ---- Waiting on a word ------------------------------------------------------ */
-
-static inline void cpu_pause(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-#if COLL_FUTEX
-static void word_sleep(coll_world *w, _Atomic uint32_t *word, uint32_t old)
-{
-    (void)w;
-    /* Returns at once if the word already moved; spurious wakeups and EINTR
-     * are handled by the caller's loop. */
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, old, NULL, NULL, 0);
-}
-
-static void word_wake(coll_world *w, _Atomic uint32_t *word)
-{
-    (void)w;
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-#else
-/* One mutex and condition variable per world: sleeping is the slow path. */
-static void word_sleep(coll_world *w, _Atomic uint32_t *word, uint32_t old)
-{
-    pthread_mutex_lock(&w->wait_mu);
-    while (atomic_load(word) == old) pthread_cond_wait(&w->wait_cv, &w->wait_mu);
-    pthread_mutex_unlock(&w->wait_mu);
-}
-
-static void word_wake(coll_world *w, _Atomic uint32_t *word)
-{
-    (void)word;
-    /* Taking the mutex orders the wake after a waiter's check-then-wait. */
-    pthread_mutex_lock(&w->wait_mu);
-    pthread_cond_broadcast(&w->wait_cv);
-    pthread_mutex_unlock(&w->wait_mu);
-}
-#endif
-
-/* Wait until the barrier word differs from `old`; returns it (acquire):
- * spin, then yield, then sleep.
- * The sleeper count is sequentially consistent on both sides, as in the
- * thread pool: the waiter counts itself then re-reads the word, the waker
- * changes the word then reads the count, so one of them sees the other. */
-static uint32_t word_wait(coll_world *w, coll_barrier *b, uint32_t old)
-{
-    uint32_t v;
-    for (int i = 0; i < w->spin; i++) {
-        v = atomic_load_explicit(&b->word, memory_order_acquire);
-        if (v != old) return v;
-        cpu_pause();
-    }
-    for (int i = 0; i < w->yields; i++) {
-        v = atomic_load_explicit(&b->word, memory_order_acquire);
-        if (v != old) return v;
-        sched_yield();
-    }
-    atomic_fetch_add(&b->sleepers, 1);
-    while ((v = atomic_load(&b->word)) == old) word_sleep(w, &b->word, old);
-    atomic_fetch_sub(&b->sleepers, 1);
-    return v;
-}
+/* ---- The barrier ------------------------------------------------------------ */
 
 /* Wait for every member of the group.  True once the barrier opened;
  * false only when `may_abort` and the world was aborted before it could
@@ -207,41 +121,27 @@ static bool barrier_wait(coll_shm_group *g, bool may_abort)
     coll_barrier *b = &g->bar;
     /* Read before arriving: the barrier cannot open until this thread
      * arrives, so this is the current generation. */
-    uint32_t cur = atomic_load(&b->word);
+    uint32_t cur = atomic_load(&b->word.value);
     if (may_abort && (cur & ABORT_BIT)) return false;
     if (atomic_fetch_add(&b->count, 1) == (uint32_t)(g->pub.size - 1)) {
         /* Last to arrive: reset the count before opening, so that nobody
          * can arrive at the next barrier early and miscount. */
         atomic_store(&b->count, 0);
-        cur = atomic_load(&b->word);
+        cur = atomic_load(&b->word.value);
         for (;;) {
             if (may_abort && (cur & ABORT_BIT)) return false;
             uint32_t next = (cur & ABORT_BIT) | ((cur + 1) & GEN_MASK);
-            if (atomic_compare_exchange_weak(&b->word, &cur, next)) break;
+            if (atomic_compare_exchange_weak(&b->word.value, &cur, next)) break;
         }
-        if (atomic_load(&b->sleepers) > 0) word_wake(g->world, &b->word);
+        rt_wait_notify(&g->world->wait, &b->word);
         return true;
     }
     uint32_t gen = cur & GEN_MASK;
     for (;;) {
-        cur = word_wait(g->world, b, cur);
+        cur = rt_wait_while(&g->world->wait, &b->word, cur);
         if ((cur & GEN_MASK) != gen) return true;
         if (may_abort && (cur & ABORT_BIT)) return false;
     }
-}
-
-/* CPUs this process may run on (1 if unknown). */
-static int usable_cpus(void)
-{
-#if defined(__linux__) && defined(CPU_COUNT)
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0) return n;
-    }
-#endif
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
 }
 
 /* ---- Entry and exit ---------------------------------------------------------- */
@@ -552,14 +452,9 @@ coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc)
     if (!w) return NULL;
     w->n = n;
     w->alloc = a;
-    w->spin = n <= usable_cpus() ? SPIN_PAUSES : SPIN_PAUSES_OVERSUBSCRIBED;
-    w->yields = n <= usable_cpus() ? YIELDS : YIELDS_OVERSUBSCRIBED;
+    rt_wait_init(&w->wait, n, COLL_SPIN, COLL_SPIN_OVERSUBSCRIBED);
     pthread_mutex_init(&w->mu, NULL);
     atomic_init(&w->aborted, false);
-#if !COLL_FUTEX
-    pthread_mutex_init(&w->wait_mu, NULL);
-    pthread_cond_init(&w->wait_cv, NULL);
-#endif
     return w;
 }
 
@@ -578,10 +473,7 @@ void coll_world_free(coll_world *w)
         group_free(w, g);
     }
     pthread_mutex_destroy(&w->mu);
-#if !COLL_FUTEX
-    pthread_mutex_destroy(&w->wait_mu);
-    pthread_cond_destroy(&w->wait_cv);
-#endif
+    rt_wait_destroy(&w->wait);
     base_free(&w->alloc, w);
 }
 
@@ -620,8 +512,7 @@ static coll_shm_group *group_create(coll_world *w, int size, const int *ranks)
     g->world = w;
     g->pub = (coll_group){&shm_ops, size, g};
     /* A group made after an abort is aborted too, until the reset. */
-    atomic_init(&g->bar.word, atomic_load(&w->aborted) ? ABORT_BIT : 0);
-    atomic_init(&g->bar.sleepers, 0);
+    rt_wait_word_init(&g->bar.word, atomic_load(&w->aborted) ? ABORT_BIT : 0);
     atomic_init(&g->bar.count, 0);
     return g;
 }
@@ -654,8 +545,8 @@ void coll_world_abort(coll_world *w, const char *message)
         atomic_store(&w->aborted, true);
     }
     for (coll_shm_group *g = w->groups; g; g = g->next) {
-        atomic_fetch_or(&g->bar.word, ABORT_BIT);
-        word_wake(w, &g->bar.word);
+        atomic_fetch_or(&g->bar.word.value, ABORT_BIT);
+        rt_wait_wake(&w->wait, &g->bar.word);
     }
     pthread_mutex_unlock(&w->mu);
 }
@@ -669,7 +560,7 @@ void coll_world_reset(coll_world *w)
      * arrivals behind: forget them. */
     for (coll_shm_group *g = w->groups; g; g = g->next) {
         atomic_store(&g->bar.count, 0);
-        atomic_fetch_and(&g->bar.word, GEN_MASK);
+        atomic_fetch_and(&g->bar.word.value, GEN_MASK);
     }
     w->message[0] = '\0';
     atomic_store(&w->aborted, false);

@@ -92,8 +92,12 @@ void kern_all_to_all(const kern_args *a)
                    recv + (size_t)i * block + (size_t)(o * len * in2) * es, (size_t)(len * in2) * es);
 }
 
-/* This member's block of a whole dim; past the global end, zeros. */
-void kern_shard_slice(const kern_args *a)
+/* This member's block of dim d (global size attr.coll.global, padded to
+ * b = t->dims[d] rows per member) into a->out: the rows before the global
+ * end copied from the input, the padding past it zeroed, so that sums over
+ * d stay exact.  `whole`: the input holds the whole dim, so the block is
+ * found at the member's offset; else it holds only the member's block. */
+static void copy_member_block(const kern_args *a, bool whole)
 {
     const spmd_tensor *t = a->node, *x = t->in[0];
     int d = t->attr.coll.dim;
@@ -102,35 +106,21 @@ void kern_shard_slice(const kern_args *a)
     int64_t valid = t->attr.coll.global - start;
     if (valid < 0) valid = 0;
     if (valid > b) valid = b;
+    int64_t src_rows = whole ? x->dims[d] : b, src_start = whole ? start : 0;
     int64_t outer = span(t, 0, d), inner = span(t, d + 1, t->rank);
     int64_t lo, hi;
     kern_split(outer, a->ith, a->nth, 1, &lo, &hi);
     for (int64_t o = lo; o < hi; o++) {
         char *dst = (char *)a->out + (size_t)(o * b * inner) * es;
         if (valid)
-            memcpy(dst, (const char *)a->in[0] + (size_t)((o * x->dims[d] + start) * inner) * es,
+            memcpy(dst, (const char *)a->in[0] + (size_t)((o * src_rows + src_start) * inner) * es,
                    (size_t)(valid * inner) * es);
         memset(dst + (size_t)(valid * inner) * es, 0, (size_t)((b - valid) * inner) * es);
     }
 }
 
+/* This member's block of a whole dim; past the global end, zeros. */
+void kern_shard_slice(const kern_args *a) { copy_member_block(a, true); }
+
 /* Copy, zeroing the padding of dim `dim` so sums over it stay exact. */
-void kern_mask_padding(const kern_args *a)
-{
-    const spmd_tensor *t = a->node;
-    int d = t->attr.coll.dim;
-    size_t es = spmd_dtype_size(t->dtype);
-    int64_t b = t->dims[d], start = (int64_t)member_of(a) * b;
-    int64_t valid = t->attr.coll.global - start;
-    if (valid < 0) valid = 0;
-    if (valid > b) valid = b;
-    int64_t outer = span(t, 0, d), inner = span(t, d + 1, t->rank);
-    int64_t lo, hi;
-    kern_split(outer, a->ith, a->nth, 1, &lo, &hi);
-    for (int64_t o = lo; o < hi; o++) {
-        size_t row = (size_t)(o * b * inner) * es;
-        memcpy((char *)a->out + row, (const char *)a->in[0] + row, (size_t)(valid * inner) * es);
-        memset((char *)a->out + row + (size_t)(valid * inner) * es, 0,
-               (size_t)((b - valid) * inner) * es);
-    }
-}
+void kern_mask_padding(const kern_args *a) { copy_member_block(a, false); }

@@ -33,16 +33,7 @@ typedef struct builder {
 
 static bool grow(partition *p, void **items, int *cap, int need, size_t size)
 {
-    if (need <= *cap) return true;
-    int c = *cap ? *cap * 2 : 16;
-    while (c < need) c *= 2;
-    void *n = base_alloc(&p->alloc, (size_t)c * size, "partition report");
-    if (!n) return false;
-    if (*items) memcpy(n, *items, (size_t)*cap * size);
-    base_free(&p->alloc, *items);
-    *items = n;
-    *cap = c;
-    return true;
+    return base_grow(&p->alloc, items, cap, need, size, 16, "partition report");
 }
 
 static int spec_index(partition *p, const mesh_axes *axes)
@@ -66,6 +57,17 @@ const char *partition_phase_name(part_phase phase)
 {
     static const char *const names[] = {"forward", "backward", "update"};
     return names[phase];
+}
+
+const char *partition_collective_name(ir_op kind)
+{
+    switch (kind) {
+    case IR_ALL_GATHER: return "all-gather";
+    case IR_REDUCE_SCATTER: return "reduce-scatter";
+    case IR_ALL_REDUCE: return "all-reduce";
+    case IR_ALL_TO_ALL: return "all-to-all";
+    default: return ir_op_name(kind);
+    }
 }
 
 /* ---- Axis lists --------------------------------------------------------------------- */

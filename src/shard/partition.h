@@ -52,5 +52,8 @@ spmd_status partition_build(partition *p, const spmd_graph *g, const spmd_mesh *
 void partition_free(partition *p);
 part_phase partition_phase(const spmd_graph *g, int node);
 const char *partition_phase_name(part_phase phase);
+/* A collective's kind as reports spell it ("all-gather", as NCCL and XLA
+ * do), other ops by their IR name. */
+const char *partition_collective_name(ir_op kind);
 
 #endif

@@ -11,17 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *kind_name(ir_op kind)
-{
-    switch (kind) {
-    case IR_ALL_GATHER: return "all-gather";
-    case IR_REDUCE_SCATTER: return "reduce-scatter";
-    case IR_ALL_REDUCE: return "all-reduce";
-    case IR_ALL_TO_ALL: return "all-to-all";
-    default: return ir_op_name(kind);
-    }
-}
-
 /* The value a collective moves, named after where it comes from: a pending
  * sum passed through linear ops (lr * gradient) is named by its source. */
 static void describe_tensor(const partition *p, int id, char *buf, size_t size)
@@ -54,7 +43,7 @@ spmd_status spmd_program_collective(const spmd_program *prog, int i, spmd_collec
                           p ? p->n_colls - 1 : -1);
     const part_collective *c = &p->colls[i];
     memset(out, 0, sizeof *out);
-    out->kind = kind_name(c->kind);
+    out->kind = partition_collective_name(c->kind);
     size_t n = 0;
     for (int a = 0; a < c->axes.n && n < sizeof out->axes; a++)
         n += (size_t)snprintf(out->axes + n, sizeof out->axes - n, a ? ",%s" : "%s",

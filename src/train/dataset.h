@@ -43,4 +43,11 @@ spmd_status dataset_shards_open(spmd_dataset *d, const char *pattern);
  * window. */
 int64_t dataset_tail_len(int64_t n, int seq);
 
+/* Open `path` read-only and check that it is a regular file: its
+ * descriptor (the caller closes it) and size, or an error "<who>: cannot
+ * open|stat PATH: why" or "<who>: PATH is not a regular file", with
+ * nothing left open.  An empty file is the caller's to refuse, since each
+ * kind says what such a file lacks. */
+spmd_status dataset_open_file(const char *who, const char *path, int *fd, int64_t *size);
+
 #endif

@@ -12,7 +12,6 @@
 #include "train/dataset.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,26 +136,21 @@ static const char *magic_hint(int32_t magic)
 static spmd_status load_shard(shard_file *f)
 {
     const char *path = f->path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return base_error(SPMD_ERR_IO, "shards: cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    spmd_status rc = SPMD_OK;
-    if (fstat(fd, &st) != 0)
-        rc = base_error(SPMD_ERR_IO, "shards: cannot stat %s: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = base_error(SPMD_ERR_IO, "shards: %s is not a regular file", path);
-    else if (st.st_size == 0)
+    int fd;
+    int64_t file_size;
+    spmd_status rc = dataset_open_file("shards", path, &fd, &file_size);
+    if (rc != SPMD_OK) return rc;
+    if (file_size == 0)
         rc = base_error(SPMD_ERR_INVALID,
                         "shards: %s is empty: truncated header (an llm.c shard starts with a "
                         "%d-byte header)", path, SHARD_HEADER_BYTES);
     if (rc == SPMD_OK) {
-        void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *map = mmap(NULL, (size_t)file_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED)
             rc = base_error(SPMD_ERR_IO, "shards: cannot map %s: %s", path, strerror(errno));
         else {
             f->map = map;
-            f->map_len = (size_t)st.st_size;
+            f->map_len = (size_t)file_size;
         }
     }
     close(fd);

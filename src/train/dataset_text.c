@@ -8,11 +8,9 @@
 #include "train/dataset.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -75,32 +73,27 @@ static const dataset_ops text_ops = {text_sample, text_check_vocab, text_destroy
 /* Reads all of `path` into t->bytes. */
 static spmd_status read_file(text *t, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return base_error(SPMD_ERR_IO, "text: cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    spmd_status rc = SPMD_OK;
-    if (fstat(fd, &st) != 0)
-        rc = base_error(SPMD_ERR_IO, "text: cannot stat %s: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = base_error(SPMD_ERR_IO, "text: %s is not a regular file", path);
-    else if (st.st_size == 0)
+    int fd;
+    int64_t size;
+    spmd_status rc = dataset_open_file("text", path, &fd, &size);
+    if (rc != SPMD_OK) return rc;
+    if (size == 0)
         rc = base_error(SPMD_ERR_INVALID, "text: %s is empty", path);
-    else if (!(t->bytes = malloc((size_t)st.st_size)))
+    else if (!(t->bytes = malloc((size_t)size)))
         rc = base_error(SPMD_ERR_NOMEM, "text: out of memory for %s (%lld bytes)", path,
-                        (long long)st.st_size);
-    for (int64_t got = 0; rc == SPMD_OK && got < (int64_t)st.st_size;) {
-        ssize_t r = read(fd, t->bytes + got, (size_t)(st.st_size - got));
+                        (long long)size);
+    for (int64_t got = 0; rc == SPMD_OK && got < size;) {
+        ssize_t r = read(fd, t->bytes + got, (size_t)(size - got));
         if (r < 0 && errno == EINTR) continue;
         if (r < 0)
             rc = base_error(SPMD_ERR_IO, "text: cannot read %s: %s", path, strerror(errno));
         else if (r == 0)
             rc = base_error(SPMD_ERR_IO, "text: %s shrank while reading (%lld of %lld bytes)",
-                            path, (long long)got, (long long)st.st_size);
+                            path, (long long)got, (long long)size);
         else
             got += r;
     }
-    if (rc == SPMD_OK) t->size = (int64_t)st.st_size;
+    if (rc == SPMD_OK) t->size = size;
     close(fd);
     return rc;
 }

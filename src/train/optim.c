@@ -57,11 +57,8 @@ static const char *state_suffix(const spmd_optimizer *o, int i)
  * there: anything else is a bug. */
 static spmd_status builder_failed(const char *who)
 {
-    const char *msg = spmd_last_error();
-    if (strncmp(msg, "out of memory", 13) == 0) return SPMD_ERR_NOMEM;
-    if (!base_error_pending() || msg[0] == '\0')
-        return base_error(SPMD_ERR_INTERNAL, "%s: a graph op failed without a message", who);
-    return SPMD_ERR_INTERNAL;
+    spmd_status st = base_error_reported();
+    return st ? st : base_error(SPMD_ERR_INTERNAL, "%s: a graph op failed without a message", who);
 }
 
 /* ---- Settings ---------------------------------------------------------------------------- */

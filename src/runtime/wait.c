@@ -1,0 +1,115 @@
+/* Spin, yield, then sleep until a word changes (see wait.h). */
+#include "runtime/wait.h"
+
+#include <limits.h>
+#include <sched.h>
+#include <unistd.h>
+
+#if RT_WAIT_FUTEX
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
+static inline void cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* CPUs this process may run on (1 if unknown). */
+static int usable_cpus(void)
+{
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+void rt_wait_init(rt_waiter *w, int threads, rt_wait_spin fits, rt_wait_spin crowded)
+{
+    w->spin = threads <= usable_cpus() ? fits : crowded;
+#if !RT_WAIT_FUTEX
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+#endif
+}
+
+void rt_wait_destroy(rt_waiter *w)
+{
+#if !RT_WAIT_FUTEX
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+#else
+    (void)w;
+#endif
+}
+
+void rt_wait_word_init(rt_wait_word *word, uint32_t value)
+{
+    atomic_init(&word->value, value);
+    atomic_init(&word->sleepers, 0);
+}
+
+#if RT_WAIT_FUTEX
+static void word_sleep(rt_waiter *w, rt_wait_word *word, uint32_t old)
+{
+    (void)w;
+    /* Returns at once (EAGAIN) if the word already moved; spurious wakeups
+     * and EINTR are handled by the caller's loop. */
+    syscall(SYS_futex, (uint32_t *)&word->value, FUTEX_WAIT_PRIVATE, old, NULL, NULL, 0);
+}
+
+void rt_wait_wake(rt_waiter *w, rt_wait_word *word)
+{
+    (void)w;
+    syscall(SYS_futex, (uint32_t *)&word->value, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+#else
+static void word_sleep(rt_waiter *w, rt_wait_word *word, uint32_t old)
+{
+    pthread_mutex_lock(&w->mu);
+    while (atomic_load(&word->value) == old) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void rt_wait_wake(rt_waiter *w, rt_wait_word *word)
+{
+    (void)word;
+    /* Taking the mutex orders the wake after a waiter's check-then-wait. */
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+#endif
+
+uint32_t rt_wait_while(rt_waiter *w, rt_wait_word *word, uint32_t old)
+{
+    uint32_t v;
+    for (int i = 0; i < w->spin.pauses; i++) {
+        v = atomic_load_explicit(&word->value, memory_order_acquire);
+        if (v != old) return v;
+        cpu_pause();
+    }
+    for (int i = 0; i < w->spin.yields; i++) {
+        v = atomic_load_explicit(&word->value, memory_order_acquire);
+        if (v != old) return v;
+        sched_yield();
+    }
+    atomic_fetch_add(&word->sleepers, 1);
+    while ((v = atomic_load(&word->value)) == old) word_sleep(w, word, old);
+    atomic_fetch_sub(&word->sleepers, 1);
+    return v;
+}
+
+void rt_wait_notify(rt_waiter *w, rt_wait_word *word)
+{
+    if (atomic_load(&word->sleepers) > 0) rt_wait_wake(w, word);
+}
