@@ -417,18 +417,24 @@ static void check_fsdp(const char *title, const mlp_case *cfg)
         const spmd_tensor *w = c.params[k];
         bool sharded = w->mark != NULL;
         marked += sharded;
-        /* Forward: one all-gather over fsdp of the parameter itself; the
-         * backward pass reuses it. */
-        int gathers = 0;
+        /* Forward: one all-gather over fsdp of the parameter itself.
+         * Backward: gathered again (ZeRO-3) where the input gradient needs
+         * it -- every weight matrix but the first layer's; biases never. */
+        int gathers = 0, regathers = 0;
         for (int i = 0; i < c.pt->n_colls; i++) {
             const part_collective *x = &c.pt->colls[i];
             if (x->tensor != w->id) continue;
-            if (x->kind != IR_ALL_GATHER || x->phase != PART_FORWARD || !axes_are(c.m, &x->axes, "fsdp"))
+            if (x->kind != IR_ALL_GATHER || x->phase == PART_UPDATE || !axes_are(c.m, &x->axes, "fsdp"))
                 fail_msg("%s: unexpected %s over %d axes in the %s phase", param_name(&c, k),
                          partition_collective_name(x->kind), x->axes.n, partition_phase_name(x->phase));
-            gathers++;
+            if (x->phase == PART_FORWARD) gathers++;
+            else regathers++;
         }
         EXPECT_COUNT(gathers, sharded ? 1 : 0, "%s: forward all-gathers over [fsdp]\n", param_name(&c, k));
+        bool input_grad = w->rank == 2 && strcmp(param_name(&c, k), "fc.0.weight") != 0;
+        EXPECT_COUNT(regathers, sharded && input_grad ? 1 : 0, "%s: backward all-gathers over [fsdp]\n",
+                     param_name(&c, k));
+        marked += sharded && input_grad;
         /* Gradient: reduce-scatter over fsdp into the parameter's shard,
          * then all-reduce over replica; nothing else. */
         if (sharded) {
@@ -446,7 +452,8 @@ static void check_fsdp(const char *title, const mlp_case *cfg)
                          "%s: collectives on the gradient\n", param_name(&c, k));
         }
     }
-    /* No all-gather of anything but the marked parameters. */
+    /* No all-gather of anything but the marked parameters (forward, and
+     * again in backward). */
     EXPECT_COUNT(count(&c, IR_ALL_GATHER, NULL, ANY_PHASE, -1), marked, "all-gathers in all\n");
     /* Besides those: only the loss, summed over every device. */
     for (int i = 0; i < c.pt->n_colls; i++) {

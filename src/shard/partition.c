@@ -21,6 +21,7 @@
 typedef struct variant {
     sharding s;
     spmd_tensor *t;
+    int phase;           /* part_phase it was made for; -1: the node's own value */
     struct variant *next;
 } variant;
 
@@ -257,12 +258,17 @@ static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const shar
     return x;
 }
 
-/* The local value of global node `gid` with sharding `want`. */
+/* The local value of global node `gid` with sharding `want`.  A
+ * parameter resharded for one phase is resharded again for another, as
+ * FSDP (ZeRO-3) gathers a weight again in the backward pass instead of
+ * keeping the forward pass's copy alive in between. */
 static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want, int consumer)
 {
     variant *first = b->variants[x->id];
+    int phase = (int)partition_phase(b->p->g, consumer >= 0 ? consumer : x->id);
     for (variant *v = first; v; v = v->next)
-        if (sharding_equal(&v->s, want)) return v->t;
+        if (sharding_equal(&v->s, want) && (v->phase < 0 || v->phase == phase || x->op != IR_PARAM))
+            return v->t;
     if (!first) {
         base_error(SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned", x->id);
         return NULL;
@@ -271,7 +277,7 @@ static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want
     if (!t) return NULL;
     variant *v = base_arena_alloc(&b->p->local->arena, sizeof *v);
     if (!v) return NULL;
-    *v = (variant){*want, t, first->next};
+    *v = (variant){*want, t, phase, first->next};
     first->next = v;
     return t;
 }
@@ -280,7 +286,7 @@ static bool add_variant(builder *b, int gid, const sharding *s, spmd_tensor *t)
 {
     variant *v = base_arena_alloc(&b->p->local->arena, sizeof *v);
     if (!v) return false;
-    *v = (variant){*s, t, b->variants[gid]};
+    *v = (variant){*s, t, -1, b->variants[gid]};
     b->variants[gid] = v;
     return true;
 }
