@@ -155,12 +155,40 @@ static void test_same_mesh_same_bits(void **state)
     gpt_teardown(&b);
 }
 
+/* A plan-only program reports its plan and refuses to run. */
+static void test_plan_only(void **state)
+{
+    (void)state;
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_mesh *m = spmd_mesh_parse("4x2", "replica,fsdp");
+    spmd_gpt_config cfg = {.vocab = VOCAB, .seq = SEQ, .layers = 1, .heads = 2, .dim = 16};
+    spmd_gpt_tensors t;
+    assert_int_equal(spmd_gpt_build(g, &cfg, BATCH, &t), SPMD_OK);
+    assert_int_equal(spmd_mark_sharding(g, t.input, m, "(replica, fsdp), None"), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(g, t.loss), SPMD_OK);
+    assert_int_equal(spmd_grad(g, t.loss), SPMD_OK);
+    assert_int_equal(spmd_sgd(g, spmd_input(g, "lr", SPMD_F32, 0, NULL)), SPMD_OK);
+    spmd_program *p = spmd_compile(g, &(spmd_compile_options){.plan_only = true});
+    assert_non_null(p);
+    assert_int_equal(spmd_program_devices(p), 8);
+    assert_true(spmd_program_collective_count(p) > 0);
+    assert_true(spmd_program_peak_bytes(p) > 0);
+    assert_int_equal(spmd_program_run(p), SPMD_ERR_INVALID);
+    assert_non_null(strstr(spmd_last_error(), "plan_only"));
+    float loss;
+    assert_int_not_equal(spmd_program_read(p, t.loss, &loss, sizeof loss), SPMD_OK);
+    spmd_program_free(p);
+    spmd_graph_free(g);
+    spmd_mesh_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_failing_device_fails_all),
         cmocka_unit_test(test_many_workers_and_permuted_ids),
         cmocka_unit_test(test_same_mesh_same_bits),
+        cmocka_unit_test(test_plan_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

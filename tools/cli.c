@@ -345,7 +345,7 @@ void cli_model_free(cli_model *m)
     memset(m, 0, sizeof *m);
 }
 
-spmd_program *cli_compile(const cli_opts *o, spmd_graph *g)
+spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
 {
     static bool blas_chosen;
     if (!blas_chosen && spmd_blas_select(o->blas, o->blas_core) != SPMD_OK) {
@@ -353,7 +353,7 @@ spmd_program *cli_compile(const cli_opts *o, spmd_graph *g)
         return NULL;
     }
     blas_chosen = true;
-    spmd_compile_options copt = {.threads = o->threads, .seed = o->seed};
+    spmd_compile_options copt = {.threads = o->threads, .seed = o->seed, .plan_only = plan_only};
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());
     return p;

@@ -64,8 +64,9 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o);
 /* Data, mesh, model, marks, gradient and optimizer; 0 or an exit code. */
 int cli_build(const cli_opts *o, cli_model *m);
 void cli_model_free(cli_model *m);
-/* Compile a graph with the BLAS and thread choices of the flags. */
-spmd_program *cli_compile(const cli_opts *o, spmd_graph *g);
+/* Compile a graph with the BLAS and thread choices of the flags; a
+ * plan-only program (explain) allocates nothing and cannot run. */
+spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only);
 /* One global batch of the training split for `step`, and its lr. */
 int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step);
 /* Held-out accuracy of the trained parameters (read from `train`): the

@@ -77,7 +77,7 @@ int cmd_explain(int argc, char **argv)
     if (rc) return rc < 0 ? 0 : rc;
     cli_model m;
     rc = cli_build(&o, &m);
-    spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g);
+    spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g, true);
     if (!p) {
         cli_model_free(&m);
         return rc ? rc : 1;

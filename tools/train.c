@@ -51,8 +51,8 @@ int cmd_train(int argc, char **argv)
     if (rc) return rc < 0 ? 0 : rc;
     cli_model m;
     rc = cli_build(&o, &m);
-    spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g);
-    spmd_program *eval = p && m.eval.g ? cli_compile(&o, m.eval.g) : NULL;
+    spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g, false);
+    spmd_program *eval = p && m.eval.g ? cli_compile(&o, m.eval.g, false) : NULL;
     if (!p || (m.eval.g && !eval)) {
         spmd_program_free(p);
         cli_model_free(&m);

@@ -203,6 +203,8 @@ typedef struct spmd_program spmd_program;
 typedef struct spmd_compile_options {
     int threads;        /* compute threads in all; 0 = every core */
     uint64_t seed;      /* parameter initialisation */
+    bool plan_only;     /* partition and plan, allocate nothing: for reports
+                           (collectives, memory); the program cannot run */
 } spmd_compile_options;
 
 SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);

@@ -353,6 +353,8 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         if (is_persistent(t)) p->persistent_bytes += ir_nbytes(t);
         else p->input_bytes += ir_nbytes(t);
     }
+    /* A plan-only program (explain) stops here: no device memory. */
+    if (opts && opts->plan_only) return p;
     p->dev = base_calloc(&p->alloc, (size_t)p->n_dev * sizeof *p->dev, "devices");
     if (!p->dev) goto fail;
     for (int d = 0; d < p->n_dev; d++)
@@ -442,9 +444,18 @@ static void device_run(void *ctx, int ith, int nth)
     rt_pool_run(p->dev[ith].pool, run_worker, &p->dev[ith]);
 }
 
+static spmd_status check_runnable(const spmd_program *p, const char *what)
+{
+    if (!p) return base_error(SPMD_ERR_INVALID, "%s: program is NULL", what);
+    if (!p->dev)
+        return base_error(SPMD_ERR_INVALID, "%s: the program was compiled with plan_only", what);
+    return SPMD_OK;
+}
+
 spmd_status spmd_program_run(spmd_program *p)
 {
-    if (!p) return base_error(SPMD_ERR_INVALID, "run: program is NULL");
+    spmd_status ok = check_runnable(p, "run");
+    if (ok != SPMD_OK) return ok;
     for (int d = 0; d < p->n_dev; d++) {
         atomic_store(&p->dev[d].status[0], SPMD_OK);
         atomic_store(&p->dev[d].status[1], SPMD_OK);
@@ -477,7 +488,9 @@ spmd_status spmd_program_run(spmd_program *p)
 static spmd_status check_access(const spmd_program *p, const spmd_tensor *t, size_t bytes,
                                 const char *what)
 {
-    if (!p || !t) return base_error(SPMD_ERR_INVALID, "%s: program or tensor is NULL", what);
+    spmd_status ok = check_runnable(p, what);
+    if (ok != SPMD_OK) return ok;
+    if (!t) return base_error(SPMD_ERR_INVALID, "%s: tensor is NULL", what);
     if (t->graph != p->g)
         return base_error(SPMD_ERR_INVALID, "%s: tensor is not part of this program", what);
     if (bytes != ir_nbytes(t)) {

@@ -303,11 +303,14 @@ static bool note_fallback(partition *p, int tensor, int consumer)
 }
 
 /* An operand arriving split on a dim its op needs whole (a FULL or
- * unmapped dim) is a fallback: counted, shown by explain. */
+ * unmapped dim) is a fallback: counted, shown by explain.  Parameters are
+ * not: gathering a stored shard before use is the FSDP plan itself (a
+ * LayerNorm scale is always gathered). */
 static bool check_fallback(partition *p, const spmd_tensor *t, int j, const sharding *have,
                            const sharding *need)
 {
     const shard_node *n = &p->prop.nodes[t->id];
+    if (t->in[j]->op == IR_PARAM || t->in[j]->op == IR_STATE) return true;
     for (int i = 0; i < have->rank; i++) {
         if (have->dim[i].n <= need->dim[i].n) continue;
         int it = n->has_sig ? n->sig.in[j][i] : -1;
