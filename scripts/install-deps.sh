@@ -9,13 +9,14 @@ set -euo pipefail
 declare -A why=(
   [cmake]="configures the build (CMake >= 3.18)"
   [gcc]="the C11 compiler"
+  [libc6-dev]="the C library headers (gcc only recommends them)"
   [make]="runs the build"
   [pkg-config]="finds cmocka and cJSON"
   [libopenblas0-pthread]="the GEMM library, loaded at run time (libopenblas.so.0)"
   [libcmocka-dev]="the unit test framework"
   [libcjson-dev]="JSON for the spmd tool's configs and reports"
 )
-packages=(cmake gcc make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev)
+packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev)
 # Optional: libblis4 is a slower fallback BLAS, used only without OpenBLAS.
 
 say() { echo "install-deps: $*"; }
