@@ -49,6 +49,10 @@ typedef union ir_attr {
      *   SHARD_SLICE     this member's block of `dim` (free), zeros past `global`
      *   MASK_PADDING    zero elements of `dim` at global index >= `global` */
     struct { int spec, dim, dim2; int64_t global; } coll;
+    /* CROSS_ENTROPY(_BACKWARD) in a per-device program: for each dim of
+     * the targets split unevenly, its group (spec) and whole size; rows past
+     * that size are padding and count for nothing.  global 0: not padded. */
+    struct { int spec[SPMD_MAX_RANK]; int64_t global[SPMD_MAX_RANK]; } rows;
 } ir_attr;
 
 struct spmd_tensor {

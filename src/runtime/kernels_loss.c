@@ -118,6 +118,30 @@ static void ce_view(const spmd_tensor *logits, const spmd_tensor *targets, int64
 /* (logits [..., V], targets i32 [...]) -> scalar mean over targets of
  * -log_softmax(logits)[target].  A bad target is reported and its row
  * left out of the sum (the mean still divides by all rows). */
+/* Is row r (row-major over the targets' dims) padding of a dimension a
+ * partitioned program split unevenly?  Its global index along that dim is
+ * the device's block times the block size plus the local index. */
+static bool row_is_padding(const kern_args *a, int64_t r)
+{
+    const spmd_tensor *targets = a->node->in[1];
+    const int64_t *global = a->node->attr.rows.global;
+    for (int d = targets->rank - 1; d >= 0; d--) {
+        int64_t local = targets->dims[d], i = r % local;
+        r /= local;
+        if (global[d] && a->dev &&
+            (int64_t)a->dev->member[a->node->attr.rows.spec[d]] * local + i >= global[d])
+            return true;
+    }
+    return false;
+}
+
+static bool any_padding(const kern_args *a)
+{
+    for (int d = 0; d < a->node->in[1]->rank; d++)
+        if (a->node->attr.rows.global[d]) return true;
+    return false;
+}
+
 void kern_cross_entropy(const kern_args *a)
 {
     if (a->ith != 0) return;
@@ -128,9 +152,10 @@ void kern_cross_entropy(const kern_args *a)
     const int32_t *targets = a->in[1];
     check_targets(a, targets, rows, v);
     double total = 0.0;
+    bool padded = any_padding(a);
     for (int64_t r = 0; r < rows; r++) {
         int32_t tg = targets[r];
-        if (tg < 0 || tg >= v) continue;
+        if (tg < 0 || tg >= v || (padded && row_is_padding(a, r))) continue;
         const float *x = logits + r * v;
         total += row_logsumexp(x, v) - (double)x[tg];
     }
@@ -139,7 +164,8 @@ void kern_cross_entropy(const kern_args *a)
 
 /* (logits [..., V], targets i32 [...], dloss scalar) -> dlogits [..., V]
  *   = (softmax(logits) - onehot(target)) * dloss / rows;
- * rows with a bad target get zero, matching their absence from the loss. */
+ * rows with a bad target, or padding, get zero, matching their absence
+ * from the loss. */
 void kern_cross_entropy_backward(const kern_args *a)
 {
     const spmd_tensor *t = a->node;
@@ -152,10 +178,11 @@ void kern_cross_entropy_backward(const kern_args *a)
     check_targets(a, targets, rows, v);
     int64_t b, e;
     kern_split(rows, a->ith, a->nth, 1, &b, &e);
+    bool padded = any_padding(a);
     for (int64_t r = b; r < e; r++) {
         float *restrict y = dl + r * v;
         int32_t tg = targets[r];
-        if (tg < 0 || tg >= v) {
+        if (tg < 0 || tg >= v || (padded && row_is_padding(a, r))) {
             memset(y, 0, (size_t)v * sizeof *y);
             continue;
         }

@@ -333,22 +333,6 @@ static double local_share(const partition *p, const spmd_tensor *x, const shardi
     return local / global;
 }
 
-static bool padded(const partition *p, const sharding *s, const spmd_tensor *x, uint32_t dims_mask)
-{
-    for (int i = 0; i < x->rank; i++)
-        if ((dims_mask >> i & 1) && x->dims[i] % sharding_blocks(s, p->m, i)) return true;
-    return false;
-}
-
-static spmd_status unsupported_padding(const spmd_tensor *t)
-{
-    char shape[96];
-    return base_error(SPMD_ERR_UNSUPPORTED,
-                      "partition: %s on %s with its rows split unevenly is not supported yet; "
-                      "choose a mesh axis that divides the rows",
-                      ir_op_name(t->op), ir_shape_str(t->in[0], shape, sizeof shape));
-}
-
 static spmd_status emit_op(builder *b, const spmd_tensor *t)
 {
     partition *p = b->p;
@@ -404,8 +388,16 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
         break;
     case IR_CROSS_ENTROPY:
     case IR_CROSS_ENTROPY_BACKWARD: {
-        uint32_t rows = (1u << t->in[1]->rank) - 1;
-        if (padded(p, &need[1], t->in[1], rows)) return unsupported_padding(t);
+        /* Rows split unevenly: the kernel skips the padding rows; the
+         * mean over local rows is then rescaled to the global count. */
+        const spmd_tensor *targets = t->in[1];
+        uint32_t rows = (1u << targets->rank) - 1;
+        for (int i = 0; i < targets->rank; i++) {
+            if (targets->dims[i] % sharding_blocks(&need[1], p->m, i) == 0) continue;
+            lt->attr.rows.spec[i] = spec_index(p, &need[1].dim[i]);
+            lt->attr.rows.global[i] = targets->dims[i];
+            if (lt->attr.rows.spec[i] < 0) return SPMD_ERR_NOMEM;
+        }
         if (sharding_dim_axes(&need[1]))
             lt = spmd_scale(p->local, lt, (float)local_share(p, t->in[1], &need[1], rows));
         break;
