@@ -106,9 +106,15 @@ static void test_failing_device_fails_all(void **state)
     alarm(60);
     gpt_run r;
     gpt_setup(&r, "4x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None", NULL);
+    spmd_tensor *wte = spmd_graph_find(r.g, "wte.weight");
+    static float before[VOCAB * 16], after[VOCAB * 16];
     for (int k = 0; k < 5; k++) {
         feed(&r, k, BATCH * SEQ - 1 - k);
+        assert_int_equal(spmd_program_read(r.p, wte, before, sizeof before), SPMD_OK);
         assert_int_not_equal(spmd_program_run(r.p), SPMD_OK);
+        /* A failed step updates no device's parameters. */
+        assert_int_equal(spmd_program_read(r.p, wte, after, sizeof after), SPMD_OK);
+        assert_memory_equal(before, after, sizeof before);
         assert_non_null(strstr(spmd_last_error(), "embedding"));
         assert_non_null(strstr(spmd_last_error(), "device"));
         /* The program recovers: a good batch runs. */

@@ -7,6 +7,8 @@
 
 #include <errno.h>
 #include <fnmatch.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,7 +130,8 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
         } else if (!strcmp(f, "--lr")) {
             char *end;
             o->lr = strtof(v, &end);
-            if (*end || end == v || !(o->lr > 0)) return cli_fail("--lr wants a positive number, got '%s'", v);
+            if (*end || end == v || !(o->lr > 0) || !isfinite(o->lr))
+                return cli_fail("--lr wants a positive number, got '%s'", v);
         } else if (!strcmp(f, "--optimizer")) {
             rc = parse_choice(f, v, "adamw", "sgd", &b);
             o->optimizer = b ? (spmd_optimizer){.kind = SPMD_OPTIMIZER_SGD}
@@ -221,23 +224,9 @@ static int apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     }
     spmd_tensor *inputs[2] = {c->input, c->targets};
     spmd_status st;
-    if (strcmp(fsdp, "none")) {
-        st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, 2, NULL);
-    } else {
-        /* No FSDP: only the batch, over every axis. */
-        spmd_graph *g = c->g;
-        st = SPMD_OK;
-        for (int j = 0; j < 2 && st == SPMD_OK; j++) {
-            char spec[256];
-            size_t n = (size_t)snprintf(spec, sizeof spec, "(");
-            for (int a = 0; a < spmd_mesh_rank(mesh); a++)
-                n += (size_t)snprintf(spec + n, sizeof spec - n, "%s%s", a ? ", " : "", spmd_mesh_axis_name(mesh, a));
-            n += (size_t)snprintf(spec + n, sizeof spec - n, ")");
-            for (int d = 1; d < spmd_tensor_rank(inputs[j]); d++) n += (size_t)snprintf(spec + n, sizeof spec - n, ", None");
-            char have[256];
-            if (!spmd_get_sharding(inputs[j], have, sizeof have)[0]) st = spmd_mark_sharding(g, inputs[j], mesh, spec);
-        }
-    }
+    /* FSDP shards the parameters and the batch; without it, only the batch. */
+    if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, 2, NULL);
+    else st = spmd_shard_batch(c->g, mesh, inputs, 2, NULL);
     if (st != SPMD_OK) return cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
     return 0;
 }
@@ -298,6 +287,8 @@ int cli_build(const cli_opts *o_in, cli_model *m)
 {
     memset(m, 0, sizeof *m);
     cli_opts o = *o_in;
+    if ((int64_t)o.batch * o.gpt.seq > INT_MAX / 64)
+        return cli_fail("--batch %d x --seq %d is too many tokens per step", o.batch, o.gpt.seq);
     m->data = spmd_dataset_open(o.data, o.gpt.seq, o.seed);
     if (!m->data) return cli_fail("--data %s: %s", o.data ? o.data : "arith", spmd_last_error());
     if (!o.gpt.vocab) o.gpt.vocab = spmd_dataset_vocab(m->data);
@@ -441,7 +432,8 @@ double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *t
              spmd_program_run(eval) == SPMD_OK &&
              spmd_program_read(eval, m->eval.logits, logits, ntok * (size_t)v * sizeof *logits) == SPMD_OK;
         for (size_t i = 0; ok && i < ntok; i++) {
-            if (!mask[i]) continue;
+            /* Score exactly eval_samples samples, even mid-batch. */
+            if (!mask[i] || first + (int64_t)(i / (size_t)o->gpt.seq) >= o->eval_samples) continue;
             const float *row = logits + i * (size_t)v;
             int best = 0;
             for (int k = 1; k < v; k++)

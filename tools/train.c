@@ -71,7 +71,7 @@ int cmd_train(int argc, char **argv)
 
     float *losses = malloc((size_t)o.steps * sizeof *losses);
     double *ms = malloc((size_t)o.steps * sizeof *ms);
-    rc = !losses || !ms;
+    rc = !losses || !ms ? cli_fail("out of memory") : 0;
     double start = now_ms();
     for (int s = 0; s < o.steps && !rc; s++) {
         double t0 = now_ms();
@@ -94,6 +94,10 @@ int cmd_train(int argc, char **argv)
     printf("\n");
     if (!rc) {
         double *sorted = malloc((size_t)o.steps * sizeof *sorted);
+        if (!sorted) {
+            rc = cli_fail("out of memory");
+            goto out;
+        }
         memcpy(sorted, ms, (size_t)o.steps * sizeof *ms);
         qsort(sorted, (size_t)o.steps, sizeof *sorted, cmp_double);
         double median = sorted[o.steps / 2];
@@ -111,6 +115,7 @@ int cmd_train(int argc, char **argv)
                spmd_program_collective_count(p));
         if (o.json) rc = report(&o, &m, p, losses, median, accuracy);
     }
+out:
     free(losses), free(ms);
     spmd_program_free(eval);
     spmd_program_free(p);

@@ -78,6 +78,12 @@ SPMD_API float spmd_lr_schedule(int step, int warmup, int total, float peak, flo
 SPMD_API spmd_status spmd_fsdp_wrap(spmd_graph *g, const spmd_mesh *m, const char *axis,
                                     spmd_tensor *const *inputs, int n, const char *data_axes);
 
+/* Split the batch (first) dimension of each of `inputs` not already marked
+ * over `data_axes` (comma-separated; NULL for every mesh axis, major
+ * first): the data-parallel part of spmd_fsdp_wrap on its own. */
+SPMD_API spmd_status spmd_shard_batch(spmd_graph *g, const spmd_mesh *m,
+                                      spmd_tensor *const *inputs, int n, const char *data_axes);
+
 /* ---- Activation checkpointing ---------------------------------------------------- */
 
 /* spmd_grad with activation checkpointing: the forward values between

@@ -426,8 +426,15 @@ static void run_worker(void *ctx, int ith, int nth)
             return;
         }
     }
-    /* Updates: copy new values into parameters and state. */
-    const spmd_graph *lg = p->local;
+}
+
+/* Updates: copy new values into parameters and state.  A second phase,
+ * run only once every device finished its schedule, so a failing device
+ * leaves every device's parameters as they were. */
+static void update_worker(void *ctx, int ith, int nth)
+{
+    device *d = ctx;
+    const spmd_graph *lg = d->prog->local;
     for (int u = 0; u < lg->n_updates; u++) {
         const ir_update *up = &lg->updates[u];
         int64_t b, e;
@@ -442,6 +449,19 @@ static void device_run(void *ctx, int ith, int nth)
     (void)nth;
     spmd_program *p = ctx;
     rt_pool_run(p->dev[ith].pool, run_worker, &p->dev[ith]);
+}
+
+static void device_update(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    spmd_program *p = ctx;
+    rt_pool_run(p->dev[ith].pool, update_worker, &p->dev[ith]);
+}
+
+static int device_status(const device *d)
+{
+    int st = atomic_load(&d->status[0]);
+    return st ? st : atomic_load(&d->status[1]);
 }
 
 static spmd_status check_runnable(const spmd_program *p, const char *what)
@@ -467,18 +487,22 @@ spmd_status spmd_program_run(spmd_program *p)
      * the abort of a collective. */
     int failed = -1;
     for (int d = 0; d < p->n_dev; d++) {
-        const device *dv = &p->dev[d];
-        int st = atomic_load(&dv->status[0]) ? atomic_load(&dv->status[0]) : atomic_load(&dv->status[1]);
-        if (st == SPMD_OK) continue;
-        if (failed < 0 || (st != SPMD_ERR_BACKEND && failed >= 0)) {
+        int st = device_status(&p->dev[d]);
+        if (!st) continue;
+        if (st != SPMD_ERR_BACKEND) {
             failed = d;
-            if (st != SPMD_ERR_BACKEND) break;
+            break;
         }
+        if (failed < 0) failed = d;
     }
     if (p->world) coll_world_reset(p->world);
-    if (failed < 0) return SPMD_OK;
+    if (failed < 0) {
+        if (p->n_dev > 1) rt_pool_run(p->outer, device_update, p);
+        else rt_pool_run(p->dev[0].pool, update_worker, &p->dev[0]);
+        return SPMD_OK;
+    }
     const device *dv = &p->dev[failed];
-    int st = atomic_load(&dv->status[0]) ? atomic_load(&dv->status[0]) : atomic_load(&dv->status[1]);
+    int st = device_status(dv);
     if (p->n_dev > 1) return base_error((spmd_status)st, "device %d: %s", dv->id, dv->message);
     return base_error((spmd_status)st, "%s", dv->message);
 }

@@ -8,8 +8,8 @@
  * the summed axes, then free local slices shrink the value, then the
  * remaining sums are all-reduced, then axes that must leave a dim are
  * moved (all-to-all) or gathered, then the last slices.  Each resharded
- * value is cached per (node, sharding), so a weight gathered for the
- * forward pass is not gathered again for the backward pass.
+ * value is cached per (node, sharding); a parameter is resharded again in
+ * each phase (ZeRO-3), so its forward gather dies before the backward pass.
  */
 #include "shard/partition.h"
 #include "shard/cost.h"

@@ -97,11 +97,9 @@ static sharding reshape_map(const spmd_mesh *m, const sharding *from, int fr, co
                 blocks = next;
                 out.dim[d].axis[out.dim[d].n++] = axes[k++];
             }
-            if (blocks < td[d] && k < n && d + 1 < j) {
-                /* Remaining axes may only continue on the next dim if this
-                 * one is fully split (block size 1). */
-                if (td[d] / blocks != 1) break;
-            }
+            /* Remaining axes may only continue on the next dim if this one
+             * is fully split (block size 1). */
+            if (blocks < td[d] && k < n && d + 1 < j) break;
         }
         if (k < n) {
             /* Could not deal every axis: leave the whole run unsharded. */

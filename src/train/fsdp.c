@@ -42,23 +42,37 @@ spmd_status spmd_fsdp_wrap(spmd_graph *g, const spmd_mesh *m, const char *axis,
         spmd_status st = spmd_mark_sharding(g, t, m, spec);
         if (st != SPMD_OK) return st;
     }
-    /* The batch: "(a, b), None, ..." over the data axes. */
-    char batch[192];
+    return spmd_shard_batch(g, m, inputs, n, data_axes);
+}
+
+spmd_status spmd_shard_batch(spmd_graph *g, const spmd_mesh *m, spmd_tensor *const *inputs, int n,
+                             const char *data_axes)
+{
+    if (!g || !m || (n > 0 && !inputs))
+        return base_error(SPMD_ERR_INVALID, "shard_batch: graph, mesh or inputs is NULL");
+    /* "(a, b)": every axis name fits (MESH_MAX_AXES names of MESH_MAX_NAME). */
+    char batch[MESH_MAX_AXES * (MESH_MAX_NAME + 2) + 8];
+    size_t k = 0;
     if (data_axes) {
-        snprintf(batch, sizeof batch, "(%s)", data_axes);
+        k = (size_t)snprintf(batch, sizeof batch, "(%s)", data_axes);
     } else {
-        size_t k = (size_t)snprintf(batch, sizeof batch, "(");
-        for (int i = 0; i < spmd_mesh_rank(m); i++)
+        k = (size_t)snprintf(batch, sizeof batch, "(");
+        for (int i = 0; i < spmd_mesh_rank(m) && k < sizeof batch; i++)
             k += (size_t)snprintf(batch + k, sizeof batch - k, "%s%s", i ? ", " : "",
                                   spmd_mesh_axis_name(m, i));
-        snprintf(batch + k, sizeof batch - k, ")");
+        if (k < sizeof batch) k += (size_t)snprintf(batch + k, sizeof batch - k, ")");
     }
+    if (k >= sizeof batch)
+        return base_error(SPMD_ERR_INVALID, "shard_batch: data axes '%.40s...' are too long",
+                          data_axes ? data_axes : batch);
     for (int j = 0; j < n; j++) {
         spmd_tensor *t = inputs[j];
-        if (!t) return base_error(SPMD_ERR_INVALID, "fsdp: input %d is NULL", j);
+        if (!t) return base_error(SPMD_ERR_INVALID, "shard_batch: input %d is NULL", j);
         if (t->mark || t->rank == 0) continue;
-        size_t k = (size_t)snprintf(spec, sizeof spec, "%s", batch);
-        for (int d = 1; d < t->rank; d++) k += (size_t)snprintf(spec + k, sizeof spec - k, ", None");
+        /* "(a, b), None, None": the batch then whole dims. */
+        char spec[sizeof batch + 8 * SPMD_MAX_RANK];
+        size_t len = (size_t)snprintf(spec, sizeof spec, "%s", batch);
+        for (int d = 1; d < t->rank; d++) len += (size_t)snprintf(spec + len, sizeof spec - len, ", None");
         spmd_status st = spmd_mark_sharding(g, t, m, spec);
         if (st != SPMD_OK) return st;
     }
