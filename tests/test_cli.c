@@ -293,6 +293,27 @@ static void test_explain_json(void **state)
     cJSON_Delete(j);
 }
 
+/* A plan needs no GEMM library: with the BLAS loader pointed at a file
+ * that does not exist, explain still prints the plan; train refuses
+ * before its first step, naming the file. */
+static void test_explain_without_blas(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    const char *missing = "/nonexistent/libcblas.so.3";
+    char args[256];
+    snprintf(args, sizeof args, "explain --blas %s", missing);
+    int rc = run_tool(args, out, sizeof out);
+    if (rc != 0) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "all-gather"));
+    assert_non_null(strstr(out, "peak"));
+    snprintf(args, sizeof args, "train --steps 1 --eval 0 --blas %s", missing);
+    assert_int_not_equal(run_tool(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, missing));
+    assert_null(strstr(out, "step 1/1"));
+}
+
 static void test_bad_mesh_and_shard(void **state)
 {
     (void)state;
@@ -335,6 +356,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_text_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mesh_run_matches_one_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_json, setup, teardown),
+        cmocka_unit_test(test_explain_without_blas),
         cmocka_unit_test(test_bad_mesh_and_shard),
         cmocka_unit_test(test_bad_flags),
     };

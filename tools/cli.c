@@ -54,7 +54,7 @@ void cli_usage(FILE *f, const char *command)
             "  --seed N             initialisation and data seed (1)\n"
             "  --threads N          compute threads in all (every core)\n"
             "  --json FILE          write a JSON report\n"
-            "  --blas NAME          GEMM library: auto, openblas or blis (auto)\n"
+            "  --blas NAME          GEMM library: auto, openblas, blis or a CBLAS .so path (auto)\n"
             "  --blas-core NAME     OpenBLAS core type, e.g. SkylakeX (fits the CPU)\n",
             command);
 }
@@ -338,12 +338,13 @@ void cli_model_free(cli_model *m)
 
 spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
 {
+    /* A plan (explain) needs no GEMM library: load it only to run. */
     static bool blas_chosen;
-    if (!blas_chosen && spmd_blas_select(o->blas, o->blas_core) != SPMD_OK) {
+    if (!plan_only && !blas_chosen && spmd_blas_select(o->blas, o->blas_core) != SPMD_OK) {
         cli_fail("%s", spmd_last_error());
         return NULL;
     }
-    blas_chosen = true;
+    if (!plan_only) blas_chosen = true;
     spmd_compile_options copt = {.threads = o->threads, .seed = o->seed, .plan_only = plan_only};
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());

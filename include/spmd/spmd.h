@@ -230,13 +230,16 @@ SPMD_API int spmd_program_devices(const spmd_program *p);
 
 /* ---- BLAS ---------------------------------------------------------------- */
 
+/* The GEMM library is loaded when a program first runs (compiling, even
+ * for reports, needs none), or by the two calls below. */
 /* Which GEMM library and kernel the runtime loaded ("OpenBLAS 0.3.21
  * SkylakeX"); loads it on first call. NULL on failure. */
 SPMD_API const char *spmd_blas_describe(void);
-/* Choose the GEMM library ("auto", "openblas" or "blis"; NULL is auto) and
- * the OpenBLAS core type ("SkylakeX"; NULL picks the one CPUID says fits,
- * whatever OPENBLAS_CORETYPE the environment holds).  Call before the
- * first compile; loads the library now. */
+/* Choose the GEMM library ("auto", "openblas", "blis", or the path of a
+ * CBLAS library file, recognised by a '/'; NULL is auto) and the OpenBLAS
+ * core type ("SkylakeX"; NULL picks the one CPUID says fits, whatever
+ * OPENBLAS_CORETYPE the environment holds).  Call before the first run;
+ * loads the library now, and a failure stays: every later run reports it. */
 SPMD_API spmd_status spmd_blas_select(const char *library, const char *coretype);
 
 #ifdef __cplusplus

@@ -330,13 +330,13 @@ int64_t spmd_graph_param_count(const spmd_graph *g)
 /* ---- Op table (names, arity) ----------------------------------------------- */
 
 static const char *const op_names[] = {
-#define OP(e, name, arity, sig, vjp, kern) name,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern) name,
 #include "ir/ops.def"
 #undef OP
 };
 
 static const int op_arity[] = {
-#define OP(e, name, arity, sig, vjp, kern) arity,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern) arity,
 #include "ir/ops.def"
 #undef OP
 };

@@ -19,7 +19,7 @@ struct spmd_mesh;
 #define IR_MAX_ITER 12
 
 typedef enum ir_op {
-#define OP(e, name, arity, sig, vjp, kern) IR_##e,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern) IR_##e,
 #include "ir/ops.def"
 #undef OP
     IR_OP_COUNT
@@ -111,6 +111,19 @@ typedef struct ir_dimsig {
     int8_t in[IR_MAX_INPUTS][SPMD_MAX_RANK]; /* iteration index, -1: none */
     int8_t out[SPMD_MAX_RANK];
 } ir_dimsig;
+
+/* In which operands an op is linear, so that a pending sum on them may
+ * pass through it instead of being resolved first (ops.def's linearity
+ * column; propagate.c applies it). */
+typedef enum ir_linearity {
+    LIN_NONE = 0, /* resolve every pending sum first */
+    LIN_ONE,      /* linear in its only operand: scale, sum, slice, reshape */
+    LIN_EACH,     /* in each operand alone: one may be partial (mul, matmul) */
+    LIN_FIRST,    /* in the first operand only (div by a whole value) */
+    LIN_ALL       /* in all together: every operand the same pending sum (add) */
+} ir_linearity;
+
+ir_linearity ir_op_linearity(ir_op op);
 
 /* Fill `sig` for node `t`; false when the op has no einsum form (reshape)
  * and needs an explicit rule. */

@@ -311,12 +311,26 @@ static bool sig_local(const spmd_tensor *t, ir_dimsig *s) { return sig_leaf(t, s
 typedef bool (*sig_fn)(const spmd_tensor *t, ir_dimsig *s);
 
 static const sig_fn sig_table[] = {
-#define OP(e, name, arity, sig, vjp, kern) sig,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern) sig,
 #include "ir/ops.def"
 #undef OP
 };
 
 _Static_assert(sizeof sig_table / sizeof sig_table[0] == IR_OP_COUNT, "op table out of step");
+
+static const ir_linearity linearity_table[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern) lin,
+#include "ir/ops.def"
+#undef OP
+};
+
+_Static_assert(sizeof linearity_table / sizeof linearity_table[0] == IR_OP_COUNT,
+               "linearity table out of step with ops.def");
+
+ir_linearity ir_op_linearity(ir_op op)
+{
+    return (unsigned)op < IR_OP_COUNT ? linearity_table[op] : LIN_NONE;
+}
 
 bool ir_signature(const spmd_tensor *t, ir_dimsig *sig)
 {

@@ -46,7 +46,7 @@ typedef const char *(*bli_arch_string_fn)(int id);
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool init_done;           /* set (release) after the fields below */
 static spmd_status init_status;
-static char init_message[512];          /* the failure, repeated to later callers */
+static char init_message[1024];         /* the failure, repeated to later callers */
 static char lib_name[160] = "no BLAS loaded";
 static cblas_sgemm_fn sgemm_fn;
 
@@ -125,65 +125,88 @@ static void *find_loaded_openblas(void)
     return NULL;
 }
 
-static spmd_status load_openblas(const char *coretype, char *why, size_t why_size)
+/* dlopen `file` with OpenBLAS's start-up settings in the environment.
+ *
+ * Debian's OpenBLAS is built with DYNAMIC_ARCH and picks its kernels in a
+ * constructor that runs inside dlopen, reading OPENBLAS_CORETYPE there and
+ * never again.  On AVX-512 CPUs it can end up on an older core (by its own
+ * detection, or because an environment inherited from other tools presets
+ * OPENBLAS_CORETYPE), and sgemm then runs at half speed or less.
+ * libspmd's configuration is explicit: the core is the caller's `coretype`
+ * (the CLI's --blas-core), else the one CPUID says fits; an inherited
+ * OPENBLAS_CORETYPE is overridden for the duration of dlopen only and then
+ * put back as it was, so child processes and other libraries still see it.
+ * OPENBLAS_NUM_THREADS=1 likewise keeps OpenBLAS from starting a thread
+ * pool we never use (the executor splits GEMMs itself).  Other libraries
+ * ignore both.  setenv is not thread-safe against concurrent getenv; this
+ * runs once, under init_lock, normally before the executor starts threads. */
+static void *open_with_openblas_env(const char *file, const char *coretype, char *why,
+                                    size_t why_size)
 {
-    void *h = find_loaded_openblas();
-    if (!h) {
-        /*
-         * Debian's OpenBLAS is built with DYNAMIC_ARCH and picks its kernels
-         * in a constructor that runs inside dlopen, reading OPENBLAS_CORETYPE
-         * there and never again.  On AVX-512 CPUs it can end up on an older
-         * core (by its own detection, or because an environment inherited
-         * from other tools presets OPENBLAS_CORETYPE), and sgemm then runs at
-         * half speed or less.  libspmd's configuration is explicit: the core
-         * is the caller's `coretype` (the CLI's --blas-core), else the one
-         * CPUID says fits; an inherited OPENBLAS_CORETYPE is overridden for
-         * the duration of dlopen only and then put back as it was, so child
-         * processes and other libraries still see it.  OPENBLAS_NUM_THREADS=1
-         * likewise keeps OpenBLAS from starting a thread pool we never use
-         * (the executor splits GEMMs itself).  setenv is not thread-safe
-         * against concurrent getenv; this runs once, under init_lock,
-         * normally before the executor starts threads.
-         */
-        saved_env core = {0}, threads = {0};
-        if (!coretype) coretype = detect_coretype();
-        if (coretype)
-            env_set_temporarily(&core, "OPENBLAS_CORETYPE", coretype);
-        env_set_temporarily(&threads, "OPENBLAS_NUM_THREADS", "1");
-        h = dlopen(OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
-        const char *err = h ? NULL : dlerror();
-        env_restore(&threads);
-        env_restore(&core);
-        if (!h) {
-            snprintf(why, why_size, "cannot load %s: %s", OPENBLAS_SONAME,
-                     err ? err : "unknown error");
-            return SPMD_ERR_BACKEND;
-        }
-    }
+    saved_env core = {0}, threads = {0};
+    if (!coretype) coretype = detect_coretype();
+    if (coretype)
+        env_set_temporarily(&core, "OPENBLAS_CORETYPE", coretype);
+    env_set_temporarily(&threads, "OPENBLAS_NUM_THREADS", "1");
+    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    const char *err = h ? NULL : dlerror();
+    env_restore(&threads);
+    env_restore(&core);
+    if (!h)
+        snprintf(why, why_size, "cannot load %s: %s", file, err ? err : "unknown error");
+    return h;
+}
 
+/* Take cblas_sgemm from an opened library, run it single-threaded, and
+ * name it: "OpenBLAS 0.3.21 (SkylakeX)", "BLIS 0.9.0 (zen3)", or
+ * "CBLAS (file)" for another library. */
+static spmd_status adopt(void *h, const char *file, char *why, size_t why_size)
+{
     cblas_sgemm_fn gemm = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
-    openblas_set_num_threads_fn set_threads =
-        (openblas_set_num_threads_fn)dlsym(h, "openblas_set_num_threads");
-    openblas_str_fn corename = (openblas_str_fn)dlsym(h, "openblas_get_corename");
-    openblas_str_fn config = (openblas_str_fn)dlsym(h, "openblas_get_config");
     if (!gemm) {
-        snprintf(why, why_size, "%s has no cblas_sgemm", OPENBLAS_SONAME);
+        snprintf(why, why_size, "%s has no cblas_sgemm", file);
         dlclose(h);
         return SPMD_ERR_BACKEND;
     }
-    if (set_threads)
-        set_threads(1);
-
-    /* openblas_get_config: "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY ..." */
-    char version[32] = "";
-    const char *cfg = config ? config() : NULL;
-    if (cfg && strncmp(cfg, "OpenBLAS ", 9) == 0)
-        sscanf(cfg + 9, "%31s", version);
-    const char *core = corename ? corename() : NULL;
-    snprintf(lib_name, sizeof lib_name, "OpenBLAS%s%s (%s)", version[0] ? " " : "", version,
-             core && core[0] ? core : "unknown core");
+    openblas_set_num_threads_fn openblas_threads =
+        (openblas_set_num_threads_fn)dlsym(h, "openblas_set_num_threads");
+    bli_thread_set_num_threads_fn blis_threads =
+        (bli_thread_set_num_threads_fn)dlsym(h, "bli_thread_set_num_threads");
+    if (openblas_threads) {
+        openblas_threads(1);
+        openblas_str_fn corename = (openblas_str_fn)dlsym(h, "openblas_get_corename");
+        openblas_str_fn config = (openblas_str_fn)dlsym(h, "openblas_get_config");
+        /* openblas_get_config: "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY ..." */
+        char version[32] = "";
+        const char *cfg = config ? config() : NULL;
+        if (cfg && strncmp(cfg, "OpenBLAS ", 9) == 0)
+            sscanf(cfg + 9, "%31s", version);
+        const char *core = corename ? corename() : NULL;
+        snprintf(lib_name, sizeof lib_name, "OpenBLAS%s%s (%s)", version[0] ? " " : "",
+                 version, core && core[0] ? core : "unknown core");
+    } else if (blis_threads) {
+        blis_threads(1);
+        bli_str_fn version = (bli_str_fn)dlsym(h, "bli_info_get_version_str");
+        bli_arch_query_id_fn arch_id = (bli_arch_query_id_fn)dlsym(h, "bli_arch_query_id");
+        bli_arch_string_fn arch_str = (bli_arch_string_fn)dlsym(h, "bli_arch_string");
+        const char *v = version ? version() : NULL;
+        const char *arch = arch_id && arch_str ? arch_str(arch_id()) : NULL;
+        if (arch && arch[0])
+            snprintf(lib_name, sizeof lib_name, "BLIS %s (%s)", v ? v : "", arch);
+        else
+            snprintf(lib_name, sizeof lib_name, "BLIS %s", v ? v : "");
+    } else {
+        snprintf(lib_name, sizeof lib_name, "CBLAS (%s)", file);
+    }
     sgemm_fn = gemm;
     return SPMD_OK; /* the handle stays open for the life of the process */
+}
+
+static spmd_status load_openblas(const char *coretype, char *why, size_t why_size)
+{
+    void *h = find_loaded_openblas();
+    if (!h) h = open_with_openblas_env(OPENBLAS_SONAME, coretype, why, why_size);
+    return h ? adopt(h, OPENBLAS_SONAME, why, why_size) : SPMD_ERR_BACKEND;
 }
 
 static spmd_status load_blis(char *why, size_t why_size)
@@ -194,33 +217,21 @@ static spmd_status load_blis(char *why, size_t why_size)
         snprintf(why, why_size, "cannot load %s: %s", BLIS_SONAME, err ? err : "unknown error");
         return SPMD_ERR_BACKEND;
     }
-    cblas_sgemm_fn gemm = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
-    if (!gemm) {
-        snprintf(why, why_size, "%s has no cblas_sgemm (BLIS built without CBLAS)",
-                 BLIS_SONAME);
-        dlclose(h);
-        return SPMD_ERR_BACKEND;
-    }
-    bli_thread_set_num_threads_fn set_threads =
-        (bli_thread_set_num_threads_fn)dlsym(h, "bli_thread_set_num_threads");
-    bli_str_fn version = (bli_str_fn)dlsym(h, "bli_info_get_version_str");
-    bli_arch_query_id_fn arch_id = (bli_arch_query_id_fn)dlsym(h, "bli_arch_query_id");
-    bli_arch_string_fn arch_str = (bli_arch_string_fn)dlsym(h, "bli_arch_string");
-    if (set_threads)
-        set_threads(1);
-    const char *v = version ? version() : NULL;
-    const char *arch = arch_id && arch_str ? arch_str(arch_id()) : NULL;
-    if (arch && arch[0])
-        snprintf(lib_name, sizeof lib_name, "BLIS %s (%s)", v ? v : "", arch);
-    else
-        snprintf(lib_name, sizeof lib_name, "BLIS %s", v ? v : "");
-    sgemm_fn = gemm;
-    return SPMD_OK;
+    return adopt(h, BLIS_SONAME, why, why_size);
 }
+
+/* A CBLAS library named by its file (spmd_blas_select with a path). */
+static spmd_status load_file(const char *file, const char *coretype, char *why, size_t why_size)
+{
+    void *h = open_with_openblas_env(file, coretype, why, why_size);
+    return h ? adopt(h, file, why, why_size) : SPMD_ERR_BACKEND;
+}
+
+static char chosen_file[PATH_MAX]; /* BLAS_FILE: the library to load */
 
 static spmd_status do_init(blas_library lib, const char *coretype)
 {
-    char why_openblas[256] = "", why_blis[256] = "";
+    char why_openblas[384] = "", why_blis[256] = ""; /* messages cut long paths */
     switch (lib) {
     case BLAS_OPENBLAS:
         if (load_openblas(coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
@@ -232,6 +243,11 @@ static spmd_status do_init(blas_library lib, const char *coretype)
         if (load_blis(why_blis, sizeof why_blis) == SPMD_OK)
             return SPMD_OK;
         snprintf(init_message, sizeof init_message, "BLAS: %s; %s", why_blis, INSTALL_HINT);
+        return SPMD_ERR_BACKEND;
+    case BLAS_FILE:
+        if (load_file(chosen_file, coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
+            return SPMD_OK;
+        snprintf(init_message, sizeof init_message, "BLAS: %s", why_openblas);
         return SPMD_ERR_BACKEND;
     case BLAS_AUTO:
         if (load_openblas(coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
@@ -261,31 +277,31 @@ spmd_status blas_init(blas_library lib, const char *coretype)
     return SPMD_OK;
 }
 
-void blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                float *c, int64_t ldc)
+spmd_status blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
 {
     if (!atomic_load_explicit(&init_done, memory_order_acquire) || !sgemm_fn) {
-        if (blas_init(BLAS_AUTO, NULL) != SPMD_OK)
-            return; /* the error is recorded; C is left as it was */
+        spmd_status st = blas_init(BLAS_AUTO, NULL);
+        if (st != SPMD_OK)
+            return st; /* with blas_init's message; C is left as it was */
     }
     if (m <= 0 || n <= 0)
-        return;
+        return SPMD_OK;
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
-        ldc > INT_MAX || k < 0) {
-        base_error(SPMD_ERR_UNSUPPORTED,
-                   "sgemm %lldx%lldx%lld: dimensions past the 32-bit BLAS interface",
-                   (long long)m, (long long)n, (long long)k);
-        return;
-    }
+        ldc > INT_MAX || k < 0)
+        return base_error(SPMD_ERR_UNSUPPORTED,
+                          "sgemm %lldx%lldx%lld: dimensions past the 32-bit BLAS interface",
+                          (long long)m, (long long)n, (long long)k);
     if (k == 0) { /* C = beta C; BLAS would reject lda < 1 here */
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++)
                 c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-        return;
+        return SPMD_OK;
     }
     sgemm_fn(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
              (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return SPMD_OK;
 }
 
 const char *blas_name(void)
@@ -308,13 +324,24 @@ spmd_status spmd_blas_select(const char *library, const char *coretype)
     if (!library || !strcmp(library, "auto")) lib = BLAS_AUTO;
     else if (!strcmp(library, "openblas")) lib = BLAS_OPENBLAS;
     else if (!strcmp(library, "blis")) lib = BLAS_BLIS;
+    else if (strchr(library, '/')) lib = BLAS_FILE;
     else
-        return base_error(SPMD_ERR_INVALID, "BLAS: unknown library '%s' (auto, openblas or blis)",
+        return base_error(SPMD_ERR_INVALID,
+                          "BLAS: unknown library '%s' (auto, openblas, blis, or a file path "
+                          "such as ./libcblas.so)",
                           library);
     if (coretype && !*coretype) coretype = NULL;
-    if (atomic_load_explicit(&init_done, memory_order_acquire))
+    if (lib == BLAS_FILE && strlen(library) >= sizeof chosen_file)
+        return base_error(SPMD_ERR_INVALID, "BLAS: library path longer than %zu bytes",
+                          sizeof chosen_file - 1);
+    pthread_mutex_lock(&init_lock);
+    bool loaded = atomic_load_explicit(&init_done, memory_order_relaxed);
+    if (!loaded && lib == BLAS_FILE) snprintf(chosen_file, sizeof chosen_file, "%s", library);
+    pthread_mutex_unlock(&init_lock);
+    if (loaded)
         return base_error(SPMD_ERR_INVALID,
                           "BLAS: %s is already loaded; choose the library before the first "
-                          "compile", blas_name());
+                          "run",
+                          blas_name());
     return blas_init(lib, coretype);
 }

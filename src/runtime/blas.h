@@ -1,8 +1,10 @@
 /*
- * The GEMM backend: OpenBLAS (or BLIS) loaded at run time, so the library
- * can pick a kernel that fits the CPU before the BLAS library initialises
- * (Debian's OpenBLAS otherwise detects some AVX-512 CPUs as older cores and
- * runs several times slower).
+ * The GEMM backend: OpenBLAS (or BLIS, or any CBLAS library file) loaded
+ * at run time, so the library can pick a kernel that fits the CPU before
+ * the BLAS library initialises (Debian's OpenBLAS otherwise detects some
+ * AVX-512 CPUs as older cores and runs several times slower).  Loaded when
+ * a program first runs (or the user chooses one), never to compile, so
+ * plans and reports work on a machine without BLAS.
  */
 #ifndef SPMD_RUNTIME_BLAS_H
 #define SPMD_RUNTIME_BLAS_H
@@ -12,7 +14,8 @@
 typedef enum blas_library {
     BLAS_AUTO = 0,  /* OpenBLAS with a fitting core type, else BLIS */
     BLAS_OPENBLAS,
-    BLAS_BLIS
+    BLAS_BLIS,
+    BLAS_FILE       /* the CBLAS library file spmd_blas_select named */
 } blas_library;
 
 /* Load the library once (thread-safe); later calls return the first
@@ -20,11 +23,13 @@ typedef enum blas_library {
  * detection.  BLAS threading is set to 1: the executor splits GEMMs. */
 spmd_status blas_init(blas_library lib, const char *coretype);
 
-/* Row-major C = alpha * op(A) op(B) + beta * C, op = transpose if set.
- * blas_init must have succeeded. */
-void blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                float *c, int64_t ldc);
+/* Row-major C = alpha * op(A) op(B) + beta * C, op = transpose if set;
+ * loads the BLAS first if need be.  A product it refuses (a size past the
+ * 32-bit CBLAS interface, no BLAS to load) returns that error, with its
+ * message, before touching any matrix: C is left as it was. */
+spmd_status blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc);
 
 /* "OpenBLAS 0.3.21 (SkylakeX)" or "BLIS 0.9.0". */
 const char *blas_name(void);

@@ -1,10 +1,10 @@
 /*
- * The executor: compiles a graph into a program and runs it on one device
+ * The executor: runs a compiled program (compile/compiled.h) on one device
  * or, when the graph carries sharding marks, on every device of the mesh.
  *
- * A multi-device program is the partitioner's per-device graph, planned
- * once and run by one worker per device (threads of this process) with
- * shared-memory collectives between them.  Each device owns its arena and
+ * A multi-device program is the partitioner's per-device graph, run by
+ * one worker per device (threads of this process) with shared-memory
+ * collectives between them.  Each device owns its arena and
  * the blocks of the inputs, parameters and state it holds; the user reads
  * and writes whole (global) tensors, which the program splits and
  * assembles.  Every device runs its schedule on its own thread pool,
@@ -15,7 +15,7 @@
  */
 #include "base/error.h"
 #include "base/rng.h"
-#include "compile/plan.h"
+#include "compile/report.h"
 #include "runtime/blas.h"
 #include "runtime/collectives.h"
 #include "runtime/executor.h"
@@ -25,7 +25,6 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 typedef struct device {
     struct spmd_program *prog;
@@ -45,20 +44,12 @@ typedef struct device {
 
 struct spmd_program {
     spmd_allocator alloc;
-    const spmd_graph *g;      /* the user's graph */
-    const spmd_graph *local;  /* what every device runs: g itself on one device */
-    partition part;           /* multi-device only */
-    bool partitioned;
-    const spmd_mesh *mesh;
-    plan plan;
-    int n_dev, nth;
-    device *dev;
+    compiled c;               /* what every device runs, and its sizes */
+    device *dev;              /* NULL for a plan-only program */
     rt_pool *outer;           /* one thread per device */
     coll_world *world;
-    size_t scratch_each;
-    size_t persistent_bytes;  /* per device: params and state */
-    size_t input_bytes;
     uint64_t seed;
+    bool blas_loaded;         /* BLAS is loaded on the first run */
 };
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
@@ -66,7 +57,7 @@ static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t-
 static void *data_of(const device *d, const spmd_tensor *t)
 {
     if (ir_op_is_leaf(t->op)) return d->leaf_data[t->id];
-    return d->arena + d->prog->plan.offset[t->id];
+    return d->arena + d->prog->c.plan.offset[t->id];
 }
 
 /* ---- Blocks: a device's part of a global tensor ------------------------------------ */
@@ -82,12 +73,12 @@ typedef struct block {
 static block block_of(const spmd_program *p, const spmd_tensor *t, int dev)
 {
     block b = {.rank = t->rank};
-    const spmd_tensor *lt = p->partitioned ? p->part.local_of[t->id] : t;
+    const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
     for (int i = 0; i < t->rank; i++) {
         b.gdims[i] = t->dims[i];
         b.ldims[i] = lt->dims[i];
-        b.start[i] = p->partitioned
-                         ? sharding_block_index(&p->part.held[t->id], p->mesh, i, dev) * b.ldims[i]
+        b.start[i] = p->c.partitioned
+                         ? sharding_block_index(&p->c.part.held[t->id], p->c.mesh, i, dev) * b.ldims[i]
                          : 0;
         int64_t v = b.gdims[i] - b.start[i];
         b.valid[i] = v < 0 ? 0 : v > b.ldims[i] ? b.ldims[i] : v;
@@ -147,8 +138,8 @@ static void copy_row(void *ctx, int64_t local, int64_t global, int64_t n, int64_
 
 static void scatter(spmd_program *p, const spmd_tensor *t, const void *src)
 {
-    for (int d = 0; d < p->n_dev; d++) {
-        const spmd_tensor *lt = p->partitioned ? p->part.local_of[t->id] : t;
+    for (int d = 0; d < p->c.n_dev; d++) {
+        const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
         block b = block_of(p, t, p->dev[d].id);
         copy_ctx c = {p->dev[d].leaf_data[lt->id], (char *)src, spmd_dtype_size(t->dtype), true};
         for_rows(&b, copy_row, &c);
@@ -157,8 +148,8 @@ static void scatter(spmd_program *p, const spmd_tensor *t, const void *src)
 
 static void assemble(const spmd_program *p, const spmd_tensor *t, void *dst)
 {
-    for (int d = 0; d < p->n_dev; d++) {
-        const spmd_tensor *lt = p->partitioned ? p->part.local_of[t->id] : t;
+    for (int d = 0; d < p->c.n_dev; d++) {
+        const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
         block b = block_of(p, t, p->dev[d].id);
         copy_ctx c = {data_of(&p->dev[d], lt), dst, spmd_dtype_size(t->dtype), false};
         for_rows(&b, copy_row, &c);
@@ -198,10 +189,10 @@ static void init_worker(void *ctx, int ith, int nth)
 {
     device *d = ctx;
     spmd_program *p = d->prog;
-    for (int i = 0; i < p->g->n_nodes; i++) {
-        const spmd_tensor *t = p->g->nodes[i];
+    for (int i = 0; i < p->c.g->n_nodes; i++) {
+        const spmd_tensor *t = p->c.g->nodes[i];
         if (!ir_op_is_leaf(t->op)) continue;
-        const spmd_tensor *lt = p->partitioned ? p->part.local_of[i] : t;
+        const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[i] : t;
         if (!lt) continue;
         block b = block_of(p, t, d->id);
         if (!is_persistent(t)) {
@@ -234,15 +225,14 @@ static void device_init(void *ctx, int ith, int nth)
     rt_pool_run(p->dev[ith].pool, init_worker, &p->dev[ith]);
 }
 
-/* ---- Compile ------------------------------------------------------------------------- */
+/* ---- Compile and set up devices --------------------------------------------------- */
 
-static spmd_status check_graph(const spmd_graph *g)
+/* Every op of the local program has a kernel (a leaf has none: the
+ * executor places it). */
+static spmd_status check_kernels(const spmd_graph *g)
 {
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
-        if (t->dtype == SPMD_BF16)
-            return base_error(SPMD_ERR_UNSUPPORTED, "compile: %s node %d is bf16, not computed yet",
-                              ir_op_name(t->op), i);
         if (!ir_op_is_leaf(t->op) && !kern_for(t->op))
             return base_error(SPMD_ERR_INTERNAL, "compile: no kernel for %s", ir_op_name(t->op));
     }
@@ -251,7 +241,7 @@ static spmd_status check_graph(const spmd_graph *g)
 
 static spmd_status setup_device(spmd_program *p, device *d, int id)
 {
-    const spmd_graph *lg = p->local;
+    const spmd_graph *lg = p->c.local;
     d->prog = p;
     d->id = id;
     d->leaf_data = base_calloc(&p->alloc, (size_t)(lg->n_nodes ? lg->n_nodes : 1) * sizeof(void *),
@@ -263,44 +253,31 @@ static spmd_status setup_device(spmd_program *p, device *d, int id)
         d->leaf_data[i] = base_alloc(&p->alloc, ir_nbytes(t), t->name);
         if (!d->leaf_data[i]) return SPMD_ERR_NOMEM;
     }
-    if (p->plan.arena_bytes) {
-        d->arena = base_alloc(&p->alloc, p->plan.arena_bytes, "activation arena");
+    if (p->c.plan.arena_bytes) {
+        d->arena = base_alloc(&p->alloc, p->c.plan.arena_bytes, "activation arena");
         if (!d->arena) return SPMD_ERR_NOMEM;
     }
-    if (p->scratch_each) {
-        d->scratch = base_alloc(&p->alloc, p->scratch_each * (size_t)p->nth, "kernel scratch");
+    if (p->c.scratch_each) {
+        d->scratch = base_alloc(&p->alloc, p->c.scratch_each * (size_t)p->c.nth, "kernel scratch");
         if (!d->scratch) return SPMD_ERR_NOMEM;
     }
-    d->pool = rt_pool_create(p->nth, &p->alloc);
+    d->pool = rt_pool_create(p->c.nth, &p->alloc);
     if (!d->pool) return SPMD_ERR_NOMEM;
-    if (p->partitioned) {
-        int n = p->part.n_specs ? p->part.n_specs : 1;
+    if (p->c.partitioned) {
+        int n = p->c.part.n_specs ? p->c.part.n_specs : 1;
         d->groups = base_calloc(&p->alloc, (size_t)n * sizeof *d->groups, "device groups");
         d->member = base_calloc(&p->alloc, (size_t)n * sizeof *d->member, "device groups");
         if (!d->groups || !d->member) return SPMD_ERR_NOMEM;
-        for (int s = 0; s < p->part.n_specs; s++) {
+        for (int s = 0; s < p->c.part.n_specs; s++) {
             int members[MESH_MAX_DEVICES];
-            int size = mesh_group(p->mesh, id, &p->part.specs[s], members);
+            int size = mesh_group(p->c.mesh, id, &p->c.part.specs[s], members);
             /* World ranks are mesh positions: device ids may be permuted. */
-            for (int k = 0; k < size; k++) members[k] = p->mesh->position[members[k]];
+            for (int k = 0; k < size; k++) members[k] = p->c.mesh->position[members[k]];
             d->groups[s] = coll_world_group(p->world, size, members);
             if (!d->groups[s]) return SPMD_ERR_NOMEM;
-            d->member[s] = mesh_group_rank(p->mesh, id, &p->part.specs[s]);
+            d->member[s] = mesh_group_rank(p->c.mesh, id, &p->c.part.specs[s]);
         }
         d->kd = (kern_device){id, d->groups, d->member, p->world};
-    }
-    return SPMD_OK;
-}
-
-/* Leave every tensor's sharding on the graph, for spmd_get_sharding: what
- * the program holds (leaves, outputs) or what its op produces. */
-static spmd_status record_shardings(spmd_program *p, spmd_graph *g)
-{
-    for (int i = 0; i < g->n_nodes; i++) {
-        spmd_tensor *t = g->nodes[i];
-        if (!t->sharding) t->sharding = base_arena_alloc(&g->arena, sizeof *t->sharding);
-        if (!t->sharding) return SPMD_ERR_NOMEM;
-        *t->sharding = p->part.local_of[i] ? p->part.held[i] : p->part.prop.nodes[i].out;
     }
     return SPMD_OK;
 }
@@ -311,56 +288,25 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         base_error(SPMD_ERR_INVALID, "compile: graph is NULL");
         return NULL;
     }
-    if (check_graph(g) != SPMD_OK) return NULL;
-    if (blas_init(BLAS_AUTO, NULL) != SPMD_OK) return NULL;
-
     spmd_program *p = base_calloc(&g->alloc, sizeof *p, "program");
     if (!p) return NULL;
     p->alloc = g->alloc;
-    p->g = g;
-    p->local = g;
     p->seed = opts ? opts->seed : 0;
-    p->mesh = g->mesh;
-    p->n_dev = g->mesh ? spmd_mesh_devices(g->mesh) : 1;
-    int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    /* Each device gets its share of the threads, at least one. */
-    p->nth = threads / p->n_dev;
-    if (p->nth < 1) p->nth = 1;
-    if (p->nth > 256) p->nth = 256;
+    if (compile_graph(&p->c, g, opts ? opts->threads : 0) != SPMD_OK) goto fail;
+    /* A plan-only program (explain) stops here: no devices, no BLAS. */
+    if (opts && opts->plan_only) return p;
 
-    if (g->mesh) {
-        plan needed;
-        if (plan_build(&needed, g, &p->alloc) != SPMD_OK) goto fail;
-        spmd_status st = partition_build(&p->part, g, g->mesh, needed.needed, &p->alloc);
-        plan_free(&needed);
-        p->partitioned = true;
-        if (st != SPMD_OK) goto fail;
-        p->local = p->part.local;
-        if (check_graph(p->local) != SPMD_OK) goto fail;
-        if (record_shardings(p, g) != SPMD_OK) goto fail;
-        p->world = coll_shm_world_create(p->n_dev, &p->alloc);
+    if (check_kernels(p->c.local) != SPMD_OK) goto fail;
+    if (p->c.partitioned) {
+        p->world = coll_shm_world_create(p->c.n_dev, &p->alloc);
         if (!p->world) goto fail;
     }
-    if (plan_build(&p->plan, p->local, &p->alloc) != SPMD_OK) goto fail;
-    for (int s = 0; s < p->plan.n_steps; s++) {
-        size_t need = kern_scratch_bytes(p->plan.steps[s], p->nth);
-        if (need > p->scratch_each) p->scratch_each = need;
-    }
-    p->scratch_each = (p->scratch_each + 63) / 64 * 64;
-    for (int i = 0; i < p->local->n_nodes; i++) {
-        const spmd_tensor *t = p->local->nodes[i];
-        if (!ir_op_is_leaf(t->op)) continue;
-        if (is_persistent(t)) p->persistent_bytes += ir_nbytes(t);
-        else p->input_bytes += ir_nbytes(t);
-    }
-    /* A plan-only program (explain) stops here: no device memory. */
-    if (opts && opts->plan_only) return p;
-    p->dev = base_calloc(&p->alloc, (size_t)p->n_dev * sizeof *p->dev, "devices");
+    p->dev = base_calloc(&p->alloc, (size_t)p->c.n_dev * sizeof *p->dev, "devices");
     if (!p->dev) goto fail;
-    for (int d = 0; d < p->n_dev; d++)
+    for (int d = 0; d < p->c.n_dev; d++)
         if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[d] : 0) != SPMD_OK) goto fail;
-    if (p->n_dev > 1) {
-        p->outer = rt_pool_create(p->n_dev, &p->alloc);
+    if (p->c.n_dev > 1) {
+        p->outer = rt_pool_create(p->c.n_dev, &p->alloc);
         if (!p->outer) goto fail;
         rt_pool_run(p->outer, device_init, p);
     } else {
@@ -377,10 +323,10 @@ void spmd_program_free(spmd_program *p)
 {
     if (!p) return;
     if (p->outer) rt_pool_free(p->outer);
-    for (int d = 0; p->dev && d < p->n_dev; d++) {
+    for (int d = 0; p->dev && d < p->c.n_dev; d++) {
         device *dv = &p->dev[d];
         if (dv->pool) rt_pool_free(dv->pool);
-        for (int i = 0; dv->leaf_data && i < p->local->n_nodes; i++)
+        for (int i = 0; dv->leaf_data && i < p->c.local->n_nodes; i++)
             base_free(&p->alloc, dv->leaf_data[i]);
         base_free(&p->alloc, dv->leaf_data);
         base_free(&p->alloc, dv->arena);
@@ -390,8 +336,7 @@ void spmd_program_free(spmd_program *p)
     }
     base_free(&p->alloc, p->dev);
     if (p->world) coll_world_free(p->world);
-    plan_free(&p->plan);
-    if (p->partitioned) partition_free(&p->part);
+    compiled_free(&p->c);
     spmd_allocator a = p->alloc;
     base_free(&a, p);
 }
@@ -407,10 +352,10 @@ static void run_worker(void *ctx, int ith, int nth)
     a.nth = nth;
     a.message = d->message;
     a.message_size = sizeof d->message;
-    a.scratch = d->scratch ? d->scratch + (size_t)ith * p->scratch_each : NULL;
-    a.dev = p->partitioned ? &d->kd : NULL;
-    for (int s = 0; s < p->plan.n_steps; s++) {
-        const spmd_tensor *t = p->plan.steps[s];
+    a.scratch = d->scratch ? d->scratch + (size_t)ith * p->c.scratch_each : NULL;
+    a.dev = p->c.partitioned ? &d->kd : NULL;
+    for (int s = 0; s < p->c.plan.n_steps; s++) {
+        const spmd_tensor *t = p->c.plan.steps[s];
         a.node = t;
         for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
         a.out = data_of(d, t);
@@ -434,7 +379,7 @@ static void run_worker(void *ctx, int ith, int nth)
 static void update_worker(void *ctx, int ith, int nth)
 {
     device *d = ctx;
-    const spmd_graph *lg = d->prog->local;
+    const spmd_graph *lg = d->prog->c.local;
     for (int u = 0; u < lg->n_updates; u++) {
         const ir_update *up = &lg->updates[u];
         int64_t b, e;
@@ -476,17 +421,22 @@ spmd_status spmd_program_run(spmd_program *p)
 {
     spmd_status ok = check_runnable(p, "run");
     if (ok != SPMD_OK) return ok;
-    for (int d = 0; d < p->n_dev; d++) {
+    /* GEMM is loaded here, not at compile: plans need no BLAS. */
+    if (!p->blas_loaded) {
+        if ((ok = blas_init(BLAS_AUTO, NULL)) != SPMD_OK) return ok;
+        p->blas_loaded = true;
+    }
+    for (int d = 0; d < p->c.n_dev; d++) {
         atomic_store(&p->dev[d].status[0], SPMD_OK);
         atomic_store(&p->dev[d].status[1], SPMD_OK);
         p->dev[d].message[0] = '\0';
     }
-    if (p->n_dev > 1) rt_pool_run(p->outer, device_run, p);
+    if (p->c.n_dev > 1) rt_pool_run(p->outer, device_run, p);
     else rt_pool_run(p->dev[0].pool, run_worker, &p->dev[0]);
     /* Report the device that failed first-hand, not one that only saw
      * the abort of a collective. */
     int failed = -1;
-    for (int d = 0; d < p->n_dev; d++) {
+    for (int d = 0; d < p->c.n_dev; d++) {
         int st = device_status(&p->dev[d]);
         if (!st) continue;
         if (st != SPMD_ERR_BACKEND) {
@@ -497,13 +447,13 @@ spmd_status spmd_program_run(spmd_program *p)
     }
     if (p->world) coll_world_reset(p->world);
     if (failed < 0) {
-        if (p->n_dev > 1) rt_pool_run(p->outer, device_update, p);
+        if (p->c.n_dev > 1) rt_pool_run(p->outer, device_update, p);
         else rt_pool_run(p->dev[0].pool, update_worker, &p->dev[0]);
         return SPMD_OK;
     }
     const device *dv = &p->dev[failed];
     int st = device_status(dv);
-    if (p->n_dev > 1) return base_error((spmd_status)st, "device %d: %s", dv->id, dv->message);
+    if (p->c.n_dev > 1) return base_error((spmd_status)st, "device %d: %s", dv->id, dv->message);
     return base_error((spmd_status)st, "%s", dv->message);
 }
 
@@ -515,7 +465,7 @@ static spmd_status check_access(const spmd_program *p, const spmd_tensor *t, siz
     spmd_status ok = check_runnable(p, what);
     if (ok != SPMD_OK) return ok;
     if (!t) return base_error(SPMD_ERR_INVALID, "%s: tensor is NULL", what);
-    if (t->graph != p->g)
+    if (t->graph != p->c.g)
         return base_error(SPMD_ERR_INVALID, "%s: tensor is not part of this program", what);
     if (bytes != ir_nbytes(t)) {
         char s[96];
@@ -523,7 +473,7 @@ static spmd_status check_access(const spmd_program *p, const spmd_tensor *t, siz
                           t->name ? t->name : ir_op_name(t->op), spmd_dtype_name(t->dtype),
                           ir_shape_str(t, s, sizeof s), ir_nbytes(t), bytes);
     }
-    if (p->partitioned && !p->part.local_of[t->id])
+    if (p->c.partitioned && !p->c.part.local_of[t->id])
         return base_error(SPMD_ERR_INVALID,
                           "%s: %s '%s' is not kept after a run; mark it with "
                           "spmd_graph_mark_output before compiling",
@@ -569,28 +519,37 @@ spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t, void 
     return SPMD_OK;
 }
 
-/* ---- Reports ---------------------------------------------------------------------------- */
+/* ---- Reports (read from the compiled program) ------------------------------------------- */
 
-size_t spmd_program_arena_bytes(const spmd_program *p) { return p ? p->plan.arena_bytes : 0; }
-size_t spmd_program_persistent_bytes(const spmd_program *p) { return p ? p->persistent_bytes : 0; }
-int spmd_program_devices(const spmd_program *p) { return p ? p->n_dev : 0; }
+size_t spmd_program_arena_bytes(const spmd_program *p) { return p ? p->c.plan.arena_bytes : 0; }
+size_t spmd_program_persistent_bytes(const spmd_program *p) { return p ? p->c.persistent_bytes : 0; }
+int spmd_program_devices(const spmd_program *p) { return p ? p->c.n_dev : 0; }
+size_t spmd_program_param_bytes(const spmd_program *p) { return p ? compiled_param_bytes(&p->c) : 0; }
+size_t spmd_program_peak_bytes(const spmd_program *p) { return p ? compiled_peak_bytes(&p->c) : 0; }
 
-size_t spmd_program_param_bytes(const spmd_program *p)
+int spmd_program_collective_count(const spmd_program *p)
 {
-    size_t n = 0;
-    for (int i = 0; p && i < p->local->n_nodes; i++)
-        if (p->local->nodes[i]->op == IR_PARAM) n += ir_nbytes(p->local->nodes[i]);
-    return n;
+    return p ? compiled_collective_count(&p->c) : 0;
 }
 
-size_t spmd_program_peak_bytes(const spmd_program *p)
+spmd_status spmd_program_collective(const spmd_program *p, int i, spmd_collective_info *out)
 {
-    if (!p) return 0;
-    return p->persistent_bytes + p->input_bytes + p->plan.arena_bytes +
-           p->scratch_each * (size_t)p->nth;
+    return compiled_collective(p ? &p->c : NULL, i, out);
 }
+
+int spmd_program_fallback_count(const spmd_program *p)
+{
+    return p ? compiled_fallback_count(&p->c) : 0;
+}
+
+spmd_status spmd_program_fallback(const spmd_program *p, int i, char *buf, size_t size)
+{
+    return compiled_fallback(p ? &p->c : NULL, i, buf, size);
+}
+
+const compiled *executor_compiled(const spmd_program *p) { return p ? &p->c : NULL; }
 
 const partition *executor_partition(const spmd_program *p)
 {
-    return p && p->partitioned ? &p->part : NULL;
+    return p && p->c.partitioned ? &p->c.part : NULL;
 }

@@ -1,13 +1,14 @@
 /*
- * Internal access to a compiled program, for reports (explain) and tests:
- * the partition behind a multi-device program.
+ * Internal access to the compiled program behind a runnable one, for tests
+ * (the public reports of spmd/mesh.h read the same object).
  */
 #ifndef SPMD_RUNTIME_EXECUTOR_H
 #define SPMD_RUNTIME_EXECUTOR_H
 
-#include "shard/partition.h"
+#include "compile/compiled.h"
 
-/* NULL for a one-device program. */
+const compiled *executor_compiled(const spmd_program *p);
+/* The partition behind a multi-device program; NULL on one device. */
 const partition *executor_partition(const spmd_program *p);
 
 #endif

@@ -1,6 +1,7 @@
 /*
- * The kernel table (generated from ops.def), per-thread scratch sizes, and
- * the two helpers every kernel uses: work splitting and data errors.
+ * The kernel table (generated from ops.def) and the two helpers every
+ * kernel uses: work splitting and data errors.  (Per-thread scratch sizes
+ * are part of the compiled program: compile_scratch_bytes.)
  * The kernels themselves live in kernels_<family>.c.
  */
 #include "runtime/kernels.h"
@@ -15,7 +16,7 @@
 void kern_leaf(const kern_args *args) { (void)args; }
 
 static const kern_fn kernel_table[] = {
-#define OP(e, name, arity, sig, vjp, kern) kern,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern) kern,
 #include "ir/ops.def"
 #undef OP
 };
@@ -28,27 +29,6 @@ kern_fn kern_for(ir_op op)
     if ((unsigned)op >= (unsigned)IR_OP_COUNT) return NULL;
     kern_fn fn = kernel_table[op];
     return fn == kern_leaf ? NULL : fn;
-}
-
-size_t kern_scratch_bytes(const spmd_tensor *t, int nth)
-{
-    (void)nth; /* scratch is per thread, so its size does not depend on nth */
-    switch (t->op) {
-    case IR_ATTENTION:
-    case IR_ATTENTION_BACKWARD: {
-        /* A block of query rows against all keys: scores (forward), and
-         * scores plus their gradients (backward). */
-        if (t->n_in < 1 || t->in[0]->rank != 3) return 0;
-        int64_t T = t->in[0]->dims[1];
-        size_t one = (size_t)KN_ATTN_BLOCK * (size_t)T * sizeof(float);
-        return t->op == IR_ATTENTION ? one : 2 * one;
-    }
-    case IR_ALL_TO_ALL:
-        /* Packed send and receive buffers (thread 0 only). */
-        return 2 * ir_nbytes(t->in[0]);
-    default:
-        return 0;
-    }
 }
 
 /* Only the first failure of a step keeps its status and message: the

@@ -44,8 +44,6 @@ typedef void (*kern_fn)(const kern_args *a);
 
 /* The kernel of `op`; NULL for leaves. */
 kern_fn kern_for(ir_op op);
-/* Per-thread scratch bytes that node t's kernel needs (0 for most). */
-size_t kern_scratch_bytes(const spmd_tensor *t, int nth);
 
 /* Record a data error from inside a kernel (message via base_error is
  * thread-local, so the kernel also writes the message once). */

@@ -10,13 +10,14 @@
 #ifndef SPMD_RUNTIME_KERNELS_OPS_H
 #define SPMD_RUNTIME_KERNELS_OPS_H
 
+#include "compile/compiled.h"
 #include "runtime/kernels.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define OP(e, name, arity, sig, vjp, kern) void kern(const kern_args *args);
+#define OP(e, name, arity, sig, lin, fix, vjp, kern) void kern(const kern_args *args);
 #include "ir/ops.def"
 #undef OP
 
@@ -154,9 +155,10 @@ static inline void kn_softmax_row(const float *x, float *y, int64_t n)
     for (int64_t i = 0; i < n; i++) y[i] *= inv;
 }
 
-/* Attention works on blocks of this many query rows: the scratch size in
- * kernels.c and the loops in kernels_attention.c must agree. */
-enum { KN_ATTN_BLOCK = 64 };
+/* Attention works on blocks of this many query rows: the scratch the
+ * compiled program sizes (compile_scratch_bytes) and the loops in
+ * kernels_attention.c must agree. */
+enum { KN_ATTN_BLOCK = COMPILE_ATTN_BLOCK };
 
 static inline int64_t kn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t kn_max_i(int64_t a, int64_t b) { return a > b ? a : b; }

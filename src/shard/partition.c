@@ -291,7 +291,7 @@ static bool add_variant(builder *b, int gid, const sharding *s, spmd_tensor *t)
     return true;
 }
 
-/* ---- Ops ------------------------------------------------------------------------------------ */
+/* ---- Fallbacks and local shares ----------------------------------------------------------- */
 
 static bool note_fallback(partition *p, int tensor, int consumer)
 {
@@ -333,6 +333,85 @@ static double local_share(const partition *p, const spmd_tensor *x, const shardi
     return local / global;
 }
 
+/* ---- Fixups: where an op's local form differs from its global one -------------------- */
+
+/* Each takes the local node lt just made for global node t (operands
+ * resharded to `need`) and returns the node that stands for t's local
+ * value; NULL on failure.  ops.def names each op's fixup. */
+typedef spmd_tensor *(*part_fixup_fn)(builder *b, const spmd_tensor *t, const sharding *need,
+                                      spmd_tensor *lt);
+
+static spmd_tensor *fix_none(builder *b, const spmd_tensor *t, const sharding *need,
+                             spmd_tensor *lt)
+{
+    (void)b, (void)t, (void)need;
+    return lt;
+}
+
+/* Attention split over its head channels: each device runs its heads. */
+static spmd_tensor *fix_heads(builder *b, const spmd_tensor *t, const sharding *need,
+                              spmd_tensor *lt)
+{
+    const spmd_tensor *q = t->in[0];
+    lt->attr.attention.heads =
+        (int)(t->attr.attention.heads / sharding_blocks(&need[0], b->p->m, q->rank - 1));
+    return lt;
+}
+
+/* A mean over split dims is a local mean: rescale it to the global count
+ * (the pending sum over the split axes then adds up to the mean). */
+static spmd_tensor *fix_mean(builder *b, const spmd_tensor *t, const sharding *need,
+                             spmd_tensor *lt)
+{
+    if (!sharding_dim_axes(&need[0])) return lt;
+    return spmd_scale(b->p->local, lt,
+                      (float)local_share(b->p, t->in[0], &need[0], t->attr.reduce.axes));
+}
+
+/* mse is a mean over every element. */
+static spmd_tensor *fix_mse(builder *b, const spmd_tensor *t, const sharding *need,
+                            spmd_tensor *lt)
+{
+    const spmd_tensor *x = t->in[0];
+    return spmd_scale(b->p->local, lt,
+                      (float)local_share(b->p, x, &need[0], (1u << x->rank) - 1));
+}
+
+/* Cross-entropy is a mean over the target rows.  Rows split unevenly: the
+ * kernel skips the padding rows; the mean over local rows is then
+ * rescaled to the global count. */
+static spmd_tensor *fix_loss_rows(builder *b, const spmd_tensor *t, const sharding *need,
+                                  spmd_tensor *lt)
+{
+    partition *p = b->p;
+    const spmd_tensor *targets = t->in[1];
+    uint32_t rows = (1u << targets->rank) - 1;
+    for (int i = 0; i < targets->rank; i++) {
+        if (targets->dims[i] % sharding_blocks(&need[1], p->m, i) == 0) continue;
+        lt->attr.rows.spec[i] = spec_index(p, &need[1].dim[i]);
+        lt->attr.rows.global[i] = targets->dims[i];
+        if (lt->attr.rows.spec[i] < 0) return NULL;
+    }
+    if (!sharding_dim_axes(&need[1])) return lt;
+    return spmd_scale(p->local, lt, (float)local_share(p, targets, &need[1], rows));
+}
+
+static const part_fixup_fn fixup_table[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern) fix,
+#include "ir/ops.def"
+#undef OP
+};
+
+_Static_assert(sizeof fixup_table / sizeof fixup_table[0] == IR_OP_COUNT,
+               "fixup table out of step with ops.def");
+
+bool partition_has_fixup(ir_op op)
+{
+    return (unsigned)op < IR_OP_COUNT && fixup_table[op] != fix_none;
+}
+
+/* ---- Ops ------------------------------------------------------------------------------------ */
+
 static spmd_status emit_op(builder *b, const spmd_tensor *t)
 {
     partition *p = b->p;
@@ -370,41 +449,7 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
     if (!lt) return SPMD_ERR_NOMEM;
     lt->attr = t->attr;
 
-    /* Op attributes that depend on the split. */
-    switch (t->op) {
-    case IR_ATTENTION:
-    case IR_ATTENTION_BACKWARD: {
-        const spmd_tensor *q = t->in[0];
-        lt->attr.attention.heads =
-            (int)(t->attr.attention.heads / sharding_blocks(&need[0], p->m, q->rank - 1));
-        break;
-    }
-    case IR_MEAN:
-        if (sharding_dim_axes(&need[0]))
-            lt = spmd_scale(p->local, lt, (float)local_share(p, t->in[0], &need[0], t->attr.reduce.axes));
-        break;
-    case IR_MSE:
-        lt = spmd_scale(p->local, lt, (float)local_share(p, t->in[0], &need[0], (1u << t->in[0]->rank) - 1));
-        break;
-    case IR_CROSS_ENTROPY:
-    case IR_CROSS_ENTROPY_BACKWARD: {
-        /* Rows split unevenly: the kernel skips the padding rows; the
-         * mean over local rows is then rescaled to the global count. */
-        const spmd_tensor *targets = t->in[1];
-        uint32_t rows = (1u << targets->rank) - 1;
-        for (int i = 0; i < targets->rank; i++) {
-            if (targets->dims[i] % sharding_blocks(&need[1], p->m, i) == 0) continue;
-            lt->attr.rows.spec[i] = spec_index(p, &need[1].dim[i]);
-            lt->attr.rows.global[i] = targets->dims[i];
-            if (lt->attr.rows.spec[i] < 0) return SPMD_ERR_NOMEM;
-        }
-        if (sharding_dim_axes(&need[1]))
-            lt = spmd_scale(p->local, lt, (float)local_share(p, t->in[1], &need[1], rows));
-        break;
-    }
-    default:
-        break;
-    }
+    lt = fixup_table[t->op](b, t, need, lt);
     if (!lt) return SPMD_ERR_NOMEM;
     if (!add_variant(b, t->id, &out, lt)) return SPMD_ERR_NOMEM;
     return SPMD_OK;

@@ -55,5 +55,8 @@ const char *partition_phase_name(part_phase phase);
 /* A collective's kind as reports spell it ("all-gather", as NCCL and XLA
  * do), other ops by their IR name. */
 const char *partition_collective_name(ir_op kind);
+/* Whether ops.def names a partition fixup for `op` (its local form
+ * differs from the global one: heads, rescaled means, padded rows). */
+bool partition_has_fixup(ir_op op);
 
 #endif

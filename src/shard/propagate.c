@@ -161,9 +161,9 @@ static uint32_t split_by_others(const shard_plan *p, const spmd_tensor *t, int e
     return mask;
 }
 
-/* Ops that are linear in an operand, so a pending sum can pass through
- * them instead of being resolved first.  Returns the common partial axes
- * and the operands that keep them. */
+/* A pending sum passes through an op that is linear in the partial
+ * operands (its linearity in ops.def) instead of being resolved first.
+ * Returns the partial axes that pass and the operands that keep them. */
 static uint32_t linear_through(const shard_plan *p, const spmd_tensor *t, uint32_t *operands)
 {
     uint32_t part[IR_MAX_INPUTS];
@@ -172,41 +172,32 @@ static uint32_t linear_through(const shard_plan *p, const spmd_tensor *t, uint32
         part[j] = n->level ? n->out.partial : 0;
     }
     *operands = 0;
-    switch (t->op) {
-    case IR_SCALE:
-    case IR_NEG:
-    case IR_SUM:
-    case IR_EXPAND:
-    case IR_PERMUTE:
-    case IR_SLICE:
-    case IR_PAD:
+    switch (ir_op_linearity(t->op)) {
+    case LIN_ONE:
         if (!part[0]) return 0;
         *operands = 1;
         return part[0];
-    case IR_MUL:
-    case IR_MATMUL:
-    case IR_BMM:
-        /* Linear in each operand alone: exactly one may be partial, and
-         * only its axes the other operand does not split stay pending. */
+    case LIN_EACH:
+        /* Exactly one operand may be partial, and only its axes the other
+         * operand does not split stay pending. */
         if (part[0] && !part[1]) part[0] &= ~split_by_others(p, t, 0);
         else if (part[1] && !part[0]) part[1] &= ~split_by_others(p, t, 1);
         if (part[0] && !part[1]) return *operands = 1, part[0];
         if (part[1] && !part[0]) return *operands = 2, part[1];
         return 0;
-    case IR_DIV:
+    case LIN_FIRST:
         part[0] &= ~split_by_others(p, t, 0);
         if (part[0] && !part[1]) return *operands = 1, part[0];
         return 0;
-    case IR_ADD:
-    case IR_SUB:
-    case IR_CONCAT:
+    case LIN_ALL:
         for (int j = 0; j < t->n_in; j++)
             if (!part[j] || part[j] != part[0]) return 0;
         *operands = (1u << t->n_in) - 1;
         return part[0];
-    default:
+    case LIN_NONE:
         return 0;
     }
+    return 0;
 }
 
 /* Assign operand dims' axes to free iteration dims. */
@@ -270,7 +261,7 @@ static bool sweep_forward(shard_plan *p, const bool *needed)
             if (n->has_sig) choose(p, t);
         } else if (!any_known(p, t)) {
             n->level = SHARD_UNKNOWN;
-        } else if (!n->has_sig) { /* reshape */
+        } else if (!n->has_sig) { /* the explicit rule: reshape */
             const spmd_tensor *x = t->in[0];
             n->out = reshape_map(p->m, &p->nodes[x->id].out, x->rank, x->dims, t->rank, t->dims);
             n->level = SHARD_DERIVED;
@@ -311,6 +302,8 @@ static bool sweep_backward(shard_plan *p, const bool *needed)
 }
 
 /* ---- Entry points ------------------------------------------------------------------ */
+
+bool shard_has_explicit_rule(ir_op op) { return op == IR_RESHAPE; }
 
 sharding shard_produced(const shard_plan *p, const spmd_tensor *t)
 {
@@ -367,6 +360,10 @@ spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh 
         shard_node *n = &p->nodes[i];
         n->out = sharding_replicated(t->rank);
         n->has_sig = ir_signature(t, &n->sig);
+        if (!n->has_sig && !shard_has_explicit_rule(t->op))
+            return base_error(SPMD_ERR_INTERNAL,
+                              "partition: %s has neither a dimension signature nor a "
+                              "sharding rule (ops.def)", ir_op_name(t->op));
         n->data = t->op == IR_INPUT;
         for (int j = 0; j < t->n_in; j++) n->data |= p->nodes[t->in[j]->id].data;
         if (t->mark) {

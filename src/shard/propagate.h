@@ -56,6 +56,10 @@ spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh 
                             const bool *needed, const spmd_allocator *alloc);
 void shard_plan_free(shard_plan *p);
 
+/* Ops without a dimension signature carry shardings by an explicit rule:
+ * true when propagation has one for `op` (reshape). */
+bool shard_has_explicit_rule(ir_op op);
+
 /* The sharding node t's op produces (its mark may then ask for another). */
 sharding shard_produced(const shard_plan *p, const spmd_tensor *t);
 /* The sharding operand j of node t must have where t uses it. */

@@ -1,12 +1,11 @@
 /*
  * What a compiled program does, for people and tools (`spmd explain`):
- * every tensor's sharding, every collective the partitioner inserted, and
- * the fallbacks that gathered a whole tensor because an op could not use
- * its sharding.
+ * every collective the partitioner inserted, and the fallbacks that
+ * gathered a whole tensor because an op could not use its sharding.
+ * Read from the compiled object alone (see report.h).
  */
+#include "compile/report.h"
 #include "base/error.h"
-#include "runtime/executor.h"
-#include "spmd/mesh.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -28,15 +27,20 @@ static void describe_tensor(const partition *p, int id, char *buf, size_t size)
     else snprintf(buf, size, "%s#%d", ir_op_name(t->op), t->id);
 }
 
-int spmd_program_collective_count(const spmd_program *prog)
+static const partition *partition_of(const compiled *c)
 {
-    const partition *p = executor_partition(prog);
+    return c && c->partitioned ? &c->part : NULL;
+}
+
+int compiled_collective_count(const compiled *c)
+{
+    const partition *p = partition_of(c);
     return p ? p->n_colls : 0;
 }
 
-spmd_status spmd_program_collective(const spmd_program *prog, int i, spmd_collective_info *out)
+spmd_status compiled_collective(const compiled *prog, int i, spmd_collective_info *out)
 {
-    const partition *p = executor_partition(prog);
+    const partition *p = partition_of(prog);
     if (!out) return base_error(SPMD_ERR_INVALID, "collective: out is NULL");
     if (!p || i < 0 || i >= p->n_colls)
         return base_error(SPMD_ERR_INVALID, "collective: index %d outside 0..%d", i,
@@ -56,15 +60,15 @@ spmd_status spmd_program_collective(const spmd_program *prog, int i, spmd_collec
     return SPMD_OK;
 }
 
-int spmd_program_fallback_count(const spmd_program *prog)
+int compiled_fallback_count(const compiled *c)
 {
-    const partition *p = executor_partition(prog);
+    const partition *p = partition_of(c);
     return p ? p->n_fallbacks : 0;
 }
 
-spmd_status spmd_program_fallback(const spmd_program *prog, int i, char *buf, size_t size)
+spmd_status compiled_fallback(const compiled *c, int i, char *buf, size_t size)
 {
-    const partition *p = executor_partition(prog);
+    const partition *p = partition_of(c);
     if (!p || i < 0 || i >= p->n_fallbacks || !buf)
         return base_error(SPMD_ERR_INVALID, "fallback: index %d outside the program's %d", i,
                           p ? p->n_fallbacks : 0);

@@ -1,0 +1,131 @@
+/*
+ * Compiling a graph: partition it over the marks' mesh (shard/), plan the
+ * local program (plan.c), and size what a device will need (see
+ * compiled.h).
+ */
+#include "compile/compiled.h"
+#include "base/error.h"
+#include "spmd/mesh.h"
+
+#include <string.h>
+#include <unistd.h>
+
+static spmd_status check_dtypes(const spmd_graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        if (t->dtype == SPMD_BF16)
+            return base_error(SPMD_ERR_UNSUPPORTED, "compile: %s node %d is bf16, not computed yet",
+                              ir_op_name(t->op), i);
+    }
+    return SPMD_OK;
+}
+
+/* Leave every tensor's sharding on the graph, for spmd_get_sharding: what
+ * the program holds (leaves, outputs) or what its op produces. */
+static spmd_status record_shardings(const compiled *c, spmd_graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        spmd_tensor *t = g->nodes[i];
+        if (!t->sharding) t->sharding = base_arena_alloc(&g->arena, sizeof *t->sharding);
+        if (!t->sharding) return SPMD_ERR_NOMEM;
+        *t->sharding = c->part.local_of[i] ? c->part.held[i] : c->part.prop.nodes[i].out;
+    }
+    return SPMD_OK;
+}
+
+size_t compile_scratch_bytes(const spmd_tensor *t)
+{
+    switch (t->op) {
+    case IR_ATTENTION:
+    case IR_ATTENTION_BACKWARD: {
+        /* A block of query rows against all keys: scores (forward), and
+         * scores plus their gradients (backward). */
+        if (t->n_in < 1 || t->in[0]->rank != 3) return 0;
+        int64_t T = t->in[0]->dims[1];
+        size_t one = (size_t)COMPILE_ATTN_BLOCK * (size_t)T * sizeof(float);
+        return t->op == IR_ATTENTION ? one : 2 * one;
+    }
+    case IR_ALL_TO_ALL:
+        /* Packed send and receive buffers (thread 0 only). */
+        return 2 * ir_nbytes(t->in[0]);
+    default:
+        return 0;
+    }
+}
+
+static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
+
+spmd_status compile_graph(compiled *c, spmd_graph *g, int threads)
+{
+    memset(c, 0, sizeof *c);
+    c->alloc = g->alloc;
+    c->g = g;
+    c->local = g;
+    c->mesh = g->mesh;
+    c->n_dev = g->mesh ? spmd_mesh_devices(g->mesh) : 1;
+    if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    /* Each device gets its share of the threads, at least one. */
+    c->nth = threads / c->n_dev;
+    if (c->nth < 1) c->nth = 1;
+    if (c->nth > 256) c->nth = 256;
+
+    spmd_status st = check_dtypes(g);
+    if (st != SPMD_OK) return st;
+    if (g->mesh) {
+        plan needed;
+        st = plan_build(&needed, g, &c->alloc);
+        if (st != SPMD_OK) return st;
+        st = partition_build(&c->part, g, g->mesh, needed.needed, &c->alloc);
+        plan_free(&needed);
+        c->partitioned = true;
+        if (st != SPMD_OK) return st;
+        c->local = c->part.local;
+        if ((st = check_dtypes(c->local)) != SPMD_OK) return st;
+        if ((st = record_shardings(c, g)) != SPMD_OK) return st;
+    }
+    if ((st = plan_build(&c->plan, c->local, &c->alloc)) != SPMD_OK) return st;
+    for (int s = 0; s < c->plan.n_steps; s++) {
+        size_t need = compile_scratch_bytes(c->plan.steps[s]);
+        if (need > c->scratch_each) c->scratch_each = need;
+    }
+    c->scratch_each = (c->scratch_each + 63) / 64 * 64;
+    for (int i = 0; i < c->local->n_nodes; i++) {
+        const spmd_tensor *t = c->local->nodes[i];
+        if (!ir_op_is_leaf(t->op)) continue;
+        if (is_persistent(t)) c->persistent_bytes += ir_nbytes(t);
+        else c->input_bytes += ir_nbytes(t);
+    }
+    return SPMD_OK;
+}
+
+void compiled_free(compiled *c)
+{
+    plan_free(&c->plan);
+    if (c->partitioned) partition_free(&c->part);
+    memset(c, 0, sizeof *c);
+}
+
+const spmd_tensor *compiled_local(const compiled *c, const spmd_tensor *t)
+{
+    return c->partitioned ? c->part.local_of[t->id] : t;
+}
+
+sharding compiled_held(const compiled *c, const spmd_tensor *t)
+{
+    return c->partitioned ? c->part.held[t->id] : sharding_replicated(t->rank);
+}
+
+size_t compiled_peak_bytes(const compiled *c)
+{
+    return c->persistent_bytes + c->input_bytes + c->plan.arena_bytes +
+           c->scratch_each * (size_t)c->nth;
+}
+
+size_t compiled_param_bytes(const compiled *c)
+{
+    size_t n = 0;
+    for (int i = 0; i < c->local->n_nodes; i++)
+        if (c->local->nodes[i]->op == IR_PARAM) n += ir_nbytes(c->local->nodes[i]);
+    return n;
+}

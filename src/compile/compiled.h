@@ -1,0 +1,59 @@
+/*
+ * A compiled program (docs/DESIGN.md, "Layers" and "Schedule and memory
+ * plan"): a graph turned into what every device runs, with nothing
+ * allocated for running it.  The runtime executes one; reports (`spmd
+ * explain`) read one.  Planning is kept apart from running as ggml keeps
+ * ggml_graph_plan apart from ggml_graph_compute, so a plan-only compile
+ * needs no devices, no threads and no BLAS.
+ *
+ * On one device the local program is the user's graph itself; with a mesh
+ * (the graph's sharding marks) it is the partitioner's per-device graph,
+ * the same for every device.
+ */
+#ifndef SPMD_COMPILE_COMPILED_H
+#define SPMD_COMPILE_COMPILED_H
+
+#include "compile/plan.h"
+#include "shard/partition.h"
+
+/* Query rows the attention kernels take at a time: their scratch is this
+ * many rows of scores per thread. */
+enum { COMPILE_ATTN_BLOCK = 64 };
+
+typedef struct compiled {
+    spmd_allocator alloc;
+    const spmd_graph *g;      /* the user's graph (borrowed) */
+    const spmd_mesh *mesh;    /* the marks' mesh; NULL on one device */
+    bool partitioned;
+    partition part;           /* partitioned only */
+    const spmd_graph *local;  /* what every device runs */
+    plan plan;                /* schedule and memory plan of `local` */
+    int n_dev;                /* devices */
+    int nth;                  /* compute threads per device */
+    size_t scratch_each;      /* kernel scratch per thread, 64-byte multiple */
+    size_t persistent_bytes;  /* per device: parameters and state */
+    size_t input_bytes;       /* per device: input blocks */
+} compiled;
+
+/* Partition (with a mesh) and plan graph g for `threads` compute threads
+ * in all (0: every core).  Records every tensor's sharding on g, for
+ * spmd_get_sharding.  Errors: bf16 tensors, marks on another mesh, and
+ * whatever partitioning and planning report. */
+spmd_status compile_graph(compiled *c, spmd_graph *g, int threads);
+void compiled_free(compiled *c);
+
+/* The local node that holds global node t (leaves and outputs), or NULL
+ * when the program does not keep it. */
+const spmd_tensor *compiled_local(const compiled *c, const spmd_tensor *t);
+/* The sharding a kept global node is held with (replicated on one device). */
+sharding compiled_held(const compiled *c, const spmd_tensor *t);
+
+/* Per-thread scratch bytes that node t's kernel needs (0 for most). */
+size_t compile_scratch_bytes(const spmd_tensor *t);
+
+/* Per device: persistent + inputs + activation arena + scratch. */
+size_t compiled_peak_bytes(const compiled *c);
+/* Per device: parameter bytes (not state). */
+size_t compiled_param_bytes(const compiled *c);
+
+#endif

@@ -1,0 +1,437 @@
+/*
+ * Every op in ops.def has the sharding facts propagation and partitioning
+ * need (docs/DESIGN.md, "Adding an op").  The test adds no op; it walks
+ * the table and, for each op, a small sample of it:
+ *
+ *   - every op has a sample here (a new op without one fails, which is the
+ *     reminder to state its rules);
+ *   - every op has a dimension signature whose dims match the operand and
+ *     output sizes, or an explicit propagation rule (reshape);
+ *   - an op whose signature binds a dim to whole granules (attention
+ *     heads) names a partition fixup;
+ *   - the linearity column fits the arity and is true: f(a + b) equals
+ *     f(a) + f(b) in the operands it names, computed by the kernels;
+ *   - the ops the partitioner emits into per-device programs claim no
+ *     global rules (no linearity, fixup or backward rule);
+ *   - partitioned over 2 devices, and over 3 (uneven blocks), with any one
+ *     operand dim split, the op computes what it computes on one device:
+ *     an op that needs a fixup (a rescaled mean, padded rows) and lacks
+ *     one fails here.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ir/ir.h"
+#include "shard/partition.h"
+#include "shard/propagate.h"
+#include "spmd/mesh.h"
+#include "spmd/spmd.h"
+#include "support_rng.h"
+
+#define D(...) ((const int64_t[]){__VA_ARGS__})
+#define ATOL 1e-5
+#define RTOL 1e-4
+
+/* ---- Samples ------------------------------------------------------------------------ */
+
+typedef enum value_kind { V_ANY, V_POS, V_IDS } value_kind;
+
+typedef struct sample {
+    spmd_graph *g;
+    int n_in;
+    spmd_tensor *in[IR_MAX_INPUTS]; /* the op's operands: graph inputs */
+    value_kind kind[IR_MAX_INPUTS];
+    int32_t limit[IR_MAX_INPUTS];   /* V_IDS: ids in [0, limit) */
+    spmd_tensor *out;               /* the op's node */
+} sample;
+
+static spmd_tensor *operand(sample *s, value_kind kind, int rank, const int64_t *dims)
+{
+    char name[16];
+    snprintf(name, sizeof name, "in%d", s->n_in);
+    spmd_tensor *t = spmd_input(s->g, name, kind == V_IDS ? SPMD_I32 : SPMD_F32, rank, dims);
+    s->kind[s->n_in] = kind;
+    s->limit[s->n_in] = 0;
+    s->in[s->n_in++] = t;
+    return t;
+}
+
+static spmd_tensor *ids(sample *s, int rank, const int64_t *dims, int32_t limit)
+{
+    spmd_tensor *t = operand(s, V_IDS, rank, dims);
+    s->limit[s->n_in - 1] = limit;
+    return t;
+}
+
+static spmd_tensor *x46(sample *s) { return operand(s, V_ANY, 2, D(4, 6)); }
+static spmd_tensor *pos46(sample *s) { return operand(s, V_POS, 2, D(4, 6)); }
+static spmd_tensor *qkv(sample *s) { return operand(s, V_ANY, 3, D(2, 6, 8)); }
+
+/* Builds a sample of `op` into s->g; false for ops that never appear in a
+ * global graph (leaves and the partitioner's own ops). */
+static bool build_sample(ir_op op, sample *s)
+{
+    spmd_graph *g = s->g;
+    spmd_tensor *o = NULL;
+    switch (op) {
+    case IR_INPUT:
+    case IR_PARAM:
+    case IR_STATE:
+    case IR_ALL_REDUCE:
+    case IR_ALL_GATHER:
+    case IR_REDUCE_SCATTER:
+    case IR_ALL_TO_ALL:
+    case IR_SHARD_SLICE:
+    case IR_MASK_PADDING:
+        return false;
+    case IR_FILL: o = spmd_fill(g, 2, D(4, 6), 1.5f); break;
+    case IR_ADD: o = spmd_add(g, x46(s), x46(s)); break;
+    case IR_SUB: o = spmd_sub(g, x46(s), x46(s)); break;
+    case IR_MUL: o = spmd_mul(g, x46(s), x46(s)); break;
+    case IR_DIV: o = spmd_div(g, x46(s), pos46(s)); break;
+    case IR_EXPAND: o = spmd_expand(g, operand(s, V_ANY, 2, D(1, 6)), 2, D(4, 6)); break;
+    case IR_SCALE: o = spmd_scale(g, x46(s), -0.75f); break;
+    case IR_NEG: o = spmd_neg(g, x46(s)); break;
+    case IR_EXP: o = spmd_exp(g, x46(s)); break;
+    case IR_LOG: o = spmd_log(g, pos46(s)); break;
+    case IR_TANH: o = spmd_tanh(g, x46(s)); break;
+    case IR_GELU: o = spmd_gelu(g, x46(s)); break;
+    case IR_RELU: o = spmd_relu(g, x46(s)); break;
+    case IR_SQRT: o = spmd_sqrt(g, pos46(s)); break;
+    case IR_RSQRT: o = spmd_rsqrt(g, pos46(s)); break;
+    case IR_SUM: o = spmd_sum(g, x46(s), 1u << 1, false); break;
+    case IR_MEAN: o = spmd_mean(g, x46(s), 1u << 1, false); break;
+    case IR_MAX: o = spmd_max(g, x46(s), 1, false); break;
+    case IR_SOFTMAX: o = spmd_softmax(g, x46(s)); break;
+    case IR_LOG_SOFTMAX: o = spmd_log_softmax(g, x46(s)); break;
+    case IR_LAYERNORM:
+        o = spmd_layernorm(g, x46(s), operand(s, V_POS, 1, D(6)), operand(s, V_ANY, 1, D(6)),
+                           1e-5f);
+        break;
+    case IR_MATMUL: o = spmd_matmul(g, x46(s), operand(s, V_ANY, 2, D(6, 5)), false, false); break;
+    case IR_BMM:
+        o = spmd_bmm(g, operand(s, V_ANY, 3, D(2, 4, 6)), operand(s, V_ANY, 3, D(2, 6, 5)), false,
+                     false);
+        break;
+    case IR_ATTENTION: o = spmd_attention(g, qkv(s), qkv(s), qkv(s), 2); break;
+    case IR_EMBEDDING: o = spmd_embedding(g, operand(s, V_ANY, 2, D(10, 6)), ids(s, 1, D(4), 10)); break;
+    case IR_CROSS_ENTROPY: o = spmd_cross_entropy(g, operand(s, V_ANY, 2, D(4, 10)), ids(s, 1, D(4), 10)); break;
+    case IR_MSE: o = spmd_mse(g, x46(s), x46(s)); break;
+    case IR_RESHAPE: o = spmd_reshape(g, x46(s), 3, D(4, 2, 3)); break;
+    case IR_PERMUTE: o = spmd_permute(g, x46(s), (const int[]){1, 0}); break;
+    case IR_SLICE: o = spmd_slice(g, x46(s), 1, 1, 3); break;
+    case IR_CONCAT: {
+        spmd_tensor *xs[2] = {x46(s), x46(s)};
+        o = spmd_concat(g, xs, 2, 0);
+        break;
+    }
+    case IR_PAD: o = ir_pad(g, operand(s, V_ANY, 2, D(4, 3)), 1, 1, 6); break;
+    case IR_GELU_BACKWARD: o = ir_gelu_backward(g, x46(s), x46(s)); break;
+    case IR_RELU_BACKWARD: o = ir_relu_backward(g, x46(s), x46(s)); break;
+    case IR_MAX_BACKWARD: o = ir_max_backward(g, x46(s), operand(s, V_ANY, 1, D(4)), 1, false); break;
+    case IR_LAYERNORM_XHAT: o = ir_layernorm_xhat(g, x46(s), 1e-5f); break;
+    case IR_LAYERNORM_BACKWARD:
+        o = ir_layernorm_backward(g, x46(s), operand(s, V_POS, 1, D(6)), x46(s), 1e-5f);
+        break;
+    case IR_ATTENTION_BACKWARD: o = ir_attention_backward(g, qkv(s), qkv(s), qkv(s), qkv(s), 2); break;
+    case IR_EMBEDDING_BACKWARD: o = ir_embedding_backward(g, ids(s, 1, D(4), 10), x46(s), 10); break;
+    case IR_CROSS_ENTROPY_BACKWARD:
+        o = ir_cross_entropy_backward(g, operand(s, V_ANY, 2, D(4, 10)), ids(s, 1, D(4), 10),
+                                      operand(s, V_ANY, 0, NULL));
+        break;
+    case IR_OP_COUNT:
+        break;
+    }
+    /* An op without a case here lands on fail(): add a sample for it. */
+    if (!o) fail_msg("%s: no sample in tests/test_op_rules.c (%s)", ir_op_name(op), spmd_last_error());
+    assert_int_equal(o->op, op);
+    assert_int_equal(spmd_graph_mark_output(g, o), SPMD_OK);
+    s->out = o;
+    /* Operand j of the sample is operand j of the op (C evaluates the
+     * builders' arguments in no set order). */
+    sample made = *s;
+    assert_int_equal(o->n_in, made.n_in);
+    for (int j = 0; j < o->n_in; j++) {
+        int k = 0;
+        while (k < made.n_in && made.in[k] != o->in[j]) k++;
+        assert_true(k < made.n_in);
+        s->in[j] = made.in[k];
+        s->kind[j] = made.kind[k];
+        s->limit[j] = made.limit[k];
+    }
+    return true;
+}
+
+static bool new_sample(ir_op op, sample *s)
+{
+    memset(s, 0, sizeof *s);
+    s->g = spmd_graph_create(NULL);
+    assert_non_null(s->g);
+    if (build_sample(op, s)) return true;
+    spmd_graph_free(s->g);
+    s->g = NULL;
+    return false;
+}
+
+/* ---- Running a sample ------------------------------------------------------------------ */
+
+typedef struct values {
+    void *in[IR_MAX_INPUTS];
+} values;
+
+static void draw(const sample *s, test_rng *r, values *v)
+{
+    for (int j = 0; j < s->n_in; j++) {
+        int64_t n = spmd_tensor_numel(s->in[j]);
+        v->in[j] = calloc((size_t)(n ? n : 1), 4);
+        assert_non_null(v->in[j]);
+        for (int64_t i = 0; i < n; i++) {
+            if (s->kind[j] == V_IDS) ((int32_t *)v->in[j])[i] = test_rng_int(r, 0, s->limit[j] - 1);
+            else if (s->kind[j] == V_POS) ((float *)v->in[j])[i] = test_rng_float(r, 0.5f, 2.0f);
+            else ((float *)v->in[j])[i] = test_rng_float(r, -1.0f, 1.0f);
+        }
+    }
+}
+
+static void free_values(const sample *s, values *v)
+{
+    for (int j = 0; j < s->n_in; j++) free(v->in[j]);
+}
+
+/* The sample's output for the given operand values, from program p. */
+static float *run(spmd_program *p, const sample *s, const values *v)
+{
+    for (int j = 0; j < s->n_in; j++) {
+        size_t bytes = (size_t)spmd_tensor_numel(s->in[j]) * 4;
+        assert_int_equal(spmd_program_set_input(p, s->in[j], v->in[j], bytes), SPMD_OK);
+    }
+    if (spmd_program_run(p) != SPMD_OK) fail_msg("run: %s", spmd_last_error());
+    int64_t n = spmd_tensor_numel(s->out);
+    float *y = calloc((size_t)(n ? n : 1), sizeof *y);
+    assert_non_null(y);
+    assert_int_equal(spmd_program_read(p, s->out, y, (size_t)n * sizeof *y), SPMD_OK);
+    return y;
+}
+
+static spmd_program *compile(const sample *s)
+{
+    spmd_program *p = spmd_compile(s->g, &(spmd_compile_options){.threads = 1});
+    if (!p) fail_msg("%s: compile: %s", ir_op_name(s->out->op), spmd_last_error());
+    return p;
+}
+
+static void assert_close(const float *got, const float *want, int64_t n, const char *what)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= ATOL + RTOL * fabs((double)want[i])))
+            fail_msg("%s: element %lld is %.8g, want %.8g", what, (long long)i, (double)got[i],
+                     (double)want[i]);
+}
+
+/* ---- Structural facts -------------------------------------------------------------------- */
+
+static bool partitioner_only(ir_op op)
+{
+    return op >= IR_ALL_REDUCE; /* ops.def lists the partitioner's ops last */
+}
+
+static void test_every_op_has_rules(void **state)
+{
+    (void)state;
+    int samples = 0;
+    for (int op = 0; op < IR_OP_COUNT; op++) {
+        ir_linearity lin = ir_op_linearity((ir_op)op);
+        int arity = ir_op_arity((ir_op)op);
+        /* The linearity column fits the arity. */
+        if (lin == LIN_ONE) assert_int_equal(arity, 1);
+        if (lin == LIN_EACH || lin == LIN_FIRST) assert_int_equal(arity, 2);
+        if (lin == LIN_ALL) assert_true(arity == -1 || arity >= 2);
+        if (partitioner_only((ir_op)op) || ir_op_is_leaf((ir_op)op)) {
+            assert_int_equal(lin, LIN_NONE);
+            assert_false(partition_has_fixup((ir_op)op));
+            if (partitioner_only((ir_op)op)) assert_false(ir_op_has_vjp((ir_op)op));
+        }
+
+        sample s;
+        if (!new_sample((ir_op)op, &s)) {
+            assert_true(partitioner_only((ir_op)op) || ir_op_is_leaf((ir_op)op));
+            continue;
+        }
+        samples++;
+        const spmd_tensor *t = s.out;
+        ir_dimsig sig;
+        if (!ir_signature(t, &sig)) {
+            if (!shard_has_explicit_rule((ir_op)op))
+                fail_msg("%s: no dimension signature and no explicit sharding rule",
+                         ir_op_name((ir_op)op));
+            spmd_graph_free(s.g);
+            continue;
+        }
+        /* The signature's dims are the operands' and the output's. */
+        assert_int_equal(sig.n_in, t->n_in);
+        assert_int_equal(sig.out_rank, t->rank);
+        for (int j = 0; j < t->n_in; j++) {
+            assert_int_equal(sig.in_rank[j], t->in[j]->rank);
+            for (int i = 0; i < t->in[j]->rank; i++) {
+                int it = sig.in[j][i];
+                if (it < 0) continue; /* broadcast: one element for all */
+                assert_true(it < sig.n_iter);
+                if (sig.size[it] != t->in[j]->dims[i] && sig.kind[it] != IR_ITER_FULL)
+                    fail_msg("%s: operand %d dim %d has %lld elements, its iteration %lld",
+                             ir_op_name((ir_op)op), j, i, (long long)t->in[j]->dims[i],
+                             (long long)sig.size[it]);
+            }
+        }
+        for (int i = 0; i < t->rank; i++) {
+            int it = sig.out[i];
+            if (it >= 0 && sig.kind[it] != IR_ITER_FULL) assert_int_equal(sig.size[it], t->dims[i]);
+            /* An output dim cannot be a reduction. */
+            if (it >= 0) assert_int_not_equal(sig.kind[it], IR_ITER_SUM);
+        }
+        /* Whole granules (heads) per device need the op's fixup. */
+        for (int it = 0; it < sig.n_iter; it++)
+            if (sig.granule[it] > 0 && !partition_has_fixup((ir_op)op))
+                fail_msg("%s: shards hold whole granules but ops.def names no fixup",
+                         ir_op_name((ir_op)op));
+        spmd_graph_free(s.g);
+    }
+    assert_true(samples >= 40);
+}
+
+/* ---- Linearity, by the kernels ------------------------------------------------------------- */
+
+/* f(a + b) = f(a) + f(b) in the operands `which` (bit j), the others held. */
+static void check_linear(ir_op op, uint32_t which)
+{
+    sample s;
+    assert_true(new_sample(op, &s));
+    spmd_program *p = compile(&s);
+    test_rng r = test_rng_for(7, ir_op_name(op));
+    values a, b, sum;
+    draw(&s, &r, &a);
+    draw(&s, &r, &b);
+    draw(&s, &r, &sum);
+    for (int j = 0; j < s.n_in; j++) {
+        int64_t n = spmd_tensor_numel(s.in[j]);
+        size_t bytes = (size_t)(n ? n : 1) * 4;
+        if (!(which >> j & 1) || s.kind[j] == V_IDS) {
+            memcpy(b.in[j], a.in[j], bytes); /* held */
+            memcpy(sum.in[j], a.in[j], bytes);
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++)
+            ((float *)sum.in[j])[i] = ((float *)a.in[j])[i] + ((float *)b.in[j])[i];
+    }
+    float *fa = run(p, &s, &a), *fb = run(p, &s, &b), *fsum = run(p, &s, &sum);
+    int64_t n = spmd_tensor_numel(s.out);
+    for (int64_t i = 0; i < n; i++) fa[i] += fb[i];
+    char what[64];
+    snprintf(what, sizeof what, "%s linear in operands 0x%x", ir_op_name(op), which);
+    assert_close(fsum, fa, n, what);
+    free(fa), free(fb), free(fsum);
+    free_values(&s, &a), free_values(&s, &b), free_values(&s, &sum);
+    spmd_program_free(p);
+    spmd_graph_free(s.g);
+}
+
+static void test_linearity_holds(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int op = 0; op < IR_OP_COUNT; op++) {
+        switch (ir_op_linearity((ir_op)op)) {
+        case LIN_NONE: continue;
+        case LIN_ONE:
+        case LIN_FIRST: check_linear((ir_op)op, 1u); break;
+        case LIN_EACH:
+            check_linear((ir_op)op, 1u);
+            check_linear((ir_op)op, 2u);
+            break;
+        case LIN_ALL: check_linear((ir_op)op, 3u); break;
+        }
+        checked++;
+    }
+    assert_true(checked >= 10);
+}
+
+/* ---- Partitioned against one device ----------------------------------------------------------- */
+
+/* Mark dim `dim` of operand j split over the one axis of `mesh`. */
+static void mark_dim(sample *s, int j, int dim, const spmd_mesh *mesh)
+{
+    char spec[128] = "";
+    int rank = spmd_tensor_rank(s->in[j]);
+    for (int i = 0; i < rank; i++)
+        snprintf(spec + strlen(spec), sizeof spec - strlen(spec), "%s%s", i ? ", " : "",
+                 i == dim ? "x" : "None");
+    if (spmd_mark_sharding(s->g, s->in[j], mesh, spec) != SPMD_OK)
+        fail_msg("%s: mark '%s' on operand %d: %s", ir_op_name(s->out->op), spec, j,
+                 spmd_last_error());
+}
+
+static void check_partitioned(ir_op op, const spmd_mesh *mesh, int *cases)
+{
+    sample ref;
+    if (!new_sample(op, &ref)) return;
+    spmd_program *one = compile(&ref);
+    test_rng r = test_rng_for(11, ir_op_name(op));
+    values v;
+    draw(&ref, &r, &v);
+    float *want = run(one, &ref, &v);
+    int64_t n = spmd_tensor_numel(ref.out);
+    for (int j = 0; j < ref.n_in; j++) {
+        for (int dim = 0; dim < spmd_tensor_rank(ref.in[j]); dim++) {
+            sample s;
+            assert_true(new_sample(op, &s));
+            mark_dim(&s, j, dim, mesh);
+            spmd_program *p = compile(&s);
+            float *got = run(p, &s, &v);
+            char what[96];
+            snprintf(what, sizeof what, "%s with operand %d dim %d split %d ways",
+                     ir_op_name(op), j, dim, spmd_mesh_devices(mesh));
+            assert_close(got, want, n, what);
+            free(got);
+            spmd_program_free(p);
+            spmd_graph_free(s.g);
+            (*cases)++;
+        }
+    }
+    free(want);
+    free_values(&ref, &v);
+    spmd_program_free(one);
+    spmd_graph_free(ref.g);
+}
+
+static void test_partitioned_equals_one_device(void **state)
+{
+    (void)state;
+    int cases = 0;
+    for (int devices = 2; devices <= 3; devices++) {
+        char shape[8];
+        snprintf(shape, sizeof shape, "%d", devices);
+        spmd_mesh *mesh = spmd_mesh_parse(shape, "x");
+        assert_non_null(mesh);
+        for (int op = 0; op < IR_OP_COUNT; op++) check_partitioned((ir_op)op, mesh, &cases);
+        spmd_mesh_free(mesh);
+    }
+    assert_true(cases >= 150);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_op_has_rules),
+        cmocka_unit_test(test_linearity_holds),
+        cmocka_unit_test(test_partitioned_equals_one_device),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
