@@ -21,7 +21,8 @@ typedef struct cursor {
     size_t left;
 } cursor;
 
-static int fail_with(char *err, size_t err_size, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static int fail_with(char *err, size_t err_size,
+                                                          const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

@@ -22,6 +22,7 @@
 #include "base/error.h"
 #include "ir/ir.h"
 #include "spmd/spmd.h"
+#include "support_case.h"
 #include "support_rng.h"
 
 #define D(...) ((const int64_t[]){__VA_ARGS__})
@@ -33,40 +34,6 @@ static uint64_t test_seed;
 /* The current case's: each case draws from the seed and its own name, so
  * one case replays the same whatever runs before it. */
 static test_rng rng;
-
-typedef enum gen {
-    GEN_ANY,      /* uniform [-1, 1) */
-    GEN_POS,      /* [0.5, 2): log, sqrt, rsqrt, denominators */
-    GEN_AWAY0,    /* |x| in [0.2, 1): relu's kink stays outside x +- h */
-    GEN_DISTINCT  /* distinct, at least 0.1 apart: max keeps its argmax */
-} gen;
-
-static void fill_values(float *v, int64_t n, gen kind)
-{
-    switch (kind) {
-    case GEN_ANY:
-        for (int64_t i = 0; i < n; i++) v[i] = test_rng_float(&rng, -1.0f, 1.0f);
-        break;
-    case GEN_POS:
-        for (int64_t i = 0; i < n; i++) v[i] = test_rng_float(&rng, 0.5f, 2.0f);
-        break;
-    case GEN_AWAY0:
-        for (int64_t i = 0; i < n; i++) {
-            float m = test_rng_float(&rng, 0.2f, 1.0f);
-            v[i] = test_rng_next(&rng) & 1 ? m : -m;
-        }
-        break;
-    case GEN_DISTINCT:
-        for (int64_t i = 0; i < n; i++) v[i] = 0.1f * (float)(i - n / 2);
-        for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
-            int64_t j = (int64_t)(test_rng_next(&rng) % (uint64_t)(i + 1));
-            float t = v[i];
-            v[i] = v[j];
-            v[j] = t;
-        }
-        break;
-    }
-}
 
 /* ---- The check --------------------------------------------------------------- */
 
@@ -87,40 +54,36 @@ static void gc_init(gcheck *c, const char *fmt, ...)
     memset(c, 0, sizeof *c);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->what, sizeof c->what, fmt, ap);
+    c->g = test_case_start(c->what, sizeof c->what, test_seed, &rng, fmt, ap);
     va_end(ap);
-    rng = test_rng_for(test_seed, c->what);
-    spmd_clear_error();
-    c->g = spmd_graph_create(NULL);
-    assert_non_null(c->g);
     c->h = 1e-2;
     c->rtol = 2e-2;
     c->atol = 1e-3;
 }
 
 static spmd_tensor *gc_param(gcheck *c, const char *name, int rank, const int64_t *dims,
-                             gen kind)
+                             test_gen kind)
 {
     assert_true(c->np < MAXT);
     spmd_tensor *t = spmd_param(c->g, name, rank, dims, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
     if (!t) fail_msg("%s: param %s: %s", c->what, name, spmd_last_error());
     float *v = malloc((size_t)spmd_tensor_numel(t) * sizeof *v);
     assert_non_null(v);
-    fill_values(v, spmd_tensor_numel(t), kind);
+    test_fill_values(&rng, v, spmd_tensor_numel(t), kind);
     c->p[c->np] = t;
     c->pv[c->np++] = v;
     return t;
 }
 
 static spmd_tensor *gc_input(gcheck *c, const char *name, int rank, const int64_t *dims,
-                             gen kind)
+                             test_gen kind)
 {
     assert_true(c->ni < MAXT);
     spmd_tensor *t = spmd_input(c->g, name, SPMD_F32, rank, dims);
     if (!t) fail_msg("%s: input %s: %s", c->what, name, spmd_last_error());
     float *v = malloc((size_t)spmd_tensor_numel(t) * sizeof *v);
     assert_non_null(v);
-    fill_values(v, spmd_tensor_numel(t), kind);
+    test_fill_values(&rng, v, spmd_tensor_numel(t), kind);
     c->in[c->ni] = t;
     c->iv[c->ni++] = v;
     return t;
@@ -136,20 +99,19 @@ static spmd_tensor *gc_ids(gcheck *c, const char *name, int rank, const int64_t 
     int64_t n = spmd_tensor_numel(t);
     int32_t *v = malloc((size_t)n * sizeof *v);
     assert_non_null(v);
-    for (int64_t i = 0; i < n; i++)
-        v[i] = values ? values[i] : (int32_t)(test_rng_next(&rng) % (uint64_t)limit);
+    if (values) memcpy(v, values, (size_t)n * sizeof *v);
+    else test_fill_ids(&rng, v, n, limit);
     c->in[c->ni] = t;
     c->iv[c->ni++] = v;
     return t;
 }
 
-static size_t nbytes(const spmd_tensor *t) { return (size_t)spmd_tensor_numel(t) * 4; }
-
 static float gc_loss(gcheck *c, spmd_program *prog, spmd_tensor *loss)
 {
     for (int i = 0; i < c->ni; i++)
-        assert_int_equal(spmd_program_set_input(prog, c->in[i], c->iv[i], nbytes(c->in[i])),
-                         SPMD_OK);
+        assert_int_equal(
+            spmd_program_set_input(prog, c->in[i], c->iv[i], test_tensor_bytes(c->in[i])),
+            SPMD_OK);
     spmd_status st = spmd_program_run(prog);
     if (st != SPMD_OK) fail_msg("%s: run: %s", c->what, spmd_last_error());
     float l = 0;
@@ -182,16 +144,17 @@ static void gc_run(gcheck *c, spmd_tensor *y)
     spmd_program *prog = spmd_compile(c->g, &opts);
     if (!prog) fail_msg("%s: compile: %s", c->what, spmd_last_error());
     for (int k = 0; k < c->np; k++)
-        assert_int_equal(spmd_program_write(prog, c->p[k], c->pv[k], nbytes(c->p[k])), SPMD_OK);
+        assert_int_equal(
+            spmd_program_write(prog, c->p[k], c->pv[k], test_tensor_bytes(c->p[k])), SPMD_OK);
     (void)gc_loss(c, prog, loss);
     /* Every gradient now, before any perturbed run overwrites them. */
     float *grads[MAXT];
     for (int k = 0; k < c->np; k++) {
-        grads[k] = malloc(nbytes(c->p[k]));
+        size_t bytes = test_tensor_bytes(c->p[k]);
+        grads[k] = malloc(bytes);
         assert_non_null(grads[k]);
-        assert_int_equal(
-            spmd_program_read(prog, spmd_tensor_grad(c->p[k]), grads[k], nbytes(c->p[k])),
-            SPMD_OK);
+        assert_int_equal(spmd_program_read(prog, spmd_tensor_grad(c->p[k]), grads[k], bytes),
+                         SPMD_OK);
     }
 
     int bad = 0;
@@ -204,10 +167,10 @@ static void gc_run(gcheck *c, spmd_tensor *y)
             float v0 = v[i];
             float vp = (float)(v0 + c->h), vm = (float)(v0 - c->h);
             v[i] = vp;
-            assert_int_equal(spmd_program_write(prog, p, v, nbytes(p)), SPMD_OK);
+            assert_int_equal(spmd_program_write(prog, p, v, test_tensor_bytes(p)), SPMD_OK);
             double lp = gc_loss(c, prog, loss);
             v[i] = vm;
-            assert_int_equal(spmd_program_write(prog, p, v, nbytes(p)), SPMD_OK);
+            assert_int_equal(spmd_program_write(prog, p, v, test_tensor_bytes(p)), SPMD_OK);
             double lm = gc_loss(c, prog, loss);
             v[i] = v0;
             /* Divide by the step the floats really took. */
@@ -223,7 +186,7 @@ static void gc_run(gcheck *c, spmd_tensor *y)
                 bad++;
             }
         }
-        assert_int_equal(spmd_program_write(prog, p, v, nbytes(p)), SPMD_OK);
+        assert_int_equal(spmd_program_write(prog, p, v, test_tensor_bytes(p)), SPMD_OK);
     }
     for (int k = 0; k < c->np; k++) free(grads[k]);
 
@@ -237,11 +200,6 @@ static void gc_run(gcheck *c, spmd_tensor *y)
 }
 
 /* ---- Elementwise --------------------------------------------------------------- */
-
-typedef struct shape {
-    int rank;
-    int64_t dims[SPMD_MAX_RANK];
-} shape;
 
 typedef struct shape_pair {
     shape a, b;
@@ -260,7 +218,7 @@ static const shape_pair broadcast_pairs[] = {
 
 typedef spmd_tensor *(*binary_fn)(spmd_graph *, spmd_tensor *, spmd_tensor *);
 
-static void check_binary(const char *name, binary_fn fn, gen b_kind)
+static void check_binary(const char *name, binary_fn fn, test_gen b_kind)
 {
     for (size_t i = 0; i < sizeof broadcast_pairs / sizeof broadcast_pairs[0]; i++) {
         const shape_pair *s = &broadcast_pairs[i];
@@ -316,7 +274,7 @@ static void test_unary(void **state)
     static const struct {
         const char *name;
         spmd_tensor *(*fn)(spmd_graph *, spmd_tensor *);
-        gen kind;
+        test_gen kind;
     } ops[] = {
         {"scale", scale_by, GEN_ANY},   {"neg", spmd_neg, GEN_ANY},
         {"exp", spmd_exp, GEN_ANY},     {"log", spmd_log, GEN_POS},

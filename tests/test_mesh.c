@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir/ir.h"
@@ -270,6 +271,73 @@ static void test_spec_errors(void **state)
     spmd_mesh_free(m);
 }
 
+/* "<head>" then `unit` repeated until the text is `len` bytes, then
+ * "<tail>" written over its last bytes; the caller frees it. */
+static char *long_text(const char *head, const char *unit, size_t len, const char *tail)
+{
+    char *s = malloc(len + 1);
+    assert_non_null(s);
+    size_t n = strlen(head), u = strlen(unit);
+    memcpy(s, head, n);
+    for (size_t i = n; i < len; i++) s[i] = unit[(i - n) % u];
+    memcpy(s + len - strlen(tail), tail, strlen(tail));
+    s[len] = '\0';
+    return s;
+}
+
+/* A spec of 10,000 characters is cut down in the message to the stretch
+ * where the trouble is, so the reason and its column are never lost off
+ * the end of it. */
+static void test_long_spec_errors(void **state)
+{
+    (void)state;
+    spmd_mesh *m = mesh_4x2(NULL);
+    sharding s;
+    /* A run of junk right after the first entry. */
+    char *junk = long_text("fsdp, ", "x", 10000, "");
+    spmd_clear_error();
+    assert_int_equal(sharding_parse(junk, m, 2, &s), SPMD_ERR_INVALID);
+    assert_contains(spmd_last_error(), "(10000 characters)");
+    assert_contains(spmd_last_error(), "unknown axis 'xxxxxxxx");
+    assert_contains(spmd_last_error(), "...' at column 7 (mesh axes: replica, fsdp)");
+    assert_true(strlen(spmd_last_error()) < 300);
+
+    /* A bad byte at column 9001, deep in a long list of entries. */
+    char *deep = long_text("", "None, ", 10000, "");
+    deep[9000] = ';';
+    assert_int_equal(sharding_parse(deep, m, 2, &s), SPMD_ERR_INVALID);
+    assert_contains(spmd_last_error(), "unexpected ';' at column 9001");
+    assert_contains(spmd_last_error(), ";"); /* the excerpt shows the spot */
+    assert_contains(spmd_last_error(), "...\" (10000 characters)");
+
+    /* Too many entries (10000 = 6 x 1666 + 4: the last is a whole None):
+     * the count still shows. */
+    char *many = long_text("", "None, ", 10000, "");
+    assert_int_equal(sharding_parse(many, m, 2, &s), SPMD_ERR_INVALID);
+    assert_contains(spmd_last_error(), "1667 entries for a rank-2 tensor");
+
+    /* Through a mark, which adds the tensor's name in front. */
+    spmd_graph *g = spmd_graph_create(NULL);
+    const int64_t dims[2] = {16, 8};
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, dims);
+    assert_int_equal(spmd_mark_sharding(g, x, m, deep), SPMD_ERR_INVALID);
+    assert_contains(spmd_last_error(), "mark_sharding 'x': spec \"...");
+    assert_contains(spmd_last_error(), "unexpected ';' at column 9001");
+    assert_null(x->mark);
+
+    /* A mesh text with a long gap: the column of the empty size shows. */
+    char *gap = long_text("4x", " ", 10000, "x2");
+    assert_null(spmd_mesh_parse(gap, "replica, fsdp"));
+    assert_contains(spmd_last_error(), "empty size at column 3");
+
+    free(junk);
+    free(deep);
+    free(many);
+    free(gap);
+    spmd_graph_free(g);
+    spmd_mesh_free(m);
+}
+
 /* ---- HloSharding ----------------------------------------------------------------------- */
 
 static void test_hlo_text(void **state)
@@ -457,6 +525,7 @@ int main(void)
         cmocka_unit_test(test_groups),
         cmocka_unit_test(test_spec_round_trip),
         cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_long_spec_errors),
         cmocka_unit_test(test_hlo_text),
         cmocka_unit_test(test_blocks_and_padding),
         cmocka_unit_test(test_visualize),

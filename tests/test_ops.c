@@ -7,7 +7,8 @@
  * must be within |got - want| <= 1e-5 + 1e-4 |want| of the oracle and
  * bitwise the same on every thread count.  Also: bad ids and bad targets
  * are data errors at run time that name the op and the value, leave the
- * program usable, and do not hang a pool of threads.
+ * program usable, and do not hang a pool of threads; a GEMM that BLAS
+ * cannot take fails the kernel with its status instead of passing.
  *
  * Inputs come from a seeded generator; each case draws from the seed and
  * its own label.  A failure prints the seed; SPMD_TEST_SEED=<seed> replays.
@@ -27,7 +28,10 @@
 #include <cmocka.h>
 
 #include "ref.h"
+#include "runtime/blas.h"
+#include "runtime/kernels.h"
 #include "spmd/spmd.h"
+#include "support_case.h"
 #include "support_rng.h"
 
 #define MAXT 8          /* inputs per case */
@@ -39,11 +43,6 @@
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
-typedef struct shape {
-    int rank;
-    int64_t dims[SPMD_MAX_RANK];
-} shape;
-
 /* SH(rank, dims...): a shape literal; SH(0) is a scalar. */
 #define SH(r, ...) {(r), {__VA_ARGS__}}
 
@@ -51,25 +50,6 @@ typedef struct shape {
 
 static uint64_t test_seed;
 static test_rng rng; /* the current case's, from the seed and its label */
-
-typedef enum gen {
-    GEN_ANY,  /* uniform [-1, 1) */
-    GEN_WIDE, /* uniform [-4, 4): exp, tanh, gelu, logits away from 0 */
-    GEN_POS,  /* uniform [0.5, 2): log, sqrt, rsqrt, denominators */
-    GEN_NAN   /* GEN_ANY with one value in 16 a NaN */
-} gen;
-
-static void fill_values(float *v, int64_t n, gen kind)
-{
-    static const float range[][2] = {[GEN_ANY] = {-1.0f, 1.0f},
-                                     [GEN_WIDE] = {-4.0f, 4.0f},
-                                     [GEN_POS] = {0.5f, 2.0f},
-                                     [GEN_NAN] = {-1.0f, 1.0f}};
-    for (int64_t i = 0; i < n; i++) {
-        v[i] = test_rng_float(&rng, range[kind][0], range[kind][1]);
-        if (kind == GEN_NAN && test_rng_next(&rng) % 16 == 0) v[i] = NAN;
-    }
-}
 
 /* ---- Text for failure messages ------------------------------------------------- */
 
@@ -130,15 +110,9 @@ static void oc_init(opcase *c, const char *fmt, ...)
     memset(c, 0, sizeof *c);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->what, sizeof c->what, fmt, ap);
+    c->g = test_case_start(c->what, sizeof c->what, test_seed, &rng, fmt, ap);
     va_end(ap);
-    rng = test_rng_for(test_seed, c->what);
-    spmd_clear_error();
-    c->g = spmd_graph_create(NULL);
-    assert_non_null(c->g);
 }
-
-static size_t tensor_bytes(const spmd_tensor *t) { return (size_t)spmd_tensor_numel(t) * 4; }
 
 static void *xmalloc(size_t bytes)
 {
@@ -155,16 +129,16 @@ static spmd_tensor *oc_leaf(opcase *c, spmd_dtype dtype, int rank, const int64_t
     spmd_tensor *t = spmd_input(c->g, name, dtype, rank, dims);
     if (!t) fail_msg("%s: input %s: %s", c->what, name, spmd_last_error());
     c->in[c->n] = t;
-    c->val[c->n] = xmalloc(tensor_bytes(t));
+    c->val[c->n] = xmalloc(test_tensor_bytes(t));
     c->n++;
     return t;
 }
 
 /* An f32 input of random values. */
-static spmd_tensor *oc_input(opcase *c, const shape *s, gen kind)
+static spmd_tensor *oc_input(opcase *c, const shape *s, test_gen kind)
 {
     spmd_tensor *t = oc_leaf(c, SPMD_F32, s->rank, s->dims);
-    fill_values(c->val[c->n - 1], spmd_tensor_numel(t), kind);
+    test_fill_values(&rng, c->val[c->n - 1], spmd_tensor_numel(t), kind);
     return t;
 }
 
@@ -173,11 +147,9 @@ static spmd_tensor *oc_ids(opcase *c, int rank, const int64_t *dims, int32_t lim
 {
     spmd_tensor *t = oc_leaf(c, SPMD_I32, rank, dims);
     int32_t *v = c->val[c->n - 1];
-    float *f = c->ids_f32[c->n - 1] = xmalloc(tensor_bytes(t));
-    for (int64_t i = 0; i < spmd_tensor_numel(t); i++) {
-        v[i] = (int32_t)(test_rng_next(&rng) % (uint64_t)limit);
-        f[i] = (float)v[i];
-    }
+    float *f = c->ids_f32[c->n - 1] = xmalloc(test_tensor_bytes(t));
+    test_fill_ids(&rng, v, spmd_tensor_numel(t), limit);
+    for (int64_t i = 0; i < spmd_tensor_numel(t); i++) f[i] = (float)v[i];
     return t;
 }
 
@@ -193,7 +165,7 @@ static float *oc_expect(opcase *c, spmd_tensor *y)
 {
     if (!y) fail_msg("%s: building the op failed: %s", c->what, spmd_last_error());
     c->out = y;
-    return c->want = xmalloc(tensor_bytes(y));
+    return c->want = xmalloc(test_tensor_bytes(y));
 }
 
 /* Appends "x0 [..], x1 [..] -> [..]" to the label. */
@@ -219,7 +191,7 @@ static spmd_program *oc_compile(const opcase *c, int nth)
     spmd_program *p = spmd_compile(c->g, &opts);
     if (!p) fail_msg("%s: compile, %d thread(s): %s", c->what, nth, spmd_last_error());
     for (int i = 0; i < c->n; i++)
-        if (spmd_program_set_input(p, c->in[i], c->val[i], tensor_bytes(c->in[i])) != SPMD_OK)
+        if (spmd_program_set_input(p, c->in[i], c->val[i], test_tensor_bytes(c->in[i])) != SPMD_OK)
             fail_msg("%s: set_input: %s", c->what, spmd_last_error());
     return p;
 }
@@ -228,7 +200,7 @@ static void oc_run_read(const opcase *c, spmd_program *p, int nth, float *dst)
 {
     if (spmd_program_run(p) != SPMD_OK)
         fail_msg("%s: run, %d thread(s): %s", c->what, nth, spmd_last_error());
-    if (spmd_program_read(p, c->out, dst, tensor_bytes(c->out)) != SPMD_OK)
+    if (spmd_program_read(p, c->out, dst, test_tensor_bytes(c->out)) != SPMD_OK)
         fail_msg("%s: read: %s", c->what, spmd_last_error());
 }
 
@@ -262,7 +234,7 @@ static void oc_compare(const opcase *c, const float *got, int nth)
 static void oc_same_bits(const opcase *c, const float *ref, const float *got, int nth)
 {
     int64_t n = spmd_tensor_numel(c->out);
-    if (memcmp(ref, got, tensor_bytes(c->out)) == 0) return;
+    if (memcmp(ref, got, test_tensor_bytes(c->out)) == 0) return;
     int64_t i = 0;
     while (i < n && memcmp(&ref[i], &got[i], sizeof *got) == 0) i++;
     char idx[96];
@@ -290,7 +262,7 @@ static void oc_check(opcase *c)
     assert_int_equal(spmd_graph_mark_output(c->g, c->out), SPMD_OK);
     float *got[MAX_THREADS] = {0};
     for (int t = 0; t < MAX_THREADS; t++) {
-        got[t] = xmalloc(tensor_bytes(c->out));
+        got[t] = xmalloc(test_tensor_bytes(c->out));
         spmd_program *p = oc_compile(c, t + 1);
         oc_run_read(c, p, t + 1, got[t]);
         spmd_program_free(p);
@@ -351,7 +323,7 @@ static void test_binary(void **state)
         const char *name;
         spmd_tensor *(*fn)(spmd_graph *, spmd_tensor *, spmd_tensor *);
         ref_binop op;
-        gen b_kind; /* div gets positive denominators */
+        test_gen b_kind; /* div gets positive denominators */
     } ops[] = {
         {"add", spmd_add, REF_ADD, GEN_ANY},
         {"sub", spmd_sub, REF_SUB, GEN_ANY},
@@ -399,7 +371,7 @@ static void test_unary(void **state)
         const char *name;
         spmd_tensor *(*fn)(spmd_graph *, spmd_tensor *); /* NULL: scale by c */
         ref_unop op;
-        gen kind;
+        test_gen kind;
         float c;
     } ops[] = {
         {"scale", NULL, REF_SCALE, GEN_ANY, -1.5f},
@@ -757,7 +729,7 @@ static void test_reshape(void **state)
             spmd_tensor *x = layout_input(&c, &cases[i].a, layout_dtypes[k]);
             spmd_tensor *y = spmd_reshape(c.g, x, cases[i].b.rank, cases[i].b.dims);
             /* Row-major order is kept: the same values in the same order. */
-            memcpy(layout_expect(&c, y), oc_f(&c, 0), tensor_bytes(x));
+            memcpy(layout_expect(&c, y), oc_f(&c, 0), test_tensor_bytes(x));
             oc_check(&c);
         }
 }
@@ -911,8 +883,8 @@ static void oc_check_bad_data(opcase *c, const bad_data *bad, size_t nbad)
     float *got[MAX_THREADS] = {0};
     for (int t = 0; t < MAX_THREADS; t++) {
         const int nth = t + 1;
-        got[t] = xmalloc(tensor_bytes(c->out));
-        float *again = xmalloc(tensor_bytes(c->out));
+        got[t] = xmalloc(test_tensor_bytes(c->out));
+        float *again = xmalloc(test_tensor_bytes(c->out));
         spmd_program *p = oc_compile(c, nth);
         oc_run_read(c, p, nth, got[t]);
         oc_compare(c, got[t], nth);
@@ -920,11 +892,11 @@ static void oc_check_bad_data(opcase *c, const bad_data *bad, size_t nbad)
         for (size_t b = 0; b < nbad * BAD_RUNS; b++) {
             const bad_data *d = &bad[b % nbad];
             const spmd_tensor *in = c->in[d->input];
-            int32_t *ids = xmalloc(tensor_bytes(in));
-            memcpy(ids, c->val[d->input], tensor_bytes(in));
+            int32_t *ids = xmalloc(test_tensor_bytes(in));
+            memcpy(ids, c->val[d->input], test_tensor_bytes(in));
             for (int j = 0; j < 2; j++)
                 if (d->pos[j] >= 0) ids[d->pos[j]] = d->value[j];
-            assert_int_equal(spmd_program_set_input(p, in, ids, tensor_bytes(in)), SPMD_OK);
+            assert_int_equal(spmd_program_set_input(p, in, ids, test_tensor_bytes(in)), SPMD_OK);
             spmd_clear_error();
             spmd_status st = spmd_program_run(p);
             const char *msg = spmd_last_error();
@@ -939,7 +911,7 @@ static void oc_check_bad_data(opcase *c, const bad_data *bad, size_t nbad)
             free(ids);
             /* Good data again: the same program runs and gives the same bits. */
             assert_int_equal(
-                spmd_program_set_input(p, in, c->val[d->input], tensor_bytes(in)), SPMD_OK);
+                spmd_program_set_input(p, in, c->val[d->input], test_tensor_bytes(in)), SPMD_OK);
             oc_run_read(c, p, nth, again);
             oc_same_bits(c, got[t], again, nth);
         }
@@ -1013,6 +985,42 @@ static void test_chained_bad_data(void **state)
     oc_check_bad_data(&c, bad, ARRAY_LEN(bad));
 }
 
+/* A matmul [1, K] x [K, 1] with K = 2^31 + 64 is past the 32-bit CBLAS
+ * interface: blas_sgemm refuses it before touching a matrix, and the
+ * kernel records that as the step's status and message (the executor then
+ * fails the step).  Building the graph allocates no data, so one-float
+ * buffers stand in for the operands. */
+static void test_refused_gemm_fails_the_kernel(void **state)
+{
+    (void)state;
+    const int64_t k = ((int64_t)1 << 31) + 64;
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *a = spmd_input(g, "a", SPMD_F32, 2, (const int64_t[]){1, k});
+    spmd_tensor *b = spmd_input(g, "b", SPMD_F32, 2, (const int64_t[]){k, 1});
+    spmd_tensor *y = spmd_matmul(g, a, b, false, false);
+    if (!y) fail_msg("building the matmul: %s", spmd_last_error());
+
+    float in0 = 1.0f, in1 = 2.0f, out = -7.0f;
+    spmd_clear_error();
+    assert_int_equal(blas_sgemm(false, false, 1, 1, k, 1.0f, &in0, k, &in1, 1, 0.0f, &out, 1),
+                     SPMD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(spmd_last_error(), "sgemm 1x1x2147483712"));
+    assert_true(out == -7.0f);
+
+    _Atomic int status = SPMD_OK;
+    char message[256] = "";
+    kern_args args = {.node = y, .in = {&in0, &in1}, .out = &out, .ith = 0, .nth = 1,
+                      .status = &status, .message = message, .message_size = sizeof message};
+    spmd_clear_error();
+    kern_for(IR_MATMUL)(&args);
+    assert_int_equal(status, SPMD_ERR_UNSUPPORTED);
+    if (!strstr(message, "matmul: sgemm 1x1x2147483712"))
+        fail_msg("the kernel's message \"%s\" does not name the product", message);
+    assert_string_equal(spmd_last_error(), message);
+    assert_true(out == -7.0f);
+    spmd_graph_free(g);
+}
+
 int main(void)
 {
     test_seed = test_announce_seed("test_ops", 20261207u);
@@ -1039,6 +1047,7 @@ int main(void)
         cmocka_unit_test_teardown(test_embedding_bad_id, disarm_watchdog),
         cmocka_unit_test_teardown(test_cross_entropy_bad_target, disarm_watchdog),
         cmocka_unit_test_teardown(test_chained_bad_data, disarm_watchdog),
+        cmocka_unit_test(test_refused_gemm_fails_the_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "base/arena.h"
 #include "base/error.h"
 #include "runtime/blas.h"
 #include "spmd/spmd.h"
@@ -25,12 +26,38 @@ static void test_last_error(void **state)
     (void)state;
     spmd_clear_error();
     assert_string_equal(spmd_last_error(), "");
-    assert_false(base_error_pending());
+    assert_int_equal(base_error_status(), SPMD_OK);
     assert_int_equal(base_error(SPMD_ERR_SHAPE, "bad dim %d", 7), SPMD_ERR_SHAPE);
     assert_string_equal(spmd_last_error(), "bad dim 7");
-    assert_true(base_error_pending());
+    assert_int_equal(base_error_status(), SPMD_ERR_SHAPE);
     spmd_clear_error();
     assert_string_equal(spmd_last_error(), "");
+    assert_int_equal(base_error_status(), SPMD_OK);
+}
+
+static void *refuse(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    (void)bytes;
+    return NULL;
+}
+
+static void ignore_free(void *ctx, void *ptr)
+{
+    (void)ctx;
+    (void)ptr;
+}
+
+/* An allocation failure is recorded as SPMD_ERR_NOMEM: callers learn it
+ * from the status, not from the wording of the message. */
+static void test_out_of_memory_status(void **state)
+{
+    (void)state;
+    const spmd_allocator none = {refuse, ignore_free, NULL};
+    spmd_clear_error();
+    assert_null(base_alloc(&none, 64, "a test buffer"));
+    assert_int_equal(base_error_status(), SPMD_ERR_NOMEM);
+    assert_non_null(strstr(spmd_last_error(), "a test buffer"));
 }
 
 static void test_blas_describe(void **state)
@@ -85,7 +112,8 @@ static void test_blas_sgemm(void **state)
                 got[i] = want[i] = (float)i * 0.5f;
             const float *pa = ta ? at : a, *pb = tb ? bt : b;
             int lda = ta ? M : K, ldb = tb ? K : N;
-            blas_sgemm(ta, tb, M, N, K, 1.5f, pa, lda, pb, ldb, 0.5f, got, N);
+            assert_int_equal(blas_sgemm(ta, tb, M, N, K, 1.5f, pa, lda, pb, ldb, 0.5f, got, N),
+                             SPMD_OK);
             naive_sgemm(ta, tb, M, N, K, 1.5f, pa, lda, pb, ldb, 0.5f, want, N);
             for (int i = 0; i < M * N; i++)
                 assert_float_equal(got[i], want[i], 1e-4f);
@@ -93,7 +121,7 @@ static void test_blas_sgemm(void **state)
 
     /* k = 0: C = beta C. */
     float c[2] = {2.0f, -4.0f};
-    blas_sgemm(false, false, 1, 2, 0, 1.0f, a, 1, b, 2, 0.5f, c, 2);
+    assert_int_equal(blas_sgemm(false, false, 1, 2, 0, 1.0f, a, 1, b, 2, 0.5f, c, 2), SPMD_OK);
     assert_float_equal(c[0], 1.0f, 0.0f);
     assert_float_equal(c[1], -2.0f, 0.0f);
 }
@@ -103,6 +131,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_names),
         cmocka_unit_test(test_last_error),
+        cmocka_unit_test(test_out_of_memory_status),
         cmocka_unit_test(test_blas_describe),
         cmocka_unit_test(test_blas_sgemm),
     };

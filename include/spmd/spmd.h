@@ -3,8 +3,9 @@
  * compile and run it.  Every handle is opaque; every function that can fail
  * returns a status (or NULL) and leaves a message in spmd_last_error().
  *
- * Graph-building functions accept NULL operands and then return NULL without
- * replacing the first error, so a whole model can be built and checked once.
+ * Graph-building functions accept NULL operands: a graph keeps the first
+ * failure of a builder on it, and a NULL operand reports that failure
+ * again, so a whole model can be built and checked once.
  */
 #ifndef SPMD_SPMD_H
 #define SPMD_SPMD_H
@@ -42,6 +43,16 @@ typedef enum spmd_status {
 SPMD_API const char *spmd_last_error(void);
 SPMD_API const char *spmd_status_name(spmd_status status);
 SPMD_API void spmd_clear_error(void);
+
+/* The first failure of a builder call on graph g (spmd_add, spmd_input, a
+ * model's builder, and those spmd_grad and the optimizers make), SPMD_OK
+ * when none failed.  When one did, its message is put back in
+ * spmd_last_error(), so after building a whole model one check gives the
+ * cause: later messages on this thread may be about something else.  A
+ * NULL operand given to a builder of g reports this failure, or, when g
+ * has none, that the operand is NULL. */
+struct spmd_graph;
+SPMD_API spmd_status spmd_graph_status(const struct spmd_graph *g);
 
 /* ---- Allocation ------------------------------------------------------- */
 

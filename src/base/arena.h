@@ -8,7 +8,8 @@
 #include "spmd/spmd.h"
 
 /* `alloc` may be NULL (malloc).  Returns 64-byte aligned memory or NULL
- * with an SPMD_ERR_NOMEM message naming `what`. */
+ * with SPMD_ERR_NOMEM recorded (base_error_status) and a message naming
+ * `what`. */
 void *base_alloc(const spmd_allocator *alloc, size_t bytes, const char *what);
 void *base_calloc(const spmd_allocator *alloc, size_t bytes, const char *what);
 void base_free(const spmd_allocator *alloc, void *ptr);

@@ -1,38 +1,37 @@
-/* Thread-local error messages behind spmd_last_error(). */
+/* The thread-local error record behind spmd_last_error(). */
 #include "base/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <string.h>
 
 static _Thread_local char last_message[1024];
-static _Thread_local bool pending;
+static _Thread_local spmd_status last_status;
+
+spmd_status base_verror(spmd_status status, const char *fmt, va_list ap)
+{
+    vsnprintf(last_message, sizeof last_message, fmt, ap);
+    last_status = status;
+    return status;
+}
 
 spmd_status base_error(spmd_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_message, sizeof last_message, fmt, ap);
+    base_verror(status, fmt, ap);
     va_end(ap);
-    pending = true;
     return status;
 }
 
-bool base_error_pending(void) { return pending; }
+spmd_status base_error_status(void) { return last_status; }
 
-spmd_status base_error_reported(void)
-{
-    if (strncmp(last_message, "out of memory", 13) == 0) return SPMD_ERR_NOMEM;
-    if (!pending || last_message[0] == '\0') return SPMD_OK;
-    return SPMD_ERR_INTERNAL;
-}
 
 const char *spmd_last_error(void) { return last_message; }
 
 void spmd_clear_error(void)
 {
     last_message[0] = '\0';
-    pending = false;
+    last_status = SPMD_OK;
 }
 
 const char *spmd_status_name(spmd_status status)

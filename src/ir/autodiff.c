@@ -13,14 +13,14 @@
 
 /* ---- Helpers ---------------------------------------------------------------- */
 
-/* The status for a builder that returned NULL.  Builders report through
- * base_error without handing the status back; every allocation failure goes
- * through base_alloc, whose message starts "out of memory", and anything
- * else inside a backward rule is a rule emitting ill-shaped ops. */
-static spmd_status builder_failed(void)
+/* The status for a builder that returned NULL: the failure it recorded on
+ * g, which spmd_grad's error scope makes this call's own (not one the
+ * user's earlier calls left).  Raised again so that the message is the
+ * one that goes with the status. */
+static spmd_status builder_failed(const spmd_graph *g)
 {
-    spmd_status st = base_error_reported();
-    return st ? st : BASE_INTERNAL("a builder failed without a message");
+    if (ir_graph_status(g) == SPMD_OK) return BASE_INTERNAL("a builder failed without a message");
+    return ir_error_raise(g);
 }
 
 /* While spmd_grad runs: which nodes need adjoints, indexed by id.  Rules
@@ -41,19 +41,19 @@ static bool wants(const spmd_tensor *t, int i)
 static spmd_status done(const spmd_tensor *t, spmd_tensor *const *dx)
 {
     for (int i = 0; i < t->n_in; i++)
-        if (wants(t, i) && !dx[i]) return builder_failed();
+        if (wants(t, i) && !dx[i]) return builder_failed(t->graph);
     return SPMD_OK;
 }
 
 spmd_tensor *ir_reduce_to_shape(spmd_graph *g, spmd_tensor *dy, const spmd_tensor *x)
 {
-    if (!dy || !x) return NULL;
+    if (!dy || !x) return ir_null_operand(g, "reduce_to_shape", dy ? 1 : 0);
     if (ir_same_shape(dy, x)) return dy;
     char a[128], b[128];
     int lead = dy->rank - x->rank;
     if (lead < 0) {
-        base_error(SPMD_ERR_SHAPE, "reduce_to_shape: %s has fewer dims than %s",
-                   ir_label(dy, a, sizeof a), ir_label(x, b, sizeof b));
+        ir_error(g, SPMD_ERR_SHAPE, "reduce_to_shape: %s has fewer dims than %s",
+                 ir_label(dy, a, sizeof a), ir_label(x, b, sizeof b));
         return NULL;
     }
     uint32_t axes = 0;
@@ -63,8 +63,8 @@ spmd_tensor *ir_reduce_to_shape(spmd_graph *g, spmd_tensor *dy, const spmd_tenso
         int64_t d = dy->dims[lead + i];
         if (x->dims[i] == d) continue;
         if (x->dims[i] != 1) {
-            base_error(SPMD_ERR_SHAPE, "reduce_to_shape: %s does not broadcast to %s",
-                       ir_label(x, b, sizeof b), ir_label(dy, a, sizeof a));
+            ir_error(g, SPMD_ERR_SHAPE, "reduce_to_shape: %s does not broadcast to %s",
+                     ir_label(x, b, sizeof b), ir_label(dy, a, sizeof a));
             return NULL;
         }
         axes |= 1u << (lead + i);
@@ -364,7 +364,7 @@ static spmd_status vjp_mse(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_
 {
     spmd_tensor *a = t->in[0], *b = t->in[1];
     spmd_tensor *d = spmd_sub(g, a, b);
-    if (!d) return builder_failed();
+    if (!d) return builder_failed(g);
     spmd_tensor *gd = spmd_mul(g, spmd_scale(g, d, (float)(2.0 / (double)ir_numel(d))), dy);
     if (wants(t, 0)) dx[0] = ir_reduce_to_shape(g, gd, a);
     if (wants(t, 1)) dx[1] = spmd_neg(g, ir_reduce_to_shape(g, gd, b));
@@ -437,7 +437,7 @@ static spmd_status name_grad(spmd_graph *g, spmd_tensor *p, spmd_tensor *gr, int
         spmd_tensor *copy = spmd_reshape(g, gr, p->rank, p->dims);
         /* A builder may return its operand for a same-shape reshape. */
         if (copy == gr) copy = spmd_scale(g, gr, 1.0f);
-        if (!copy) return builder_failed();
+        if (!copy) return builder_failed(g);
         gr = copy;
     }
     const char *pname = p->name ? p->name : "param";
@@ -459,8 +459,8 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
     char buf[160];
     if (!g) return base_error(SPMD_ERR_INVALID, "spmd_grad: graph is NULL");
     if (!loss) {
-        /* A builder failed on the way to the loss and said why. */
-        if (base_error_pending() && spmd_last_error()[0]) return SPMD_ERR_INVALID;
+        /* A builder failed on the way to the loss: that failure is the cause. */
+        if (ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
         return base_error(SPMD_ERR_INVALID, "spmd_grad: loss is NULL");
     }
     if (loss->graph != g)
@@ -481,6 +481,8 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
      * [0, n) index the arrays below. */
     int n = g->n_nodes;
     size_t nn = (size_t)n;
+    ir_failure outer;
+    ir_error_scope_begin(g, &outer);
     bool *from_param = base_calloc(&g->alloc, nn * sizeof(bool), "autodiff reachability");
     bool *need = base_calloc(&g->alloc, nn * sizeof(bool), "autodiff reachability");
     spmd_tensor **adj = base_calloc(&g->alloc, nn * sizeof *adj, "autodiff adjoints");
@@ -528,7 +530,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
     if (need[last]) {
         adj[last] = spmd_fill(g, 0, NULL, 1.0f);
         if (!adj[last]) {
-            st = builder_failed();
+            st = builder_failed(g);
             goto out;
         }
     }
@@ -551,7 +553,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
             }
             adj[x->id] = adj[x->id] ? spmd_add(g, adj[x->id], dx[j]) : dx[j];
             if (!adj[x->id]) {
-                st = builder_failed();
+                st = builder_failed(g);
                 goto out;
             }
         }
@@ -564,7 +566,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
         if (!gr) { /* the loss does not depend on p */
             gr = spmd_fill(g, p->rank, p->dims, 0.0f);
             if (!gr) {
-                st = builder_failed();
+                st = builder_failed(g);
                 goto out;
             }
         }
@@ -573,6 +575,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
     }
 
 out:
+    ir_error_scope_end(g, &outer);
     if (g->has_grad) g->backward_end = g->n_nodes;
     want_set = NULL;
     want_count = 0;

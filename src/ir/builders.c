@@ -10,47 +10,55 @@
 
 #define SHAPE_BUF 96
 
-static bool any_null(spmd_tensor *const *xs, int n)
+/* Every failure below is recorded on g too (ir_error), so that the NULL a
+ * failed builder returns reports it again where it is used (any_null). */
+
+static bool any_null(spmd_graph *g, const char *op, spmd_tensor *const *xs, int n)
 {
+    if (!g) {
+        base_error(SPMD_ERR_INVALID, "%s: graph is NULL", op);
+        return true;
+    }
     for (int i = 0; i < n; i++)
         if (!xs[i]) {
-            if (!base_error_pending()) base_error(SPMD_ERR_INVALID, "operand %d is NULL", i);
+            ir_null_operand(g, op, i);
             return true;
         }
     return false;
 }
 
-static spmd_tensor *fail_shape2(const char *op, const char *why, const spmd_tensor *a,
-                                const spmd_tensor *b)
+static spmd_tensor *fail_shape2(spmd_graph *g, const char *op, const char *why,
+                                const spmd_tensor *a, const spmd_tensor *b)
 {
     char sa[SHAPE_BUF], sb[SHAPE_BUF];
-    base_error(SPMD_ERR_SHAPE, "%s: %s: %s and %s", op, why, ir_shape_str(a, sa, sizeof sa),
-               ir_shape_str(b, sb, sizeof sb));
+    ir_error(g, SPMD_ERR_SHAPE, "%s: %s: %s and %s", op, why, ir_shape_str(a, sa, sizeof sa),
+             ir_shape_str(b, sb, sizeof sb));
     return NULL;
 }
 
-static spmd_tensor *fail_shape1(const char *op, const char *why, const spmd_tensor *a)
+static spmd_tensor *fail_shape1(spmd_graph *g, const char *op, const char *why,
+                                const spmd_tensor *a)
 {
     char sa[SHAPE_BUF];
-    base_error(SPMD_ERR_SHAPE, "%s: %s: %s", op, why, ir_shape_str(a, sa, sizeof sa));
+    ir_error(g, SPMD_ERR_SHAPE, "%s: %s: %s", op, why, ir_shape_str(a, sa, sizeof sa));
     return NULL;
 }
 
-static bool want_f32(const char *op, const spmd_tensor *t)
+static bool want_f32(spmd_graph *g, const char *op, const spmd_tensor *t)
 {
     if (t->dtype == SPMD_F32) return true;
     char s[SHAPE_BUF];
-    base_error(SPMD_ERR_INVALID, "%s: expects f32, got %s %s", op, spmd_dtype_name(t->dtype),
-               ir_shape_str(t, s, sizeof s));
+    ir_error(g, SPMD_ERR_INVALID, "%s: expects f32, got %s %s", op, spmd_dtype_name(t->dtype),
+             ir_shape_str(t, s, sizeof s));
     return false;
 }
 
-static bool want_i32(const char *op, const spmd_tensor *t)
+static bool want_i32(spmd_graph *g, const char *op, const spmd_tensor *t)
 {
     if (t->dtype == SPMD_I32) return true;
     char s[SHAPE_BUF];
-    base_error(SPMD_ERR_INVALID, "%s: expects i32 ids, got %s %s", op, spmd_dtype_name(t->dtype),
-               ir_shape_str(t, s, sizeof s));
+    ir_error(g, SPMD_ERR_INVALID, "%s: expects i32 ids, got %s %s", op, spmd_dtype_name(t->dtype),
+             ir_shape_str(t, s, sizeof s));
     return false;
 }
 
@@ -73,12 +81,12 @@ static bool broadcast_shape(const spmd_tensor *a, const spmd_tensor *b, int *ran
 static spmd_tensor *binary(spmd_graph *g, ir_op op, spmd_tensor *a, spmd_tensor *b)
 {
     spmd_tensor *in[2] = {a, b};
-    if (any_null(in, 2)) return NULL;
-    if (!want_f32(ir_op_name(op), a) || !want_f32(ir_op_name(op), b)) return NULL;
+    if (any_null(g, ir_op_name(op), in, 2)) return NULL;
+    if (!want_f32(g, ir_op_name(op), a) || !want_f32(g, ir_op_name(op), b)) return NULL;
     int rank;
     int64_t dims[SPMD_MAX_RANK];
     if (!broadcast_shape(a, b, &rank, dims))
-        return fail_shape2(ir_op_name(op), "shapes do not broadcast", a, b);
+        return fail_shape2(g, ir_op_name(op), "shapes do not broadcast", a, b);
     return ir_node_new(g, op, SPMD_F32, rank, dims, in, 2);
 }
 
@@ -89,7 +97,7 @@ spmd_tensor *spmd_div(spmd_graph *g, spmd_tensor *a, spmd_tensor *b) { return bi
 
 static spmd_tensor *unary(spmd_graph *g, ir_op op, spmd_tensor *x)
 {
-    if (any_null(&x, 1) || !want_f32(ir_op_name(op), x)) return NULL;
+    if (any_null(g, ir_op_name(op), &x, 1) || !want_f32(g, ir_op_name(op), x)) return NULL;
     return ir_node_new(g, op, SPMD_F32, x->rank, x->dims, &x, 1);
 }
 
@@ -111,17 +119,18 @@ spmd_tensor *spmd_rsqrt(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_RSQR
 
 spmd_tensor *spmd_expand(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims)
 {
-    if (any_null(&x, 1) || !want_f32("expand", x)) return NULL;
+    if (any_null(g, "expand", &x, 1) || !want_f32(g, "expand", x)) return NULL;
     if (rank < x->rank || rank > SPMD_MAX_RANK || (rank > 0 && !dims)) {
-        base_error(SPMD_ERR_SHAPE, "expand: cannot expand rank %d to rank %d", x->rank, rank);
+        ir_error(g, SPMD_ERR_SHAPE, "expand: cannot expand rank %d to rank %d", x->rank, rank);
         return NULL;
     }
     for (int i = 0; i < x->rank; i++) {
         int64_t from = x->dims[i], to = dims[rank - x->rank + i];
         if (from != to && from != 1) {
             char sa[SHAPE_BUF];
-            base_error(SPMD_ERR_SHAPE, "expand: %s does not broadcast to dimension %d of size %lld",
-                       ir_shape_str(x, sa, sizeof sa), rank - x->rank + i, (long long)to);
+            ir_error(g, SPMD_ERR_SHAPE,
+                     "expand: %s does not broadcast to dimension %d of size %lld",
+                     ir_shape_str(x, sa, sizeof sa), rank - x->rank + i, (long long)to);
             return NULL;
         }
     }
@@ -131,16 +140,16 @@ spmd_tensor *spmd_expand(spmd_graph *g, spmd_tensor *x, int rank, const int64_t 
 spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
 {
     spmd_tensor *in[2] = {x, dy};
-    if (any_null(in, 2)) return NULL;
-    if (!ir_same_shape(x, dy)) return fail_shape2("gelu_backward", "shapes differ", x, dy);
+    if (any_null(g, "gelu_backward", in, 2)) return NULL;
+    if (!ir_same_shape(x, dy)) return fail_shape2(g, "gelu_backward", "shapes differ", x, dy);
     return ir_node_new(g, IR_GELU_BACKWARD, SPMD_F32, x->rank, x->dims, in, 2);
 }
 
 spmd_tensor *ir_relu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
 {
     spmd_tensor *in[2] = {x, dy};
-    if (any_null(in, 2)) return NULL;
-    if (!ir_same_shape(x, dy)) return fail_shape2("relu_backward", "shapes differ", x, dy);
+    if (any_null(g, "relu_backward", in, 2)) return NULL;
+    if (!ir_same_shape(x, dy)) return fail_shape2(g, "relu_backward", "shapes differ", x, dy);
     return ir_node_new(g, IR_RELU_BACKWARD, SPMD_F32, x->rank, x->dims, in, 2);
 }
 
@@ -148,10 +157,10 @@ spmd_tensor *ir_relu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
 
 static spmd_tensor *reduce(spmd_graph *g, ir_op op, spmd_tensor *x, uint32_t axes, bool keepdim)
 {
-    if (any_null(&x, 1) || !want_f32(ir_op_name(op), x)) return NULL;
+    if (any_null(g, ir_op_name(op), &x, 1) || !want_f32(g, ir_op_name(op), x)) return NULL;
     if (axes == 0 || (x->rank < 32 && (axes >> x->rank) != 0)) {
-        base_error(SPMD_ERR_INVALID, "%s: axes mask 0x%x does not fit rank %d", ir_op_name(op),
-                   axes, x->rank);
+        ir_error(g, SPMD_ERR_INVALID, "%s: axes mask 0x%x does not fit rank %d", ir_op_name(op),
+                 axes, x->rank);
         return NULL;
     }
     int rank = 0;
@@ -181,19 +190,19 @@ spmd_tensor *spmd_mean(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdi
     return reduce(g, IR_MEAN, x, axes, keepdim);
 }
 
-static bool axis_ok(const char *op, const spmd_tensor *x, int axis)
+static bool axis_ok(spmd_graph *g, const char *op, const spmd_tensor *x, int axis)
 {
     if (axis >= 0 && axis < x->rank) return true;
     char s[SHAPE_BUF];
-    base_error(SPMD_ERR_INVALID, "%s: axis %d outside %s", op, axis, ir_shape_str(x, s, sizeof s));
+    ir_error(g, SPMD_ERR_INVALID, "%s: axis %d outside %s", op, axis, ir_shape_str(x, s, sizeof s));
     return false;
 }
 
 spmd_tensor *spmd_max(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim)
 {
-    if (any_null(&x, 1) || !want_f32("max", x)) return NULL;
+    if (any_null(g, "max", &x, 1) || !want_f32(g, "max", x)) return NULL;
     if (axis < 0) axis += x->rank;
-    if (!axis_ok("max", x, axis)) return NULL;
+    if (!axis_ok(g, "max", x, axis)) return NULL;
     spmd_tensor *t = reduce(g, IR_MAX, x, 1u << axis, keepdim);
     if (t) {
         t->attr.max.axis = axis;
@@ -206,11 +215,11 @@ spmd_tensor *ir_max_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy, int
                              bool keepdim)
 {
     spmd_tensor *in[2] = {x, dy};
-    if (any_null(in, 2)) return NULL;
-    if (!axis_ok("max_backward", x, axis)) return NULL;
+    if (any_null(g, "max_backward", in, 2)) return NULL;
+    if (!axis_ok(g, "max_backward", x, axis)) return NULL;
     int64_t want = (int64_t)ir_numel(x) / x->dims[axis];
     if (ir_numel(dy) != want || dy->rank != (keepdim ? x->rank : x->rank - 1))
-        return fail_shape2("max_backward", "gradient does not match the reduced input", x, dy);
+        return fail_shape2(g, "max_backward", "gradient does not match the reduced input", x, dy);
     spmd_tensor *t = ir_node_new(g, IR_MAX_BACKWARD, SPMD_F32, x->rank, x->dims, in, 2);
     if (t) {
         t->attr.max.axis = axis;
@@ -223,8 +232,8 @@ spmd_tensor *ir_max_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy, int
 
 static spmd_tensor *rowwise(spmd_graph *g, ir_op op, spmd_tensor *x)
 {
-    if (any_null(&x, 1) || !want_f32(ir_op_name(op), x)) return NULL;
-    if (x->rank < 1) return fail_shape1(ir_op_name(op), "needs rank >= 1", x);
+    if (any_null(g, ir_op_name(op), &x, 1) || !want_f32(g, ir_op_name(op), x)) return NULL;
+    if (x->rank < 1) return fail_shape1(g, ir_op_name(op), "needs rank >= 1", x);
     return ir_node_new(g, op, SPMD_F32, x->rank, x->dims, &x, 1);
 }
 
@@ -232,10 +241,10 @@ spmd_tensor *spmd_softmax(spmd_graph *g, spmd_tensor *x) { return rowwise(g, IR_
 spmd_tensor *spmd_log_softmax(spmd_graph *g, spmd_tensor *x) { return rowwise(g, IR_LOG_SOFTMAX, x); }
 
 /* gamma and beta must be [D] where D is x's last dimension. */
-static bool check_affine(const char *op, const spmd_tensor *x, const spmd_tensor *p)
+static bool check_affine(spmd_graph *g, const char *op, const spmd_tensor *x, const spmd_tensor *p)
 {
     if (p->rank == 1 && x->rank >= 1 && p->dims[0] == x->dims[x->rank - 1]) return true;
-    fail_shape2(op, "scale/shift must be [D] for input [..., D]", x, p);
+    fail_shape2(g, op, "scale/shift must be [D] for input [..., D]", x, p);
     return false;
 }
 
@@ -243,12 +252,13 @@ spmd_tensor *spmd_layernorm(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma,
                             spmd_tensor *beta, float eps)
 {
     spmd_tensor *in[3] = {x, gamma, beta};
-    if (any_null(in, 3)) return NULL;
-    if (!want_f32("layernorm", x)) return NULL;
-    if (x->rank < 1) return fail_shape1("layernorm", "needs rank >= 1", x);
-    if (!check_affine("layernorm", x, gamma) || !check_affine("layernorm", x, beta)) return NULL;
+    if (any_null(g, "layernorm", in, 3)) return NULL;
+    if (!want_f32(g, "layernorm", x)) return NULL;
+    if (x->rank < 1) return fail_shape1(g, "layernorm", "needs rank >= 1", x);
+    if (!check_affine(g, "layernorm", x, gamma) || !check_affine(g, "layernorm", x, beta))
+        return NULL;
     if (!(eps > 0)) {
-        base_error(SPMD_ERR_INVALID, "layernorm: eps must be positive, got %g", (double)eps);
+        ir_error(g, SPMD_ERR_INVALID, "layernorm: eps must be positive, got %g", (double)eps);
         return NULL;
     }
     spmd_tensor *t = ir_node_new(g, IR_LAYERNORM, SPMD_F32, x->rank, x->dims, in, 3);
@@ -267,9 +277,9 @@ spmd_tensor *ir_layernorm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *g
                                    spmd_tensor *dy, float eps)
 {
     spmd_tensor *in[3] = {x, gamma, dy};
-    if (any_null(in, 3)) return NULL;
-    if (!check_affine("layernorm_backward", x, gamma)) return NULL;
-    if (!ir_same_shape(x, dy)) return fail_shape2("layernorm_backward", "shapes differ", x, dy);
+    if (any_null(g, "layernorm_backward", in, 3)) return NULL;
+    if (!check_affine(g, "layernorm_backward", x, gamma)) return NULL;
+    if (!ir_same_shape(x, dy)) return fail_shape2(g, "layernorm_backward", "shapes differ", x, dy);
     spmd_tensor *t = ir_node_new(g, IR_LAYERNORM_BACKWARD, SPMD_F32, x->rank, x->dims, in, 3);
     if (t) t->attr.norm.eps = eps;
     return t;
@@ -281,20 +291,21 @@ spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool tra
                          bool trans_b)
 {
     spmd_tensor *in[2] = {a, b};
-    if (any_null(in, 2)) return NULL;
-    if (!want_f32("matmul", a) || !want_f32("matmul", b)) return NULL;
+    if (any_null(g, "matmul", in, 2)) return NULL;
+    if (!want_f32(g, "matmul", a) || !want_f32(g, "matmul", b)) return NULL;
     if (a->rank < 2 || b->rank < 2)
-        return fail_shape2("matmul", "operands need rank >= 2", a, b);
+        return fail_shape2(g, "matmul", "operands need rank >= 2", a, b);
     int64_t dims[SPMD_MAX_RANK];
     int rank;
     if (!trans_a) {
         /* a [L..., K] x b [K, N] (or [N, K]) -> [L..., N] */
-        if (b->rank != 2) return fail_shape2("matmul", "b must be 2-D", a, b);
+        if (b->rank != 2) return fail_shape2(g, "matmul", "b must be 2-D", a, b);
         int64_t k = a->dims[a->rank - 1];
         int64_t kb = trans_b ? b->dims[1] : b->dims[0];
         if (k != kb)
-            return fail_shape2("matmul", trans_b ? "contracted dims differ (a [..,K], b [N,K])"
-                                                 : "contracted dims differ (a [..,K], b [K,N])",
+            return fail_shape2(g, "matmul",
+                               trans_b ? "contracted dims differ (a [..,K], b [N,K])"
+                                       : "contracted dims differ (a [..,K], b [K,N])",
                                a, b);
         rank = a->rank;
         for (int i = 0; i < rank - 1; i++) dims[i] = a->dims[i];
@@ -302,19 +313,19 @@ spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool tra
     } else if (trans_b) {
         /* a [K, M]^T x b [N, K]^T -> [M, N], 2-D only */
         if (a->rank != 2 || b->rank != 2)
-            return fail_shape2("matmul", "with both transposes operands must be 2-D", a, b);
+            return fail_shape2(g, "matmul", "with both transposes operands must be 2-D", a, b);
         if (a->dims[0] != b->dims[1])
-            return fail_shape2("matmul", "contracted dims differ (a [K,M], b [N,K])", a, b);
+            return fail_shape2(g, "matmul", "contracted dims differ (a [K,M], b [N,K])", a, b);
         rank = 2;
         dims[0] = a->dims[1];
         dims[1] = b->dims[0];
     } else {
         /* a [L..., M]^T x b [L..., N] -> [M, N], contracting all of L */
         if (a->rank != b->rank)
-            return fail_shape2("matmul", "with trans_a both need the same leading dims", a, b);
+            return fail_shape2(g, "matmul", "with trans_a both need the same leading dims", a, b);
         for (int i = 0; i < a->rank - 1; i++)
             if (a->dims[i] != b->dims[i])
-                return fail_shape2("matmul", "contracted leading dims differ", a, b);
+                return fail_shape2(g, "matmul", "contracted leading dims differ", a, b);
         rank = 2;
         dims[0] = a->dims[a->rank - 1];
         dims[1] = b->dims[b->rank - 1];
@@ -330,18 +341,18 @@ spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool tra
 spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b)
 {
     spmd_tensor *in[2] = {a, b};
-    if (any_null(in, 2)) return NULL;
-    if (!want_f32("bmm", a) || !want_f32("bmm", b)) return NULL;
+    if (any_null(g, "bmm", in, 2)) return NULL;
+    if (!want_f32(g, "bmm", a) || !want_f32(g, "bmm", b)) return NULL;
     if (a->rank < 3 || a->rank != b->rank)
-        return fail_shape2("bmm", "operands need the same rank >= 3", a, b);
+        return fail_shape2(g, "bmm", "operands need the same rank >= 3", a, b);
     int r = a->rank;
     for (int i = 0; i < r - 2; i++)
-        if (a->dims[i] != b->dims[i]) return fail_shape2("bmm", "batch dims differ", a, b);
+        if (a->dims[i] != b->dims[i]) return fail_shape2(g, "bmm", "batch dims differ", a, b);
     int64_t m = trans_a ? a->dims[r - 1] : a->dims[r - 2];
     int64_t ka = trans_a ? a->dims[r - 2] : a->dims[r - 1];
     int64_t kb = trans_b ? b->dims[r - 1] : b->dims[r - 2];
     int64_t n = trans_b ? b->dims[r - 2] : b->dims[r - 1];
-    if (ka != kb) return fail_shape2("bmm", "contracted dims differ", a, b);
+    if (ka != kb) return fail_shape2(g, "bmm", "contracted dims differ", a, b);
     int64_t dims[SPMD_MAX_RANK];
     for (int i = 0; i < r - 2; i++) dims[i] = a->dims[i];
     dims[r - 2] = m;
@@ -354,24 +365,25 @@ spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_
     return t;
 }
 
-static bool check_qkv(const char *op, spmd_tensor *q, spmd_tensor *k, spmd_tensor *v, int heads)
+static bool check_qkv(spmd_graph *g, const char *op, spmd_tensor *q, spmd_tensor *k,
+                      spmd_tensor *v, int heads)
 {
     if (q->rank != 3) {
-        fail_shape1(op, "q must be [B, T, C]", q);
+        fail_shape1(g, op, "q must be [B, T, C]", q);
         return false;
     }
     if (!ir_same_shape(q, k)) {
-        fail_shape2(op, "q and k differ", q, k);
+        fail_shape2(g, op, "q and k differ", q, k);
         return false;
     }
     if (!ir_same_shape(q, v)) {
-        fail_shape2(op, "q and v differ", q, v);
+        fail_shape2(g, op, "q and v differ", q, v);
         return false;
     }
     if (heads <= 0 || q->dims[2] % heads != 0) {
         char s[SHAPE_BUF];
-        base_error(SPMD_ERR_SHAPE, "%s: %d heads do not divide the channels of %s", op, heads,
-                   ir_shape_str(q, s, sizeof s));
+        ir_error(g, SPMD_ERR_SHAPE, "%s: %d heads do not divide the channels of %s", op, heads,
+                 ir_shape_str(q, s, sizeof s));
         return false;
     }
     return true;
@@ -381,8 +393,8 @@ spmd_tensor *spmd_attention(spmd_graph *g, spmd_tensor *q, spmd_tensor *k, spmd_
                             int heads)
 {
     spmd_tensor *in[3] = {q, k, v};
-    if (any_null(in, 3)) return NULL;
-    if (!check_qkv("attention", q, k, v, heads)) return NULL;
+    if (any_null(g, "attention", in, 3)) return NULL;
+    if (!check_qkv(g, "attention", q, k, v, heads)) return NULL;
     spmd_tensor *t = ir_node_new(g, IR_ATTENTION, SPMD_F32, 3, q->dims, in, 3);
     if (t) t->attr.attention.heads = heads;
     return t;
@@ -392,9 +404,10 @@ spmd_tensor *ir_attention_backward(spmd_graph *g, spmd_tensor *q, spmd_tensor *k
                                    spmd_tensor *v, spmd_tensor *dout, int heads)
 {
     spmd_tensor *in[4] = {q, k, v, dout};
-    if (any_null(in, 4)) return NULL;
-    if (!check_qkv("attention_backward", q, k, v, heads)) return NULL;
-    if (!ir_same_shape(q, dout)) return fail_shape2("attention_backward", "dout differs", q, dout);
+    if (any_null(g, "attention_backward", in, 4)) return NULL;
+    if (!check_qkv(g, "attention_backward", q, k, v, heads)) return NULL;
+    if (!ir_same_shape(q, dout))
+        return fail_shape2(g, "attention_backward", "dout differs", q, dout);
     int64_t dims[4] = {3, q->dims[0], q->dims[1], q->dims[2]};
     spmd_tensor *t = ir_node_new(g, IR_ATTENTION_BACKWARD, SPMD_F32, 4, dims, in, 4);
     if (t) t->attr.attention.heads = heads;
@@ -406,10 +419,11 @@ spmd_tensor *ir_attention_backward(spmd_graph *g, spmd_tensor *q, spmd_tensor *k
 spmd_tensor *spmd_embedding(spmd_graph *g, spmd_tensor *table, spmd_tensor *ids)
 {
     spmd_tensor *in[2] = {table, ids};
-    if (any_null(in, 2)) return NULL;
-    if (!want_f32("embedding", table) || !want_i32("embedding", ids)) return NULL;
-    if (table->rank != 2) return fail_shape1("embedding", "table must be [V, D]", table);
-    if (ids->rank + 1 > SPMD_MAX_RANK) return fail_shape1("embedding", "ids rank too large", ids);
+    if (any_null(g, "embedding", in, 2)) return NULL;
+    if (!want_f32(g, "embedding", table) || !want_i32(g, "embedding", ids)) return NULL;
+    if (table->rank != 2) return fail_shape1(g, "embedding", "table must be [V, D]", table);
+    if (ids->rank + 1 > SPMD_MAX_RANK)
+        return fail_shape1(g, "embedding", "ids rank too large", ids);
     int64_t dims[SPMD_MAX_RANK];
     for (int i = 0; i < ids->rank; i++) dims[i] = ids->dims[i];
     dims[ids->rank] = table->dims[1];
@@ -420,32 +434,35 @@ spmd_tensor *ir_embedding_backward(spmd_graph *g, spmd_tensor *ids, spmd_tensor 
                                    int64_t rows)
 {
     spmd_tensor *in[2] = {ids, dout};
-    if (any_null(in, 2)) return NULL;
+    if (any_null(g, "embedding_backward", in, 2)) return NULL;
     if (dout->rank != ids->rank + 1)
-        return fail_shape2("embedding_backward", "dout must be [ids..., D]", ids, dout);
+        return fail_shape2(g, "embedding_backward", "dout must be [ids..., D]", ids, dout);
     for (int i = 0; i < ids->rank; i++)
         if (ids->dims[i] != dout->dims[i])
-            return fail_shape2("embedding_backward", "dout must be [ids..., D]", ids, dout);
+            return fail_shape2(g, "embedding_backward", "dout must be [ids..., D]", ids, dout);
     int64_t dims[2] = {rows, dout->dims[dout->rank - 1]};
     spmd_tensor *t = ir_node_new(g, IR_EMBEDDING_BACKWARD, SPMD_F32, 2, dims, in, 2);
     if (t) t->attr.embed_grad.rows = rows;
     return t;
 }
 
-static bool check_targets(const char *op, const spmd_tensor *logits, const spmd_tensor *targets)
+static bool check_targets(spmd_graph *g, const char *op, const spmd_tensor *logits,
+                          const spmd_tensor *targets)
 {
     bool ok = logits->rank >= 1 && targets->rank == logits->rank - 1;
     for (int i = 0; ok && i < targets->rank; i++) ok = targets->dims[i] == logits->dims[i];
-    if (!ok) fail_shape2(op, "targets must be the leading dims of logits [..., V]", logits, targets);
+    if (!ok)
+        fail_shape2(g, op, "targets must be the leading dims of logits [..., V]", logits, targets);
     return ok;
 }
 
 spmd_tensor *spmd_cross_entropy(spmd_graph *g, spmd_tensor *logits, spmd_tensor *targets)
 {
     spmd_tensor *in[2] = {logits, targets};
-    if (any_null(in, 2)) return NULL;
-    if (!want_f32("cross_entropy", logits) || !want_i32("cross_entropy", targets)) return NULL;
-    if (!check_targets("cross_entropy", logits, targets)) return NULL;
+    if (any_null(g, "cross_entropy", in, 2)) return NULL;
+    if (!want_f32(g, "cross_entropy", logits) || !want_i32(g, "cross_entropy", targets))
+        return NULL;
+    if (!check_targets(g, "cross_entropy", logits, targets)) return NULL;
     return ir_node_new(g, IR_CROSS_ENTROPY, SPMD_F32, 0, NULL, in, 2);
 }
 
@@ -453,18 +470,19 @@ spmd_tensor *ir_cross_entropy_backward(spmd_graph *g, spmd_tensor *logits, spmd_
                                        spmd_tensor *dloss)
 {
     spmd_tensor *in[3] = {logits, targets, dloss};
-    if (any_null(in, 3)) return NULL;
-    if (!check_targets("cross_entropy_backward", logits, targets)) return NULL;
-    if (dloss->rank != 0) return fail_shape1("cross_entropy_backward", "dloss must be a scalar", dloss);
+    if (any_null(g, "cross_entropy_backward", in, 3)) return NULL;
+    if (!check_targets(g, "cross_entropy_backward", logits, targets)) return NULL;
+    if (dloss->rank != 0)
+        return fail_shape1(g, "cross_entropy_backward", "dloss must be a scalar", dloss);
     return ir_node_new(g, IR_CROSS_ENTROPY_BACKWARD, SPMD_F32, logits->rank, logits->dims, in, 3);
 }
 
 spmd_tensor *spmd_mse(spmd_graph *g, spmd_tensor *a, spmd_tensor *b)
 {
     spmd_tensor *in[2] = {a, b};
-    if (any_null(in, 2)) return NULL;
-    if (!want_f32("mse", a) || !want_f32("mse", b)) return NULL;
-    if (!ir_same_shape(a, b)) return fail_shape2("mse", "shapes differ", a, b);
+    if (any_null(g, "mse", in, 2)) return NULL;
+    if (!want_f32(g, "mse", a) || !want_f32(g, "mse", b)) return NULL;
+    if (!ir_same_shape(a, b)) return fail_shape2(g, "mse", "shapes differ", a, b);
     return ir_node_new(g, IR_MSE, SPMD_F32, 0, NULL, in, 2);
 }
 
@@ -472,9 +490,9 @@ spmd_tensor *spmd_mse(spmd_graph *g, spmd_tensor *a, spmd_tensor *b)
 
 spmd_tensor *spmd_reshape(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims)
 {
-    if (any_null(&x, 1)) return NULL;
+    if (any_null(g, "reshape", &x, 1)) return NULL;
     if (rank < 0 || rank > SPMD_MAX_RANK || (rank > 0 && !dims)) {
-        base_error(SPMD_ERR_SHAPE, "reshape: bad target rank %d", rank);
+        ir_error(g, SPMD_ERR_SHAPE, "reshape: bad target rank %d", rank);
         return NULL;
     }
     int64_t n = 1;
@@ -483,8 +501,8 @@ spmd_tensor *spmd_reshape(spmd_graph *g, spmd_tensor *x, int rank, const int64_t
         char sa[SHAPE_BUF], sb[SHAPE_BUF];
         spmd_tensor probe = {.rank = rank};
         for (int i = 0; i < rank; i++) probe.dims[i] = dims[i];
-        base_error(SPMD_ERR_SHAPE, "reshape: %s and %s hold different element counts",
-                   ir_shape_str(x, sa, sizeof sa), ir_shape_str(&probe, sb, sizeof sb));
+        ir_error(g, SPMD_ERR_SHAPE, "reshape: %s and %s hold different element counts",
+                 ir_shape_str(x, sa, sizeof sa), ir_shape_str(&probe, sb, sizeof sb));
         return NULL;
     }
     return ir_node_new(g, IR_RESHAPE, x->dtype, rank, dims, &x, 1);
@@ -492,9 +510,9 @@ spmd_tensor *spmd_reshape(spmd_graph *g, spmd_tensor *x, int rank, const int64_t
 
 spmd_tensor *spmd_permute(spmd_graph *g, spmd_tensor *x, const int *perm)
 {
-    if (any_null(&x, 1)) return NULL;
+    if (any_null(g, "permute", &x, 1)) return NULL;
     if (!perm) {
-        base_error(SPMD_ERR_INVALID, "permute: perm is NULL");
+        ir_error(g, SPMD_ERR_INVALID, "permute: perm is NULL");
         return NULL;
     }
     int64_t dims[SPMD_MAX_RANK];
@@ -502,8 +520,8 @@ spmd_tensor *spmd_permute(spmd_graph *g, spmd_tensor *x, const int *perm)
     for (int i = 0; i < x->rank; i++) {
         if (perm[i] < 0 || perm[i] >= x->rank || (seen & (1u << perm[i]))) {
             char s[SHAPE_BUF];
-            base_error(SPMD_ERR_INVALID, "permute: entry %d (%d) is not a permutation of %s", i,
-                       perm[i], ir_shape_str(x, s, sizeof s));
+            ir_error(g, SPMD_ERR_INVALID, "permute: entry %d (%d) is not a permutation of %s", i,
+                     perm[i], ir_shape_str(x, s, sizeof s));
             return NULL;
         }
         seen |= 1u << perm[i];
@@ -517,8 +535,8 @@ spmd_tensor *spmd_permute(spmd_graph *g, spmd_tensor *x, const int *perm)
 
 spmd_tensor *spmd_transpose(spmd_graph *g, spmd_tensor *x, int dim0, int dim1)
 {
-    if (any_null(&x, 1)) return NULL;
-    if (!axis_ok("transpose", x, dim0) || !axis_ok("transpose", x, dim1)) return NULL;
+    if (any_null(g, "transpose", &x, 1)) return NULL;
+    if (!axis_ok(g, "transpose", x, dim0) || !axis_ok(g, "transpose", x, dim1)) return NULL;
     int perm[SPMD_MAX_RANK];
     for (int i = 0; i < x->rank; i++) perm[i] = i;
     perm[dim0] = dim1;
@@ -528,13 +546,13 @@ spmd_tensor *spmd_transpose(spmd_graph *g, spmd_tensor *x, int dim0, int dim1)
 
 spmd_tensor *spmd_slice(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, int64_t len)
 {
-    if (any_null(&x, 1)) return NULL;
+    if (any_null(g, "slice", &x, 1)) return NULL;
     if (axis < 0) axis += x->rank;
-    if (!axis_ok("slice", x, axis)) return NULL;
+    if (!axis_ok(g, "slice", x, axis)) return NULL;
     if (start < 0 || len <= 0 || start + len > x->dims[axis]) {
         char s[SHAPE_BUF];
-        base_error(SPMD_ERR_SHAPE, "slice: [%lld:%lld] is outside dimension %d of %s",
-                   (long long)start, (long long)(start + len), axis, ir_shape_str(x, s, sizeof s));
+        ir_error(g, SPMD_ERR_SHAPE, "slice: [%lld:%lld] is outside dimension %d of %s",
+                 (long long)start, (long long)(start + len), axis, ir_shape_str(x, s, sizeof s));
         return NULL;
     }
     int64_t dims[SPMD_MAX_RANK];
@@ -551,12 +569,12 @@ spmd_tensor *spmd_slice(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, 
 
 spmd_tensor *ir_pad(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, int64_t total)
 {
-    if (any_null(&x, 1)) return NULL;
-    if (!axis_ok("pad", x, axis)) return NULL;
+    if (any_null(g, "pad", &x, 1)) return NULL;
+    if (!axis_ok(g, "pad", x, axis)) return NULL;
     if (start < 0 || start + x->dims[axis] > total) {
         char s[SHAPE_BUF];
-        base_error(SPMD_ERR_SHAPE, "pad: %s at %lld does not fit %lld along dimension %d",
-                   ir_shape_str(x, s, sizeof s), (long long)start, (long long)total, axis);
+        ir_error(g, SPMD_ERR_SHAPE, "pad: %s at %lld does not fit %lld along dimension %d",
+                 ir_shape_str(x, s, sizeof s), (long long)start, (long long)total, axis);
         return NULL;
     }
     int64_t dims[SPMD_MAX_RANK];
@@ -574,13 +592,13 @@ spmd_tensor *ir_pad(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, int6
 spmd_tensor *spmd_concat(spmd_graph *g, spmd_tensor *const *xs, int n, int axis)
 {
     if (!xs || n < 1 || n > IR_MAX_INPUTS) {
-        base_error(SPMD_ERR_INVALID, "concat: needs 1 to %d tensors, got %d", IR_MAX_INPUTS, n);
+        ir_error(g, SPMD_ERR_INVALID, "concat: needs 1 to %d tensors, got %d", IR_MAX_INPUTS, n);
         return NULL;
     }
-    if (any_null(xs, n)) return NULL;
+    if (any_null(g, "concat", xs, n)) return NULL;
     const spmd_tensor *x0 = xs[0];
     if (axis < 0) axis += x0->rank;
-    if (!axis_ok("concat", x0, axis)) return NULL;
+    if (!axis_ok(g, "concat", x0, axis)) return NULL;
     int64_t dims[SPMD_MAX_RANK];
     memcpy(dims, x0->dims, sizeof dims);
     dims[axis] = 0;
@@ -591,7 +609,7 @@ spmd_tensor *spmd_concat(spmd_graph *g, spmd_tensor *const *xs, int n, int axis)
         if (!ok) {
             char why[64];
             snprintf(why, sizeof why, "tensor %d differs from tensor 0 off axis %d", j, axis);
-            return fail_shape2("concat", why, x0, x);
+            return fail_shape2(g, "concat", why, x0, x);
         }
         dims[axis] += x->dims[axis];
     }

@@ -94,13 +94,15 @@ static bool grow(spmd_graph *g, void **items, int *cap, int need, size_t item_si
     return base_grow(&g->alloc, items, cap, need, item_size, 64, "checkpoint rewrite");
 }
 
-/* The status for an ir_node_new that returned NULL: allocation failures
- * say "out of memory" (base_alloc); anything else is a clone that its
- * original's checks accepted being refused, which is a bug here. */
-static spmd_status node_failed(void)
+/* The status for an ir_node_new that returned NULL: the failure it
+ * recorded on g, this call's own in spmd_grad_checkpointed's error scope
+ * (an allocation; a clone that its original's checks accepted being
+ * refused would be a bug here). */
+static spmd_status node_failed(const spmd_graph *g)
 {
-    spmd_status st = base_error_reported();
-    return st ? st : BASE_INTERNAL("cloning a forward node failed without a message");
+    if (ir_graph_status(g) == SPMD_OK)
+        return BASE_INTERNAL("cloning a forward node failed without a message");
+    return ir_error_raise(g);
 }
 
 static spmd_tensor *memo_find(const rewriter *r, int seg, const spmd_tensor *x)
@@ -163,7 +165,7 @@ static spmd_status recompute(rewriter *r, int seg, spmd_tensor *root)
         spmd_tensor *in[IR_MAX_INPUTS];
         for (int j = 0; j < t->n_in; j++) in[j] = resolve(r, seg, t->in[j]);
         spmd_tensor *c = ir_node_new(g, t->op, t->dtype, t->rank, t->dims, in, t->n_in);
-        if (!c) return node_failed();
+        if (!c) return node_failed(g);
         /* Same op, attributes and layout: the clone computes the same
          * values with the same kernel.  It shares the user's sharding
          * mark, so a recomputed activation is laid out as the forward
@@ -197,8 +199,8 @@ static spmd_status check_args(spmd_graph *g, spmd_tensor *loss, spmd_tensor *con
                           "spmd_grad_checkpointed: the graph already has a backward pass "
                           "(spmd_grad or spmd_grad_checkpointed runs once per graph)");
     if (!loss) {
-        /* A builder failed on the way to the loss and said why. */
-        if (base_error_pending() && spmd_last_error()[0]) return SPMD_ERR_INVALID;
+        /* A builder failed on the way to the loss: that failure is the cause. */
+        if (ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
         return base_error(SPMD_ERR_INVALID, "spmd_grad_checkpointed: loss is NULL");
     }
     if (loss->graph != g)
@@ -212,8 +214,8 @@ static spmd_status check_args(spmd_graph *g, spmd_tensor *loss, spmd_tensor *con
                           "spmd_grad_checkpointed: checkpoints is NULL but n is %d", n);
     for (int i = 0; i < n; i++) {
         if (ckpts[i]) continue;
-        /* As with builders: a NULL from a failed builder keeps its message. */
-        if (base_error_pending() && spmd_last_error()[0]) return SPMD_ERR_INVALID;
+        /* As with builders: a NULL from a failed builder reports that failure. */
+        if (ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
         return base_error(SPMD_ERR_INVALID, "spmd_grad_checkpointed: checkpoint %d is NULL", i);
     }
 
@@ -336,6 +338,8 @@ spmd_status spmd_grad_checkpointed(spmd_graph *g, spmd_tensor *loss,
     rewriter r = {.g = g, .n_fwd = nf};
     r.rule_begin = base_alloc(&g->alloc, nn * sizeof *r.rule_begin, "checkpoint rewrite");
     if (!r.rule_begin) return SPMD_ERR_NOMEM;
+    ir_failure outer;
+    ir_error_scope_begin(g, &outer);
     st = ir_grad(g, loss, r.rule_begin);
     if (st == SPMD_OK && g->backward_begin != nf)
         st = BASE_INTERNAL("the backward pass does not start after the forward pass");
@@ -360,5 +364,6 @@ spmd_status spmd_grad_checkpointed(spmd_graph *g, spmd_tensor *loss,
     base_free(&g->alloc, r.order);
     base_free(&g->alloc, r.stack);
     base_free(&g->alloc, r.rewires);
+    ir_error_scope_end(g, &outer);
     return st;
 }

@@ -1,10 +1,12 @@
 /*
- * The graph: node creation, leaves, names, outputs and updates, queries.
- * Op builders with their shape checks live in builders.c.
+ * The graph: node creation, leaves, names, outputs and updates, queries,
+ * and the failures of builder calls that a graph keeps.  Op builders with
+ * their shape checks live in builders.c.
  */
 #include "ir/ir.h"
 #include "base/error.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -103,6 +105,67 @@ const char *spmd_dtype_name(spmd_dtype dtype)
     return "?";
 }
 
+/* ---- Failures ---------------------------------------------------------------- */
+
+/* The failure just recorded on this thread becomes g's, if g has none. */
+static void keep_first(spmd_graph *g)
+{
+    if (!g || g->failure.status != SPMD_OK) return;
+    g->failure.status = base_error_status();
+    snprintf(g->failure.message, sizeof g->failure.message, "%s", spmd_last_error());
+}
+
+spmd_status ir_error(spmd_graph *g, spmd_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    base_verror(status, fmt, ap);
+    va_end(ap);
+    keep_first(g);
+    return status;
+}
+
+spmd_status ir_error_keep(spmd_graph *g)
+{
+    /* A callee that failed without recording why is a bug: record that. */
+    if (base_error_status() == SPMD_OK) BASE_INTERNAL("a call failed without recording why");
+    keep_first(g);
+    return base_error_status();
+}
+
+spmd_tensor *ir_null_operand(spmd_graph *g, const char *op, int i)
+{
+    if (ir_error_raise(g) == SPMD_OK)
+        ir_error(g, SPMD_ERR_INVALID, "%s: operand %d is NULL", op, i);
+    return NULL;
+}
+
+spmd_status ir_error_raise(const spmd_graph *g)
+{
+    if (!g || g->failure.status == SPMD_OK) return SPMD_OK;
+    return base_error(g->failure.status, "%s", g->failure.message);
+}
+
+spmd_status ir_graph_status(const spmd_graph *g) { return g ? g->failure.status : SPMD_OK; }
+
+void ir_error_scope_begin(spmd_graph *g, ir_failure *outer)
+{
+    *outer = g->failure;
+    g->failure.status = SPMD_OK;
+    g->failure.message[0] = '\0';
+}
+
+void ir_error_scope_end(spmd_graph *g, const ir_failure *outer)
+{
+    if (outer->status != SPMD_OK) g->failure = *outer;
+}
+
+spmd_status spmd_graph_status(const spmd_graph *g)
+{
+    if (!g) return base_error(SPMD_ERR_INVALID, "graph_status: graph is NULL");
+    return ir_error_raise(g);
+}
+
 /* ---- Nodes ------------------------------------------------------------------ */
 
 spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
@@ -113,39 +176,39 @@ spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
         return NULL;
     }
     for (int i = 0; i < n_in; i++) {
-        if (!in[i]) {
-            /* An earlier builder failed and said why; keep its message. */
-            if (!base_error_pending())
-                base_error(SPMD_ERR_INVALID, "%s: operand %d is NULL", ir_op_name(op), i);
-            return NULL;
-        }
+        if (!in[i]) return ir_null_operand(g, ir_op_name(op), i);
         if (in[i]->graph != g) {
-            base_error(SPMD_ERR_INVALID, "%s: operand %d belongs to another graph",
-                       ir_op_name(op), i);
+            ir_error(g, SPMD_ERR_INVALID, "%s: operand %d belongs to another graph",
+                     ir_op_name(op), i);
             return NULL;
         }
     }
     if (rank < 0 || rank > SPMD_MAX_RANK) {
-        base_error(SPMD_ERR_SHAPE, "%s: rank %d outside 0..%d", ir_op_name(op), rank,
-                   SPMD_MAX_RANK);
+        ir_error(g, SPMD_ERR_SHAPE, "%s: rank %d outside 0..%d", ir_op_name(op), rank,
+                 SPMD_MAX_RANK);
         return NULL;
     }
     if (n_in > IR_MAX_INPUTS) {
-        base_error(SPMD_ERR_INVALID, "%s: %d operands, at most %d", ir_op_name(op), n_in,
-                   IR_MAX_INPUTS);
+        ir_error(g, SPMD_ERR_INVALID, "%s: %d operands, at most %d", ir_op_name(op), n_in,
+                 IR_MAX_INPUTS);
         return NULL;
     }
     for (int i = 0; i < rank; i++) {
         if (dims[i] <= 0) {
-            base_error(SPMD_ERR_SHAPE, "%s: dimension %d is %lld; sizes must be positive",
-                       ir_op_name(op), i, (long long)dims[i]);
+            ir_error(g, SPMD_ERR_SHAPE, "%s: dimension %d is %lld; sizes must be positive",
+                     ir_op_name(op), i, (long long)dims[i]);
             return NULL;
         }
     }
-    if (!grow(g, (void **)&g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes))
+    if (!grow(g, (void **)&g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof *g->nodes)) {
+        ir_error_keep(g);
         return NULL;
+    }
     spmd_tensor *t = base_arena_alloc(&g->arena, sizeof *t);
-    if (!t) return NULL;
+    if (!t) {
+        ir_error_keep(g);
+        return NULL;
+    }
     t->id = g->n_nodes;
     t->op = op;
     t->dtype = dtype;
@@ -179,20 +242,26 @@ static spmd_tensor *leaf(spmd_graph *g, ir_op op, const char *name, spmd_dtype d
         base_error(SPMD_ERR_INVALID, "%s: graph is NULL", ir_op_name(op));
         return NULL;
     }
-    if (!name_ok(g, name, ir_op_name(op))) return NULL;
+    if (!name_ok(g, name, ir_op_name(op))) {
+        ir_error_keep(g);
+        return NULL;
+    }
     if (rank > 0 && !dims) {
-        base_error(SPMD_ERR_INVALID, "%s '%s': dims is NULL", ir_op_name(op), name);
+        ir_error(g, SPMD_ERR_INVALID, "%s '%s': dims is NULL", ir_op_name(op), name);
         return NULL;
     }
     if (dtype != SPMD_F32 && dtype != SPMD_I32) {
-        base_error(SPMD_ERR_UNSUPPORTED, "%s '%s': dtype %s is not computed with yet",
-                   ir_op_name(op), name, spmd_dtype_name(dtype));
+        ir_error(g, SPMD_ERR_UNSUPPORTED, "%s '%s': dtype %s is not computed with yet",
+                 ir_op_name(op), name, spmd_dtype_name(dtype));
         return NULL;
     }
     spmd_tensor *t = ir_node_new(g, op, dtype, rank, dims, NULL, 0);
     if (!t) return NULL;
     t->name = base_arena_strdup(&g->arena, name);
-    if (!t->name) return NULL;
+    if (!t->name) {
+        ir_error_keep(g);
+        return NULL;
+    }
     t->init = init;
     return t;
 }
@@ -218,7 +287,7 @@ spmd_tensor *spmd_state(spmd_graph *g, const char *name, int rank, const int64_t
 spmd_tensor *spmd_fill(spmd_graph *g, int rank, const int64_t *dims, float value)
 {
     if (rank > 0 && !dims) {
-        base_error(SPMD_ERR_INVALID, "fill: dims is NULL");
+        ir_error(g, SPMD_ERR_INVALID, "fill: dims is NULL");
         return NULL;
     }
     spmd_tensor *t = ir_node_new(g, IR_FILL, SPMD_F32, rank, dims, NULL, 0);
@@ -230,6 +299,8 @@ spmd_tensor *spmd_fill(spmd_graph *g, int rank, const int64_t *dims, float value
 
 spmd_status spmd_graph_mark_output(spmd_graph *g, spmd_tensor *t)
 {
+    /* A NULL from a failed builder reports that failure, not a NULL. */
+    if (g && !t && ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
     if (!g || !t) return base_error(SPMD_ERR_INVALID, "mark_output: graph or tensor is NULL");
     if (t->graph != g) return base_error(SPMD_ERR_INVALID, "mark_output: tensor of another graph");
     t->is_output = true;
@@ -238,6 +309,7 @@ spmd_status spmd_graph_mark_output(spmd_graph *g, spmd_tensor *t)
 
 spmd_status spmd_graph_set_update(spmd_graph *g, spmd_tensor *target, spmd_tensor *value)
 {
+    if (g && (!target || !value) && ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
     if (!g || !target || !value)
         return base_error(SPMD_ERR_INVALID, "set_update: graph, target or value is NULL");
     if (target->graph != g || value->graph != g)

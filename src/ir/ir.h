@@ -78,6 +78,12 @@ typedef struct ir_update {
     spmd_tensor *value;
 } ir_update;
 
+/* A failure as spmd_last_error() reports it; status SPMD_OK: none. */
+typedef struct ir_failure {
+    spmd_status status;
+    char message[1024];
+} ir_failure;
+
 struct spmd_graph {
     spmd_allocator alloc;
     base_arena arena;       /* nodes and names */
@@ -90,6 +96,9 @@ struct spmd_graph {
      * ones (optimizer updates) the update phase.  0 before spmd_grad. */
     int backward_begin, backward_end;
     const struct spmd_mesh *mesh; /* the mesh of every mark; NULL when none */
+    /* The first failure of a builder call on this graph: what a NULL that
+     * a failed builder returned stands for when it reaches the next one. */
+    ir_failure failure;
 };
 
 /* ---- Dimension signatures ---------------------------------------------- */
@@ -148,9 +157,35 @@ ir_vjp_fn ir_op_vjp(ir_op op);
 /* ---- Node construction (shared by the public builders and autodiff) ---- */
 
 /* A new node with the given op, inputs, dtype and shape; NULL on error.
- * Returns NULL without a new message if any input is NULL. */
+ * A NULL input is reported as ir_null_operand does. */
 spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
                          const int64_t *dims, spmd_tensor *const *in, int n_in);
+
+/* Failures of builder calls (graph.c).  A builder that fails records the
+ * failure on this thread and, when it is the graph's first, on the graph;
+ * a NULL operand then reports the graph's first failure again, so a NULL
+ * carries its cause and never picks up a message left by another graph or
+ * an unrelated call.  g may be NULL (this thread only). */
+spmd_status ir_error(spmd_graph *g, spmd_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The failure a callee has just recorded on this thread (base_alloc's out
+ * of memory, a spec parse) becomes g's, if g has none yet; returns it. */
+spmd_status ir_error_keep(spmd_graph *g);
+/* Operand i of `op` is NULL: g's first failure raised again (the NULL is
+ * what that failed call returned), else "<op>: operand i is NULL" as a
+ * failure of its own.  Returns NULL. */
+spmd_tensor *ir_null_operand(spmd_graph *g, const char *op, int i);
+/* g's first failure put back on this thread; returns its status
+ * (SPMD_OK, recording nothing, when there is none). */
+spmd_status ir_error_raise(const spmd_graph *g);
+/* The status of g's first failure; SPMD_OK when none or g is NULL. */
+spmd_status ir_graph_status(const spmd_graph *g);
+/* Operations that build on g and return a status of their own (spmd_grad,
+ * the optimizers, the models) go by the failures their builders record
+ * while they run, not by one the user's earlier calls left on g: begin
+ * sets g's failure aside in *outer, end puts it back if there was one. */
+void ir_error_scope_begin(spmd_graph *g, ir_failure *outer);
+void ir_error_scope_end(spmd_graph *g, const ir_failure *outer);
 /* "[4, 768]" into buf. */
 const char *ir_shape_str(const spmd_tensor *t, char *buf, size_t size);
 /* "'w1' [4, 8]", or "matmul #12 [4, 8]" for a node without a name: a

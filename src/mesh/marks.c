@@ -34,9 +34,9 @@ static spmd_status check_mesh(const spmd_graph *g, const spmd_mesh *m, const cha
 spmd_status spmd_mark_sharding(spmd_graph *g, spmd_tensor *t, const spmd_mesh *m, const char *spec)
 {
     if (!t) {
-        /* An earlier builder failed and said why; keep its message. */
-        if (!base_error_pending()) base_error(SPMD_ERR_INVALID, "mark_sharding: tensor is NULL");
-        return SPMD_ERR_INVALID;
+        /* A NULL from a failed builder: report that failure. */
+        if (ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
+        return base_error(SPMD_ERR_INVALID, "mark_sharding: tensor is NULL");
     }
     char label[96];
     tensor_label(t, label, sizeof label);
@@ -53,10 +53,13 @@ spmd_status spmd_mark_sharding(spmd_graph *g, spmd_tensor *t, const spmd_mesh *m
         snprintf(why, sizeof why, "%s", spmd_last_error());
         return base_error(st, "mark_sharding %s: %s", label, why);
     }
-    if (s.partial)
+    if (s.partial) {
+        char quoted[MESH_EXCERPT_SIZE];
         return base_error(SPMD_ERR_UNSUPPORTED,
                           "mark_sharding %s: spec \"%s\": a mark lays a value out; partial(...) "
-                          "only describes pending sums the partitioner makes", label, spec);
+                          "only describes pending sums the partitioner makes", label,
+                          mesh_text_excerpt(spec, strcspn(spec, "|"), quoted, sizeof quoted));
+    }
     if (!t->mark) t->mark = base_arena_alloc(&g->arena, sizeof *t->mark);
     if (!t->mark) return SPMD_ERR_NOMEM;
     *t->mark = s;

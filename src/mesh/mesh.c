@@ -37,6 +37,18 @@ void mesh_text_add(mesh_text *t, const char *fmt, ...)
     if (n > 0) t->len += (size_t)n;
 }
 
+const char *mesh_text_excerpt(const char *text, size_t at, char *buf, size_t size)
+{
+    size_t len = strlen(text);
+    if (len < size) return memcpy(buf, text, len + 1);
+    size_t keep = size - 7; /* room for "..." at both ends and the NUL */
+    size_t start = at > keep / 2 ? at - keep / 2 : 0;
+    if (start + keep > len) start = len - keep;
+    snprintf(buf, size, "%s%.*s%s", start ? "..." : "", (int)keep, text + start,
+             start + keep < len ? "..." : "");
+    return buf;
+}
+
 size_t mesh_text_written(const mesh_text *t)
 {
     if (!t->size) return 0;
@@ -220,15 +232,17 @@ static spmd_status split_list(const char *text, const char *seps, const char *wh
         while (start < end && isspace((unsigned char)*start)) start++;
         while (end > start && isspace((unsigned char)end[-1])) end--;
         int column = (int)((start == end ? p : start) - text) + 1;
+        char quoted[MESH_EXCERPT_SIZE];
+        mesh_text_excerpt(text, (size_t)column - 1, quoted, sizeof quoted);
         if (start == end)
-            return base_error(SPMD_ERR_INVALID, "%s \"%s\": empty %s at column %d", what, text,
+            return base_error(SPMD_ERR_INVALID, "%s \"%s\": empty %s at column %d", what, quoted,
                               item, column);
         if (*n == MESH_MAX_AXES)
-            return base_error(SPMD_ERR_INVALID, "%s \"%s\": more than %d axes", what, text,
+            return base_error(SPMD_ERR_INVALID, "%s \"%s\": more than %d axes", what, quoted,
                               MESH_MAX_AXES);
         if ((size_t)(end - start) >= MESH_MAX_NAME)
             return base_error(SPMD_ERR_INVALID, "%s \"%s\": %s at column %d is too long", what,
-                              text, item, column);
+                              quoted, item, column);
         memcpy(items[*n], start, (size_t)(end - start));
         items[(*n)++][end - start] = '\0';
         if (!p[len]) return SPMD_OK;
@@ -242,17 +256,21 @@ spmd_mesh *spmd_mesh_parse(const char *shape, const char *axes)
     int rank = 0, n_names = 0, dims[MESH_MAX_AXES];
     if (split_list(shape, "xX", "mesh shape", "size", sizes, &rank)) return NULL;
     if (split_list(axes, ",", "mesh axes", "axis name", names, &n_names)) return NULL;
+    char quoted[MESH_EXCERPT_SIZE], quoted_axes[MESH_EXCERPT_SIZE];
+    mesh_text_excerpt(shape, 0, quoted, sizeof quoted);
     for (int a = 0; a < rank; a++) {
         if (strspn(sizes[a], "0123456789") != strlen(sizes[a])) {
-            base_error(SPMD_ERR_INVALID, "mesh shape \"%s\": '%s' is not a size", shape, sizes[a]);
+            base_error(SPMD_ERR_INVALID, "mesh shape \"%s\": '%s' is not a size", quoted,
+                       sizes[a]);
             return NULL;
         }
         long v = strtol(sizes[a], NULL, 10);
         dims[a] = v > MESH_MAX_DEVICES ? MESH_MAX_DEVICES + 1 : (int)v;
     }
     if (n_names != rank) {
-        base_error(SPMD_ERR_INVALID, "mesh shape \"%s\" has %d axes but \"%s\" names %d", shape,
-                   rank, axes, n_names);
+        base_error(SPMD_ERR_INVALID, "mesh shape \"%s\" has %d axes but \"%s\" names %d",
+                   quoted, rank, mesh_text_excerpt(axes, 0, quoted_axes, sizeof quoted_axes),
+                   n_names);
         return NULL;
     }
     const char *ptrs[MESH_MAX_AXES];
@@ -308,7 +326,9 @@ int spmd_mesh_axis_index(const spmd_mesh *m, const char *name)
         mesh_text_init(&t, axes, sizeof axes);
         mesh_axes all = mesh_axes_from_mask(m, ~0u);
         mesh_text_axes(&t, m, &all);
-        base_error(SPMD_ERR_INVALID, "the mesh has no axis '%s' (its axes: %s)", name, axes);
+        char quoted[MESH_EXCERPT_SIZE];
+        base_error(SPMD_ERR_INVALID, "the mesh has no axis '%s' (its axes: %s)",
+                   mesh_text_excerpt(name, 0, quoted, sizeof quoted), axes);
     }
     return a;
 }

@@ -83,4 +83,11 @@ void mesh_text_axes(mesh_text *t, const spmd_mesh *m, const mesh_axes *axes);
 /* Bytes actually in the buffer (len, capped by the size). */
 size_t mesh_text_written(const mesh_text *t);
 
+/* `text` as an error message quotes it: whole when it fits in `size`
+ * bytes, else the stretch around byte offset `at` with "..." where it is
+ * cut, so that a long spec cannot crowd the reason and the column out of
+ * the message.  Returns buf; MESH_EXCERPT_SIZE is a good size. */
+enum { MESH_EXCERPT_SIZE = 72 };
+const char *mesh_text_excerpt(const char *text, size_t at, char *buf, size_t size);
+
 #endif

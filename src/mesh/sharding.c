@@ -89,21 +89,31 @@ typedef struct parser {
 
 static void advance(parser *p) { p->tok = lex(p->text, p->tok.pos + p->tok.len); }
 
-/* Every message starts with the spec itself, so columns can be counted. */
-__attribute__((format(printf, 2, 3))) static spmd_status fail(const parser *p, const char *fmt, ...)
+/* Every message starts with the spec, so columns can be counted; a long
+ * spec is cut down to the stretch around byte offset `at`, where the
+ * trouble is, so the reason and its column always fit after it. */
+__attribute__((format(printf, 3, 4))) static spmd_status fail(const parser *p, int at,
+                                                              const char *fmt, ...)
 {
-    char msg[512];
+    char msg[512], quoted[MESH_EXCERPT_SIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return base_error(SPMD_ERR_INVALID, "spec \"%s\": %s", p->text, msg);
+    size_t len = strlen(p->text);
+    mesh_text_excerpt(p->text, (size_t)at, quoted, sizeof quoted);
+    if (len < sizeof quoted) return base_error(SPMD_ERR_INVALID, "spec \"%s\": %s", quoted, msg);
+    return base_error(SPMD_ERR_INVALID, "spec \"%s\" (%zu characters): %s", quoted, len, msg);
 }
+
+/* Tokens and names quoted in messages stop at this many characters. */
+enum { QUOTE_MAX = 40 };
 
 static spmd_status unexpected(const parser *p, const char *expected)
 {
-    return fail(p, "unexpected '%.*s' at column %d (expected %s)", p->tok.len, p->text + p->tok.pos,
-                p->tok.pos + 1, expected);
+    int len = p->tok.len < QUOTE_MAX ? p->tok.len : QUOTE_MAX;
+    return fail(p, p->tok.pos, "unexpected '%.*s%s' at column %d (expected %s)", len,
+                p->text + p->tok.pos, len < p->tok.len ? "..." : "", p->tok.pos + 1, expected);
 }
 
 /* Bad characters, unclosed quotes and parentheses, nesting. */
@@ -113,21 +123,23 @@ static spmd_status check_tokens(const parser *p)
     for (token t = lex(p->text, 0); t.kind != TOK_END; t = lex(p->text, t.pos + t.len)) {
         char c = p->text[t.pos];
         if (t.kind == TOK_BAD && (c == '\'' || c == '"'))
-            return fail(p, "the quote %c at column %d is never closed", c, t.pos + 1);
+            return fail(p, t.pos, "the quote %c at column %d is never closed", c, t.pos + 1);
         if (t.kind == TOK_BAD && !isprint((unsigned char)c))
-            return fail(p, "unexpected byte 0x%02x at column %d", (unsigned char)c, t.pos + 1);
-        if (t.kind == TOK_BAD) return fail(p, "unexpected '%c' at column %d", c, t.pos + 1);
+            return fail(p, t.pos, "unexpected byte 0x%02x at column %d", (unsigned char)c,
+                        t.pos + 1);
+        if (t.kind == TOK_BAD) return fail(p, t.pos, "unexpected '%c' at column %d", c, t.pos + 1);
         if (t.kind == TOK_LPAREN && open >= 0)
-            return fail(p, "'(' at column %d opens a tuple inside the one at column %d: tuples do "
-                        "not nest", t.pos + 1, open + 1);
+            return fail(p, t.pos, "'(' at column %d opens a tuple inside the one at column %d: "
+                        "tuples do not nest", t.pos + 1, open + 1);
         if (t.kind == TOK_RPAREN && open < 0)
-            return fail(p, "unbalanced parentheses: ')' at column %d has no matching '('",
+            return fail(p, t.pos, "unbalanced parentheses: ')' at column %d has no matching '('",
                         t.pos + 1);
         if (t.kind == TOK_LPAREN) open = t.pos;
         if (t.kind == TOK_RPAREN) open = -1;
     }
     if (open >= 0)
-        return fail(p, "unbalanced parentheses: '(' at column %d is never closed", open + 1);
+        return fail(p, open, "unbalanced parentheses: '(' at column %d is never closed",
+                    open + 1);
     return SPMD_OK;
 }
 
@@ -138,7 +150,8 @@ static spmd_status parse_axis(parser *p, mesh_axes *dst)
     const char *name = p->text + t.pos + t.quoted;
     int len = t.len - 2 * t.quoted, column = t.pos + 1;
     if (tok_is(p->text, t, "None"))
-        return fail(p, "None at column %d cannot be part of a tuple or partial(...)", column);
+        return fail(p, t.pos, "None at column %d cannot be part of a tuple or partial(...)",
+                    column);
     int a = mesh_find_axis(p->m, name, (size_t)len);
     if (a < 0) {
         char axes[MESH_MAX_AXES * (MESH_MAX_NAME + 2)];
@@ -146,11 +159,13 @@ static spmd_status parse_axis(parser *p, mesh_axes *dst)
         mesh_text_init(&list, axes, sizeof axes);
         mesh_axes all = mesh_axes_from_mask(p->m, ~0u);
         mesh_text_axes(&list, p->m, &all);
-        return fail(p, "unknown axis '%.*s' at column %d (mesh axes: %s)", len, name, column, axes);
+        int shown = len < QUOTE_MAX ? len : QUOTE_MAX;
+        return fail(p, t.pos, "unknown axis '%.*s%s' at column %d (mesh axes: %s)", shown, name,
+                    shown < len ? "..." : "", column, axes);
     }
     if (p->used_at[a])
-        return fail(p, "axis '%s' used twice (column %d), first at column %d", p->m->names[a],
-                    column, p->used_at[a]);
+        return fail(p, t.pos, "axis '%s' used twice (column %d), first at column %d",
+                    p->m->names[a], column, p->used_at[a]);
     p->used_at[a] = column;
     dst->axis[dst->n++] = (int8_t)a;
     advance(p);
@@ -162,9 +177,11 @@ static spmd_status parse_axis_list(parser *p, mesh_axes *dst, const char *what)
 {
     int open = p->tok.pos + 1;
     advance(p);
-    if (p->tok.kind == TOK_RPAREN) return fail(p, "empty %s '()' at column %d", what, open);
+    if (p->tok.kind == TOK_RPAREN)
+        return fail(p, open - 1, "empty %s '()' at column %d", what, open);
     for (;;) {
-        if (p->tok.kind == TOK_COMMA) return fail(p, "empty entry at column %d", p->tok.pos + 1);
+        if (p->tok.kind == TOK_COMMA)
+            return fail(p, p->tok.pos, "empty entry at column %d", p->tok.pos + 1);
         if (p->tok.kind != TOK_NAME) return unexpected(p, "an axis name");
         spmd_status st = parse_axis(p, dst);
         if (st) return st;
@@ -185,7 +202,7 @@ static spmd_status parse_entry(parser *p, mesh_axes *dst)
     }
     if (p->tok.kind == TOK_NAME) return parse_axis(p, dst);
     if (p->tok.kind == TOK_LPAREN) return parse_axis_list(p, dst, "tuple");
-    return fail(p, "empty entry at column %d", p->tok.pos + 1);
+    return fail(p, p->tok.pos, "empty entry at column %d", p->tok.pos + 1);
 }
 
 /* '|' 'partial' '(' axes ')' at the end of the spec. */
@@ -194,11 +211,11 @@ static spmd_status parse_partial(parser *p, uint32_t *partial)
     int bar = p->tok.pos + 1;
     advance(p);
     if (!tok_is(p->text, p->tok, "partial"))
-        return fail(p, "expected partial(axes) after the '|' at column %d", bar);
+        return fail(p, p->tok.pos, "expected partial(axes) after the '|' at column %d", bar);
     int word = p->tok.pos + 1;
     advance(p);
     if (p->tok.kind != TOK_LPAREN)
-        return fail(p, "expected '(' after the partial at column %d", word);
+        return fail(p, p->tok.pos, "expected '(' after the partial at column %d", word);
     mesh_axes axes = {0};
     spmd_status st = parse_axis_list(p, &axes, "partial");
     if (st) return st;
@@ -210,10 +227,9 @@ spmd_status sharding_parse(const char *text, const spmd_mesh *m, int rank, shard
 {
     if (!text || !m || !out)
         return base_error(SPMD_ERR_INVALID, "sharding spec, mesh or result is NULL");
-    if (rank < 0 || rank > SPMD_MAX_RANK)
-        return base_error(SPMD_ERR_INVALID, "spec \"%s\": rank %d is outside 0..%d", text, rank,
-                          SPMD_MAX_RANK);
     parser p = {.text = text, .m = m};
+    if (rank < 0 || rank > SPMD_MAX_RANK)
+        return fail(&p, 0, "rank %d is outside 0..%d", rank, SPMD_MAX_RANK);
     spmd_status st = check_tokens(&p);
     if (st) return st;
     sharding s = sharding_replicated(rank);
@@ -227,14 +243,15 @@ spmd_status sharding_parse(const char *text, const spmd_mesh *m, int rank, shard
         if (p.tok.kind == TOK_COMMA) {
             advance(&p);
             if (p.tok.kind == TOK_END || p.tok.kind == TOK_BAR)
-                return fail(&p, "empty entry at column %d", p.tok.pos + 1);
+                return fail(&p, p.tok.pos, "empty entry at column %d", p.tok.pos + 1);
         } else if (p.tok.kind != TOK_END && p.tok.kind != TOK_BAR) {
             return unexpected(&p, "','");
         }
     }
     if (p.tok.kind == TOK_BAR && (st = parse_partial(&p, &s.partial))) return st;
     if (n != rank)
-        return fail(&p, "%d %s for a rank-%d tensor", n, n == 1 ? "entry" : "entries", rank);
+        return fail(&p, p.tok.pos, "%d %s for a rank-%d tensor", n, n == 1 ? "entry" : "entries",
+                    rank);
     *out = s;
     return SPMD_OK;
 }

@@ -7,6 +7,7 @@
 #include "spmd/models.h"
 
 #include "base/error.h"
+#include "ir/ir.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -52,12 +53,13 @@ int64_t spmd_gpt_param_count(const spmd_gpt_config *cfg)
     return (int64_t)cfg->vocab * c + (int64_t)gpt_context(cfg) * c + cfg->layers * block + 2 * c;
 }
 
-/* A graph op returned NULL and has already said why; keep its message. */
-static spmd_status build_failed(void)
+/* A graph op returned NULL: the failure it recorded on g, this build's own
+ * in the caller's error scope, raised again so the message goes with it. */
+static spmd_status build_failed(const spmd_graph *g)
 {
-    if (!base_error_pending() || spmd_last_error()[0] == '\0')
+    if (ir_graph_status(g) == SPMD_OK)
         return base_error(SPMD_ERR_INTERNAL, "gpt: a graph op failed without a message");
-    return SPMD_ERR_INVALID;
+    return ir_error_raise(g);
 }
 
 static spmd_tensor *layernorm(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t c)
@@ -114,31 +116,41 @@ static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, 
     /* Named so callers can find each block's output (the usual activation
      * checkpoint, spmd_grad_checkpointed) with spmd_graph_find. */
     snprintf(p, sizeof p, "h.%d.out", layer);
-    if (x && spmd_tensor_set_name(x, p) != SPMD_OK)
+    if (x && spmd_tensor_set_name(x, p) != SPMD_OK) {
+        ir_error_keep(g); /* x is lost with it: a failure of this builder */
         return NULL;
+    }
     return x;
 }
 
 spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x)
 {
-    if (!x) /* an earlier op failed and said why */
-        return NULL;
     if (!g) {
         base_error(SPMD_ERR_INVALID, "gpt block: graph is NULL");
         return NULL;
     }
-    if (spmd_gpt_validate(cfg) != SPMD_OK)
+    if (!x)
+        return ir_null_operand(g, "gpt block", 0);
+    if (spmd_gpt_validate(cfg) != SPMD_OK) {
+        ir_error_keep(g);
         return NULL;
+    }
     if (layer < 0 || layer >= cfg->layers) {
-        base_error(SPMD_ERR_INVALID, "gpt block: layer %d is outside [0, %d)", layer, cfg->layers);
+        ir_error(g, SPMD_ERR_INVALID, "gpt block: layer %d is outside [0, %d)", layer, cfg->layers);
         return NULL;
     }
     if (spmd_tensor_dtype(x) != SPMD_F32 || spmd_tensor_rank(x) != 3 ||
         spmd_tensor_dim(x, 2) != cfg->dim) {
-        base_error(SPMD_ERR_SHAPE, "gpt block: x must be f32 [B, T, %d]", cfg->dim);
+        ir_error(g, SPMD_ERR_SHAPE, "gpt block: x must be f32 [B, T, %d]", cfg->dim);
         return NULL;
     }
-    return block(g, cfg, layer, x);
+    /* The block's own first failure is what its NULL reports, whatever the
+     * caller's earlier calls left on g. */
+    ir_failure outer;
+    ir_error_scope_begin(g, &outer);
+    spmd_tensor *y = block(g, cfg, layer, x);
+    ir_error_scope_end(g, &outer);
+    return y;
 }
 
 spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
@@ -157,6 +169,8 @@ spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
 
     int64_t b = batch, t = cfg->seq, c = cfg->dim, v = cfg->vocab;
     spmd_init emb_init = {SPMD_INIT_NORMAL, GPT_STD};
+    ir_failure outer;
+    ir_error_scope_begin(g, &outer);
     spmd_tensor *ids = spmd_input(g, "input", SPMD_I32, 2, (const int64_t[]){b, t});
     spmd_tensor *targets = spmd_input(g, "targets", SPMD_I32, 2, (const int64_t[]){b, t});
     spmd_tensor *wte = spmd_param(g, "wte.weight", 2, (const int64_t[]){v, c}, emb_init);
@@ -171,8 +185,10 @@ spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
     x = layernorm(g, x, "ln_f", c);
     spmd_tensor *logits = spmd_matmul(g, x, wte, false, true); // [B, T, V], tied head
     spmd_tensor *loss = spmd_cross_entropy(g, logits, targets);
-    if (!loss)
-        return build_failed();
+    st = loss ? SPMD_OK : build_failed(g);
+    ir_error_scope_end(g, &outer);
+    if (st != SPMD_OK)
+        return st;
 
     out->input = ids;
     out->targets = targets;

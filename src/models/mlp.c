@@ -6,6 +6,7 @@
 #include "spmd/models.h"
 
 #include "base/error.h"
+#include "ir/ir.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -46,12 +47,13 @@ int64_t spmd_mlp_param_count(const spmd_mlp_config *cfg)
     return n;
 }
 
-/* A graph op returned NULL and has already said why; keep its message. */
-static spmd_status build_failed(void)
+/* A graph op returned NULL: the failure it recorded on g, this build's own
+ * in the caller's error scope, raised again so the message goes with it. */
+static spmd_status build_failed(const spmd_graph *g)
 {
-    if (!base_error_pending() || spmd_last_error()[0] == '\0')
+    if (ir_graph_status(g) == SPMD_OK)
         return base_error(SPMD_ERR_INTERNAL, "mlp: a graph op failed without a message");
-    return SPMD_ERR_INVALID;
+    return ir_error_raise(g);
 }
 
 /* y = x W^T + b, W [out, in] as nn.Linear stores it. */
@@ -85,20 +87,24 @@ spmd_status spmd_mlp_build(spmd_graph *g, const spmd_mlp_config *cfg, spmd_tenso
         if (spmd_tensor_dtype(x) != SPMD_F32 || spmd_tensor_rank(x) != 2 ||
             spmd_tensor_dim(x, 1) != cfg->in_dim)
             return base_error(SPMD_ERR_SHAPE, "mlp: input must be f32 [B, %d]", cfg->in_dim);
-    } else {
-        if (batch <= 0)
-            return base_error(SPMD_ERR_INVALID, "mlp: batch (%d) must be positive", batch);
-        x = spmd_input(g, "input", SPMD_F32, 2, (const int64_t[]){batch, cfg->in_dim});
+    } else if (batch <= 0) {
+        return base_error(SPMD_ERR_INVALID, "mlp: batch (%d) must be positive", batch);
     }
 
+    ir_failure outer;
+    ir_error_scope_begin(g, &outer);
+    if (!x)
+        x = spmd_input(g, "input", SPMD_F32, 2, (const int64_t[]){batch, cfg->in_dim});
     spmd_tensor *h = x; // [B, in_dim]
     for (int i = 0; i <= cfg->layers; i++) {
         h = linear(g, h, i, layer_in(cfg, i), layer_out(cfg, i));
         if (i < cfg->layers)
             h = spmd_gelu(g, h);
     }
-    if (!h)
-        return build_failed();
+    st = h ? SPMD_OK : build_failed(g);
+    ir_error_scope_end(g, &outer);
+    if (st != SPMD_OK)
+        return st;
     out->input = x;
     out->output = h; // [B, out_dim]
     return SPMD_OK;
@@ -110,24 +116,25 @@ spmd_status spmd_mlp_add_loss(spmd_graph *g, spmd_mlp_loss_kind kind, spmd_mlp_t
         return base_error(SPMD_ERR_INVALID, "mlp loss: graph, tensors or output is NULL");
     if (spmd_tensor_rank(t->output) != 2)
         return base_error(SPMD_ERR_SHAPE, "mlp loss: output must be [B, out_dim]");
+    if (kind != SPMD_MLP_MSE && kind != SPMD_MLP_CROSS_ENTROPY)
+        return base_error(SPMD_ERR_INVALID, "mlp loss: unknown loss kind %d", (int)kind);
     int64_t batch = spmd_tensor_dim(t->output, 0);
     int64_t classes = spmd_tensor_dim(t->output, 1);
 
+    ir_failure outer;
+    ir_error_scope_begin(g, &outer);
     spmd_tensor *targets, *loss;
-    switch (kind) {
-    case SPMD_MLP_MSE:
+    if (kind == SPMD_MLP_MSE) {
         targets = spmd_input(g, "targets", SPMD_F32, 2, (const int64_t[]){batch, classes});
         loss = spmd_mse(g, t->output, targets);
-        break;
-    case SPMD_MLP_CROSS_ENTROPY:
+    } else {
         targets = spmd_input(g, "targets", SPMD_I32, 1, (const int64_t[]){batch});
         loss = spmd_cross_entropy(g, t->output, targets);
-        break;
-    default:
-        return base_error(SPMD_ERR_INVALID, "mlp loss: unknown loss kind %d", (int)kind);
     }
-    if (!loss)
-        return build_failed();
+    spmd_status st = loss ? SPMD_OK : build_failed(g);
+    ir_error_scope_end(g, &outer);
+    if (st != SPMD_OK)
+        return st;
     t->targets = targets;
     t->loss = loss;
     return SPMD_OK;

@@ -37,20 +37,31 @@ static bool attn_dims_get(const spmd_tensor *t, attn_dims *d)
     return true;
 }
 
+/* A product BLAS refuses fails the step (the first failing thread's
+ * status and message win); the caller stops its work item. */
+static bool gemm_ok(const kern_args *a, spmd_status st)
+{
+    if (st == SPMD_OK) return true;
+    kern_fail(a, st, "%s: %s", ir_op_name(a->node->op), spmd_last_error());
+    return false;
+}
+
 /* Scores of query rows [t0, t1) against keys [0, t1) as probabilities:
  * p [t1 - t0, t1] with row stride ldp, zero above the diagonal. */
-static void attn_probs(const attn_dims *d, const float *qh, const float *kh, int64_t t0,
-                       int64_t t1, float *p, int64_t ldp)
+static spmd_status attn_probs(const attn_dims *d, const float *qh, const float *kh, int64_t t0,
+                              int64_t t1, float *p, int64_t ldp)
 {
     const int64_t rows = t1 - t0;
-    blas_sgemm(false, true, rows, t1, d->D, d->scale, qh + t0 * d->C, d->C, kh, d->C, 0.0f, p,
-               ldp);
+    spmd_status st = blas_sgemm(false, true, rows, t1, d->D, d->scale, qh + t0 * d->C, d->C, kh,
+                                d->C, 0.0f, p, ldp);
+    if (st != SPMD_OK) return st;
     for (int64_t i = 0; i < rows; i++) {
         float *pr = p + i * ldp;
         int64_t n = t0 + i + 1; /* keys 0..t */
         kn_softmax_row(pr, pr, n);
         for (int64_t s = n; s < t1; s++) pr[s] = 0.0f;
     }
+    return SPMD_OK;
 }
 
 /* (q, k, v [B, T, C]) -> out [B, T, C]; head h on channels [h*D, (h+1)*D):
@@ -71,9 +82,10 @@ void kern_attention(const kern_args *a)
         int64_t bi = bh / d.H, h = bh % d.H;
         int64_t t0 = blk * KN_ATTN_BLOCK, t1 = kn_min(d.T, t0 + KN_ATTN_BLOCK);
         int64_t off = bi * d.T * d.C + h * d.D; /* head h of batch bi, row 0 */
-        attn_probs(&d, q + off, k + off, t0, t1, p, d.T);
-        blas_sgemm(false, false, t1 - t0, d.D, t1, 1.0f, p, d.T, v + off, d.C, 0.0f,
-                   out + off + t0 * d.C, d.C);
+        if (!gemm_ok(a, attn_probs(&d, q + off, k + off, t0, t1, p, d.T)) ||
+            !gemm_ok(a, blas_sgemm(false, false, t1 - t0, d.D, t1, 1.0f, p, d.T, v + off, d.C,
+                                   0.0f, out + off + t0 * d.C, d.C)))
+            return;
     }
 }
 
@@ -103,9 +115,11 @@ void kern_attention_backward(const kern_args *a)
             const int64_t rows = t1 - t0;
             const float beta = blk == d.nblk - 1 ? 0.0f : 1.0f;
             const float *qb = q + off + t0 * d.C, *dob = dout + off + t0 * d.C;
-            attn_probs(&d, q + off, k + off, t0, t1, p, d.T);
             /* dP [rows, t1] = dO_blk V^T, turned into dS row by row. */
-            blas_sgemm(false, true, rows, t1, d.D, 1.0f, dob, d.C, v + off, d.C, 0.0f, ds, d.T);
+            if (!gemm_ok(a, attn_probs(&d, q + off, k + off, t0, t1, p, d.T)) ||
+                !gemm_ok(a, blas_sgemm(false, true, rows, t1, d.D, 1.0f, dob, d.C, v + off, d.C,
+                                       0.0f, ds, d.T)))
+                return;
             for (int64_t i = 0; i < rows; i++) {
                 const float *restrict pr = p + i * d.T;
                 float *restrict dr = ds + i * d.T;
@@ -120,11 +134,13 @@ void kern_attention_backward(const kern_args *a)
                 for (s = 0; s < cnt; s++) dr[s] = pr[s] * (dr[s] - c);
                 for (; s < t1; s++) dr[s] = 0.0f;
             }
-            blas_sgemm(true, false, t1, d.D, rows, 1.0f, p, d.T, dob, d.C, beta, dv + off, d.C);
-            blas_sgemm(true, false, t1, d.D, rows, d.scale, ds, d.T, qb, d.C, beta, dk + off,
-                       d.C);
-            blas_sgemm(false, false, rows, d.D, t1, d.scale, ds, d.T, k + off, d.C, 0.0f,
-                       dq + off + t0 * d.C, d.C);
+            if (!gemm_ok(a, blas_sgemm(true, false, t1, d.D, rows, 1.0f, p, d.T, dob, d.C, beta,
+                                       dv + off, d.C)) ||
+                !gemm_ok(a, blas_sgemm(true, false, t1, d.D, rows, d.scale, ds, d.T, qb, d.C,
+                                       beta, dk + off, d.C)) ||
+                !gemm_ok(a, blas_sgemm(false, false, rows, d.D, t1, d.scale, ds, d.T, k + off,
+                                       d.C, 0.0f, dq + off + t0 * d.C, d.C)))
+                return;
         }
     }
 }

@@ -12,6 +12,7 @@
  */
 #include "runtime/kernels_ops.h"
 
+#include "base/error.h"
 #include "runtime/blas.h"
 
 #include <string.h>
@@ -51,32 +52,40 @@ typedef struct gemm_desc {
 } gemm_desc;
 
 /* Tile (i0, j0) of size (mm, nn) of batch entry `bi`. */
-static void gemm_tile(const gemm_desc *g, int64_t bi, int64_t i0, int64_t j0, int64_t mm,
-                      int64_t nn)
+static spmd_status gemm_tile(const gemm_desc *g, int64_t bi, int64_t i0, int64_t j0, int64_t mm,
+                             int64_t nn)
 {
     float *c = g->c + bi * g->sc + i0 * g->ldc + j0;
     if (g->k == 0) {
         for (int64_t i = 0; i < mm; i++) memset(c + i * g->ldc, 0, (size_t)nn * sizeof *c);
-        return;
+        return SPMD_OK;
     }
     /* op(A) row i0: A[i0, :] or, transposed, A[:, i0]; likewise for B. */
     const float *pa = g->a + bi * g->sa + (g->ta ? i0 : i0 * g->lda);
     const float *pb = g->b + bi * g->sb + (g->tb ? j0 * g->ldb : j0);
-    blas_sgemm(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c, g->ldc);
+    return blas_sgemm(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c,
+                      g->ldc);
 }
 
-static void gemm_run(const gemm_desc *g, int64_t batch, int ith, int nth)
+/* A tile BLAS refuses fails the step (kern_fail: the first failing
+ * thread's status and message win); this thread's other tiles are left,
+ * since the step's outputs are not used. */
+static void gemm_run(const kern_args *a, const gemm_desc *g, int64_t batch)
 {
     if (batch == 0 || g->m == 0 || g->n == 0) return;
     int64_t tm, tn;
     gemm_tiles(batch, g->m, g->n, &tm, &tn);
     const int64_t gm = kn_ceil_div(g->m, tm), gn = kn_ceil_div(g->n, tn);
     int64_t b, e;
-    kern_split(batch * gm * gn, ith, nth, 1, &b, &e);
+    kern_split(batch * gm * gn, a->ith, a->nth, 1, &b, &e);
     for (int64_t u = b; u < e; u++) {
         int64_t bi = u / (gm * gn), r = u % (gm * gn);
         int64_t i0 = (r / gn) * tm, j0 = (r % gn) * tn;
-        gemm_tile(g, bi, i0, j0, kn_min(tm, g->m - i0), kn_min(tn, g->n - j0));
+        spmd_status st = gemm_tile(g, bi, i0, j0, kn_min(tm, g->m - i0), kn_min(tn, g->n - j0));
+        if (st != SPMD_OK) {
+            kern_fail(a, st, "%s: %s", ir_op_name(a->node->op), spmd_last_error());
+            return;
+        }
     }
 }
 
@@ -111,7 +120,7 @@ void kern_matmul(const kern_args *a)
     g.a = a->in[0];
     g.b = a->in[1];
     g.c = a->out;
-    gemm_run(&g, 1, a->ith, a->nth);
+    gemm_run(a, &g, 1);
 }
 
 /* bmm: a [B..., M, K] (ta: [B..., K, M]), b [B..., K, N] (tb: [B..., N, K])
@@ -138,5 +147,5 @@ void kern_bmm(const kern_args *a)
     g.b = a->in[1];
     g.c = a->out;
     const int64_t batch = kn_numel_dims(t->dims, r - 2);
-    gemm_run(&g, batch, a->ith, a->nth);
+    gemm_run(a, &g, batch);
 }

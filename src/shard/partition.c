@@ -28,7 +28,27 @@ typedef struct variant {
 typedef struct builder {
     partition *p;
     variant **variants; /* per global node id; the first is what the op produced */
+    /* The first failure that is not a builder call on the local graph
+     * (those the local graph keeps: ir_graph_status). */
+    spmd_status status;
 } builder;
+
+/* Record a failure of the partitioner's own (no memory, a broken
+ * invariant); returns NULL for the caller to pass on. */
+static void *fail(builder *b, spmd_status status)
+{
+    if (b->status == SPMD_OK) b->status = status;
+    return NULL;
+}
+
+/* Why a step returned NULL: the partitioner's own failure, else the local
+ * graph's first (a builder call refused), never a guess. */
+static spmd_status failed(const builder *b)
+{
+    if (b->status != SPMD_OK) return b->status;
+    spmd_status st = ir_graph_status(b->p->local);
+    return st != SPMD_OK ? st : BASE_INTERNAL("partition: a step failed without a status");
+}
 
 /* ---- Growing arrays ------------------------------------------------------------ */
 
@@ -108,7 +128,7 @@ static spmd_tensor *emit_coll(builder *b, ir_op kind, spmd_tensor *x, const mesh
     partition *p = b->p;
     if (!x) return NULL;
     int spec = spec_index(p, axes);
-    if (spec < 0) return NULL;
+    if (spec < 0) return fail(b, SPMD_ERR_NOMEM);
     spmd_tensor *t = ir_node_new(p->local, kind, x->dtype, x->rank, dims, &x, 1);
     if (!t) return NULL;
     t->attr.coll.spec = spec;
@@ -116,7 +136,8 @@ static spmd_tensor *emit_coll(builder *b, ir_op kind, spmd_tensor *x, const mesh
     t->attr.coll.dim2 = dim2;
     t->attr.coll.global = global;
     if (kind == IR_SHARD_SLICE || kind == IR_MASK_PADDING) return t;
-    if (!grow(p, (void **)&p->colls, &p->cap_colls, p->n_colls + 1, sizeof *p->colls)) return NULL;
+    if (!grow(p, (void **)&p->colls, &p->cap_colls, p->n_colls + 1, sizeof *p->colls))
+        return fail(b, SPMD_ERR_NOMEM);
     size_t bytes = ir_nbytes(t) > ir_nbytes(x) ? ir_nbytes(t) : ir_nbytes(x);
     p->colls[p->n_colls++] = (part_collective){
         kind, *axes, (int64_t)bytes, cost_collective(p->m, kind, axes, (int64_t)bytes),
@@ -253,7 +274,7 @@ static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const shar
     }
     if (x && !sharding_equal(&cur, want)) {
         base_error(SPMD_ERR_INTERNAL, "partition: resharding node %d did not reach its target", gid);
-        return NULL;
+        return fail(b, SPMD_ERR_INTERNAL);
     }
     return x;
 }
@@ -271,12 +292,12 @@ static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want
             return v->t;
     if (!first) {
         base_error(SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned", x->id);
-        return NULL;
+        return fail(b, SPMD_ERR_INTERNAL);
     }
     spmd_tensor *t = reshard(b, first->t, first->s, want, x->dims, x->id, consumer);
     if (!t) return NULL;
     variant *v = base_arena_alloc(&b->p->local->arena, sizeof *v);
-    if (!v) return NULL;
+    if (!v) return fail(b, SPMD_ERR_NOMEM);
     *v = (variant){*want, t, phase, first->next};
     first->next = v;
     return t;
@@ -390,7 +411,7 @@ static spmd_tensor *fix_loss_rows(builder *b, const spmd_tensor *t, const shardi
         if (targets->dims[i] % sharding_blocks(&need[1], p->m, i) == 0) continue;
         lt->attr.rows.spec[i] = spec_index(p, &need[1].dim[i]);
         lt->attr.rows.global[i] = targets->dims[i];
-        if (lt->attr.rows.spec[i] < 0) return NULL;
+        if (lt->attr.rows.spec[i] < 0) return fail(b, SPMD_ERR_NOMEM);
     }
     if (!sharding_dim_axes(&need[1])) return lt;
     return spmd_scale(p->local, lt, (float)local_share(p, targets, &need[1], rows));
@@ -423,7 +444,7 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
         const variant *have = b->variants[t->in[j]->id];
         if (have && !check_fallback(p, t, j, &have->s, &need[j])) return SPMD_ERR_NOMEM;
         in[j] = value(b, t->in[j], &need[j], t->id);
-        if (!in[j]) return base_error_pending() ? SPMD_ERR_INTERNAL : SPMD_ERR_NOMEM;
+        if (!in[j]) return failed(b);
     }
     /* Sums over split, padded dims: zero the padding first. */
     if (n->has_sig) {
@@ -438,7 +459,7 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
                     dims_of(in[j], dims);
                     in[j] = emit_coll(b, IR_MASK_PADDING, in[j], ax, i, 0, n->sig.size[it], dims,
                                       t->in[j]->id, t->id);
-                    if (!in[j]) return SPMD_ERR_NOMEM;
+                    if (!in[j]) return failed(b);
                 }
         }
     }
@@ -446,11 +467,11 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
     int64_t dims[SPMD_MAX_RANK];
     sharding_local_dims(&out, p->m, t->rank, t->dims, dims);
     spmd_tensor *lt = ir_node_new(p->local, t->op, t->dtype, t->rank, dims, in, t->n_in);
-    if (!lt) return SPMD_ERR_NOMEM;
+    if (!lt) return failed(b);
     lt->attr = t->attr;
 
     lt = fixup_table[t->op](b, t, need, lt);
-    if (!lt) return SPMD_ERR_NOMEM;
+    if (!lt) return failed(b);
     if (!add_variant(b, t->id, &out, lt)) return SPMD_ERR_NOMEM;
     return SPMD_OK;
 }
@@ -463,7 +484,7 @@ static spmd_status emit_leaf(builder *b, const spmd_tensor *t)
     int64_t dims[SPMD_MAX_RANK];
     sharding_local_dims(&s, p->m, t->rank, t->dims, dims);
     spmd_tensor *lt = ir_node_new(p->local, t->op, t->dtype, t->rank, dims, NULL, 0);
-    if (!lt) return SPMD_ERR_NOMEM;
+    if (!lt) return failed(b);
     lt->name = base_arena_strdup(&p->local->arena, t->name);
     lt->init = t->init;
     if (!lt->name || !add_variant(b, t->id, &s, lt)) return SPMD_ERR_NOMEM;
@@ -484,8 +505,7 @@ static spmd_status build(builder *b, const bool *needed)
         spmd_status st = ir_op_is_leaf(t->op) ? emit_leaf(b, t) : emit_op(b, t);
         if (st != SPMD_OK) return st;
         /* A marked value is held as marked, whatever its op produced. */
-        if (t->mark && !ir_op_is_leaf(t->op) && !value(b, t, t->mark, t->id))
-            return SPMD_ERR_INTERNAL;
+        if (t->mark && !ir_op_is_leaf(t->op) && !value(b, t, t->mark, t->id)) return failed(b);
     }
     /* Outputs are resolved: no pending sums when read. */
     for (int i = 0; i < g->n_nodes; i++) {
@@ -494,7 +514,7 @@ static spmd_status build(builder *b, const bool *needed)
         sharding s = t->mark ? *t->mark : shard_produced(&p->prop, t);
         s.partial = 0;
         spmd_tensor *lt = value(b, t, &s, -1);
-        if (!lt) return SPMD_ERR_INTERNAL;
+        if (!lt) return failed(b);
         lt->is_output = true;
         p->local_of[i] = lt;
         p->held[i] = s;
@@ -502,7 +522,7 @@ static spmd_status build(builder *b, const bool *needed)
     for (int u = 0; u < g->n_updates; u++) {
         const ir_update *up = &g->updates[u];
         spmd_tensor *lv = value(b, up->value, &p->held[up->target->id], up->value->id);
-        if (!lv) return SPMD_ERR_INTERNAL;
+        if (!lv) return failed(b);
         spmd_status st = spmd_graph_set_update(p->local, p->local_of[up->target->id], lv);
         if (st != SPMD_OK) return st;
     }
@@ -522,7 +542,7 @@ spmd_status partition_build(partition *p, const spmd_graph *g, const spmd_mesh *
     p->local = spmd_graph_create(&p->alloc);
     p->local_of = base_calloc(&p->alloc, nn * sizeof *p->local_of, "partition");
     p->held = base_calloc(&p->alloc, nn * sizeof *p->held, "partition");
-    builder b = {p, base_calloc(&p->alloc, nn * sizeof(variant *), "partition")};
+    builder b = {p, base_calloc(&p->alloc, nn * sizeof(variant *), "partition"), SPMD_OK};
     if (!p->local || !p->local_of || !p->held || !b.variants) st = SPMD_ERR_NOMEM;
     if (st == SPMD_OK) st = build(&b, needed);
     base_free(&p->alloc, b.variants);

@@ -67,6 +67,8 @@ spmd_status spmd_shard_batch(spmd_graph *g, const spmd_mesh *m, spmd_tensor *con
                           data_axes ? data_axes : batch);
     for (int j = 0; j < n; j++) {
         spmd_tensor *t = inputs[j];
+        /* A NULL from a failed builder: report that failure. */
+        if (!t && ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
         if (!t) return base_error(SPMD_ERR_INVALID, "shard_batch: input %d is NULL", j);
         if (t->mark || t->rank == 0) continue;
         /* "(a, b), None, None": the batch then whole dims. */

@@ -52,13 +52,15 @@ static const char *state_suffix(const spmd_optimizer *o, int i)
     return o->kind == SPMD_OPTIMIZER_ADAMW ? adamw_state[i] : sgd_momentum_state[i];
 }
 
-/* A graph op returned NULL and has already said why; keep its message.
- * Everything was checked before the first op, so only allocation may fail
- * there: anything else is a bug. */
-static spmd_status builder_failed(const char *who)
+/* A graph op returned NULL: the failure it recorded on g, this call's own
+ * in the error scope of train_optimizer_append, raised again so that the
+ * message goes with the status.  Everything was checked before the first
+ * op, so only allocation may fail there: anything else is a bug. */
+static spmd_status builder_failed(const spmd_graph *g, const char *who)
 {
-    spmd_status st = base_error_reported();
-    return st ? st : base_error(SPMD_ERR_INTERNAL, "%s: a graph op failed without a message", who);
+    if (ir_graph_status(g) == SPMD_OK)
+        return base_error(SPMD_ERR_INTERNAL, "%s: a graph op failed without a message", who);
+    return ir_error_raise(g);
 }
 
 /* ---- Settings ---------------------------------------------------------------------------- */
@@ -204,7 +206,7 @@ static spmd_status check_graph(const spmd_graph *g, const spmd_optimizer *o, boo
 static spmd_status copy_mark(spmd_graph *g, spmd_tensor *t, const sharding *mark)
 {
     if (!t->mark) t->mark = base_arena_alloc(&g->arena, sizeof *t->mark);
-    if (!t->mark) return SPMD_ERR_NOMEM;
+    if (!t->mark) return ir_error_keep(g); /* its tensor is lost: a builder failure */
     *t->mark = *mark;
     return SPMD_OK;
 }
@@ -221,7 +223,7 @@ static spmd_tensor *param_state(spmd_graph *g, const spmd_tensor *p, const char 
 
 static spmd_status update(spmd_graph *g, spmd_tensor *target, spmd_tensor *value, const char *who)
 {
-    if (!target || !value) return builder_failed(who);
+    if (!target || !value) return builder_failed(g, who);
     return spmd_graph_set_update(g, target, value);
 }
 
@@ -365,7 +367,7 @@ static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *l
     spmd_status st;
     for (int k = 0; k < n_params; k++)
         if (!(grads[k] = bookkeeping ? held_grad(g, params[k]) : params[k]->grad))
-            return builder_failed(who);
+            return builder_failed(g, who);
 
     shared s = {.lr = lr};
     spmd_tensor *one = spmd_fill(g, 0, NULL, 1.0f), *t = NULL, *norm = NULL;
@@ -379,7 +381,7 @@ static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *l
          * device sums its blocks and the partitioner adds the partials. */
         spmd_tensor *total = squares_total(g, params, grads, n_params, grouped);
         norm = total ? spmd_sqrt(g, total) : spmd_fill(g, 0, NULL, 0.0f);
-        if (!norm) return builder_failed(who);
+        if (!norm) return builder_failed(g, who);
         if (bookkeeping && ((st = spmd_tensor_set_name(norm, NORM_NAME)) != SPMD_OK ||
                             (st = spmd_graph_mark_output(g, norm)) != SPMD_OK))
             return st;
@@ -389,12 +391,12 @@ static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *l
          * whether or not it is below 1, as torch does. */
         spmd_tensor *guarded = spmd_add(g, norm, spmd_fill(g, 0, NULL, CLIP_EPS));
         s.clip_scale = min_one(g, spmd_div(g, spmd_fill(g, 0, NULL, o->clip_norm), guarded));
-        if (!s.clip_scale) return builder_failed(who); /* NULL would mean "no clipping" */
+        if (!s.clip_scale) return builder_failed(g, who); /* NULL would mean "no clipping" */
     }
     if (o->kind == SPMD_OPTIMIZER_ADAMW) {
         if (o->weight_decay != 0.0f &&
             !(s.decay = spmd_sub(g, one, spmd_scale(g, lr, o->weight_decay))))
-            return builder_failed(who); /* NULL would mean "no decay" */
+            return builder_failed(g, who); /* NULL would mean "no decay" */
         s.step_size = spmd_div(g, lr, bias_correction(g, t, one, o->beta1));
         s.bc2_sqrt = spmd_sqrt(g, bias_correction(g, t, one, o->beta2));
         s.eps = spmd_fill(g, 0, NULL, o->eps);
@@ -436,6 +438,8 @@ spmd_status train_optimizer_append(spmd_graph *g, const spmd_optimizer *opt, spm
     spmd_tensor **params = base_alloc(&g->alloc, n * (2 * sizeof(spmd_tensor *) + sizeof(bool)),
                                       "optimizer parameter list");
     if (!params) return SPMD_ERR_NOMEM;
+    ir_failure outer;
+    ir_error_scope_begin(g, &outer);
     spmd_tensor **grads = params + n;
     bool *grouped = (bool *)(grads + n);
     for (int i = 0, k = 0; i < g->n_nodes; i++)
@@ -444,8 +448,9 @@ spmd_status train_optimizer_append(spmd_graph *g, const spmd_optimizer *opt, spm
     if (lr || (lr = spmd_input(g, LR_NAME, SPMD_F32, 0, NULL)))
         st = append(g, &o, lr, bookkeeping, who, params, grads, grouped, n_params, out);
     else
-        st = builder_failed(who);
+        st = builder_failed(g, who);
     base_free(&g->alloc, params);
+    ir_error_scope_end(g, &outer);
     return st;
 }
 

@@ -7,9 +7,12 @@
 #include "train/optim.h"
 
 #include "base/error.h"
+#include "ir/ir.h"
 
 spmd_status spmd_sgd(spmd_graph *g, spmd_tensor *lr)
 {
+    /* A NULL lr from a failed builder: report that failure. */
+    if (!lr && ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
     if (!g || !lr) return base_error(SPMD_ERR_INVALID, "sgd: graph or lr is NULL");
     const spmd_optimizer plain = {.kind = SPMD_OPTIMIZER_SGD};
     return train_optimizer_append(g, &plain, lr, false, "sgd", NULL);

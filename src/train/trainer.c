@@ -17,6 +17,8 @@ struct spmd_trainer {
 spmd_trainer *spmd_trainer_create(spmd_graph *g, spmd_tensor *loss,
                                   const spmd_trainer_options *opts)
 {
+    /* A NULL loss from a failed builder: report that failure. */
+    if (!loss && ir_error_raise(g) != SPMD_OK) return NULL;
     if (!g || !loss || !opts) {
         base_error(SPMD_ERR_INVALID, "trainer: graph, loss or options is NULL");
         return NULL;
