@@ -1,7 +1,7 @@
 /*
  * Dimension signatures: each op's iteration space, einsum style.  Sharding
  * propagation and partitioning are written once over these, not per op
- * (DESIGN.md, "Ops carry dimension signatures").
+ * (docs/DESIGN.md, "Dimension signatures").
  *
  * An iteration dimension is PARALLEL (any sharding is exact), SUM (a linear
  * reduction: sharding it leaves a partial sum) or FULL (each device needs it

@@ -1,5 +1,5 @@
 /*
- * Device meshes (DESIGN.md, "Mesh"): N devices, a permutation of device
+ * Device meshes (docs/DESIGN.md, "Mesh"): N devices, a permutation of device
  * ids, a logical shape and one name per axis.  The device at mesh
  * coordinate c is ids[row-major(c)].  A group of device p along an ordered
  * list of axes is every device sharing p's coordinates off those axes,

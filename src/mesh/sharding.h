@@ -1,5 +1,5 @@
 /*
- * Shardings (DESIGN.md, "Sharding"): for each tensor dimension an ordered
+ * Shardings (docs/DESIGN.md, "Sharding"): for each tensor dimension an ordered
  * list of mesh axes (major to minor), a set of partial axes (the value is a
  * pending sum over them), every other axis replicated.  An axis is used at
  * most once.

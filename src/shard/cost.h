@@ -1,5 +1,5 @@
 /*
- * The alpha-beta cost model (DESIGN.md, "Reshard"): a collective over a
+ * The alpha-beta cost model (docs/DESIGN.md, "Cost model"): a collective over a
  * group costs a latency per message (alpha) plus its bytes over the link
  * bandwidth (beta per byte), per mesh axis, since an axis whose groups stay
  * inside one process moves bytes through shared memory and one that

@@ -1,5 +1,5 @@
 /*
- * The partitioner (DESIGN.md, "Partition" and "Reshard"): turns a global
+ * The partitioner (docs/DESIGN.md, "Partition" and "Reshard"): turns a global
  * program and its propagated shardings into one per-device program, the
  * same for every device (shapes are the padded local blocks), with the
  * collectives inserted where an operand's sharding is not what its op

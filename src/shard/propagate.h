@@ -1,5 +1,5 @@
 /*
- * Sharding propagation (DESIGN.md, "Propagate" and "Priorities").
+ * Sharding propagation (docs/DESIGN.md, "Propagate" and "Priorities").
  *
  * Every op's sharding is decided over its iteration dimensions: each
  * iteration dimension takes an ordered list of mesh axes (or none), each
