@@ -25,7 +25,6 @@ spmd_status base_error(spmd_status status, const char *fmt, ...)
 
 spmd_status base_error_status(void) { return last_status; }
 
-
 const char *spmd_last_error(void) { return last_message; }
 
 void spmd_clear_error(void)
