@@ -54,6 +54,10 @@ void cli_usage(FILE *f, const char *command)
             "  --seed N             initialisation and data seed (1)\n"
             "  --threads N          compute threads in all (every core)\n"
             "  --json FILE          write a JSON report\n"
+            "  --on-nonfinite stop|continue  a NaN or infinite loss or gradient norm ends\n"
+            "                       the run (stop)\n"
+            "  --memory-check on|off  refuse a run whose memory need exceeds what the\n"
+            "                       machine has available (on)\n"
             "  --blas NAME          GEMM library: auto, openblas, blis or a CBLAS .so path (auto)\n"
             "  --blas-core NAME     OpenBLAS core type, e.g. SkylakeX (fits the CPU)\n",
             command);
@@ -72,6 +76,7 @@ static void defaults(cli_opts *o)
     o->axes = "replica,fsdp";
     o->optimizer = (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f};
     o->eval_samples = 256;
+    o->memory_check = true;
 }
 
 static int parse_int(const char *flag, const char *text, int min, int *out)
@@ -140,6 +145,12 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
         } else if (!strcmp(f, "--checkpoint")) {
             rc = parse_choice(f, v, "off", "on", &b);
             o->checkpoint = b;
+        } else if (!strcmp(f, "--on-nonfinite")) {
+            rc = parse_choice(f, v, "stop", "continue", &b);
+            o->keep_nonfinite = b;
+        } else if (!strcmp(f, "--memory-check")) {
+            rc = parse_choice(f, v, "off", "on", &b);
+            o->memory_check = b;
         } else if (!strcmp(f, "--mesh")) o->mesh = v, mesh_given = true;
         else if (!strcmp(f, "--axes")) o->axes = v, mesh_given = true;
         else if (!strcmp(f, "--fsdp")) o->fsdp = v;

@@ -34,6 +34,8 @@ typedef struct cli_opts {
     spmd_optimizer optimizer;
     bool checkpoint;   /* recompute each GPT block's activations in backward */
     int eval_samples;  /* held-out samples scored at the end */
+    bool keep_nonfinite; /* --on-nonfinite continue: train on past a NaN/inf loss */
+    bool memory_check;   /* --memory-check on: refuse a run that cannot fit */
     cli_shard shards[CLI_MAX_SHARDS];
     int n_shards;
     const char *json;
