@@ -510,6 +510,26 @@ static void test_data_parallel(void **state)
     case_close(&c, build_mlp, &cfg);
 }
 
+/* A batch the mesh cannot split (4 rows over 9 devices: fewer rows than
+ * blocks) leaves every device computing the whole batch: the input,
+ * though marked split, is gathered whole, and that gather is a fallback,
+ * counted and named like any other. */
+static void test_unsplittable_batch_is_a_fallback(void **state)
+{
+    (void)state;
+    mlp_case cfg = {{16, 32, 2, 8}, 4, "data, None", NULL, NULL, 1};
+    sharded_case c;
+    case_open(&c, "batch 4 over 9 devices (mesh 9)", "9", "data", build_mlp, &cfg);
+    bool input_gathered = false;
+    for (int i = 0; i < c.pt->n_fallbacks; i++) {
+        const spmd_tensor *t = c.s.g->nodes[c.pt->fallbacks[i].tensor];
+        if (t->op == IR_INPUT && !strcmp(spmd_tensor_name(t), "input")) input_gathered = true;
+    }
+    assert_true(input_gathered);
+    assert_true(spmd_program_fallback_count(c.p) >= 1);
+    case_close(&c, build_mlp, &cfg);
+}
+
 /* ---- 3. Batch on replica only, weights on fsdp ---------------------------------------------- */
 
 /* With the batch not split over fsdp, the fsdp pairs hold the same rows:
@@ -641,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_fsdp_in_replicas),
         cmocka_unit_test(test_fsdp_in_replicas_uneven),
         cmocka_unit_test(test_data_parallel),
+        cmocka_unit_test(test_unsplittable_batch_is_a_fallback),
         cmocka_unit_test(test_replica_input_fsdp_weights),
         cmocka_unit_test(test_megatron_one_block),
         cmocka_unit_test(test_megatron_two_blocks),

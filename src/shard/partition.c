@@ -323,10 +323,14 @@ static bool note_fallback(partition *p, int tensor, int consumer)
     return true;
 }
 
-/* An operand arriving split on a dim its op needs whole (a FULL or
- * unmapped dim) is a fallback: counted, shown by explain.  Parameters are
- * not: gathering a stored shard before use is the FSDP plan itself (a
- * LayerNorm scale is always gathered). */
+/* An operand arriving split on a dim its op cannot split that way is a
+ * fallback: counted, shown by explain.  The op cannot when the dim is FULL
+ * or unmapped, or when its iteration cannot be cut into that many blocks
+ * (32 rows over 65 devices; heads that do not divide): then every device
+ * computes the whole dim.  Not fallbacks: parameters (gathering a stored
+ * shard before use is the FSDP plan itself: a LayerNorm scale is always
+ * gathered), and an axis the op gave to another dim (a choice the cost
+ * model made). */
 static bool check_fallback(partition *p, const spmd_tensor *t, int j, const sharding *have,
                            const sharding *need)
 {
@@ -335,7 +339,9 @@ static bool check_fallback(partition *p, const spmd_tensor *t, int j, const shar
     for (int i = 0; i < have->rank; i++) {
         if (have->dim[i].n <= need->dim[i].n) continue;
         int it = n->has_sig ? n->sig.in[j][i] : -1;
-        if (it < 0 || n->sig.kind[it] == IR_ITER_FULL) return note_fallback(p, t->in[j]->id, t->id);
+        if (it < 0 || n->sig.kind[it] == IR_ITER_FULL ||
+            !shard_splittable(p->m, &have->dim[i], n->sig.size[it], n->sig.granule[it]))
+            return note_fallback(p, t->in[j]->id, t->id);
     }
     return true;
 }

@@ -24,7 +24,7 @@ static uint32_t axes_mask(const mesh_axes *a)
  * granule-bound dim (attention heads) must divide exactly.  A granule of
  * 1 (one channel per head) is bound too: 6 heads over 5 devices once
  * split unevenly, and each device ran 6 / 5 = 1 head of 2 channels. */
-static bool splittable(const spmd_mesh *m, const mesh_axes *axes, int64_t size, int64_t granule)
+bool shard_splittable(const spmd_mesh *m, const mesh_axes *axes, int64_t size, int64_t granule)
 {
     int64_t blocks = mesh_axes_size(m, axes);
     if (blocks <= 1) return blocks == 1;
@@ -211,7 +211,7 @@ static void take_axes(const shard_plan *p, shard_node *n, const int8_t *map, int
         if (n->sig.kind[it] == IR_ITER_FULL) continue;
         uint32_t mask = axes_mask(want);
         if (mask & *used) continue;
-        if (!splittable(p->m, want, n->sig.size[it], n->sig.granule[it])) continue;
+        if (!shard_splittable(p->m, want, n->sig.size[it], n->sig.granule[it])) continue;
         n->iter[it] = *want;
         *used |= mask;
     }

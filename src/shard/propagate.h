@@ -56,6 +56,10 @@ spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh 
                             const bool *needed, const spmd_allocator *alloc);
 void shard_plan_free(shard_plan *p);
 
+/* Can an iteration dim of `size` (blocks holding whole `granule`s when
+ * > 0) be split over `axes`? */
+bool shard_splittable(const spmd_mesh *m, const mesh_axes *axes, int64_t size, int64_t granule);
+
 /* Ops without a dimension signature carry shardings by an explicit rule:
  * true when propagation has one for `op` (reshape). */
 bool shard_has_explicit_rule(ir_op op);
