@@ -2,6 +2,8 @@
 #   make run        build Release in build/ and run `spmd train`
 #   make test       build in build/ and run the tests with CTest
 #   make test-asan  the same with ASan+UBSan in build-asan/
+#   make test-tsan  the threaded tests (runtime, collectives, training) under
+#                   ThreadSanitizer in build-tsan/
 #   make bench      build and run the benchmarks
 #   make clean      remove the build folders
 # Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=...
@@ -15,8 +17,14 @@ CTEST_ARGS ?=
 
 BUILD := build
 ASAN_BUILD := build-asan
+TSAN_BUILD := build-tsan
+# The tests whose threads share memory: device workers, collectives, the
+# optimizers on a mesh, big meshes.
+TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh
+empty :=
+space := $(empty) $(empty)
 
-.PHONY: all deps build build-asan run test test-asan bench clean
+.PHONY: all deps build build-asan build-tsan run test test-asan test-tsan bench clean
 
 all: build
 
@@ -39,6 +47,14 @@ build-asan: deps
 	@echo "==> building $(ASAN_BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
+build-tsan: deps
+	@echo "==> configuring $(TSAN_BUILD)/ (RelWithDebInfo, ThreadSanitizer, werror=$(WERROR))"
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
+	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF -DSPMD_TSAN=ON -DSPMD_BUILD_BENCH=OFF \
+	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS) >/dev/null
+	@echo "==> building $(TSAN_TESTS) in $(TSAN_BUILD)/ with $(JOBS) jobs"
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS)
+
 run: build
 	@if [ -x $(BUILD)/spmd ]; then \
 	    echo "==> running ./$(BUILD)/spmd train"; \
@@ -55,6 +71,11 @@ test-asan: build-asan
 	@echo "==> running the tests under ASan+UBSan (ctest in $(ASAN_BUILD)/)"
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
+test-tsan: build-tsan
+	@echo "==> running $(TSAN_TESTS) under ThreadSanitizer (ctest in $(TSAN_BUILD)/)"
+	@cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) \
+	    -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$' $(CTEST_ARGS)
+
 bench: build
 	@set -e; found=0; for b in $(BUILD)/bench/*; do \
 	    [ -f "$$b" ] && [ -x "$$b" ] || continue; found=1; \
@@ -62,5 +83,5 @@ bench: build
 	done; [ $$found = 1 ] || echo "==> no benchmarks built"
 
 clean:
-	@echo "==> removing $(BUILD)/ and $(ASAN_BUILD)/"
-	@rm -rf $(BUILD) $(ASAN_BUILD)
+	@echo "==> removing $(BUILD)/, $(ASAN_BUILD)/ and $(TSAN_BUILD)/"
+	@rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -14,26 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #ifndef SPMD_TOOL_PATH
 #error "SPMD_TOOL_PATH must name the spmd binary"
 #endif
 
-/* Run the tool with `args`; capture stderr+stdout into out; return the
- * exit status. */
-static int run_tool(const char *args, char *out, size_t size)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", SPMD_TOOL_PATH, args);
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    size_t n = fread(out, 1, size - 1, f);
-    out[n] = '\0';
-    int status = pclose(f);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+#include "support_tool.h" /* run_tool */
 
 static cJSON *load_json(const char *path)
 {

@@ -5,7 +5,8 @@
  * mask marks exactly the answer digits; text and shard windows stay on
  * their side of the held-out boundary; and every bad file (missing, short,
  * wrong magic or version, truncated, tokens beyond the vocabulary) fails
- * with a message that names the file and the cause.  Files are written to a
+ * with a message that names the file and the cause, as does a shard cut
+ * short while the data set reads it (no SIGBUS).  Files are written to a
  * fresh directory under $TMPDIR (or the build directory) and removed.
  */
 #include <setjmp.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -644,6 +646,68 @@ static void test_shard_errors(void **state)
     remove_dir(dir);
 }
 
+/* Shards truncated under an open data set: the next batch that reads one
+ * fails with SPMD_ERR_IO naming it, for a file kept open and for one opened
+ * for each read (past half the open-file limit), and never with SIGBUS. */
+static void test_shard_truncated_while_open(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    make_dir(dir, sizeof dir);
+    uint16_t *tok = random_tokens(NTOK, 0, 100, 5);
+    enum { B = 40 };
+    int32_t in[B * TSEQ], tg[B * TSEQ];
+
+    snprintf(path, sizeof path, "%s/kept.bin", dir);
+    write_shard(path, MAGIC, 1, NTOK, tok, NTOK);
+    spmd_dataset *d = spmd_dataset_open(path, TSEQ, 1);
+    assert_non_null(d);
+    assert_int_equal(spmd_dataset_batch(d, SPMD_SPLIT_TRAIN, 0, B, in, tg), SPMD_OK);
+    assert_int_equal(truncate(path, 1024 + 2 * 100), 0);
+    assert_int_equal(spmd_dataset_batch(d, SPMD_SPLIT_TRAIN, 0, B, in, tg), SPMD_ERR_IO);
+    has(spmd_last_error(), path);
+    has(spmd_last_error(), "changed while in use");
+    assert_int_equal(spmd_dataset_check_vocab(d, 50), SPMD_ERR_IO);
+    has(spmd_last_error(), path);
+    spmd_dataset_free(d);
+
+    /* An open-file limit above the descriptors open now keeps all files
+     * but the last open; the last, where nearly every training window is,
+     * is opened for each read. */
+    int high = 0;
+    DIR *fds = opendir("/proc/self/fd");
+    assert_non_null(fds);
+    for (struct dirent *e; (e = readdir(fds));)
+        if (atoi(e->d_name) > high) high = atoi(e->d_name);
+    closedir(fds);
+    int kept = high + 3, nfiles = kept + 1;
+    struct rlimit saved, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    low = saved;
+    low.rlim_cur = 2 * (rlim_t)kept;
+    for (int i = 0; i < nfiles; i++) {
+        snprintf(path, sizeof path, "%s/part%04d.bin", dir, i);
+        int n = i == nfiles - 1 ? NTOK : TSEQ + 2;
+        write_shard(path, MAGIC, 1, n, tok, (size_t)n);
+    }
+    snprintf(path, sizeof path, "%s/part*.bin", dir);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    d = spmd_dataset_open(path, TSEQ, 1);
+    spmd_status first = d ? spmd_dataset_batch(d, SPMD_SPLIT_TRAIN, 0, B, in, tg) : SPMD_ERR_IO;
+    snprintf(path, sizeof path, "%s/part%04d.bin", dir, nfiles - 1);
+    assert_int_equal(truncate(path, 1024 + 2 * 100), 0);
+    spmd_status after = d ? spmd_dataset_batch(d, SPMD_SPLIT_TRAIN, 0, B, in, tg) : SPMD_OK;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    if (!d) fail_msg("open: %s", spmd_last_error());
+    assert_int_equal(first, SPMD_OK);
+    assert_int_equal(after, SPMD_ERR_IO);
+    has(spmd_last_error(), path);
+    has(spmd_last_error(), "changed while in use");
+    spmd_dataset_free(d);
+    free(tok);
+    remove_dir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -657,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_shard_single_file),
         cmocka_unit_test(test_shard_glob),
         cmocka_unit_test(test_shard_errors),
+        cmocka_unit_test(test_shard_truncated_while_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

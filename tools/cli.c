@@ -5,13 +5,18 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 int cli_fail(const char *fmt, ...)
 {
@@ -27,7 +32,7 @@ int cli_fail(const char *fmt, ...)
 void cli_usage(FILE *f, const char *command)
 {
     fprintf(f,
-            "usage: spmd %s [flags]\n"
+            "usage: spmd %s [flags]   (each as --flag VALUE or --flag=VALUE)\n"
             "  --mesh SHAPE         device mesh, e.g. 8 or 4x2 (4x2)\n"
             "  --axes NAMES         mesh axis names (replica,fsdp)\n"
             "  --devices N          device workers (the mesh size; alone: a mesh N, axis 'data')\n"
@@ -50,8 +55,9 @@ void cli_usage(FILE *f, const char *command)
             "  --lr X               peak learning rate (adamw 3e-3 with warmup and cosine\n"
             "                       decay; sgd 0.1, constant)\n"
             "  --checkpoint on|off  recompute GPT block activations in backward (off)\n"
-            "  --eval N             held-out samples scored at the end (256)\n"
-            "  --seed N             initialisation and data seed (1)\n"
+            "  --eval N             held-out samples scored at the end, at most the held-out\n"
+            "                       set's size (256)\n"
+            "  --seed N             initialisation and data seed, 0 to 2^64-1 (1)\n"
             "  --threads N          compute threads in all (every core)\n"
             "  --json FILE          write a JSON report\n"
             "  --on-nonfinite stop|continue  a NaN or infinite loss or gradient norm ends\n"
@@ -79,14 +85,90 @@ static void defaults(cli_opts *o)
     o->memory_check = true;
 }
 
-static int parse_int(const char *flag, const char *text, int min, int *out)
+/* Integer flags take min..CLI_INT_MAX unless their own range says less. */
+#define CLI_INT_MAX 1000000000
+
+typedef enum flag_kind {
+    FLAG_INT,   /* an int field of cli_opts, in [min, CLI_INT_MAX] */
+    FLAG_TEXT,  /* a const char * field of cli_opts, kept as given */
+    FLAG_OTHER  /* parsed by name in set_flag */
+} flag_kind;
+
+typedef struct flag_spec {
+    const char *name;
+    flag_kind kind;
+    size_t offset; /* FLAG_INT, FLAG_TEXT: the field in cli_opts */
+    int min;       /* FLAG_INT */
+    const char *why_min; /* FLAG_INT: why less than min means nothing, or NULL */
+} flag_spec;
+
+/* Every flag takes a value, as "--flag value" or "--flag=value".  One
+ * table, so an unknown flag is known as such before its value is looked for. */
+static const flag_spec flag_specs[] = {
+    {"--model", FLAG_OTHER, 0, 0, NULL},
+    {"--layers", FLAG_INT, offsetof(cli_opts, gpt.layers), 1,
+     "a GPT needs at least one block and an MLP at least one hidden layer"},
+    {"--dim", FLAG_INT, offsetof(cli_opts, gpt.dim), 1, NULL},
+    {"--heads", FLAG_INT, offsetof(cli_opts, gpt.heads), 1, NULL},
+    {"--seq", FLAG_INT, offsetof(cli_opts, gpt.seq), 1, NULL},
+    {"--context", FLAG_INT, offsetof(cli_opts, gpt.context), 1, NULL},
+    {"--vocab", FLAG_INT, offsetof(cli_opts, gpt.vocab), 2, "one token leaves nothing to predict"},
+    {"--hidden", FLAG_INT, offsetof(cli_opts, mlp.hidden), 1, NULL},
+    {"--batch", FLAG_INT, offsetof(cli_opts, batch), 1, NULL},
+    {"--steps", FLAG_INT, offsetof(cli_opts, steps), 1, NULL},
+    {"--threads", FLAG_INT, offsetof(cli_opts, threads), 1, NULL},
+    {"--devices", FLAG_INT, offsetof(cli_opts, devices), 1, NULL},
+    {"--eval", FLAG_INT, offsetof(cli_opts, eval_samples), 0, NULL},
+    {"--seed", FLAG_OTHER, 0, 0, NULL},
+    {"--lr", FLAG_OTHER, 0, 0, NULL},
+    {"--optimizer", FLAG_OTHER, 0, 0, NULL},
+    {"--checkpoint", FLAG_OTHER, 0, 0, NULL},
+    {"--on-nonfinite", FLAG_OTHER, 0, 0, NULL},
+    {"--memory-check", FLAG_OTHER, 0, 0, NULL},
+    {"--mesh", FLAG_OTHER, 0, 0, NULL},
+    {"--axes", FLAG_OTHER, 0, 0, NULL},
+    {"--shard", FLAG_OTHER, 0, 0, NULL},
+    {"--fsdp", FLAG_TEXT, offsetof(cli_opts, fsdp), 0, NULL},
+    {"--data", FLAG_TEXT, offsetof(cli_opts, data), 0, NULL},
+    {"--json", FLAG_TEXT, offsetof(cli_opts, json), 0, NULL},
+    {"--blas", FLAG_TEXT, offsetof(cli_opts, blas), 0, NULL},
+    {"--blas-core", FLAG_TEXT, offsetof(cli_opts, blas_core), 0, NULL},
+};
+
+/* The flag spelled by the first `len` characters of `arg`, or NULL. */
+static const flag_spec *find_flag(const char *arg, size_t len)
+{
+    for (size_t i = 0; i < sizeof flag_specs / sizeof *flag_specs; i++)
+        if (strlen(flag_specs[i].name) == len && !strncmp(flag_specs[i].name, arg, len))
+            return &flag_specs[i];
+    return NULL;
+}
+
+static int parse_int(const flag_spec *fs, const char *text, int *out)
 {
     char *end;
     errno = 0;
     long v = strtol(text, &end, 10);
-    if (errno || *end || end == text || v < min || v > 1000000000L)
-        return cli_fail("%s wants an integer of at least %d, got '%s'", flag, min, text);
+    if (errno || *end || end == text || v < fs->min || v > CLI_INT_MAX) {
+        bool why = fs->why_min && !errno && !*end && end != text && v < fs->min;
+        return cli_fail("%s wants an integer from %d to %d, got '%s'%s%s", fs->name, fs->min,
+                        CLI_INT_MAX, text, why ? ": " : "", why ? fs->why_min : "");
+    }
     *out = (int)v;
+    return 0;
+}
+
+/* Any 64-bit unsigned value.  strtoull would wrap "-1" to the largest, so
+ * only digits are taken. */
+static int parse_u64(const char *flag, const char *text, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (!isdigit((unsigned char)text[0]) || errno || *end)
+        return cli_fail("%s wants an integer from 0 to %" PRIu64 ", got '%s'", flag, UINT64_MAX,
+                        text);
+    *out = (uint64_t)v;
     return 0;
 }
 
@@ -97,80 +179,82 @@ static int parse_choice(const char *flag, const char *v, const char *a, const ch
     return 0;
 }
 
+/* One flag's value into `o`; `v` is argv's, ours to modify. */
+static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
+{
+    char *field = (char *)o + fs->offset;
+    if (fs->kind == FLAG_INT) return parse_int(fs, v, (int *)(void *)field);
+    if (fs->kind == FLAG_TEXT) {
+        *(const char **)(void *)field = v;
+        return 0;
+    }
+    const char *f = fs->name;
+    int rc = 0;
+    bool b = false;
+    if (!strcmp(f, "--model")) {
+        rc = parse_choice(f, v, "gpt", "mlp", &b);
+        strcpy(o->model, b ? "mlp" : "gpt");
+    } else if (!strcmp(f, "--seed")) {
+        rc = parse_u64(f, v, &o->seed);
+    } else if (!strcmp(f, "--lr")) {
+        char *end;
+        o->lr = strtof(v, &end);
+        if (*end || end == v || !(o->lr > 0) || !isfinite(o->lr))
+            return cli_fail("--lr wants a positive number, got '%s'", v);
+    } else if (!strcmp(f, "--optimizer")) {
+        rc = parse_choice(f, v, "adamw", "sgd", &b);
+        o->optimizer = b ? (spmd_optimizer){.kind = SPMD_OPTIMIZER_SGD}
+                         : (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f,
+                                            .clip_norm = 1.0f};
+    } else if (!strcmp(f, "--checkpoint")) {
+        rc = parse_choice(f, v, "off", "on", &b);
+        o->checkpoint = b;
+    } else if (!strcmp(f, "--on-nonfinite")) {
+        rc = parse_choice(f, v, "stop", "continue", &b);
+        o->keep_nonfinite = b;
+    } else if (!strcmp(f, "--memory-check")) {
+        rc = parse_choice(f, v, "off", "on", &b);
+        o->memory_check = b;
+    } else if (!strcmp(f, "--mesh")) {
+        o->mesh = v, *mesh_given = true;
+    } else if (!strcmp(f, "--axes")) {
+        o->axes = v, *mesh_given = true;
+    } else if (!strcmp(f, "--shard")) {
+        char *eq = strchr(v, '=');
+        if (!eq || eq == v) return cli_fail("--shard wants PATTERN=SPEC, got '%s'", v);
+        if (o->n_shards == CLI_MAX_SHARDS) return cli_fail("more than %d --shard rules", CLI_MAX_SHARDS);
+        *eq = '\0'; /* split in place */
+        o->shards[o->n_shards++] = (cli_shard){v, eq + 1};
+    }
+    return rc;
+}
+
 int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
 {
     defaults(o);
     bool mesh_given = false;
     for (int i = 0; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+        char *arg = argv[i];
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
             cli_usage(stdout, command);
             return -1;
         }
-        if (i + 1 >= argc) return cli_fail("%s needs a value", f);
-        const char *v = argv[++i];
-        int rc = 0;
-        bool b = false;
-        if (!strcmp(f, "--model")) {
-            rc = parse_choice(f, v, "gpt", "mlp", &b);
-            strcpy(o->model, b ? "mlp" : "gpt");
-        } else if (!strcmp(f, "--layers")) {
-            rc = parse_int(f, v, 0, &o->gpt.layers);
-            o->mlp.layers = o->gpt.layers;
-        } else if (!strcmp(f, "--dim")) rc = parse_int(f, v, 1, &o->gpt.dim);
-        else if (!strcmp(f, "--heads")) rc = parse_int(f, v, 1, &o->gpt.heads);
-        else if (!strcmp(f, "--seq")) rc = parse_int(f, v, 1, &o->gpt.seq);
-        else if (!strcmp(f, "--context")) rc = parse_int(f, v, 1, &o->gpt.context);
-        else if (!strcmp(f, "--vocab")) rc = parse_int(f, v, 2, &o->gpt.vocab);
-        else if (!strcmp(f, "--hidden")) rc = parse_int(f, v, 1, &o->mlp.hidden);
-        else if (!strcmp(f, "--batch")) rc = parse_int(f, v, 1, &o->batch);
-        else if (!strcmp(f, "--steps")) rc = parse_int(f, v, 1, &o->steps);
-        else if (!strcmp(f, "--threads")) rc = parse_int(f, v, 1, &o->threads);
-        else if (!strcmp(f, "--devices")) rc = parse_int(f, v, 1, &o->devices);
-        else if (!strcmp(f, "--eval")) rc = parse_int(f, v, 0, &o->eval_samples);
-        else if (!strcmp(f, "--seed")) {
-            int s = 0;
-            rc = parse_int(f, v, 0, &s);
-            o->seed = (uint64_t)s;
-        } else if (!strcmp(f, "--lr")) {
-            char *end;
-            o->lr = strtof(v, &end);
-            if (*end || end == v || !(o->lr > 0) || !isfinite(o->lr))
-                return cli_fail("--lr wants a positive number, got '%s'", v);
-        } else if (!strcmp(f, "--optimizer")) {
-            rc = parse_choice(f, v, "adamw", "sgd", &b);
-            o->optimizer = b ? (spmd_optimizer){.kind = SPMD_OPTIMIZER_SGD}
-                             : (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f,
-                                                .clip_norm = 1.0f};
-        } else if (!strcmp(f, "--checkpoint")) {
-            rc = parse_choice(f, v, "off", "on", &b);
-            o->checkpoint = b;
-        } else if (!strcmp(f, "--on-nonfinite")) {
-            rc = parse_choice(f, v, "stop", "continue", &b);
-            o->keep_nonfinite = b;
-        } else if (!strcmp(f, "--memory-check")) {
-            rc = parse_choice(f, v, "off", "on", &b);
-            o->memory_check = b;
-        } else if (!strcmp(f, "--mesh")) o->mesh = v, mesh_given = true;
-        else if (!strcmp(f, "--axes")) o->axes = v, mesh_given = true;
-        else if (!strcmp(f, "--fsdp")) o->fsdp = v;
-        else if (!strcmp(f, "--data")) o->data = v;
-        else if (!strcmp(f, "--shard")) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v) return cli_fail("--shard wants PATTERN=SPEC, got '%s'", v);
-            if (o->n_shards == CLI_MAX_SHARDS) return cli_fail("more than %d --shard rules", CLI_MAX_SHARDS);
-            /* Split in place: argv strings are ours to modify. */
-            argv[i][eq - v] = '\0';
-            o->shards[o->n_shards++] = (cli_shard){v, eq + 1};
-        } else if (!strcmp(f, "--json")) o->json = v;
-        else if (!strcmp(f, "--blas")) o->blas = v;
-        else if (!strcmp(f, "--blas-core")) o->blas_core = v;
-        else {
+        if (arg[0] != '-')
+            return cli_fail("unexpected argument '%s': spmd %s takes only flags (--help lists "
+                            "them)", arg, command);
+        char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        const flag_spec *fs = find_flag(arg, len);
+        if (!fs) {
             cli_usage(stderr, command);
-            return cli_fail("unknown flag '%s'", f);
+            return cli_fail("unknown flag '%.*s'", (int)len, arg);
         }
+        char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!v) return cli_fail("%s needs a value", fs->name);
+        int rc = set_flag(fs, v, o, &mesh_given);
         if (rc) return rc;
     }
+    o->mlp.layers = o->gpt.layers; /* --layers is either model's depth */
     /* --devices N alone: a mesh of N devices along one 'data' axis. */
     static char devices_text[16];
     if (o->devices && !mesh_given) {
@@ -299,7 +383,8 @@ int cli_build(const cli_opts *o_in, cli_model *m)
     memset(m, 0, sizeof *m);
     cli_opts o = *o_in;
     if ((int64_t)o.batch * o.gpt.seq > INT_MAX / 64)
-        return cli_fail("--batch %d x --seq %d is too many tokens per step", o.batch, o.gpt.seq);
+        return cli_fail("--batch %d x --seq %d is too many tokens per step (at most %d)", o.batch,
+                        o.gpt.seq, INT_MAX / 64);
     m->data = spmd_dataset_open(o.data, o.gpt.seq, o.seed);
     if (!m->data) return cli_fail("--data %s: %s", o.data ? o.data : "arith", spmd_last_error());
     if (!o.gpt.vocab) o.gpt.vocab = spmd_dataset_vocab(m->data);
@@ -360,6 +445,83 @@ spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());
     return p;
+}
+
+/* A "Key:  123 kB" line of a /proc file, in bytes; -1 when absent. */
+static double proc_bytes(const char *file, const char *key)
+{
+    FILE *f = fopen(file, "r");
+    if (!f) return -1;
+    char line[256];
+    size_t n = strlen(key);
+    double v = -1;
+    while (v < 0 && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') v = strtod(line + n + 1, NULL) * 1024;
+    fclose(f);
+    return v;
+}
+
+static const char *mem_text(double bytes, char *buf, size_t size)
+{
+    if (bytes >= 1024.0 * 1024 * 1024) snprintf(buf, size, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+    else snprintf(buf, size, "%.0f MiB", bytes / (1024.0 * 1024));
+    return buf;
+}
+
+/* Address space a run maps beyond its plan: a stack per compute thread
+ * and OpenBLAS's GEMM buffer.  Little of it is touched, but RLIMIT_AS
+ * counts it all. */
+#define THREAD_STACK_BYTES (8.0 * 1024 * 1024)
+#define GEMM_BUFFER_BYTES (128.0 * 1024 * 1024)
+
+int cli_check_memory(const cli_opts *o, const cli_model *m)
+{
+    /* Plan-only programs allocate nothing: the figure comes before the
+     * memory, not after the kernel has killed the run. */
+    spmd_program *train = cli_compile(o, m->train.g, true);
+    spmd_program *eval = train && m->eval.g ? cli_compile(o, m->eval.g, true) : NULL;
+    if (!train || (m->eval.g && !eval)) {
+        spmd_program_free(train);
+        return 1;
+    }
+    int devices = spmd_program_devices(train);
+    double per_device = (double)spmd_program_peak_bytes(train) + (eval ? (double)spmd_program_peak_bytes(eval) : 0);
+    spmd_program_free(train);
+    spmd_program_free(eval);
+    /* The tool's own buffers: token ids, targets and score mask, and the
+     * one-hot inputs and held-out logits of batch x seq x vocab floats. */
+    double tokens = (double)o->batch * o->gpt.seq;
+    double vocab = (double)spmd_tensor_dim(m->train.logits, spmd_tensor_rank(m->train.logits) - 1);
+    double need = per_device * devices + tokens * (9.0 + 8.0 * vocab);
+    char a[32], b[32], c[32];
+
+    double avail = proc_bytes("/proc/meminfo", "MemAvailable");
+    if (avail >= 0 && need > avail)
+        return cli_fail("not enough memory: this run needs about %s (%s per device x %d devices, plus "
+                        "input buffers) and this machine has %s available; try a bigger mesh, "
+                        "--checkpoint on, or a smaller --batch or --seq (--memory-check off runs it "
+                        "anyway)",
+                        mem_text(need, a, sizeof a), mem_text(per_device, b, sizeof b), devices,
+                        mem_text(avail, c, sizeof c));
+
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
+    /* Each device gets its share of the compute threads, at least one (as
+     * the compiler splits them). */
+    long threads = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    long per = threads / devices < 1 ? 1 : threads / devices > 256 ? 256 : threads / devices;
+    double workers = (double)per * devices;
+    double mapped = need + workers * THREAD_STACK_BYTES + GEMM_BUFFER_BYTES;
+    /* What is mapped already counts against the limit too. */
+    double room = fmax(0, (double)limit.rlim_cur - fmax(0, proc_bytes("/proc/self/status", "VmSize")));
+    if (mapped <= room) return 0;
+    return cli_fail("not enough address space: this run maps about %s (%s per device x %d devices, "
+                    "plus input buffers, %.0f thread stacks and a GEMM buffer) and the address-space "
+                    "limit (ulimit -v) leaves %s; raise the limit, or try a bigger mesh, "
+                    "--checkpoint on, or a smaller --batch or --seq (--memory-check off runs it "
+                    "anyway)",
+                    mem_text(mapped, a, sizeof a), mem_text(per_device, b, sizeof b), devices, workers,
+                    mem_text(room, c, sizeof c));
 }
 
 size_t cli_param_bytes(const spmd_program *p)
@@ -425,6 +587,15 @@ static int copy_params(const cli_model *m, const spmd_program *train, spmd_progr
         if (st != SPMD_OK) return cli_fail("evaluation: %s", spmd_last_error());
     }
     return 0;
+}
+
+void cli_cap_eval(cli_opts *o, const cli_model *m)
+{
+    int64_t size = spmd_dataset_heldout_size(m->data);
+    if (!m->eval.g || o->eval_samples <= size) return;
+    printf("--eval %d: the held-out set has %lld samples; scoring all of them\n", o->eval_samples,
+           (long long)size);
+    o->eval_samples = (int)size;
 }
 
 double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,

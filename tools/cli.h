@@ -69,8 +69,14 @@ void cli_model_free(cli_model *m);
 /* Compile a graph with the BLAS and thread choices of the flags; a
  * plan-only program (explain) allocates nothing and cannot run. */
 spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only);
+/* Refuse (message, exit code) a run whose programs need more memory than
+ * this process can get: MemAvailable, and the room RLIMIT_AS leaves. */
+int cli_check_memory(const cli_opts *o, const cli_model *m);
 /* One global batch of the training split for `step`, and its lr. */
 int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step);
+/* Cap --eval at the held-out set's size, saying so on stdout: past it,
+ * evaluation only scores the same problems again, for as long as asked. */
+void cli_cap_eval(cli_opts *o, const cli_model *m);
 /* Held-out accuracy of the trained parameters (read from `train`): the
  * share of scored targets predicted exactly; -1 when there is none. */
 double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,
@@ -83,7 +89,11 @@ struct cJSON;
 struct cJSON *cli_collectives_json(const spmd_program *p);
 struct cJSON *cli_mesh_json(const cli_model *m);
 struct cJSON *cli_per_device(const spmd_program *p, double value);
-/* Writes and frees `root`. */
+/* Refuse (message, exit code) a --json path no report could be written
+ * to: a directory, a device, a place where no file can be created. */
+int cli_check_report_path(const char *path);
+/* Writes and frees `root`, atomically: a temporary file beside `path`,
+ * synced, then renamed over it.  0, or 1 with a message. */
 int cli_write_json(const char *path, struct cJSON *root);
 /* "4x2 (replica, fsdp)" or "1 device". */
 void cli_mesh_text(const cli_model *m, char *buf, size_t size);

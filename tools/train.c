@@ -6,9 +6,117 @@
 
 #include <cJSON.h>
 
+#include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* Exit status of a run stopped by a non-finite loss or gradient norm (an
+ * interrupted run exits 128 + the signal, as a shell reports it). */
+enum { EXIT_DIVERGED = 3 };
+
+/* Why a run ended before its last step; step 0 when it did not. */
+typedef struct train_stop {
+    int step;        /* the last step run, from 1 */
+    int signal;      /* SIGINT or SIGTERM, or 0 */
+    char reason[32]; /* "loss is nan", "SIGINT" */
+} train_stop;
+
+/* The first SIGINT or SIGTERM asks the run to stop once the step under
+ * way is done, so the report keeps every loss so far; the handlers go back
+ * to the default at once, so a second signal ends the process. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig;
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+}
+
+static void catch_stop_signals(void)
+{
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* A signal received by now stops the run after step `done`. */
+static void note_signal(train_stop *stop, int done)
+{
+    int sig = stop_signal;
+    if (stop->step || !sig) return;
+    *stop = (train_stop){.step = done, .signal = sig};
+    snprintf(stop->reason, sizeof stop->reason, "%s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* A non-finite loss or gradient norm, as "loss is nan"; false if none:
+ * once either is, every later step only spreads it. */
+static bool nonfinite(float loss, float norm, char *why, size_t size)
+{
+    bool bad_loss = !isfinite(loss);
+    if (!bad_loss && isfinite(norm)) return false;
+    float v = bad_loss ? loss : norm;
+    snprintf(why, size, "%s is %s", bad_loss ? "loss" : "grad norm",
+             isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+    return true;
+}
+
+/* Devices dim 0 of `t` is split over, from its sharding's first entry (an
+ * axis, a tuple of axes, or None); their axes go to `axes` as "(a, b)". */
+static int batch_devices(const cli_model *m, const spmd_tensor *t, char *axes, size_t size)
+{
+    char spec[256];
+    spmd_get_sharding(t, spec, sizeof spec);
+    spec[spec[0] == '(' ? strcspn(spec, ")") : strcspn(spec, ",|")] = '\0';
+    int devices = 1;
+    snprintf(axes, size, "(");
+    for (char *tok = strtok(spec, "(), "); tok; tok = strtok(NULL, "(), ")) {
+        int a = strcmp(tok, "None") ? spmd_mesh_axis_index(m->mesh, tok) : -1;
+        if (a < 0) continue;
+        size_t n = strlen(axes);
+        snprintf(axes + n, size - n, axes[1] ? ", %s" : "%s", tok);
+        devices *= spmd_mesh_axis_size(m->mesh, a);
+    }
+    size_t n = strlen(axes);
+    snprintf(axes + n, size - n, ")");
+    return devices;
+}
+
+/* What the plan does that a user would want to know before the first
+ * step: gathers an op forced, and a batch padded to fit the mesh. */
+static void warn_plan(const cli_opts *o, const cli_model *m, const spmd_program *p)
+{
+    enum { SHOWN = 5 };
+    fflush(stdout); /* the header first, where both go to one file */
+    int nf = spmd_program_fallback_count(p);
+    if (nf)
+        fprintf(stderr, "spmd: warning: %d whole-tensor gather%s an op forced (fallbacks):\n", nf,
+                nf > 1 ? "s" : "");
+    for (int i = 0; i < nf && i < SHOWN; i++) {
+        char line[256];
+        spmd_program_fallback(p, i, line, sizeof line);
+        fprintf(stderr, "  %s\n", line);
+    }
+    if (nf > SHOWN) fprintf(stderr, "  and %d more (spmd explain lists them)\n", nf - SHOWN);
+    if (!m->mesh) return;
+    char axes[128], what[96];
+    int devices = batch_devices(m, m->train.input, axes, sizeof axes);
+    int64_t rows = spmd_tensor_dim(m->train.input, 0);
+    if (devices < 2 || rows % devices == 0) return;
+    if (rows == o->batch) snprintf(what, sizeof what, "batch %d does", o->batch);
+    else snprintf(what, sizeof what, "batch %d x seq %d = %lld rows do", o->batch, o->gpt.seq, (long long)rows);
+    int64_t block = (rows + devices - 1) / devices;
+    fprintf(stderr,
+            "spmd: warning: %s not divide over the %d devices of %s: blocks of %lld with padding "
+            "(%lld of %lld rows)\n",
+            what, devices, axes, (long long)block, (long long)(block * devices - rows),
+            (long long)(block * devices));
+}
 
 static double now_ms(void)
 {
@@ -23,16 +131,35 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Twice the room (at least 1024 steps) for the loss and time of each step. */
+static int grow_records(float **losses, double **ms, size_t *room)
+{
+    size_t want = *room ? 2 * *room : 1024;
+    float *l = realloc(*losses, want * sizeof *l);
+    if (l) *losses = l;
+    double *t = l ? realloc(*ms, want * sizeof *t) : NULL;
+    if (!t) return cli_fail("out of memory for the records of %zu steps", want);
+    *ms = t;
+    *room = want;
+    return 0;
+}
+
+/* The report of `steps` steps run (non-finite losses print as null). */
 static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, const float *losses,
-                  double ms, double accuracy)
+                  int steps, double ms, double accuracy, const train_stop *stop)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "mesh", cli_mesh_json(m));
     cJSON_AddStringToObject(root, "model", o->model);
     cJSON_AddNumberToObject(root, "params", (double)m->params);
-    cJSON_AddNumberToObject(root, "steps", o->steps);
+    cJSON_AddNumberToObject(root, "steps", steps);
     cJSON *loss = cJSON_AddArrayToObject(root, "loss");
-    for (int i = 0; i < o->steps; i++) cJSON_AddItemToArray(loss, cJSON_CreateNumber(losses[i]));
+    for (int i = 0; i < steps; i++) cJSON_AddItemToArray(loss, cJSON_CreateNumber(losses[i]));
+    if (stop->step) {
+        cJSON *stopped = cJSON_AddObjectToObject(root, "stopped");
+        cJSON_AddNumberToObject(stopped, "step", stop->step);
+        cJSON_AddStringToObject(stopped, "reason", stop->reason);
+    }
     cJSON_AddNumberToObject(root, "ms_per_step", ms);
     cJSON_AddNumberToObject(root, "tokens_per_s", (double)m->tokens_per_step / (ms / 1e3));
     cJSON_AddNumberToObject(root, "flops_per_step", m->flops_per_step);
@@ -49,8 +176,12 @@ int cmd_train(int argc, char **argv)
     cli_opts o;
     int rc = cli_parse(argc, argv, "train", &o);
     if (rc) return rc < 0 ? 0 : rc;
+    /* What would fail only after the run (the report) or kill it (memory)
+     * is checked before it. */
+    if (o.json && (rc = cli_check_report_path(o.json))) return rc;
     cli_model m;
     rc = cli_build(&o, &m);
+    if (!rc && o.memory_check) rc = cli_check_memory(&o, &m);
     spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g, false);
     spmd_program *eval = p && m.eval.g ? cli_compile(&o, m.eval.g, false) : NULL;
     if (!p || (m.eval.g && !eval)) {
@@ -64,21 +195,31 @@ int cmd_train(int argc, char **argv)
            (double)m.params / 1e6, mesh, o.batch,
            o.optimizer.kind == SPMD_OPTIMIZER_ADAMW ? "AdamW" : "SGD", spmd_blas_describe());
     printf("data: %s\n", spmd_dataset_describe(m.data));
+    cli_cap_eval(&o, &m);
     printf("per device: %.1f MiB peak, %.1f MiB parameters + gradients + optimizer state, "
            "%d collectives per step\n",
            (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
            spmd_program_collective_count(p));
+    warn_plan(&o, &m, p);
 
-    float *losses = malloc((size_t)o.steps * sizeof *losses);
-    double *ms = malloc((size_t)o.steps * sizeof *ms);
-    rc = !losses || !ms ? cli_fail("out of memory") : 0;
+    /* Per-step records grow with the run: a long --steps must not claim
+     * its whole history before the first step. */
+    float *losses = NULL;
+    double *ms = NULL;
+    size_t room = 0;
+    train_stop stop = {0};
+    int done = 0; /* steps run */
+    catch_stop_signals();
     double start = now_ms();
-    for (int s = 0; s < o.steps && !rc; s++) {
+    for (int s = 0; s < o.steps && !rc && !stop.step; s++) {
+        if ((size_t)s == room && (rc = grow_records(&losses, &ms, &room))) break;
         double t0 = now_ms();
         rc = cli_feed(&o, &m, p, s);
         if (rc) break;
         spmd_status st = spmd_program_run(p);
+        float norm = 0;
         if (st == SPMD_OK) st = spmd_program_read(p, m.train.loss, &losses[s], sizeof losses[s]);
+        if (st == SPMD_OK && m.opt.grad_norm) st = spmd_program_read(p, m.opt.grad_norm, &norm, sizeof norm);
         if (st != SPMD_OK) {
             fprintf(stderr, "\nspmd: step %d failed: %s\n", s + 1, spmd_last_error());
             rc = 1;
@@ -90,21 +231,33 @@ int cmd_train(int argc, char **argv)
         printf("\rstep %4d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  eta %.0fs   ", s + 1, o.steps,
                (double)losses[s], (double)m.tokens_per_step / (ms[s] / 1e3), ms[s], eta);
         fflush(stdout);
+        done = s + 1;
+        if (!o.keep_nonfinite && nonfinite(losses[s], norm, stop.reason, sizeof stop.reason)) stop.step = done;
+        note_signal(&stop, done);
     }
     printf("\n");
+    if (stop.step && !stop.signal) {
+        fflush(stdout);
+        fprintf(stderr, "spmd: step %d: %s; training stopped (--on-nonfinite continue trains on)\n",
+                stop.step, stop.reason);
+    }
     if (!rc) {
-        double *sorted = malloc((size_t)o.steps * sizeof *sorted);
+        double *sorted = malloc((size_t)done * sizeof *sorted);
         if (!sorted) {
             rc = cli_fail("out of memory");
             goto out;
         }
-        memcpy(sorted, ms, (size_t)o.steps * sizeof *ms);
-        qsort(sorted, (size_t)o.steps, sizeof *sorted, cmp_double);
-        double median = sorted[o.steps / 2];
+        memcpy(sorted, ms, (size_t)done * sizeof *ms);
+        qsort(sorted, (size_t)done, sizeof *sorted, cmp_double);
+        double median = sorted[done / 2];
         free(sorted);
-        double accuracy = cli_accuracy(&o, &m, p, eval);
-        printf("done: loss %.4f -> %.4f, median %.1f ms/step (%.0f tok/s, %.2f GFLOP/s)\n",
-               (double)losses[0], (double)losses[o.steps - 1], median,
+        /* A diverged or interrupted model has no accuracy worth reporting. */
+        double accuracy = stop.step ? -1 : cli_accuracy(&o, &m, p, eval);
+        note_signal(&stop, done);
+        char ended[64] = "done";
+        if (stop.step) snprintf(ended, sizeof ended, "stopped after step %d of %d", stop.step, o.steps);
+        printf("%s: loss %.4f -> %.4f, median %.1f ms/step (%.0f tok/s, %.2f GFLOP/s)\n", ended,
+               (double)losses[0], (double)losses[done - 1], median,
                (double)m.tokens_per_step / (median / 1e3), m.flops_per_step / (median / 1e3) / 1e9);
         if (accuracy >= 0)
             printf("held-out accuracy: %.1f%% of %d samples' answer digits (chance 10%%)\n",
@@ -113,7 +266,14 @@ int cmd_train(int argc, char **argv)
                "%d collectives per step\n",
                (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
                spmd_program_collective_count(p));
-        if (o.json) rc = report(&o, &m, p, losses, median, accuracy);
+        fflush(stdout); /* the summary before any message about the report */
+        if (o.json) rc = report(&o, &m, p, losses, done, median, accuracy, &stop);
+        if (stop.signal)
+            fprintf(stderr, "spmd: interrupted by %s after step %d%s%s\n", stop.reason, stop.step,
+                    !o.json ? "" : rc ? "; the report could not be written" : "; report written to ",
+                    o.json && !rc ? o.json : "");
+        /* The stop's own status: a script must not take it for success. */
+        if (stop.step) rc = stop.signal ? 128 + stop.signal : EXIT_DIVERGED;
     }
 out:
     free(losses), free(ms);

@@ -88,6 +88,11 @@ SPMD_API spmd_status spmd_dataset_batch(spmd_dataset *d, spmd_split split, int64
  * of the zero-padded sum, not the '\n' after it), 0 elsewhere.  Accuracy =
  * correct argmax predictions at mask positions / mask positions. */
 SPMD_API bool spmd_dataset_has_accuracy(const spmd_dataset *d);
+/* How many held-out samples it takes to cover the held-out split, beyond
+ * which scoring more only repeats it: arith, its held-out operand pairs
+ * (1017 for "arith"; each sample holds several problems drawn from them);
+ * text and shards, the windows of seq+1 tokens that fit in it. */
+SPMD_API int64_t spmd_dataset_heldout_size(const spmd_dataset *d);
 SPMD_API spmd_status spmd_dataset_score_mask(spmd_dataset *d, spmd_split split, int64_t first,
                                              int batch, uint8_t *mask);
 

@@ -252,6 +252,10 @@ SPMD_API const char *spmd_blas_describe(void);
  * OPENBLAS_CORETYPE the environment holds).  Call before the first run;
  * loads the library now, and a failure stays: every later run reports it. */
 SPMD_API spmd_status spmd_blas_select(const char *library, const char *coretype);
+/* The OpenBLAS core types spmd_blas_select takes, as one line
+ * ("Prescott, Core2, ..., SkylakeX, ..."); it refuses any other, ignoring
+ * case as OpenBLAS does.  NULL off x86-64: no list, any name is passed on. */
+SPMD_API const char *spmd_blas_core_names(void);
 
 #ifdef __cplusplus
 }

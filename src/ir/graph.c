@@ -6,6 +6,7 @@
 #include "ir/ir.h"
 #include "base/error.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +28,7 @@ void spmd_graph_free(spmd_graph *g)
     spmd_allocator a = g->alloc;
     base_arena_free(&g->arena);
     base_free(&a, g->nodes);
+    base_free(&a, g->names);
     base_free(&a, g->updates);
     base_free(&a, g);
 }
@@ -221,12 +223,59 @@ spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
     return t;
 }
 
+/* ---- Names ------------------------------------------------------------------- */
+
+static _Thread_local uint64_t name_compares;
+
+uint64_t ir_name_compares(void) { return name_compares; }
+
+/* FNV-1a. */
+static uint64_t name_hash(const char *name)
+{
+    uint64_t h = 14695981039346656037u;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = (h ^ *c) * 1099511628211u;
+    return h;
+}
+
+static void index_put(spmd_graph *g, spmd_tensor *t)
+{
+    size_t mask = (size_t)g->cap_names - 1, i = (size_t)name_hash(t->name) & mask;
+    while (g->names[i]) i = (i + 1) & mask;
+    g->names[i] = t;
+    g->n_names++;
+}
+
+/* Room in the index for one more name, so that naming a tensor after this
+ * cannot fail.  A full index is rebuilt at twice the size from the nodes,
+ * which also drops the old slots of renamed tensors. */
+static bool index_make_room(spmd_graph *g)
+{
+    if (2 * (g->n_names + 1) <= g->cap_names) return true;
+    if (g->cap_names > INT_MAX / 4) {
+        base_error(SPMD_ERR_NOMEM, "graph: too many named tensors to index");
+        return false;
+    }
+    int cap = g->cap_names ? 2 * g->cap_names : 64;
+    spmd_tensor **slots = base_calloc(&g->alloc, (size_t)cap * sizeof *slots, "graph name index");
+    if (!slots) return false;
+    base_free(&g->alloc, g->names);
+    g->names = slots;
+    g->cap_names = cap;
+    g->n_names = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->name) index_put(g, g->nodes[i]);
+    return true;
+}
+
+/* `name` is free in g, and the index has room for it. */
 static bool name_ok(spmd_graph *g, const char *name, const char *what)
 {
     if (!name || !*name) {
         base_error(SPMD_ERR_INVALID, "%s: a name is required", what);
         return false;
     }
+    if (!index_make_room(g)) return false;
     if (spmd_graph_find(g, name)) {
         base_error(SPMD_ERR_INVALID, "%s: the graph already has a tensor named '%s'", what,
                    name);
@@ -262,6 +311,7 @@ static spmd_tensor *leaf(spmd_graph *g, ir_op op, const char *name, spmd_dtype d
         ir_error_keep(g);
         return NULL;
     }
+    index_put(g, t);
     t->init = init;
     return t;
 }
@@ -356,10 +406,11 @@ spmd_status spmd_tensor_set_name(spmd_tensor *t, const char *name)
     if (!t) return base_error(SPMD_ERR_INVALID, "set_name: tensor is NULL");
     spmd_graph *g = t->graph;
     if (t->name && name && strcmp(t->name, name) == 0) return SPMD_OK;
-    if (!name_ok(g, name, "set_name")) return SPMD_ERR_INVALID;
+    if (!name_ok(g, name, "set_name")) return base_error_status(); /* taken, or no memory */
     char *copy = base_arena_strdup(&g->arena, name);
     if (!copy) return SPMD_ERR_NOMEM;
     t->name = copy;
+    index_put(g, t); /* its old name's slot no longer matches */
     return SPMD_OK;
 }
 
@@ -377,9 +428,12 @@ const char *spmd_tensor_signature(const spmd_tensor *t, char *buf, size_t size)
 
 spmd_tensor *spmd_graph_find(const spmd_graph *g, const char *name)
 {
-    if (!g || !name) return NULL;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->name && strcmp(g->nodes[i]->name, name) == 0) return g->nodes[i];
+    if (!g || !name || !g->cap_names) return NULL;
+    size_t mask = (size_t)g->cap_names - 1;
+    for (size_t i = (size_t)name_hash(name) & mask; g->names[i]; i = (i + 1) & mask) {
+        name_compares++;
+        if (strcmp(g->names[i]->name, name) == 0) return g->names[i];
+    }
     return NULL;
 }
 

@@ -89,6 +89,14 @@ struct spmd_graph {
     base_arena arena;       /* nodes and names */
     spmd_tensor **nodes;
     int n_nodes, cap_nodes;
+    /* spmd_graph_find's index of the names the leaf builders and
+     * spmd_tensor_set_name give: open addressing by name hash, each slot a
+     * tensor or NULL, the capacity a power of two, at most half full.  A
+     * renamed tensor also stays in its old name's slot, where its name no
+     * longer matches.  (The partitioner names its local graph's leaves
+     * directly; nothing looks them up.) */
+    spmd_tensor **names;
+    int n_names, cap_names;
     ir_update *updates;
     int n_updates, cap_updates;
     bool has_grad;
@@ -197,6 +205,9 @@ const char *ir_label(const spmd_tensor *t, char *buf, size_t size);
 void ir_mark_inputs(const spmd_graph *g, bool *marked, int last);
 int64_t ir_numel(const spmd_tensor *t);
 size_t ir_nbytes(const spmd_tensor *t);
+/* Names spmd_graph_find compared on this thread, in all (a test hook: the
+ * index keeps it near one per lookup, whatever the graph's size). */
+uint64_t ir_name_compares(void);
 bool ir_same_shape(const spmd_tensor *a, const spmd_tensor *b);
 /* Builders of the ops that backward passes emit (shapes checked). */
 spmd_tensor *ir_pad(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, int64_t total);

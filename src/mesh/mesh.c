@@ -142,17 +142,20 @@ static spmd_status check_axes(int rank, const int *shape, const char *const *nam
     }
     char text[96];
     shape_str(rank, shape, text, sizeof text);
-    *n_devices = 1;
+    double devices = 1; /* cannot overflow, and is exact far past the limit */
     for (int a = 0; a < rank; a++) {
         if (shape[a] < 1)
             return base_error(SPMD_ERR_INVALID,
                               "mesh %s: axis '%s' has size %d; sizes must be at least 1", text,
                               names[a], shape[a]);
-        if (shape[a] > MESH_MAX_DEVICES / *n_devices)
-            return base_error(SPMD_ERR_INVALID, "mesh %s has more than %d devices", text,
-                              MESH_MAX_DEVICES);
-        *n_devices *= shape[a];
+        devices *= shape[a];
     }
+    if (devices > MESH_MAX_DEVICES)
+        return base_error(SPMD_ERR_INVALID,
+                          "mesh %s has %.0f devices, more than %d devices, the most a mesh "
+                          "can have",
+                          text, devices, MESH_MAX_DEVICES);
+    *n_devices = (int)devices;
     return SPMD_OK;
 }
 
@@ -264,8 +267,17 @@ spmd_mesh *spmd_mesh_parse(const char *shape, const char *axes)
                        sizes[a]);
             return NULL;
         }
-        long v = strtol(sizes[a], NULL, 10);
-        dims[a] = v > MESH_MAX_DEVICES ? MESH_MAX_DEVICES + 1 : (int)v;
+        /* One size past the limit is refused here, as written, since it
+         * may not fit an int; products of smaller ones in spmd_mesh_create. */
+        unsigned long long v = strtoull(sizes[a], NULL, 10);
+        if (v > MESH_MAX_DEVICES) {
+            base_error(SPMD_ERR_INVALID,
+                       "mesh shape \"%s\": size %s is more than %d devices, the most a "
+                       "mesh can have",
+                       quoted, sizes[a], MESH_MAX_DEVICES);
+            return NULL;
+        }
+        dims[a] = (int)v;
     }
     if (n_names != rank) {
         base_error(SPMD_ERR_INVALID, "mesh shape \"%s\" has %d axes but \"%s\" names %d",

@@ -38,7 +38,8 @@ spmd_status spmd_gpt_validate(const spmd_gpt_config *cfg)
     double c = cfg->dim;
     double total = ((double)cfg->vocab + gpt_context(cfg) + 2) * c + cfg->layers * (12 * c * c + 13 * c);
     if (total > 0x1p62)
-        return base_error(SPMD_ERR_INVALID, "gpt: %.3g parameters is too many", total);
+        return base_error(SPMD_ERR_INVALID,
+                          "gpt: %.3g parameters is more than the 2^62 it can count", total);
     return SPMD_OK;
 }
 

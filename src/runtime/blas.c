@@ -12,12 +12,17 @@
 #include "base/error.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 /* The CBLAS constants we use (values fixed by the CBLAS standard); cblas.h
  * is not included so no BLAS headers are needed to build. */
@@ -49,6 +54,9 @@ static spmd_status init_status;
 static char init_message[1024];         /* the failure, repeated to later callers */
 static char lib_name[160] = "no BLAS loaded";
 static cblas_sgemm_fn sgemm_fn;
+/* OpenBLAS's own buffer calls (the gate); NULL for other libraries. */
+static void *(*openblas_buffer_alloc)(int procpos);
+static void (*openblas_buffer_free)(void *buffer);
 
 /* ---- Choosing an OpenBLAS core type ----------------------------------- */
 
@@ -70,6 +78,34 @@ static const char *detect_coretype(void)
         return "Haswell";
 #endif
     return NULL;
+}
+
+/* The names OPENBLAS_CORETYPE takes for OpenBLAS's x86-64 DYNAMIC_ARCH
+ * kernels (its driver/others/dynamic.c), matched ignoring case as OpenBLAS
+ * does.  OpenBLAS only warns about a name it does not know and goes by
+ * CPUID, so a misspelt core would otherwise pass unnoticed.  A release may
+ * not force the newest ones (Debian's 0.3.21 detects by itself instead of
+ * forcing Cooperlake or SapphireRapids). */
+const char *spmd_blas_core_names(void)
+{
+#if defined(__x86_64__)
+    return "Prescott, Core2, Penryn, Dunnington, Nehalem, Atom, Nano, Opteron, Opteron_SSE3, "
+           "Barcelona, Bobcat, Sandybridge, Bulldozer, Piledriver, Steamroller, Excavator, "
+           "Haswell, Zen, SkylakeX, Cooperlake, SapphireRapids";
+#else
+    return NULL;
+#endif
+}
+
+static bool is_core_name(const char *names, const char *core)
+{
+    size_t len = strlen(core);
+    for (const char *p = names; *p; p += strspn(p, ", ")) {
+        size_t n = strcspn(p, ",");
+        if (n == len && !strncasecmp(p, core, len)) return true;
+        p += n;
+    }
+    return false;
 }
 
 /* A saved environment variable, to put back exactly as it was. */
@@ -174,6 +210,8 @@ static spmd_status adopt(void *h, const char *file, char *why, size_t why_size)
         (bli_thread_set_num_threads_fn)dlsym(h, "bli_thread_set_num_threads");
     if (openblas_threads) {
         openblas_threads(1);
+        openblas_buffer_alloc = (void *(*)(int))dlsym(h, "blas_memory_alloc");
+        openblas_buffer_free = (void (*)(void *))dlsym(h, "blas_memory_free");
         openblas_str_fn corename = (openblas_str_fn)dlsym(h, "openblas_get_corename");
         openblas_str_fn config = (openblas_str_fn)dlsym(h, "openblas_get_config");
         /* openblas_get_config: "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY ..." */
@@ -277,6 +315,155 @@ spmd_status blas_init(blas_library lib, const char *coretype)
     return SPMD_OK;
 }
 
+/* ---- The gate: how many threads are inside BLAS at once ----------------- */
+
+/* Every device worker thread calls BLAS, and a mesh may have thousands of
+ * devices.  OpenBLAS lends each caller inside it a buffer from a table
+ * sized for 128 callers (Debian's build); past that it prints "too many
+ * memory regions" and a racing caller crashes on a NULL buffer.  A buffer
+ * is 128 MiB of address space, mapped when all are in use and then kept;
+ * if that mmap fails (ulimit -v), OpenBLAS retries forever.  So callers
+ * pass a gate: at most GATE_PER_CPU per CPU (a few, so that one
+ * descheduled inside BLAS seldom holds up the rest) and GATE_MOST in all.
+ * With OpenBLAS, the gate also lets in no more callers than OpenBLAS has
+ * buffers: to let in more, it waits until no caller is inside, checks that
+ * the address space holds more buffers, and has OpenBLAS make them (with
+ * its own blas_memory_alloc), so OpenBLAS never maps one during a call.
+ * Each product is still one call with the same arguments, so no result
+ * changes. */
+enum { GATE_PER_CPU = 32, GATE_MOST = 64 }; /* XXX debug */
+#define OPENBLAS_BUFFER_BYTES ((size_t)128 << 20)
+
+static struct {
+    /* The places: callers inside in the low half, callers let in (0 while
+     * the gate grows) in the high half, so that taking a place and closing
+     * the gate are one atomic operation each. */
+    _Atomic uint64_t places;
+    _Atomic int waiting;   /* callers on the slow path */
+    /* Under the lock. */
+    pthread_mutex_t lock;
+    pthread_cond_t left;   /* a caller left, or the gate grew */
+    pthread_cond_t empty;  /* the last caller left while the gate grows */
+    int most;              /* callers let in at most; 0 until the first call */
+    int buffers;           /* OpenBLAS buffers known to exist, all free when none is inside */
+    bool growing;
+} gate = {.lock = PTHREAD_MUTEX_INITIALIZER,
+          .left = PTHREAD_COND_INITIALIZER,
+          .empty = PTHREAD_COND_INITIALIZER};
+
+static uint32_t places_inside(uint64_t w) { return (uint32_t)w; }
+static uint32_t places_open(uint64_t w) { return (uint32_t)(w >> 32); }
+
+static bool gate_take_place(void)
+{
+    uint64_t w = atomic_load(&gate.places);
+    while (places_inside(w) < places_open(w))
+        if (atomic_compare_exchange_weak(&gate.places, &w, w + 1)) return true;
+    return false;
+}
+
+static void gate_set_open(uint32_t open)
+{
+    uint64_t w = atomic_load(&gate.places);
+    while (!atomic_compare_exchange_weak(&gate.places, &w, (uint64_t)open << 32 | places_inside(w)))
+        ;
+}
+
+/* Whether one more OpenBLAS buffer fits, mapped as OpenBLAS maps it (so
+ * overcommit rules count it too), with as much again to spare for the
+ * rest of the process. */
+static bool room_for_a_buffer(void)
+{
+    void *p = mmap(NULL, 2 * OPENBLAS_BUFFER_BYTES, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    munmap(p, 2 * OPENBLAS_BUFFER_BYTES);
+    return true;
+}
+
+static spmd_status no_room_error(int err)
+{
+    struct rlimit as;
+    char limit[64] = "none";
+    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+        snprintf(limit, sizeof limit, "%.2f GiB", (double)as.rlim_cur / (1 << 30));
+    return base_error(SPMD_ERR_NOMEM,
+                      "BLAS: no address space for OpenBLAS's %zu MiB GEMM buffer (%s; "
+                      "address-space limit, ulimit -v: %s)",
+                      OPENBLAS_BUFFER_BYTES >> 20, strerror(err), limit);
+}
+
+/* Under the lock, by a caller that found no place: let in twice as many
+ * (or GATE_MOST, or what the address space holds).  Closes the gate,
+ * waits until no caller is inside, then holds `target` of OpenBLAS's
+ * buffers at once, so that it has made that many, each new one checked
+ * to fit first. */
+static spmd_status gate_grow(void)
+{
+    int target = gate.buffers ? 2 * gate.buffers : 1;
+    if (target > gate.most) target = gate.most;
+    gate.growing = true;
+    gate_set_open(0);
+    while (places_inside(atomic_load(&gate.places)) > 0) pthread_cond_wait(&gate.empty, &gate.lock);
+    void *held[GATE_MOST];
+    int n = 0, err = 0;
+    for (; n < target; n++) {
+        if (n >= gate.buffers && !room_for_a_buffer()) {
+            err = errno;
+            break;
+        }
+        if (!(held[n] = openblas_buffer_alloc(0))) break;
+    }
+    for (int i = 0; i < n; i++) openblas_buffer_free(held[i]);
+    if (n > gate.buffers) gate.buffers = n;
+    /* As many as the address space holds; with none, each caller tries
+     * again and fails with the reason. */
+    if (n < target && gate.buffers > 0) gate.most = gate.buffers;
+    gate.growing = false;
+    gate_set_open((uint32_t)gate.buffers);
+    pthread_cond_broadcast(&gate.left);
+    return gate.buffers ? SPMD_OK : no_room_error(err ? err : ENOMEM);
+}
+
+/* Wait for a place inside BLAS. */
+static spmd_status gate_enter(void)
+{
+    if (gate_take_place()) return SPMD_OK;
+    spmd_status st = SPMD_OK;
+    pthread_mutex_lock(&gate.lock);
+    if (!gate.most) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        long most = GATE_PER_CPU * (cpus < 1 ? 1 : cpus);
+        gate.most = most > GATE_MOST ? GATE_MOST : (int)most;
+        /* Without OpenBLAS's buffer calls, nothing to make first. */
+        if (!openblas_buffer_alloc || !openblas_buffer_free) gate_set_open((uint32_t)gate.most);
+    }
+    /* Counted before the last try, so that a caller leaving after it sees
+     * someone to wake. */
+    atomic_fetch_add(&gate.waiting, 1);
+    while (st == SPMD_OK && !gate_take_place()) {
+        uint64_t w = atomic_load(&gate.places);
+        if (!gate.growing && places_open(w) < (uint32_t)gate.most &&
+            places_inside(w) >= places_open(w))
+            st = gate_grow();
+        else
+            pthread_cond_wait(&gate.left, &gate.lock);
+    }
+    atomic_fetch_sub(&gate.waiting, 1);
+    pthread_mutex_unlock(&gate.lock);
+    return st;
+}
+
+static void gate_leave(void)
+{
+    uint64_t w = atomic_fetch_sub(&gate.places, 1) - 1;
+    if (atomic_load(&gate.waiting) == 0) return;
+    pthread_mutex_lock(&gate.lock);
+    if (!gate.growing) pthread_cond_signal(&gate.left);
+    else if (places_inside(w) == 0) pthread_cond_signal(&gate.empty);
+    pthread_mutex_unlock(&gate.lock);
+}
+
 spmd_status blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc)
@@ -299,8 +486,12 @@ spmd_status blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
                 c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return SPMD_OK;
     }
+    spmd_status st = gate_enter();
+    if (st != SPMD_OK)
+        return st; /* C is left as it was */
     sgemm_fn(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
              (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    gate_leave();
     return SPMD_OK;
 }
 
@@ -331,6 +522,10 @@ spmd_status spmd_blas_select(const char *library, const char *coretype)
                           "such as ./libcblas.so)",
                           library);
     if (coretype && !*coretype) coretype = NULL;
+    const char *cores = spmd_blas_core_names();
+    if (coretype && cores && !is_core_name(cores, coretype))
+        return base_error(SPMD_ERR_INVALID, "BLAS: unknown OpenBLAS core type '%s' (known: %s)",
+                          coretype, cores);
     if (lib == BLAS_FILE && strlen(library) >= sizeof chosen_file)
         return base_error(SPMD_ERR_INVALID, "BLAS: library path longer than %zu bytes",
                           sizeof chosen_file - 1);

@@ -23,8 +23,11 @@
 #include "runtime/pool.h"
 #include "spmd/mesh.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 typedef struct device {
     struct spmd_program *prog;
@@ -282,6 +285,43 @@ static spmd_status setup_device(spmd_program *p, device *d, int id)
     return SPMD_OK;
 }
 
+/* Refuse up front a mesh the address-space limit (ulimit -v) cannot hold,
+ * rather than fail partway through starting its threads: each worker
+ * thread maps a stack, and each device its memory.  Both are lower
+ * bounds, so nothing that would run is refused. */
+static spmd_status check_address_space(const spmd_program *p)
+{
+    struct rlimit as;
+    if (getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return SPMD_OK;
+    size_t stack = 0;
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) == 0) {
+        pthread_attr_getstacksize(&attr, &stack);
+        pthread_attr_destroy(&attr);
+    }
+    /* Started threads: one per device but the caller's, and each device's
+     * pool but its first. */
+    long threads = (p->c.n_dev > 1 ? p->c.n_dev - 1 : 0) + (long)p->c.n_dev * (p->c.nth - 1);
+    double per_device = (double)compiled_peak_bytes(&p->c);
+    double need = (double)threads * (double)stack + p->c.n_dev * per_device;
+    double mapped = 0;
+    unsigned long pages;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%lu", &pages) == 1) mapped = (double)pages * (double)sysconf(_SC_PAGESIZE);
+        fclose(f);
+    }
+    double left = (double)as.rlim_cur - mapped;
+    if (need <= left) return SPMD_OK;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    return base_error(SPMD_ERR_NOMEM,
+                      "compile: %d devices need at least %.2f GiB of address space (%ld threads "
+                      "with %zu MiB stacks, %.1f MiB per device) and the address-space limit "
+                      "(ulimit -v) leaves %.2f GiB",
+                      p->c.n_dev, need / gib, threads, stack >> 20, per_device / (1024.0 * 1024.0),
+                      left < 0 ? 0.0 : left / gib);
+}
+
 spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
 {
     if (!g) {
@@ -296,6 +336,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
     /* A plan-only program (explain) stops here: no devices, no BLAS. */
     if (opts && opts->plan_only) return p;
 
+    if (check_address_space(p) != SPMD_OK) goto fail;
     if (check_kernels(p->c.local) != SPMD_OK) goto fail;
     if (p->c.partitioned) {
         p->world = coll_shm_world_create(p->c.n_dev, &p->alloc);

@@ -106,6 +106,7 @@ int spmd_dataset_vocab(const spmd_dataset *d) { return d ? d->vocab : 0; }
 int spmd_dataset_seq(const spmd_dataset *d) { return d ? d->seq : 0; }
 const char *spmd_dataset_describe(const spmd_dataset *d) { return d ? d->describe : ""; }
 bool spmd_dataset_has_accuracy(const spmd_dataset *d) { return d && d->has_accuracy; }
+int64_t spmd_dataset_heldout_size(const spmd_dataset *d) { return d ? d->heldout_size : 0; }
 
 static spmd_status check_range(const spmd_dataset *d, const char *fn, spmd_split split,
                                int64_t first, int batch, const void *a, const void *b)

@@ -26,14 +26,16 @@ struct spmd_dataset {
     uint64_t seed;
     int vocab;
     bool has_accuracy;
+    int64_t heldout_size; /* see spmd_dataset_heldout_size */
     char describe[512];
     /* One sample's seq+1 tokens and flags, reused across calls. */
     int32_t *tokens;
     uint8_t *scored;
 };
 
-/* Each fills d->ops, impl, vocab, has_accuracy and describe, or returns an
- * error and leaves d->impl NULL.  d->seq and d->seed are set already. */
+/* Each fills d->ops, impl, vocab, has_accuracy, heldout_size and describe,
+ * or returns an error and leaves d->impl NULL.  d->seq and d->seed are set
+ * already. */
 spmd_status dataset_arith_open(spmd_dataset *d, const char *spec);
 spmd_status dataset_text_open(spmd_dataset *d, const char *path);
 spmd_status dataset_shards_open(spmd_dataset *d, const char *pattern);

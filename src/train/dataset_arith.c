@@ -134,6 +134,7 @@ spmd_status dataset_arith_open(spmd_dataset *d, const char *spec)
     d->ops = &arith_ops;
     d->vocab = SPMD_ARITH_VOCAB;
     d->has_accuracy = true;
+    d->heldout_size = a->count[SPMD_SPLIT_HELDOUT];
     static const char *examples[3] = {"7+5=12", "07+58=065", "107+958=1065"};
     snprintf(d->describe, sizeof d->describe,
              "arith: %d-digit addition like \"%s\\n\", vocab %d (0-9 + = \\n), %lld of %lld "

@@ -1,9 +1,11 @@
 /*
  * llm.c token shards: a header of 256 little-endian int32 (magic 20240520,
  * version 1, token count) followed by that many uint16 tokens.  Files are
- * mapped read-only, so a glob of many large shards costs address space, not
- * memory.  Every file is validated when the dataset opens, so a bad shard
- * fails at startup, not hours into training.
+ * read with pread, a window at a time, so a glob of many large shards
+ * costs neither memory nor address space, and a file cut short while in
+ * use fails the read with its name (a mapping would fault with SIGBUS).
+ * Every file is validated when the dataset opens, so a bad shard fails at
+ * startup, not hours into training.
  *
  * Each split is a list of segments (a token range of one file); a sample is
  * a window of seq+1 tokens inside one segment, never across files, since a
@@ -12,11 +14,13 @@
 #include "train/dataset.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,11 +31,14 @@
 #define SHARD_VERSION 1
 #define SHARD_HEADER_BYTES (256 * 4)
 
+/* Tokens read at a time (on the stack). */
+enum { CHUNK_TOKENS = 4096 };
+
 typedef struct shard_file {
     char *path;
-    uint8_t *map; /* the whole file */
-    size_t map_len;
+    int fd;          /* -1: opened for each read (too many files to keep open) */
     int64_t ntok;
+    int32_t max_tok;
 } shard_file;
 
 typedef struct segment {
@@ -53,7 +60,7 @@ static void shards_destroy(void *impl)
 {
     shards *s = impl;
     for (int i = 0; i < s->nfiles; i++) {
-        if (s->files[i].map) munmap(s->files[i].map, s->files[i].map_len);
+        if (s->files[i].fd >= 0) close(s->files[i].fd);
         free(s->files[i].path);
     }
     free(s->files);
@@ -68,10 +75,77 @@ static int32_t le32(const uint8_t *p)
                      (uint32_t)p[3] << 24);
 }
 
-static int32_t token_at(const shard_file *f, int64_t i)
+static int32_t le16(const uint8_t *p) { return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8); }
+
+/* Up to n bytes at `offset`, fewer only at the end of the file; -1 with
+ * errno on an error. */
+static int64_t read_at(int fd, uint8_t *buf, int64_t n, int64_t offset)
 {
-    const uint8_t *p = f->map + SHARD_HEADER_BYTES + 2 * i;
-    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8);
+    int64_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, (size_t)(n - got), (off_t)(offset + got));
+        if (r > 0) got += r;
+        else if (r == 0) break;
+        else if (errno != EINTR) return -1;
+    }
+    return got;
+}
+
+static int64_t file_bytes(const shard_file *f) { return SHARD_HEADER_BYTES + 2 * f->ntok; }
+
+/* Tokens [first, first + n) of f, n <= CHUNK_TOKENS, as they are stored.
+ * The file was checked when the dataset opened; one that has shrunk,
+ * grown or gone since fails here, named. */
+static spmd_status read_tokens(const shard_file *f, int fd, int64_t first, int64_t n,
+                               uint8_t *buf)
+{
+    int own = -1;
+    if (fd < 0) {
+        struct stat st;
+        own = fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return base_error(SPMD_ERR_IO, "shards: cannot open %s again: %s", f->path,
+                              strerror(errno));
+        if (fstat(fd, &st) == 0 && st.st_size != file_bytes(f)) {
+            close(fd);
+            return base_error(SPMD_ERR_IO,
+                              "shards: %s changed while in use: it has %lld bytes, %lld when "
+                              "the data set was opened", f->path, (long long)st.st_size,
+                              (long long)file_bytes(f));
+        }
+    }
+    int64_t at = SHARD_HEADER_BYTES + 2 * first;
+    int64_t got = read_at(fd, buf, 2 * n, at);
+    int err = errno;
+    if (own >= 0) close(own);
+    if (got == 2 * n) return SPMD_OK;
+    if (got < 0)
+        return base_error(SPMD_ERR_IO, "shards: cannot read %s: %s", f->path, strerror(err));
+    return base_error(SPMD_ERR_IO,
+                      "shards: %s changed while in use: it ends before byte %lld, it had %lld "
+                      "bytes when the data set was opened (truncated or rewritten since?)",
+                      f->path, (long long)(at + 2 * n), (long long)file_bytes(f));
+}
+
+/* The index of the first token of f not below `limit`, or -1; *max gets
+ * the largest token. */
+static spmd_status scan_tokens(const shard_file *f, int fd, int32_t limit, int64_t *first_over,
+                               int32_t *max)
+{
+    uint8_t buf[2 * CHUNK_TOKENS];
+    *first_over = -1;
+    *max = 0;
+    for (int64_t k = 0; k < f->ntok; k += CHUNK_TOKENS) {
+        int64_t n = f->ntok - k < CHUNK_TOKENS ? f->ntok - k : CHUNK_TOKENS;
+        spmd_status rc = read_tokens(f, fd, k, n, buf);
+        if (rc != SPMD_OK) return rc;
+        for (int64_t i = 0; i < n; i++) {
+            int32_t tok = le16(buf + 2 * i);
+            if (tok > *max) *max = tok;
+            if (tok >= limit && *first_over < 0) *first_over = k + i;
+        }
+    }
+    return SPMD_OK;
 }
 
 /* Finds the segment holding window w (binary search on windows_before). */
@@ -96,7 +170,13 @@ static spmd_status shards_sample(const spmd_dataset *d, spmd_split split, uint64
     const segment *g = find_segment(s, split, w);
     const shard_file *f = &s->files[g->file];
     int64_t at = g->begin + (w - g->windows_before);
-    for (int64_t i = 0; i <= d->seq; i++) tokens[i] = token_at(f, at + i);
+    uint8_t buf[2 * CHUNK_TOKENS];
+    for (int64_t done = 0; done <= d->seq; done += CHUNK_TOKENS) {
+        int64_t n = d->seq + 1 - done < CHUNK_TOKENS ? d->seq + 1 - done : CHUNK_TOKENS;
+        spmd_status rc = read_tokens(f, f->fd, at + done, n, buf);
+        if (rc != SPMD_OK) return rc;
+        for (int64_t i = 0; i < n; i++) tokens[done + i] = le16(buf + 2 * i);
+    }
     return SPMD_OK;
 }
 
@@ -105,14 +185,20 @@ static spmd_status shards_check_vocab(const spmd_dataset *d, int vocab)
     const shards *s = d->impl;
     for (int i = 0; i < s->nfiles; i++) {
         const shard_file *f = &s->files[i];
-        for (int64_t k = 0; k < f->ntok; k++) {
-            int32_t tok = token_at(f, k);
-            if (tok >= vocab)
-                return base_error(SPMD_ERR_INVALID,
-                                  "shards: %s: token %d at index %lld (byte offset %lld) is not "
-                                  "below the model's vocabulary %d",
-                                  f->path, (int)tok, (long long)k,
-                                  (long long)(SHARD_HEADER_BYTES + 2 * k), vocab);
+        if (f->max_tok < vocab) continue; /* known since the dataset opened */
+        int64_t k;
+        int32_t max;
+        spmd_status rc = scan_tokens(f, f->fd, vocab, &k, &max);
+        if (rc != SPMD_OK) return rc;
+        if (k >= 0) {
+            uint8_t tok[2];
+            rc = read_tokens(f, f->fd, k, 1, tok);
+            if (rc != SPMD_OK) return rc;
+            return base_error(SPMD_ERR_INVALID,
+                              "shards: %s: token %d at index %lld (byte offset %lld) is not "
+                              "below the model's vocabulary %d",
+                              f->path, (int)le16(tok), (long long)k,
+                              (long long)(SHARD_HEADER_BYTES + 2 * k), vocab);
         }
     }
     return SPMD_OK;
@@ -132,43 +218,29 @@ static const char *magic_hint(int32_t magic)
     }
 }
 
-/* Maps and validates one file; fills f->map, map_len and ntok. */
-static spmd_status load_shard(shard_file *f)
+/* Checks the header of f (open as fd, `size` bytes); fills f->ntok. */
+static spmd_status check_header(shard_file *f, int fd, int64_t size)
 {
     const char *path = f->path;
-    int fd;
-    int64_t file_size;
-    spmd_status rc = dataset_open_file("shards", path, &fd, &file_size);
-    if (rc != SPMD_OK) return rc;
-    if (file_size == 0)
-        rc = base_error(SPMD_ERR_INVALID,
-                        "shards: %s is empty: truncated header (an llm.c shard starts with a "
-                        "%d-byte header)", path, SHARD_HEADER_BYTES);
-    if (rc == SPMD_OK) {
-        void *map = mmap(NULL, (size_t)file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED)
-            rc = base_error(SPMD_ERR_IO, "shards: cannot map %s: %s", path, strerror(errno));
-        else {
-            f->map = map;
-            f->map_len = (size_t)file_size;
-        }
-    }
-    close(fd);
-    if (rc != SPMD_OK) return rc;
-
-    int64_t size = (int64_t)f->map_len;
+    if (size == 0)
+        return base_error(SPMD_ERR_INVALID,
+                          "shards: %s is empty: truncated header (an llm.c shard starts with a "
+                          "%d-byte header)", path, SHARD_HEADER_BYTES);
+    uint8_t head[SHARD_HEADER_BYTES];
+    int64_t n = read_at(fd, head, size < SHARD_HEADER_BYTES ? size : SHARD_HEADER_BYTES, 0);
+    if (n < 0) return base_error(SPMD_ERR_IO, "shards: cannot read %s: %s", path, strerror(errno));
     /* The magic first, even in a short file: a wrong format is the likelier
      * cause and the more useful message. */
-    if (size >= 4 && le32(f->map) != SHARD_MAGIC)
+    if (n >= 4 && le32(head) != SHARD_MAGIC)
         return base_error(SPMD_ERR_INVALID,
                           "shards: %s: wrong magic number %d (expected %d for an llm.c token "
-                          "shard): %s", path, (int)le32(f->map), SHARD_MAGIC,
-                          magic_hint(le32(f->map)));
-    if (size < SHARD_HEADER_BYTES)
+                          "shard): %s", path, (int)le32(head), SHARD_MAGIC,
+                          magic_hint(le32(head)));
+    if (n < SHARD_HEADER_BYTES)
         return base_error(SPMD_ERR_INVALID,
                           "shards: %s: truncated header: the file has %lld bytes, the header "
                           "alone needs %d", path, (long long)size, SHARD_HEADER_BYTES);
-    int32_t version = le32(f->map + 4), count = le32(f->map + 8);
+    int32_t version = le32(head + 4), count = le32(head + 8);
     if (version != SHARD_VERSION)
         return base_error(SPMD_ERR_UNSUPPORTED,
                           "shards: %s: unsupported version %d (expected %d, uint16 GPT-2 "
@@ -186,6 +258,31 @@ static spmd_status load_shard(shard_file *f)
                           size < want ? "truncated file" : "trailing bytes after the tokens");
     f->ntok = count;
     return SPMD_OK;
+}
+
+/* Opens and validates one file, and finds its largest token; keeps it
+ * open if `keep_open`. */
+static spmd_status load_shard(shard_file *f, bool keep_open)
+{
+    int fd;
+    int64_t size, over;
+    spmd_status rc = dataset_open_file("shards", f->path, &fd, &size);
+    if (rc != SPMD_OK) return rc;
+    rc = check_header(f, fd, size);
+    if (rc == SPMD_OK) rc = scan_tokens(f, fd, INT32_MAX, &over, &f->max_tok);
+    if (rc == SPMD_OK && keep_open) f->fd = fd;
+    else close(fd);
+    return rc;
+}
+
+/* Files kept open: half the open-file limit (ulimit -n), the rest is the
+ * process's; files past it are opened for each read. */
+static int files_kept_open(void)
+{
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) != 0) return 0;
+    if (nofile.rlim_cur == RLIM_INFINITY || nofile.rlim_cur / 2 > 1 << 20) return 1 << 20;
+    return (int)(nofile.rlim_cur / 2);
 }
 
 static int cmp_path(const void *a, const void *b)
@@ -301,15 +398,14 @@ spmd_status dataset_shards_open(spmd_dataset *d, const char *pattern)
     shards *s = calloc(1, sizeof *s);
     if (!s) return base_error(SPMD_ERR_NOMEM, "shards: out of memory");
     spmd_status rc = expand(s, pattern);
+    for (int i = 0; i < s->nfiles; i++) s->files[i].fd = -1;
     int64_t total = 0;
     int32_t max_tok = 0;
+    int keep = files_kept_open();
     for (int i = 0; rc == SPMD_OK && i < s->nfiles; i++) {
-        rc = load_shard(&s->files[i]);
+        rc = load_shard(&s->files[i], i < keep);
         total += s->files[i].ntok;
-        for (int64_t k = 0; rc == SPMD_OK && k < s->files[i].ntok; k++) {
-            int32_t tok = token_at(&s->files[i], k);
-            if (tok > max_tok) max_tok = tok;
-        }
+        if (s->files[i].max_tok > max_tok) max_tok = s->files[i].max_tok;
     }
     char what[256] = "";
     if (rc == SPMD_OK) rc = plan_splits(s, d->seq, what, sizeof what);
@@ -322,6 +418,7 @@ spmd_status dataset_shards_open(spmd_dataset *d, const char *pattern)
     d->impl = s;
     d->ops = &shards_ops;
     d->vocab = max_tok + 1;
+    d->heldout_size = s->windows[SPMD_SPLIT_HELDOUT];
     snprintf(d->describe, sizeof d->describe, "shards: %d file%s, %lld tokens, %s", s->nfiles,
              s->nfiles > 1 ? "s" : "", (long long)total, what);
     return SPMD_OK;

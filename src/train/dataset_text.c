@@ -122,6 +122,7 @@ spmd_status dataset_text_open(spmd_dataset *d, const char *path)
     d->impl = t;
     d->ops = &text_ops;
     d->vocab = 256;
+    d->heldout_size = tail - d->seq;
     snprintf(d->describe, sizeof d->describe, "text: %s (%lld bytes, last %lld held out)", path,
              (long long)t->size, (long long)tail);
     return SPMD_OK;
