@@ -14,9 +14,10 @@ declare -A why=(
   [pkg-config]="finds cmocka and cJSON"
   [libopenblas0-pthread]="the GEMM library, loaded at run time (libopenblas.so.0)"
   [libcmocka-dev]="the unit test framework"
-  [libcjson-dev]="JSON for the spmd tool's configs and reports"
+  [libcjson-dev]="JSON for the spmd tool's configs and reports, and checkpoint indexes"
+  [zlib1g-dev]="crc32 checksums of checkpoint files"
 )
-packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev)
+packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev zlib1g-dev)
 # Optional: libblis4 is a slower fallback BLAS, used only without OpenBLAS.
 
 say() { echo "install-deps: $*"; }
@@ -27,7 +28,7 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
   for c in cmake cc make pkg-config; do
     command -v "$c" >/dev/null 2>&1 || missing_cmds+=("$c")
   done
-  if ((${#missing_cmds[@]} == 0)) && pkg-config --exists cmocka libcjson 2>/dev/null; then
+  if ((${#missing_cmds[@]} == 0)) && pkg-config --exists cmocka libcjson zlib 2>/dev/null; then
     say "the tools and libraries are there; make sure OpenBLAS (libopenblas.so.0) is installed too."
     exit 0
   fi

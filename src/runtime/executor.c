@@ -594,3 +594,43 @@ const partition *executor_partition(const spmd_program *p)
 {
     return p && p->c.partitioned ? &p->c.part : NULL;
 }
+
+/* ---- Blocks for checkpoints ------------------------------------------------------------ */
+
+bool executor_keeps(const spmd_program *p, const spmd_tensor *t)
+{
+    return p && p->dev && t && t->graph == p->c.g && is_persistent(t) &&
+           compiled_local(&p->c, t) != NULL;
+}
+
+spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int dev_index,
+                              executor_block *out)
+{
+    spmd_status st = check_runnable(p, "block_of");
+    if (st != SPMD_OK) return st;
+    if (!t || !out) return base_error(SPMD_ERR_INVALID, "block_of: tensor or block is NULL");
+    if (!executor_keeps(p, t))
+        return base_error(SPMD_ERR_INVALID,
+                          "block_of: '%s' is not a parameter or state this program keeps",
+                          t->name ? t->name : ir_op_name(t->op));
+    if (dev_index < 0 || dev_index >= p->c.n_dev)
+        return base_error(SPMD_ERR_INVALID, "block_of: device index %d, the program has %d",
+                          dev_index, p->c.n_dev);
+    const device *d = &p->dev[dev_index];
+    block b = block_of(p, t, d->id);
+    memset(out, 0, sizeof *out);
+    out->device = d->id;
+    out->rank = b.rank;
+    for (int i = 0; i < b.rank; i++) {
+        out->start[i] = b.start[i];
+        out->ldims[i] = b.ldims[i];
+        out->valid[i] = b.valid[i];
+    }
+    out->data = data_of(d, compiled_local(&p->c, t));
+    return SPMD_OK;
+}
+
+spmd_status executor_check_runnable(const spmd_program *p, const char *what)
+{
+    return check_runnable(p, what);
+}

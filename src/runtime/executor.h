@@ -1,6 +1,7 @@
 /*
  * Internal access to the compiled program behind a runnable one, for tests
- * (the public reports of spmd/mesh.h read the same object).
+ * (the public reports of spmd/mesh.h read the same object), and to each
+ * device's blocks of the persistent tensors, for checkpoints.
  */
 #ifndef SPMD_RUNTIME_EXECUTOR_H
 #define SPMD_RUNTIME_EXECUTOR_H
@@ -10,5 +11,26 @@
 const compiled *executor_compiled(const spmd_program *p);
 /* The partition behind a multi-device program; NULL on one device. */
 const partition *executor_partition(const spmd_program *p);
+
+/* One device's block of a parameter or state tensor, as checkpoints write
+ * and read it: the block starts at global index start[], holds ldims[]
+ * elements per dim (row-major at `data`, padded), of which valid[] are
+ * real; the padding is zero and must stay zero. */
+typedef struct executor_block {
+    int device; /* its id in the mesh (0 on one device) */
+    int rank;
+    int64_t start[SPMD_MAX_RANK], ldims[SPMD_MAX_RANK], valid[SPMD_MAX_RANK];
+    void *data;
+} executor_block;
+
+/* A NULL or plan-only program is an error: "<what>: ...". */
+spmd_status executor_check_runnable(const spmd_program *p, const char *what);
+/* Whether t is a parameter or state that runnable program p holds a block
+ * of on every device (a partitioned program drops leaves nothing reads). */
+bool executor_keeps(const spmd_program *p, const spmd_tensor *t);
+/* The block of kept tensor t on the device at row-major mesh position
+ * dev_index (0 .. spmd_program_devices(p) - 1: mesh order). */
+spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int dev_index,
+                              executor_block *out);
 
 #endif

@@ -1,0 +1,59 @@
+/*
+ * Sharded checkpoints: every parameter and state tensor of a program,
+ * saved as the blocks its devices hold and loaded onto any mesh.
+ *
+ * A checkpoint is a directory DIR/step-NNNNNNNN/ with one safetensors
+ * file per writing device (dev-NNNN.safetensors, NNNN its device id),
+ * holding the real (unpadded) part of each block that device is the first
+ * in mesh order to hold, and index.json, which names every tensor's global
+ * shape, dtype, sharding and blocks (file, start, shape) and every file's
+ * size and crc32.  Each file opens with any safetensors reader.
+ * DIR/latest is a one-line text file naming the newest complete step.
+ *
+ * Saving is atomic: the files go to a temporary directory that is
+ * fsynced and renamed into place, and only then is `latest` replaced (by
+ * rename), so a crash at any moment leaves the previous checkpoint whole
+ * and `latest` naming a complete one.
+ *
+ * Loading reshards: each device reads just the bytes of the saved blocks
+ * that overlap its own block, whatever mesh and sharding wrote them.
+ */
+#ifndef SPMD_CHECKPOINT_H
+#define SPMD_CHECKPOINT_H
+
+#include "spmd/spmd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Save every parameter and state tensor of runnable program p as
+ * DIR/step-NNNNNNNN (DIR is created if missing; a step directory of the
+ * same number is replaced atomically) and point DIR/latest at it.
+ * `meta_json` is the caller's JSON object (the data position, the
+ * configuration), kept in index.json as "meta"; NULL stores {}.  Once the
+ * new checkpoint is complete, the oldest step directories of lower steps
+ * are deleted so that `keep` remain, the new one included (keep 0 keeps
+ * all; higher steps than the new one are left alone).  On failure
+ * nothing in DIR changes but a leftover temporary directory may, after a
+ * crash, remain (.tmp-step-*: never read). */
+SPMD_API spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir, int64_t step,
+                                          const char *meta_json, int keep);
+
+/* Load the checkpoint DIR/latest names (or DIR itself, when it holds
+ * index.json) into p, whose mesh and sharding may differ from the
+ * writer's.  Before anything is read into p: the index's format and
+ * version, every file's size and crc32, each file's safetensors header,
+ * and for every parameter and state tensor of p a tensor of the same name,
+ * global shape and dtype whose blocks cover it exactly (tensors p does not
+ * have are ignored).  On any failure p keeps the values it had and the
+ * message names the file and the cause.  `step` (may be NULL) receives
+ * the saved step; `meta_json` (may be NULL) a malloc'd copy of the saved
+ * "meta" object, which the caller frees with free(). */
+SPMD_API spmd_status spmd_checkpoint_load(spmd_program *p, const char *dir, int64_t *step,
+                                          char **meta_json);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

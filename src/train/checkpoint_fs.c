@@ -1,0 +1,206 @@
+/*
+ * Files and directories for checkpoints (train/checkpoint_fs.h).  POSIX
+ * calls only; durability comes from fsync on each file and on the
+ * directory that names it, since a rename is only as durable as its
+ * directory.
+ */
+#include "train/checkpoint_fs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "base/arena.h"
+#include "base/error.h"
+
+spmd_status ckpt_join(char *buf, const char *dir, const char *name, const char *what)
+{
+    int n = snprintf(buf, CKPT_PATH_MAX, "%s/%s", dir, name);
+    if (n < 0 || n >= CKPT_PATH_MAX)
+        return base_error(SPMD_ERR_INVALID, "%s: path %s/%s is longer than %d bytes", what, dir,
+                          name, CKPT_PATH_MAX - 1);
+    return SPMD_OK;
+}
+
+spmd_status ckpt_write_all(int fd, const void *buf, size_t n, const char *path, const char *what)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0)
+            return base_error(SPMD_ERR_IO, "%s: cannot write %s: %s", what, path,
+                              w < 0 ? strerror(errno) : "no progress");
+        p += w;
+        n -= (size_t)w;
+    }
+    return SPMD_OK;
+}
+
+spmd_status ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path,
+                           const char *what)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return base_error(SPMD_ERR_IO, "%s: cannot read %s: %s", what, path, strerror(errno));
+        if (r == 0)
+            return base_error(SPMD_ERR_IO, "%s: %s ends at byte %llu, %zu bytes short", what, path,
+                              (unsigned long long)off, n);
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return SPMD_OK;
+}
+
+spmd_status ckpt_mkdirs(const char *path, const char *what)
+{
+    char buf[CKPT_PATH_MAX];
+    if (!path[0]) return base_error(SPMD_ERR_INVALID, "%s: the directory name is empty", what);
+    if (strlen(path) >= sizeof buf)
+        return base_error(SPMD_ERR_INVALID, "%s: path %s is too long", what, path);
+    strcpy(buf, path);
+    /* Each prefix ending before a '/', then the whole path. */
+    for (char *s = buf + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return base_error(SPMD_ERR_IO, "%s: cannot create directory %s: %s", what, buf,
+                              strerror(errno));
+        *s = c;
+        if (!c) break;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return base_error(SPMD_ERR_IO, "%s: %s is not a directory", what, path);
+    return SPMD_OK;
+}
+
+spmd_status ckpt_fsync_dir(const char *path, const char *what)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return base_error(SPMD_ERR_IO, "%s: cannot open %s: %s", what, path, strerror(errno));
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    /* Some file systems cannot sync a directory; their renames are as
+     * durable as they get. */
+    if (rc != 0 && err != EINVAL && err != ENOTSUP)
+        return base_error(SPMD_ERR_IO, "%s: cannot sync %s: %s", what, path, strerror(err));
+    return SPMD_OK;
+}
+
+spmd_status ckpt_remove_tree(const char *path, const char *what)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) return SPMD_OK;
+        return base_error(SPMD_ERR_IO, "%s: cannot remove %s: %s", what, path, strerror(errno));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (!d)
+            return base_error(SPMD_ERR_IO, "%s: cannot open %s: %s", what, path, strerror(errno));
+        struct dirent *e;
+        spmd_status ok = SPMD_OK;
+        while (ok == SPMD_OK && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char sub[CKPT_PATH_MAX];
+            ok = ckpt_join(sub, path, e->d_name, what);
+            if (ok == SPMD_OK) ok = ckpt_remove_tree(sub, what);
+        }
+        closedir(d);
+        if (ok != SPMD_OK) return ok;
+        if (rmdir(path) != 0)
+            return base_error(SPMD_ERR_IO, "%s: cannot remove %s: %s", what, path, strerror(errno));
+        return SPMD_OK;
+    }
+    if (unlink(path) != 0 && errno != ENOENT)
+        return base_error(SPMD_ERR_IO, "%s: cannot remove %s: %s", what, path, strerror(errno));
+    return SPMD_OK;
+}
+
+bool ckpt_exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+spmd_status ckpt_read_file(const spmd_allocator *alloc, const char *path, size_t max, char **out,
+                           size_t *len, const char *what)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return base_error(SPMD_ERR_IO, "%s: cannot open %s: %s", what, path, strerror(errno));
+    struct stat st;
+    spmd_status ok = SPMD_OK;
+    if (fstat(fd, &st) != 0) {
+        ok = base_error(SPMD_ERR_IO, "%s: cannot stat %s: %s", what, path, strerror(errno));
+    } else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+        ok = base_error(SPMD_ERR_IO, "%s: %s is not a regular file of at most %zu bytes", what,
+                        path, max);
+    } else {
+        size_t n = (size_t)st.st_size;
+        char *buf = base_alloc(alloc, n + 1, path);
+        if (!buf) ok = SPMD_ERR_NOMEM;
+        if (buf && (ok = ckpt_pread_all(fd, buf, n, 0, path, what)) == SPMD_OK) {
+            buf[n] = '\0';
+            *out = buf;
+            *len = n;
+        } else {
+            base_free(alloc, buf);
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+spmd_status ckpt_replace_file(const char *dir, const char *name, const void *data, size_t n,
+                              const char *what)
+{
+    char path[CKPT_PATH_MAX], tmp_name[256], tmp[CKPT_PATH_MAX];
+    snprintf(tmp_name, sizeof tmp_name, ".%s.tmp-%ld", name, (long)getpid());
+    spmd_status ok = ckpt_join(path, dir, name, what);
+    if (ok == SPMD_OK) ok = ckpt_join(tmp, dir, tmp_name, what);
+    if (ok != SPMD_OK) return ok;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return base_error(SPMD_ERR_IO, "%s: cannot create %s: %s", what, tmp, strerror(errno));
+    ok = ckpt_write_all(fd, data, n, tmp, what);
+    if (ok == SPMD_OK && fsync(fd) != 0)
+        ok = base_error(SPMD_ERR_IO, "%s: cannot sync %s: %s", what, tmp, strerror(errno));
+    if (close(fd) != 0 && ok == SPMD_OK)
+        ok = base_error(SPMD_ERR_IO, "%s: cannot close %s: %s", what, tmp, strerror(errno));
+    if (ok == SPMD_OK && rename(tmp, path) != 0)
+        ok = base_error(SPMD_ERR_IO, "%s: cannot rename %s to %s: %s", what, tmp, path,
+                        strerror(errno));
+    if (ok != SPMD_OK) {
+        unlink(tmp);
+        return ok;
+    }
+    return ckpt_fsync_dir(dir, what);
+}
+
+uint32_t ckpt_crc32(uint32_t crc, const void *buf, size_t n)
+{
+    const unsigned char *p = buf;
+    /* zlib takes lengths as uInt. */
+    while (n > 0) {
+        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        crc = (uint32_t)crc32(crc, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return crc;
+}

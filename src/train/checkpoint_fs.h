@@ -1,0 +1,48 @@
+/*
+ * Files and directories as checkpoints use them: whole writes and reads
+ * that survive short transfers and EINTR, fsync of files and directories
+ * (what makes a rename durable), recursive removal, and crc32 (zlib).
+ * Every failure is recorded with base_error as "<what>: <path>: <reason>",
+ * `what` naming the operation the caller is in ("checkpoint save").
+ */
+#ifndef SPMD_TRAIN_CHECKPOINT_FS_H
+#define SPMD_TRAIN_CHECKPOINT_FS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spmd/spmd.h"
+
+/* Room for any path a checkpoint builds. */
+enum { CKPT_PATH_MAX = 4096 };
+
+/* dir + "/" + name into buf; a path too long for CKPT_PATH_MAX is an error. */
+spmd_status ckpt_join(char *buf, const char *dir, const char *name, const char *what);
+
+spmd_status ckpt_write_all(int fd, const void *buf, size_t n, const char *path, const char *what);
+/* Exactly n bytes at offset `off`; a file that ends first is an error. */
+spmd_status ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path,
+                           const char *what);
+
+/* Create `path` and any missing parents (mkdir -p). */
+spmd_status ckpt_mkdirs(const char *path, const char *what);
+/* fsync a directory, so the names created or renamed in it are durable. */
+spmd_status ckpt_fsync_dir(const char *path, const char *what);
+/* Remove `path` and everything under it; a missing path is no error. */
+spmd_status ckpt_remove_tree(const char *path, const char *what);
+bool ckpt_exists(const char *path);
+
+/* A whole file of at most `max` bytes, NUL-terminated, allocated from
+ * `alloc`; its size in *len. */
+spmd_status ckpt_read_file(const spmd_allocator *alloc, const char *path, size_t max, char **out,
+                           size_t *len, const char *what);
+/* Replace dir/name by `n` bytes atomically: write a temporary file in dir,
+ * fsync it, rename it over dir/name, fsync dir. */
+spmd_status ckpt_replace_file(const char *dir, const char *name, const void *data, size_t n,
+                              const char *what);
+
+/* zlib's crc32 of n more bytes, for any n. */
+uint32_t ckpt_crc32(uint32_t crc, const void *buf, size_t n);
+
+#endif

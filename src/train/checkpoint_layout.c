@@ -1,0 +1,142 @@
+/*
+ * Which device writes (or reads) which block of each persistent tensor
+ * (train/checkpoint.h).  A block several devices hold, replicated over
+ * some mesh axes, is handled once, by the first of them in mesh order.
+ */
+#include "train/checkpoint.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/arena.h"
+#include "base/error.h"
+#include "ir/ir.h"
+
+int64_t ckpt_volume(int rank, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) n *= shape[i];
+    return n;
+}
+
+const char *ckpt_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
+{
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < rank && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+    return buf;
+}
+
+/* Where a device's block sits among the tensor's blocks: its block index
+ * per dim, row-major over the nonempty blocks per dim.  Blocks of one
+ * tensor all have the same local dims, so the start says which it is. */
+static int64_t block_key(const spmd_tensor *t, const executor_block *b)
+{
+    int64_t key = 0;
+    for (int i = 0; i < t->rank; i++) {
+        int64_t per_dim = (t->dims[i] + b->ldims[i] - 1) / b->ldims[i];
+        key = key * per_dim + b->start[i] / b->ldims[i];
+    }
+    return key;
+}
+
+static int64_t key_count(const spmd_tensor *t, const executor_block *b)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= (t->dims[i] + b->ldims[i] - 1) / b->ldims[i];
+    return n;
+}
+
+/* Add tensor ti's distinct blocks; `first` has room for n_dev entries. */
+static spmd_status add_tensor_blocks(ckpt_layout *l, int ti, int *first, const char *what)
+{
+    const spmd_tensor *t = l->tensors[ti];
+    for (int d = 0; d < l->n_dev; d++) l->held[ti * l->n_dev + d] = -1;
+    if (ckpt_volume(t->rank, t->dims) == 0) return SPMD_OK;
+    executor_block b;
+    spmd_status st = executor_block_of(l->p, t, 0, &b);
+    if (st != SPMD_OK) return st;
+    /* Every nonempty block is some device's, so there are at most n_dev. */
+    int64_t keys = key_count(t, &b);
+    if (keys > l->n_dev)
+        return base_error(SPMD_ERR_INTERNAL, "%s: '%s' has %lld blocks on %d devices", what,
+                          t->name, (long long)keys, l->n_dev);
+    for (int64_t k = 0; k < keys; k++) first[k] = -1;
+    for (int d = 0; d < l->n_dev; d++) {
+        if (d > 0 && (st = executor_block_of(l->p, t, d, &b)) != SPMD_OK) return st;
+        if (ckpt_volume(b.rank, b.valid) == 0) continue; /* all padding */
+        int64_t key = block_key(t, &b);
+        if (first[key] < 0) {
+            if (!base_grow(l->alloc, (void **)&l->blocks, &l->cap_blocks, l->n_blocks + 1,
+                           sizeof *l->blocks, 64, "checkpoint blocks"))
+                return SPMD_ERR_NOMEM;
+            first[key] = l->n_blocks;
+            l->blocks[l->n_blocks++] = (ckpt_block){.tensor = ti, .dev_index = d, .b = b};
+        }
+        l->held[ti * l->n_dev + d] = first[key];
+    }
+    return SPMD_OK;
+}
+
+spmd_status ckpt_layout_build(const spmd_program *p, ckpt_layout *l, const char *what)
+{
+    memset(l, 0, sizeof *l);
+    const compiled *c = executor_compiled(p);
+    l->p = p;
+    l->alloc = &c->g->alloc;
+    l->n_dev = spmd_program_devices(p);
+    const spmd_graph *g = c->g;
+    for (int i = 0; i < g->n_nodes; i++) l->n_tensors += executor_keeps(p, g->nodes[i]);
+    size_t nt = (size_t)(l->n_tensors ? l->n_tensors : 1), nd = (size_t)l->n_dev;
+    l->tensors = base_alloc(l->alloc, nt * sizeof *l->tensors, "checkpoint tensors");
+    l->held = base_alloc(l->alloc, nt * nd * sizeof *l->held, "checkpoint blocks");
+    int *first = base_alloc(l->alloc, nd * sizeof *first, "checkpoint blocks");
+    spmd_status st = l->tensors && l->held && first ? SPMD_OK : SPMD_ERR_NOMEM;
+    int n = 0;
+    for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++)
+        if (executor_keeps(p, g->nodes[i])) l->tensors[n++] = g->nodes[i];
+    for (int ti = 0; st == SPMD_OK && ti < l->n_tensors; ti++)
+        st = add_tensor_blocks(l, ti, first, what);
+    base_free(l->alloc, first);
+    if (st != SPMD_OK) ckpt_layout_free(l);
+    return st;
+}
+
+void ckpt_layout_free(ckpt_layout *l)
+{
+    if (!l->alloc) return;
+    base_free(l->alloc, l->tensors);
+    base_free(l->alloc, l->blocks);
+    base_free(l->alloc, l->held);
+    memset(l, 0, sizeof *l);
+}
+
+spmd_status ckpt_box_runs(int rank, const int64_t *ext, const int64_t *adims, const int64_t *aorg,
+                          const int64_t *bdims, const int64_t *borg, ckpt_run_fn fn, void *ctx)
+{
+    if (rank == 0) return fn(ctx, 0, 0, 1);
+    if (ckpt_volume(rank, ext) == 0) return SPMD_OK;
+    /* Dims [outer, rank) form one run: each after the first is whole in
+     * the box and in both arrays. */
+    int outer = rank - 1;
+    int64_t run = ext[rank - 1];
+    while (outer > 0 && ext[outer] == adims[outer] && ext[outer] == bdims[outer]) {
+        outer--;
+        run *= ext[outer];
+    }
+    int64_t idx[SPMD_MAX_RANK] = {0};
+    for (;;) {
+        int64_t a = 0, b = 0;
+        for (int i = 0; i < rank; i++) {
+            a = a * adims[i] + aorg[i] + idx[i];
+            b = b * bdims[i] + borg[i] + idx[i];
+        }
+        spmd_status st = fn(ctx, a, b, run);
+        if (st != SPMD_OK) return st;
+        /* Next index over the dims before `outer` (odometer). */
+        int i = outer - 1;
+        while (i >= 0 && ++idx[i] == ext[i]) idx[i--] = 0;
+        if (i < 0) return SPMD_OK;
+    }
+}

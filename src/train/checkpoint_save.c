@@ -1,0 +1,472 @@
+/*
+ * Saving a checkpoint (spmd/checkpoint.h).  Each writing device puts the
+ * real part of its blocks into its own safetensors file, straight from
+ * its buffers: nothing is gathered.  Then index.json, and the commit:
+ *
+ *   DIR/.tmp-step-N-<pid>/   every file written and fsynced, then the directory
+ *   -> DIR/step-N            rename, fsync DIR
+ *   DIR/latest               written aside, fsynced, renamed over, fsync DIR
+ *   older step-* beyond `keep` deleted
+ *
+ * so that at every moment `latest` names a complete checkpoint.
+ */
+#include "spmd/checkpoint.h"
+
+#include <cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/arena.h"
+#include "base/error.h"
+#include "ir/ir.h"
+#include "mesh/sharding.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_fs.h"
+#include "train/checkpoint_hook.h"
+#include "train/safetensors.h"
+
+#define WHAT "checkpoint save"
+
+/* Writes go through a buffer this big, so small row runs cost no syscall. */
+enum { WRITE_BUFFER = 4 << 20 };
+
+static checkpoint_hook_fn hook;
+static void *hook_ctx;
+
+void checkpoint_set_hook(checkpoint_hook_fn fn, void *ctx)
+{
+    hook = fn;
+    hook_ctx = ctx;
+}
+
+static spmd_status reached(const char *stage)
+{
+    if (hook && !hook(hook_ctx, stage))
+        return base_error(SPMD_ERR_IO, WHAT ": stopped by the test hook after %s", stage);
+    return SPMD_OK;
+}
+
+/* A file of the checkpoint, as the index lists it. */
+typedef struct file_info {
+    char name[32];
+    uint64_t bytes;
+    uint32_t crc;
+} file_info;
+
+/* ---- One device's file --------------------------------------------------------------- */
+
+typedef struct writer {
+    int fd;
+    const char *path;
+    unsigned char *buf;
+    size_t len;
+    uint64_t bytes;
+    uint32_t crc;
+} writer;
+
+static spmd_status flush(writer *w)
+{
+    w->crc = ckpt_crc32(w->crc, w->buf, w->len);
+    spmd_status st = ckpt_write_all(w->fd, w->buf, w->len, w->path, WHAT);
+    w->len = 0;
+    return st;
+}
+
+static spmd_status put(writer *w, const void *data, size_t n)
+{
+    w->bytes += n;
+    if (w->len + n > WRITE_BUFFER) {
+        spmd_status st = flush(w);
+        if (st != SPMD_OK) return st;
+        if (n >= WRITE_BUFFER) { /* a long run goes straight out */
+            w->crc = ckpt_crc32(w->crc, data, n);
+            return ckpt_write_all(w->fd, data, n, w->path, WHAT);
+        }
+    }
+    memcpy(w->buf + w->len, data, n);
+    w->len += n;
+    return SPMD_OK;
+}
+
+typedef struct put_ctx {
+    writer *w;
+    const char *data;
+    size_t es;
+} put_ctx;
+
+static spmd_status put_run(void *ctx, int64_t a, int64_t b, int64_t n)
+{
+    (void)b;
+    put_ctx *c = ctx;
+    return put(c->w, c->data + (size_t)a * c->es, (size_t)n * c->es);
+}
+
+/* Open, fill by `fill`, fsync and close tmp/name; its size and crc32 into *info. */
+typedef spmd_status (*fill_fn)(void *ctx, writer *w);
+
+static spmd_status write_file(const char *tmp, const char *name, unsigned char *buf, fill_fn fill,
+                              void *ctx, file_info *info)
+{
+    char path[CKPT_PATH_MAX];
+    spmd_status st = ckpt_join(path, tmp, name, WHAT);
+    if (st != SPMD_OK) return st;
+    writer w = {
+        .fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644), .path = path, .buf = buf};
+    if (w.fd < 0)
+        return base_error(SPMD_ERR_IO, WHAT ": cannot create %s: %s", path, strerror(errno));
+    st = fill(ctx, &w);
+    if (st == SPMD_OK) st = flush(&w);
+    if (st == SPMD_OK && fsync(w.fd) != 0)
+        st = base_error(SPMD_ERR_IO, WHAT ": cannot sync %s: %s", path, strerror(errno));
+    if (close(w.fd) != 0 && st == SPMD_OK)
+        st = base_error(SPMD_ERR_IO, WHAT ": cannot close %s: %s", path, strerror(errno));
+    snprintf(info->name, sizeof info->name, "%s", name);
+    info->bytes = w.bytes;
+    info->crc = w.crc;
+    return st;
+}
+
+typedef struct device_file {
+    const ckpt_layout *l;
+    int dev_index;
+    const unsigned char *header;
+    size_t header_size;
+} device_file;
+
+static spmd_status fill_device(void *ctx, writer *w)
+{
+    device_file *f = ctx;
+    spmd_status st = put(w, f->header, f->header_size);
+    /* Blocks in the order of the header's entries. */
+    for (int i = 0; st == SPMD_OK && i < f->l->n_blocks; i++) {
+        const ckpt_block *k = &f->l->blocks[i];
+        if (k->dev_index != f->dev_index) continue;
+        static const int64_t zero[SPMD_MAX_RANK];
+        put_ctx c = {w, k->b.data, spmd_dtype_size(f->l->tensors[k->tensor]->dtype)};
+        st = ckpt_box_runs(k->b.rank, k->b.valid, k->b.ldims, zero, k->b.valid, zero, put_run, &c);
+    }
+    return st;
+}
+
+static void file_name(int device, char *buf) { snprintf(buf, 32, "dev-%04d.safetensors", device); }
+
+/* The file of device dev_index, if it is the first holder of any block. */
+static spmd_status write_device(const ckpt_layout *l, int dev_index, const char *tmp,
+                                unsigned char *buf, file_info *info, bool *wrote)
+{
+    int n = 0;
+    for (int i = 0; i < l->n_blocks; i++) n += l->blocks[i].dev_index == dev_index;
+    *wrote = n > 0;
+    if (!n) return SPMD_OK;
+    st_entry *entries = base_alloc(l->alloc, (size_t)n * sizeof *entries, "checkpoint file");
+    if (!entries) return SPMD_ERR_NOMEM;
+    int device = 0;
+    n = 0;
+    for (int i = 0; i < l->n_blocks; i++) {
+        const ckpt_block *k = &l->blocks[i];
+        if (k->dev_index != dev_index) continue;
+        const spmd_tensor *t = l->tensors[k->tensor];
+        st_entry *e = &entries[n++];
+        *e = (st_entry){.name = t->name, .dtype = t->dtype, .rank = k->b.rank};
+        memcpy(e->shape, k->b.valid, sizeof e->shape);
+        device = k->b.device;
+    }
+    device_file f = {l, dev_index, NULL, 0};
+    uint64_t data_bytes;
+    unsigned char *header;
+    spmd_status st = st_header_build(l->alloc, entries, n, &header, &f.header_size, &data_bytes);
+    base_free(l->alloc, entries);
+    if (st != SPMD_OK) return st;
+    f.header = header;
+    char name[32];
+    file_name(device, name);
+    st = write_file(tmp, name, buf, fill_device, &f, info);
+    base_free(l->alloc, header);
+    if (st == SPMD_OK && info->bytes != f.header_size + data_bytes)
+        st = BASE_INTERNAL("checkpoint save: a file's size differs from its header's");
+    if (st == SPMD_OK) st = reached(name);
+    return st;
+}
+
+/* ---- The index -------------------------------------------------------------------------- */
+
+static bool add_mesh(cJSON *root, const spmd_mesh *m)
+{
+    cJSON *mesh = cJSON_AddObjectToObject(root, "mesh");
+    int64_t shape[MESH_MAX_AXES];
+    int rank = m ? m->rank : 0;
+    for (int i = 0; i < rank; i++) shape[i] = m->shape[i];
+    cJSON *axes = mesh && st_json_add_counts(mesh, "shape", rank, shape)
+                      ? cJSON_AddArrayToObject(mesh, "axes")
+                      : NULL;
+    for (int i = 0; axes && i < rank; i++) {
+        cJSON *x = cJSON_CreateString(m->names[i]);
+        if (!x || !cJSON_AddItemToArray(axes, x)) {
+            cJSON_Delete(x);
+            return false;
+        }
+    }
+    return axes != NULL;
+}
+
+static bool add_tensor(cJSON *tensors, const ckpt_layout *l, int ti)
+{
+    const spmd_tensor *t = l->tensors[ti];
+    const compiled *c = executor_compiled(l->p);
+    sharding s = compiled_held(c, t);
+    char spec[512];
+    cJSON *item = cJSON_AddObjectToObject(tensors, t->name);
+    if (!item || !st_json_add_counts(item, "shape", t->rank, t->dims) ||
+        !cJSON_AddStringToObject(item, "dtype", st_dtype_name(t->dtype)) ||
+        !cJSON_AddStringToObject(item, "sharding", sharding_format(&s, c->mesh, spec, sizeof spec)))
+        return false;
+    cJSON *blocks = cJSON_AddArrayToObject(item, "blocks");
+    for (int i = 0; blocks && i < l->n_blocks; i++) {
+        const ckpt_block *k = &l->blocks[i];
+        if (k->tensor != ti) continue;
+        char name[32];
+        file_name(k->b.device, name);
+        cJSON *b = cJSON_CreateObject();
+        if (!b || !cJSON_AddItemToArray(blocks, b)) {
+            cJSON_Delete(b);
+            return false;
+        }
+        if (!cJSON_AddStringToObject(b, "file", name) ||
+            !st_json_add_counts(b, "start", t->rank, k->b.start) ||
+            !st_json_add_counts(b, "shape", t->rank, k->b.valid))
+            return false;
+    }
+    return blocks != NULL;
+}
+
+/* index.json's text (cJSON's allocation: cJSON_free it), NULL when out
+ * of memory.  Takes over `meta`. */
+static char *index_text(const ckpt_layout *l, int64_t step, cJSON *meta, const file_info *files,
+                        int n_files)
+{
+    cJSON *root = cJSON_CreateObject();
+    if (!root || !cJSON_AddItemToObject(root, "format", cJSON_CreateString(CKPT_FORMAT)) ||
+        !cJSON_AddNumberToObject(root, "version", CKPT_VERSION) ||
+        !cJSON_AddNumberToObject(root, "step", (double)step) ||
+        !add_mesh(root, executor_compiled(l->p)->mesh) ||
+        !cJSON_AddItemToObject(root, "meta", meta)) {
+        cJSON_Delete(meta);
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON *tensors = cJSON_AddObjectToObject(root, "tensors");
+    bool ok = tensors != NULL;
+    for (int i = 0; ok && i < l->n_tensors; i++) ok = add_tensor(tensors, l, i);
+    cJSON *list = ok ? cJSON_AddObjectToObject(root, "files") : NULL;
+    ok = list != NULL;
+    for (int i = 0; ok && i < n_files; i++) {
+        char crc[16];
+        snprintf(crc, sizeof crc, "%08x", (unsigned)files[i].crc);
+        cJSON *f = cJSON_AddObjectToObject(list, files[i].name);
+        ok = f && cJSON_AddNumberToObject(f, "bytes", (double)files[i].bytes) &&
+             cJSON_AddStringToObject(f, "crc32", crc);
+    }
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    return text;
+}
+
+typedef struct text_file {
+    const char *text;
+} text_file;
+
+static spmd_status fill_text(void *ctx, writer *w)
+{
+    const text_file *t = ctx;
+    spmd_status st = put(w, t->text, strlen(t->text));
+    return st == SPMD_OK ? put(w, "\n", 1) : st;
+}
+
+/* ---- Commit ----------------------------------------------------------------------------- */
+
+/* Move the finished tmp directory to `final`.  A step directory of that
+ * number may be there already (the same step saved again after a
+ * restart): it is swapped out in one exchange, so that a `latest` naming
+ * it always finds a whole checkpoint; the old one is left at tmp. */
+static spmd_status commit(const spmd_allocator *alloc, const char *dir, const char *tmp,
+                          const char *final, const char *step_name)
+{
+    if (rename(tmp, final) == 0) return SPMD_OK;
+    if (errno != EEXIST && errno != ENOTEMPTY)
+        return base_error(SPMD_ERR_IO, WHAT ": cannot rename %s to %s: %s", tmp, final,
+                          strerror(errno));
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) return SPMD_OK;
+#endif
+    /* No exchange here: replace it in two renames, unless `latest`
+     * names it (a crash in between would leave `latest` naming nothing). */
+    char latest[32];
+    if (ckpt_read_latest(alloc, dir, latest, WHAT) == SPMD_OK && !strcmp(latest, step_name))
+        return base_error(SPMD_ERR_IO,
+                          WHAT ": cannot replace %s, which %s/latest names: this file system "
+                               "cannot exchange two directories atomically",
+                          final, dir);
+    char aside[CKPT_PATH_MAX];
+    if (snprintf(aside, sizeof aside, "%s.old", tmp) >= (int)sizeof aside)
+        return base_error(SPMD_ERR_INVALID, WHAT ": path %s is too long", tmp);
+    if (rename(final, aside) != 0 || rename(tmp, final) != 0)
+        return base_error(SPMD_ERR_IO, WHAT ": cannot replace %s: %s", final, strerror(errno));
+    if (rename(aside, tmp) != 0) return ckpt_remove_tree(aside, WHAT);
+    return SPMD_OK;
+}
+
+static int by_step_descending(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* Delete the step directories below `step` but the newest keep - 1, each
+ * renamed out of the step-* names first, so none is ever half there. */
+static spmd_status prune(const spmd_allocator *alloc, const char *dir, int64_t step, int keep)
+{
+    if (keep <= 0) return SPMD_OK;
+    DIR *d = opendir(dir);
+    if (!d) return base_error(SPMD_ERR_IO, WHAT ": cannot list %s: %s", dir, strerror(errno));
+    int64_t *older = NULL;
+    int n = 0, cap = 0;
+    spmd_status st = SPMD_OK;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s;
+        if (!ckpt_parse_step_name(e->d_name, &s) || s >= step) continue;
+        if (!base_grow(alloc, (void **)&older, &cap, n + 1, sizeof *older, 16, "checkpoint list")) {
+            st = SPMD_ERR_NOMEM;
+            break;
+        }
+        older[n++] = s;
+    }
+    closedir(d);
+    if (n > 0) qsort(older, (size_t)n, sizeof *older, by_step_descending);
+    for (int i = keep - 1; st == SPMD_OK && i < n; i++) {
+        char name[32], path[CKPT_PATH_MAX], doomed_name[64], doomed[CKPT_PATH_MAX];
+        ckpt_step_name(older[i], name);
+        snprintf(doomed_name, sizeof doomed_name, ".del-%s-%ld", name, (long)getpid());
+        st = ckpt_join(path, dir, name, WHAT);
+        if (st == SPMD_OK) st = ckpt_join(doomed, dir, doomed_name, WHAT);
+        if (st == SPMD_OK && rename(path, doomed) != 0)
+            st = base_error(SPMD_ERR_IO, WHAT ": cannot remove %s: %s", path, strerror(errno));
+        if (st == SPMD_OK) st = ckpt_remove_tree(doomed, WHAT);
+    }
+    base_free(alloc, older);
+    return st;
+}
+
+/* ---- Save ------------------------------------------------------------------------------- */
+
+static spmd_status check_args(const spmd_program *p, const char *dir, int64_t step, int keep,
+                              const char *meta_json, cJSON **meta)
+{
+    *meta = NULL;
+    spmd_status st = executor_check_runnable(p, WHAT);
+    if (st != SPMD_OK) return st;
+    if (!dir || !dir[0]) return base_error(SPMD_ERR_INVALID, WHAT ": no directory given");
+    /* Steps are JSON numbers in the index: exact up to 2^53. */
+    if (step < 0 || step > ((int64_t)1 << 53))
+        return base_error(SPMD_ERR_INVALID, WHAT ": step %lld is outside [0, 2^53]",
+                          (long long)step);
+    if (keep < 0) return base_error(SPMD_ERR_INVALID, WHAT ": keep is %d, not >= 0", keep);
+    if (!st_host_little_endian())
+        return base_error(SPMD_ERR_UNSUPPORTED, WHAT ": this host is big-endian; the files are "
+                                                     "little-endian");
+    /* The whole text must be the object, nothing after it. */
+    *meta = meta_json ? cJSON_ParseWithOpts(meta_json, NULL, true) : cJSON_CreateObject();
+    if (!cJSON_IsObject(*meta)) {
+        cJSON_Delete(*meta);
+        *meta = NULL;
+        return base_error(SPMD_ERR_INVALID, WHAT ": meta is not a JSON object: %.60s%s",
+                          meta_json ? meta_json : "(out of memory)",
+                          meta_json && strlen(meta_json) > 60 ? "..." : "");
+    }
+    return SPMD_OK;
+}
+
+/* Every file into tmp, fsynced, then tmp itself. */
+static spmd_status write_all_files(const ckpt_layout *l, int64_t step, cJSON *meta, const char *tmp)
+{
+    file_info *files = base_alloc(l->alloc, (size_t)l->n_dev * sizeof *files, "checkpoint files");
+    unsigned char *buf = base_alloc(l->alloc, WRITE_BUFFER, "checkpoint write buffer");
+    spmd_status st = files && buf ? SPMD_OK : SPMD_ERR_NOMEM;
+    int n_files = 0;
+    for (int d = 0; st == SPMD_OK && d < l->n_dev; d++) {
+        bool wrote;
+        st = write_device(l, d, tmp, buf, &files[n_files], &wrote);
+        n_files += wrote;
+    }
+    char *text = NULL;
+    if (st == SPMD_OK) {
+        text = index_text(l, step, meta, files, n_files);
+        meta = NULL;
+        if (!text) st = base_error(SPMD_ERR_NOMEM, WHAT ": out of memory building %s", CKPT_INDEX);
+    }
+    cJSON_Delete(meta);
+    file_info index;
+    if (st == SPMD_OK) st = write_file(tmp, CKPT_INDEX, buf, fill_text, &(text_file){text}, &index);
+    if (text) cJSON_free(text);
+    if (st == SPMD_OK) st = reached(CKPT_INDEX);
+    if (st == SPMD_OK) st = ckpt_fsync_dir(tmp, WHAT);
+    base_free(l->alloc, files);
+    base_free(l->alloc, buf);
+    return st;
+}
+
+spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir, int64_t step,
+                                 const char *meta_json, int keep)
+{
+    cJSON *meta;
+    spmd_status st = check_args(p, dir, step, keep, meta_json, &meta);
+    if (st != SPMD_OK) return st;
+    ckpt_layout l;
+    if ((st = ckpt_layout_build(p, &l, WHAT)) != SPMD_OK) {
+        cJSON_Delete(meta);
+        return st;
+    }
+    char step_name[32], tmp_name[64], tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX];
+    ckpt_step_name(step, step_name);
+    snprintf(tmp_name, sizeof tmp_name, ".tmp-%s-%ld", step_name, (long)getpid());
+    st = ckpt_mkdirs(dir, WHAT);
+    if (st == SPMD_OK) st = ckpt_join(tmp, dir, tmp_name, WHAT);
+    if (st == SPMD_OK) st = ckpt_join(final, dir, step_name, WHAT);
+    /* A leftover of this process's own failed save. */
+    if (st == SPMD_OK) st = ckpt_remove_tree(tmp, WHAT);
+    if (st == SPMD_OK && mkdir(tmp, 0777) != 0)
+        st = base_error(SPMD_ERR_IO, WHAT ": cannot create directory %s: %s", tmp, strerror(errno));
+    if (st != SPMD_OK) {
+        cJSON_Delete(meta);
+        ckpt_layout_free(&l);
+        return st;
+    }
+    st = write_all_files(&l, step, meta, tmp);
+    if (st == SPMD_OK) st = commit(l.alloc, dir, tmp, final, step_name);
+    if (st == SPMD_OK) st = ckpt_fsync_dir(dir, WHAT);
+    if (st != SPMD_OK) {
+        /* The previous checkpoint and `latest` are as they were; keep
+         * this failure's message, not the clean-up's. */
+        char message[1024];
+        snprintf(message, sizeof message, "%s", spmd_last_error());
+        ckpt_remove_tree(tmp, WHAT);
+        ckpt_layout_free(&l);
+        return base_error(st, "%s", message);
+    }
+    /* After an exchange, tmp holds the replaced checkpoint. */
+    st = ckpt_remove_tree(tmp, WHAT);
+    if (st == SPMD_OK) st = reached(step_name);
+    char line[40];
+    snprintf(line, sizeof line, "%s\n", step_name);
+    if (st == SPMD_OK) st = ckpt_replace_file(dir, CKPT_LATEST, line, strlen(line), WHAT);
+    if (st == SPMD_OK) st = reached(CKPT_LATEST);
+    if (st == SPMD_OK) st = prune(l.alloc, dir, step, keep);
+    ckpt_layout_free(&l);
+    return st;
+}
