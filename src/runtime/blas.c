@@ -331,7 +331,7 @@ spmd_status blas_init(blas_library lib, const char *coretype)
  * its own blas_memory_alloc), so OpenBLAS never maps one during a call.
  * Each product is still one call with the same arguments, so no result
  * changes. */
-enum { GATE_PER_CPU = 32, GATE_MOST = 64 }; /* XXX debug */
+enum { GATE_PER_CPU = 4, GATE_MOST = 64 };
 #define OPENBLAS_BUFFER_BYTES ((size_t)128 << 20)
 
 static struct {
