@@ -57,7 +57,8 @@ typedef enum spmd_split {
  *                    Held out: with several files, those whose name contains
  *                    "val" (llm.c's fineweb_val_000000.bin, tiny_shakespeare_
  *                    val.bin), else the first file; with one file, its last
- *                    10% of tokens.  Files are mapped, not read.
+ *                    10% of tokens.  Files are read with pread;
+ *                    one changed under a run is an error naming it.
  *   any other path   a byte-level text file (vocab 256); its last 10% is held
  *                    out (at least seq+1 bytes; training windows never cross
  *                    into it).
