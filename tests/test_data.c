@@ -554,6 +554,51 @@ static void test_shard_glob(void **state)
     remove_dir(dir);
 }
 
+/* Sequential order: row b of batch k starts at token k*B*T + b*T of the
+ * training part, file after file, wrapping round; other data refuses it. */
+static void test_shard_sequential(void **state)
+{
+    (void)state;
+    char dir[512], path[600], pattern[600];
+    make_dir(dir, sizeof dir);
+    uint16_t *a = random_tokens(NTOK, 0, 1000, 5), *b = random_tokens(NTOK, 0, 1000, 6);
+    snprintf(path, sizeof path, "%s/s_train_0.bin", dir);
+    write_shard(path, MAGIC, 1, NTOK, a, NTOK);
+    snprintf(path, sizeof path, "%s/s_train_1.bin", dir);
+    write_shard(path, MAGIC, 1, NTOK, b, NTOK);
+    snprintf(path, sizeof path, "%s/s_val.bin", dir);
+    write_shard(path, MAGIC, 1, NTOK, b, NTOK);
+    snprintf(pattern, sizeof pattern, "%s/s_*.bin", dir);
+    spmd_dataset *d = spmd_dataset_open(pattern, TSEQ, 4);
+    assert_non_null(d);
+    assert_int_equal(spmd_dataset_set_order(d, SPMD_DATA_SEQUENTIAL), SPMD_OK);
+
+    enum { B = 4 };
+    const int per_file = (NTOK - 1) / TSEQ; /* windows every TSEQ tokens in a file */
+    int32_t in[B * TSEQ], tg[B * TSEQ], s[TSEQ + 1];
+    for (int k = 0; k < 2 * per_file / B + 3; k++) {
+        assert_int_equal(spmd_dataset_batch(d, SPMD_SPLIT_TRAIN, (int64_t)k * B, B, in, tg), SPMD_OK);
+        for (int r = 0; r < B; r++) {
+            int w = (k * B + r) % (2 * per_file); /* wraps round after both files */
+            const uint16_t *file = w < per_file ? a : b;
+            int at = (w % per_file) * TSEQ;
+            sample_tokens(in + r * TSEQ, tg + r * TSEQ, TSEQ, s);
+            for (int i = 0; i <= TSEQ; i++) assert_int_equal(s[i], file[at + i]);
+        }
+    }
+    spmd_dataset_free(d);
+
+    d = spmd_dataset_open("arith", TSEQ, 4);
+    assert_non_null(d);
+    assert_int_equal(spmd_dataset_set_order(d, SPMD_DATA_SEQUENTIAL), SPMD_ERR_UNSUPPORTED);
+    has(spmd_last_error(), "llm.c token shards");
+    assert_int_equal(spmd_dataset_set_order(d, SPMD_DATA_SHUFFLED), SPMD_OK);
+    spmd_dataset_free(d);
+    free(a);
+    free(b);
+    remove_dir(dir);
+}
+
 static void test_shard_errors(void **state)
 {
     (void)state;
@@ -720,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_text_errors),
         cmocka_unit_test(test_shard_single_file),
         cmocka_unit_test(test_shard_glob),
+        cmocka_unit_test(test_shard_sequential),
         cmocka_unit_test(test_shard_errors),
         cmocka_unit_test(test_shard_truncated_while_open),
     };

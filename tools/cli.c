@@ -51,9 +51,23 @@ void cli_usage(FILE *f, const char *command)
             "                       shards (FILE.bin or a glob) (arith)\n"
             "  --batch N            global batch (32)\n"
             "  --steps N            training steps (2000)\n"
-            "  --optimizer sgd|adamw  (adamw, weight decay 0.01, clip 1.0)\n"
-            "  --lr X               peak learning rate (adamw 3e-3 with warmup and cosine\n"
-            "                       decay; sgd 0.1, constant)\n"
+            "  --optimizer sgd|adamw  (adamw)\n"
+            "  --lr X               peak learning rate (adamw 3e-3, sgd 0.1)\n"
+            "  --schedule cosine|constant  cosine: warmup, then decay to lr/10 at --steps;\n"
+            "                       constant: warmup, then lr (adamw cosine, sgd constant)\n"
+            "  --warmup N           warmup steps, lr rising linearly from 0 (cosine: steps/10+1,\n"
+            "                       constant: 0)\n"
+            "  --weight-decay X     adamw: decoupled (0.01); sgd: added to the gradient (0)\n"
+            "  --beta1 X --beta2 X --eps X   adamw moments (0.9, 0.999, 1e-8)\n"
+            "  --clip X             clip the global gradient norm at X, 0 for none (adamw 1, sgd 0)\n"
+            "  --save DIR           write a sharded checkpoint to DIR at the end\n"
+            "  --save-every N       and every N steps (0: only at the end)\n"
+            "  --keep K             keep the newest K checkpoints in DIR, 0 for all (0)\n"
+            "  --resume DIR         continue from DIR's latest checkpoint, on any mesh, to\n"
+            "                       step --steps\n"
+            "  --data-order shuffled|sequential  token shards: sampled windows, or windows\n"
+            "                       one after another in file order as llm.c reads them\n"
+            "                       (shuffled)\n"
             "  --checkpoint on|off  recompute GPT block activations in backward (off)\n"
             "  --eval N             held-out samples scored at the end, at most the held-out\n"
             "                       set's size (256)\n"
@@ -73,14 +87,17 @@ static void defaults(cli_opts *o)
 {
     memset(o, 0, sizeof *o);
     strcpy(o->model, "gpt");
-    o->gpt = (spmd_gpt_config){.seq = 40, .layers = 2, .heads = 4, .dim = 96};
     o->mlp = (spmd_mlp_config){.hidden = 128, .layers = 2};
     o->batch = 32;
     o->steps = 2000;
     o->seed = 1;
     o->mesh = "4x2";
     o->axes = "replica,fsdp";
-    o->optimizer = (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f};
+    /* The GPT's shape and the optimizer's settings stay unset (0, NaN)
+     * until every flag is read: their defaults depend on other flags. */
+    o->optimizer = (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = NAN, .beta1 = NAN,
+                                    .beta2 = NAN, .eps = NAN, .clip_norm = NAN};
+    o->warmup = -1;
     o->eval_samples = 256;
     o->memory_check = true;
 }
@@ -119,6 +136,16 @@ static const flag_spec flag_specs[] = {
     {"--threads", FLAG_INT, offsetof(cli_opts, threads), 1, NULL},
     {"--devices", FLAG_INT, offsetof(cli_opts, devices), 1, NULL},
     {"--eval", FLAG_INT, offsetof(cli_opts, eval_samples), 0, NULL},
+    {"--warmup", FLAG_INT, offsetof(cli_opts, warmup), 0, NULL},
+    {"--save-every", FLAG_INT, offsetof(cli_opts, save_every), 0, NULL},
+    {"--keep", FLAG_INT, offsetof(cli_opts, keep), 0, NULL},
+    {"--weight-decay", FLAG_OTHER, 0, 0, NULL},
+    {"--beta1", FLAG_OTHER, 0, 0, NULL},
+    {"--beta2", FLAG_OTHER, 0, 0, NULL},
+    {"--eps", FLAG_OTHER, 0, 0, NULL},
+    {"--clip", FLAG_OTHER, 0, 0, NULL},
+    {"--schedule", FLAG_OTHER, 0, 0, NULL},
+    {"--data-order", FLAG_OTHER, 0, 0, NULL},
     {"--seed", FLAG_OTHER, 0, 0, NULL},
     {"--lr", FLAG_OTHER, 0, 0, NULL},
     {"--optimizer", FLAG_OTHER, 0, 0, NULL},
@@ -131,6 +158,8 @@ static const flag_spec flag_specs[] = {
     {"--fsdp", FLAG_TEXT, offsetof(cli_opts, fsdp), 0, NULL},
     {"--data", FLAG_TEXT, offsetof(cli_opts, data), 0, NULL},
     {"--json", FLAG_TEXT, offsetof(cli_opts, json), 0, NULL},
+    {"--save", FLAG_TEXT, offsetof(cli_opts, save), 0, NULL},
+    {"--resume", FLAG_TEXT, offsetof(cli_opts, resume), 0, NULL},
     {"--blas", FLAG_TEXT, offsetof(cli_opts, blas), 0, NULL},
     {"--blas-core", FLAG_TEXT, offsetof(cli_opts, blas_core), 0, NULL},
 };
@@ -172,6 +201,20 @@ static int parse_u64(const char *flag, const char *text, uint64_t *out)
     return 0;
 }
 
+/* A finite number in [min, max), or [min, max] when max_included. */
+static int parse_float(const char *flag, const char *text, double min, double max,
+                       bool max_included, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || *end || end == text || !(v >= min) || v > max || (!max_included && v == max))
+        return cli_fail("%s wants a number from %g to %g (%s), got '%s'", flag, min, max,
+                        max_included ? "included" : "excluded", text);
+    *out = (float)v;
+    return 0;
+}
+
 static int parse_choice(const char *flag, const char *v, const char *a, const char *b, bool *is_b)
 {
     if (strcmp(v, a) && strcmp(v, b)) return cli_fail("%s is %s or %s, got '%s'", flag, a, b, v);
@@ -203,9 +246,24 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
             return cli_fail("--lr wants a positive number, got '%s'", v);
     } else if (!strcmp(f, "--optimizer")) {
         rc = parse_choice(f, v, "adamw", "sgd", &b);
-        o->optimizer = b ? (spmd_optimizer){.kind = SPMD_OPTIMIZER_SGD}
-                         : (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f,
-                                            .clip_norm = 1.0f};
+        o->optimizer.kind = b ? SPMD_OPTIMIZER_SGD : SPMD_OPTIMIZER_ADAMW;
+    } else if (!strcmp(f, "--weight-decay")) {
+        rc = parse_float(f, v, 0, 1e6, true, &o->optimizer.weight_decay);
+    } else if (!strcmp(f, "--beta1")) {
+        rc = parse_float(f, v, 0, 1, false, &o->optimizer.beta1);
+    } else if (!strcmp(f, "--beta2")) {
+        rc = parse_float(f, v, 0, 1, false, &o->optimizer.beta2);
+    } else if (!strcmp(f, "--eps")) {
+        rc = parse_float(f, v, 0, 1, true, &o->optimizer.eps);
+    } else if (!strcmp(f, "--clip")) {
+        rc = parse_float(f, v, 0, 1e30, true, &o->optimizer.clip_norm);
+    } else if (!strcmp(f, "--schedule")) {
+        rc = parse_choice(f, v, "cosine", "constant", &b);
+        o->lr_constant = b;
+        o->schedule_given = true;
+    } else if (!strcmp(f, "--data-order")) {
+        rc = parse_choice(f, v, "shuffled", "sequential", &b);
+        o->data_sequential = b;
     } else if (!strcmp(f, "--checkpoint")) {
         rc = parse_choice(f, v, "off", "on", &b);
         o->checkpoint = b;
@@ -229,10 +287,35 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
     return rc;
 }
 
+/* Each optimizer setting not given takes its kind's default (PyTorch's,
+ * but AdamW decays 0.01 and clips at 1 as nanoGPT does); a setting of the
+ * other kind is an error. */
+static int optimizer_defaults(cli_opts *o)
+{
+    spmd_optimizer *opt = &o->optimizer;
+    bool adamw = opt->kind == SPMD_OPTIMIZER_ADAMW;
+    const char *names[] = {"--beta1", "--beta2", "--eps"};
+    float *moments[] = {&opt->beta1, &opt->beta2, &opt->eps};
+    const float adam[] = {0.9f, 0.999f, 1e-8f};
+    for (int i = 0; i < 3; i++) {
+        if (!adamw && !isnan(*moments[i]))
+            return cli_fail("%s is an AdamW setting; --optimizer sgd takes --lr, --weight-decay "
+                            "and --clip", names[i]);
+        if (isnan(*moments[i])) *moments[i] = adamw ? adam[i] : 0.0f;
+    }
+    if (isnan(opt->weight_decay)) opt->weight_decay = adamw ? 0.01f : 0.0f;
+    if (isnan(opt->clip_norm)) opt->clip_norm = adamw ? 1.0f : 0.0f;
+    if (!o->schedule_given) o->lr_constant = !adamw;
+    if (o->warmup < 0) o->warmup = o->lr_constant ? 0 : o->steps / 10 + 1;
+    if (!o->lr) o->lr = adamw ? 3e-3f : 0.1f;
+    return 0;
+}
+
 int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
 {
     defaults(o);
     bool mesh_given = false;
+    int rc;
     for (int i = 0; i < argc; i++) {
         char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
@@ -251,10 +334,16 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
         }
         char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
         if (!v) return cli_fail("%s needs a value", fs->name);
-        int rc = set_flag(fs, v, o, &mesh_given);
+        rc = set_flag(fs, v, o, &mesh_given);
         if (rc) return rc;
     }
+    if (!o->gpt.seq) o->gpt.seq = 40;
+    if (!o->gpt.layers) o->gpt.layers = 2;
+    if (!o->gpt.heads) o->gpt.heads = 4;
+    if (!o->gpt.dim) o->gpt.dim = 96;
     o->mlp.layers = o->gpt.layers; /* --layers is either model's depth */
+    rc = optimizer_defaults(o);
+    if (rc) return rc;
     /* --devices N alone: a mesh of N devices along one 'data' axis. */
     static char devices_text[16];
     if (o->devices && !mesh_given) {
@@ -262,7 +351,6 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
         o->mesh = devices_text;
         o->axes = "data";
     }
-    if (!o->lr) o->lr = o->optimizer.kind == SPMD_OPTIMIZER_ADAMW ? 3e-3f : 0.1f;
     return 0;
 }
 
@@ -387,6 +475,8 @@ int cli_build(const cli_opts *o_in, cli_model *m)
                         o.gpt.seq, INT_MAX / 64);
     m->data = spmd_dataset_open(o.data, o.gpt.seq, o.seed);
     if (!m->data) return cli_fail("--data %s: %s", o.data ? o.data : "arith", spmd_last_error());
+    if (o.data_sequential && spmd_dataset_set_order(m->data, SPMD_DATA_SEQUENTIAL) != SPMD_OK)
+        return cli_fail("--data-order sequential: %s", spmd_last_error());
     if (!o.gpt.vocab) o.gpt.vocab = spmd_dataset_vocab(m->data);
     if (spmd_dataset_check_vocab(m->data, o.gpt.vocab) != SPMD_OK)
         return cli_fail("--vocab %d: %s", o.gpt.vocab, spmd_last_error());
@@ -399,6 +489,7 @@ int cli_build(const cli_opts *o_in, cli_model *m)
         spmd_mesh_free(m->mesh); /* one device, nothing to partition */
         m->mesh = NULL;
     }
+    m->gpt = o.gpt;
     int rc = build_graph(&o, m, &m->train);
     if (rc) return rc;
     bool gpt = !strcmp(o.model, "gpt");
@@ -556,17 +647,15 @@ static int feed_split(const cli_opts *o, const cli_model *m, const cli_graph *c,
     return 0;
 }
 
-int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step)
+int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, int64_t first)
 {
     size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
-    int rc = tok && tgt ? feed_split(o, m, &m->train, p, SPMD_SPLIT_TRAIN, (int64_t)step * o->batch, tok, tgt)
+    int rc = tok && tgt ? feed_split(o, m, &m->train, p, SPMD_SPLIT_TRAIN, first, tok, tgt)
                         : cli_fail("out of memory");
     free(tok), free(tgt);
     if (rc) return rc;
-    float lr = o->optimizer.kind == SPMD_OPTIMIZER_ADAMW
-                   ? spmd_lr_schedule(step, o->steps / 10 + 1, o->steps, o->lr, o->lr / 10)
-                   : o->lr;
+    float lr = spmd_lr_schedule(step, o->warmup, o->steps, o->lr, o->lr_constant ? o->lr : o->lr / 10);
     if (spmd_program_set_input(p, m->opt.lr, &lr, sizeof lr) != SPMD_OK)
         return cli_fail("cannot feed the learning rate: %s", spmd_last_error());
     return 0;

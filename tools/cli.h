@@ -5,6 +5,7 @@
 #ifndef SPMD_TOOLS_CLI_H
 #define SPMD_TOOLS_CLI_H
 
+#include "spmd/checkpoint.h"
 #include "spmd/data.h"
 #include "spmd/mesh.h"
 #include "spmd/models.h"
@@ -32,6 +33,14 @@ typedef struct cli_opts {
     const char *fsdp;  /* axis, "none", or NULL: "fsdp" when the mesh has it */
     const char *data;  /* NULL: the synthetic addition set */
     spmd_optimizer optimizer;
+    bool lr_constant;  /* --schedule constant (default for sgd) */
+    bool schedule_given;
+    int warmup;        /* warmup steps; -1: steps / 10 + 1 with cosine, 0 constant */
+    bool data_sequential; /* --data-order sequential */
+    const char *save;  /* --save DIR: checkpoint at the end (and every save_every) */
+    int save_every;    /* 0: only at the end */
+    int keep;          /* checkpoints kept in --save DIR; 0 keeps all */
+    const char *resume; /* --resume DIR: continue from its latest checkpoint */
     bool checkpoint;   /* recompute each GPT block's activations in backward */
     int eval_samples;  /* held-out samples scored at the end */
     bool keep_nonfinite; /* --on-nonfinite continue: train on past a NaN/inf loss */
@@ -54,6 +63,7 @@ typedef struct cli_model {
     cli_graph train;
     spmd_optimizer_tensors opt;
     cli_graph eval;      /* forward only; eval.g NULL when the data has no accuracy */
+    spmd_gpt_config gpt; /* the shape built, vocabulary resolved (mlp: vocab, layers) */
     int64_t params, tokens_per_step;
     double flops_per_step;
 } cli_model;
@@ -72,8 +82,9 @@ spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only);
 /* Refuse (message, exit code) a run whose programs need more memory than
  * this process can get: MemAvailable, and the room RLIMIT_AS leaves. */
 int cli_check_memory(const cli_opts *o, const cli_model *m);
-/* One global batch of the training split for `step`, and its lr. */
-int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step);
+/* The global batch of the training split from sample `first` on, and the
+ * learning rate of `step` (from 0). */
+int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, int64_t first);
 /* Cap --eval at the held-out set's size, saying so on stdout: past it,
  * evaluation only scores the same problems again, for as long as asked. */
 void cli_cap_eval(cli_opts *o, const cli_model *m);
@@ -95,6 +106,15 @@ int cli_check_report_path(const char *path);
 /* Writes and frees `root`, atomically: a temporary file beside `path`,
  * synced, then renamed over it.  0, or 1 with a message. */
 int cli_write_json(const char *path, struct cJSON *root);
+/* The run's settings (model, optimizer, data), as saved in checkpoints
+ * and reported (run_checkpoint.c). */
+struct cJSON *cli_settings_json(const cli_opts *o, const cli_model *m);
+/* Save program p at `step` to --save, with the data position `samples`;
+ * 0, or 1 with a message. */
+int cli_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int step, int64_t samples);
+/* Load --resume's latest checkpoint into p: the step it reached and its
+ * data position; 0, or an exit code with a message. */
+int cli_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step, int64_t *samples);
 /* "4x2 (replica, fsdp)" or "1 device". */
 void cli_mesh_text(const cli_model *m, char *buf, size_t size);
 

@@ -18,7 +18,7 @@ enum { EXIT_DIVERGED = 3 };
 
 /* Why a run ended before its last step; step 0 when it did not. */
 typedef struct train_stop {
-    int step;        /* the last step run, from 1 */
+    int step;        /* the last step run, from 1 (counting saved steps) */
     int signal;      /* SIGINT or SIGTERM, or 0 */
     char reason[32]; /* "loss is nan", "SIGINT" */
 } train_stop;
@@ -144,14 +144,17 @@ static int grow_records(float **losses, double **ms, size_t *room)
     return 0;
 }
 
-/* The report of `steps` steps run (non-finite losses print as null). */
+/* The report of `steps` steps run after step `start` (non-finite losses
+ * print as null). */
 static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, const float *losses,
-                  int steps, double ms, double accuracy, const train_stop *stop)
+                  int start, int steps, double ms, double accuracy, const train_stop *stop)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "mesh", cli_mesh_json(m));
     cJSON_AddStringToObject(root, "model", o->model);
     cJSON_AddNumberToObject(root, "params", (double)m->params);
+    cJSON_AddItemToObject(root, "settings", cli_settings_json(o, m));
+    if (start) cJSON_AddNumberToObject(root, "resumed_at", start);
     cJSON_AddNumberToObject(root, "steps", steps);
     cJSON *loss = cJSON_AddArrayToObject(root, "loss");
     for (int i = 0; i < steps; i++) cJSON_AddItemToArray(loss, cJSON_CreateNumber(losses[i]));
@@ -201,6 +204,19 @@ int cmd_train(int argc, char **argv)
            (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
            spmd_program_collective_count(p));
     warn_plan(&o, &m, p);
+    /* Saved state last: it replaces what the flags set up. */
+    int first = 0;      /* steps already run (a resumed run's saved step) */
+    int64_t sample = 0; /* the data position: training samples consumed */
+    if (o.resume && !(rc = cli_resume(&o, &m, p, &first, &sample))) {
+        printf("resumed: step %d of %d from %s (data position %lld samples)\n", first, o.steps,
+               o.resume, (long long)sample);
+    }
+    if (rc) {
+        spmd_program_free(eval);
+        spmd_program_free(p);
+        cli_model_free(&m);
+        return rc;
+    }
 
     /* Per-step records grow with the run: a long --steps must not claim
      * its whole history before the first step. */
@@ -208,48 +224,63 @@ int cmd_train(int argc, char **argv)
     double *ms = NULL;
     size_t room = 0;
     train_stop stop = {0};
-    int done = 0; /* steps run */
+    int done = first; /* the last step run, from 1 */
+    int saved = first; /* the last step in a checkpoint */
     catch_stop_signals();
     double start = now_ms();
-    for (int s = 0; s < o.steps && !rc && !stop.step; s++) {
-        if ((size_t)s == room && (rc = grow_records(&losses, &ms, &room))) break;
+    for (int s = first; s < o.steps && !rc && !stop.step; s++) {
+        int i = s - first; /* records index */
+        if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room))) break;
         double t0 = now_ms();
-        rc = cli_feed(&o, &m, p, s);
+        rc = cli_feed(&o, &m, p, s, sample);
         if (rc) break;
+        sample += o.batch;
         spmd_status st = spmd_program_run(p);
         float norm = 0;
-        if (st == SPMD_OK) st = spmd_program_read(p, m.train.loss, &losses[s], sizeof losses[s]);
+        if (st == SPMD_OK) st = spmd_program_read(p, m.train.loss, &losses[i], sizeof losses[i]);
         if (st == SPMD_OK && m.opt.grad_norm) st = spmd_program_read(p, m.opt.grad_norm, &norm, sizeof norm);
         if (st != SPMD_OK) {
             fprintf(stderr, "\nspmd: step %d failed: %s\n", s + 1, spmd_last_error());
             rc = 1;
             break;
         }
-        ms[s] = now_ms() - t0;
+        ms[i] = now_ms() - t0;
         double elapsed = (now_ms() - start) / 1e3;
-        double eta = elapsed / (s + 1) * (o.steps - s - 1);
+        double eta = elapsed / (i + 1) * (o.steps - s - 1);
         printf("\rstep %4d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  eta %.0fs   ", s + 1, o.steps,
-               (double)losses[s], (double)m.tokens_per_step / (ms[s] / 1e3), ms[s], eta);
+               (double)losses[i], (double)m.tokens_per_step / (ms[i] / 1e3), ms[i], eta);
         fflush(stdout);
         done = s + 1;
-        if (!o.keep_nonfinite && nonfinite(losses[s], norm, stop.reason, sizeof stop.reason)) stop.step = done;
+        if (!o.keep_nonfinite && nonfinite(losses[i], norm, stop.reason, sizeof stop.reason)) {
+            stop.step = done;
+            break; /* a diverged model is not saved */
+        }
         note_signal(&stop, done);
+        /* Periodic saves; the last step's (or a stopped run's) comes below. */
+        if (o.save && o.save_every && done % o.save_every == 0 && done < o.steps && !stop.step) {
+            rc = cli_save(&o, &m, p, done, sample);
+            saved = done;
+        }
     }
     printf("\n");
+    int run = done - first; /* steps run by this process */
     if (stop.step && !stop.signal) {
         fflush(stdout);
-        fprintf(stderr, "spmd: step %d: %s; training stopped (--on-nonfinite continue trains on)\n",
-                stop.step, stop.reason);
+        fprintf(stderr, "spmd: step %d: %s; training stopped (--on-nonfinite continue trains on)%s\n",
+                stop.step, stop.reason, o.save ? "; no checkpoint written of the diverged model" : "");
     }
-    if (!rc) {
-        double *sorted = malloc((size_t)done * sizeof *sorted);
+    /* The end of the run, or a graceful stop, is saved: what was trained
+     * is not lost. */
+    if (!rc && o.save && (!stop.step || stop.signal) && done > saved) rc = cli_save(&o, &m, p, done, sample);
+    if (!rc && run > 0) {
+        double *sorted = malloc((size_t)run * sizeof *sorted);
         if (!sorted) {
             rc = cli_fail("out of memory");
             goto out;
         }
-        memcpy(sorted, ms, (size_t)done * sizeof *ms);
-        qsort(sorted, (size_t)done, sizeof *sorted, cmp_double);
-        double median = sorted[done / 2];
+        memcpy(sorted, ms, (size_t)run * sizeof *ms);
+        qsort(sorted, (size_t)run, sizeof *sorted, cmp_double);
+        double median = sorted[run / 2];
         free(sorted);
         /* A diverged or interrupted model has no accuracy worth reporting. */
         double accuracy = stop.step ? -1 : cli_accuracy(&o, &m, p, eval);
@@ -257,7 +288,7 @@ int cmd_train(int argc, char **argv)
         char ended[64] = "done";
         if (stop.step) snprintf(ended, sizeof ended, "stopped after step %d of %d", stop.step, o.steps);
         printf("%s: loss %.4f -> %.4f, median %.1f ms/step (%.0f tok/s, %.2f GFLOP/s)\n", ended,
-               (double)losses[0], (double)losses[done - 1], median,
+               (double)losses[0], (double)losses[run - 1], median,
                (double)m.tokens_per_step / (median / 1e3), m.flops_per_step / (median / 1e3) / 1e9);
         if (accuracy >= 0)
             printf("held-out accuracy: %.1f%% of %d samples' answer digits (chance 10%%)\n",
@@ -267,7 +298,7 @@ int cmd_train(int argc, char **argv)
                (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
                spmd_program_collective_count(p));
         fflush(stdout); /* the summary before any message about the report */
-        if (o.json) rc = report(&o, &m, p, losses, done, median, accuracy, &stop);
+        if (o.json) rc = report(&o, &m, p, losses, first, run, median, accuracy, &stop);
         if (stop.signal)
             fprintf(stderr, "spmd: interrupted by %s after step %d%s%s\n", stop.reason, stop.step,
                     !o.json ? "" : rc ? "; the report could not be written" : "; report written to ",

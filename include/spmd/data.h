@@ -83,6 +83,19 @@ SPMD_API const char *spmd_dataset_describe(const spmd_dataset *d);
 SPMD_API spmd_status spmd_dataset_batch(spmd_dataset *d, spmd_split split, int64_t first,
                                         int batch, int32_t *input, int32_t *targets);
 
+/* The order samples are drawn in.  Shuffled (the default): sample i is a
+ * window chosen by (seed, split, i), the same on every mesh.  Sequential:
+ * windows of seq+1 tokens starting every seq tokens, one after another in
+ * file order (each file's segment in turn, wrapping round at the end), so
+ * row b of batch k starts at token k*batch*seq + b*seq, the order llm.c's
+ * loader reads a shard in when it does not shuffle.  Only llm.c token
+ * shards have a sequential order; other data is refused with a message. */
+typedef enum spmd_data_order {
+    SPMD_DATA_SHUFFLED = 0,
+    SPMD_DATA_SEQUENTIAL = 1
+} spmd_data_order;
+SPMD_API spmd_status spmd_dataset_set_order(spmd_dataset *d, spmd_data_order order);
+
 /* Whether the data has a held-out accuracy (arith: yes; text, shards: no).
  * score_mask fills mask [batch, seq] for the same samples as
  * spmd_dataset_batch: 1 where targets[b][t] is an answer digit (every digit

@@ -108,6 +108,18 @@ const char *spmd_dataset_describe(const spmd_dataset *d) { return d ? d->describ
 bool spmd_dataset_has_accuracy(const spmd_dataset *d) { return d && d->has_accuracy; }
 int64_t spmd_dataset_heldout_size(const spmd_dataset *d) { return d ? d->heldout_size : 0; }
 
+spmd_status spmd_dataset_set_order(spmd_dataset *d, spmd_data_order order)
+{
+    if (!d) return base_error(SPMD_ERR_INVALID, "spmd_dataset_set_order: NULL dataset");
+    if (order != SPMD_DATA_SHUFFLED && order != SPMD_DATA_SEQUENTIAL)
+        return base_error(SPMD_ERR_INVALID, "spmd_dataset_set_order: unknown order %d", (int)order);
+    if (order == SPMD_DATA_SEQUENTIAL && !d->can_sequential)
+        return base_error(SPMD_ERR_UNSUPPORTED,
+                          "a sequential order is for llm.c token shards; %s is sampled", d->describe);
+    d->order = order;
+    return SPMD_OK;
+}
+
 static spmd_status check_range(const spmd_dataset *d, const char *fn, spmd_split split,
                                int64_t first, int batch, const void *a, const void *b)
 {

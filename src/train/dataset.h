@@ -26,6 +26,8 @@ struct spmd_dataset {
     uint64_t seed;
     int vocab;
     bool has_accuracy;
+    bool can_sequential; /* the kind has a sequential order */
+    spmd_data_order order;
     int64_t heldout_size; /* see spmd_dataset_heldout_size */
     char describe[512];
     /* One sample's seq+1 tokens and flags, reused across calls. */

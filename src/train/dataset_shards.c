@@ -45,6 +45,7 @@ typedef struct segment {
     int file;
     int64_t begin, len;
     int64_t windows_before; /* windows in earlier segments of the split */
+    int64_t strides_before; /* the same, counting only windows every seq tokens */
 } segment;
 
 typedef struct shards {
@@ -53,6 +54,7 @@ typedef struct shards {
     segment *seg[2];
     int nseg[2];
     int64_t windows[2];
+    int64_t strides[2]; /* windows starting every seq tokens (sequential order) */
     uint64_t stream[2];
 } shards;
 
@@ -148,16 +150,37 @@ static spmd_status scan_tokens(const shard_file *f, int fd, int32_t limit, int64
     return SPMD_OK;
 }
 
-/* Finds the segment holding window w (binary search on windows_before). */
-static const segment *find_segment(const shards *s, spmd_split split, int64_t w)
+/* Finds the segment holding window w: binary search on windows_before, or
+ * on strides_before when w counts windows every seq tokens. */
+static const segment *find_segment(const shards *s, spmd_split split, int64_t w, bool strided)
 {
     int lo = 0, hi = s->nseg[split] - 1;
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
-        if (s->seg[split][mid].windows_before <= w) lo = mid;
+        const segment *g = &s->seg[split][mid];
+        if ((strided ? g->strides_before : g->windows_before) <= w) lo = mid;
         else hi = mid - 1;
     }
     return &s->seg[split][lo];
+}
+
+/* The first token of sample `index`: a window drawn by (seed, split,
+ * index), or, in sequential order, window `index` of those every seq
+ * tokens, wrapping round. */
+static const segment *locate(const spmd_dataset *d, spmd_split split, uint64_t index, int64_t *at)
+{
+    const shards *s = d->impl;
+    if (d->order == SPMD_DATA_SEQUENTIAL) {
+        int64_t w = (int64_t)(index % (uint64_t)s->strides[split]);
+        const segment *g = find_segment(s, split, w, true);
+        *at = g->begin + (w - g->strides_before) * d->seq;
+        return g;
+    }
+    int64_t w = (int64_t)(base_rng_bits(d->seed, s->stream[split], index) %
+                          (uint64_t)s->windows[split]);
+    const segment *g = find_segment(s, split, w, false);
+    *at = g->begin + (w - g->windows_before);
+    return g;
 }
 
 static spmd_status shards_sample(const spmd_dataset *d, spmd_split split, uint64_t index,
@@ -165,11 +188,9 @@ static spmd_status shards_sample(const spmd_dataset *d, spmd_split split, uint64
 {
     (void)scored;
     const shards *s = d->impl;
-    int64_t w = (int64_t)(base_rng_bits(d->seed, s->stream[split], index) %
-                          (uint64_t)s->windows[split]);
-    const segment *g = find_segment(s, split, w);
+    int64_t at;
+    const segment *g = locate(d, split, index, &at);
     const shard_file *f = &s->files[g->file];
-    int64_t at = g->begin + (w - g->windows_before);
     uint8_t buf[2 * CHUNK_TOKENS];
     for (int64_t done = 0; done <= d->seq; done += CHUNK_TOKENS) {
         int64_t n = d->seq + 1 - done < CHUNK_TOKENS ? d->seq + 1 - done : CHUNK_TOKENS;
@@ -347,8 +368,9 @@ static spmd_status add_segment(shards *s, spmd_split split, int file, int64_t be
     segment *grown = realloc(s->seg[split], (size_t)(s->nseg[split] + 1) * sizeof *grown);
     if (!grown) return base_error(SPMD_ERR_NOMEM, "shards: out of memory");
     s->seg[split] = grown;
-    grown[s->nseg[split]++] = (segment){file, begin, len, s->windows[split]};
+    grown[s->nseg[split]++] = (segment){file, begin, len, s->windows[split], s->strides[split]};
     if (len > seq) s->windows[split] += len - seq;
+    if (len > seq) s->strides[split] += (len - 1) / seq;
     return SPMD_OK;
 }
 
@@ -418,6 +440,7 @@ spmd_status dataset_shards_open(spmd_dataset *d, const char *pattern)
     d->impl = s;
     d->ops = &shards_ops;
     d->vocab = max_tok + 1;
+    d->can_sequential = true;
     d->heldout_size = s->windows[SPMD_SPLIT_HELDOUT];
     snprintf(d->describe, sizeof d->describe, "shards: %d file%s, %lld tokens, %s", s->nfiles,
              s->nfiles > 1 ? "s" : "", (long long)total, what);

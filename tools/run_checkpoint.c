@@ -1,0 +1,229 @@
+/*
+ * Saving and resuming a `spmd train` run: the library writes and reads the
+ * sharded tensors (spmd/checkpoint.h); this file adds what only the tool
+ * knows, as the checkpoint's "meta" object:
+ *
+ *   config     the model: {model, vocab, seq, context, layers, heads, dim}
+ *              for a GPT, {model, vocab, seq, layers, hidden} for the MLP
+ *   optimizer  {kind, lr, schedule, warmup, steps, weight_decay, beta1,
+ *              beta2, eps, clip}
+ *   data       {source, order, seed, batch, samples}: samples is the data
+ *              position, the training samples consumed so far
+ *   rng        {seed}: every random draw is a pure function of (seed,
+ *              stream, index), so the seed and the data position are the
+ *              whole random state
+ *
+ * A resumed run continues at the saved step and data position with the
+ * flags it is given; settings that differ from the saved ones are named in
+ * a warning (the run will not match an uninterrupted one), and a different
+ * model or optimizer kind is refused.
+ */
+#include "cli.h"
+
+#include <cJSON.h>
+
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "train/checkpoint_hook.h"
+
+static const char *data_source(const cli_opts *o) { return o->data ? o->data : "arith"; }
+
+cJSON *cli_settings_json(const cli_opts *o, const cli_model *m)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *config = cJSON_AddObjectToObject(root, "config");
+    bool gpt = !strcmp(o->model, "gpt");
+    cJSON_AddStringToObject(config, "model", o->model);
+    cJSON_AddNumberToObject(config, "vocab", m->gpt.vocab);
+    cJSON_AddNumberToObject(config, "seq", m->gpt.seq);
+    if (gpt) {
+        cJSON_AddNumberToObject(config, "context", m->gpt.context ? m->gpt.context : m->gpt.seq);
+        cJSON_AddNumberToObject(config, "layers", m->gpt.layers);
+        cJSON_AddNumberToObject(config, "heads", m->gpt.heads);
+        cJSON_AddNumberToObject(config, "dim", m->gpt.dim);
+    } else {
+        cJSON_AddNumberToObject(config, "layers", o->mlp.layers);
+        cJSON_AddNumberToObject(config, "hidden", o->mlp.hidden);
+    }
+    const spmd_optimizer *opt = &o->optimizer;
+    cJSON *optim = cJSON_AddObjectToObject(root, "optimizer");
+    cJSON_AddStringToObject(optim, "kind", opt->kind == SPMD_OPTIMIZER_ADAMW ? "adamw" : "sgd");
+    cJSON_AddNumberToObject(optim, "lr", o->lr);
+    cJSON_AddStringToObject(optim, "schedule", o->lr_constant ? "constant" : "cosine");
+    cJSON_AddNumberToObject(optim, "warmup", o->warmup);
+    cJSON_AddNumberToObject(optim, "steps", o->steps);
+    cJSON_AddNumberToObject(optim, "weight_decay", opt->weight_decay);
+    if (opt->kind == SPMD_OPTIMIZER_ADAMW) {
+        cJSON_AddNumberToObject(optim, "beta1", opt->beta1);
+        cJSON_AddNumberToObject(optim, "beta2", opt->beta2);
+        cJSON_AddNumberToObject(optim, "eps", opt->eps);
+    }
+    cJSON_AddNumberToObject(optim, "clip", opt->clip_norm);
+    cJSON *data = cJSON_AddObjectToObject(root, "data");
+    cJSON_AddStringToObject(data, "source", data_source(o));
+    cJSON_AddStringToObject(data, "order", o->data_sequential ? "sequential" : "shuffled");
+    /* 64 bits do not fit a JSON number (a double): the seed is text. */
+    char seed[24];
+    snprintf(seed, sizeof seed, "%" PRIu64, o->seed);
+    cJSON_AddStringToObject(data, "seed", seed);
+    cJSON_AddNumberToObject(data, "batch", o->batch);
+    return root;
+}
+
+/* ---- The test hook ----------------------------------------------------------- */
+
+/* SPMD_TEST_SAVE_PAUSE=STEP:STAGE makes the save of step STEP stop after
+ * STAGE (a file of the save, "index.json", "step-NNNNNNNN" or "latest";
+ * see train/checkpoint_hook.h) and wait there for a signal, so a test can
+ * kill -9 the tool at that exact moment.  For tests only. */
+typedef struct pause_at {
+    long step;
+    const char *stage;
+} pause_at;
+
+static bool pause_hook(void *ctx, const char *stage)
+{
+    const pause_at *at = ctx;
+    if (strcmp(stage, at->stage)) return true;
+    fprintf(stderr, "spmd: test: save of step %ld paused after %s\n", at->step, stage);
+    fflush(stderr);
+    for (;;) pause();
+}
+
+/* ---- Save ------------------------------------------------------------------------ */
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+int cli_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int step, int64_t samples)
+{
+    cJSON *meta = cli_settings_json(o, m);
+    cJSON *data = cJSON_GetObjectItemCaseSensitive(meta, "data");
+    cJSON_AddNumberToObject(data, "samples", (double)samples);
+    cJSON *rng = cJSON_AddObjectToObject(meta, "rng");
+    cJSON_AddStringToObject(rng, "seed", cJSON_GetObjectItemCaseSensitive(data, "seed")->valuestring);
+    char *text = cJSON_PrintUnformatted(meta);
+    cJSON_Delete(meta);
+    if (!text) return cli_fail("checkpoint of step %d: out of memory", step);
+
+    pause_at at = {0};
+    const char *test = getenv("SPMD_TEST_SAVE_PAUSE");
+    char *colon = test ? strchr(test, ':') : NULL;
+    if (colon && atol(test) == step) {
+        at = (pause_at){step, colon + 1};
+        checkpoint_set_hook(pause_hook, &at);
+    }
+    double t0 = now_ms();
+    spmd_status st = spmd_checkpoint_save(p, o->save, step, text, o->keep);
+    checkpoint_set_hook(NULL, NULL);
+    free(text);
+    if (st != SPMD_OK) {
+        cli_fail("--save %s: %s", o->save, spmd_last_error());
+        return 1;
+    }
+    printf("\ncheckpoint: step %d saved to %s/step-%08d in %.0f ms\n", step, o->save, step,
+           now_ms() - t0);
+    fflush(stdout);
+    return 0;
+}
+
+/* ---- Resume ---------------------------------------------------------------------- */
+
+static const cJSON *item(const cJSON *obj, const char *key)
+{
+    return cJSON_GetObjectItemCaseSensitive(obj, key);
+}
+
+/* Warn when a saved setting differs from the run's: "--lr 0.001 where the
+ * checkpoint trained with 0.003".  Returns whether it differs. */
+static bool differs_number(const char *flag, const cJSON *saved, double now)
+{
+    if (!cJSON_IsNumber(saved) || (float)saved->valuedouble == (float)now) return false;
+    fprintf(stderr, "spmd: warning: resuming with %s %g where the checkpoint trained with %g\n",
+            flag, now, saved->valuedouble);
+    return true;
+}
+
+static bool differs_text(const char *flag, const cJSON *saved, const char *now)
+{
+    if (!cJSON_IsString(saved) || !strcmp(saved->valuestring, now)) return false;
+    fprintf(stderr, "spmd: warning: resuming with %s %s where the checkpoint trained with %s\n",
+            flag, now, saved->valuestring);
+    return true;
+}
+
+/* The saved settings against the run's own; 0 or an exit code. */
+static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *meta)
+{
+    cJSON *now = cli_settings_json(o, m);
+    const cJSON *cfg = item(meta, "config"), *opt = item(meta, "optimizer"), *data = item(meta, "data");
+    const cJSON *kind = item(opt, "kind"), *model = item(cfg, "model");
+    int rc = 0;
+    if (!cJSON_IsString(model) || !cJSON_IsString(kind) || !cJSON_IsObject(data))
+        rc = cli_fail("--resume %s: its meta lacks the model, optimizer or data settings: not a "
+                      "checkpoint written by spmd train", o->resume);
+    else if (strcmp(model->valuestring, o->model))
+        rc = cli_fail("--resume %s: --model %s, but the checkpoint holds a %s", o->resume, o->model,
+                      model->valuestring);
+    else if (strcmp(kind->valuestring, item(item(now, "optimizer"), "kind")->valuestring))
+        rc = cli_fail("--resume %s: --optimizer %s, but the checkpoint holds %s's state", o->resume,
+                      item(item(now, "optimizer"), "kind")->valuestring, kind->valuestring);
+    if (rc) {
+        cJSON_Delete(now);
+        return rc;
+    }
+    bool any = false;
+    const cJSON *nopt = item(now, "optimizer"), *ndata = item(now, "data");
+    const char *numbers[][2] = {{"--lr", "lr"},           {"--warmup", "warmup"},
+                                {"--steps", "steps"},     {"--weight-decay", "weight_decay"},
+                                {"--beta1", "beta1"},     {"--beta2", "beta2"},
+                                {"--eps", "eps"},         {"--clip", "clip"}};
+    for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++) {
+        const cJSON *n = item(nopt, numbers[i][1]);
+        if (n) any |= differs_number(numbers[i][0], item(opt, numbers[i][1]), n->valuedouble);
+    }
+    any |= differs_text("--schedule", item(opt, "schedule"), item(nopt, "schedule")->valuestring);
+    any |= differs_text("--data", item(data, "source"), item(ndata, "source")->valuestring);
+    any |= differs_text("--data-order", item(data, "order"), item(ndata, "order")->valuestring);
+    any |= differs_text("--seed", item(data, "seed"), item(ndata, "seed")->valuestring);
+    any |= differs_number("--batch", item(data, "batch"), o->batch);
+    if (any)
+        fprintf(stderr, "spmd: warning: the resumed run will differ from one never interrupted\n");
+    cJSON_Delete(now);
+    return 0;
+}
+
+int cli_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step, int64_t *samples)
+{
+    int64_t saved = 0;
+    char *text = NULL;
+    if (spmd_checkpoint_load(p, o->resume, &saved, &text) != SPMD_OK)
+        return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
+    cJSON *meta = cJSON_Parse(text);
+    free(text);
+    int rc = meta ? compare_settings(o, m, meta)
+                  : cli_fail("--resume %s: cannot parse its meta", o->resume);
+    const cJSON *pos = item(item(meta, "data"), "samples");
+    if (!rc && (!cJSON_IsNumber(pos) || pos->valuedouble < 0 || pos->valuedouble > 9e15))
+        rc = cli_fail("--resume %s: its meta lacks the data position (data.samples)", o->resume);
+    if (!rc && saved >= o->steps)
+        rc = cli_fail("--resume %s: the checkpoint is at step %lld and --steps is %d: nothing is "
+                      "left to train (a larger --steps continues it)",
+                      o->resume, (long long)saved, o->steps);
+    if (!rc) {
+        *step = (int)saved;
+        *samples = (int64_t)pos->valuedouble;
+    }
+    cJSON_Delete(meta);
+    return rc;
+}
