@@ -60,7 +60,7 @@ int support_run_tool(const char *tool, const char *args, const tool_limits *limi
     close(fds[1]);
     size_t len = 0;
     out[0] = '\0';
-    bool stopped = false, timed_out = false;
+    bool stopped = false, timed_out = false, signalled = false;
     double deadline = limits->timeout_s ? now_s() + limits->timeout_s : 0;
     for (;;) {
         int wait_ms = -1;
@@ -87,7 +87,12 @@ int support_run_tool(const char *tool, const char *args, const tool_limits *limi
         memcpy(out + len, buf, keep);
         len += keep;
         out[len] = '\0';
-        if (limits->stop_at && strstr(out, limits->stop_at)) {
+        if (limits->stop_at && !signalled && strstr(out, limits->stop_at)) {
+            if (limits->stop_signal) {
+                kill(pid, limits->stop_signal); /* and read on to its end */
+                signalled = true;
+                continue;
+            }
             stopped = true;
             break;
         }

@@ -10,6 +10,7 @@
 
 typedef struct tool_limits {
     const char *stop_at;      /* kill the tool once its output holds this; NULL: never */
+    int stop_signal;          /* at stop_at, send this signal instead (once) and let it end */
     int timeout_s;            /* kill it after this many seconds; 0: never */
     size_t max_address_space; /* its RLIMIT_AS in bytes; 0: none */
 } tool_limits;

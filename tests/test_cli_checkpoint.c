@@ -17,6 +17,7 @@
 #include <cJSON.h>
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,6 +221,28 @@ static void test_killed_save_leaves_the_previous(void **state)
     }
 }
 
+/* SIGINT mid-run: the run stops after the step under way and saves it,
+ * and --resume continues from there. */
+static void test_interrupted_run_saved(void **state)
+{
+    (void)state;
+    char ck[128], args[512];
+    snprintf(ck, sizeof ck, "%s/interrupted", dir);
+    snprintf(args, sizeof args, "train --model mlp --mesh 1 --axes data --steps 1000000 --eval 0 --save %s", ck);
+    tool_limits limits = {.stop_at = "\rstep ", .stop_signal = SIGINT, .timeout_s = 120};
+    int rc = support_run_tool(SPMD_TOOL_PATH, args, &limits, out, sizeof out);
+    if (rc != 130) fail_msg("exit %d, output:\n%s", rc, out);
+    const char *at = strstr(out, "interrupted by SIGINT after step ");
+    assert_non_null(at);
+    int step = atoi(at + strlen("interrupted by SIGINT after step "));
+    char saved[64];
+    snprintf(saved, sizeof saved, "checkpoint: step %d saved", step);
+    has(out, saved);
+    tool(0, "train --model mlp --mesh 1 --axes data --steps %d --eval 0 --resume %s", step + 2, ck);
+    snprintf(saved, sizeof saved, "resumed: step %d of %d", step, step + 2);
+    has(out, saved);
+}
+
 /* ---- Refusals ----------------------------------------------------------------------- */
 
 static void write_text(const char *path, const char *text)
@@ -392,6 +415,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_resume_same_mesh_is_bitwise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_on_another_mesh, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_save_leaves_the_previous, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_interrupted_run_saved, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_checkpoints_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_changed_settings_warned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_optimizer_flags, setup, teardown),
