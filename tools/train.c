@@ -207,9 +207,10 @@ int cmd_train(int argc, char **argv)
     /* Saved state last: it replaces what the flags set up. */
     int first = 0;      /* steps already run (a resumed run's saved step) */
     int64_t sample = 0; /* the data position: training samples consumed */
+    double t_load = now_ms();
     if (o.resume && !(rc = cli_resume(&o, &m, p, &first, &sample))) {
-        printf("resumed: step %d of %d from %s (data position %lld samples)\n", first, o.steps,
-               o.resume, (long long)sample);
+        printf("resumed: step %d of %d from %s (data position %lld samples) in %.0f ms\n", first,
+               o.steps, o.resume, (long long)sample, now_ms() - t_load);
     }
     if (rc) {
         spmd_program_free(eval);
