@@ -28,9 +28,14 @@ space := $(empty) $(empty)
 
 all: build
 
+# The test targets also install the packages only tests use (--tests); a
+# target-specific variable reaches `deps` through `build`.
+DEPS_ARGS :=
+test test-asan: DEPS_ARGS := --tests
+
 deps:
-	@echo "==> checking system packages (scripts/install-deps.sh)"
-	@bash scripts/install-deps.sh
+	@echo "==> checking system packages (scripts/install-deps.sh $(DEPS_ARGS))"
+	@bash scripts/install-deps.sh $(DEPS_ARGS)
 
 build: deps
 	@echo "==> configuring $(BUILD)/ ($(BUILD_TYPE), native=$(NATIVE), werror=$(WERROR))"

@@ -3,7 +3,16 @@
 # those that are missing.  Quick and offline when everything is present.
 # On a machine without apt-get (or without the right to use it) it names the
 # packages and exits nonzero.
+#   --tests   also the packages only the tests use (make test passes it)
 set -euo pipefail
+
+with_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) with_tests=1 ;;
+    *) echo "install-deps: unknown argument '$arg' (only --tests)" >&2; exit 2 ;;
+  esac
+done
 
 # package -> why it is needed
 declare -A why=(
@@ -18,6 +27,13 @@ declare -A why=(
   [zlib1g-dev]="crc32 checksums of checkpoint files"
 )
 packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev zlib1g-dev)
+# Only for the tests: without them the checks that need them print a note
+# and are skipped.
+why[python3-numpy]="tests only: /usr/bin/python3 with numpy runs tests/read_export.py, the independent reader of spmd export files (test_cli_export)"
+test_packages=(python3-numpy)
+if ((with_tests)); then
+  packages+=("${test_packages[@]}")
+fi
 # Optional: libblis4 is a slower fallback BLAS, used only without OpenBLAS.
 
 say() { echo "install-deps: $*"; }
@@ -33,6 +49,7 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
     exit 0
   fi
   say "please install the equivalents of: ${packages[*]}"
+  ((with_tests)) && say "(for the tests: python3 with numpy at /usr/bin/python3)"
   exit 1
 fi
 

@@ -65,6 +65,10 @@ void cli_usage(FILE *f, const char *command)
             "  --keep K             keep the newest K checkpoints in DIR, 0 for all (0)\n"
             "  --resume DIR         continue from DIR's latest checkpoint, on any mesh, to\n"
             "                       step --steps\n"
+            "  --init FILE          start the GPT from GPT-2 weights: Hugging Face safetensors or\n"
+            "                       an llm.c checkpoint; the shape is the file's (shape flags may\n"
+            "                       only repeat it; heads: the file, config.json beside it, or\n"
+            "                       dim/64); --seq at most its context (default 40 or the context)\n"
             "  --data-order shuffled|sequential  token shards: sampled windows, or windows\n"
             "                       one after another in file order as llm.c reads them\n"
             "                       (shuffled)\n"
@@ -160,6 +164,7 @@ static const flag_spec flag_specs[] = {
     {"--json", FLAG_TEXT, offsetof(cli_opts, json), 0, NULL},
     {"--save", FLAG_TEXT, offsetof(cli_opts, save), 0, NULL},
     {"--resume", FLAG_TEXT, offsetof(cli_opts, resume), 0, NULL},
+    {"--init", FLAG_TEXT, offsetof(cli_opts, init), 0, NULL},
     {"--blas", FLAG_TEXT, offsetof(cli_opts, blas), 0, NULL},
     {"--blas-core", FLAG_TEXT, offsetof(cli_opts, blas_core), 0, NULL},
 };
@@ -337,6 +342,7 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
         rc = set_flag(fs, v, o, &mesh_given);
         if (rc) return rc;
     }
+    if (o->init && (rc = cli_init_config(o))) return rc;
     if (!o->gpt.seq) o->gpt.seq = 40;
     if (!o->gpt.layers) o->gpt.layers = 2;
     if (!o->gpt.heads) o->gpt.heads = 4;

@@ -41,6 +41,7 @@ typedef struct cli_opts {
     int save_every;    /* 0: only at the end */
     int keep;          /* checkpoints kept in --save DIR; 0 keeps all */
     const char *resume; /* --resume DIR: continue from its latest checkpoint */
+    const char *init;  /* --init FILE: GPT-2 weights to start from (weights.c) */
     bool checkpoint;   /* recompute each GPT block's activations in backward */
     int eval_samples;  /* held-out samples scored at the end */
     bool keep_nonfinite; /* --on-nonfinite continue: train on past a NaN/inf loss */
@@ -118,7 +119,18 @@ int cli_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step
 /* "4x2 (replica, fsdp)" or "1 device". */
 void cli_mesh_text(const cli_model *m, char *buf, size_t size);
 
+/* --init (weights.c).  Take the GPT's shape from the file for every shape
+ * field no flag set (0), refusing flags that differ from the file; called
+ * by cli_parse before the shape defaults.  0, or an exit code with a
+ * message. */
+int cli_init_config(cli_opts *o);
+/* Write the --init file's weights into the compiled training program p
+ * (every parameter, whole; the program shards them); optimizer state
+ * stays zero.  0 without --init; 0, or 1 with a message. */
+int cli_init_apply(const cli_opts *o, const cli_model *m, spmd_program *p);
+
 int cmd_train(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 int cmd_explain(int argc, char **argv);
 int cmd_visualize(int argc, char **argv);
 

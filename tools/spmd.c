@@ -3,6 +3,8 @@
  *   spmd train [flags]      build a model, compile one training step, run it
  *   spmd explain [flags]    show how the step is partitioned
  *   spmd visualize [flags]  draw which device holds which block of a tensor
+ *   spmd export CKPT --out FILE [--format hf|llmc]
+ *                           a checkpoint's GPT as GPT-2 weights for other tools
  */
 #include "cli.h"
 
@@ -15,11 +17,13 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "explain")) return cmd_explain(argc - 2, argv + 2);
     if (!strcmp(cmd, "visualize")) return cmd_visualize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         cli_usage(stdout, "train|explain");
         printf("       spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'\n");
+        printf("       spmd export CKPT --out FILE [--format hf|llmc]\n");
         return 0;
     }
-    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize)\n", cmd);
+    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export)\n", cmd);
     return 2;
 }

@@ -204,11 +204,12 @@ int cmd_train(int argc, char **argv)
            (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
            spmd_program_collective_count(p));
     warn_plan(&o, &m, p);
+    if (o.init) rc = cli_init_apply(&o, &m, p);
     /* Saved state last: it replaces what the flags set up. */
     int first = 0;      /* steps already run (a resumed run's saved step) */
     int64_t sample = 0; /* the data position: training samples consumed */
     double t_load = now_ms();
-    if (o.resume && !(rc = cli_resume(&o, &m, p, &first, &sample))) {
+    if (!rc && o.resume && !(rc = cli_resume(&o, &m, p, &first, &sample))) {
         printf("resumed: step %d of %d from %s (data position %lld samples) in %.0f ms\n", first,
                o.steps, o.resume, (long long)sample, now_ms() - t_load);
     }
