@@ -484,8 +484,11 @@ int cli_build(const cli_opts *o_in, cli_model *m)
     if (o.data_sequential && spmd_dataset_set_order(m->data, SPMD_DATA_SEQUENTIAL) != SPMD_OK)
         return cli_fail("--data-order sequential: %s", spmd_last_error());
     if (!o.gpt.vocab) o.gpt.vocab = spmd_dataset_vocab(m->data);
-    if (spmd_dataset_check_vocab(m->data, o.gpt.vocab) != SPMD_OK)
+    if (spmd_dataset_check_vocab(m->data, o.gpt.vocab) != SPMD_OK) {
+        if (o.init)
+            return cli_fail("--init %s: its vocabulary of %d: %s", o.init, o.gpt.vocab, spmd_last_error());
         return cli_fail("--vocab %d: %s", o.gpt.vocab, spmd_last_error());
+    }
     m->mesh = spmd_mesh_parse(o.mesh, o.axes);
     if (!m->mesh) return cli_fail("--mesh %s --axes %s: %s", o.mesh, o.axes, spmd_last_error());
     if (o.devices && o.devices != spmd_mesh_devices(m->mesh))
