@@ -22,16 +22,22 @@ static spmd_status check_dtypes(const spmd_graph *g)
 }
 
 /* Leave every tensor's sharding on the graph, for spmd_get_sharding: what
- * the program holds (leaves, outputs) or what its op produces. */
+ * the program holds (leaves, outputs) or what its op produces.  Tensors
+ * point at shared copies in the graph's arena (a model has a few dozen
+ * distinct shardings), so a compile adds little to the graph. */
 static spmd_status record_shardings(const compiled *c, spmd_graph *g)
 {
-    for (int i = 0; i < g->n_nodes; i++) {
-        spmd_tensor *t = g->nodes[i];
-        if (!t->sharding) t->sharding = base_arena_alloc(&g->arena, sizeof *t->sharding);
-        if (!t->sharding) return SPMD_ERR_NOMEM;
-        *t->sharding = c->part.local_of[i] ? c->part.held[i] : c->part.prop.nodes[i].out;
+    base_intern shared;
+    base_intern_init(&shared, &g->arena, sizeof(sharding));
+    spmd_status st = SPMD_OK;
+    for (int i = 0; i < g->n_nodes && st == SPMD_OK; i++) {
+        const sharding *s = c->part.local_of[i] ? &c->part.held[i] : &c->part.prop.nodes[i].out;
+        const sharding *copy = base_intern_get(&shared, s);
+        if (copy) g->nodes[i]->sharding = copy;
+        else st = SPMD_ERR_NOMEM;
     }
-    return SPMD_OK;
+    base_intern_free(&shared);
+    return st;
 }
 
 size_t compile_scratch_bytes(const spmd_tensor *t)
@@ -73,11 +79,13 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads)
     spmd_status st = check_dtypes(g);
     if (st != SPMD_OK) return st;
     if (g->mesh) {
-        plan needed;
-        st = plan_build(&needed, g, &c->alloc);
-        if (st != SPMD_OK) return st;
-        st = partition_build(&c->part, g, g->mesh, needed.needed, &c->alloc);
-        plan_free(&needed);
+        /* Only the nodes that outputs and updates need are partitioned. */
+        size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);
+        bool *needed = base_calloc(&c->alloc, nn * sizeof *needed, "schedule");
+        if (!needed) return SPMD_ERR_NOMEM;
+        plan_mark_needed(g, needed);
+        st = partition_build(&c->part, g, g->mesh, needed, &c->alloc);
+        base_free(&c->alloc, needed);
         c->partitioned = true;
         if (st != SPMD_OK) return st;
         c->local = c->part.local;

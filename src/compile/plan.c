@@ -12,41 +12,161 @@
 
 enum { ALIGN = 64 };
 
+static int64_t round_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* ---- Free list --------------------------------------------------------------
+ *
+ * The free blocks of the arena, neighbours always merged.  A deep model
+ * leaves thousands of them, so they are not scanned: each block sits in two
+ * treaps (search trees kept balanced by a pseudo-random priority per slot),
+ * one ordered by offset, to find a released block's neighbours and the
+ * block at the end of the arena, and one by (size, offset), to find the
+ * best fit: the smallest block that is large enough, the lowest offset
+ * among equals.  Placement is the same as a scan of an offset-sorted list
+ * would give, in O(log n) per step. */
+
+enum { BY_OFFSET, BY_SIZE };
+
 typedef struct block {
     int64_t offset, size;
+    int child[2][2]; /* [order][left, right]; -1: none */
 } block;
 
-/* Free list of the arena, sorted by offset, with neighbours merged. */
 typedef struct freelist {
-    block *items;
-    int n;
-    int64_t end; /* current arena size */
+    block *slots;
+    int root[2];   /* per order; -1: empty */
+    int fresh;     /* slots[fresh..] were never used (left untouched: no page faults) */
+    int unused;    /* first slot released for reuse, chained through child[0][0]; -1: none */
+    int64_t end;   /* current arena size */
+    uint64_t visits; /* free blocks looked at, for plan_free_block_visits */
 } freelist;
 
-static int64_t round_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+#define LEFT(f, o, i) ((f)->slots[i].child[o][0])
+#define RIGHT(f, o, i) ((f)->slots[i].child[o][1])
+
+static _Thread_local uint64_t visits_done;
+
+uint64_t plan_free_block_visits(void) { return visits_done; }
+
+/* A fixed pseudo-random priority per slot: deterministic plans. */
+static uint32_t priority(int i)
+{
+    uint32_t x = (uint32_t)i * 0x9E3779B1u;
+    x ^= x >> 15;
+    x *= 0x85EBCA77u;
+    return x ^ (x >> 13);
+}
+
+/* Does slot a come before slot b in order o? */
+static bool before(freelist *f, int o, int a, int b)
+{
+    const block *x = &f->slots[a], *y = &f->slots[b];
+    f->visits++;
+    if (o == BY_SIZE && x->size != y->size) return x->size < y->size;
+    return x->offset < y->offset;
+}
+
+/* Split tree t into the blocks before slot k (*lo) and the rest (*hi). */
+static void split(freelist *f, int o, int t, int k, int *lo, int *hi)
+{
+    if (t < 0) {
+        *lo = *hi = -1;
+    } else if (before(f, o, t, k)) {
+        split(f, o, RIGHT(f, o, t), k, &RIGHT(f, o, t), hi);
+        *lo = t;
+    } else {
+        split(f, o, LEFT(f, o, t), k, lo, &LEFT(f, o, t));
+        *hi = t;
+    }
+}
+
+/* Join trees a and b, every block of a before every block of b. */
+static int join(freelist *f, int o, int a, int b)
+{
+    if (a < 0) return b;
+    if (b < 0) return a;
+    f->visits++;
+    if (priority(a) > priority(b)) {
+        RIGHT(f, o, a) = join(f, o, RIGHT(f, o, a), b);
+        return a;
+    }
+    LEFT(f, o, b) = join(f, o, a, LEFT(f, o, b));
+    return b;
+}
+
+static int insert(freelist *f, int o, int t, int k)
+{
+    if (t < 0 || priority(k) > priority(t)) {
+        split(f, o, t, k, &LEFT(f, o, k), &RIGHT(f, o, k));
+        return k;
+    }
+    if (before(f, o, k, t)) LEFT(f, o, t) = insert(f, o, LEFT(f, o, t), k);
+    else RIGHT(f, o, t) = insert(f, o, RIGHT(f, o, t), k);
+    return t;
+}
+
+static int erase(freelist *f, int o, int t, int k)
+{
+    if (t == k) return join(f, o, LEFT(f, o, k), RIGHT(f, o, k));
+    if (before(f, o, k, t)) LEFT(f, o, t) = erase(f, o, LEFT(f, o, t), k);
+    else RIGHT(f, o, t) = erase(f, o, RIGHT(f, o, t), k);
+    return t;
+}
+
+static void tree_insert(freelist *f, int o, int k) { f->root[o] = insert(f, o, f->root[o], k); }
+static void tree_erase(freelist *f, int o, int k) { f->root[o] = erase(f, o, f->root[o], k); }
+
+/* A new free block, in neither tree yet.  There are never more free
+ * blocks than released buffers, so the slots (one per node) suffice. */
+static int new_block(freelist *f, int64_t offset, int64_t size)
+{
+    int k = f->unused;
+    if (k >= 0) f->unused = f->slots[k].child[0][0];
+    else k = f->fresh++;
+    f->slots[k] = (block){offset, size, {{-1, -1}, {-1, -1}}};
+    return k;
+}
+
+static void drop_block(freelist *f, int k)
+{
+    tree_erase(f, BY_OFFSET, k);
+    tree_erase(f, BY_SIZE, k);
+    f->slots[k].child[0][0] = f->unused;
+    f->unused = k;
+}
 
 /* Best fit among free blocks; else grow the arena (extending a free block
  * that touches the end, so the arena does not grow needlessly). */
 static int64_t take(freelist *f, int64_t size)
 {
     int best = -1;
-    for (int i = 0; i < f->n; i++)
-        if (f->items[i].size >= size && (best < 0 || f->items[i].size < f->items[best].size))
-            best = i;
+    for (int t = f->root[BY_SIZE]; t >= 0; f->visits++) {
+        if (f->slots[t].size >= size) best = t, t = LEFT(f, BY_SIZE, t);
+        else t = RIGHT(f, BY_SIZE, t);
+    }
     if (best >= 0) {
-        int64_t off = f->items[best].offset;
-        f->items[best].offset += size;
-        f->items[best].size -= size;
-        if (f->items[best].size == 0) {
-            memmove(&f->items[best], &f->items[best + 1], (size_t)(f->n - best - 1) * sizeof(block));
-            f->n--;
+        block *b = &f->slots[best];
+        int64_t off = b->offset;
+        if (b->size == size) {
+            drop_block(f, best);
+        } else {
+            /* What is left keeps its place among its neighbours by offset. */
+            tree_erase(f, BY_SIZE, best);
+            b->offset += size;
+            b->size -= size;
+            tree_insert(f, BY_SIZE, best);
         }
         return off;
     }
-    if (f->n > 0 && f->items[f->n - 1].offset + f->items[f->n - 1].size == f->end) {
-        int64_t off = f->items[f->n - 1].offset;
+    int last = f->root[BY_OFFSET];
+    while (last >= 0 && RIGHT(f, BY_OFFSET, last) >= 0) {
+        last = RIGHT(f, BY_OFFSET, last);
+        f->visits++;
+    }
+    if (last >= 0 && f->slots[last].offset + f->slots[last].size == f->end) {
+        int64_t off = f->slots[last].offset;
+        drop_block(f, last);
         f->end = off + size;
-        f->n--;
         return off;
     }
     int64_t off = f->end;
@@ -54,26 +174,33 @@ static int64_t take(freelist *f, int64_t size)
     return off;
 }
 
+/* Release [offset, offset + size), merged with the free blocks it touches. */
 static void give(freelist *f, int64_t offset, int64_t size)
 {
-    int i = 0;
-    while (i < f->n && f->items[i].offset < offset) i++;
-    memmove(&f->items[i + 1], &f->items[i], (size_t)(f->n - i) * sizeof(block));
-    f->items[i] = (block){offset, size};
-    f->n++;
-    if (i + 1 < f->n && f->items[i].offset + f->items[i].size == f->items[i + 1].offset) {
-        f->items[i].size += f->items[i + 1].size;
-        memmove(&f->items[i + 1], &f->items[i + 2], (size_t)(f->n - i - 2) * sizeof(block));
-        f->n--;
+    int prev = -1, next = -1;
+    for (int t = f->root[BY_OFFSET]; t >= 0; f->visits++) {
+        if (f->slots[t].offset < offset) prev = t, t = RIGHT(f, BY_OFFSET, t);
+        else next = t, t = LEFT(f, BY_OFFSET, t);
     }
-    if (i > 0 && f->items[i - 1].offset + f->items[i - 1].size == f->items[i].offset) {
-        f->items[i - 1].size += f->items[i].size;
-        memmove(&f->items[i], &f->items[i + 1], (size_t)(f->n - i - 1) * sizeof(block));
-        f->n--;
+    int k;
+    if (prev >= 0 && f->slots[prev].offset + f->slots[prev].size == offset) {
+        k = prev; /* grows at its end: same offset, new size */
+        tree_erase(f, BY_SIZE, k);
+        f->slots[k].size += size;
+    } else {
+        k = new_block(f, offset, size);
+        tree_insert(f, BY_OFFSET, k);
     }
+    if (next >= 0 && f->slots[k].offset + f->slots[k].size == f->slots[next].offset) {
+        f->slots[k].size += f->slots[next].size;
+        drop_block(f, next);
+    }
+    tree_insert(f, BY_SIZE, k);
 }
 
-static void mark_needed(const spmd_graph *g, bool *needed)
+/* ---- Schedule and placement -------------------------------------------------- */
+
+void plan_mark_needed(const spmd_graph *g, bool *needed)
 {
     for (int i = 0; i < g->n_nodes; i++)
         if (g->nodes[i]->is_output) needed[i] = true;
@@ -96,15 +223,16 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
     p->storage = base_alloc(&p->alloc, nn * sizeof *p->storage, "memory plan");
     p->offset = base_alloc(&p->alloc, nn * sizeof *p->offset, "memory plan");
     int *last_use = base_alloc(&p->alloc, nn * sizeof *last_use, "memory plan");
-    freelist f = {base_alloc(&p->alloc, (nn + 1) * sizeof(block), "memory plan"), 0, 0};
-    if (!p->steps || !p->needed || !p->storage || !p->offset || !last_use || !f.items) {
+    block *slots = base_alloc(&p->alloc, (nn + 1) * sizeof *slots, "memory plan");
+    if (!p->steps || !p->needed || !p->storage || !p->offset || !last_use || !slots) {
         base_free(&p->alloc, last_use);
-        base_free(&p->alloc, f.items);
+        base_free(&p->alloc, slots);
         plan_free(p);
         return SPMD_ERR_NOMEM;
     }
+    freelist f = {slots, {-1, -1}, 0, -1, 0, 0};
 
-    mark_needed(g, p->needed);
+    plan_mark_needed(g, p->needed);
     for (int i = 0; i < n; i++) {
         const spmd_tensor *t = g->nodes[i];
         p->offset[i] = -1;
@@ -152,8 +280,9 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
         }
     }
     p->arena_bytes = (size_t)f.end;
+    visits_done += f.visits;
     base_free(&p->alloc, last_use);
-    base_free(&p->alloc, f.items);
+    base_free(&p->alloc, slots);
     return SPMD_OK;
 }
 

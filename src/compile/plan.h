@@ -22,8 +22,16 @@ typedef struct plan {
     size_t arena_bytes;
 } plan;
 
+/* Set needed[i] (n_nodes entries, false on entry) for every node that an
+ * output or an update reads, directly or not: the schedule's nodes and
+ * the leaves they read. */
+void plan_mark_needed(const spmd_graph *g, bool *needed);
 /* Plan graph g; SPMD_OK or an error with a message. */
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc);
 void plan_free(plan *p);
+/* Free blocks the memory planner looked at on this thread, in all (a test
+ * hook: per step placed it grows with the log of the free list's length,
+ * where a scan of the list made planning quadratic in the model's depth). */
+uint64_t plan_free_block_visits(void);
 
 #endif

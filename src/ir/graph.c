@@ -206,7 +206,7 @@ spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
         ir_error_keep(g);
         return NULL;
     }
-    spmd_tensor *t = base_arena_alloc(&g->arena, sizeof *t);
+    spmd_tensor *t = base_arena_alloc(&g->arena, sizeof *t + (size_t)n_in * sizeof t->in[0]);
     if (!t) {
         ir_error_keep(g);
         return NULL;
@@ -374,13 +374,15 @@ spmd_status spmd_graph_set_update(spmd_graph *g, spmd_tensor *target, spmd_tenso
                           target->name, ir_shape_str(target, a, sizeof a), ir_op_name(value->op),
                           ir_shape_str(value, b, sizeof b));
     }
-    for (int i = 0; i < g->n_updates; i++)
-        if (g->updates[i].target == target)
-            return base_error(SPMD_ERR_INVALID, "set_update: '%s' already has an update",
-                              target->name);
+    /* A flag, not a scan of the updates: an optimizer sets one per
+     * parameter and state, and a scan made that quadratic. */
+    if (target->has_update)
+        return base_error(SPMD_ERR_INVALID, "set_update: '%s' already has an update",
+                          target->name);
     if (!grow(g, (void **)&g->updates, &g->cap_updates, g->n_updates + 1, sizeof *g->updates))
         return SPMD_ERR_NOMEM;
     g->updates[g->n_updates++] = (ir_update){target, value};
+    target->has_update = true;
     return SPMD_OK;
 }
 

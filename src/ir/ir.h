@@ -62,15 +62,21 @@ struct spmd_tensor {
     int rank;
     int64_t dims[SPMD_MAX_RANK];
     int n_in;
-    spmd_tensor *in[IR_MAX_INPUTS];
+    bool is_output;
+    bool has_update;        /* PARAM, STATE: the target of an update (one at most) */
     ir_attr attr;
     char *name;             /* NULL if unnamed; arena-owned */
     spmd_init init;         /* PARAM, STATE */
     spmd_tensor *grad;      /* PARAM after spmd_grad */
     spmd_graph *graph;
-    bool is_output;
     struct sharding *mark;     /* the user's spmd_mark_sharding, arena-owned; NULL if none */
-    struct sharding *sharding; /* set by propagation; NULL before it */
+    /* What the last compile decided (shared copies, never written
+     * through); NULL before one. */
+    const struct sharding *sharding;
+    /* The n_in operands, allocated with the node: a deep model has
+     * hundreds of thousands of nodes, and room for IR_MAX_INPUTS in each
+     * took 128 of a node's 328 bytes. */
+    spmd_tensor *in[];
 };
 
 typedef struct ir_update {

@@ -19,7 +19,7 @@
 #include <string.h>
 
 typedef struct variant {
-    sharding s;
+    const sharding *s;   /* a copy shared through builder.shardings */
     spmd_tensor *t;
     int phase;           /* part_phase it was made for; -1: the node's own value */
     struct variant *next;
@@ -28,6 +28,10 @@ typedef struct variant {
 typedef struct builder {
     partition *p;
     variant **variants; /* per global node id; the first is what the op produced */
+    /* The variants and their shardings (one copy of each), freed when the
+     * local program is built, so that what comes next reuses the memory. */
+    base_arena arena;
+    base_intern shardings;
     /* The first failure that is not a builder call on the local graph
      * (those the local graph keeps: ir_graph_status). */
     spmd_status status;
@@ -288,26 +292,28 @@ static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want
     variant *first = b->variants[x->id];
     int phase = (int)partition_phase(b->p->g, consumer >= 0 ? consumer : x->id);
     for (variant *v = first; v; v = v->next)
-        if (sharding_equal(&v->s, want) && (v->phase < 0 || v->phase == phase || x->op != IR_PARAM))
+        if (sharding_equal(v->s, want) && (v->phase < 0 || v->phase == phase || x->op != IR_PARAM))
             return v->t;
     if (!first) {
         base_error(SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned", x->id);
         return fail(b, SPMD_ERR_INTERNAL);
     }
-    spmd_tensor *t = reshard(b, first->t, first->s, want, x->dims, x->id, consumer);
+    spmd_tensor *t = reshard(b, first->t, *first->s, want, x->dims, x->id, consumer);
     if (!t) return NULL;
-    variant *v = base_arena_alloc(&b->p->local->arena, sizeof *v);
-    if (!v) return fail(b, SPMD_ERR_NOMEM);
-    *v = (variant){*want, t, phase, first->next};
+    variant *v = base_arena_alloc(&b->arena, sizeof *v);
+    const sharding *s = base_intern_get(&b->shardings, want);
+    if (!v || !s) return fail(b, SPMD_ERR_NOMEM);
+    *v = (variant){s, t, phase, first->next};
     first->next = v;
     return t;
 }
 
 static bool add_variant(builder *b, int gid, const sharding *s, spmd_tensor *t)
 {
-    variant *v = base_arena_alloc(&b->p->local->arena, sizeof *v);
-    if (!v) return false;
-    *v = (variant){*s, t, -1, b->variants[gid]};
+    variant *v = base_arena_alloc(&b->arena, sizeof *v);
+    const sharding *copy = base_intern_get(&b->shardings, s);
+    if (!v || !copy) return false;
+    *v = (variant){copy, t, -1, b->variants[gid]};
     b->variants[gid] = v;
     return true;
 }
@@ -338,9 +344,9 @@ static bool check_fallback(partition *p, const spmd_tensor *t, int j, const shar
     if (t->in[j]->op == IR_PARAM || t->in[j]->op == IR_STATE) return true;
     for (int i = 0; i < have->rank; i++) {
         if (have->dim[i].n <= need->dim[i].n) continue;
-        int it = n->has_sig ? n->sig.in[j][i] : -1;
-        if (it < 0 || n->sig.kind[it] == IR_ITER_FULL ||
-            !shard_splittable(p->m, &have->dim[i], n->sig.size[it], n->sig.granule[it]))
+        int it = n->sig ? n->sig->in[j][i] : -1;
+        if (it < 0 || n->sig->kind[it] == IR_ITER_FULL ||
+            !shard_splittable(p->m, &have->dim[i], n->sig->size[it], n->sig->granule[it]))
             return note_fallback(p, t->in[j]->id, t->id);
     }
     return true;
@@ -448,22 +454,23 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
     for (int j = 0; j < t->n_in; j++) {
         need[j] = shard_operand_need(&p->prop, t, j);
         const variant *have = b->variants[t->in[j]->id];
-        if (have && !check_fallback(p, t, j, &have->s, &need[j])) return SPMD_ERR_NOMEM;
+        if (have && !check_fallback(p, t, j, have->s, &need[j])) return SPMD_ERR_NOMEM;
         in[j] = value(b, t->in[j], &need[j], t->id);
         if (!in[j]) return failed(b);
     }
     /* Sums over split, padded dims: zero the padding first. */
-    if (n->has_sig) {
-        for (int it = 0; it < n->sig.n_iter; it++) {
+    if (n->sig) {
+        for (int it = 0; it < n->sig->n_iter; it++) {
             const mesh_axes *ax = &n->iter[it];
             int64_t blocks = mesh_axes_size(p->m, ax);
-            if (n->sig.kind[it] != IR_ITER_SUM || !ax->n || n->sig.size[it] % blocks == 0) continue;
+            if (n->sig->kind[it] != IR_ITER_SUM || !ax->n || n->sig->size[it] % blocks == 0)
+                continue;
             for (int j = 0; j < t->n_in; j++)
                 for (int i = 0; i < t->in[j]->rank; i++) {
-                    if (n->sig.in[j][i] != it || in[j]->dtype != SPMD_F32) continue;
+                    if (n->sig->in[j][i] != it || in[j]->dtype != SPMD_F32) continue;
                     int64_t dims[SPMD_MAX_RANK];
                     dims_of(in[j], dims);
-                    in[j] = emit_coll(b, IR_MASK_PADDING, in[j], ax, i, 0, n->sig.size[it], dims,
+                    in[j] = emit_coll(b, IR_MASK_PADDING, in[j], ax, i, 0, n->sig->size[it], dims,
                                       t->in[j]->id, t->id);
                     if (!in[j]) return failed(b);
                 }
@@ -547,10 +554,16 @@ spmd_status partition_build(partition *p, const spmd_graph *g, const spmd_mesh *
     size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);
     p->local = spmd_graph_create(&p->alloc);
     p->local_of = base_calloc(&p->alloc, nn * sizeof *p->local_of, "partition");
-    p->held = base_calloc(&p->alloc, nn * sizeof *p->held, "partition");
-    builder b = {p, base_calloc(&p->alloc, nn * sizeof(variant *), "partition"), SPMD_OK};
+    /* Not zeroed: only kept nodes' entries are set and read, and pages
+     * that hold none are then never touched. */
+    p->held = base_alloc(&p->alloc, nn * sizeof *p->held, "partition");
+    builder b = {.p = p, .variants = base_calloc(&p->alloc, nn * sizeof(variant *), "partition")};
+    base_arena_init(&b.arena, &p->alloc);
+    base_intern_init(&b.shardings, &b.arena, sizeof(sharding));
     if (!p->local || !p->local_of || !p->held || !b.variants) st = SPMD_ERR_NOMEM;
     if (st == SPMD_OK) st = build(&b, needed);
+    base_intern_free(&b.shardings);
+    base_arena_free(&b.arena);
     base_free(&p->alloc, b.variants);
     return st;
 }

@@ -35,7 +35,8 @@ typedef struct partition {
     shard_plan prop;
     spmd_graph *local;      /* the per-device program */
     /* Per global node id: the local tensor that holds it and the sharding
-     * it holds (outputs and leaves: resolved, no pending sums). */
+     * it holds (outputs and leaves: resolved, no pending sums); held[i] is
+     * set only where local_of[i] is not NULL. */
     spmd_tensor **local_of;
     sharding *held;
     mesh_axes *specs;       /* groups used by collectives, indexed by attr.coll.spec */

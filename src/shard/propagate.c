@@ -36,9 +36,9 @@ static sharding project_out(const shard_node *n, const spmd_tensor *t)
 {
     sharding s = sharding_replicated(t->rank);
     for (int i = 0; i < t->rank; i++)
-        if (n->sig.out[i] >= 0) s.dim[i] = n->iter[n->sig.out[i]];
-    for (int it = 0; it < n->sig.n_iter; it++)
-        if (n->sig.kind[it] == IR_ITER_SUM) s.partial |= axes_mask(&n->iter[it]);
+        if (n->sig->out[i] >= 0) s.dim[i] = n->iter[n->sig->out[i]];
+    for (int it = 0; it < n->sig->n_iter; it++)
+        if (n->sig->kind[it] == IR_ITER_SUM) s.partial |= axes_mask(&n->iter[it]);
     s.partial |= n->through;
     return s;
 }
@@ -127,6 +127,8 @@ static double losing_cost(const shard_plan *p, const spmd_tensor *x)
 static void order_operands(const shard_plan *p, const spmd_tensor *t, int *order)
 {
     double cost[IR_MAX_INPUTS];
+    order[0] = 0;
+    if (t->n_in < 2) return; /* nothing to order (and no costs to price) */
     for (int j = 0; j < t->n_in; j++) {
         order[j] = j;
         cost[j] = losing_cost(p, t->in[j]);
@@ -208,10 +210,10 @@ static void take_axes(const shard_plan *p, shard_node *n, const int8_t *map, int
         int it = map[i];
         const mesh_axes *want = &s->dim[i];
         if (it < 0 || want->n == 0 || n->iter[it].n) continue;
-        if (n->sig.kind[it] == IR_ITER_FULL) continue;
+        if (n->sig->kind[it] == IR_ITER_FULL) continue;
         uint32_t mask = axes_mask(want);
         if (mask & *used) continue;
-        if (!shard_splittable(p->m, want, n->sig.size[it], n->sig.granule[it])) continue;
+        if (!shard_splittable(p->m, want, n->sig->size[it], n->sig->granule[it])) continue;
         n->iter[it] = *want;
         *used |= mask;
     }
@@ -221,18 +223,18 @@ static void take_axes(const shard_plan *p, shard_node *n, const int8_t *map, int
 static void choose(shard_plan *p, const spmd_tensor *t)
 {
     shard_node *n = &p->nodes[t->id];
-    memset(n->iter, 0, sizeof n->iter);
+    if (n->sig->n_iter) memset(n->iter, 0, (size_t)n->sig->n_iter * sizeof *n->iter);
     uint32_t used = 0;
     n->through = linear_through(p, t, &n->through_operands);
     used |= n->through;
-    if (t->mark) take_axes(p, n, n->sig.out, t->rank, t->mark, &used);
+    if (t->mark) take_axes(p, n, n->sig->out, t->rank, t->mark, &used);
     int order[IR_MAX_INPUTS];
     order_operands(p, t, order);
     for (int k = 0; k < t->n_in; k++) {
         int j = order[k];
         const shard_node *in = &p->nodes[t->in[j]->id];
         if (in->level == SHARD_UNKNOWN) continue;
-        take_axes(p, n, n->sig.in[j], t->in[j]->rank, &in->out, &used);
+        take_axes(p, n, n->sig->in[j], t->in[j]->rank, &in->out, &used);
     }
 }
 
@@ -258,10 +260,10 @@ static bool sweep_forward(shard_plan *p, const bool *needed)
         if (t->mark) {
             n->out = *t->mark;
             n->level = SHARD_MARKED;
-            if (n->has_sig) choose(p, t);
+            if (n->sig) choose(p, t);
         } else if (!any_known(p, t)) {
             n->level = SHARD_UNKNOWN;
-        } else if (!n->has_sig) { /* the explicit rule: reshape */
+        } else if (!n->sig) { /* the explicit rule: reshape */
             const spmd_tensor *x = t->in[0];
             n->out = reshape_map(p->m, &p->nodes[x->id].out, x->rank, x->dims, t->rank, t->dims);
             n->level = SHARD_DERIVED;
@@ -309,7 +311,7 @@ sharding shard_produced(const shard_plan *p, const spmd_tensor *t)
 {
     const shard_node *n = &p->nodes[t->id];
     if (ir_op_is_leaf(t->op)) return n->out;
-    if (!n->has_sig) {
+    if (!n->sig) {
         /* reshape: what its operand, resharded as it needs, gives.  That is
          * not always n->out: a mark (or the round trip through reshape_map)
          * may ask for dims the reshape cannot carry, and the partitioner
@@ -326,7 +328,7 @@ sharding shard_operand_need(const shard_plan *p, const spmd_tensor *t, int j)
 {
     const shard_node *n = &p->nodes[t->id];
     const spmd_tensor *x = t->in[j];
-    if (!n->has_sig) {
+    if (!n->sig) {
         /* reshape: the output's sharding carried back.  Reshape is linear,
          * so a pending sum passes through it: the operand keeps the partial
          * axes the output was given (the operand's own when unmarked).
@@ -336,9 +338,24 @@ sharding shard_operand_need(const shard_plan *p, const spmd_tensor *t, int j)
     }
     sharding s = sharding_replicated(x->rank);
     for (int i = 0; i < x->rank; i++)
-        if (n->sig.in[j][i] >= 0) s.dim[i] = n->iter[n->sig.in[j][i]];
+        if (n->sig->in[j][i] >= 0) s.dim[i] = n->iter[n->sig->in[j][i]];
     if (n->through_operands & (1u << j)) s.partial = n->through;
     return s;
+}
+
+/* Node t's signature, shared through `sigs`, and room for its choice. */
+static spmd_status describe(shard_plan *p, base_intern *sigs, const spmd_tensor *t, shard_node *n)
+{
+    ir_dimsig sig;
+    if (!ir_signature(t, &sig)) {
+        if (shard_has_explicit_rule(t->op)) return SPMD_OK;
+        return base_error(SPMD_ERR_INTERNAL,
+                          "partition: %s has neither a dimension signature nor a "
+                          "sharding rule (ops.def)", ir_op_name(t->op));
+    }
+    n->sig = base_intern_get(sigs, &sig);
+    if (sig.n_iter) n->iter = base_arena_alloc(&p->arena, (size_t)sig.n_iter * sizeof *n->iter);
+    return n->sig && (n->iter || !sig.n_iter) ? SPMD_OK : SPMD_ERR_NOMEM;
 }
 
 spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh *m,
@@ -348,32 +365,32 @@ spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh 
     p->g = g;
     p->m = m;
     p->alloc = base_allocator_or_default(alloc);
+    base_arena_init(&p->arena, &p->alloc);
     p->n_nodes = g->n_nodes;
-    p->nodes = base_calloc(&p->alloc, (size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *p->nodes,
-                           "sharding propagation");
+    p->nodes = base_alloc(&p->alloc, (size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *p->nodes,
+                          "sharding propagation");
     if (!p->nodes) return SPMD_ERR_NOMEM;
     if (g->mesh && g->mesh != m)
         return base_error(SPMD_ERR_INVALID,
                           "partition: the graph's marks use another mesh than the one given");
-    for (int i = 0; i < g->n_nodes; i++) {
+    base_intern sigs;
+    base_intern_init(&sigs, &p->arena, sizeof(ir_dimsig));
+    spmd_status st = SPMD_OK;
+    for (int i = 0; i < g->n_nodes && st == SPMD_OK; i++) {
         const spmd_tensor *t = g->nodes[i];
         shard_node *n = &p->nodes[i];
-        n->out = sharding_replicated(t->rank);
-        n->has_sig = ir_signature(t, &n->sig);
-        if (!n->has_sig && !shard_has_explicit_rule(t->op))
-            return base_error(SPMD_ERR_INTERNAL,
-                              "partition: %s has neither a dimension signature nor a "
-                              "sharding rule (ops.def)", ir_op_name(t->op));
-        n->data = t->op == IR_INPUT;
+        *n = (shard_node){.out = sharding_replicated(t->rank), .data = t->op == IR_INPUT};
         for (int j = 0; j < t->n_in; j++) n->data |= p->nodes[t->in[j]->id].data;
-        if (t->mark) {
-            if (t->mark->rank != t->rank)
-                return base_error(SPMD_ERR_SHAPE, "partition: mark of rank %d on a rank-%d tensor",
-                                  t->mark->rank, t->rank);
-            n->out = *t->mark;
-            n->level = SHARD_MARKED;
-        }
+        st = describe(p, &sigs, t, n);
+        if (st != SPMD_OK || !t->mark) continue;
+        if (t->mark->rank != t->rank)
+            st = base_error(SPMD_ERR_SHAPE, "partition: mark of rank %d on a rank-%d tensor",
+                            t->mark->rank, t->rank);
+        n->out = *t->mark;
+        n->level = SHARD_MARKED;
     }
+    base_intern_free(&sigs);
+    if (st != SPMD_OK) return st;
     for (int round = 0; round < 8; round++) {
         bool fwd = sweep_forward(p, needed);
         bool bwd = sweep_backward(p, needed);
@@ -388,5 +405,6 @@ spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh 
 void shard_plan_free(shard_plan *p)
 {
     base_free(&p->alloc, p->nodes);
+    base_arena_free(&p->arena);
     memset(p, 0, sizeof *p);
 }

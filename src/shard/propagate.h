@@ -30,13 +30,16 @@ typedef enum shard_level {
     SHARD_MARKED    /* the user's mark: never changed */
 } shard_level;
 
+/* Per node, kept small: a deep model has hundreds of thousands of nodes. */
 typedef struct shard_node {
     sharding out;                    /* the sharding the node produces */
     uint8_t level;                   /* shard_level */
     bool data;                       /* flows from an input */
-    bool has_sig;                    /* the op has a dimension signature */
-    ir_dimsig sig;
-    mesh_axes iter[IR_MAX_ITER];     /* the op's choice per iteration dim */
+    /* The op's dimension signature, one copy shared by all nodes that have
+     * the same (the layers of a model repeat a few); NULL when the op has
+     * none and an explicit rule (reshape). */
+    const ir_dimsig *sig;
+    mesh_axes *iter;                 /* the op's choice per iteration dim: sig->n_iter */
     uint32_t through;                /* partial axes the op lets through */
     uint32_t through_operands;       /* bit j: operand j stays partial */
 } shard_node;
@@ -47,6 +50,7 @@ typedef struct shard_plan {
     shard_node *nodes;               /* per node id */
     int n_nodes;
     spmd_allocator alloc;
+    base_arena arena;                /* the signatures and the iter arrays */
 } shard_plan;
 
 /* Decide every needed node's sharding.  `needed` is per node id (NULL:
