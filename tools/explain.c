@@ -38,6 +38,7 @@ static void print_tensors(const cli_model *m, cJSON *list)
         spmd_get_sharding(t, spec, sizeof spec);
         if (!spec[0]) snprintf(spec, sizeof spec, "replicated");
         printf("  %-34s %-18s %s\n", spmd_tensor_name(t), shape, spec);
+        if (!list) continue;
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", spmd_tensor_name(t));
         cJSON *dims = cJSON_AddArrayToObject(o, "shape");
@@ -75,6 +76,7 @@ int cmd_explain(int argc, char **argv)
     cli_opts o;
     int rc = cli_parse(argc, argv, "explain", &o);
     if (rc) return rc < 0 ? 0 : rc;
+    o.eval_samples = 0; /* nothing is evaluated: no evaluation graph */
     cli_model m;
     rc = cli_build(&o, &m);
     spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g, true);
@@ -86,29 +88,35 @@ int cmd_explain(int argc, char **argv)
     cli_mesh_text(&m, mesh, sizeof mesh);
     printf("spmd explain: %s, %.2fM parameters, mesh %s, batch %d\n", o.model, (double)m.params / 1e6,
            mesh, o.batch);
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddItemToObject(root, "mesh", cli_mesh_json(&m));
-    cJSON_AddStringToObject(root, "model", o.model);
-    cJSON_AddNumberToObject(root, "params", (double)m.params);
-    print_tensors(&m, cJSON_AddArrayToObject(root, "tensors"));
+    /* The JSON report is built only when asked for: for a deep model it
+     * costs as much as the printing. */
+    cJSON *root = o.json ? cJSON_CreateObject() : NULL;
+    if (root) {
+        cJSON_AddItemToObject(root, "mesh", cli_mesh_json(&m));
+        cJSON_AddStringToObject(root, "model", o.model);
+        cJSON_AddNumberToObject(root, "params", (double)m.params);
+    }
+    print_tensors(&m, root ? cJSON_AddArrayToObject(root, "tensors") : NULL);
     print_collectives(p);
-    cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
     printf("\nmemory per device: %s parameters + gradients + optimizer state, %s peak\n",
            human((double)cli_param_bytes(p), a, sizeof a), human((double)spmd_program_peak_bytes(p), b, sizeof b));
-    cJSON_AddItemToObject(root, "param_bytes_per_device", cli_per_device(p, (double)cli_param_bytes(p)));
-    cJSON_AddItemToObject(root, "peak_bytes_per_device", cli_per_device(p, (double)spmd_program_peak_bytes(p)));
     int nf = spmd_program_fallback_count(p);
     printf("fallbacks (whole-tensor gathers an op forced): %d\n", nf);
-    cJSON *fb = cJSON_AddArrayToObject(root, "fallbacks");
+    cJSON *fb = root ? cJSON_CreateArray() : NULL;
     for (int i = 0; i < nf; i++) {
         char line[256];
         spmd_program_fallback(p, i, line, sizeof line);
         printf("  %s\n", line);
-        cJSON_AddItemToArray(fb, cJSON_CreateString(line));
+        if (fb) cJSON_AddItemToArray(fb, cJSON_CreateString(line));
     }
-    cJSON_AddNumberToObject(root, "fallback_count", nf);
-    if (o.json) rc = cli_write_json(o.json, root);
-    else cJSON_Delete(root);
+    if (root) {
+        cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
+        cJSON_AddItemToObject(root, "param_bytes_per_device", cli_per_device(p, (double)cli_param_bytes(p)));
+        cJSON_AddItemToObject(root, "peak_bytes_per_device", cli_per_device(p, (double)spmd_program_peak_bytes(p)));
+        cJSON_AddItemToObject(root, "fallbacks", fb);
+        cJSON_AddNumberToObject(root, "fallback_count", nf);
+        rc = cli_write_json(o.json, root);
+    }
     spmd_program_free(p);
     cli_model_free(&m);
     return rc;
