@@ -163,11 +163,10 @@ static spmd_status check_param(const spmd_graph *g, const spmd_optimizer *o, con
         return base_error(SPMD_ERR_INVALID,
                           "%s: parameter '%s' was created after spmd_grad and has no gradient",
                           who, p->name);
-    for (int i = 0; i < g->n_updates; i++)
-        if (g->updates[i].target == p)
-            return base_error(SPMD_ERR_INVALID,
-                              "%s: parameter '%s' already has an update (spmd_sgd or an optimizer "
-                              "was applied already)", who, p->name);
+    if (p->has_update)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: parameter '%s' already has an update (spmd_sgd or an optimizer "
+                          "was applied already)", who, p->name);
     /* Every mark of a graph is on its one mesh (marks.c), which the state
      * marks copied from the parameter's rely on. */
     if (p->mark && !g->mesh) return BASE_INTERNAL("a marked parameter in a graph without a mesh");
