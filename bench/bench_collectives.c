@@ -13,7 +13,16 @@
  * reduce-scatter and all-to-all, 1 for broadcast.  Times are medians of
  * several samples, each long enough to time reliably.
  *
+ * With --mpi (a build with MPI, run under mpirun) it measures the MPI
+ * transport instead: one group of every device of every process, P
+ * processes of L device threads each (--devices L; L > 1 is the
+ * hierarchical path), for all-reduce, all-gather and reduce-scatter from
+ * 1 KiB to 64 MiB, next to Open MPI's own MPI_Allreduce, MPI_Allgather and
+ * MPI_Reduce_scatter_block over the P processes.  A sample's time is the
+ * slowest process's.
+ *
  *   bench_collectives [--quick]
+ *   mpirun -n P bench_collectives --mpi [--devices L] [--quick]
  */
 #include "runtime/collectives.h"
 #include "runtime/pool.h"
@@ -85,7 +94,9 @@ static double memcpy_gbps(size_t bytes)
 /* ---- Device threads ---------------------------------------------------------------- */
 
 typedef struct bench {
-    int n;
+    int n;       /* device threads here */
+    int members; /* devices in the group */
+    int first;   /* the group member that thread 0 is */
     rt_pool *pool;
     coll_world *world;
     coll_group *group;
@@ -102,19 +113,21 @@ typedef struct bench {
 static spmd_status run_op(bench *B, int m)
 {
     coll_group *g = B->group;
-    size_t s = B->bytes, n = (size_t)B->n;
+    size_t s = B->bytes, n = (size_t)B->members;
+    m += B->first;
+    unsigned char *a = B->a[m - B->first], *b = B->b[m - B->first];
     switch (B->op) {
     case B_ALL_REDUCE:
-        return g->ops->all_reduce(g, m, (float *)B->a[m], (int64_t)(s / sizeof(float)));
+        return g->ops->all_reduce(g, m, (float *)a, (int64_t)(s / sizeof(float)));
     case B_ALL_GATHER:
-        return g->ops->all_gather(g, m, B->a[m], B->b[m], 1, (int64_t)(s / n));
+        return g->ops->all_gather(g, m, a, b, 1, (int64_t)(s / n));
     case B_REDUCE_SCATTER:
-        return g->ops->reduce_scatter(g, m, (const float *)B->a[m], (float *)B->b[m], 1,
+        return g->ops->reduce_scatter(g, m, (const float *)a, (float *)b, 1,
                                       (int64_t)(s / sizeof(float) / n));
     case B_ALL_TO_ALL:
-        return g->ops->all_to_all(g, m, B->a[m], B->b[m], (int64_t)(s / n));
+        return g->ops->all_to_all(g, m, a, b, (int64_t)(s / n));
     case B_BROADCAST:
-        return g->ops->broadcast(g, m, B->a[m], (int64_t)s, 0);
+        return g->ops->broadcast(g, m, a, (int64_t)s, 0);
     case B_OPS: break;
     }
     return SPMD_ERR_INTERNAL;
@@ -182,6 +195,7 @@ static void bench_open(bench *B, int n, size_t cap)
 {
     memset(B, 0, sizeof *B);
     B->n = n;
+    B->members = n;
     B->cap = cap;
     B->pool = rt_pool_create(n, NULL);
     B->world = coll_shm_world_create(n, NULL);
@@ -218,18 +232,172 @@ static void print_size(size_t bytes)
         printf("%6zu KiB", bytes >> 10);
 }
 
+static void print_time(double t)
+{
+    if (t >= 1e-3)
+        printf("(%7.2f ms)", t * 1e3);
+    else
+        printf("(%7.1f us)", t * 1e6);
+}
+
+/* ---- The MPI transport, under mpirun ---------------------------------------------------- */
+
+#ifdef SPMD_HAVE_MPI
+#include <mpi.h>
+
+/* Seconds for `iters` calls on this process, started together. */
+typedef double (*timer_fn)(bench *B, bop op, size_t bytes, int iters);
+
+static double slowest(double t)
+{
+    double max = t;
+    MPI_Allreduce(&t, &max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return max;
+}
+
+static double time_transport(bench *B, bop op, size_t bytes, int iters)
+{
+    MPI_Barrier(MPI_COMM_WORLD);
+    return timed(B, op, bytes, iters);
+}
+
+/* Open MPI's own collective over the processes, on device 0's buffers. */
+static double time_native(bench *B, bop op, size_t bytes, int iters)
+{
+    int procs = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &procs);
+    int count = (int)(bytes / sizeof(float)), part = count / procs;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++) {
+        int rc = MPI_ERR_OTHER;
+        switch (op) {
+        case B_ALL_REDUCE:
+            rc = MPI_Allreduce(MPI_IN_PLACE, B->a[0], count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+        case B_ALL_GATHER:
+            rc = MPI_Allgather(B->a[0], (int)(bytes / (size_t)procs), MPI_BYTE, B->b[0],
+                               (int)(bytes / (size_t)procs), MPI_BYTE, MPI_COMM_WORLD);
+            break;
+        case B_REDUCE_SCATTER:
+            rc = MPI_Reduce_scatter_block(B->a[0], B->b[0], part, MPI_FLOAT, MPI_SUM,
+                                          MPI_COMM_WORLD);
+            break;
+        default: break;
+        }
+        if (rc != MPI_SUCCESS) {
+            fprintf(stderr, "bench_collectives: MPI's %s failed\n", bop_names[op]);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    return now_s() - t0;
+}
+
+/* Median seconds per call over the slowest process of each sample; every
+ * process runs the same number of calls. */
+static double mpi_measure(timer_fn f, bench *B, bop op, size_t bytes, double min_s)
+{
+    f(B, op, bytes, 1); /* warm-up */
+    double t = slowest(f(B, op, bytes, 2)) / 2;
+    int iters = t < min_s ? (int)(min_s / (t > 1e-7 ? t : 1e-7)) + 1 : 1;
+    double per_call[SAMPLES];
+    for (int i = 0; i < SAMPLES; i++) per_call[i] = slowest(f(B, op, bytes, iters)) / iters;
+    return median(per_call, SAMPLES);
+}
+
+static int mpi_main(int argc, char **argv, int devices, bool quick)
+{
+    int provided = 0, procs = 1, rank = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_size(MPI_COMM_WORLD, &procs);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int n = procs * devices;
+    size_t max_bytes = quick ? MIB : 64 * MIB;
+    double min_s = quick ? 0.005 : 0.02;
+    bench B;
+    memset(&B, 0, sizeof B);
+    B.n = devices;
+    B.members = n;
+    B.first = rank * devices;
+    B.cap = max_bytes;
+    B.pool = rt_pool_create(devices, NULL);
+    B.world = coll_mpi_world_create(MPI_COMM_WORLD, devices, NULL);
+    int ranks[4096];
+    for (int i = 0; i < n && i < 4096; i++) ranks[i] = i;
+    B.group = B.world && n <= 4096 ? coll_world_group(B.world, n, ranks) : NULL;
+    if (!B.pool || !B.group || coll_world_connect(B.world) != SPMD_OK || devices > MAX_WORKERS) {
+        fprintf(stderr, "bench_collectives: process %d: %s\n", rank,
+                devices > MAX_WORKERS ? "too many devices" : spmd_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int i = 0; i < devices; i++) {
+        B.a[i] = xalloc(max_bytes);
+        B.b[i] = xalloc(max_bytes);
+    }
+    atomic_init(&B.failed, false);
+    rt_pool_run(B.pool, touch_fn, &B);
+
+    double t_start = now_s();
+    if (rank == 0) {
+        printf("bench_collectives --mpi: %d processes x %d devices = %d devices%s, %ld CPUs, "
+               "%d samples per point (median of the slowest process)\n",
+               procs, devices, n, devices > 1 ? " (hierarchical)" : "",
+               sysconf(_SC_NPROCESSORS_ONLN), SAMPLES);
+        printf("busbw as in nccl-tests (GB = 1e9 bytes), n = %d devices for the transport, %d "
+               "processes for MPI's own; ratio = transport time / MPI time\n",
+               n, procs);
+    }
+    static const char *const native[] = {"MPI_Allreduce", "MPI_Allgather",
+                                         "MPI_Reduce_scatter_block"};
+    for (int op = 0; op <= B_REDUCE_SCATTER; op++) {
+        if (rank == 0)
+            printf("\n%s: transport | %s\n      size | %-27s | %-27s | ratio\n",
+                   bop_names[op], native[op], "busbw (time)", "busbw (time)");
+        for (size_t s = 1024; s <= max_bytes; s *= 4) {
+            double t = mpi_measure(time_transport, &B, (bop)op, s, min_s);
+            double tn = mpi_measure(time_native, &B, (bop)op, s, min_s);
+            if (rank != 0) continue;
+            print_size(s);
+            printf(" | %8.3f GB/s ", (double)s / t * 1e-9 * bus_factor((bop)op, n));
+            print_time(t);
+            printf(" | %8.3f GB/s ", (double)s / tn * 1e-9 * bus_factor((bop)op, procs));
+            print_time(tn);
+            printf(" | %5.2f\n", t / tn);
+            fflush(stdout);
+        }
+    }
+    if (rank == 0) printf("\ntotal %.1f s\n", now_s() - t_start);
+    for (int i = 0; i < devices; i++) {
+        free(B.a[i]);
+        free(B.b[i]);
+    }
+    coll_world_free(B.world);
+    rt_pool_free(B.pool);
+    MPI_Finalize();
+    return 0;
+}
+#endif
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_collectives [--quick]\n"
-               "  --quick  sizes up to 1 MiB and shorter samples\n");
+               "       mpirun -n P bench_collectives --mpi [--devices L] [--quick]\n"
+               "  --quick    sizes up to 1 MiB and shorter samples\n"
+               "  --mpi      the MPI transport, P processes of L device threads (default 1),\n"
+               "             next to Open MPI's own collectives (a build with MPI only)\n");
 }
 
 int main(int argc, char **argv)
 {
-    bool quick = false;
+    bool quick = false, mpi = false;
+    int devices = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             quick = true;
+        } else if (!strcmp(argv[i], "--mpi")) {
+            mpi = true;
+        } else if (!strcmp(argv[i], "--devices") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+            devices = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
@@ -238,6 +406,15 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (mpi) {
+#ifdef SPMD_HAVE_MPI
+        return mpi_main(argc, argv, devices, quick);
+#else
+        fprintf(stderr, "bench_collectives: built without MPI (CMake did not find it)\n");
+        return 2;
+#endif
+    }
+    (void)devices;
     static const int workers[] = {2, 4, 8};
     enum { NW = sizeof workers / sizeof *workers };
     size_t max_bytes = quick ? MIB : 64 * MIB;

@@ -25,8 +25,11 @@ declare -A why=(
   [libcmocka-dev]="the unit test framework"
   [libcjson-dev]="JSON for the spmd tool's configs and reports, and checkpoint indexes"
   [zlib1g-dev]="crc32 checksums of checkpoint files"
+  [libopenmpi-dev]="Open MPI: the collectives transport across processes and hosts"
+  [openmpi-bin]="mpirun, which starts a run over several processes (and its tests)"
 )
-packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev zlib1g-dev)
+packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev zlib1g-dev
+          libopenmpi-dev openmpi-bin)
 # Only for the tests: without them the checks that need them print a note
 # and are skipped.
 why[python3-numpy]="tests only: /usr/bin/python3 with numpy runs tests/read_export.py, the independent reader of spmd export files (test_cli_export)"

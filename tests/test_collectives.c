@@ -3,7 +3,9 @@
  * threads (more threads than this machine has cores), on the whole world
  * and on the rows and columns of a 4x2 mesh at the same time, against
  * serial references computed here.  Sums must be the bits of the
- * member-order float sum on every member.  Then barrier reuse (1000 calls
+ * canonical pairwise tree over member ranks on every member (8 members:
+ * ((x0+x1)+(x2+x3))+((x4+x5)+(x6+x7))), which test_tree_order also checks
+ * against sums written out by hand.  Then barrier reuse (1000 calls
  * back to back), mismatched calls, allocation through the hook, and abort:
  * members blocked in a collective must wake with an error, every member
  * must stop after the same collective, and the world must work again
@@ -22,6 +24,7 @@
 
 #include "base/error.h"
 #include "runtime/collectives.h"
+#include "runtime/collectives_impl.h"
 #include "support_alloc.h"
 
 #include <pthread.h>
@@ -171,12 +174,21 @@ static void *xmalloc(size_t bytes)
     return p;
 }
 
-/* The member-order float sum of element i of every member's input. */
+/* The canonical sum of members [lo, hi): the left part has the largest
+ * power of two of members below hi - lo, written here independently of
+ * the library's coll_tree_mid. */
+static float ref_tree(const grp *gr, int lo, int hi, int64_t i, int call)
+{
+    if (hi - lo == 1) return fval(gr->ranks[lo], i, call);
+    int half = 1 << 30;
+    while (half >= hi - lo) half >>= 1;
+    return ref_tree(gr, lo, lo + half, i, call) + ref_tree(gr, lo + half, hi, i, call);
+}
+
+/* The canonical float sum of element i of every member's input. */
 static float ref_sum(const grp *gr, int64_t i, int call)
 {
-    float s = fval(gr->ranks[0], i, call);
-    for (int m = 1; m < gr->size; m++) s += fval(gr->ranks[m], i, call);
-    return s;
+    return ref_tree(gr, 0, gr->size, i, call);
 }
 
 /* ---- Each collective against its reference --------------------------------------- */
@@ -367,6 +379,84 @@ static int disarm_alarm(void **state)
     (void)state;
     alarm(0);
     return 0;
+}
+
+/* The canonical order written out by hand, against the reference used
+ * everywhere here and against coll_tree_sum given members or partial sums
+ * (subtrees) as its terms.  The data makes other orders give other bits. */
+static void test_tree_order(void **state)
+{
+    (void)state;
+    enum { LEN = 3000 };
+    static float x[8][LEN], part[3][LEN], out[LEN];
+    for (int m = 0; m < 8; m++)
+        for (int64_t e = 0; e < LEN; e++) x[m][e] = fval(m, e, 99);
+    coll_term terms[8];
+    int left_to_right_differs = 0;
+    for (int n = 1; n <= 8; n++) {
+        grp gr = whole_world(n);
+        for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+        coll_tree_sum(terms, 0, n, 0, 0, out, LEN);
+        for (int64_t e = 0; e < LEN; e++) {
+            const float *v[8];
+            for (int m = 0; m < 8; m++) v[m] = &x[m][e];
+            float want;
+            switch (n) {
+            case 1: want = *v[0]; break;
+            case 2: want = *v[0] + *v[1]; break;
+            case 3: want = (*v[0] + *v[1]) + *v[2]; break;
+            case 4: want = (*v[0] + *v[1]) + (*v[2] + *v[3]); break;
+            case 5: want = ((*v[0] + *v[1]) + (*v[2] + *v[3])) + *v[4]; break;
+            case 6: want = ((*v[0] + *v[1]) + (*v[2] + *v[3])) + (*v[4] + *v[5]); break;
+            case 7: want = ((*v[0] + *v[1]) + (*v[2] + *v[3])) + ((*v[4] + *v[5]) + *v[6]); break;
+            default:
+                want = ((*v[0] + *v[1]) + (*v[2] + *v[3])) + ((*v[4] + *v[5]) + (*v[6] + *v[7]));
+            }
+            float ref = ref_sum(&gr, e, 99), seq = *v[0];
+            for (int m = 1; m < n; m++) seq += *v[m];
+            if (memcmp(&seq, &want, sizeof want) != 0) left_to_right_differs++;
+            if (memcmp(&ref, &want, sizeof want) != 0 || memcmp(&out[e], &want, sizeof want) != 0)
+                fail_msg("n=%d element %lld: hand %a, reference %a, coll_tree_sum %a", n,
+                         (long long)e, want, ref, out[e]);
+        }
+    }
+    assert_true(left_to_right_differs > 0);
+
+    /* Partial sums as terms: 7 members as [0,4) + [4,6) + 6, and as
+     * 0 + 1 + [2,4) + [4,6) + 6; a row stride and a column offset. */
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+    coll_tree_sum(terms, 0, 4, 0, 0, part[0], LEN);
+    coll_tree_sum(terms, 4, 6, 0, 0, part[1], LEN);
+    coll_tree_sum(terms, 2, 4, 0, 0, part[2], LEN);
+    static float want[LEN];
+    coll_tree_sum(terms, 0, 7, 0, 0, want, LEN);
+    coll_term a[7] = {[0] = {part[0], 0, 4}, [4] = {part[1], 0, 6}, [6] = {x[6], 0, 7}};
+    coll_term b[7] = {[0] = {x[0], 0, 1}, [1] = {x[1], 0, 2}, [2] = {part[2], 0, 4},
+                      [4] = {part[1], 0, 6}, [6] = {x[6], 0, 7}};
+    coll_tree_sum(a, 0, 7, 0, 0, out, LEN);
+    assert_memory_equal(out, want, sizeof out);
+    coll_tree_sum(b, 0, 7, 0, 0, out, LEN);
+    assert_memory_equal(out, want, sizeof out);
+    /* Rows of 1000 floats, row 2 from column 500: elements 2500 .. 2999. */
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 1000, m + 1};
+    coll_tree_sum(terms, 0, 7, 2, 500, out, 500);
+    assert_memory_equal(out, want + 2500, 500 * sizeof *out);
+    /* In place, into a member's own elements: inside a subtree (member 3
+     * of 7), and an operand of the root's own sum (member 2 of 3, member
+     * 0 and member 1 of 2). */
+    memcpy(part[0], x[3], sizeof part[0]);
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){m == 3 ? part[0] : x[m], 0, m + 1};
+    coll_tree_sum(terms, 0, 7, 0, 0, part[0], LEN);
+    assert_memory_equal(part[0], want, sizeof want);
+    for (int n = 2; n <= 3; n++)
+        for (int own = n == 2 ? 0 : 2; own < n; own++) {
+            for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+            coll_tree_sum(terms, 0, n, 0, 0, want, LEN);
+            memcpy(part[0], x[own], sizeof part[0]);
+            terms[own].base = part[0];
+            coll_tree_sum(terms, 0, n, 0, 0, part[0], LEN);
+            assert_memory_equal(part[0], want, sizeof want);
+        }
 }
 
 static void body_world_suite(team *t, int rank)
@@ -781,6 +871,7 @@ static void test_abort_storm(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tree_order, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_groups, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_allocator, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_world_sizes, arm_alarm, disarm_alarm),

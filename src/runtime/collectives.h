@@ -4,10 +4,13 @@
  * transport for devices in other processes are two implementations.
  *
  * Every member of a group calls the same collective with the same sizes,
- * in the same order (the SPMD program guarantees it).  Sums are taken in
- * member-rank order, so results are the same bits on every run and on
- * every member.  A failing device aborts the world: every pending and
- * later collective returns SPMD_ERR_BACKEND instead of waiting forever.
+ * in the same order (the SPMD program guarantees it).  Sums follow one
+ * canonical order per group, a fixed pairwise tree over member ranks
+ * (collectives_impl.h), on every transport, so results are the same bits
+ * on every run, on every member, and whether the members are threads of
+ * one process or spread over processes.  A failing device aborts the
+ * world: every pending and later collective returns SPMD_ERR_BACKEND
+ * instead of waiting forever.
  *
  * Layouts: all-gather and reduce-scatter work on a tensor viewed as
  * [outer, n * inner] whose member j owns the column block [outer, j*inner ..
@@ -55,15 +58,47 @@ struct coll_group {
 
 /* The shared-memory world: `n` devices of one process, one thread each. */
 coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc);
+
+#ifdef SPMD_HAVE_MPI
+#include <mpi.h>
+/* The MPI world (collectives_mpi.c): the P processes of `comm`, each
+ * running `local_devices` device threads, P * local_devices devices in all.
+ * World rank r lives in process r / local_devices (process-major, so the
+ * minor mesh axes stay inside a process); this process holds ranks
+ * [rank * local_devices, (rank + 1) * local_devices).  Collective over
+ * `comm`: one thread of every process calls it.  MPI must be initialised
+ * with MPI_THREAD_MULTIPLE (device threads call MPI at the same time);
+ * anything less is refused.  The world duplicates `comm`; free it with
+ * coll_world_free (one thread of every process) before MPI_Finalize. */
+coll_world *coll_mpi_world_create(MPI_Comm comm, int local_devices, const spmd_allocator *alloc);
+#endif
+
+/* Collective over the world's processes (one thread of each) in an MPI
+ * world; frees nothing else. */
 void coll_world_free(coll_world *w);
 /* A group of `size` devices given by their world ranks, in member-rank
  * order.  Every member's thread asks for the same group with the same
- * list; the group is created once and shared (thread-safe). */
+ * list; the group is created once and shared (thread-safe).  In an MPI
+ * world a group must have a member in this process, and a group that
+ * crosses processes can carry collectives only after coll_world_connect. */
 coll_group *coll_world_group(coll_world *w, int size, const int *world_ranks);
-/* Make every waiting and later collective fail with `message`. */
+/* Make the communicators of the groups asked for since the last connect:
+ * one thread of every process of an MPI world calls it, the same number of
+ * times, after every process asked for all its groups (each process asks
+ * for every group that has a member in it) and before any collective on
+ * them.  Fails alike on every process if processes disagree about a group.
+ * Nothing to do (SPMD_OK) in a shared-memory world. */
+spmd_status coll_world_connect(coll_world *w);
+/* This process's devices: world ranks [first, first + count) of `size`. */
+void coll_world_local(const coll_world *w, int *first, int *count, int *size);
+/* Make every waiting and later collective fail with `message`.  It does
+ * not reach other processes: the caller ends the job (MPI_Abort) so that
+ * their collectives do not wait for this one. */
 void coll_world_abort(coll_world *w, const char *message);
 bool coll_world_aborted(const coll_world *w);
-/* Clear an abort so the world can be used again (all devices idle). */
+/* Clear an abort so the world can be used again (all devices idle).  In an
+ * MPI world the groups that cross processes stay failed: their peers'
+ * state is unknown after an abort. */
 void coll_world_reset(coll_world *w);
 
 #endif

@@ -5,7 +5,10 @@
  * and sizes, and one reusable barrier.  After the entry barrier every
  * member reads its peers' buffers directly, so data moves once, without
  * staging copies; an exit barrier keeps every buffer alive and unchanged
- * until all peers have finished reading it.
+ * until all peers have finished reading it.  Sums follow the canonical
+ * tree over member ranks (collectives_tree.c), as every transport's do.
+ * The MPI transport runs the in-process part of its collectives on
+ * private groups of this world (collectives_impl.h).
  *
  * Waits spin briefly, yield a few times and then sleep on a futex (a
  * condition variable off Linux; wait.h), because a world often runs more
@@ -26,6 +29,7 @@
 
 #include "base/arena.h"
 #include "base/error.h"
+#include "runtime/collectives_impl.h"
 #include "runtime/wait.h"
 
 #include <pthread.h>
@@ -45,10 +49,6 @@
 static const rt_wait_spin COLL_SPIN = {.pauses = 4096, .yields = 4};
 static const rt_wait_spin COLL_SPIN_OVERSUBSCRIBED = {.pauses = 16, .yields = 16};
 
-/* Floats summed in a local block before they are written: small enough for
- * L1, large enough that the loop over members costs nothing. */
-enum { SUM_BLOCK = 2048 };
-
 /* All-reduce chunks start at multiples of 16 floats (64 bytes), so that
  * two members never write the same cache line of an aligned buffer in the
  * copy-back phase. */
@@ -59,27 +59,20 @@ enum { ABORT_MESSAGE = 256 };
 #define ABORT_BIT 0x80000000u
 #define GEN_MASK 0x7fffffffu
 
-typedef enum coll_op {
-    OP_ALL_REDUCE,
-    OP_ALL_GATHER,
-    OP_REDUCE_SCATTER,
-    OP_ALL_TO_ALL,
-    OP_BROADCAST,
-    OP_PERMUTE
-} coll_op;
-
-static const char *const op_names[] = {"all_reduce", "all_gather", "reduce_scatter",
-                                       "all_to_all", "broadcast",  "permute"};
+const char *const coll_op_names[] = {"all_reduce", "all_gather", "reduce_scatter",
+                                     "all_to_all", "broadcast",  "permute"};
 
 /* What a member publishes for the current collective, alone on its cache
  * line because each member writes only its own.  Written before the entry
  * barrier, read by peers between the entry and exit barriers. */
 typedef struct coll_slot {
     _Alignas(64) const void *in;
-    const int *src;   /* permute's source table */
+    void *out;
+    const int *src;   /* permute's source table, of src_n entries */
     int64_t a, b;     /* sizes, compared across members */
     int op;
     int root;
+    int src_n;
 } coll_slot;
 
 /* The word waited on (abort bit | generation) and the arrival count, on
@@ -89,14 +82,16 @@ typedef struct coll_barrier {
     _Alignas(64) _Atomic uint32_t count;
 } coll_barrier;
 
-typedef struct coll_shm_group {
+struct coll_shm_group {
     coll_barrier bar;
     coll_group pub;
     struct coll_shm_group *next;
     coll_world *world;
     int *ranks;
     coll_slot *slots;
-} coll_shm_group;
+    coll_term *terms;  /* the summands: member i writes terms[i] before entering */
+    bool hidden;       /* another transport's private group: never looked up */
+};
 
 struct coll_world {
     int n;
@@ -108,6 +103,9 @@ struct coll_world {
     coll_shm_group *groups;
     _Atomic bool aborted;
     char message[ABORT_MESSAGE];
+    /* Devices in other processes (collectives_impl.h), or NULL. */
+    const coll_world_ext *ext;
+    void *ext_state;
 };
 
 /* ---- The barrier ------------------------------------------------------------ */
@@ -158,15 +156,16 @@ static spmd_status aborted_error(coll_world *w)
 static spmd_status check_member(const coll_group *pub, int member, coll_op op)
 {
     if (member < 0 || member >= pub->size)
-        return base_error(SPMD_ERR_INVALID, "%s: member %d of a group of %d", op_names[op],
+        return base_error(SPMD_ERR_INVALID, "%s: member %d of a group of %d", coll_op_names[op],
                           member, pub->size);
     return SPMD_OK;
 }
 
-static bool same_call(const coll_slot *x, const coll_slot *y, int n)
+static bool same_call(const coll_slot *x, const coll_slot *y)
 {
     if (x->op != y->op || x->a != y->a || x->b != y->b || x->root != y->root) return false;
-    if (x->op == OP_PERMUTE && memcmp(x->src, y->src, sizeof *x->src * (size_t)n) != 0)
+    if (x->op == COLL_OP_PERMUTE &&
+        (x->src_n != y->src_n || memcmp(x->src, y->src, sizeof *x->src * (size_t)x->src_n) != 0))
         return false;
     return true;
 }
@@ -175,12 +174,14 @@ static bool same_call(const coll_slot *x, const coll_slot *y, int n)
  * all of them called the same collective with the same sizes: a mismatch
  * is a bug in the program, and reading peers' buffers with the wrong sizes
  * would read past their ends, so every member fails instead. */
-static spmd_status enter(coll_shm_group *g, int member, coll_op op, const void *in, int64_t a,
-                         int64_t b, int root, const int *src)
+static spmd_status enter_call(coll_shm_group *g, int member, coll_op op, const void *in,
+                              void *out, int64_t a, int64_t b, int root, const int *src, int src_n)
 {
     coll_slot *s = &g->slots[member];
     s->in = in;
+    s->out = out;
     s->src = src;
+    s->src_n = src_n;
     s->a = a;
     s->b = b;
     s->op = (int)op;
@@ -189,21 +190,27 @@ static spmd_status enter(coll_shm_group *g, int member, coll_op op, const void *
     int n = g->pub.size;
     for (int i = 1; i < n; i++) {
         const coll_slot *s0 = &g->slots[0], *si = &g->slots[i];
-        if (!same_call(s0, si, n)) {
+        if (!same_call(s0, si)) {
             /* The message reads the slots, so it comes first: after the
              * barrier a peer may already publish its next call. */
             spmd_status st = base_error(
                 SPMD_ERR_INTERNAL,
                 "collective mismatch in a group of %d: member 0 called %s(%lld, %lld, root %d), "
                 "member %d %s(%lld, %lld, root %d)",
-                n, op_names[s0->op], (long long)s0->a, (long long)s0->b, s0->root, i,
-                op_names[si->op], (long long)si->a, (long long)si->b, si->root);
+                n, coll_op_names[s0->op], (long long)s0->a, (long long)s0->b, s0->root, i,
+                coll_op_names[si->op], (long long)si->a, (long long)si->b, si->root);
             /* Keep the slots unchanged until every member has checked them. */
             barrier_wait(g, false);
             return st;
         }
     }
     return SPMD_OK;
+}
+
+static spmd_status enter(coll_shm_group *g, int member, coll_op op, const void *in, int64_t a,
+                         int64_t b, int root, const int *src)
+{
+    return enter_call(g, member, op, in, NULL, a, b, root, src, src ? g->pub.size : 0);
 }
 
 /* After the last read of a peer's buffer: nobody returns (and lets its
@@ -220,37 +227,6 @@ static spmd_status alone(coll_shm_group *g)
 static void copy(void *dst, const void *src, size_t bytes)
 {
     if (dst != src && bytes) memcpy(dst, src, bytes);
-}
-
-/* ---- Summing in member order ------------------------------------------------- */
-
-static void add2(float *restrict acc, const float *restrict x, const float *restrict y,
-                 int64_t m)
-{
-    for (int64_t i = 0; i < m; i++) acc[i] = x[i] + y[i];
-}
-
-static void add_into(float *restrict acc, const float *restrict x, int64_t m)
-{
-    for (int64_t i = 0; i < m; i++) acc[i] += x[i];
-}
-
-/* out[c] = in_0[off + c] + in_1[off + c] + ... + in_{n-1}[off + c], left to
- * right, so every member and every run gets the same bits.  `out` may be
- * the same elements as one member's input: each block is summed locally
- * before it is written. */
-static void sum_members(const coll_shm_group *g, float *out, int64_t off, int64_t len)
-{
-    int n = g->pub.size;
-    const coll_slot *s = g->slots;
-    float acc[SUM_BLOCK];
-    for (int64_t c = 0; c < len; c += SUM_BLOCK) {
-        int64_t m = len - c < SUM_BLOCK ? len - c : SUM_BLOCK;
-        int64_t at = off + c;
-        add2(acc, (const float *)s[0].in + at, (const float *)s[1].in + at, m);
-        for (int i = 2; i < n; i++) add_into(acc, (const float *)s[i].in + at, m);
-        memcpy(out + c, acc, sizeof *acc * (size_t)m);
-    }
 }
 
 /* Elements [lo, hi) of `count` that member i of n reduces. */
@@ -271,18 +247,19 @@ static void chunk_of(int64_t count, int n, int i, int64_t *lo, int64_t *hi)
 static spmd_status shm_all_reduce(coll_group *pub, int member, float *buf, int64_t count)
 {
     coll_shm_group *g = pub->impl;
-    spmd_status st = check_member(pub, member, OP_ALL_REDUCE);
+    spmd_status st = check_member(pub, member, COLL_OP_ALL_REDUCE);
     if (st) return st;
     if (count < 0 || (count > 0 && !buf))
         return base_error(SPMD_ERR_INVALID, "all_reduce: %lld floats at %p", (long long)count,
                           (void *)buf);
     int n = pub->size;
     if (n == 1) return alone(g);
-    st = enter(g, member, OP_ALL_REDUCE, buf, count, 0, 0, NULL);
+    g->terms[member] = (coll_term){buf, 0, member + 1};
+    st = enter(g, member, COLL_OP_ALL_REDUCE, buf, count, 0, 0, NULL);
     if (st) return st;
     int64_t lo, hi;
     chunk_of(count, n, member, &lo, &hi);
-    sum_members(g, buf + lo, lo, hi - lo);
+    coll_tree_sum(g->terms, 0, n, 0, lo, buf + lo, hi - lo);
     /* Every chunk is reduced, and nobody reads peers' inputs any more. */
     barrier_wait(g, false);
     for (int k = 1; k < n; k++) {
@@ -298,7 +275,7 @@ static spmd_status shm_all_gather(coll_group *pub, int member, const void *in, v
                                   int64_t outer, int64_t inner_bytes)
 {
     coll_shm_group *g = pub->impl;
-    spmd_status st = check_member(pub, member, OP_ALL_GATHER);
+    spmd_status st = check_member(pub, member, COLL_OP_ALL_GATHER);
     if (st) return st;
     if (outer < 0 || inner_bytes < 0 || (outer * inner_bytes > 0 && (!in || !out)))
         return base_error(SPMD_ERR_INVALID, "all_gather: [%lld, %lld bytes]",
@@ -309,7 +286,7 @@ static spmd_status shm_all_gather(coll_group *pub, int member, const void *in, v
         if (!st) copy(out, in, (size_t)(outer * inner_bytes));
         return st;
     }
-    st = enter(g, member, OP_ALL_GATHER, in, outer, inner_bytes, 0, NULL);
+    st = enter(g, member, COLL_OP_ALL_GATHER, in, outer, inner_bytes, 0, NULL);
     if (st) return st;
     unsigned char *o = out;
     size_t inner = (size_t)inner_bytes, row = inner * (size_t)n;
@@ -334,7 +311,7 @@ static spmd_status shm_reduce_scatter(coll_group *pub, int member, const float *
                                       int64_t outer, int64_t inner)
 {
     coll_shm_group *g = pub->impl;
-    spmd_status st = check_member(pub, member, OP_REDUCE_SCATTER);
+    spmd_status st = check_member(pub, member, COLL_OP_REDUCE_SCATTER);
     if (st) return st;
     if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
         return base_error(SPMD_ERR_INVALID, "reduce_scatter: [%lld, %lld floats]",
@@ -345,12 +322,13 @@ static spmd_status shm_reduce_scatter(coll_group *pub, int member, const float *
         if (!st) copy(out, in, sizeof *out * (size_t)(outer * inner));
         return st;
     }
-    st = enter(g, member, OP_REDUCE_SCATTER, in, outer, inner, 0, NULL);
+    g->terms[member] = (coll_term){in, inner * n, member + 1};
+    st = enter(g, member, COLL_OP_REDUCE_SCATTER, in, outer, inner, 0, NULL);
     if (st) return st;
     /* Only this member reads its own column block, so `out` may be that
      * block of `in` (outer == 1). */
     for (int64_t r = 0; r < outer; r++)
-        sum_members(g, out + inner * r, inner * (r * n + member), inner);
+        coll_tree_sum(g->terms, 0, n, r, inner * member, out + inner * r, inner);
     leave(g);
     return SPMD_OK;
 }
@@ -359,7 +337,7 @@ static spmd_status shm_all_to_all(coll_group *pub, int member, const void *in, v
                                   int64_t bytes)
 {
     coll_shm_group *g = pub->impl;
-    spmd_status st = check_member(pub, member, OP_ALL_TO_ALL);
+    spmd_status st = check_member(pub, member, COLL_OP_ALL_TO_ALL);
     if (st) return st;
     if (bytes < 0 || (bytes > 0 && (!in || !out)))
         return base_error(SPMD_ERR_INVALID, "all_to_all: blocks of %lld bytes", (long long)bytes);
@@ -372,7 +350,7 @@ static spmd_status shm_all_to_all(coll_group *pub, int member, const void *in, v
     /* Peers read `in` while this member writes `out`. */
     if (in == out && bytes > 0)
         return base_error(SPMD_ERR_INVALID, "all_to_all: out must not be in");
-    st = enter(g, member, OP_ALL_TO_ALL, in, bytes, 0, 0, NULL);
+    st = enter(g, member, COLL_OP_ALL_TO_ALL, in, bytes, 0, 0, NULL);
     if (st) return st;
     size_t b = (size_t)bytes;
     for (int k = 0; k < n; k++) {
@@ -387,7 +365,7 @@ static spmd_status shm_all_to_all(coll_group *pub, int member, const void *in, v
 static spmd_status shm_broadcast(coll_group *pub, int member, void *buf, int64_t bytes, int root)
 {
     coll_shm_group *g = pub->impl;
-    spmd_status st = check_member(pub, member, OP_BROADCAST);
+    spmd_status st = check_member(pub, member, COLL_OP_BROADCAST);
     if (st) return st;
     if (root < 0 || root >= pub->size)
         return base_error(SPMD_ERR_INVALID, "broadcast: root %d of a group of %d", root,
@@ -395,7 +373,7 @@ static spmd_status shm_broadcast(coll_group *pub, int member, void *buf, int64_t
     if (bytes < 0 || (bytes > 0 && !buf))
         return base_error(SPMD_ERR_INVALID, "broadcast: %lld bytes", (long long)bytes);
     if (pub->size == 1) return alone(g);
-    st = enter(g, member, OP_BROADCAST, buf, bytes, 0, root, NULL);
+    st = enter(g, member, COLL_OP_BROADCAST, buf, bytes, 0, root, NULL);
     if (st) return st;
     if (member != root) copy(buf, g->slots[root].in, (size_t)bytes);
     leave(g);
@@ -408,7 +386,7 @@ static spmd_status shm_permute(coll_group *pub, int member, const void *in, void
                                int64_t bytes, const int *src)
 {
     coll_shm_group *g = pub->impl;
-    spmd_status st = check_member(pub, member, OP_PERMUTE);
+    spmd_status st = check_member(pub, member, COLL_OP_PERMUTE);
     if (st) return st;
     int n = pub->size;
     if (!src || bytes < 0 || (bytes > 0 && (!in || !out)))
@@ -423,7 +401,7 @@ static spmd_status shm_permute(coll_group *pub, int member, const void *in, void
         if (!st && src[0] == 0) copy(out, in, (size_t)bytes);
         return st;
     }
-    st = enter(g, member, OP_PERMUTE, in, bytes, 0, 0, src);
+    st = enter(g, member, COLL_OP_PERMUTE, in, bytes, 0, 0, src);
     if (st) return st;
     if (src[member] >= 0) copy(out, g->slots[src[member]].in, (size_t)bytes);
     leave(g);
@@ -443,8 +421,9 @@ static const coll_ops shm_ops = {
 
 coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc)
 {
-    if (n < 1) {
-        base_error(SPMD_ERR_INVALID, "collectives: a world of %d devices", n);
+    if (n < 1 || n > COLL_MAX_MEMBERS) {
+        base_error(SPMD_ERR_INVALID, "collectives: a world of %d devices (1 to %d)", n,
+                   COLL_MAX_MEMBERS);
         return NULL;
     }
     spmd_allocator a = base_allocator_or_default(alloc);
@@ -462,12 +441,15 @@ static void group_free(coll_world *w, coll_shm_group *g)
 {
     base_free(&w->alloc, g->ranks);
     base_free(&w->alloc, g->slots);
+    base_free(&w->alloc, g->terms);
     base_free(&w->alloc, g);
 }
 
 void coll_world_free(coll_world *w)
 {
     if (!w) return;
+    /* The extension's groups use this world's private groups: it goes first. */
+    if (w->ext) w->ext->free(w->ext_state);
     for (coll_shm_group *g = w->groups, *next; g; g = next) {
         next = g->next;
         group_free(w, g);
@@ -498,42 +480,59 @@ static bool valid_ranks(const coll_world *w, int size, const int *ranks)
 }
 
 /* Under w->mu. */
-static coll_shm_group *group_create(coll_world *w, int size, const int *ranks)
+static coll_shm_group *group_create(coll_world *w, int size, const int *ranks, bool hidden)
 {
     coll_shm_group *g = base_calloc(&w->alloc, sizeof *g, "collective group");
     if (!g) return NULL;
     g->ranks = base_alloc(&w->alloc, sizeof *g->ranks * (size_t)size, "collective group");
     g->slots = base_calloc(&w->alloc, sizeof *g->slots * (size_t)size, "collective group");
-    if (!g->ranks || !g->slots) {
+    g->terms = base_calloc(&w->alloc, sizeof *g->terms * (size_t)size, "collective group");
+    if (!g->ranks || !g->slots || !g->terms) {
         group_free(w, g);
         return NULL;
     }
     memcpy(g->ranks, ranks, sizeof *ranks * (size_t)size);
     g->world = w;
+    g->hidden = hidden;
     g->pub = (coll_group){&shm_ops, size, g};
     /* A group made after an abort is aborted too, until the reset. */
     rt_wait_word_init(&g->bar.word, atomic_load(&w->aborted) ? ABORT_BIT : 0);
     atomic_init(&g->bar.count, 0);
+    g->next = w->groups;
+    w->groups = g;
     return g;
+}
+
+coll_group *coll_shm_world_group(coll_world *w, int size, const int *ranks)
+{
+    if (!w || !valid_ranks(w, size, ranks)) return NULL;
+    pthread_mutex_lock(&w->mu);
+    coll_shm_group *g = w->groups;
+    while (g && !(!g->hidden && g->pub.size == size &&
+                  memcmp(g->ranks, ranks, sizeof *ranks * (size_t)size) == 0))
+        g = g->next;
+    if (!g) g = group_create(w, size, ranks, false);
+    pthread_mutex_unlock(&w->mu);
+    return g ? &g->pub : NULL;
 }
 
 coll_group *coll_world_group(coll_world *w, int size, const int *world_ranks)
 {
-    if (!w || !valid_ranks(w, size, world_ranks)) return NULL;
-    pthread_mutex_lock(&w->mu);
-    coll_shm_group *g = w->groups;
-    while (g && !(g->pub.size == size &&
-                  memcmp(g->ranks, world_ranks, sizeof *world_ranks * (size_t)size) == 0))
-        g = g->next;
-    if (!g) {
-        g = group_create(w, size, world_ranks);
-        if (g) {
-            g->next = w->groups;
-            w->groups = g;
-        }
-    }
-    pthread_mutex_unlock(&w->mu);
-    return g ? &g->pub : NULL;
+    if (w && w->ext) return w->ext->group(w->ext_state, size, world_ranks);
+    return coll_shm_world_group(w, size, world_ranks);
+}
+
+spmd_status coll_world_connect(coll_world *w)
+{
+    if (!w) return base_error(SPMD_ERR_INVALID, "collectives: connect a NULL world");
+    return w->ext ? w->ext->connect(w->ext_state) : SPMD_OK;
+}
+
+void coll_world_local(const coll_world *w, int *first, int *count, int *size)
+{
+    if (first) *first = w->ext ? w->ext->first : 0;
+    if (count) *count = w->ext ? w->ext->count : w->n;
+    if (size) *size = w->ext ? w->ext->size : w->n;
 }
 
 void coll_world_abort(coll_world *w, const char *message)
@@ -549,6 +548,7 @@ void coll_world_abort(coll_world *w, const char *message)
         rt_wait_wake(&w->wait, &g->bar.word);
     }
     pthread_mutex_unlock(&w->mu);
+    if (w->ext) w->ext->abort(w->ext_state, message ? message : "(no reason given)");
 }
 
 bool coll_world_aborted(const coll_world *w) { return atomic_load(&w->aborted); }
@@ -566,3 +566,34 @@ void coll_world_reset(coll_world *w)
     atomic_store(&w->aborted, false);
     pthread_mutex_unlock(&w->mu);
 }
+
+/* ---- What other transports use (collectives_impl.h) ----------------------------- */
+
+void coll_shm_world_extend(coll_world *w, const coll_world_ext *ext, void *state)
+{
+    w->ext = ext;
+    w->ext_state = state;
+}
+
+spmd_status coll_shm_aborted_error(coll_world *w) { return aborted_error(w); }
+
+coll_shm_group *coll_shm_group_private(coll_world *w, int size, const int *ranks)
+{
+    if (!valid_ranks(w, size, ranks)) return NULL;
+    pthread_mutex_lock(&w->mu);
+    coll_shm_group *g = group_create(w, size, ranks, true);
+    pthread_mutex_unlock(&w->mu);
+    return g;
+}
+
+spmd_status coll_shm_enter(coll_shm_group *g, int member, coll_op op, const void *in, void *out,
+                           int64_t a, int64_t b, int root, const int *src, int src_n)
+{
+    return enter_call(g, member, op, in, out, a, b, root, src, src_n);
+}
+
+void coll_shm_sync(coll_shm_group *g) { barrier_wait(g, false); }
+
+const void *coll_shm_in(const coll_shm_group *g, int member) { return g->slots[member].in; }
+
+void *coll_shm_out(const coll_shm_group *g, int member) { return g->slots[member].out; }

@@ -1,0 +1,98 @@
+/*
+ * What the collective transports share and nothing else uses (docs/DESIGN.md,
+ * "Collectives", "Determinism"):
+ *
+ * - the canonical summation order of a group (collectives_tree.c), which
+ *   every transport follows so that every path gives the same bits;
+ * - the shared-memory groups that the MPI transport runs the in-process
+ *   part of a hierarchical collective on (collectives_shm.c), and the hook
+ *   by which an MPI world extends the shared-memory world of its process.
+ */
+#ifndef SPMD_RUNTIME_COLLECTIVES_IMPL_H
+#define SPMD_RUNTIME_COLLECTIVES_IMPL_H
+
+#include "runtime/collectives.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The largest group (MESH_MAX_DEVICES), which bounds the tree's height. */
+enum { COLL_MAX_MEMBERS = 4096 };
+
+/* ---- The canonical summation order --------------------------------------------- */
+
+/* The sum over members [lo, hi) is the sum over [lo, mid) plus the sum over
+ * [mid, hi), with mid - lo the largest power of two below hi - lo; one
+ * member is its own value.  8 members: ((x0+x1)+(x2+x3))+((x4+x5)+(x6+x7));
+ * 6: ((x0+x1)+(x2+x3))+(x4+x5). */
+static inline int coll_tree_mid(int lo, int hi)
+{
+    int m = 1;
+    while (2 * m < hi - lo) m *= 2;
+    return lo + m;
+}
+
+/* A node of the tree whose value is already known (a member's input, or a
+ * partial sum a process computed): element (row, col) is at
+ * base[row * stride + col].  The node is [i, end) for terms[i]. */
+typedef struct coll_term {
+    const float *base;
+    int64_t stride;
+    int end;
+} coll_term;
+
+/* out[c] = the tree's sum over [lo, hi) of element (row, col + c) for c in
+ * [0, len).  terms[i], for each i that starts a known node, describes it;
+ * those nodes must cover [lo, hi) and be nodes of the tree (every member
+ * [i, i+1) is one).  `out` may be the same memory as a term's elements:
+ * each block is summed in a local buffer before it is written. */
+void coll_tree_sum(const coll_term *terms, int lo, int hi, int64_t row, int64_t col, float *out,
+                   int64_t len);
+
+/* ---- The shared-memory world as other transports use it ---------------------------- */
+
+typedef enum coll_op {
+    COLL_OP_ALL_REDUCE,
+    COLL_OP_ALL_GATHER,
+    COLL_OP_REDUCE_SCATTER,
+    COLL_OP_ALL_TO_ALL,
+    COLL_OP_BROADCAST,
+    COLL_OP_PERMUTE
+} coll_op;
+
+extern const char *const coll_op_names[];
+
+/* A transport that extends a process's shared-memory world with devices in
+ * other processes.  coll_world_group, _connect, _abort and _free call these
+ * (abort after the shared-memory world is aborted, free before it is freed). */
+typedef struct coll_world_ext {
+    coll_group *(*group)(void *state, int size, const int *world_ranks);
+    spmd_status (*connect)(void *state);
+    void (*abort)(void *state, const char *message);
+    void (*free)(void *state);
+    int first, count, size; /* this process's world ranks, and the world's */
+} coll_world_ext;
+
+void coll_shm_world_extend(coll_world *w, const coll_world_ext *ext, void *state);
+/* A group of this process's devices, by their ranks in the shared-memory
+ * world: coll_world_group without the extension. */
+coll_group *coll_shm_world_group(coll_world *w, int size, const int *ranks);
+/* The error every collective returns after an abort, with its first cause. */
+spmd_status coll_shm_aborted_error(coll_world *w);
+
+/* A group of this process's devices that only its owner uses (never
+ * returned by a lookup), freed and aborted with the world. */
+typedef struct coll_shm_group coll_shm_group;
+coll_shm_group *coll_shm_group_private(coll_world *w, int size, const int *ranks);
+/* Publish this member's call (pointers, sizes, permute's table of
+ * `src_n` entries) and wait for every member; fails after an abort and
+ * when members made different calls, as every shared-memory collective. */
+spmd_status coll_shm_enter(coll_shm_group *g, int member, coll_op op, const void *in, void *out,
+                           int64_t a, int64_t b, int root, const int *src, int src_n);
+/* A barrier that waits through an abort: between phases and to leave. */
+void coll_shm_sync(coll_shm_group *g);
+/* What member `member` published for the current call. */
+const void *coll_shm_in(const coll_shm_group *g, int member);
+void *coll_shm_out(const coll_shm_group *g, int member);
+
+#endif
