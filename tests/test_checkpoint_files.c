@@ -3,8 +3,11 @@
  * 4x2 mesh ('replica', 'fsdp') and AdamW state (hidden width 31, so every
  * split over 'fsdp' is uneven), after two steps:
  *   - loaded into a fresh program on the same mesh, every parameter and
- *     state tensor is bit-identical, and so is the next step's loss; only
- *     the first device in mesh order that holds a block writes it;
+ *     state tensor is bit-identical, and so is the next step's loss; every
+ *     device writes a share, each block once;
+ *   - on a data-parallel mesh (4 devices, everything replicated) the
+ *     bytes are spread evenly over all four files, and load bit-identically
+ *     onto 1, 4x2 and 2x2 meshes;
  *   - loaded onto meshes 1, 8 ('data'), 2x4 and 2x2x2 (FSDP over one axis),
  *     every tensor read whole is bit-identical (resharding moves data
  *     exactly), and the loss after one more update agrees within rounding;
@@ -14,6 +17,10 @@
  *     a missing file, a truncated one, a flipped byte (crc32), an index of
  *     another version, a shape that differs, a tensor the checkpoint lacks,
  *     no checkpoint, a `latest` that names no step; bad save arguments;
+ *     a file cut short after the checks (the load hook) is an error that
+ *     says the program is partly loaded;
+ *   - the save hook sees each file once, then the index, the step
+ *     directory and `latest`, in that order;
  *   - atomicity: a writer killed after any file (fork, SIGKILL from the
  *     test hook) leaves `latest` at a complete checkpoint that loads; keep=2
  *     deletes older ones only once the new one is complete; a stopped save
@@ -48,6 +55,7 @@
 #include "spmd/spmd.h"
 #include "spmd/train.h"
 #include "support_alloc.h"
+#include "train/checkpoint.h"
 #include "train/checkpoint_fs.h"
 #include "train/checkpoint_hook.h"
 
@@ -147,7 +155,7 @@ typedef struct model {
 } model;
 
 typedef struct model_opts {
-    const char *mesh, *axes, *fsdp; /* no mesh: one device */
+    const char *mesh, *axes, *fsdp; /* no mesh: one device; no fsdp: data-parallel */
     int hidden;
     bool sgd; /* SGD with momentum, not AdamW */
     uint64_t seed;
@@ -170,7 +178,8 @@ static void model_build(model *md, model_opts o)
         md->m = spmd_mesh_parse(o.mesh, o.axes);
         assert_non_null(md->m);
         spmd_tensor *in[] = {md->t.input, md->t.targets};
-        if (spmd_fsdp_wrap(md->g, md->m, o.fsdp, in, 2, NULL) != SPMD_OK)
+        if ((o.fsdp ? spmd_fsdp_wrap(md->g, md->m, o.fsdp, in, 2, NULL)
+                    : spmd_shard_batch(md->g, md->m, in, 2, NULL)) != SPMD_OK)
             fail_msg("fsdp: %s", spmd_last_error());
     }
     spmd_trainer_options opts = {.compile = {.threads = 2, .seed = o.seed}};
@@ -297,6 +306,46 @@ static void expect_zero_padding(const spmd_graph *g, const spmd_program *p)
     }
 }
 
+/* What index.json says of the files: each file's data bytes (the real
+ * bytes of the blocks it holds), the number of blocks, the largest. */
+typedef struct shares {
+    int n_files, n_blocks;
+    char names[16][32];
+    double bytes[16];
+    double largest, total;
+} shares;
+
+static void read_shares(const char *step_dir, shares *out)
+{
+    char p[PATH];
+    memset(out, 0, sizeof *out);
+    char *text = read_text(path_of(p, step_dir, "index.json"));
+    cJSON *index = cJSON_Parse(text);
+    free(text);
+    assert_non_null(index);
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(index, "files"), *f, *t, *b, *x;
+    cJSON_ArrayForEach(f, files) {
+        assert_true(out->n_files < 16);
+        snprintf(out->names[out->n_files++], 32, "%s", f->string);
+    }
+    cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(index, "tensors")) {
+        cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(t, "blocks")) {
+            double n = 4; /* F32 and I32 */
+            cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(b, "shape")) n *= x->valuedouble;
+            const char *file = cJSON_GetObjectItemCaseSensitive(b, "file")->valuestring;
+            int i = 0;
+            while (i < out->n_files && strcmp(out->names[i], file)) i++;
+            if (i == out->n_files)
+                fail_msg("a block of '%s' is in %s, not listed", t->string, file);
+            out->bytes[i] += n;
+            out->total += n;
+            if (n > out->largest) out->largest = n;
+            out->n_blocks++;
+        }
+    }
+    cJSON_Delete(index);
+}
+
 /* ---- (a) The same mesh ------------------------------------------------------------------ */
 
 static void test_same_mesh_round_trip(void **state)
@@ -334,12 +383,20 @@ static void test_same_mesh_round_trip(void **state)
     if (memcmp(&la, &lb, sizeof la) != 0) fail_msg("next loss %.9g, after loading %.9g", la, lb);
     expect_same_values(a.g, a.p, b.g, b.p);
 
-    /* FSDP over 'fsdp' on 4x2: devices 0 and 1 hold every distinct block. */
+    /* FSDP over 'fsdp' on 4x2: each distinct block is held by the 4
+     * replicas of its 'fsdp' index, and written by one of them: all 8
+     * devices write a share. */
     path_of(p, dir, "step-00000002");
     assert_true(exists(p, "index.json"));
-    assert_true(exists(p, "dev-0000.safetensors"));
-    assert_true(exists(p, "dev-0001.safetensors"));
-    assert_int_equal(count_entries(p, "dev-"), 2);
+    shares sh;
+    read_shares(p, &sh);
+    assert_int_equal(sh.n_files, 8);
+    assert_int_equal(count_entries(p, "dev-"), 8);
+    for (int d = 0; d < 8; d++) {
+        char name[32];
+        snprintf(name, sizeof name, "dev-%04d.safetensors", d);
+        assert_true(exists(p, name));
+    }
     expect_latest(dir, "step-00000002");
     model_free(&a);
     model_free(&b);
@@ -396,6 +453,69 @@ static void test_reshard_on_load(void **state)
     model_free(&a);
     drop_dir(dir);
     drop_dir(again);
+}
+
+/* A data-parallel mesh holds every block on all 4 devices: the blocks
+ * are spread over all four files (each within one block of an even
+ * share), and load bit-identically onto other meshes. */
+static void test_replicated_spread(void **state)
+{
+    (void)state;
+    static const model_opts DATA_4 = {.mesh = "4", .axes = "data", .hidden = 31, .seed = 7};
+    static const model_opts targets[] = {
+        {.mesh = "4", .axes = "data", .hidden = 31, .seed = 99},
+        {.hidden = 31, .seed = 99},
+        {.mesh = "4x2", .axes = "replica,fsdp", .fsdp = "fsdp", .hidden = 31, .seed = 99},
+        {.mesh = "2x2", .axes = "data,fsdp", .fsdp = "fsdp", .hidden = 31, .seed = 99},
+    };
+    char *dir = temp_dir(), p[PATH];
+    model a;
+    model_build(&a, DATA_4);
+    model_step(&a, 0);
+    model_step(&a, 1);
+    save_ok(a.p, dir, 2, NULL, 0);
+    path_of(p, dir, "step-00000002");
+    shares sh;
+    read_shares(p, &sh);
+    assert_int_equal(sh.n_files, 4);
+    assert_int_equal(count_entries(p, "dev-"), 4);
+    /* One block per tensor (all replicated), largest first to the least
+     * loaded device: no share is more than a block away from another. */
+    int kept = 0;
+    for (int i = 0; i < spmd_graph_tensor_count(a.g); i++)
+        kept += executor_keeps(a.p, spmd_graph_tensor(a.g, i));
+    assert_int_equal(sh.n_blocks, kept);
+    double lo = sh.bytes[0], hi = sh.bytes[0];
+    for (int i = 0; i < 4; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "dev-%04d.safetensors", i);
+        assert_string_equal(sh.names[i], name);
+        lo = sh.bytes[i] < lo ? sh.bytes[i] : lo;
+        hi = sh.bytes[i] > hi ? sh.bytes[i] : hi;
+    }
+    if (hi - lo > sh.largest)
+        fail_msg("shares from %.0f to %.0f bytes; the largest block is %.0f", lo, hi, sh.largest);
+    assert_true(hi < sh.total / 2);
+
+    for (size_t i = 0; i < sizeof targets / sizeof *targets; i++) {
+        model b;
+        model_build(&b, targets[i]);
+        assert_int_equal(load_ok(b.p, dir), 2);
+        expect_same_values(a.g, a.p, b.g, b.p);
+        expect_zero_padding(b.g, b.p);
+        if (i == 0) {
+            /* The same mesh: the next step too, bit for bit. */
+            float la = model_step(&a, 2), lb = model_step(&b, 2);
+            if (memcmp(&la, &lb, sizeof la) != 0)
+                fail_msg("next loss %.9g, after loading %.9g", la, lb);
+            expect_same_values(a.g, a.p, b.g, b.p);
+            /* Back where a was, for the other meshes. */
+            assert_int_equal(load_ok(a.p, dir), 2);
+        }
+        model_free(&b);
+    }
+    model_free(&a);
+    drop_dir(dir);
 }
 
 /* ---- (c) Uneven splits ---------------------------------------------------------------------- */
@@ -549,6 +669,14 @@ static void flip_byte(const char *path, long at)
     assert_int_equal(fclose(f), 0);
 }
 
+/* The load hook: cut dev-0001.safetensors of the step directory short. */
+static void cut_short(void *ctx, const char *step_dir)
+{
+    char p[PATH];
+    (void)ctx;
+    assert_int_equal(truncate(path_of(p, step_dir, "dev-0001.safetensors"), 16), 0);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -614,6 +742,19 @@ static void test_refusals(void **state)
     expect_refused(&sgd, case_dir, SPMD_ERR_INVALID, "'fc.0.weight.momentum'", "not in", NULL);
     model_free(&wider);
     model_free(&sgd);
+
+    /* A file cut short after every check passed: only reading finds it,
+     * and the program is partly loaded by then; a good load mends it. */
+    path_of(case_dir, dir, "partly");
+    save_ok(a.p, case_dir, 1, NULL, 0);
+    checkpoint_set_load_hook(cut_short, NULL);
+    assert_int_equal(spmd_checkpoint_load(b.p, case_dir, NULL, NULL), SPMD_ERR_IO);
+    checkpoint_set_load_hook(NULL, NULL);
+    const char *msg = spmd_last_error();
+    if (!strstr(msg, "dev-0001.safetensors") || !strstr(msg, "the program is partly loaded"))
+        fail_msg("load of a file cut short: %s", msg);
+    assert_int_equal(load_ok(b.p, path_of(p, dir, "good")), 1);
+    expect_same_values(a.g, a.p, b.g, b.p);
 
     /* No checkpoint at all, and a `latest` that names no step. */
     path_of(case_dir, dir, "empty");
@@ -682,6 +823,47 @@ static void expect_loads(const model *md, const char *from, int64_t step, const 
     free(got);
 }
 
+/* The stages a save's hook saw, in order. */
+typedef struct stages {
+    int n;
+    char names[16][32];
+} stages;
+
+static bool record_stage(void *ctx, const char *stage)
+{
+    stages *s = ctx;
+    assert_true(s->n < 16);
+    snprintf(s->names[s->n++], 32, "%s", stage);
+    return true;
+}
+
+/* Each device's file once (any order: they are written at the same
+ * time), then the index, the step directory and `latest`. */
+static void test_hook_stages(void **state)
+{
+    (void)state;
+    char *dir = temp_dir();
+    model a;
+    model_build(&a, FSDP_4X2);
+    stages seen = {0};
+    checkpoint_set_hook(record_stage, &seen);
+    save_ok(a.p, dir, 5, NULL, 0);
+    checkpoint_set_hook(NULL, NULL);
+    assert_int_equal(seen.n, 11);
+    for (int d = 0; d < 8; d++) {
+        char name[32];
+        int times = 0;
+        snprintf(name, sizeof name, "dev-%04d.safetensors", d);
+        for (int i = 0; i < 8; i++) times += !strcmp(seen.names[i], name);
+        if (times != 1) fail_msg("the hook saw %s %d times among the files", name, times);
+    }
+    assert_string_equal(seen.names[8], "index.json");
+    assert_string_equal(seen.names[9], "step-00000005");
+    assert_string_equal(seen.names[10], "latest");
+    model_free(&a);
+    drop_dir(dir);
+}
+
 static void test_atomic_save(void **state)
 {
     (void)state;
@@ -700,10 +882,16 @@ static void test_atomic_save(void **state)
     model_step(&a, 2);
     unsigned char *at3 = read_all(a.g, a.p, &bytes);
 
-    /* Killed before the rename: step 2 stays the latest and whole. */
-    const char *early[] = {"dev-0000.safetensors", "dev-0001.safetensors", "index.json"};
-    for (int i = 0; i < 3; i++) {
-        save_killed_at(&a, dir, 3, early[i]);
+    /* Killed before the rename, after any of the 8 devices' files (the
+     * others perhaps half written) or the index: step 2 stays the latest
+     * and whole. */
+    for (int i = 0; i <= 8; i++) {
+        char stage[32];
+        if (i < 8)
+            snprintf(stage, sizeof stage, "dev-%04d.safetensors", i);
+        else
+            snprintf(stage, sizeof stage, "index.json");
+        save_killed_at(&a, dir, 3, stage);
         expect_latest(dir, "step-00000002");
         assert_false(exists(dir, "step-00000003"));
         assert_true(exists(dir, "step-00000001"));
@@ -848,30 +1036,37 @@ static void test_independent_reader(void **state)
     model_step(&a, 0);
     save_ok(a.p, dir, 1, NULL, 0);
     path_of(step_dir, dir, "step-00000001");
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/tests/read_safetensors.py %s/dev-0000.safetensors "
-             "%s/dev-0001.safetensors",
-             SPMD_SOURCE_DIR, step_dir, step_dir);
+    shares sh;
+    read_shares(step_dir, &sh);
+    size_t n = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/read_safetensors.py",
+                                SPMD_SOURCE_DIR);
+    for (int i = 0; i < sh.n_files; i++)
+        n += (size_t)snprintf(cmd + n, sizeof cmd - n, " %s/%s", step_dir, sh.names[i]);
+    assert_true(n < sizeof cmd);
     FILE *out = popen(cmd, "r");
     assert_non_null(out);
     char line[1024];
-    int lines[2] = {0, 0};
+    int lines[8] = {0}, total = 0;
     while (fgets(line, sizeof line, out)) {
         /* FILE \t NAME \t DTYPE \t SHAPE \t SUM */
         char *field[5], *save = NULL, *s = line;
         for (int i = 0; i < 5; i++, s = NULL) field[i] = strtok_r(s, "\t\n", &save);
         if (!field[4]) fail_msg("reader printed: %s", line);
-        int dev = strstr(field[0], "dev-0001") ? 1 : 0;
+        /* The file of device id d on this mesh, whose ids are its positions. */
+        const char *base = strrchr(field[0], '/');
+        int dev = -1;
+        if (!base || sscanf(base, "/dev-%d.safetensors", &dev) != 1 || dev < 0 || dev >= 8)
+            fail_msg("reader printed file %s", field[0]);
         const spmd_tensor *t = spmd_graph_find(a.g, field[1]);
         if (!t) fail_msg("reader found '%s', which the model lacks", field[1]);
         executor_block b;
         assert_int_equal(executor_block_of(a.p, t, dev, &b), SPMD_OK);
         char shape[128];
-        size_t n = (size_t)snprintf(shape, sizeof shape, "[");
+        size_t m = (size_t)snprintf(shape, sizeof shape, "[");
         for (int k = 0; k < b.rank; k++)
-            n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%lld", k ? ", " : "",
+            m += (size_t)snprintf(shape + m, sizeof shape - m, "%s%lld", k ? ", " : "",
                                   (long long)b.valid[k]);
-        snprintf(shape + n, sizeof shape - n, "]");
+        snprintf(shape + m, sizeof shape - m, "]");
         assert_string_equal(field[2], "F32");
         assert_string_equal(field[3], shape);
         double want = block_sum(&b), got = strtod(field[4], NULL);
@@ -879,22 +1074,13 @@ static void test_independent_reader(void **state)
             fail_msg("'%s' on device %d: the reader sums %.17g, the block %.17g", field[1], dev,
                      got, want);
         lines[dev]++;
+        total++;
     }
     assert_int_equal(pclose(out), 0);
-    /* Device 0 writes a block of every tensor; device 1 those split over 'fsdp'. */
-    int kept = 0, split = 0;
-    for (int i = 0; i < spmd_graph_tensor_count(a.g); i++) {
-        const spmd_tensor *t = spmd_graph_tensor(a.g, i);
-        if (!executor_keeps(a.p, t)) continue;
-        executor_block b0, b1;
-        assert_int_equal(executor_block_of(a.p, t, 0, &b0), SPMD_OK);
-        assert_int_equal(executor_block_of(a.p, t, 1, &b1), SPMD_OK);
-        kept++;
-        split += memcmp(b0.start, b1.start, sizeof b0.start) != 0;
-    }
-    assert_int_equal(lines[0], kept);
-    assert_int_equal(lines[1], split);
-    assert_true(split > 0 && split < kept);
+    /* Every block the index lists, each from a device that holds it; all
+     * 8 devices write some. */
+    assert_int_equal(total, sh.n_blocks);
+    for (int d = 0; d < 8; d++) assert_true(lines[d] > 0);
     model_free(&a);
     drop_dir(dir);
 }
@@ -904,8 +1090,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_mesh_round_trip),
         cmocka_unit_test(test_reshard_on_load),
+        cmocka_unit_test(test_replicated_spread),
         cmocka_unit_test(test_uneven_splits),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_hook_stages),
         cmocka_unit_test(test_atomic_save),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_independent_reader),

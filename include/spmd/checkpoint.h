@@ -4,19 +4,25 @@
  *
  * A checkpoint is a directory DIR/step-NNNNNNNN/ with one safetensors
  * file per writing device (dev-NNNN.safetensors, NNNN its device id),
- * holding the real (unpadded) part of each block that device is the first
- * in mesh order to hold, and index.json, which names every tensor's global
- * shape, dtype, sharding and blocks (file, start, shape) and every file's
- * size and crc32.  Each file opens with any safetensors reader.
- * DIR/latest is a one-line text file naming the newest complete step.
+ * holding the real (unpadded) part of the blocks that device writes, and
+ * index.json, which names every tensor's global shape, dtype, sharding
+ * and blocks (file, start, shape) and every file's size and crc32.  Each
+ * distinct block is written once: a block several devices hold (a
+ * replicated axis) by one of them, chosen so that every device writes
+ * about the same number of bytes.  Each file opens with any safetensors
+ * reader.  DIR/latest is a one-line text file naming the newest complete
+ * step.
  *
- * Saving is atomic: the files go to a temporary directory that is
- * fsynced and renamed into place, and only then is `latest` replaced (by
- * rename), so a crash at any moment leaves the previous checkpoint whole
- * and `latest` naming a complete one.
+ * Saving is atomic: the files go (several at a time) to a temporary
+ * directory; each is fsynced, then the directory, which is renamed into
+ * place, and only then is `latest` replaced (by rename), so a crash at any
+ * moment leaves the previous checkpoint whole and `latest` naming a
+ * complete one.
  *
- * Loading reshards: each device reads just the bytes of the saved blocks
- * that overlap its own block, whatever mesh and sharding wrote them.
+ * Loading reshards: each distinct block of the program is read once, just
+ * the bytes of the saved blocks that overlap it, whatever mesh and
+ * sharding wrote them, into the first device in mesh order that holds it,
+ * and copied from there to the other devices that hold it.
  */
 #ifndef SPMD_CHECKPOINT_H
 #define SPMD_CHECKPOINT_H
@@ -42,14 +48,22 @@ SPMD_API spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir
 
 /* Load the checkpoint DIR/latest names (or DIR itself, when it holds
  * index.json) into p, whose mesh and sharding may differ from the
- * writer's.  Before anything is read into p: the index's format and
- * version, every file's size and crc32, each file's safetensors header,
- * and for every parameter and state tensor of p a tensor of the same name,
- * global shape and dtype whose blocks cover it exactly (tensors p does not
- * have are ignored).  On any failure p keeps the values it had and the
- * message names the file and the cause.  `step` (may be NULL) receives
- * the saved step; `meta_json` (may be NULL) a malloc'd copy of the saved
- * "meta" object, which the caller frees with free(). */
+ * writer's.  Checked before anything is written into p: the index's
+ * format and version, every file's size and crc32 (every byte is read),
+ * each file's safetensors header, and for every parameter and state
+ * tensor of p a tensor of the same name, global shape and dtype whose
+ * blocks cover it exactly (tensors p does not have are ignored); every
+ * allocation is made then too.  A failure of any of these, out of memory
+ * included, leaves p with the values it had; the message names the file
+ * and the cause.  Then the blocks are read again, straight into p's
+ * devices (no staging copy): a read that fails after the checks passed
+ * (an I/O error, or a file cut short since it was checked) leaves p
+ * partly loaded, and its message ends "the program is partly loaded";
+ * load again before using p.  (A file rewritten in place between the
+ * check and the read is not noticed.)
+ * `step` (may be NULL) receives the saved step; `meta_json` (may be NULL)
+ * a malloc'd copy of the saved "meta" object, which the caller frees with
+ * free(); on failure *step is left alone and *meta_json is NULL. */
 SPMD_API spmd_status spmd_checkpoint_load(spmd_program *p, const char *dir, int64_t *step,
                                           char **meta_json);
 

@@ -1,9 +1,16 @@
 /*
  * What saving and loading a checkpoint share (spmd/checkpoint.h): the
  * format's name and version, and the layout of a program's persistent
- * tensors over its devices: the distinct blocks of each tensor, the first
- * device in mesh order that holds each (the one that writes it, or reads
- * it on load) and which block every device holds.
+ * tensors over its devices: the distinct blocks of each tensor, which
+ * device holds each (all of them; the first in mesh order reads it on
+ * load), which of its holders writes it on save, and which block every
+ * device holds.
+ *
+ * A block several devices hold (a replicated axis) is written by one of
+ * them, chosen so that the devices write about equal shares: blocks go,
+ * largest first, to whichever holder has the fewest bytes so far (ties:
+ * the first in mesh order).  A pure function of the layout, so the same
+ * program always writes the same files.
  */
 #ifndef SPMD_TRAIN_CHECKPOINT_H
 #define SPMD_TRAIN_CHECKPOINT_H
@@ -19,9 +26,14 @@
 
 /* A block of a tensor that some device holds, with real elements. */
 typedef struct ckpt_block {
-    int tensor;       /* index in ckpt_layout.tensors */
-    int dev_index;    /* the first device in mesh order that holds it */
-    executor_block b; /* that device's copy */
+    int tensor;              /* index in ckpt_layout.tensors */
+    int dev_index;           /* the first device in mesh order that holds it */
+    executor_block b;        /* that device's copy */
+    int writer;              /* the holder (mesh order) that writes it on save */
+    int writer_device;       /* its device id: its file is dev-<id>.safetensors */
+    const void *writer_data; /* its copy */
+    uint64_t bytes;          /* real bytes (no padding) */
+    uint64_t padded;         /* bytes of a device's copy, padding included */
 } ckpt_block;
 
 typedef struct ckpt_layout {
@@ -33,7 +45,16 @@ typedef struct ckpt_layout {
     int n_blocks, cap_blocks;
     ckpt_block *blocks; /* by tensor, then by first holder */
     int *held;          /* [tensor * n_dev + dev_index]: a block index, -1 for none */
+    int *by_size;       /* block indices, largest first (ties: in order) */
 } ckpt_layout;
+
+/* A test's hook into spmd_checkpoint_load, called with the step
+ * directory once everything is checked and just before the first byte is
+ * written into the program: a test can change a file there, as an I/O
+ * error or another process could, and see the load report a partly
+ * loaded program.  NULL removes it.  Not for use outside tests. */
+typedef void (*checkpoint_load_hook_fn)(void *ctx, const char *step_dir);
+void checkpoint_set_load_hook(checkpoint_load_hook_fn fn, void *ctx);
 
 /* ---- The checkpoint directory ---------------------------------------------------------- */
 

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -17,6 +18,7 @@
 
 #include "base/arena.h"
 #include "base/error.h"
+#include "runtime/pool.h"
 
 spmd_status ckpt_join(char *buf, const char *dir, const char *name, const char *what)
 {
@@ -203,4 +205,76 @@ uint32_t ckpt_crc32(uint32_t crc, const void *buf, size_t n)
         n -= chunk;
     }
     return crc;
+}
+
+uint32_t ckpt_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+    return (uint32_t)crc32_combine(crc_a, crc_b, (z_off_t)len_b);
+}
+
+/* ---- Threads ------------------------------------------------------------------------ */
+
+void ckpt_workers_start(ckpt_workers *w, const spmd_allocator *alloc, int want)
+{
+    w->pool = NULL;
+    w->n = 1;
+    atomic_init(&w->stop, 0);
+    if (want > 1 && (w->pool = rt_pool_create(want, alloc)) != NULL) w->n = want;
+}
+
+void ckpt_workers_stop(ckpt_workers *w)
+{
+    rt_pool_free(w->pool);
+    w->pool = NULL;
+    w->n = 1;
+}
+
+typedef struct run_state {
+    ckpt_workers *w;
+    int n_jobs;
+    ckpt_job_fn fn;
+    void *ctx;
+    atomic_int next;
+    pthread_mutex_t lock;
+    spmd_status st; /* the first failure */
+    char message[1024];
+} run_state;
+
+static void run_jobs(void *arg, int ith, int nth)
+{
+    (void)nth;
+    run_state *r = arg;
+    while (!atomic_load(&r->w->stop)) {
+        int job = atomic_fetch_add(&r->next, 1);
+        if (job >= r->n_jobs) break;
+        spmd_status st = r->fn(r->ctx, job, ith);
+        if (st == SPMD_OK) continue;
+        pthread_mutex_lock(&r->lock);
+        if (r->st == SPMD_OK) {
+            r->st = st;
+            snprintf(r->message, sizeof r->message, "%s", spmd_last_error());
+        }
+        atomic_store(&r->w->stop, 1);
+        pthread_mutex_unlock(&r->lock);
+        break;
+    }
+}
+
+spmd_status ckpt_workers_run(ckpt_workers *w, int n_jobs, ckpt_job_fn fn, void *ctx)
+{
+    run_state r = {
+        .w = w, .n_jobs = n_jobs, .fn = fn, .ctx = ctx, .lock = PTHREAD_MUTEX_INITIALIZER};
+    atomic_init(&r.next, 0);
+    atomic_store(&w->stop, 0);
+    if (w->pool && n_jobs > 1)
+        rt_pool_run(w->pool, run_jobs, &r);
+    else
+        run_jobs(&r, 0, 1);
+    if (r.st != SPMD_OK) return base_error(r.st, "%s", r.message);
+    return SPMD_OK;
+}
+
+bool ckpt_workers_stopping(ckpt_workers *w)
+{
+    return atomic_load_explicit(&w->stop, memory_order_relaxed) != 0;
 }

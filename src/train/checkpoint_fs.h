@@ -4,10 +4,13 @@
  * (what makes a rename durable), recursive removal, and crc32 (zlib).
  * Every failure is recorded with base_error as "<what>: <path>: <reason>",
  * `what` naming the operation the caller is in ("checkpoint save").
+ * And a few threads that work through a list of jobs (the files of a
+ * save, the blocks of a load) together.
  */
 #ifndef SPMD_TRAIN_CHECKPOINT_FS_H
 #define SPMD_TRAIN_CHECKPOINT_FS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,5 +47,33 @@ spmd_status ckpt_replace_file(const char *dir, const char *name, const void *dat
 
 /* zlib's crc32 of n more bytes, for any n. */
 uint32_t ckpt_crc32(uint32_t crc, const void *buf, size_t n);
+/* The crc32 of A then B from crc32(A), crc32(B) and B's length (< 2 GiB). */
+uint32_t ckpt_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
+/* ---- Threads ------------------------------------------------------------------------ */
+
+struct rt_pool;
+
+/* Up to `n` threads (the caller among them) that run jobs together. */
+typedef struct ckpt_workers {
+    struct rt_pool *pool; /* NULL: the caller alone */
+    int n;                /* threads, >= 1 */
+    atomic_int stop;      /* a job failed: the others stop early */
+} ckpt_workers;
+
+/* Never fails: when the threads cannot be had (no memory, no thread),
+ * the caller works alone. */
+void ckpt_workers_start(ckpt_workers *w, const spmd_allocator *alloc, int want);
+void ckpt_workers_stop(ckpt_workers *w);
+
+/* fn(ctx, job, thread) for every job in 0 .. n_jobs - 1, each once, in
+ * that order of claims, on the workers' threads (`thread` in 0 .. w->n - 1
+ * tells which; one thread runs one job at a time).  After the first
+ * failure no further job starts, and a running one may stop early when
+ * ckpt_workers_stopping says so; that failure is returned, its message
+ * recorded on the calling thread. */
+typedef spmd_status (*ckpt_job_fn)(void *ctx, int job, int thread);
+spmd_status ckpt_workers_run(ckpt_workers *w, int n_jobs, ckpt_job_fn fn, void *ctx);
+bool ckpt_workers_stopping(ckpt_workers *w);
 
 #endif

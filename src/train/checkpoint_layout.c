@@ -1,11 +1,13 @@
 /*
  * Which device writes (or reads) which block of each persistent tensor
  * (train/checkpoint.h).  A block several devices hold, replicated over
- * some mesh axes, is handled once, by the first of them in mesh order.
+ * some mesh axes, is read on load by the first of them in mesh order and
+ * written on save by the holder the balance below picks.
  */
 #include "train/checkpoint.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/arena.h"
@@ -72,11 +74,66 @@ static spmd_status add_tensor_blocks(ckpt_layout *l, int ti, int *first, const c
                            sizeof *l->blocks, 64, "checkpoint blocks"))
                 return SPMD_ERR_NOMEM;
             first[key] = l->n_blocks;
-            l->blocks[l->n_blocks++] = (ckpt_block){.tensor = ti, .dev_index = d, .b = b};
+            size_t es = spmd_dtype_size(t->dtype);
+            l->blocks[l->n_blocks++] = (ckpt_block){
+                .tensor = ti,
+                .dev_index = d,
+                .b = b,
+                .writer = d,
+                .writer_device = b.device,
+                .writer_data = b.data,
+                .bytes = (uint64_t)ckpt_volume(b.rank, b.valid) * es,
+                .padded = (uint64_t)ckpt_volume(b.rank, b.ldims) * es};
         }
         l->held[ti * l->n_dev + d] = first[key];
     }
     return SPMD_OK;
+}
+
+typedef struct sized {
+    uint64_t bytes;
+    int block;
+} sized;
+
+static int larger_first(const void *a, const void *b)
+{
+    const sized *x = a, *y = b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    return (x->block > y->block) - (x->block < y->block);
+}
+
+/* by_size, and each block's writer: largest first, to the holder with the
+ * fewest bytes so far (ties: the first in mesh order). */
+static spmd_status assign_writers(ckpt_layout *l)
+{
+    size_t nb = (size_t)(l->n_blocks ? l->n_blocks : 1);
+    l->by_size = base_alloc(l->alloc, nb * sizeof *l->by_size, "checkpoint blocks");
+    sized *order = base_alloc(l->alloc, nb * sizeof *order, "checkpoint blocks");
+    uint64_t *share = base_calloc(l->alloc, (size_t)l->n_dev * sizeof *share, "checkpoint blocks");
+    spmd_status st = l->by_size && order && share ? SPMD_OK : SPMD_ERR_NOMEM;
+    for (int k = 0; st == SPMD_OK && k < l->n_blocks; k++)
+        order[k] = (sized){l->blocks[k].bytes, k};
+    if (st == SPMD_OK && l->n_blocks > 1)
+        qsort(order, (size_t)l->n_blocks, sizeof *order, larger_first);
+    for (int i = 0; st == SPMD_OK && i < l->n_blocks; i++) {
+        int k = order[i].block;
+        ckpt_block *blk = &l->blocks[k];
+        l->by_size[i] = k;
+        const int *held = &l->held[blk->tensor * l->n_dev];
+        int best = -1;
+        for (int d = blk->dev_index; d < l->n_dev; d++)
+            if (held[d] == k && (best < 0 || share[d] < share[best])) best = d;
+        share[best] += blk->bytes;
+        if (best == blk->writer) continue;
+        executor_block b;
+        if ((st = executor_block_of(l->p, l->tensors[blk->tensor], best, &b)) != SPMD_OK) break;
+        blk->writer = best;
+        blk->writer_device = b.device;
+        blk->writer_data = b.data;
+    }
+    base_free(l->alloc, order);
+    base_free(l->alloc, share);
+    return st;
 }
 
 spmd_status ckpt_layout_build(const spmd_program *p, ckpt_layout *l, const char *what)
@@ -99,6 +156,7 @@ spmd_status ckpt_layout_build(const spmd_program *p, ckpt_layout *l, const char 
     for (int ti = 0; st == SPMD_OK && ti < l->n_tensors; ti++)
         st = add_tensor_blocks(l, ti, first, what);
     base_free(l->alloc, first);
+    if (st == SPMD_OK) st = assign_writers(l);
     if (st != SPMD_OK) ckpt_layout_free(l);
     return st;
 }
@@ -109,6 +167,7 @@ void ckpt_layout_free(ckpt_layout *l)
     base_free(l->alloc, l->tensors);
     base_free(l->alloc, l->blocks);
     base_free(l->alloc, l->held);
+    base_free(l->alloc, l->by_size);
     memset(l, 0, sizeof *l);
 }
 

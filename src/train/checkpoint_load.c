@@ -4,18 +4,22 @@
  *
  *   1. find the step directory (DIR/latest, or DIR itself) and read its
  *      index: format and version;
- *   2. every file it lists: present, its size, its crc32, a valid
- *      safetensors header;
+ *   2. every file it lists: present, its size, its crc32 (a few threads,
+ *      each over pieces of the files), a valid safetensors header;
  *   3. every parameter and state of the program: saved under its name with
  *      the same global shape and dtype, as blocks that tile it exactly;
- *   4. each distinct block the program's devices hold is read into a
- *      zeroed staging copy, run by run (pread), from just the overlapping
- *      parts of the saved blocks;
- *   5. only then is each staging copy put on every device that holds that
- *      block.
+ *      every device's block found, the caller's meta copied, the threads
+ *      of step 4 started: nothing is allocated after this;
+ *   4. each distinct block the program's devices hold is read (pread),
+ *      from just the overlapping parts of the saved blocks, straight into
+ *      the first device in mesh order that holds it (its padding zeroed),
+ *      and copied from there to the other devices holding it; a few
+ *      threads, largest blocks first.
  *
- * Nothing is written to the program before step 5, which cannot fail: a
- * failed load leaves it as it was.
+ * Every refusal happens before step 4, which writes into the program, so
+ * a refused load leaves the program as it was.  Step 4 can still fail on
+ * an I/O error or a file changed since step 2; the program is then partly
+ * loaded and the message says so.
  */
 #include "spmd/checkpoint.h"
 
@@ -38,15 +42,27 @@
 
 #define WHAT "checkpoint load"
 
-/* Files are checksummed through a buffer this big. */
-enum { READ_BUFFER = 4 << 20 };
+/* Files are checksummed in pieces this big, through a buffer per thread. */
+enum { READ_BUFFER = 4 << 20, CRC_PIECE = 32 << 20 };
+/* Threads that checksum and read. */
+enum { LOAD_THREADS = 4 };
 
 typedef struct saved_file {
     const char *name; /* in the index */
     char path[CKPT_PATH_MAX];
     int fd;
+    uint64_t bytes;
+    uint32_t crc;    /* the index's */
+    int first_piece; /* its pieces in loader.pieces */
     st_header header;
 } saved_file;
+
+/* A piece of a file to checksum. */
+typedef struct crc_piece {
+    const saved_file *file;
+    uint64_t at, n;
+    uint32_t crc;
+} crc_piece;
 
 /* A saved block of one tensor: where it sits and where its bytes are. */
 typedef struct saved_block {
@@ -68,11 +84,23 @@ typedef struct loader {
     cJSON *index;
     saved_file *files;
     int n_files;
+    crc_piece *pieces;
+    int n_pieces;
+    ckpt_workers workers;
+    unsigned char **bufs; /* per thread, for the checksums */
     ckpt_layout layout;
-    saved_tensor *saved;     /* per layout tensor */
-    unsigned char **staging; /* per layout block */
-    void **dst;              /* [tensor * n_dev + dev_index]: the device's block */
+    saved_tensor *saved; /* per layout tensor */
+    void **dst;          /* [tensor * n_dev + dev_index]: the device's block */
 } loader;
+
+static checkpoint_load_hook_fn load_hook;
+static void *load_hook_ctx;
+
+void checkpoint_set_load_hook(checkpoint_load_hook_fn fn, void *ctx)
+{
+    load_hook = fn;
+    load_hook_ctx = ctx;
+}
 
 /* ---- 1. The index --------------------------------------------------------------------- */
 
@@ -142,17 +170,18 @@ static bool parse_crc(const cJSON *item, uint32_t *out)
     return true;
 }
 
-static spmd_status check_file(loader *L, const cJSON *item, saved_file *f, unsigned char *buf)
+/* The file's entry in the index, its size on disk; opened. */
+static spmd_status open_file(loader *L, const cJSON *item, saved_file *f)
 {
     int64_t bytes;
-    uint32_t crc;
     f->name = item->string;
     if (!plain_name(f->name) ||
         !st_json_count(cJSON_GetObjectItemCaseSensitive(item, "bytes"), &bytes) ||
-        !parse_crc(cJSON_GetObjectItemCaseSensitive(item, "crc32"), &crc))
+        !parse_crc(cJSON_GetObjectItemCaseSensitive(item, "crc32"), &f->crc))
         return base_error(SPMD_ERR_IO,
                           WHAT ": %s lists file \"%s\" without a plain name, bytes and crc32",
                           L->index_path, f->name);
+    f->bytes = (uint64_t)bytes;
     spmd_status st = ckpt_join(f->path, L->dir, f->name, WHAT);
     if (st != SPMD_OK) return st;
     f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
@@ -164,39 +193,79 @@ static spmd_status check_file(loader *L, const cJSON *item, saved_file *f, unsig
     struct stat sb;
     if (fstat(f->fd, &sb) != 0)
         return base_error(SPMD_ERR_IO, WHAT ": cannot stat %s: %s", f->path, strerror(errno));
-    if ((uint64_t)sb.st_size != (uint64_t)bytes)
+    if ((uint64_t)sb.st_size != f->bytes)
         return base_error(SPMD_ERR_IO,
                           WHAT ": %s is %lld bytes, %s says %lld (truncated or overwritten)",
                           f->path, (long long)sb.st_size, CKPT_INDEX, (long long)bytes);
+    return SPMD_OK;
+}
+
+/* Job: the crc32 of a piece of a file. */
+static spmd_status crc_job(void *ctx, int job, int thread)
+{
+    loader *L = ctx;
+    crc_piece *c = &L->pieces[job];
+    unsigned char *buf = L->bufs[thread];
     uint32_t sum = 0;
-    for (uint64_t at = 0; at < (uint64_t)bytes;) {
-        size_t n =
-            (uint64_t)bytes - at < READ_BUFFER ? (size_t)((uint64_t)bytes - at) : READ_BUFFER;
-        if ((st = ckpt_pread_all(f->fd, buf, n, at, f->path, WHAT)) != SPMD_OK) return st;
+    for (uint64_t at = 0; at < c->n;) {
+        if (ckpt_workers_stopping(&L->workers))
+            return base_error(SPMD_ERR_IO, WHAT ": stopped");
+        size_t n = c->n - at < READ_BUFFER ? (size_t)(c->n - at) : READ_BUFFER;
+        spmd_status st = ckpt_pread_all(c->file->fd, buf, n, c->at + at, c->file->path, WHAT);
+        if (st != SPMD_OK) return st;
         sum = ckpt_crc32(sum, buf, n);
         at += n;
     }
-    if (sum != crc)
-        return base_error(SPMD_ERR_IO, WHAT ": %s is corrupt: its crc32 is %08x, %s says %08x",
-                          f->path, (unsigned)sum, CKPT_INDEX, (unsigned)crc);
-    return st_header_read(L->alloc, f->fd, (uint64_t)bytes, f->path, &f->header);
+    c->crc = sum;
+    return SPMD_OK;
 }
 
+/* Every file the index lists: its size, its crc32, its header. */
 static spmd_status check_files(loader *L)
 {
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(L->index, "files"), *item;
     int n = cJSON_GetArraySize(files);
     L->files = base_calloc(L->alloc, (size_t)(n ? n : 1) * sizeof *L->files, "checkpoint files");
-    unsigned char *buf = base_alloc(L->alloc, READ_BUFFER, "checkpoint read buffer");
-    spmd_status st = L->files && buf ? SPMD_OK : SPMD_ERR_NOMEM;
+    if (!L->files) return SPMD_ERR_NOMEM;
+    spmd_status st = SPMD_OK;
     cJSON_ArrayForEach(item, files) {
-        if (st != SPMD_OK) break;
         saved_file *f = &L->files[L->n_files++];
         f->fd = -1;
-        st = check_file(L, item, f, buf);
+        if ((st = open_file(L, item, f)) != SPMD_OK) return st;
+        f->first_piece = L->n_pieces;
+        L->n_pieces += (int)((f->bytes + CRC_PIECE - 1) / CRC_PIECE);
     }
-    base_free(L->alloc, buf);
-    return st;
+    L->pieces = base_alloc(L->alloc, (size_t)(L->n_pieces ? L->n_pieces : 1) * sizeof *L->pieces,
+                           "checkpoint files");
+    if (!L->pieces) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < L->n_files; i++) {
+        const saved_file *f = &L->files[i];
+        for (uint64_t at = 0, k = 0; at < f->bytes; at += CRC_PIECE, k++) {
+            uint64_t left = f->bytes - at;
+            L->pieces[f->first_piece + (int)k] =
+                (crc_piece){.file = f, .at = at, .n = left < CRC_PIECE ? left : CRC_PIECE};
+        }
+    }
+    /* The threads for the checksums here and for step 4. */
+    ckpt_workers_start(&L->workers, L->alloc, LOAD_THREADS);
+    L->bufs = base_calloc(L->alloc, (size_t)L->workers.n * sizeof *L->bufs, "checkpoint buffers");
+    if (!L->bufs) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < L->workers.n; i++)
+        if (!(L->bufs[i] = base_alloc(L->alloc, READ_BUFFER, "checkpoint read buffer")))
+            return SPMD_ERR_NOMEM;
+    if ((st = ckpt_workers_run(&L->workers, L->n_pieces, crc_job, L)) != SPMD_OK) return st;
+    for (int i = 0; i < L->n_files; i++) {
+        saved_file *f = &L->files[i];
+        uint32_t sum = 0;
+        for (int k = f->first_piece; k < L->n_pieces && L->pieces[k].file == f; k++)
+            sum = ckpt_crc32_combine(sum, L->pieces[k].crc, L->pieces[k].n);
+        if (sum != f->crc)
+            return base_error(SPMD_ERR_IO, WHAT ": %s is corrupt: its crc32 is %08x, %s says %08x",
+                              f->path, (unsigned)sum, CKPT_INDEX, (unsigned)f->crc);
+        if ((st = st_header_read(L->alloc, f->fd, f->bytes, f->path, &f->header)) != SPMD_OK)
+            return st;
+    }
+    return SPMD_OK;
 }
 
 /* ---- 3. The tensors --------------------------------------------------------------------- */
@@ -307,53 +376,6 @@ static spmd_status check_tensor(loader *L, int ti)
     return SPMD_OK;
 }
 
-/* ---- 4. Staging ------------------------------------------------------------------------- */
-
-typedef struct read_ctx {
-    const saved_file *file;
-    uint64_t base; /* file offset of the saved block's first element */
-    unsigned char *dst;
-    size_t es;
-} read_ctx;
-
-static spmd_status read_run(void *ctx, int64_t a, int64_t b, int64_t n)
-{
-    read_ctx *c = ctx;
-    return ckpt_pread_all(c->file->fd, c->dst + (size_t)a * c->es, (size_t)n * c->es,
-                          c->base + (uint64_t)b * c->es, c->file->path, WHAT);
-}
-
-/* Block k of the layout from the parts of the saved blocks it overlaps. */
-static spmd_status stage_block(loader *L, int k)
-{
-    const ckpt_block *blk = &L->layout.blocks[k];
-    const spmd_tensor *t = L->layout.tensors[blk->tensor];
-    const executor_block *b = &blk->b;
-    size_t es = spmd_dtype_size(t->dtype), bytes = (size_t)ckpt_volume(b->rank, b->ldims) * es;
-    L->staging[k] = base_calloc(L->alloc, bytes ? bytes : 1, t->name);
-    if (!L->staging[k]) return SPMD_ERR_NOMEM;
-    const saved_tensor *s = &L->saved[blk->tensor];
-    for (int j = 0; j < s->n; j++) {
-        const saved_block *sb = &s->blocks[j];
-        int64_t ext[SPMD_MAX_RANK], dorg[SPMD_MAX_RANK], sorg[SPMD_MAX_RANK];
-        bool empty = false;
-        for (int i = 0; i < t->rank; i++) {
-            int64_t lo = b->start[i] > sb->start[i] ? b->start[i] : sb->start[i];
-            int64_t hi_b = b->start[i] + b->valid[i], hi_s = sb->start[i] + sb->shape[i];
-            int64_t hi = hi_b < hi_s ? hi_b : hi_s;
-            if (hi <= lo) empty = true;
-            ext[i] = hi - lo;
-            dorg[i] = lo - b->start[i];
-            sorg[i] = lo - sb->start[i];
-        }
-        if (empty) continue;
-        read_ctx c = {sb->file, sb->file->header.data_start + sb->entry->begin, L->staging[k], es};
-        spmd_status st = ckpt_box_runs(t->rank, ext, b->ldims, dorg, sb->shape, sorg, read_run, &c);
-        if (st != SPMD_OK) return st;
-    }
-    return SPMD_OK;
-}
-
 /* Every device's block pointer, found before anything is written. */
 static spmd_status find_destinations(loader *L)
 {
@@ -371,28 +393,88 @@ static spmd_status find_destinations(loader *L)
     return SPMD_OK;
 }
 
-/* ---- 5. Into the program ----------------------------------------------------------------- */
+/* ---- 4. Into the program ----------------------------------------------------------------- */
 
-static void put_in_place(const loader *L)
+/* Zero the padding of a row-major block of dims ldims[] whose first
+ * valid[] elements per dim are real. */
+static void zero_padding(unsigned char *p, int rank, const int64_t *ldims, const int64_t *valid,
+                         size_t es)
 {
-    const ckpt_layout *l = &L->layout;
-    for (int ti = 0; ti < l->n_tensors; ti++) {
-        const spmd_tensor *t = l->tensors[ti];
-        for (int d = 0; d < l->n_dev; d++) {
-            int k = l->held[ti * l->n_dev + d];
-            /* A block of padding only has nothing to read; it stays zero. */
-            if (k < 0) continue;
-            const executor_block *b = &l->blocks[k].b;
-            size_t bytes = (size_t)ckpt_volume(b->rank, b->ldims) * spmd_dtype_size(t->dtype);
-            memcpy(L->dst[ti * l->n_dev + d], L->staging[k], bytes);
-        }
+    if (rank == 0) return;
+    size_t stride = es; /* bytes per index of the first dim */
+    bool inner = false; /* padding in later dims */
+    for (int i = 1; i < rank; i++) {
+        stride *= (size_t)ldims[i];
+        inner |= valid[i] < ldims[i];
     }
+    if (inner)
+        for (int64_t i = 0; i < valid[0]; i++)
+            zero_padding(p + (size_t)i * stride, rank - 1, ldims + 1, valid + 1, es);
+    memset(p + (size_t)valid[0] * stride, 0, (size_t)(ldims[0] - valid[0]) * stride);
+}
+
+typedef struct read_ctx {
+    loader *L;
+    const saved_file *file;
+    uint64_t base; /* file offset of the saved block's first element */
+    unsigned char *dst;
+    size_t es;
+} read_ctx;
+
+static spmd_status read_run(void *ctx, int64_t a, int64_t b, int64_t n)
+{
+    read_ctx *c = ctx;
+    if (ckpt_workers_stopping(&c->L->workers)) return base_error(SPMD_ERR_IO, WHAT ": stopped");
+    return ckpt_pread_all(c->file->fd, c->dst + (size_t)a * c->es, (size_t)n * c->es,
+                          c->base + (uint64_t)b * c->es, c->file->path, WHAT);
+}
+
+/* Job: the job-th largest block, from the parts of the saved blocks it
+ * overlaps, into its first holder, then copied to its other holders. */
+static spmd_status load_block(void *ctx, int job, int thread)
+{
+    (void)thread;
+    loader *L = ctx;
+    const ckpt_layout *l = &L->layout;
+    int k = l->by_size[job];
+    const ckpt_block *blk = &l->blocks[k];
+    const spmd_tensor *t = l->tensors[blk->tensor];
+    const executor_block *b = &blk->b;
+    size_t es = spmd_dtype_size(t->dtype);
+    void *const *dst = &L->dst[blk->tensor * l->n_dev];
+    unsigned char *first = dst[blk->dev_index];
+    zero_padding(first, b->rank, b->ldims, b->valid, es);
+    const saved_tensor *s = &L->saved[blk->tensor];
+    for (int j = 0; j < s->n; j++) {
+        const saved_block *sb = &s->blocks[j];
+        int64_t ext[SPMD_MAX_RANK], dorg[SPMD_MAX_RANK], sorg[SPMD_MAX_RANK];
+        bool empty = false;
+        for (int i = 0; i < t->rank; i++) {
+            int64_t lo = b->start[i] > sb->start[i] ? b->start[i] : sb->start[i];
+            int64_t hi_b = b->start[i] + b->valid[i], hi_s = sb->start[i] + sb->shape[i];
+            int64_t hi = hi_b < hi_s ? hi_b : hi_s;
+            if (hi <= lo) empty = true;
+            ext[i] = hi - lo;
+            dorg[i] = lo - b->start[i];
+            sorg[i] = lo - sb->start[i];
+        }
+        if (empty) continue;
+        read_ctx c = {L, sb->file, sb->file->header.data_start + sb->entry->begin, first, es};
+        spmd_status st = ckpt_box_runs(t->rank, ext, b->ldims, dorg, sb->shape, sorg, read_run, &c);
+        if (st != SPMD_OK) return st;
+    }
+    /* Devices before the first hold other blocks or none. */
+    for (int d = blk->dev_index + 1; d < l->n_dev; d++)
+        if (l->held[blk->tensor * l->n_dev + d] == k) memcpy(dst[d], first, blk->padded);
+    return SPMD_OK;
 }
 
 static void loader_free(loader *L)
 {
-    for (int i = 0; L->staging && i < L->layout.n_blocks; i++) base_free(L->alloc, L->staging[i]);
-    base_free(L->alloc, L->staging);
+    for (int i = 0; L->bufs && i < L->workers.n; i++) base_free(L->alloc, L->bufs[i]);
+    base_free(L->alloc, L->bufs);
+    ckpt_workers_stop(&L->workers);
+    base_free(L->alloc, L->pieces);
     for (int i = 0; L->saved && i < L->layout.n_tensors; i++)
         base_free(L->alloc, L->saved[i].blocks);
     base_free(L->alloc, L->saved);
@@ -428,15 +510,20 @@ static spmd_status load(loader *L, const char *dir, int64_t *step, char **meta)
     const ckpt_layout *l = &L->layout;
     L->saved = base_calloc(L->alloc, (size_t)(l->n_tensors ? l->n_tensors : 1) * sizeof *L->saved,
                            "checkpoint tensors");
-    L->staging = base_calloc(L->alloc, (size_t)(l->n_blocks ? l->n_blocks : 1) * sizeof *L->staging,
-                             "checkpoint staging");
-    if (!L->saved || !L->staging) return SPMD_ERR_NOMEM;
+    if (!L->saved) return SPMD_ERR_NOMEM;
     for (int ti = 0; st == SPMD_OK && ti < l->n_tensors; ti++) st = check_tensor(L, ti);
-    for (int k = 0; st == SPMD_OK && k < l->n_blocks; k++) st = stage_block(L, k);
     if (st == SPMD_OK) st = find_destinations(L);
     if (st == SPMD_OK && meta) st = copy_meta(L, meta);
-    if (st == SPMD_OK) put_in_place(L);
-    return st;
+    if (st != SPMD_OK) return st;
+    /* From here on the program changes. */
+    if (load_hook) load_hook(load_hook_ctx, L->dir);
+    st = ckpt_workers_run(&L->workers, l->n_blocks, load_block, L);
+    if (st != SPMD_OK) {
+        char message[1024];
+        snprintf(message, sizeof message, "%s", spmd_last_error());
+        return base_error(st, "%s; the program is partly loaded", message);
+    }
+    return SPMD_OK;
 }
 
 spmd_status spmd_checkpoint_load(spmd_program *p, const char *dir, int64_t *step, char **meta_json)

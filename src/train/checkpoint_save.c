@@ -1,7 +1,11 @@
 /*
  * Saving a checkpoint (spmd/checkpoint.h).  Each writing device puts the
- * real part of its blocks into its own safetensors file, straight from
- * its buffers: nothing is gathered.  Then index.json, and the commit:
+ * real part of the blocks it writes (train/checkpoint.h says which: about
+ * equal shares) into its own safetensors file, straight from its buffers:
+ * nothing is gathered.  Up to SAVE_THREADS files are written at the same
+ * time, each by one thread that checksums as it writes; the test hook
+ * hears of each file once it is fsynced, from one thread at a time.  Then
+ * index.json, and the commit:
  *
  *   DIR/.tmp-step-N-<pid>/   every file written and fsynced, then the directory
  *   -> DIR/step-N            rename, fsync DIR
@@ -16,6 +20,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,11 +38,17 @@
 
 #define WHAT "checkpoint save"
 
-/* Writes go through a buffer this big, so small row runs cost no syscall. */
-enum { WRITE_BUFFER = 4 << 20 };
+/* Writes go through a buffer this big, so small row runs cost no syscall;
+ * longer runs go out in pieces this big, each checksummed just before it
+ * is written, while it is in cache. */
+enum { WRITE_BUFFER = 4 << 20, WRITE_PIECE = 4 << 20 };
+/* Files written at the same time. */
+enum { SAVE_THREADS = 4 };
 
 static checkpoint_hook_fn hook;
 static void *hook_ctx;
+/* The hook is called from one thread at a time. */
+static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void checkpoint_set_hook(checkpoint_hook_fn fn, void *ctx)
 {
@@ -47,8 +58,10 @@ void checkpoint_set_hook(checkpoint_hook_fn fn, void *ctx)
 
 static spmd_status reached(const char *stage)
 {
-    if (hook && !hook(hook_ctx, stage))
-        return base_error(SPMD_ERR_IO, WHAT ": stopped by the test hook after %s", stage);
+    pthread_mutex_lock(&hook_lock);
+    bool go_on = !hook || hook(hook_ctx, stage);
+    pthread_mutex_unlock(&hook_lock);
+    if (!go_on) return base_error(SPMD_ERR_IO, WHAT ": stopped by the test hook after %s", stage);
     return SPMD_OK;
 }
 
@@ -59,21 +72,38 @@ typedef struct file_info {
     uint32_t crc;
 } file_info;
 
-/* ---- One device's file --------------------------------------------------------------- */
+/* ---- One file ------------------------------------------------------------------------ */
 
 typedef struct writer {
     int fd;
     const char *path;
     unsigned char *buf;
     size_t len;
-    uint64_t bytes;
+    uint64_t bytes; /* put so far */
     uint32_t crc;
+    ckpt_workers *w; /* NULL: not one of several */
 } writer;
+
+/* n bytes at the end of the file, with their crc32. */
+static spmd_status emit(writer *w, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    while (n > 0) {
+        if (w->w && ckpt_workers_stopping(w->w))
+            return base_error(SPMD_ERR_IO, WHAT ": %s: stopped, another file failed", w->path);
+        size_t piece = n < WRITE_PIECE ? n : WRITE_PIECE;
+        w->crc = ckpt_crc32(w->crc, p, piece);
+        spmd_status st = ckpt_write_all(w->fd, p, piece, w->path, WHAT);
+        if (st != SPMD_OK) return st;
+        p += piece;
+        n -= piece;
+    }
+    return SPMD_OK;
+}
 
 static spmd_status flush(writer *w)
 {
-    w->crc = ckpt_crc32(w->crc, w->buf, w->len);
-    spmd_status st = ckpt_write_all(w->fd, w->buf, w->len, w->path, WHAT);
+    spmd_status st = emit(w, w->buf, w->len);
     w->len = 0;
     return st;
 }
@@ -84,10 +114,7 @@ static spmd_status put(writer *w, const void *data, size_t n)
     if (w->len + n > WRITE_BUFFER) {
         spmd_status st = flush(w);
         if (st != SPMD_OK) return st;
-        if (n >= WRITE_BUFFER) { /* a long run goes straight out */
-            w->crc = ckpt_crc32(w->crc, data, n);
-            return ckpt_write_all(w->fd, data, n, w->path, WHAT);
-        }
+        if (n >= WRITE_BUFFER) return emit(w, data, n); /* a long run goes straight out */
     }
     memcpy(w->buf + w->len, data, n);
     w->len += n;
@@ -107,17 +134,20 @@ static spmd_status put_run(void *ctx, int64_t a, int64_t b, int64_t n)
     return put(c->w, c->data + (size_t)a * c->es, (size_t)n * c->es);
 }
 
-/* Open, fill by `fill`, fsync and close tmp/name; its size and crc32 into *info. */
+/* Open, fill by `fill`, fsync and close tmp/name; its size and crc32 into
+ * *info (not its name). */
 typedef spmd_status (*fill_fn)(void *ctx, writer *w);
 
 static spmd_status write_file(const char *tmp, const char *name, unsigned char *buf, fill_fn fill,
-                              void *ctx, file_info *info)
+                              void *ctx, ckpt_workers *workers, file_info *info)
 {
     char path[CKPT_PATH_MAX];
     spmd_status st = ckpt_join(path, tmp, name, WHAT);
     if (st != SPMD_OK) return st;
-    writer w = {
-        .fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644), .path = path, .buf = buf};
+    writer w = {.fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644),
+                .path = path,
+                .buf = buf,
+                .w = workers};
     if (w.fd < 0)
         return base_error(SPMD_ERR_IO, WHAT ": cannot create %s: %s", path, strerror(errno));
     st = fill(ctx, &w);
@@ -126,71 +156,121 @@ static spmd_status write_file(const char *tmp, const char *name, unsigned char *
         st = base_error(SPMD_ERR_IO, WHAT ": cannot sync %s: %s", path, strerror(errno));
     if (close(w.fd) != 0 && st == SPMD_OK)
         st = base_error(SPMD_ERR_IO, WHAT ": cannot close %s: %s", path, strerror(errno));
-    snprintf(info->name, sizeof info->name, "%s", name);
     info->bytes = w.bytes;
     info->crc = w.crc;
     return st;
 }
 
+/* ---- The devices' files --------------------------------------------------------------- */
+
+/* The file of a device that writes blocks. */
 typedef struct device_file {
-    const ckpt_layout *l;
     int dev_index;
-    const unsigned char *header;
+    unsigned char *header;
     size_t header_size;
+    uint64_t data_bytes;
+    file_info info;
 } device_file;
+
+typedef struct saver {
+    const ckpt_layout *l;
+    const char *tmp;
+    device_file *files; /* mesh order */
+    int n_files;
+    ckpt_workers workers;
+    unsigned char **bufs; /* one per thread */
+} saver;
+
+typedef struct fill_device_ctx {
+    const ckpt_layout *l;
+    const device_file *f;
+} fill_device_ctx;
 
 static spmd_status fill_device(void *ctx, writer *w)
 {
-    device_file *f = ctx;
-    spmd_status st = put(w, f->header, f->header_size);
+    const fill_device_ctx *c = ctx;
+    const ckpt_layout *l = c->l;
+    spmd_status st = put(w, c->f->header, c->f->header_size);
     /* Blocks in the order of the header's entries. */
-    for (int i = 0; st == SPMD_OK && i < f->l->n_blocks; i++) {
-        const ckpt_block *k = &f->l->blocks[i];
-        if (k->dev_index != f->dev_index) continue;
+    for (int i = 0; st == SPMD_OK && i < l->n_blocks; i++) {
+        const ckpt_block *k = &l->blocks[i];
+        if (k->writer != c->f->dev_index) continue;
         static const int64_t zero[SPMD_MAX_RANK];
-        put_ctx c = {w, k->b.data, spmd_dtype_size(f->l->tensors[k->tensor]->dtype)};
-        st = ckpt_box_runs(k->b.rank, k->b.valid, k->b.ldims, zero, k->b.valid, zero, put_run, &c);
+        put_ctx pc = {w, k->writer_data, spmd_dtype_size(l->tensors[k->tensor]->dtype)};
+        st = ckpt_box_runs(k->b.rank, k->b.valid, k->b.ldims, zero, k->b.valid, zero, put_run, &pc);
     }
     return st;
 }
 
 static void file_name(int device, char *buf) { snprintf(buf, 32, "dev-%04d.safetensors", device); }
 
-/* The file of device dev_index, if it is the first holder of any block. */
-static spmd_status write_device(const ckpt_layout *l, int dev_index, const char *tmp,
-                                unsigned char *buf, file_info *info, bool *wrote)
+/* The header of device dev_index's file, which holds n blocks. */
+static spmd_status build_header(const ckpt_layout *l, int dev_index, int n, device_file *f)
 {
-    int n = 0;
-    for (int i = 0; i < l->n_blocks; i++) n += l->blocks[i].dev_index == dev_index;
-    *wrote = n > 0;
-    if (!n) return SPMD_OK;
     st_entry *entries = base_alloc(l->alloc, (size_t)n * sizeof *entries, "checkpoint file");
     if (!entries) return SPMD_ERR_NOMEM;
-    int device = 0;
     n = 0;
     for (int i = 0; i < l->n_blocks; i++) {
         const ckpt_block *k = &l->blocks[i];
-        if (k->dev_index != dev_index) continue;
+        if (k->writer != dev_index) continue;
         const spmd_tensor *t = l->tensors[k->tensor];
         st_entry *e = &entries[n++];
         *e = (st_entry){.name = t->name, .dtype = t->dtype, .rank = k->b.rank};
         memcpy(e->shape, k->b.valid, sizeof e->shape);
-        device = k->b.device;
+        file_name(k->writer_device, f->info.name);
     }
-    device_file f = {l, dev_index, NULL, 0};
-    uint64_t data_bytes;
-    unsigned char *header;
-    spmd_status st = st_header_build(l->alloc, entries, n, &header, &f.header_size, &data_bytes);
+    f->dev_index = dev_index;
+    spmd_status st =
+        st_header_build(l->alloc, entries, n, &f->header, &f->header_size, &f->data_bytes);
     base_free(l->alloc, entries);
+    return st;
+}
+
+/* Every writing device's file and a buffer for each thread, all
+ * allocated before anything is written. */
+static spmd_status saver_prepare(saver *s)
+{
+    const ckpt_layout *l = s->l;
+    int *count = base_calloc(l->alloc, (size_t)l->n_dev * sizeof *count, "checkpoint files");
+    s->files = base_calloc(l->alloc, (size_t)l->n_dev * sizeof *s->files, "checkpoint files");
+    spmd_status st = count && s->files ? SPMD_OK : SPMD_ERR_NOMEM;
+    for (int i = 0; st == SPMD_OK && i < l->n_blocks; i++) count[l->blocks[i].writer]++;
+    for (int d = 0; st == SPMD_OK && d < l->n_dev; d++)
+        if (count[d] > 0 && (st = build_header(l, d, count[d], &s->files[s->n_files])) == SPMD_OK)
+            s->n_files++;
+    base_free(l->alloc, count);
     if (st != SPMD_OK) return st;
-    f.header = header;
-    char name[32];
-    file_name(device, name);
-    st = write_file(tmp, name, buf, fill_device, &f, info);
-    base_free(l->alloc, header);
-    if (st == SPMD_OK && info->bytes != f.header_size + data_bytes)
+    ckpt_workers_start(&s->workers, l->alloc,
+                       s->n_files < SAVE_THREADS ? (s->n_files ? s->n_files : 1) : SAVE_THREADS);
+    s->bufs = base_calloc(l->alloc, (size_t)s->workers.n * sizeof *s->bufs, "checkpoint buffers");
+    if (!s->bufs) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < s->workers.n; i++)
+        if (!(s->bufs[i] = base_alloc(l->alloc, WRITE_BUFFER, "checkpoint write buffer")))
+            return SPMD_ERR_NOMEM;
+    return SPMD_OK;
+}
+
+static void saver_free(saver *s)
+{
+    const spmd_allocator *alloc = s->l->alloc;
+    for (int i = 0; s->bufs && i < s->workers.n; i++) base_free(alloc, s->bufs[i]);
+    base_free(alloc, s->bufs);
+    ckpt_workers_stop(&s->workers);
+    for (int i = 0; s->files && i < s->n_files; i++) base_free(alloc, s->files[i].header);
+    base_free(alloc, s->files);
+}
+
+/* Job: file `job`, then the hook. */
+static spmd_status write_device(void *ctx, int job, int thread)
+{
+    saver *s = ctx;
+    device_file *f = &s->files[job];
+    fill_device_ctx c = {s->l, f};
+    spmd_status st = write_file(s->tmp, f->info.name, s->bufs[thread], fill_device, &c,
+                                &s->workers, &f->info);
+    if (st == SPMD_OK && f->info.bytes != f->header_size + f->data_bytes)
         st = BASE_INTERNAL("checkpoint save: a file's size differs from its header's");
-    if (st == SPMD_OK) st = reached(name);
+    if (st == SPMD_OK) st = reached(f->info.name);
     return st;
 }
 
@@ -231,7 +311,7 @@ static bool add_tensor(cJSON *tensors, const ckpt_layout *l, int ti)
         const ckpt_block *k = &l->blocks[i];
         if (k->tensor != ti) continue;
         char name[32];
-        file_name(k->b.device, name);
+        file_name(k->writer_device, name);
         cJSON *b = cJSON_CreateObject();
         if (!b || !cJSON_AddItemToArray(blocks, b)) {
             cJSON_Delete(b);
@@ -247,7 +327,7 @@ static bool add_tensor(cJSON *tensors, const ckpt_layout *l, int ti)
 
 /* index.json's text (cJSON's allocation: cJSON_free it), NULL when out
  * of memory.  Takes over `meta`. */
-static char *index_text(const ckpt_layout *l, int64_t step, cJSON *meta, const file_info *files,
+static char *index_text(const ckpt_layout *l, int64_t step, cJSON *meta, const device_file *files,
                         int n_files)
 {
     cJSON *root = cJSON_CreateObject();
@@ -267,9 +347,10 @@ static char *index_text(const ckpt_layout *l, int64_t step, cJSON *meta, const f
     ok = list != NULL;
     for (int i = 0; ok && i < n_files; i++) {
         char crc[16];
-        snprintf(crc, sizeof crc, "%08x", (unsigned)files[i].crc);
-        cJSON *f = cJSON_AddObjectToObject(list, files[i].name);
-        ok = f && cJSON_AddNumberToObject(f, "bytes", (double)files[i].bytes) &&
+        const file_info *info = &files[i].info;
+        snprintf(crc, sizeof crc, "%08x", (unsigned)info->crc);
+        cJSON *f = cJSON_AddObjectToObject(list, info->name);
+        ok = f && cJSON_AddNumberToObject(f, "bytes", (double)info->bytes) &&
              cJSON_AddStringToObject(f, "crc32", crc);
     }
     char *text = ok ? cJSON_Print(root) : NULL;
@@ -395,29 +476,23 @@ static spmd_status check_args(const spmd_program *p, const char *dir, int64_t st
 /* Every file into tmp, fsynced, then tmp itself. */
 static spmd_status write_all_files(const ckpt_layout *l, int64_t step, cJSON *meta, const char *tmp)
 {
-    file_info *files = base_alloc(l->alloc, (size_t)l->n_dev * sizeof *files, "checkpoint files");
-    unsigned char *buf = base_alloc(l->alloc, WRITE_BUFFER, "checkpoint write buffer");
-    spmd_status st = files && buf ? SPMD_OK : SPMD_ERR_NOMEM;
-    int n_files = 0;
-    for (int d = 0; st == SPMD_OK && d < l->n_dev; d++) {
-        bool wrote;
-        st = write_device(l, d, tmp, buf, &files[n_files], &wrote);
-        n_files += wrote;
-    }
+    saver s = {.l = l, .tmp = tmp};
+    spmd_status st = saver_prepare(&s);
+    if (st == SPMD_OK) st = ckpt_workers_run(&s.workers, s.n_files, write_device, &s);
     char *text = NULL;
     if (st == SPMD_OK) {
-        text = index_text(l, step, meta, files, n_files);
+        text = index_text(l, step, meta, s.files, s.n_files);
         meta = NULL;
         if (!text) st = base_error(SPMD_ERR_NOMEM, WHAT ": out of memory building %s", CKPT_INDEX);
     }
     cJSON_Delete(meta);
     file_info index;
-    if (st == SPMD_OK) st = write_file(tmp, CKPT_INDEX, buf, fill_text, &(text_file){text}, &index);
+    if (st == SPMD_OK)
+        st = write_file(tmp, CKPT_INDEX, s.bufs[0], fill_text, &(text_file){text}, NULL, &index);
     if (text) cJSON_free(text);
     if (st == SPMD_OK) st = reached(CKPT_INDEX);
     if (st == SPMD_OK) st = ckpt_fsync_dir(tmp, WHAT);
-    base_free(l->alloc, files);
-    base_free(l->alloc, buf);
+    saver_free(&s);
     return st;
 }
 
