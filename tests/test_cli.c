@@ -280,6 +280,49 @@ static void test_explain_json(void **state)
     cJSON_Delete(j);
 }
 
+/* The milliseconds of "about X ms by the alpha-beta model" in explain's output. */
+static double estimated_ms(const char *out)
+{
+    const char *at = strstr(out, "about ");
+    assert_non_null(at);
+    return atof(at + strlen("about "));
+}
+
+/* Planned over 4 processes, the 4x2 mesh keeps 'fsdp' inside a process
+ * and sends 'replica' across: explain says so, the report marks it, and
+ * the collectives over 'replica' cost more; train refuses the flag. */
+static void test_explain_processes(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    const char *flags = "--model mlp --mesh 4x2 --axes replica,fsdp --fsdp none --shard '*.weight=fsdp,None'";
+    char args[512];
+    snprintf(args, sizeof args, "explain %s", flags);
+    assert_int_equal(run_tool(args, out, sizeof out), 0);
+    assert_null(strstr(out, "processes:"));
+    double one = estimated_ms(out);
+    snprintf(args, sizeof args, "explain %s --processes 4 --json %s", flags, report_path);
+    int rc = run_tool(args, out, sizeof out);
+    if (rc != 0) fail_msg("%s", out);
+    if (!strstr(out, "processes: 4 x 2 devices") ||
+        !strstr(out, "across processes: replica; inside a process: fsdp"))
+        fail_msg("no process layout in:\n%s", out);
+    assert_true(estimated_ms(out) > 2 * one);
+    cJSON *j = load_json(report_path);
+    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(j, "mesh");
+    assert_int_equal((int)number(mesh, "processes"), 4);
+    const cJSON *local = cJSON_GetObjectItemCaseSensitive(mesh, "local");
+    assert_int_equal(cJSON_GetArraySize(local), 2);
+    assert_true(cJSON_IsFalse(cJSON_GetArrayItem(local, 0)));
+    assert_true(cJSON_IsTrue(cJSON_GetArrayItem(local, 1)));
+    cJSON_Delete(j);
+
+    assert_int_equal(run_tool("explain --processes 3", out, sizeof out), 2);
+    assert_non_null(strstr(out, "3 processes do not divide the 8 devices"));
+    assert_int_equal(run_tool("train --processes 2", out, sizeof out), 2);
+    assert_non_null(strstr(out, "not built yet"));
+}
+
 /* A plan needs no GEMM library: with the BLAS loader pointed at a file
  * that does not exist, explain still prints the plan; train refuses
  * before its first step, naming the file. */
@@ -343,6 +386,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_text_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mesh_run_matches_one_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_explain_processes, setup, teardown),
         cmocka_unit_test(test_explain_without_blas),
         cmocka_unit_test(test_bad_mesh_and_shard),
         cmocka_unit_test(test_bad_flags),

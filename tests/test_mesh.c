@@ -176,6 +176,58 @@ static void test_groups(void **state)
     spmd_mesh_free(m);
 }
 
+/* Process placement: on 4x2, 2 or 4 processes keep 'fsdp' inside one and
+ * 'replica' across; 8 put both across; and on other meshes every axis is
+ * local exactly when no group along it straddles two processes' runs of
+ * positions (checked member by member). */
+static void test_place_processes(void **state)
+{
+    (void)state;
+    spmd_mesh *m = mesh_4x2(PERMUTED);
+    assert_int_equal(spmd_mesh_processes(m), 1);
+    assert_true(spmd_mesh_axis_is_local(m, 0) && spmd_mesh_axis_is_local(m, 1));
+    const struct {
+        int processes;
+        bool replica, fsdp;
+    } cases[] = {{1, true, true}, {2, false, true}, {4, false, true}, {8, false, false}};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(spmd_mesh_place_processes(m, cases[i].processes), SPMD_OK);
+        assert_int_equal(spmd_mesh_processes(m), cases[i].processes);
+        assert_int_equal(spmd_mesh_axis_is_local(m, 0), cases[i].replica);
+        assert_int_equal(spmd_mesh_axis_is_local(m, 1), cases[i].fsdp);
+    }
+    assert_int_equal(spmd_mesh_place_processes(m, 3), SPMD_ERR_INVALID);
+    assert_contains(spmd_last_error(), "3 processes do not divide the 8 devices");
+    assert_int_equal(spmd_mesh_place_processes(m, 0), SPMD_ERR_INVALID);
+    spmd_mesh_free(m);
+
+    const char *const names[] = {"a", "b", "c"};
+    const int shapes[][3] = {{2, 3, 4}, {3, 2, 2}, {4, 4, 1}, {6, 1, 2}};
+    for (int k = 0; k < 4; k++) {
+        m = spmd_mesh_create(3, shapes[k], names, NULL);
+        assert_non_null(m);
+        int n = spmd_mesh_devices(m);
+        for (int procs = 1; procs <= n; procs++) {
+            if (n % procs) continue;
+            assert_int_equal(spmd_mesh_place_processes(m, procs), SPMD_OK);
+            for (int a = 0; a < 3; a++) {
+                bool local = true;
+                for (int d = 0; d < n; d++) {
+                    int members[64];
+                    int size = spmd_mesh_group(m, d, names[a], members, 64);
+                    for (int j = 0; j < size; j++)
+                        local &= m->position[members[j]] / (n / procs) == m->position[d] / (n / procs);
+                }
+                if (local != spmd_mesh_axis_is_local(m, a))
+                    fail_msg("mesh %dx%dx%d over %d processes: axis %s local %d, expected %d",
+                             shapes[k][0], shapes[k][1], shapes[k][2], procs, names[a],
+                             spmd_mesh_axis_is_local(m, a), local);
+            }
+        }
+        spmd_mesh_free(m);
+    }
+}
+
 /* ---- Spec text ----------------------------------------------------------------------- */
 
 static void test_spec_round_trip(void **state)
@@ -523,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_mesh_create_and_query),
         cmocka_unit_test(test_mesh_errors),
         cmocka_unit_test(test_groups),
+        cmocka_unit_test(test_place_processes),
         cmocka_unit_test(test_spec_round_trip),
         cmocka_unit_test(test_spec_errors),
         cmocka_unit_test(test_long_spec_errors),

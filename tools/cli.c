@@ -36,6 +36,9 @@ void cli_usage(FILE *f, const char *command)
             "  --mesh SHAPE         device mesh, e.g. 8 or 4x2 (4x2)\n"
             "  --axes NAMES         mesh axis names (replica,fsdp)\n"
             "  --devices N          device workers (the mesh size; alone: a mesh N, axis 'data')\n"
+            "  --processes P        explain: plan the mesh over P processes, the device at mesh\n"
+            "                       position r in process r / (devices / P); axes whose groups\n"
+            "                       cross processes are priced as the network (1)\n"
             "  --fsdp AXIS|none     shard every parameter on its largest dim over AXIS\n"
             "                       (default: the axis named fsdp when the mesh has one)\n"
             "  --shard PATTERN=SPEC shard the tensors whose names match the glob and whose rank\n"
@@ -139,6 +142,7 @@ static const flag_spec flag_specs[] = {
     {"--steps", FLAG_INT, offsetof(cli_opts, steps), 1, NULL},
     {"--threads", FLAG_INT, offsetof(cli_opts, threads), 1, NULL},
     {"--devices", FLAG_INT, offsetof(cli_opts, devices), 1, NULL},
+    {"--processes", FLAG_INT, offsetof(cli_opts, processes), 1, NULL},
     {"--eval", FLAG_INT, offsetof(cli_opts, eval_samples), 0, NULL},
     {"--warmup", FLAG_INT, offsetof(cli_opts, warmup), 0, NULL},
     {"--save-every", FLAG_INT, offsetof(cli_opts, save_every), 0, NULL},
@@ -494,6 +498,8 @@ int cli_build(const cli_opts *o_in, cli_model *m)
     if (o.devices && o.devices != spmd_mesh_devices(m->mesh))
         return cli_fail("--devices %d but the mesh %s has %d devices", o.devices, o.mesh,
                         spmd_mesh_devices(m->mesh));
+    if (o.processes > 1 && spmd_mesh_place_processes(m->mesh, o.processes) != SPMD_OK)
+        return cli_fail("--processes %d: %s", o.processes, spmd_last_error());
     if (spmd_mesh_devices(m->mesh) == 1 && o.n_shards == 0) {
         spmd_mesh_free(m->mesh); /* one device, nothing to partition */
         m->mesh = NULL;

@@ -26,6 +26,7 @@ typedef struct cli_opts {
     spmd_gpt_config gpt;
     spmd_mlp_config mlp;
     int batch, steps, threads, devices;
+    int processes;     /* explain: plan for this many processes (1) */
     float lr;          /* 0: the optimizer's default */
     uint64_t seed;
     const char *mesh;  /* "4x2" */

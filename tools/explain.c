@@ -27,6 +27,23 @@ static void shape_text(const spmd_tensor *t, char *buf, size_t size)
     snprintf(buf + n, size - n, "]");
 }
 
+/* Which axes cross processes, when planned over several. */
+static void print_processes(const cli_model *m)
+{
+    int procs = m->mesh ? spmd_mesh_processes(m->mesh) : 1;
+    if (procs < 2) return;
+    char across[256] = "", inside[256] = "";
+    for (int a = 0; a < spmd_mesh_rank(m->mesh); a++) {
+        char *list = spmd_mesh_axis_is_local(m->mesh, a) ? inside : across;
+        size_t n = strlen(list);
+        snprintf(list + n, sizeof across - n, "%s%s", n ? ", " : "", spmd_mesh_axis_name(m->mesh, a));
+    }
+    printf("processes: %d x %d devices (mesh position r in process r / %d); across processes: %s; "
+           "inside a process: %s\n",
+           procs, spmd_mesh_devices(m->mesh) / procs, spmd_mesh_devices(m->mesh) / procs,
+           across[0] ? across : "none", inside[0] ? inside : "none");
+}
+
 static void print_tensors(const cli_model *m, cJSON *list)
 {
     printf("\ntensors (named):\n  %-34s %-18s %s\n", "name", "shape", "sharding");
@@ -88,6 +105,7 @@ int cmd_explain(int argc, char **argv)
     cli_mesh_text(&m, mesh, sizeof mesh);
     printf("spmd explain: %s, %.2fM parameters, mesh %s, batch %d\n", o.model, (double)m.params / 1e6,
            mesh, o.batch);
+    print_processes(&m);
     /* The JSON report is built only when asked for: for a deep model it
      * costs as much as the printing. */
     cJSON *root = o.json ? cJSON_CreateObject() : NULL;

@@ -61,6 +61,13 @@ cJSON *cli_mesh_json(const cli_model *m)
         cJSON_AddItemToArray(shape, cJSON_CreateNumber(spmd_mesh_axis_size(m->mesh, i)));
         cJSON_AddItemToArray(axes, cJSON_CreateString(spmd_mesh_axis_name(m->mesh, i)));
     }
+    /* Over several processes: which axes keep their groups inside one. */
+    if (spmd_mesh_processes(m->mesh) > 1) {
+        cJSON_AddNumberToObject(mesh, "processes", spmd_mesh_processes(m->mesh));
+        cJSON *local = cJSON_AddArrayToObject(mesh, "local");
+        for (int i = 0; i < spmd_mesh_rank(m->mesh); i++)
+            cJSON_AddItemToArray(local, cJSON_CreateBool(spmd_mesh_axis_is_local(m->mesh, i)));
+    }
     return mesh;
 }
 

@@ -179,6 +179,9 @@ int cmd_train(int argc, char **argv)
     cli_opts o;
     int rc = cli_parse(argc, argv, "train", &o);
     if (rc) return rc < 0 ? 0 : rc;
+    if (o.processes > 1)
+        return cli_fail("--processes plans a run over several processes (spmd explain); training "
+                        "over processes under mpirun is not built yet");
     /* What would fail only after the run (the report) or kill it (memory)
      * is checked before it. */
     if (o.json && (rc = cli_check_report_path(o.json))) return rc;

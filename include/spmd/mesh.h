@@ -31,6 +31,15 @@ SPMD_API int spmd_mesh_axis_index(const spmd_mesh *m, const char *name);
 /* Mark which axes keep their groups inside one process (all, by default). */
 SPMD_API spmd_status spmd_mesh_set_axis_local(spmd_mesh *m, int axis, bool local);
 SPMD_API bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis);
+/* Lay the devices out over `processes` processes as a run over MPI does:
+ * the device at mesh position r (row-major coordinates) lives in process
+ * r / (devices / processes), so the minor axes stay inside a process.
+ * Marks each axis local when every group along it stays inside one
+ * process, remote otherwise (the cost model prices it as the network).
+ * `processes` must divide the devices. */
+SPMD_API spmd_status spmd_mesh_place_processes(spmd_mesh *m, int processes);
+/* The processes of the last spmd_mesh_place_processes (1 by default). */
+SPMD_API int spmd_mesh_processes(const spmd_mesh *m);
 /* The devices of `device`'s group along the comma-separated `axes`, in
  * rank order; returns the group size or -1 with a message. */
 SPMD_API int spmd_mesh_group(const spmd_mesh *m, int device, const char *axes, int *members,

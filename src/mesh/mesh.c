@@ -194,6 +194,7 @@ spmd_mesh *mesh_create(int rank, const int *shape, const char *const *names, con
     spmd_mesh *m = base_calloc(NULL, bytes, "mesh");
     if (!m) return NULL;
     m->rank = rank;
+    m->processes = 1;
     m->n_devices = n;
     m->ids = (int *)(m + 1);
     m->position = m->ids + n;
@@ -356,6 +357,35 @@ bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis)
 {
     return axis_ok(m, axis, "mesh_axis_is_local") && m->local[axis];
 }
+
+spmd_status spmd_mesh_place_processes(spmd_mesh *m, int processes)
+{
+    if (!m) return base_error(SPMD_ERR_INVALID, "mesh_place_processes: mesh is NULL");
+    if (processes < 1 || m->n_devices % processes) {
+        char text[256];
+        return base_error(SPMD_ERR_INVALID,
+                          "mesh_place_processes: %d processes do not divide the %d devices of "
+                          "mesh %s evenly",
+                          processes, m->n_devices, mesh_describe(m, text, sizeof text));
+    }
+    int per = m->n_devices / processes, stride = 1;
+    /* Positions along an axis rise with it, and a process holds a run of
+     * positions: a group stays in one process when its first and last
+     * member do. */
+    for (int a = m->rank - 1; a >= 0; a--) {
+        bool local = true;
+        for (int r = 0; r < m->n_devices && local; r++) {
+            int first = r - (r / stride % m->shape[a]) * stride;
+            local = first / per == (first + (m->shape[a] - 1) * stride) / per;
+        }
+        m->local[a] = local;
+        stride *= m->shape[a];
+    }
+    m->processes = processes;
+    return SPMD_OK;
+}
+
+int spmd_mesh_processes(const spmd_mesh *m) { return m ? m->processes : 0; }
 
 /* `text` ("replica, fsdp"; blank: no axes) as mesh axes, each once. */
 static spmd_status parse_axes(const spmd_mesh *m, const char *text, mesh_axes *out)

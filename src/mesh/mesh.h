@@ -19,6 +19,7 @@ struct spmd_mesh {
     int shape[MESH_MAX_AXES];
     char names[MESH_MAX_AXES][MESH_MAX_NAME];
     bool local[MESH_MAX_AXES];                  /* groups stay inside one process */
+    int processes;                              /* spmd_mesh_place_processes; 1 by default */
     int n_devices;
     int *ids;                                   /* ids[row-major coord] = device id */
     int *position;                              /* position[device id] = row-major coord */
