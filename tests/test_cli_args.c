@@ -197,7 +197,7 @@ static void test_huge_steps_start(void **state)
 #if !defined(__SANITIZE_ADDRESS__)
     limits.max_address_space = (size_t)4 << 30;
 #endif
-    const char *args = "train " SMALL " --steps 1000000000 --eval 0";
+    const char *args = "train " SMALL " --steps 1000000000 --eval 0 --log-every 1";
     int rc = run_limited(args, &limits);
     if (rc != TOOL_STOPPED) fail_msg("spmd %s: exit %d before its second step:\n%s", args, rc, out);
     expect_absent(args, "out of memory");

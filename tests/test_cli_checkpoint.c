@@ -229,7 +229,7 @@ static void test_interrupted_run_saved(void **state)
     char ck[128], args[512];
     snprintf(ck, sizeof ck, "%s/interrupted", dir);
     snprintf(args, sizeof args, "train --model mlp --mesh 1 --axes data --steps 1000000 --eval 0 --save %s", ck);
-    tool_limits limits = {.stop_at = "\rstep ", .stop_signal = SIGINT, .timeout_s = 120};
+    tool_limits limits = {.stop_at = "ms/step  eta", .stop_signal = SIGINT, .timeout_s = 120};
     int rc = support_run_tool(SPMD_TOOL_PATH, args, &limits, out, sizeof out);
     if (rc != 130) fail_msg("exit %d, output:\n%s", rc, out);
     const char *at = strstr(out, "interrupted by SIGINT after step ");
@@ -281,7 +281,7 @@ static void expect_refused(const char *ck, const char *extra, const char *const 
 {
     tool(2, "train " SMALL " --resume %s %s", ck, extra);
     for (int i = 0; parts[i]; i++) has(out, parts[i]);
-    if (strstr(out, "\rstep ")) fail_msg("a step ran before the refusal:\n%s", out);
+    if (strstr(out, "ms/step  eta")) fail_msg("a step ran before the refusal:\n%s", out);
 }
 
 static void test_damaged_checkpoints_refused(void **state)

@@ -258,7 +258,7 @@ static void test_memory_beyond_the_machine_refused(void **state)
     assert_non_null(strstr(out, "GiB per device x 8 devices"));
     assert_non_null(strstr(out, "available"));
     assert_non_null(strstr(out, "--checkpoint on"));
-    assert_null(strstr(out, "\rstep "));
+    assert_null(strstr(out, "ms/step  eta"));
 
     if (SANITIZED) return; /* unchecked, the run would need the cap it cannot have */
     char args[256];
@@ -282,7 +282,7 @@ static void test_address_space_limit_respected(void **state)
     assert_int_equal(rc, 2);
     assert_non_null(strstr(out, "ulimit -v"));
     assert_non_null(strstr(out, "--memory-check off"));
-    assert_null(strstr(out, "\rstep "));
+    assert_null(strstr(out, "ms/step  eta"));
 }
 
 /* ---- The report ------------------------------------------------------------------- */
@@ -300,7 +300,7 @@ static void test_report_path_checked_before_the_run(void **state)
         char args[256];
         snprintf(args, sizeof args, "train --steps 3 --eval 0 --json %s", paths[i]);
         int rc = run_tool(args, out, sizeof out);
-        if (rc == 0 || !strstr(out, paths[i]) || strstr(out, "\rstep "))
+        if (rc == 0 || !strstr(out, paths[i]) || strstr(out, "ms/step  eta"))
             fail_msg("--json %s: exit %d, output:\n%s", paths[i], rc, out);
     }
     struct stat st;
@@ -347,7 +347,7 @@ static void interrupt_run(int sig, const char *name)
                           "--eval", "0", "--json", report, NULL};
     child c;
     child_start(&c, args, 0);
-    if (!child_read(&c, "\rstep ", 60)) {
+    if (!child_read(&c, "ms/step  eta", 60)) {
         child_finish(&c, 0);
         fail_msg("no step within 60 s:\n%s", c.text);
     }
@@ -408,7 +408,54 @@ static void test_second_signal_ends_at_once(void **state)
     int rc = child_finish(&c, 30);
     if (rc != -SIGINT) fail_msg("exit %d, output:\n%s", rc, c.text);
     assert_true(now_s() - t0 < 0.5);
-    assert_null(strstr(c.text, "\rstep "));
+    assert_null(strstr(c.text, "ms/step  eta"));
+}
+
+/* ---- Logs ------------------------------------------------------------------------------- */
+
+/* Output to a pipe (not a terminal): one plain line at the first step,
+ * every --log-every steps and the last, no carriage return; --log appends
+ * one JSON object per step whose losses are the report's. */
+static void test_plain_progress_and_jsonl_log(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char args[512], log[128];
+    snprintf(log, sizeof log, "%s/log.jsonl", dir);
+    snprintf(args, sizeof args, "train --model mlp --mesh 1 --axes data --steps 25 --eval 0 "
+             "--log-every 10 --log %s --json %s", log, report);
+    int rc = run_tool(args, out, sizeof out);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    assert_null(strchr(out, '\r'));
+    int lines = 0;
+    for (const char *at = out; (at = strstr(at, "ms/step  eta")); at++) lines++;
+    assert_int_equal(lines, 4); /* steps 1, 10, 20, 25 */
+    const char *want[] = {"\nstep    1/25 ", "\nstep   10/25 ", "\nstep   20/25 ", "\nstep   25/25 "};
+    for (int i = 0; i < 4; i++)
+        if (!strstr(out, want[i])) fail_msg("no \"%s\" in:\n%s", want[i] + 1, out);
+
+    /* Twice: the log is appended to. */
+    assert_int_equal(run_tool(args, out, sizeof out), 0);
+    cJSON *j = load_report();
+    const cJSON *loss = item(j, "loss");
+    static char text[1 << 16];
+    assert_true(slurp(log, text, sizeof text) > 0);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        cJSON *o = cJSON_Parse(line);
+        if (!o) fail_msg("line %d is not JSON: %s", n + 1, line);
+        assert_int_equal((int)item(o, "step")->valuedouble, n % 25 + 1);
+        assert_true((float)item(o, "loss")->valuedouble == (float)cJSON_GetArrayItem(loss, n % 25)->valuedouble);
+        assert_true(cJSON_IsNumber(item(o, "lr")) && cJSON_IsNumber(item(o, "grad_norm")));
+        assert_true(item(o, "ms")->valuedouble > 0 && item(o, "tokens_per_s")->valuedouble > 0);
+        cJSON_Delete(o);
+    }
+    assert_int_equal(n, 50);
+    cJSON_Delete(j);
+
+    snprintf(args, sizeof args, "train --steps 1 --log %s", dir); /* a directory */
+    assert_int_equal(run_tool(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "cannot open it for appending"));
 }
 
 /* ---- Warnings ----------------------------------------------------------------------- */
@@ -426,7 +473,7 @@ static void test_plan_warnings(void **state)
     const char *uneven = strstr(out, "batch 7 does not divide over the 8 devices of (replica, fsdp): "
                                      "blocks of 1 with padding");
     const char *gathers = strstr(out, "whole-tensor gathers an op forced");
-    const char *first_step = strstr(out, "\rstep ");
+    const char *first_step = strstr(out, "ms/step  eta");
     assert_non_null(uneven);
     assert_non_null(gathers);
     assert_non_null(strstr(out, " more (spmd explain lists them)"));
@@ -449,6 +496,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sigint_stops_after_the_step, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_stops_after_the_step, setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_signal_ends_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plain_progress_and_jsonl_log, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_warnings, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

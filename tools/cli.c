@@ -81,6 +81,10 @@ void cli_usage(FILE *f, const char *command)
             "  --seed N             initialisation and data seed, 0 to 2^64-1 (1)\n"
             "  --threads N          compute threads in all (every core)\n"
             "  --json FILE          write a JSON report\n"
+            "  --log FILE.jsonl     append one JSON object per step (step, loss, lr, grad_norm,\n"
+            "                       ms, tokens_per_s)\n"
+            "  --log-every N        output that is not a terminal gets a line every N steps\n"
+            "                       (and the first and last); a terminal, one live line (steps/20)\n"
             "  --on-nonfinite stop|continue  a NaN or infinite loss or gradient norm ends\n"
             "                       the run (stop)\n"
             "  --memory-check on|off  refuse a run whose memory need exceeds what the\n"
@@ -166,6 +170,8 @@ static const flag_spec flag_specs[] = {
     {"--fsdp", FLAG_TEXT, offsetof(cli_opts, fsdp), 0, NULL},
     {"--data", FLAG_TEXT, offsetof(cli_opts, data), 0, NULL},
     {"--json", FLAG_TEXT, offsetof(cli_opts, json), 0, NULL},
+    {"--log", FLAG_TEXT, offsetof(cli_opts, log), 0, NULL},
+    {"--log-every", FLAG_INT, offsetof(cli_opts, log_every), 1, NULL},
     {"--save", FLAG_TEXT, offsetof(cli_opts, save), 0, NULL},
     {"--resume", FLAG_TEXT, offsetof(cli_opts, resume), 0, NULL},
     {"--init", FLAG_TEXT, offsetof(cli_opts, init), 0, NULL},
@@ -662,6 +668,11 @@ static int feed_split(const cli_opts *o, const cli_model *m, const cli_graph *c,
     return 0;
 }
 
+float cli_lr(const cli_opts *o, int step)
+{
+    return spmd_lr_schedule(step, o->warmup, o->steps, o->lr, o->lr_constant ? o->lr : o->lr / 10);
+}
+
 int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, int64_t first)
 {
     size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
@@ -670,7 +681,7 @@ int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, i
                         : cli_fail("out of memory");
     free(tok), free(tgt);
     if (rc) return rc;
-    float lr = spmd_lr_schedule(step, o->warmup, o->steps, o->lr, o->lr_constant ? o->lr : o->lr / 10);
+    float lr = cli_lr(o, step);
     if (spmd_program_set_input(p, m->opt.lr, &lr, sizeof lr) != SPMD_OK)
         return cli_fail("cannot feed the learning rate: %s", spmd_last_error());
     return 0;

@@ -50,6 +50,8 @@ typedef struct cli_opts {
     cli_shard shards[CLI_MAX_SHARDS];
     int n_shards;
     const char *json;
+    int log_every;     /* output not a terminal: a line every N steps; 0: steps / 20 */
+    const char *log;   /* --log FILE.jsonl: one JSON object per step, appended */
     const char *blas, *blas_core;
 } cli_opts;
 
@@ -84,6 +86,8 @@ spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only);
 /* Refuse (message, exit code) a run whose programs need more memory than
  * this process can get: MemAvailable, and the room RLIMIT_AS leaves. */
 int cli_check_memory(const cli_opts *o, const cli_model *m);
+/* The learning rate of `step` (from 0) by the schedule flags. */
+float cli_lr(const cli_opts *o, int step);
 /* The global batch of the training split from sample `first` on, and the
  * learning rate of `step` (from 0). */
 int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, int64_t first);

@@ -131,7 +131,7 @@ int cli_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int s
         cli_fail("--save %s: %s", o->save, spmd_last_error());
         return 1;
     }
-    printf("\ncheckpoint: step %d saved to %s/step-%08d in %.0f ms\n", step, o->save, step,
+    printf("checkpoint: step %d saved to %s/step-%08d in %.0f ms\n", step, o->save, step,
            now_ms() - t0);
     fflush(stdout);
     return 0;

@@ -6,8 +6,10 @@
 
 #include <cJSON.h>
 
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -174,14 +176,22 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     return cli_write_json(o->json, root);
 }
 
-int cmd_train(int argc, char **argv)
+/* One object per step, as JSON Lines; a non-finite value is null. */
+static void log_step(FILE *log, int step, float loss, float lr, float norm, double ms, double tok_s)
 {
-    cli_opts o;
-    int rc = cli_parse(argc, argv, "train", &o);
-    if (rc) return rc < 0 ? 0 : rc;
-    if (o.processes > 1)
-        return cli_fail("--processes plans a run over several processes (spmd explain); training "
-                        "over processes under mpirun is not built yet");
+    char l[32] = "null", n[32] = "null";
+    if (isfinite(loss)) snprintf(l, sizeof l, "%.9g", (double)loss);
+    if (isfinite(norm)) snprintf(n, sizeof n, "%.9g", (double)norm);
+    fprintf(log, "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"ms\":%.3f,\"tokens_per_s\":%.1f}\n",
+            step, l, (double)lr, n, ms, tok_s);
+    fflush(log);
+}
+
+/* The run: build, check, compile, train, report; 0 or an exit code. */
+static int train(cli_opts *o_in, FILE *log)
+{
+    cli_opts o = *o_in;
+    int rc = 0;
     /* What would fail only after the run (the report) or kill it (memory)
      * is checked before it. */
     if (o.json && (rc = cli_check_report_path(o.json))) return rc;
@@ -232,6 +242,8 @@ int cmd_train(int argc, char **argv)
     int done = first; /* the last step run, from 1 */
     int saved = first; /* the last step in a checkpoint */
     catch_stop_signals();
+    bool live = isatty(STDOUT_FILENO);
+    int every = o.log_every ? o.log_every : o.steps / 20 > 1 ? o.steps / 20 : 1;
     double start = now_ms();
     for (int s = first; s < o.steps && !rc && !stop.step; s++) {
         int i = s - first; /* records index */
@@ -252,10 +264,17 @@ int cmd_train(int argc, char **argv)
         ms[i] = now_ms() - t0;
         double elapsed = (now_ms() - start) / 1e3;
         double eta = elapsed / (i + 1) * (o.steps - s - 1);
-        printf("\rstep %4d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  eta %.0fs   ", s + 1, o.steps,
-               (double)losses[i], (double)m.tokens_per_step / (ms[i] / 1e3), ms[i], eta);
-        fflush(stdout);
+        double tok_s = (double)m.tokens_per_step / (ms[i] / 1e3);
         done = s + 1;
+        /* A terminal gets one live line; a file or pipe, plain lines. */
+        if (live)
+            printf("\rstep %4d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  eta %.0fs   ", done, o.steps,
+                   (double)losses[i], tok_s, ms[i], eta);
+        else if (done == first + 1 || done % every == 0 || done == o.steps)
+            printf("step %4d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  eta %.0fs\n", done, o.steps,
+                   (double)losses[i], tok_s, ms[i], eta);
+        fflush(stdout);
+        if (log) log_step(log, done, losses[i], cli_lr(&o, s), norm, ms[i], tok_s);
         if (!o.keep_nonfinite && nonfinite(losses[i], norm, stop.reason, sizeof stop.reason)) {
             stop.step = done;
             break; /* a diverged model is not saved */
@@ -263,11 +282,12 @@ int cmd_train(int argc, char **argv)
         note_signal(&stop, done);
         /* Periodic saves; the last step's (or a stopped run's) comes below. */
         if (o.save && o.save_every && done % o.save_every == 0 && done < o.steps && !stop.step) {
+            if (live) printf("\n");
             rc = cli_save(&o, &m, p, done, sample);
             saved = done;
         }
     }
-    printf("\n");
+    if (live) printf("\n");
     int run = done - first; /* steps run by this process */
     if (stop.step && !stop.signal) {
         fflush(stdout);
@@ -316,5 +336,24 @@ out:
     spmd_program_free(eval);
     spmd_program_free(p);
     cli_model_free(&m);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv)
+{
+    cli_opts o;
+    int rc = cli_parse(argc, argv, "train", &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (o.processes > 1)
+        return cli_fail("--processes plans a run over several processes (spmd explain); training "
+                        "over processes under mpirun is not built yet");
+    FILE *log = NULL;
+    if (o.log && !(log = fopen(o.log, "a")))
+        return cli_fail("--log %s: cannot open it for appending: %s", o.log, strerror(errno));
+    rc = train(&o, log);
+    if (log && fclose(log) != 0 && !rc) {
+        cli_fail("--log %s: %s", o.log, strerror(errno));
+        rc = 1;
+    }
     return rc;
 }
