@@ -37,6 +37,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "support_files.h"
+
 #include <cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -63,36 +65,15 @@
 #error "SPMD_SOURCE_DIR must name the source tree"
 #endif
 
-enum { BATCH = 16, IN = 13, CLASSES = 10, PATH = 1024 };
+enum { BATCH = 16, IN = 13, CLASSES = 10, PATH = SUPPORT_PATH };
 
 /* ---- Files and directories ------------------------------------------------------------ */
-
-static char *temp_dir(void)
-{
-    char *dir = strdup("/tmp/spmd-ckpt-XXXXXX");
-    assert_non_null(dir);
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
-
-static void drop_dir(char *dir)
-{
-    assert_int_equal(ckpt_remove_tree(dir, "test"), SPMD_OK);
-    free(dir);
-}
-
-static const char *path_of(char *buf, const char *a, const char *b)
-{
-    int n = snprintf(buf, PATH, "%s/%s", a, b);
-    assert_true(n > 0 && n < PATH);
-    return buf;
-}
 
 static bool exists(const char *dir, const char *name)
 {
     char p[PATH];
     struct stat st;
-    return stat(path_of(p, dir, name), &st) == 0;
+    return stat(support_path_in(p, dir, name), &st) == 0;
 }
 
 static long file_size(const char *path)
@@ -126,7 +107,7 @@ static void write_text(const char *path, const char *text)
 static void expect_latest(const char *dir, const char *step_name)
 {
     char p[PATH], want[64];
-    char *got = read_text(path_of(p, dir, "latest"));
+    char *got = read_text(support_path_in(p, dir, "latest"));
     snprintf(want, sizeof want, "%s\n", step_name);
     assert_string_equal(got, want);
     free(got);
@@ -319,7 +300,7 @@ static void read_shares(const char *step_dir, shares *out)
 {
     char p[PATH];
     memset(out, 0, sizeof *out);
-    char *text = read_text(path_of(p, step_dir, "index.json"));
+    char *text = read_text(support_path_in(p, step_dir, "index.json"));
     cJSON *index = cJSON_Parse(text);
     free(text);
     assert_non_null(index);
@@ -351,7 +332,7 @@ static void read_shares(const char *step_dir, shares *out)
 static void test_same_mesh_round_trip(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), p[PATH];
+    char *dir = support_temp_dir("spmd-ckpt"), p[PATH];
     model a, b;
     model_build(&a, FSDP_4X2);
     model_step(&a, 0);
@@ -386,7 +367,7 @@ static void test_same_mesh_round_trip(void **state)
     /* FSDP over 'fsdp' on 4x2: each distinct block is held by the 4
      * replicas of its 'fsdp' index, and written by one of them: all 8
      * devices write a share. */
-    path_of(p, dir, "step-00000002");
+    support_path_in(p, dir, "step-00000002");
     assert_true(exists(p, "index.json"));
     shares sh;
     read_shares(p, &sh);
@@ -400,7 +381,7 @@ static void test_same_mesh_round_trip(void **state)
     expect_latest(dir, "step-00000002");
     model_free(&a);
     model_free(&b);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* ---- (b) Other meshes --------------------------------------------------------------------- */
@@ -415,7 +396,7 @@ static void test_reshard_on_load(void **state)
         {.mesh = "2x2x2", .axes = "a,b,c", .fsdp = "b", .hidden = 31, .seed = 99},
     };
     enum { N = sizeof targets / sizeof targets[0] };
-    char *dir = temp_dir(), *again = temp_dir();
+    char *dir = support_temp_dir("spmd-ckpt"), *again = support_temp_dir("spmd-ckpt");
     model a;
     model_build(&a, FSDP_4X2);
     model_step(&a, 0);
@@ -451,8 +432,8 @@ static void test_reshard_on_load(void **state)
             fail_msg("mesh %s: next loss %.9g, on 4x2 %.9g",
                      targets[i].mesh ? targets[i].mesh : "1", next[i], want);
     model_free(&a);
-    drop_dir(dir);
-    drop_dir(again);
+    support_drop_dir(dir);
+    support_drop_dir(again);
 }
 
 /* A data-parallel mesh holds every block on all 4 devices: the blocks
@@ -468,13 +449,13 @@ static void test_replicated_spread(void **state)
         {.mesh = "4x2", .axes = "replica,fsdp", .fsdp = "fsdp", .hidden = 31, .seed = 99},
         {.mesh = "2x2", .axes = "data,fsdp", .fsdp = "fsdp", .hidden = 31, .seed = 99},
     };
-    char *dir = temp_dir(), p[PATH];
+    char *dir = support_temp_dir("spmd-ckpt"), p[PATH];
     model a;
     model_build(&a, DATA_4);
     model_step(&a, 0);
     model_step(&a, 1);
     save_ok(a.p, dir, 2, NULL, 0);
-    path_of(p, dir, "step-00000002");
+    support_path_in(p, dir, "step-00000002");
     shares sh;
     read_shares(p, &sh);
     assert_int_equal(sh.n_files, 4);
@@ -515,7 +496,7 @@ static void test_replicated_spread(void **state)
         model_free(&b);
     }
     model_free(&a);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* ---- (c) Uneven splits ---------------------------------------------------------------------- */
@@ -564,7 +545,7 @@ static void toy_free(toy *t)
 static int saved_blocks(const char *step_dir, const char *name)
 {
     char p[PATH];
-    char *text = read_text(path_of(p, step_dir, "index.json"));
+    char *text = read_text(support_path_in(p, step_dir, "index.json"));
     cJSON *index = cJSON_Parse(text);
     free(text);
     assert_non_null(index);
@@ -579,7 +560,7 @@ static int saved_blocks(const char *step_dir, const char *name)
 static void test_uneven_splits(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), *again = temp_dir(), p[PATH];
+    char *dir = support_temp_dir("spmd-ckpt"), *again = support_temp_dir("spmd-ckpt"), p[PATH];
     toy src;
     toy_build(&src, spmd_mesh_parse("4x2", "replica,fsdp"), "(replica, fsdp), None", "None, fsdp",
               "replica", 1);
@@ -596,7 +577,7 @@ static void test_uneven_splits(void **state)
     save_ok(src.p, dir, 0, NULL, 0);
     /* 7 rows over 8 devices: the eighth block is padding only, not written;
      * 3 over the 4 replicas likewise; the scalar once. */
-    path_of(p, dir, "step-00000000");
+    support_path_in(p, dir, "step-00000000");
     assert_int_equal(saved_blocks(p, "w1"), 7);
     assert_int_equal(saved_blocks(p, "w2"), 2);
     assert_int_equal(saved_blocks(p, "w3"), 3);
@@ -625,8 +606,8 @@ static void test_uneven_splits(void **state)
     for (int i = 0; i < 3; i++) toy_free(&dst[i]);
     toy_free(&back);
     toy_free(&src);
-    drop_dir(dir);
-    drop_dir(again);
+    support_drop_dir(dir);
+    support_drop_dir(again);
 }
 
 /* ---- (d) Refusals ------------------------------------------------------------------------ */
@@ -674,13 +655,13 @@ static void cut_short(void *ctx, const char *step_dir)
 {
     char p[PATH];
     (void)ctx;
-    assert_int_equal(truncate(path_of(p, step_dir, "dev-0001.safetensors"), 16), 0);
+    assert_int_equal(truncate(support_path_in(p, step_dir, "dev-0001.safetensors"), 16), 0);
 }
 
 static void test_refusals(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), case_dir[PATH], step_dir[PATH], p[PATH];
+    char *dir = support_temp_dir("spmd-ckpt"), case_dir[PATH], step_dir[PATH], p[PATH];
     model a, b;
     model_build(&a, FSDP_4X2);
     model_step(&a, 0);
@@ -690,29 +671,29 @@ static void test_refusals(void **state)
 
     const char *cases[] = {"missing", "truncated", "flipped", "version"};
     for (int i = 0; i < 4; i++) {
-        path_of(case_dir, dir, cases[i]);
+        support_path_in(case_dir, dir, cases[i]);
         save_ok(a.p, case_dir, 1, NULL, 0);
-        path_of(step_dir, case_dir, "step-00000001");
+        support_path_in(step_dir, case_dir, "step-00000001");
     }
-    path_of(step_dir, dir, "missing/step-00000001");
-    assert_int_equal(unlink(path_of(p, step_dir, "dev-0001.safetensors")), 0);
-    expect_refused(&b, path_of(case_dir, dir, "missing"), SPMD_ERR_IO, "dev-0001.safetensors",
+    support_path_in(step_dir, dir, "missing/step-00000001");
+    assert_int_equal(unlink(support_path_in(p, step_dir, "dev-0001.safetensors")), 0);
+    expect_refused(&b, support_path_in(case_dir, dir, "missing"), SPMD_ERR_IO, "dev-0001.safetensors",
                    "missing", NULL);
 
-    path_of(step_dir, dir, "truncated/step-00000001");
-    path_of(p, step_dir, "dev-0000.safetensors");
+    support_path_in(step_dir, dir, "truncated/step-00000001");
+    support_path_in(p, step_dir, "dev-0000.safetensors");
     assert_int_equal(truncate(p, file_size(p) - 3), 0);
-    expect_refused(&b, path_of(case_dir, dir, "truncated"), SPMD_ERR_IO, "dev-0000.safetensors",
+    expect_refused(&b, support_path_in(case_dir, dir, "truncated"), SPMD_ERR_IO, "dev-0000.safetensors",
                    "truncated", NULL);
 
-    path_of(step_dir, dir, "flipped/step-00000001");
-    path_of(p, step_dir, "dev-0001.safetensors");
+    support_path_in(step_dir, dir, "flipped/step-00000001");
+    support_path_in(p, step_dir, "dev-0001.safetensors");
     flip_byte(p, file_size(p) - 5);
-    expect_refused(&b, path_of(case_dir, dir, "flipped"), SPMD_ERR_IO, "dev-0001.safetensors",
+    expect_refused(&b, support_path_in(case_dir, dir, "flipped"), SPMD_ERR_IO, "dev-0001.safetensors",
                    "crc32", NULL);
 
-    path_of(step_dir, dir, "version/step-00000001");
-    char *text = read_text(path_of(p, step_dir, "index.json"));
+    support_path_in(step_dir, dir, "version/step-00000001");
+    char *text = read_text(support_path_in(p, step_dir, "index.json"));
     cJSON *index = cJSON_Parse(text);
     free(text);
     cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(index, "version"), 2);
@@ -720,11 +701,11 @@ static void test_refusals(void **state)
     write_text(p, text);
     cJSON_free(text);
     cJSON_Delete(index);
-    expect_refused(&b, path_of(case_dir, dir, "version"), SPMD_ERR_UNSUPPORTED, "index.json",
+    expect_refused(&b, support_path_in(case_dir, dir, "version"), SPMD_ERR_UNSUPPORTED, "index.json",
                    "version 2", "version 1");
 
     /* A checkpoint that loads, into programs it does not fit. */
-    path_of(case_dir, dir, "good");
+    support_path_in(case_dir, dir, "good");
     save_ok(a.p, case_dir, 1, NULL, 0);
     assert_int_equal(load_ok(b.p, case_dir), 1);
     model wider, sgd;
@@ -745,7 +726,7 @@ static void test_refusals(void **state)
 
     /* A file cut short after every check passed: only reading finds it,
      * and the program is partly loaded by then; a good load mends it. */
-    path_of(case_dir, dir, "partly");
+    support_path_in(case_dir, dir, "partly");
     save_ok(a.p, case_dir, 1, NULL, 0);
     checkpoint_set_load_hook(cut_short, NULL);
     assert_int_equal(spmd_checkpoint_load(b.p, case_dir, NULL, NULL), SPMD_ERR_IO);
@@ -753,18 +734,18 @@ static void test_refusals(void **state)
     const char *msg = spmd_last_error();
     if (!strstr(msg, "dev-0001.safetensors") || !strstr(msg, "the program is partly loaded"))
         fail_msg("load of a file cut short: %s", msg);
-    assert_int_equal(load_ok(b.p, path_of(p, dir, "good")), 1);
+    assert_int_equal(load_ok(b.p, support_path_in(p, dir, "good")), 1);
     expect_same_values(a.g, a.p, b.g, b.p);
 
     /* No checkpoint at all, and a `latest` that names no step. */
-    path_of(case_dir, dir, "empty");
+    support_path_in(case_dir, dir, "empty");
     assert_int_equal(mkdir(case_dir, 0777), 0);
     expect_refused(&b, case_dir, SPMD_ERR_IO, "neither", NULL, NULL);
-    write_text(path_of(p, case_dir, "latest"), "../good/step-00000001\n");
+    write_text(support_path_in(p, case_dir, "latest"), "../good/step-00000001\n");
     expect_refused(&b, case_dir, SPMD_ERR_IO, "latest", "step name", NULL);
 
     /* Saves refused before anything is written. */
-    path_of(case_dir, dir, "refused");
+    support_path_in(case_dir, dir, "refused");
     assert_int_equal(spmd_checkpoint_save(a.p, case_dir, 1, "[1, 2]", 0), SPMD_ERR_INVALID);
     assert_non_null(strstr(spmd_last_error(), "meta"));
     assert_int_equal(spmd_checkpoint_save(a.p, case_dir, -1, NULL, 0), SPMD_ERR_INVALID);
@@ -775,13 +756,13 @@ static void test_refusals(void **state)
     spmd_program *plan_only = spmd_compile(a.g, &(spmd_compile_options){.plan_only = true});
     assert_non_null(plan_only);
     assert_int_equal(spmd_checkpoint_save(plan_only, case_dir, 1, NULL, 0), SPMD_ERR_INVALID);
-    assert_int_equal(spmd_checkpoint_load(plan_only, path_of(p, dir, "good"), NULL, NULL),
+    assert_int_equal(spmd_checkpoint_load(plan_only, support_path_in(p, dir, "good"), NULL, NULL),
                      SPMD_ERR_INVALID);
     spmd_program_free(plan_only);
 
     model_free(&a);
     model_free(&b);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* ---- (e) Atomicity ------------------------------------------------------------------------ */
@@ -842,7 +823,7 @@ static bool record_stage(void *ctx, const char *stage)
 static void test_hook_stages(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-ckpt");
     model a;
     model_build(&a, FSDP_4X2);
     stages seen = {0};
@@ -861,13 +842,13 @@ static void test_hook_stages(void **state)
     assert_string_equal(seen.names[9], "step-00000005");
     assert_string_equal(seen.names[10], "latest");
     model_free(&a);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 static void test_atomic_save(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), p[PATH];
+    char *dir = support_temp_dir("spmd-ckpt"), p[PATH];
     model a, b;
     model_build(&a, FSDP_4X2);
     model_build(
@@ -901,7 +882,7 @@ static void test_atomic_save(void **state)
     save_killed_at(&a, dir, 3, "step-00000003");
     expect_latest(dir, "step-00000002");
     expect_loads(&b, dir, 2, at2, bytes);
-    expect_loads(&b, path_of(p, dir, "step-00000003"), 3, at3, bytes);
+    expect_loads(&b, support_path_in(p, dir, "step-00000003"), 3, at3, bytes);
     /* Killed after `latest`, before deleting: nothing deleted yet. */
     save_killed_at(&a, dir, 3, "latest");
     expect_latest(dir, "step-00000003");
@@ -939,7 +920,7 @@ static void test_atomic_save(void **state)
     free(at3);
     model_free(&a);
     model_free(&b);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* ---- Allocation failures ----------------------------------------------------------------- */
@@ -950,7 +931,7 @@ static void test_atomic_save(void **state)
 static void test_out_of_memory(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), *other = temp_dir(), tmp[64];
+    char *dir = support_temp_dir("spmd-ckpt"), *other = support_temp_dir("spmd-ckpt"), tmp[64];
     test_alloc f;
     spmd_allocator hook = test_alloc_init(&f, -1);
     model a, b;
@@ -1002,8 +983,8 @@ static void test_out_of_memory(void **state)
     expect_same_values(a.g, a.p, b.g, b.p);
     model_free(&a);
     model_free(&b);
-    drop_dir(dir);
-    drop_dir(other);
+    support_drop_dir(dir);
+    support_drop_dir(other);
 }
 
 /* ---- (f) An independent reader -------------------------------------------------------------- */
@@ -1030,12 +1011,12 @@ static void test_independent_reader(void **state)
         print_message("note: no /usr/bin/python3: the independent safetensors reader is not run\n");
         skip();
     }
-    char *dir = temp_dir(), cmd[4 * PATH], step_dir[PATH];
+    char *dir = support_temp_dir("spmd-ckpt"), cmd[4 * PATH], step_dir[PATH];
     model a;
     model_build(&a, FSDP_4X2);
     model_step(&a, 0);
     save_ok(a.p, dir, 1, NULL, 0);
-    path_of(step_dir, dir, "step-00000001");
+    support_path_in(step_dir, dir, "step-00000001");
     shares sh;
     read_shares(step_dir, &sh);
     size_t n = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/read_safetensors.py",
@@ -1082,7 +1063,7 @@ static void test_independent_reader(void **state)
     assert_int_equal(total, sh.n_blocks);
     for (int d = 0; d < 8; d++) assert_true(lines[d] > 0);
     model_free(&a);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 int main(void)

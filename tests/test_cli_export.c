@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "support_files.h"
+
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -42,33 +44,12 @@
 #error "SPMD_SOURCE_DIR must name the source tree"
 #endif
 
-enum { PATH = 1024, BATCH = 8, OUT = 1 << 16 };
+enum { PATH = SUPPORT_PATH, BATCH = 8, OUT = 1 << 16 };
 
 static const spmd_gpt_config CFG = {.vocab = 37, .seq = 8, .context = 16, .layers = 2, .heads = 2,
                                     .dim = 16};
 static const char *META = "{\"config\":{\"model\":\"gpt\",\"vocab\":37,\"seq\":8,\"context\":16,"
                           "\"layers\":2,\"heads\":2,\"dim\":16}}";
-
-static char *temp_dir(void)
-{
-    char *dir = strdup("/tmp/spmd-export-XXXXXX");
-    assert_non_null(dir);
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
-
-static void drop_dir(char *dir)
-{
-    assert_int_equal(ckpt_remove_tree(dir, "test"), SPMD_OK);
-    free(dir);
-}
-
-static const char *path_in(char *buf, const char *dir, const char *name)
-{
-    int n = snprintf(buf, PATH, "%s/%s", dir, name);
-    assert_true(n > 0 && n < PATH);
-    return buf;
-}
 
 static int count_entries(const char *dir)
 {
@@ -154,7 +135,7 @@ static void dump_params(const trained *m, const char *dir)
         assert_int_equal(spmd_program_read(m->p, t, v, bytes), SPMD_OK);
         char name[256], path[PATH];
         snprintf(name, sizeof name, "%s.f32", spmd_tensor_name(t));
-        FILE *f = fopen(path_in(path, dir, name), "wb");
+        FILE *f = fopen(support_path_in(path, dir, name), "wb");
         assert_non_null(f);
         assert_int_equal(fwrite(v, 1, bytes, f), bytes);
         assert_int_equal(fclose(f), 0);
@@ -206,25 +187,25 @@ static bool have_numpy(void)
 static void test_export_both_formats(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-export");
     char ckpt[PATH], hf[PATH], llmc[PATH], dump[PATH], *out = malloc(OUT);
     assert_non_null(out);
     trained m;
-    train_and_save(&m, path_in(ckpt, dir, "ckpt"));
+    train_and_save(&m, support_path_in(ckpt, dir, "ckpt"));
 
-    int rc = run(out, "export %s --out %s", ckpt, path_in(hf, dir, "model.safetensors"));
+    int rc = run(out, "export %s --out %s", ckpt, support_path_in(hf, dir, "model.safetensors"));
     if (rc != 0) fail_msg("export hf: %d\n%s", rc, out);
     expect_output(out, "step 1");
     expect_output(out, "Hugging Face GPT-2 safetensors");
     expect_output(out, "vocab 37, context 16, 2 layers, 2 heads, dim 16");
-    rc = run(out, "export --format=llmc %s --out %s", ckpt, path_in(llmc, dir, "model.bin"));
+    rc = run(out, "export --format=llmc %s --out %s", ckpt, support_path_in(llmc, dir, "model.bin"));
     if (rc != 0) fail_msg("export llmc: %d\n%s", rc, out);
     expect_output(out, "llm.c checkpoint");
     expect_same_weights(&m, hf);
     expect_same_weights(&m, llmc);
 
     if (have_numpy()) {
-        assert_int_equal(mkdir(path_in(dump, dir, "dump"), 0755), 0);
+        assert_int_equal(mkdir(support_path_in(dump, dir, "dump"), 0755), 0);
         dump_params(&m, dump);
         char cmd[4 * PATH];
         snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/read_export.py --hf %s --llmc %s "
@@ -240,13 +221,13 @@ static void test_export_both_formats(void **state)
     }
     trained_free(&m);
     free(out);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 static void test_export_refusals(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-export");
     char ckpt[PATH], file[PATH], other[PATH], *out = malloc(OUT);
     assert_non_null(out);
     assert_int_equal(run(out, "export"), 2);
@@ -260,7 +241,7 @@ static void test_export_refusals(void **state)
     assert_int_equal(run(out, "export --help"), 0);
     expect_output(out, "--format llmc");
 
-    assert_int_equal(run(out, "export %s --out %s", dir, path_in(file, dir, "x.st")), 1);
+    assert_int_equal(run(out, "export %s --out %s", dir, support_path_in(file, dir, "x.st")), 1);
     expect_output(out, "is not a checkpoint");
     /* A checkpoint whose meta has no model configuration. */
     spmd_graph *g = spmd_graph_create(NULL);
@@ -269,7 +250,7 @@ static void test_export_refusals(void **state)
     spmd_compile_options opts = {.threads = 1};
     spmd_program *p = spmd_compile(g, &opts);
     assert_non_null(p);
-    assert_int_equal(spmd_checkpoint_save(p, path_in(ckpt, dir, "ckpt"), 3, "{}", 0), SPMD_OK);
+    assert_int_equal(spmd_checkpoint_save(p, support_path_in(ckpt, dir, "ckpt"), 3, "{}", 0), SPMD_OK);
     assert_int_equal(run(out, "export %s --out %s", ckpt, file), 1);
     expect_output(out, "no meta.config");
     assert_int_equal(spmd_checkpoint_save(p, ckpt, 4, META, 0), SPMD_OK);
@@ -278,13 +259,13 @@ static void test_export_refusals(void **state)
     /* Nothing was written: the checkpoint is all there is. */
     assert_int_equal(count_entries(dir), 1);
     /* A step directory exports too. */
-    assert_int_equal(run(out, "export %s/step-00000004 --out %s", ckpt, path_in(other, dir, "y.st")),
+    assert_int_equal(run(out, "export %s/step-00000004 --out %s", ckpt, support_path_in(other, dir, "y.st")),
                      0);
     expect_output(out, "step 4");
     spmd_program_free(p);
     spmd_graph_free(g);
     free(out);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 int main(void)

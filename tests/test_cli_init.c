@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "support_files.h"
+
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -40,7 +42,7 @@
 #error "SPMD_TOOL_PATH must name the spmd binary"
 #endif
 
-enum { PATH = 1024, OUT = 1 << 16, FILLER = 67 };
+enum { PATH = SUPPORT_PATH, OUT = 1 << 16, FILLER = 67 };
 
 #define TOL 1e-5
 
@@ -52,27 +54,6 @@ static int setup(void **state)
     snprintf(hf, sizeof hf, "%s/gpt_weights.safetensors", tv_dir());
     snprintf(llmc, sizeof llmc, "%s/gpt_weights_llmc.bin", tv_dir());
     return 0;
-}
-
-static char *temp_dir(void)
-{
-    char *dir = strdup("/tmp/spmd-init-XXXXXX");
-    assert_non_null(dir);
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
-
-static void drop_dir(char *dir)
-{
-    assert_int_equal(ckpt_remove_tree(dir, "test"), SPMD_OK);
-    free(dir);
-}
-
-static const char *path_in(char *buf, const char *dir, const char *name)
-{
-    int n = snprintf(buf, PATH, "%s/%s", dir, name);
-    assert_true(n > 0 && n < PATH);
-    return buf;
 }
 
 static int run(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -139,20 +120,20 @@ static void loss_case(const char *file, const char *extra, const char *init_line
 {
     tv_file v;
     tv_load_case("gpt_weights", &v);
-    char *dir = temp_dir(), shard[PATH], report[PATH], *out = malloc(OUT);
+    char *dir = support_temp_dir("spmd-init"), shard[PATH], report[PATH], *out = malloc(OUT);
     assert_non_null(out);
-    write_shard(&v, path_in(shard, dir, "tokens.bin"));
+    write_shard(&v, support_path_in(shard, dir, "tokens.bin"));
     int rc = run(out,
                  "train --init %s %s --data %s --data-order sequential --batch 4 --seq 8 --steps 1 "
                  "--eval 0 --threads 2 --json %s",
-                 file, extra, shard, path_in(report, dir, "r.json"));
+                 file, extra, shard, support_path_in(report, dir, "r.json"));
     if (rc != 0) fail_msg("train: %d\n%s", rc, out);
     expect_output(out, init_line);
     double got = first_loss(report), want = *(const float *)need(&v, "loss")->data;
     if (!(fabs(got - want) <= TOL + TOL * fabs(want)))
         fail_msg("step 1 loss %.9g, PyTorch's %.9g (%s %s)", got, want, file, extra);
     free(out);
-    drop_dir(dir);
+    support_drop_dir(dir);
     tv_free(&v);
 }
 
@@ -185,15 +166,15 @@ static void test_init_save_export_keeps_the_weights(void **state)
     (void)state;
     tv_file v;
     tv_load_case("gpt_weights", &v);
-    char *dir = temp_dir(), shard[PATH], ckpt[PATH], file[PATH], *out = malloc(OUT);
+    char *dir = support_temp_dir("spmd-init"), shard[PATH], ckpt[PATH], file[PATH], *out = malloc(OUT);
     assert_non_null(out);
-    write_shard(&v, path_in(shard, dir, "tokens.bin"));
+    write_shard(&v, support_path_in(shard, dir, "tokens.bin"));
     int rc = run(out,
                  "train --init %s --heads 2 --mesh 2x2 --axes replica,fsdp --optimizer sgd "
                  "--lr 1e-30 --data %s --batch 4 --seq 8 --steps 1 --eval 0 --threads 2 --save %s",
-                 hf, shard, path_in(ckpt, dir, "ckpt"));
+                 hf, shard, support_path_in(ckpt, dir, "ckpt"));
     if (rc != 0) fail_msg("train: %d\n%s", rc, out);
-    rc = run(out, "export %s --out %s", ckpt, path_in(file, dir, "out.safetensors"));
+    rc = run(out, "export %s --out %s", ckpt, support_path_in(file, dir, "out.safetensors"));
     if (rc != 0) fail_msg("export: %d\n%s", rc, out);
 
     const int32_t *c = need(&v, "config")->data;
@@ -218,7 +199,7 @@ static void test_init_save_export_keeps_the_weights(void **state)
     spmd_program_free(p);
     spmd_graph_free(g);
     free(out);
-    drop_dir(dir);
+    support_drop_dir(dir);
     tv_free(&v);
 }
 

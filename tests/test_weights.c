@@ -27,6 +27,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "support_files.h"
+
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -53,35 +55,14 @@
 #define ATOL 1e-5
 #define RTOL 1e-5
 
-enum { PATH = 1024, MAX_TENSORS = 64 };
+enum { PATH = SUPPORT_PATH, MAX_TENSORS = 64 };
 
 static const char *HF_FILE = "gpt_weights.safetensors";
 static const char *LLMC_FILE = "gpt_weights_llmc.bin";
 
 /* ---- Files ------------------------------------------------------------------------------ */
 
-static char *temp_dir(void)
-{
-    char *dir = strdup("/tmp/spmd-weights-XXXXXX");
-    assert_non_null(dir);
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
-
-static void drop_dir(char *dir)
-{
-    assert_int_equal(ckpt_remove_tree(dir, "test"), SPMD_OK);
-    free(dir);
-}
-
-static const char *path_in(char *buf, const char *dir, const char *name)
-{
-    int n = snprintf(buf, PATH, "%s/%s", dir, name);
-    assert_true(n > 0 && n < PATH);
-    return buf;
-}
-
-static const char *vector_path(char *buf, const char *name) { return path_in(buf, tv_dir(), name); }
+static const char *vector_path(char *buf, const char *name) { return support_path_in(buf, tv_dir(), name); }
 
 static unsigned char *read_bytes(const char *path, size_t *size)
 {
@@ -428,10 +409,10 @@ static void copy_file(const char *from, const char *to)
 static void test_heads_from_config_json(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char src[PATH], file[PATH], config[PATH];
-    copy_file(vector_path(src, HF_FILE), path_in(file, dir, "model.safetensors"));
-    path_in(config, dir, "config.json");
+    copy_file(vector_path(src, HF_FILE), support_path_in(file, dir, "model.safetensors"));
+    support_path_in(config, dir, "config.json");
     write_text(config, "{\"model_type\": \"gpt2\", \"n_head\": 2, \"n_embd\": 16, \"n_layer\": 2}");
     spmd_weights_info info = inspect_ok(file);
     expect_shape(&info.config, 2);
@@ -445,7 +426,7 @@ static void test_heads_from_config_json(void **state)
     expect_error(spmd_weights_inspect(file, &bad), config, "n_head", NULL);
     write_text(config, "{\"n_head\": 3}");
     expect_error(spmd_weights_inspect(file, &bad), "3 heads", "dim 16", NULL);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* dim 64 without metadata: GPT-2's head size gives one head; a file
@@ -453,26 +434,26 @@ static void test_heads_from_config_json(void **state)
 static void test_heads_from_gpt2_rule_and_metadata(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char saved[PATH], plain[PATH];
     spmd_gpt_config cfg = {.vocab = 5, .seq = 2, .context = 3, .layers = 1, .heads = 2, .dim = 64};
     model md;
     model_build(&md, cfg, 1, NULL, NULL, 1);
-    assert_int_equal(spmd_weights_save(md.p, &cfg, SPMD_WEIGHTS_HF, path_in(saved, dir, "a.st")),
+    assert_int_equal(spmd_weights_save(md.p, &cfg, SPMD_WEIGHTS_HF, support_path_in(saved, dir, "a.st")),
                      SPMD_OK);
     spmd_weights_info info = inspect_ok(saved);
     assert_int_equal(info.heads_from, SPMD_HEADS_FILE);
     assert_int_equal(info.config.heads, 2);
     st_file f;
     st_load(saved, &f);
-    st_save(path_in(plain, dir, "b.st"), &f);
+    st_save(support_path_in(plain, dir, "b.st"), &f);
     st_free(&f);
     info = inspect_ok(plain);
     assert_int_equal(info.heads_from, SPMD_HEADS_GPT2_RULE);
     assert_int_equal(info.config.heads, 1);
     assert_int_equal(info.config.context, 3);
     model_free(&md);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* ---- Refusals ---------------------------------------------------------------------------- */
@@ -505,7 +486,7 @@ static const char *cut_copy(const char *dir, const char *name, long keep, char *
     size_t n;
     unsigned char *b = read_bytes(vector_path(src, name), &n);
     size_t len = keep < 0 ? n - (size_t)-keep : (size_t)keep;
-    write_bytes(path_in(out, dir, name), b, len);
+    write_bytes(support_path_in(out, dir, name), b, len);
     free(b);
     return out;
 }
@@ -513,9 +494,9 @@ static const char *cut_copy(const char *dir, const char *name, long keep, char *
 static void test_refuses_missing_and_truncated_files(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char p[PATH];
-    expect_refused(path_in(p, dir, "none.safetensors"), "cannot open", "No such file");
+    expect_refused(support_path_in(p, dir, "none.safetensors"), "cannot open", "No such file");
     expect_refused(cut_copy(dir, HF_FILE, -100, p), "truncated: 37092 bytes", "up to byte 37192");
     expect_refused(cut_copy(dir, HF_FILE, 20, p), "not a valid safetensors file",
                    "past the end");
@@ -528,11 +509,11 @@ static void test_refuses_missing_and_truncated_files(void **state)
     unsigned char *b = read_bytes(vector_path(src, LLMC_FILE), &n);
     unsigned char *longer = calloc(n + 8, 1);
     memcpy(longer, b, n);
-    write_bytes(path_in(p, dir, "long.bin"), longer, n + 8);
+    write_bytes(support_path_in(p, dir, "long.bin"), longer, n + 8);
     expect_refused(p, "longer than its header says", NULL);
     free(b);
     free(longer);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 static void llmc_with_header_int(const char *dir, int index, int32_t value, char *out)
@@ -541,18 +522,18 @@ static void llmc_with_header_int(const char *dir, int index, int32_t value, char
     size_t n;
     unsigned char *b = read_bytes(vector_path(src, LLMC_FILE), &n);
     for (int i = 0; i < 4; i++) b[4 * index + i] = (unsigned char)((uint32_t)value >> (8 * i));
-    write_bytes(path_in(out, dir, "edited.bin"), b, n);
+    write_bytes(support_path_in(out, dir, "edited.bin"), b, n);
     free(b);
 }
 
 static void test_refuses_wrong_magic_and_version(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char p[PATH];
     unsigned char junk[2048];
     memset(junk, 'x', sizeof junk);
-    write_bytes(path_in(p, dir, "junk.bin"), junk, sizeof junk);
+    write_bytes(support_path_in(p, dir, "junk.bin"), junk, sizeof junk);
     expect_refused(p, "neither a safetensors file", "78 78 78 78");
     llmc_with_header_int(dir, 0, 20240520, p);
     expect_refused(p, "token shard", NULL);
@@ -567,7 +548,7 @@ static void test_refuses_wrong_magic_and_version(void **state)
     expect_refused(p, "no valid GPT", "multiple of heads");
     llmc_with_header_int(dir, 7, 30, p); /* Vp below V */
     expect_refused(p, "pads the vocabulary 37 to 30 rows", NULL);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* The committed HF file with `edit` applied, into dir/edited.safetensors. */
@@ -579,7 +560,7 @@ static const char *edited_hf(const char *dir, st_edit edit, char *out)
     st_file f;
     st_load(vector_path(src, HF_FILE), &f);
     edit(&f);
-    st_save(path_in(out, dir, "edited.safetensors"), &f);
+    st_save(support_path_in(out, dir, "edited.safetensors"), &f);
     st_free(&f);
     return out;
 }
@@ -626,7 +607,7 @@ static void untie_head(st_file *f)
 static void test_refuses_bad_tensors(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char p[PATH];
     expect_refused(edited_hf(dir, drop_fc_bias, p), "'transformer.h.1.mlp.c_fc.bias' is missing",
                    NULL);
@@ -640,7 +621,7 @@ static void test_refuses_bad_tensors(void **state)
                    "a GPT-2", NULL);
     expect_load_refused(edited_hf(dir, untie_head, p), "lm_head.weight differs from wte.weight",
                    "row 5, column 3");
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* A refused load leaves every parameter as it was. */
@@ -649,7 +630,7 @@ static void test_refused_load_changes_nothing(void **state)
     (void)state;
     tv_file v;
     tv_load_case("gpt_weights", &v);
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char p[PATH];
     model md;
     model_build(&md, vector_config(&v), 2, "4x2", "replica,fsdp", 3);
@@ -667,7 +648,7 @@ static void test_refused_load_changes_nothing(void **state)
     free(after);
     free(before);
     model_free(&md);
-    drop_dir(dir);
+    support_drop_dir(dir);
     tv_free(&v);
 }
 
@@ -733,13 +714,13 @@ static void expect_llmc_layout(const char *path, const spmd_gpt_config *c)
 static void test_save_round_trips_bits(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char hf[PATH], llmc[PATH];
     model src, dst;
     model_build(&src, SMALL, 8, "4x2", "replica,fsdp", 11);
-    assert_int_equal(spmd_weights_save(src.p, &SMALL, SPMD_WEIGHTS_HF, path_in(hf, dir, "m.safetensors")),
+    assert_int_equal(spmd_weights_save(src.p, &SMALL, SPMD_WEIGHTS_HF, support_path_in(hf, dir, "m.safetensors")),
                      SPMD_OK);
-    assert_int_equal(spmd_weights_save(src.p, &SMALL, SPMD_WEIGHTS_LLMC, path_in(llmc, dir, "m.bin")),
+    assert_int_equal(spmd_weights_save(src.p, &SMALL, SPMD_WEIGHTS_LLMC, support_path_in(llmc, dir, "m.bin")),
                      SPMD_OK);
     assert_int_equal(count_entries(dir, "."), 2); /* "." and "..": no temporary left */
     expect_llmc_layout(llmc, &SMALL);
@@ -769,29 +750,29 @@ static void test_save_round_trips_bits(void **state)
         model_free(&dst);
     }
     model_free(&src);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 static void test_save_refusals_leave_nothing(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char p[PATH];
     model md;
     model_build(&md, SMALL, 1, NULL, NULL, 1);
-    expect_error(spmd_weights_save(md.p, &SMALL, SPMD_WEIGHTS_HF, path_in(p, dir, "no/such/x")),
+    expect_error(spmd_weights_save(md.p, &SMALL, SPMD_WEIGHTS_HF, support_path_in(p, dir, "no/such/x")),
                  "cannot create", "no/such", NULL);
-    expect_error(spmd_weights_save(md.p, &SMALL, (spmd_weights_format)7, path_in(p, dir, "x")),
+    expect_error(spmd_weights_save(md.p, &SMALL, (spmd_weights_format)7, support_path_in(p, dir, "x")),
                  "unknown format 7", NULL, NULL);
     spmd_gpt_config wrong = SMALL;
     wrong.layers = 3;
-    expect_error(spmd_weights_save(md.p, &wrong, SPMD_WEIGHTS_HF, path_in(p, dir, "x")),
+    expect_error(spmd_weights_save(md.p, &wrong, SPMD_WEIGHTS_HF, support_path_in(p, dir, "x")),
                  "no f32 parameter 'h.2.ln_1.weight'", NULL, NULL);
     expect_error(spmd_weights_save(md.p, &SMALL, SPMD_WEIGHTS_HF, dir), "names a directory", NULL,
                  NULL);
     assert_int_equal(count_entries(dir, ""), 2); /* nothing but "." and ".." */
     model_free(&md);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 /* ---- Export from checkpoints ------------------------------------------------------------- */
@@ -803,22 +784,22 @@ static const char *META =
 static void test_export_round_trips(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char ckpt[PATH], ckpt2[PATH], out1[PATH], out2[PATH], out3[PATH];
     model src, dst;
     model_build(&src, SMALL, 8, "4x2", "replica,fsdp", 21);
-    assert_int_equal(spmd_checkpoint_save(src.p, path_in(ckpt, dir, "ckpt"), 7, META, 0), SPMD_OK);
+    assert_int_equal(spmd_checkpoint_save(src.p, support_path_in(ckpt, dir, "ckpt"), 7, META, 0), SPMD_OK);
 
     spmd_gpt_config cfg;
     int64_t step = -1;
-    if (spmd_weights_export(ckpt, SPMD_WEIGHTS_HF, path_in(out1, dir, "a.safetensors"), &cfg,
+    if (spmd_weights_export(ckpt, SPMD_WEIGHTS_HF, support_path_in(out1, dir, "a.safetensors"), &cfg,
                             &step) != SPMD_OK)
         fail_msg("export: %s", spmd_last_error());
     assert_int_equal(step, 7);
     assert_int_equal(cfg.context, 16);
     assert_int_equal(cfg.seq, 8);
     assert_int_equal(cfg.heads, 2);
-    assert_int_equal(spmd_weights_export(ckpt, SPMD_WEIGHTS_LLMC, path_in(out2, dir, "a.bin"), NULL,
+    assert_int_equal(spmd_weights_export(ckpt, SPMD_WEIGHTS_LLMC, support_path_in(out2, dir, "a.bin"), NULL,
                                          NULL),
                      SPMD_OK);
     expect_llmc_layout(out2, &SMALL);
@@ -828,8 +809,8 @@ static void test_export_round_trips(void **state)
     model_build(&dst, SMALL, 1, NULL, NULL, 22);
     load_ok(&dst, out1);
     expect_same_params(&src, &dst);
-    assert_int_equal(spmd_checkpoint_save(dst.p, path_in(ckpt2, dir, "ckpt2"), 1, META, 0), SPMD_OK);
-    assert_int_equal(spmd_weights_export(ckpt2, SPMD_WEIGHTS_HF, path_in(out3, dir, "b.safetensors"),
+    assert_int_equal(spmd_checkpoint_save(dst.p, support_path_in(ckpt2, dir, "ckpt2"), 1, META, 0), SPMD_OK);
+    assert_int_equal(spmd_weights_export(ckpt2, SPMD_WEIGHTS_HF, support_path_in(out3, dir, "b.safetensors"),
                                          NULL, NULL),
                      SPMD_OK);
     size_t n1, n3;
@@ -842,12 +823,12 @@ static void test_export_round_trips(void **state)
     expect_same_params(&src, &dst);
     model_free(&dst);
     model_free(&src);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 static void export_refused(const char *ckpt, const char *meta, const char *a, const char *b)
 {
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char out[PATH];
     if (meta) {
         model md;
@@ -855,30 +836,30 @@ static void export_refused(const char *ckpt, const char *meta, const char *a, co
         assert_int_equal(spmd_checkpoint_save(md.p, ckpt, 1, meta, 0), SPMD_OK);
         model_free(&md);
     }
-    expect_error(spmd_weights_export(ckpt, SPMD_WEIGHTS_HF, path_in(out, dir, "x"), NULL, NULL),
+    expect_error(spmd_weights_export(ckpt, SPMD_WEIGHTS_HF, support_path_in(out, dir, "x"), NULL, NULL),
                  ckpt, a, b);
     assert_int_equal(count_entries(dir, ""), 2);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 static void test_export_refusals(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = support_temp_dir("spmd-weights");
     char p[PATH];
-    export_refused(path_in(p, dir, "none"), NULL, "not a checkpoint", NULL);
-    export_refused(path_in(p, dir, "a"), "{\"data\":{}}", "no meta.config", NULL);
-    export_refused(path_in(p, dir, "b"), "{\"config\":{\"model\":\"mlp\",\"vocab\":37}}",
+    export_refused(support_path_in(p, dir, "none"), NULL, "not a checkpoint", NULL);
+    export_refused(support_path_in(p, dir, "a"), "{\"data\":{}}", "no meta.config", NULL);
+    export_refused(support_path_in(p, dir, "b"), "{\"config\":{\"model\":\"mlp\",\"vocab\":37}}",
                    "model 'mlp'", "only a GPT");
-    export_refused(path_in(p, dir, "c"),
+    export_refused(support_path_in(p, dir, "c"),
                    "{\"config\":{\"model\":\"gpt\",\"vocab\":37,\"seq\":8,\"layers\":2,\"dim\":16}}",
                    "meta.config.heads", NULL);
     /* A configuration the saved tensors do not fit. */
-    export_refused(path_in(p, dir, "d"),
+    export_refused(support_path_in(p, dir, "d"),
                    "{\"config\":{\"model\":\"gpt\",\"vocab\":37,\"seq\":8,\"context\":16,"
                    "\"layers\":3,\"heads\":2,\"dim\":16}}",
                    "h.2.", NULL);
-    drop_dir(dir);
+    support_drop_dir(dir);
 }
 
 int main(void)

@@ -1,0 +1,36 @@
+/* Scratch directories and paths for tests (see support_files.h). */
+#include "support_files.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "train/checkpoint_fs.h"
+
+char *support_temp_dir(const char *name)
+{
+    char *dir = malloc(SUPPORT_PATH);
+    assert_non_null(dir);
+    int n = snprintf(dir, SUPPORT_PATH, "/tmp/%s-XXXXXX", name);
+    assert_true(n > 0 && n < SUPPORT_PATH);
+    assert_non_null(mkdtemp(dir));
+    return dir;
+}
+
+void support_drop_dir(char *dir)
+{
+    assert_int_equal(ckpt_remove_tree(dir, "test"), SPMD_OK);
+    free(dir);
+}
+
+const char *support_path_in(char *buf, const char *dir, const char *name)
+{
+    int n = snprintf(buf, SUPPORT_PATH, "%s/%s", dir, name);
+    assert_true(n > 0 && n < SUPPORT_PATH);
+    return buf;
+}

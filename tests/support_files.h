@@ -1,0 +1,18 @@
+/*
+ * Scratch directories and paths for the tests that write files
+ * (checkpoints, weights, exports).
+ */
+#ifndef SPMD_TESTS_SUPPORT_FILES_H
+#define SPMD_TESTS_SUPPORT_FILES_H
+
+/* Room for every path these tests build. */
+enum { SUPPORT_PATH = 1024 };
+
+/* A new empty directory /tmp/NAME-XXXXXX (malloc'd; support_drop_dir it). */
+char *support_temp_dir(const char *name);
+/* Remove the directory and all it holds, and free `dir`. */
+void support_drop_dir(char *dir);
+/* "DIR/NAME" in buf (SUPPORT_PATH bytes); returns buf. */
+const char *support_path_in(char *buf, const char *dir, const char *name);
+
+#endif
