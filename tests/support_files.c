@@ -7,8 +7,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "train/checkpoint_fs.h"
 
@@ -33,4 +35,14 @@ const char *support_path_in(char *buf, const char *dir, const char *name)
     int n = snprintf(buf, SUPPORT_PATH, "%s/%s", dir, name);
     assert_true(n > 0 && n < SUPPORT_PATH);
     return buf;
+}
+
+int support_count_entries(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += !strncmp(e->d_name, prefix, strlen(prefix));
+    closedir(d);
+    return n;
 }

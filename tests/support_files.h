@@ -12,6 +12,8 @@ enum { SUPPORT_PATH = 1024 };
 char *support_temp_dir(const char *name);
 /* Remove the directory and all it holds, and free `dir`. */
 void support_drop_dir(char *dir);
+/* Entries of `dir` whose names start with `prefix` (temporary files left). */
+int support_count_entries(const char *dir, const char *prefix);
 /* "DIR/NAME" in buf (SUPPORT_PATH bytes); returns buf. */
 const char *support_path_in(char *buf, const char *dir, const char *name);
 

@@ -105,3 +105,11 @@ int support_run_tool(const char *tool, const char *args, const tool_limits *limi
     if (timed_out) return TOOL_TIMED_OUT;
     return WIFEXITED(status) ? WEXITSTATUS(status) : TOOL_SIGNALLED;
 }
+
+int support_run_toolv(const char *tool, char *out, size_t size, const char *fmt, va_list ap)
+{
+    char args[8192];
+    int n = vsnprintf(args, sizeof args, fmt, ap);
+    assert_true(n >= 0 && (size_t)n < sizeof args);
+    return support_run_tool(tool, args, NULL, out, size);
+}

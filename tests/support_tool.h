@@ -6,6 +6,7 @@
 #ifndef SPMD_TESTS_SUPPORT_TOOL_H
 #define SPMD_TESTS_SUPPORT_TOOL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 typedef struct tool_limits {
@@ -25,11 +26,26 @@ enum { TOOL_SIGNALLED = -1, TOOL_STOPPED = -2, TOOL_TIMED_OUT = -3 };
 int support_run_tool(const char *tool, const char *args, const tool_limits *limits, char *out,
                      size_t size);
 
+/* support_run_tool with no limits and its arguments made by vsnprintf. */
+int support_run_toolv(const char *tool, char *out, size_t size, const char *fmt, va_list ap);
+
 #ifdef SPMD_TOOL_PATH
 /* This build's tool, run to its end. */
 static inline int run_tool(const char *args, char *out, size_t size)
 {
     return support_run_tool(SPMD_TOOL_PATH, args, NULL, out, size);
+}
+
+/* The same with printf-style arguments. */
+static inline int run_toolf(char *out, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline int run_toolf(char *out, size_t size, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = support_run_toolv(SPMD_TOOL_PATH, out, size, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 #endif
 

@@ -113,18 +113,6 @@ static void expect_latest(const char *dir, const char *step_name)
     free(got);
 }
 
-/* Entries of dir whose names start with `prefix`. */
-static int count_entries(const char *dir, const char *prefix)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) n += !strncmp(e->d_name, prefix, strlen(prefix));
-    closedir(d);
-    return n;
-}
-
 /* ---- Programs --------------------------------------------------------------------------- */
 
 typedef struct model {
@@ -372,7 +360,7 @@ static void test_same_mesh_round_trip(void **state)
     shares sh;
     read_shares(p, &sh);
     assert_int_equal(sh.n_files, 8);
-    assert_int_equal(count_entries(p, "dev-"), 8);
+    assert_int_equal(support_count_entries(p, "dev-"), 8);
     for (int d = 0; d < 8; d++) {
         char name[32];
         snprintf(name, sizeof name, "dev-%04d.safetensors", d);
@@ -423,7 +411,7 @@ static void test_reshard_on_load(void **state)
         model_free(&c);
     }
     /* keep=1: only the newest of the saves above is left. */
-    assert_int_equal(count_entries(again, "step-"), 1);
+    assert_int_equal(support_count_entries(again, "step-"), 1);
     /* Other meshes sum in another order: the same loss within rounding. */
     model_step(&a, 2);
     float want = model_step(&a, 3);
@@ -459,7 +447,7 @@ static void test_replicated_spread(void **state)
     shares sh;
     read_shares(p, &sh);
     assert_int_equal(sh.n_files, 4);
-    assert_int_equal(count_entries(p, "dev-"), 4);
+    assert_int_equal(support_count_entries(p, "dev-"), 4);
     /* One block per tensor (all replicated), largest first to the least
      * loaded device: no share is more than a block away from another. */
     int kept = 0;
@@ -886,10 +874,10 @@ static void test_atomic_save(void **state)
     /* Killed after `latest`, before deleting: nothing deleted yet. */
     save_killed_at(&a, dir, 3, "latest");
     expect_latest(dir, "step-00000003");
-    assert_int_equal(count_entries(dir, "step-"), 3);
+    assert_int_equal(support_count_entries(dir, "step-"), 3);
     expect_loads(&b, dir, 3, at3, bytes);
     /* The killed writers' temporary directories are never read. */
-    assert_true(count_entries(dir, ".tmp-step-") >= 3);
+    assert_true(support_count_entries(dir, ".tmp-step-") >= 3);
 
     /* Step 3 saved again (it exists: replaced whole), keep=2 deletes step 1. */
     save_ok(a.p, dir, 3, NULL, 2);
@@ -912,7 +900,7 @@ static void test_atomic_save(void **state)
 
     save_ok(a.p, dir, 4, NULL, 2);
     assert_false(exists(dir, "step-00000002"));
-    assert_int_equal(count_entries(dir, "step-"), 2);
+    assert_int_equal(support_count_entries(dir, "step-"), 2);
     expect_latest(dir, "step-00000004");
     expect_loads(&b, dir, 4, at3, bytes);
 

@@ -61,18 +61,6 @@ static int count_entries(const char *dir)
     return n - 2; /* "." and ".." */
 }
 
-static int run(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int run(char *out, const char *fmt, ...)
-{
-    char args[4 * PATH];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    return run_tool(args, out, OUT);
-}
-
 static void expect_output(const char *out, const char *needle)
 {
     if (!strstr(out, needle)) fail_msg("output does not mention '%s':\n%s", needle, out);
@@ -193,12 +181,12 @@ static void test_export_both_formats(void **state)
     trained m;
     train_and_save(&m, support_path_in(ckpt, dir, "ckpt"));
 
-    int rc = run(out, "export %s --out %s", ckpt, support_path_in(hf, dir, "model.safetensors"));
+    int rc = run_toolf(out, OUT, "export %s --out %s", ckpt, support_path_in(hf, dir, "model.safetensors"));
     if (rc != 0) fail_msg("export hf: %d\n%s", rc, out);
     expect_output(out, "step 1");
     expect_output(out, "Hugging Face GPT-2 safetensors");
     expect_output(out, "vocab 37, context 16, 2 layers, 2 heads, dim 16");
-    rc = run(out, "export --format=llmc %s --out %s", ckpt, support_path_in(llmc, dir, "model.bin"));
+    rc = run_toolf(out, OUT, "export --format=llmc %s --out %s", ckpt, support_path_in(llmc, dir, "model.bin"));
     if (rc != 0) fail_msg("export llmc: %d\n%s", rc, out);
     expect_output(out, "llm.c checkpoint");
     expect_same_weights(&m, hf);
@@ -230,18 +218,18 @@ static void test_export_refusals(void **state)
     char *dir = support_temp_dir("spmd-export");
     char ckpt[PATH], file[PATH], other[PATH], *out = malloc(OUT);
     assert_non_null(out);
-    assert_int_equal(run(out, "export"), 2);
+    assert_int_equal(run_toolf(out, OUT, "export"), 2);
     expect_output(out, "usage: spmd export CKPT --out FILE");
-    assert_int_equal(run(out, "export %s", dir), 2);
+    assert_int_equal(run_toolf(out, OUT, "export %s", dir), 2);
     expect_output(out, "needs a checkpoint and --out FILE");
-    assert_int_equal(run(out, "export %s --out x --format gguf", dir), 2);
+    assert_int_equal(run_toolf(out, OUT, "export %s --out x --format gguf", dir), 2);
     expect_output(out, "--format is hf or llmc, got 'gguf'");
-    assert_int_equal(run(out, "export %s --out x --flag", dir), 2);
+    assert_int_equal(run_toolf(out, OUT, "export %s --out x --flag", dir), 2);
     expect_output(out, "unknown flag '--flag'");
-    assert_int_equal(run(out, "export --help"), 0);
+    assert_int_equal(run_toolf(out, OUT, "export --help"), 0);
     expect_output(out, "--format llmc");
 
-    assert_int_equal(run(out, "export %s --out %s", dir, support_path_in(file, dir, "x.st")), 1);
+    assert_int_equal(run_toolf(out, OUT, "export %s --out %s", dir, support_path_in(file, dir, "x.st")), 1);
     expect_output(out, "is not a checkpoint");
     /* A checkpoint whose meta has no model configuration. */
     spmd_graph *g = spmd_graph_create(NULL);
@@ -251,15 +239,15 @@ static void test_export_refusals(void **state)
     spmd_program *p = spmd_compile(g, &opts);
     assert_non_null(p);
     assert_int_equal(spmd_checkpoint_save(p, support_path_in(ckpt, dir, "ckpt"), 3, "{}", 0), SPMD_OK);
-    assert_int_equal(run(out, "export %s --out %s", ckpt, file), 1);
+    assert_int_equal(run_toolf(out, OUT, "export %s --out %s", ckpt, file), 1);
     expect_output(out, "no meta.config");
     assert_int_equal(spmd_checkpoint_save(p, ckpt, 4, META, 0), SPMD_OK);
-    assert_int_equal(run(out, "export %s --out %s/missing/x.st", ckpt, dir), 1);
+    assert_int_equal(run_toolf(out, OUT, "export %s --out %s/missing/x.st", ckpt, dir), 1);
     expect_output(out, "cannot create");
     /* Nothing was written: the checkpoint is all there is. */
     assert_int_equal(count_entries(dir), 1);
     /* A step directory exports too. */
-    assert_int_equal(run(out, "export %s/step-00000004 --out %s", ckpt, support_path_in(other, dir, "y.st")),
+    assert_int_equal(run_toolf(out, OUT, "export %s/step-00000004 --out %s", ckpt, support_path_in(other, dir, "y.st")),
                      0);
     expect_output(out, "step 4");
     spmd_program_free(p);

@@ -56,18 +56,6 @@ static int setup(void **state)
     return 0;
 }
 
-static int run(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int run(char *out, const char *fmt, ...)
-{
-    char args[4 * PATH];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    return run_tool(args, out, OUT);
-}
-
 static void expect_output(const char *out, const char *needle)
 {
     if (!strstr(out, needle)) fail_msg("output does not mention '%s':\n%s", needle, out);
@@ -123,7 +111,7 @@ static void loss_case(const char *file, const char *extra, const char *init_line
     char *dir = support_temp_dir("spmd-init"), shard[PATH], report[PATH], *out = malloc(OUT);
     assert_non_null(out);
     write_shard(&v, support_path_in(shard, dir, "tokens.bin"));
-    int rc = run(out,
+    int rc = run_toolf(out, OUT,
                  "train --init %s %s --data %s --data-order sequential --batch 4 --seq 8 --steps 1 "
                  "--eval 0 --threads 2 --json %s",
                  file, extra, shard, support_path_in(report, dir, "r.json"));
@@ -169,12 +157,12 @@ static void test_init_save_export_keeps_the_weights(void **state)
     char *dir = support_temp_dir("spmd-init"), shard[PATH], ckpt[PATH], file[PATH], *out = malloc(OUT);
     assert_non_null(out);
     write_shard(&v, support_path_in(shard, dir, "tokens.bin"));
-    int rc = run(out,
+    int rc = run_toolf(out, OUT,
                  "train --init %s --heads 2 --mesh 2x2 --axes replica,fsdp --optimizer sgd "
                  "--lr 1e-30 --data %s --batch 4 --seq 8 --steps 1 --eval 0 --threads 2 --save %s",
                  hf, shard, support_path_in(ckpt, dir, "ckpt"));
     if (rc != 0) fail_msg("train: %d\n%s", rc, out);
-    rc = run(out, "export %s --out %s", ckpt, support_path_in(file, dir, "out.safetensors"));
+    rc = run_toolf(out, OUT, "export %s --out %s", ckpt, support_path_in(file, dir, "out.safetensors"));
     if (rc != 0) fail_msg("export: %d\n%s", rc, out);
 
     const int32_t *c = need(&v, "config")->data;
@@ -208,14 +196,14 @@ static void test_shape_comes_from_the_file(void **state)
     (void)state;
     char *out = malloc(OUT);
     assert_non_null(out);
-    int rc = run(out, "explain --init %s --mesh 1 --axes data --batch 2", llmc);
+    int rc = run_toolf(out, OUT, "explain --init %s --mesh 1 --axes data --batch 2", llmc);
     if (rc != 0) fail_msg("explain: %d\n%s", rc, out);
     expect_output(out, "wte.weight                         [37, 16]");
     expect_output(out, "wpe.weight                         [16, 16]");
     expect_output(out, "h.1.mlp.c_proj.weight              [16, 64]");
     /* --seq defaults to the context when it is shorter than 40. */
     expect_output(out, "input                              [2, 16]");
-    rc = run(out, "explain --init %s --heads 2 --seq 8 --layers 2 --vocab 37 --mesh 1 --axes data "
+    rc = run_toolf(out, OUT, "explain --init %s --heads 2 --seq 8 --layers 2 --vocab 37 --mesh 1 --axes data "
                   "--batch 2", hf);
     if (rc != 0) fail_msg("explain: %d\n%s", rc, out);
     expect_output(out, "input                              [2, 8]");
@@ -226,7 +214,7 @@ static void expect_refusal(const char *args, const char *a, const char *b)
 {
     char *out = malloc(OUT);
     assert_non_null(out);
-    int rc = run(out, "train %s", args);
+    int rc = run_toolf(out, OUT, "train %s", args);
     if (rc != 2) fail_msg("train %s: exit %d, not 2:\n%s", args, rc, out);
     expect_output(out, a);
     if (b) expect_output(out, b);

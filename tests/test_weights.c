@@ -88,18 +88,6 @@ static void write_bytes(const char *path, const void *data, size_t size)
 
 static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
 
-/* Files in dir whose names start with `prefix` (temporary files left). */
-static int count_entries(const char *dir, const char *prefix)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) n += !strncmp(e->d_name, prefix, strlen(prefix));
-    closedir(d);
-    return n;
-}
-
 /* ---- Safetensors files as the tests rewrite them ------------------------------------------ */
 
 typedef struct st_tensor {
@@ -722,7 +710,7 @@ static void test_save_round_trips_bits(void **state)
                      SPMD_OK);
     assert_int_equal(spmd_weights_save(src.p, &SMALL, SPMD_WEIGHTS_LLMC, support_path_in(llmc, dir, "m.bin")),
                      SPMD_OK);
-    assert_int_equal(count_entries(dir, "."), 2); /* "." and "..": no temporary left */
+    assert_int_equal(support_count_entries(dir, "."), 2); /* "." and "..": no temporary left */
     expect_llmc_layout(llmc, &SMALL);
     spmd_weights_info info = inspect_ok(hf);
     assert_int_equal(info.heads_from, SPMD_HEADS_FILE);
@@ -770,7 +758,7 @@ static void test_save_refusals_leave_nothing(void **state)
                  "no f32 parameter 'h.2.ln_1.weight'", NULL, NULL);
     expect_error(spmd_weights_save(md.p, &SMALL, SPMD_WEIGHTS_HF, dir), "names a directory", NULL,
                  NULL);
-    assert_int_equal(count_entries(dir, ""), 2); /* nothing but "." and ".." */
+    assert_int_equal(support_count_entries(dir, ""), 2); /* nothing but "." and ".." */
     model_free(&md);
     support_drop_dir(dir);
 }
@@ -838,7 +826,7 @@ static void export_refused(const char *ckpt, const char *meta, const char *a, co
     }
     expect_error(spmd_weights_export(ckpt, SPMD_WEIGHTS_HF, support_path_in(out, dir, "x"), NULL, NULL),
                  ckpt, a, b);
-    assert_int_equal(count_entries(dir, ""), 2);
+    assert_int_equal(support_count_entries(dir, ""), 2);
     support_drop_dir(dir);
 }
 
