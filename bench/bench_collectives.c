@@ -27,6 +27,8 @@
 #include "runtime/collectives.h"
 #include "runtime/pool.h"
 
+#include "bench_time.h"
+
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,25 +43,6 @@ typedef enum bop { B_ALL_REDUCE, B_ALL_GATHER, B_REDUCE_SCATTER, B_ALL_TO_ALL, B
 
 static const char *const bop_names[] = {"all_reduce", "all_gather", "reduce_scatter",
                                         "all_to_all", "broadcast"};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 static void *xalloc(size_t bytes)
 {

@@ -14,6 +14,8 @@
 
 #include "runtime/blas.h"
 
+#include "bench_time.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,13 +48,6 @@ static const shape shapes[] = {
 };
 
 enum { MAX_THREADS = 64, SAMPLES = 5 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- A tiny fork-join pool: worker 0 is the calling thread. ---------- */
 
@@ -134,12 +129,6 @@ static double timed_run(int threads, const shape *s, const float *a, const float
         pthread_barrier_wait(&pool.done);
     }
     return now_s() - t0;
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
 }
 
 /* Median GFLOP/s; each sample runs enough iterations to last `min_s`. */
