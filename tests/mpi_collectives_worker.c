@@ -28,6 +28,7 @@
 #include "base/error.h"
 #include "runtime/collectives.h"
 
+#include "support_values.h"
 #include <mpi.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -58,36 +59,7 @@ static void fail(const char *fmt, ...)
     }
 }
 
-/* ---- Values and the reference -------------------------------------------------------- */
-
-static uint32_t mix(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    return x;
-}
-
-static uint32_t hash3(int rank, int64_t i, int call)
-{
-    return mix((uint32_t)rank * 0x9e3779b9u ^ mix((uint32_t)i ^ mix((uint32_t)call + 12345u)));
-}
-
-/* Both signs, exponents over 2^-6 .. 2^9: other summation orders give
- * other bits. */
-static float fval(int rank, int64_t i, int call)
-{
-    uint32_t h = hash3(rank, i, call);
-    float mant = (float)(h >> 8) / 16777216.0f - 0.5f;
-    return mant * (float)(1u << (h & 15)) / 64.0f;
-}
-
-static unsigned char bval(int rank, int64_t i, int call)
-{
-    return (unsigned char)(hash3(rank, i, call) >> 24);
-}
+/* ---- The reference -------------------------------------------------------- */
 
 typedef struct grp {
     int size;

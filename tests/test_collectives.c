@@ -15,6 +15,7 @@
  * Member threads cannot use cmocka's asserts (they jump out of the test on
  * the main thread), so they record failures and the main thread reports.
  */
+#include "support_values.h"
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,38 +37,6 @@
 #include <unistd.h>
 
 enum { MAX_THREADS = 16, HANG_SECONDS = 300 };
-
-/* ---- Values -------------------------------------------------------------------- */
-
-static uint32_t mix(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    return x;
-}
-
-static uint32_t hash3(int rank, int64_t i, int call)
-{
-    return mix((uint32_t)rank * 0x9e3779b9u ^ mix((uint32_t)i ^ mix((uint32_t)call + 12345u)));
-}
-
-/* Element i of device `rank`'s input to call `call`: both signs and
- * exponents over 2^-6 .. 2^9, so that another summation order gives other
- * bits and the bitwise checks mean something. */
-static float fval(int rank, int64_t i, int call)
-{
-    uint32_t h = hash3(rank, i, call);
-    float mant = (float)(h >> 8) / 16777216.0f - 0.5f;
-    return mant * (float)(1u << (h & 15)) / 64.0f;
-}
-
-static unsigned char bval(int rank, int64_t i, int call)
-{
-    return (unsigned char)(hash3(rank, i, call) >> 24);
-}
 
 /* ---- Teams of device threads ------------------------------------------------------- */
 
