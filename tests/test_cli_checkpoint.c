@@ -405,6 +405,10 @@ static void test_optimizer_flags(void **state)
     has(out, "--schedule is cosine or constant, got 'linear'");
     tool(2, "train --data-order random");
     has(out, "--data-order is shuffled or sequential");
+    tool(2, "train --save-every 5 --steps 10");
+    has(out, "--save-every says how to save, but there is no --save DIR");
+    tool(2, "train --keep 2 --steps 10");
+    has(out, "--keep says how to save");
     tool(2, "train --data-order sequential --steps 1");
     has(out, "llm.c token shards");
 }

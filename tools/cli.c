@@ -360,6 +360,9 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
     o->mlp.layers = o->gpt.layers; /* --layers is either model's depth */
     rc = optimizer_defaults(o);
     if (rc) return rc;
+    if ((o->save_every || o->keep) && !o->save)
+        return cli_fail("%s says how to save, but there is no --save DIR",
+                        o->save_every ? "--save-every" : "--keep");
     /* --devices N alone: a mesh of N devices along one 'data' axis. */
     static char devices_text[16];
     if (o->devices && !mesh_given) {
