@@ -4,6 +4,7 @@
  * reads no environment.
  */
 #include "cli.h"
+#include "processes.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -22,7 +23,9 @@ int cli_fail(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "spmd: ");
+    /* Over several processes every one prints its errors: say whose. */
+    if (cli_processes() > 1) fprintf(stderr, "spmd: process %d: ", cli_process_rank());
+    else fprintf(stderr, "spmd: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
@@ -38,7 +41,10 @@ void cli_usage(FILE *f, const char *command)
             "  --devices N          device workers (the mesh size; alone: a mesh N, axis 'data')\n"
             "  --processes P        explain: plan the mesh over P processes, the device at mesh\n"
             "                       position r in process r / (devices / P); axes whose groups\n"
-            "                       cross processes are priced as the network (1)\n"
+            "                       cross processes are priced as the network (1; under\n"
+            "                       mpirun, its process count)\n"
+            "  --net-latency US --net-bandwidth GBPS   the network's figures for those prices\n"
+            "                       (measured under mpirun, else 25 us and 1.25 GB/s)\n"
             "  --fsdp AXIS|none     shard every parameter on its largest dim over AXIS\n"
             "                       (default: the axis named fsdp when the mesh has one)\n"
             "  --shard PATTERN=SPEC shard the tensors whose names match the glob and whose rank\n"
@@ -156,6 +162,8 @@ static const flag_spec flag_specs[] = {
     {"--beta2", FLAG_OTHER, 0, 0, NULL},
     {"--eps", FLAG_OTHER, 0, 0, NULL},
     {"--clip", FLAG_OTHER, 0, 0, NULL},
+    {"--net-latency", FLAG_OTHER, 0, 0, NULL},
+    {"--net-bandwidth", FLAG_OTHER, 0, 0, NULL},
     {"--schedule", FLAG_OTHER, 0, 0, NULL},
     {"--data-order", FLAG_OTHER, 0, 0, NULL},
     {"--seed", FLAG_OTHER, 0, 0, NULL},
@@ -272,6 +280,10 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
         rc = parse_float(f, v, 0, 1, true, &o->optimizer.eps);
     } else if (!strcmp(f, "--clip")) {
         rc = parse_float(f, v, 0, 1e30, true, &o->optimizer.clip_norm);
+    } else if (!strcmp(f, "--net-latency")) {
+        rc = parse_float(f, v, 0, 1e6, false, &o->net_latency_us);
+    } else if (!strcmp(f, "--net-bandwidth")) {
+        rc = parse_float(f, v, 1e-6f, 1e6, true, &o->net_gbps);
     } else if (!strcmp(f, "--schedule")) {
         rc = parse_choice(f, v, "cosine", "constant", &b);
         o->lr_constant = b;
@@ -363,6 +375,11 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
     if ((o->save_every || o->keep) && !o->save)
         return cli_fail("%s says how to save, but there is no --save DIR",
                         o->save_every ? "--save-every" : "--keep");
+    /* Under mpirun the processes are its own. */
+    int procs = cli_processes();
+    if (procs > 1 && o->processes && o->processes != procs)
+        return cli_fail("--processes %d, but mpirun started %d processes", o->processes, procs);
+    if (procs > 1) o->processes = procs;
     /* --devices N alone: a mesh of N devices along one 'data' axis. */
     static char devices_text[16];
     if (o->devices && !mesh_given) {
@@ -485,6 +502,30 @@ static int add_training(const cli_opts *o, cli_model *m)
     return 0;
 }
 
+/* The network's figures, which price the axes that cross processes: the
+ * flags', else measured when mpirun started several processes, else the
+ * mesh's default. */
+static int set_network(const cli_opts *o, cli_model *m)
+{
+    double latency = 0, bandwidth = 0;
+    spmd_mesh_network(m->mesh, &latency, &bandwidth);
+    m->network_source = "assumed";
+    if (cli_processes() > 1) {
+        if (cli_measure_network(&latency, &bandwidth)) return 1;
+        m->network_source = "measured";
+    }
+    if (o->net_latency_us || o->net_gbps) m->network_source = "given";
+    if (o->net_latency_us) latency = o->net_latency_us * 1e-6;
+    if (o->net_gbps) bandwidth = o->net_gbps * 1e9;
+    if (bandwidth <= 0) { /* a measurement too quick to tell: keep the default */
+        m->network_source = "assumed";
+        return 0;
+    }
+    if (spmd_mesh_set_network(m->mesh, latency, bandwidth) != SPMD_OK)
+        return cli_fail("the network's figures: %s", spmd_last_error());
+    return 0;
+}
+
 int cli_build(const cli_opts *o_in, cli_model *m)
 {
     memset(m, 0, sizeof *m);
@@ -508,13 +549,16 @@ int cli_build(const cli_opts *o_in, cli_model *m)
         return cli_fail("--devices %d but the mesh %s has %d devices", o.devices, o.mesh,
                         spmd_mesh_devices(m->mesh));
     if (o.processes > 1 && spmd_mesh_place_processes(m->mesh, o.processes) != SPMD_OK)
-        return cli_fail("--processes %d: %s", o.processes, spmd_last_error());
+        return cli_fail("%s %d: %s", cli_processes() > 1 ? "mpirun -n" : "--processes",
+                        o.processes, spmd_last_error());
+    int rc = set_network(&o, m);
+    if (rc) return rc;
     if (spmd_mesh_devices(m->mesh) == 1 && o.n_shards == 0) {
         spmd_mesh_free(m->mesh); /* one device, nothing to partition */
         m->mesh = NULL;
     }
     m->gpt = o.gpt;
-    int rc = build_graph(&o, m, &m->train);
+    rc = build_graph(&o, m, &m->train);
     if (rc) return rc;
     bool gpt = !strcmp(o.model, "gpt");
     m->params = gpt ? spmd_gpt_param_count(&o.gpt) : spmd_graph_param_count(m->train.g);
@@ -556,7 +600,8 @@ spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
         return NULL;
     }
     if (!plan_only) blas_chosen = true;
-    spmd_compile_options copt = {.threads = o->threads, .seed = o->seed, .plan_only = plan_only};
+    spmd_compile_options copt = {.threads = o->threads, .seed = o->seed, .plan_only = plan_only,
+                                 .mpi_comm = plan_only ? NULL : cli_mpi_comm()};
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());
     return p;
@@ -599,7 +644,8 @@ int cli_check_memory(const cli_opts *o, const cli_model *m)
         spmd_program_free(train);
         return 1;
     }
-    int devices = spmd_program_devices(train);
+    /* This process runs its share of the devices. */
+    int devices = spmd_program_devices(train) / (o->processes > 1 ? o->processes : 1);
     double per_device = (double)spmd_program_peak_bytes(train) + (eval ? (double)spmd_program_peak_bytes(eval) : 0);
     spmd_program_free(train);
     spmd_program_free(eval);
@@ -648,13 +694,39 @@ size_t cli_param_bytes(const spmd_program *p)
 
 /* ---- Data and evaluation ----------------------------------------------------------- */
 
-/* Samples [first, first + batch) of a split into a graph's inputs. */
+/* The samples of the batch whose rows this process's devices hold: all of
+ * them in one process, a share of them over several.  A GPT's rows are
+ * samples; the MLP's are tokens, seq to a sample. */
+static int local_samples(const cli_opts *o, const cli_graph *c, const spmd_program *p,
+                         int64_t *begin, int64_t *end)
+{
+    int64_t lo = 0, hi = 0, lo2 = 0, hi2 = 0;
+    if (spmd_program_input_rows(p, c->input, &lo, &hi) != SPMD_OK ||
+        spmd_program_input_rows(p, c->targets, &lo2, &hi2) != SPMD_OK)
+        return cli_fail("cannot place the inputs: %s", spmd_last_error());
+    if (hi2 > lo2) { /* both inputs' rows */
+        if (hi <= lo) lo = lo2, hi = hi2;
+        if (lo2 < lo) lo = lo2;
+        if (hi2 > hi) hi = hi2;
+    }
+    int seq = !strcmp(o->model, "gpt") ? 1 : o->gpt.seq;
+    *begin = lo / seq;
+    *end = (hi + seq - 1) / seq;
+    return 0;
+}
+
+/* Samples [first, first + batch) of a split into a graph's inputs: only
+ * those this process's devices hold are read. */
 static int feed_split(const cli_opts *o, const cli_model *m, const cli_graph *c, spmd_program *p,
                       spmd_split split, int64_t first, int32_t *tok, int32_t *tgt)
 {
     int seq = o->gpt.seq, v = spmd_tensor_dim(c->logits, spmd_tensor_rank(c->logits) - 1);
     size_t ntok = (size_t)o->batch * (size_t)seq;
-    if (spmd_dataset_batch(m->data, split, first, o->batch, tok, tgt) != SPMD_OK)
+    int64_t s0 = 0, s1 = 0;
+    int rc = local_samples(o, c, p, &s0, &s1);
+    if (rc) return rc;
+    if (s1 > s0 && spmd_dataset_batch(m->data, split, first + s0, s1 - s0, tok + s0 * seq,
+                                      tgt + s0 * seq) != SPMD_OK)
         return cli_fail("data: %s", spmd_last_error());
     spmd_status st;
     if (!strcmp(o->model, "gpt")) {
@@ -662,7 +734,8 @@ static int feed_split(const cli_opts *o, const cli_model *m, const cli_graph *c,
     } else {
         float *onehot = calloc(ntok * (size_t)v, sizeof *onehot);
         if (!onehot) return cli_fail("out of memory");
-        for (size_t i = 0; i < ntok; i++) onehot[i * (size_t)v + (size_t)tok[i]] = 1.0f;
+        for (size_t i = (size_t)(s0 * seq); i < (size_t)(s1 * seq); i++)
+            onehot[i * (size_t)v + (size_t)tok[i]] = 1.0f;
         st = spmd_program_set_input(p, c->input, onehot, ntok * (size_t)v * sizeof *onehot);
         free(onehot);
     }
@@ -729,6 +802,9 @@ double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *t
     bool ok = tok && tgt && mask && logits;
     for (int64_t first = 0; ok && first < o->eval_samples; first += o->batch) {
         ok = !feed_split(o, m, &m->eval, eval, SPMD_SPLIT_HELDOUT, first, tok, tgt) &&
+             /* Every process scores the whole batch: it needs every target. */
+             (cli_processes() == 1 ||
+              spmd_dataset_batch(m->data, SPMD_SPLIT_HELDOUT, first, o->batch, tok, tgt) == SPMD_OK) &&
              spmd_dataset_score_mask(m->data, SPMD_SPLIT_HELDOUT, first, o->batch, mask) == SPMD_OK &&
              spmd_program_run(eval) == SPMD_OK &&
              spmd_program_read(eval, m->eval.logits, logits, ntok * (size_t)v * sizeof *logits) == SPMD_OK;

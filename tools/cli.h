@@ -26,7 +26,8 @@ typedef struct cli_opts {
     spmd_gpt_config gpt;
     spmd_mlp_config mlp;
     int batch, steps, threads, devices;
-    int processes;     /* explain: plan for this many processes (1) */
+    int processes;     /* explain: plan for this many processes; under mpirun, its -n */
+    float net_latency_us, net_gbps; /* the network's figures; 0: measured under mpirun, or assumed */
     float lr;          /* 0: the optimizer's default */
     uint64_t seed;
     const char *mesh;  /* "4x2" */
@@ -63,6 +64,7 @@ typedef struct cli_graph {
 
 typedef struct cli_model {
     spmd_mesh *mesh;     /* NULL on one device */
+    const char *network_source; /* how the network figures were had: "measured", "given", "assumed" */
     spmd_dataset *data;
     cli_graph train;
     spmd_optimizer_tensors opt;
@@ -106,6 +108,10 @@ struct cJSON;
 struct cJSON *cli_collectives_json(const spmd_program *p);
 struct cJSON *cli_mesh_json(const cli_model *m);
 struct cJSON *cli_per_device(const spmd_program *p, double value);
+/* Per process: its devices, their parameter + gradient + optimizer bytes,
+ * and the bytes it allocated for them (gathered from every process: each
+ * calls it). */
+struct cJSON *cli_processes_json(const spmd_program *p);
 /* Refuse (message, exit code) a --json path no report could be written
  * to: a directory, a device, a place where no file can be created. */
 int cli_check_report_path(const char *path);

@@ -42,6 +42,10 @@ static void print_processes(const cli_model *m)
            "inside a process: %s\n",
            procs, spmd_mesh_devices(m->mesh) / procs, spmd_mesh_devices(m->mesh) / procs,
            across[0] ? across : "none", inside[0] ? inside : "none");
+    double latency, bandwidth;
+    spmd_mesh_network(m->mesh, &latency, &bandwidth);
+    printf("network (prices the axes across processes): %.1f us per message, %.2f GB/s (%s)\n",
+           latency * 1e6, bandwidth / 1e9, m->network_source);
 }
 
 static void print_tensors(const cli_model *m, cJSON *list)

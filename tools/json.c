@@ -3,6 +3,7 @@
  * collectives grouped per step, per-device figures, writing JSON files.
  */
 #include "cli.h"
+#include "processes.h"
 
 #include <cJSON.h>
 
@@ -67,8 +68,35 @@ cJSON *cli_mesh_json(const cli_model *m)
         cJSON *local = cJSON_AddArrayToObject(mesh, "local");
         for (int i = 0; i < spmd_mesh_rank(m->mesh); i++)
             cJSON_AddItemToArray(local, cJSON_CreateBool(spmd_mesh_axis_is_local(m->mesh, i)));
+        double latency, bandwidth;
+        spmd_mesh_network(m->mesh, &latency, &bandwidth);
+        cJSON *net = cJSON_AddObjectToObject(mesh, "network");
+        cJSON_AddNumberToObject(net, "latency_s", latency);
+        cJSON_AddNumberToObject(net, "bytes_per_s", bandwidth);
+        cJSON_AddStringToObject(net, "source", m->network_source ? m->network_source : "assumed");
     }
     return mesh;
+}
+
+cJSON *cli_processes_json(const spmd_program *p)
+{
+    int procs = cli_processes(), first = 0;
+    int here = spmd_program_local_devices(p, &first);
+    double *allocated = calloc((size_t)procs, sizeof *allocated);
+    cJSON *list = cJSON_CreateArray();
+    /* Every process calls the gather, whatever happens to its memory. */
+    int rc = cli_gather_double((double)spmd_program_allocated_bytes(p), allocated ? allocated : &(double){0});
+    for (int q = 0; !rc && allocated && q < procs; q++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", q);
+        cJSON_AddNumberToObject(o, "first_device", q * here);
+        cJSON_AddNumberToObject(o, "devices", here);
+        cJSON_AddNumberToObject(o, "param_bytes", (double)here * (double)cli_param_bytes(p));
+        cJSON_AddNumberToObject(o, "allocated_bytes", allocated[q]);
+        cJSON_AddItemToArray(list, o);
+    }
+    free(allocated);
+    return list;
 }
 
 /* The same figure for every device: all run the same program. */
@@ -147,6 +175,11 @@ static mode_t report_mode(const char *target)
 
 int cli_write_json(const char *path, cJSON *root)
 {
+    /* Over several processes, process 0 writes the run's one report. */
+    if (cli_process_rank() != 0) {
+        cJSON_Delete(root);
+        return 0;
+    }
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return cli_fail("could not format the JSON report");

@@ -7,10 +7,11 @@
  *                           a checkpoint's GPT as GPT-2 weights for other tools
  */
 #include "cli.h"
+#include "processes.h"
 
 #include <string.h>
 
-int main(int argc, char **argv)
+static int run_command(int argc, char **argv)
 {
     if (argc < 2) return cmd_train(0, NULL);
     const char *cmd = argv[1];
@@ -26,4 +27,13 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export)\n", cmd);
     return 2;
+}
+
+/* Under mpirun every process runs the same command on its share of the
+ * mesh's devices (processes.h). */
+int main(int argc, char **argv)
+{
+    int rc = cli_processes_start(&argc, &argv);
+    if (rc) return rc;
+    return cli_processes_end(run_command(argc, argv));
 }

@@ -3,6 +3,7 @@
  * with a live progress line, a summary and an optional JSON report.
  */
 #include "cli.h"
+#include "processes.h"
 
 #include <cJSON.h>
 
@@ -170,6 +171,7 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     cJSON_AddNumberToObject(root, "flops_per_step", m->flops_per_step);
     cJSON_AddItemToObject(root, "param_bytes_per_device", cli_per_device(p, (double)cli_param_bytes(p)));
     cJSON_AddItemToObject(root, "peak_bytes_per_device", cli_per_device(p, (double)spmd_program_peak_bytes(p)));
+    cJSON_AddItemToObject(root, "processes", cli_processes_json(p));
     cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
     if (accuracy >= 0) cJSON_AddNumberToObject(root, "accuracy", accuracy);
     cJSON_AddStringToObject(root, "data", spmd_dataset_describe(m->data));
@@ -242,7 +244,9 @@ static int train(cli_opts *o_in, FILE *log)
     int done = first; /* the last step run, from 1 */
     int saved = first; /* the last step in a checkpoint */
     catch_stop_signals();
-    bool live = isatty(STDOUT_FILENO);
+    /* mpirun hands its processes a pseudo-terminal whatever its own output
+     * is: over several processes, plain lines. */
+    bool live = isatty(STDOUT_FILENO) && cli_processes() == 1;
     int every = o.log_every ? o.log_every : o.steps / 20 > 1 ? o.steps / 20 : 1;
     double start = now_ms();
     for (int s = first; s < o.steps && !rc && !stop.step; s++) {
@@ -257,7 +261,9 @@ static int train(cli_opts *o_in, FILE *log)
         if (st == SPMD_OK) st = spmd_program_read(p, m.train.loss, &losses[i], sizeof losses[i]);
         if (st == SPMD_OK && m.opt.grad_norm) st = spmd_program_read(p, m.opt.grad_norm, &norm, sizeof norm);
         if (st != SPMD_OK) {
-            fprintf(stderr, "\nspmd: step %d failed: %s\n", s + 1, spmd_last_error());
+            if (live) printf("\n");
+            fflush(stdout);
+            cli_fail("step %d failed: %s", s + 1, spmd_last_error());
             rc = 1;
             break;
         }
@@ -344,11 +350,15 @@ int cmd_train(int argc, char **argv)
     cli_opts o;
     int rc = cli_parse(argc, argv, "train", &o);
     if (rc) return rc < 0 ? 0 : rc;
-    if (o.processes > 1)
-        return cli_fail("--processes plans a run over several processes (spmd explain); training "
-                        "over processes under mpirun is not built yet");
+    if (o.processes > 1 && cli_processes() == 1)
+        return cli_fail("--processes plans a run over several processes (spmd explain); to train "
+                        "over %d processes, start spmd with mpirun -n %d", o.processes, o.processes);
+    if (cli_processes() > 1 && (o.save || o.resume))
+        return cli_fail("--%s: checkpoints of a run over several processes are not built yet",
+                        o.save ? "save" : "resume");
     FILE *log = NULL;
-    if (o.log && !(log = fopen(o.log, "a")))
+    /* Process 0 logs for the run. */
+    if (o.log && cli_process_rank() == 0 && !(log = fopen(o.log, "a")))
         return cli_fail("--log %s: cannot open it for appending: %s", o.log, strerror(errno));
     rc = train(&o, log);
     if (log && fclose(log) != 0 && !rc) {

@@ -40,6 +40,11 @@ SPMD_API bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis);
 SPMD_API spmd_status spmd_mesh_place_processes(spmd_mesh *m, int processes);
 /* The processes of the last spmd_mesh_place_processes (1 by default). */
 SPMD_API int spmd_mesh_processes(const spmd_mesh *m);
+/* The network's alpha-beta figures, which price the axes that cross
+ * processes (a measured latency per message and bandwidth); by default a
+ * 10 Gb/s link with 25 us per message. */
+SPMD_API spmd_status spmd_mesh_set_network(spmd_mesh *m, double latency_s, double bytes_per_s);
+SPMD_API void spmd_mesh_network(const spmd_mesh *m, double *latency_s, double *bytes_per_s);
 /* The devices of `device`'s group along the comma-separated `axes`, in
  * rank order; returns the group size or -1 with a message. */
 SPMD_API int spmd_mesh_group(const spmd_mesh *m, int device, const char *axes, int *members,

@@ -209,13 +209,20 @@ typedef struct spmd_program spmd_program;
 
 /* A graph with sharding marks (spmd/mesh.h) compiles to one program per
  * device of the marks' mesh, run by worker threads of this process with
- * shared-memory collectives; inputs, parameters and outputs are still read
- * and written whole. */
+ * shared-memory collectives (or spread over MPI processes: mpi_comm);
+ * inputs, parameters and outputs are still read and written whole. */
 typedef struct spmd_compile_options {
-    int threads;        /* compute threads in all; 0 = every core */
+    int threads;        /* compute threads in all (of this process); 0 = every core */
     uint64_t seed;      /* parameter initialisation */
     bool plan_only;     /* partition and plan, allocate nothing: for reports
                            (collectives, memory); the program cannot run */
+    /* A run over processes: points at an MPI_Comm of P processes (MPI
+     * initialised with MPI_THREAD_MULTIPLE), each running devices / P of
+     * the mesh's devices: the device at row-major mesh position r runs in
+     * the process of rank r / (devices / P), so the minor mesh axes stay
+     * inside a process.  NULL: every device runs in this process.  See
+     * "Over processes" below. */
+    const void *mpi_comm;
 } spmd_compile_options;
 
 SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);
@@ -238,6 +245,31 @@ SPMD_API size_t spmd_program_arena_bytes(const spmd_program *p);
 /* Devices the program runs on: the mesh size of the graph's sharding
  * marks, or 1.  Memory figures above are per device. */
 SPMD_API int spmd_program_devices(const spmd_program *p);
+/* Bytes this process allocated for its devices: their blocks of inputs,
+ * parameters and state, activation arenas and kernel scratch. */
+SPMD_API size_t spmd_program_allocated_bytes(const spmd_program *p);
+
+/* ---- Over processes (spmd_compile_options.mpi_comm) --------------------- *
+ *
+ * Every process builds the same graph and makes the same calls.  Compile,
+ * run and read are collective over the processes: each calls them in the
+ * same order.  set_input and write need not be (each process keeps only
+ * its devices' blocks and reads only the part of the buffer they cover;
+ * spmd_program_input_rows says which rows), so a process may fill only
+ * those rows.  A failure on one process (a NULL compile, a failed run)
+ * leaves the others waiting in their next collective call: end the job
+ * (MPI_Abort), as an MPI program does. */
+
+/* Processes running the program (1 without MPI) and this one's index in
+ * them (its rank in the communicator). */
+SPMD_API int spmd_program_processes(const spmd_program *p);
+SPMD_API int spmd_program_process(const spmd_program *p);
+/* This process's devices: mesh positions [*first, *first + count). */
+SPMD_API int spmd_program_local_devices(const spmd_program *p, int *first);
+/* The rows [*begin, *end) of input t's first dim that this process's
+ * devices hold ([0, 0) when none; a scalar has the one row [0, 1)). */
+SPMD_API spmd_status spmd_program_input_rows(const spmd_program *p, const spmd_tensor *t,
+                                             int64_t *begin, int64_t *end);
 
 /* ---- BLAS ---------------------------------------------------------------- */
 

@@ -62,7 +62,7 @@ size_t compile_scratch_bytes(const spmd_tensor *t)
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
 
-spmd_status compile_graph(compiled *c, spmd_graph *g, int threads)
+spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here)
 {
     memset(c, 0, sizeof *c);
     c->alloc = g->alloc;
@@ -71,8 +71,8 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads)
     c->mesh = g->mesh;
     c->n_dev = g->mesh ? spmd_mesh_devices(g->mesh) : 1;
     if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    /* Each device gets its share of the threads, at least one. */
-    c->nth = threads / c->n_dev;
+    /* Each device here gets its share of the threads, at least one. */
+    c->nth = threads / (devices_here > 0 ? devices_here : c->n_dev);
     if (c->nth < 1) c->nth = 1;
     if (c->nth > 256) c->nth = 256;
 

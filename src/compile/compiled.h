@@ -29,17 +29,18 @@ typedef struct compiled {
     const spmd_graph *local;  /* what every device runs */
     plan plan;                /* schedule and memory plan of `local` */
     int n_dev;                /* devices */
-    int nth;                  /* compute threads per device */
+    int nth;                  /* compute threads per device (of this process) */
     size_t scratch_each;      /* kernel scratch per thread, 64-byte multiple */
     size_t persistent_bytes;  /* per device: parameters and state */
     size_t input_bytes;       /* per device: input blocks */
 } compiled;
 
 /* Partition (with a mesh) and plan graph g for `threads` compute threads
- * in all (0: every core).  Records every tensor's sharding on g, for
+ * in all (0: every core), shared by the `devices_here` devices this
+ * process runs (0: every device of the mesh).  Records every tensor's sharding on g, for
  * spmd_get_sharding.  Errors: bf16 tensors, marks on another mesh, and
  * whatever partitioning and planning report. */
-spmd_status compile_graph(compiled *c, spmd_graph *g, int threads);
+spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here);
 void compiled_free(compiled *c);
 
 /* The local node that holds global node t (leaves and outputs), or NULL

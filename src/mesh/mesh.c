@@ -195,6 +195,7 @@ spmd_mesh *mesh_create(int rank, const int *shape, const char *const *names, con
     if (!m) return NULL;
     m->rank = rank;
     m->processes = 1;
+    m->network = MESH_DEFAULT_NETWORK;
     m->n_devices = n;
     m->ids = (int *)(m + 1);
     m->position = m->ids + n;
@@ -358,6 +359,22 @@ bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis)
     return axis_ok(m, axis, "mesh_axis_is_local") && m->local[axis];
 }
 
+/* A 10 Gb/s network with tens of microseconds per message, until a
+ * measurement or the user says otherwise. */
+const cost_link MESH_DEFAULT_NETWORK = {25e-6, 1.25e9};
+
+bool mesh_axis_crosses(const spmd_mesh *m, int axis, int per_process)
+{
+    /* Positions along an axis rise with it, in steps of the product of the
+     * later axes' sizes; a group spans an aligned run of `span` positions.
+     * Processes hold aligned runs of per_process positions: a boundary
+     * between them inside such a run splits a group, unless groups are
+     * single devices. */
+    int span = 1;
+    for (int a = axis; a < m->rank; a++) span *= m->shape[a];
+    return m->shape[axis] > 1 && per_process % span != 0;
+}
+
 spmd_status spmd_mesh_place_processes(spmd_mesh *m, int processes)
 {
     if (!m) return base_error(SPMD_ERR_INVALID, "mesh_place_processes: mesh is NULL");
@@ -368,24 +385,32 @@ spmd_status spmd_mesh_place_processes(spmd_mesh *m, int processes)
                           "mesh %s evenly",
                           processes, m->n_devices, mesh_describe(m, text, sizeof text));
     }
-    int per = m->n_devices / processes, stride = 1;
-    /* Positions along an axis rise with it, and a process holds a run of
-     * positions: a group stays in one process when its first and last
-     * member do. */
-    for (int a = m->rank - 1; a >= 0; a--) {
-        bool local = true;
-        for (int r = 0; r < m->n_devices && local; r++) {
-            int first = r - (r / stride % m->shape[a]) * stride;
-            local = first / per == (first + (m->shape[a] - 1) * stride) / per;
-        }
-        m->local[a] = local;
-        stride *= m->shape[a];
-    }
+    int per = m->n_devices / processes;
+    for (int a = 0; a < m->rank; a++) m->local[a] = !mesh_axis_crosses(m, a, per);
     m->processes = processes;
     return SPMD_OK;
 }
 
 int spmd_mesh_processes(const spmd_mesh *m) { return m ? m->processes : 0; }
+
+spmd_status spmd_mesh_set_network(spmd_mesh *m, double latency_s, double bytes_per_s)
+{
+    if (!m) return base_error(SPMD_ERR_INVALID, "mesh_set_network: mesh is NULL");
+    if (!(latency_s >= 0 && latency_s < 1) || !(bytes_per_s > 0 && bytes_per_s < 1e15))
+        return base_error(SPMD_ERR_INVALID,
+                          "mesh_set_network: latency %g s and bandwidth %g bytes/s (a latency in "
+                          "[0, 1) s and a positive bandwidth)",
+                          latency_s, bytes_per_s);
+    m->network = (cost_link){latency_s, bytes_per_s};
+    return SPMD_OK;
+}
+
+void spmd_mesh_network(const spmd_mesh *m, double *latency_s, double *bytes_per_s)
+{
+    cost_link l = m ? m->network : MESH_DEFAULT_NETWORK;
+    if (latency_s) *latency_s = l.alpha_s;
+    if (bytes_per_s) *bytes_per_s = l.bytes_per_s;
+}
 
 /* `text` ("replica, fsdp"; blank: no axes) as mesh axes, each once. */
 static spmd_status parse_axes(const spmd_mesh *m, const char *text, mesh_axes *out)

@@ -14,12 +14,22 @@
 #define MESH_MAX_DEVICES 4096
 #define MESH_MAX_NAME 32
 
+/* Link figures: a latency per message and a bandwidth. */
+typedef struct cost_link {
+    double alpha_s;       /* seconds per message */
+    double bytes_per_s;   /* bandwidth */
+} cost_link;
+
+/* The network figures a mesh starts with. */
+extern const cost_link MESH_DEFAULT_NETWORK;
+
 struct spmd_mesh {
     int rank;                                   /* number of axes */
     int shape[MESH_MAX_AXES];
     char names[MESH_MAX_AXES][MESH_MAX_NAME];
     bool local[MESH_MAX_AXES];                  /* groups stay inside one process */
     int processes;                              /* spmd_mesh_place_processes; 1 by default */
+    cost_link network;                          /* spmd_mesh_set_network */
     int n_devices;
     int *ids;                                   /* ids[row-major coord] = device id */
     int *position;                              /* position[device id] = row-major coord */
@@ -42,6 +52,9 @@ const char *mesh_describe(const spmd_mesh *m, char *buf, size_t size);
 /* Same shape, axis names and device ids (process-locality is not
  * compared: it prices collectives, it does not move data). */
 bool mesh_equal(const spmd_mesh *a, const spmd_mesh *b);
+/* Whether groups along `axis` cross processes when each process holds an
+ * aligned run of `per_process` mesh positions (process-major layout). */
+bool mesh_axis_crosses(const spmd_mesh *m, int axis, int per_process);
 /* Index of the axis called name[0..len), -1 if none (no message). */
 int mesh_find_axis(const spmd_mesh *m, const char *name, size_t len);
 

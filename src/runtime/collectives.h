@@ -73,6 +73,13 @@ coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc);
 coll_world *coll_mpi_world_create(MPI_Comm comm, int local_devices, const spmd_allocator *alloc);
 #endif
 
+/* The world of a program's `devices` devices: all of them in this process
+ * when `mpi_comm` is NULL (shared memory), else spread over the processes
+ * of the MPI_Comm that `mpi_comm` points at, devices / P in each (P must
+ * divide `devices`; refused, naming both, otherwise, and refused in a
+ * build without MPI). */
+coll_world *coll_world_create(int devices, const void *mpi_comm, const spmd_allocator *alloc);
+
 /* Collective over the world's processes (one thread of each) in an MPI
  * world; frees nothing else. */
 void coll_world_free(coll_world *w);
@@ -91,6 +98,11 @@ coll_group *coll_world_group(coll_world *w, int size, const int *world_ranks);
 spmd_status coll_world_connect(coll_world *w);
 /* This process's devices: world ranks [first, first + count) of `size`. */
 void coll_world_local(const coll_world *w, int *first, int *count, int *size);
+/* Every process's `in` (bytes_of[q] bytes from process q), concatenated in
+ * process order into `out` on every process: one thread of each process
+ * calls it, as for connect.  A plain copy in a shared-memory world. */
+spmd_status coll_world_gather_processes(coll_world *w, const void *in, void *out,
+                                        const int64_t *bytes_of);
 /* Make every waiting and later collective fail with `message`.  It does
  * not reach other processes: the caller ends the job (MPI_Abort) so that
  * their collectives do not wait for this one. */

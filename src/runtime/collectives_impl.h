@@ -63,11 +63,12 @@ typedef enum coll_op {
 extern const char *const coll_op_names[];
 
 /* A transport that extends a process's shared-memory world with devices in
- * other processes.  coll_world_group, _connect, _abort and _free call these
+ * other processes.  coll_world_group, _connect, _gather_processes, _abort and _free call these
  * (abort after the shared-memory world is aborted, free before it is freed). */
 typedef struct coll_world_ext {
     coll_group *(*group)(void *state, int size, const int *world_ranks);
     spmd_status (*connect)(void *state);
+    spmd_status (*gather)(void *state, const void *in, void *out, const int64_t *bytes_of);
     void (*abort)(void *state, const char *message);
     void (*free)(void *state);
     int first, count, size; /* this process's world ranks, and the world's */

@@ -1128,6 +1128,32 @@ static spmd_status mpi_world_connect(void *state)
     return st;
 }
 
+/* ---- Gathers over processes --------------------------------------------------------- */
+
+/* One MPI_Allgatherv of bytes: its counts and displacements are ints, so
+ * a gather of 2 GiB or more in all is refused. */
+static spmd_status mpi_world_gather(void *state, const void *in, void *out, const int64_t *bytes_of)
+{
+    mpi_world *w = state;
+    int64_t total = 0;
+    for (int q = 0; q < w->procs; q++) total += bytes_of[q];
+    if (total > INT_MAX)
+        return base_error(SPMD_ERR_UNSUPPORTED,
+                          "collectives: a gather over processes of %lld bytes (MPI counts stop "
+                          "at 2 GiB)", (long long)total);
+    int *counts = base_alloc(&w->alloc, 2 * (size_t)w->procs * sizeof *counts, "process gather");
+    if (!counts) return SPMD_ERR_NOMEM;
+    int *displs = counts + w->procs;
+    for (int q = 0, at = 0; q < w->procs; q++) {
+        counts[q] = (int)bytes_of[q];
+        displs[q] = at;
+        at += counts[q];
+    }
+    int rc = MPI_Allgatherv(in, counts[w->rank], MPI_BYTE, out, counts, displs, MPI_BYTE, w->comm);
+    base_free(&w->alloc, counts);
+    return rc == MPI_SUCCESS ? SPMD_OK : mpi_error(rc, "MPI_Allgatherv");
+}
+
 /* ---- The world --------------------------------------------------------------------- */
 
 static void mpi_world_abort(void *state, const char *message)
@@ -1226,6 +1252,7 @@ coll_world *coll_mpi_world_create(MPI_Comm comm, int local_devices, const spmd_a
     w->ext = (coll_world_ext){
         .group = mpi_world_group,
         .connect = mpi_world_connect,
+        .gather = mpi_world_gather,
         .abort = mpi_world_abort,
         .free = mpi_world_free,
         .first = rank * local_devices,
@@ -1236,7 +1263,36 @@ coll_world *coll_mpi_world_create(MPI_Comm comm, int local_devices, const spmd_a
     return w->shm;
 }
 
+coll_world *coll_world_create(int devices, const void *mpi_comm, const spmd_allocator *alloc)
+{
+    if (!mpi_comm) return coll_shm_world_create(devices, alloc);
+    MPI_Comm comm = *(const MPI_Comm *)mpi_comm;
+    int initialized = 0, procs = 0;
+    MPI_Initialized(&initialized);
+    if (initialized && comm != MPI_COMM_NULL) MPI_Comm_size(comm, &procs);
+    if (procs > 0 && devices % procs != 0) {
+        base_error(SPMD_ERR_INVALID,
+                   "compile: the mesh's %d devices do not divide over the %d processes of the "
+                   "communicator (each process runs devices / processes of them)",
+                   devices, procs);
+        return NULL;
+    }
+    /* Anything else wrong (MPI not initialised, a null communicator) is
+     * named by the world itself. */
+    return coll_mpi_world_create(comm, procs > 0 ? devices / procs : devices, alloc);
+}
+
 #else
-/* Built without MPI: no MPI transport. */
-typedef int coll_mpi_not_built;
+#include "runtime/collectives.h"
+
+#include "base/error.h"
+
+coll_world *coll_world_create(int devices, const void *mpi_comm, const spmd_allocator *alloc)
+{
+    if (!mpi_comm) return coll_shm_world_create(devices, alloc);
+    base_error(SPMD_ERR_UNSUPPORTED,
+               "compile: a run over MPI processes needs a libspmd built with MPI (this one was "
+               "built without it: install libopenmpi-dev and configure with -DSPMD_MPI=ON)");
+    return NULL;
+}
 #endif

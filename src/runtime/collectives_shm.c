@@ -528,6 +528,15 @@ spmd_status coll_world_connect(coll_world *w)
     return w->ext ? w->ext->connect(w->ext_state) : SPMD_OK;
 }
 
+spmd_status coll_world_gather_processes(coll_world *w, const void *in, void *out,
+                                        const int64_t *bytes_of)
+{
+    if (!w) return base_error(SPMD_ERR_INVALID, "collectives: gather over a NULL world");
+    if (w->ext) return w->ext->gather(w->ext_state, in, out, bytes_of);
+    if (bytes_of[0]) memcpy(out, in, (size_t)bytes_of[0]);
+    return SPMD_OK;
+}
+
 void coll_world_local(const coll_world *w, int *first, int *count, int *size)
 {
     if (first) *first = w->ext ? w->ext->first : 0;

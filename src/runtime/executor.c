@@ -4,7 +4,9 @@
  *
  * A multi-device program is the partitioner's per-device graph, run by
  * one worker per device (threads of this process) with shared-memory
- * collectives between them.  Each device owns its arena and
+ * collectives between them; over MPI, each process runs only its own
+ * devices (a contiguous run of mesh positions) and the collectives cross
+ * processes where groups do.  Each device owns its arena and
  * the blocks of the inputs, parameters and state it holds; the user reads
  * and writes whole (global) tensors, which the program splits and
  * assembles.  Every device runs its schedule on its own thread pool,
@@ -48,8 +50,11 @@ typedef struct device {
 struct spmd_program {
     spmd_allocator alloc;
     compiled c;               /* what every device runs, and its sizes */
-    device *dev;              /* NULL for a plan-only program */
-    rt_pool *outer;           /* one thread per device */
+    device *dev;              /* this process's devices; NULL for a plan-only program */
+    int first, n_local;       /* dev[k] is the device at mesh position first + k */
+    int process, processes;   /* this process's index among those running the mesh */
+    size_t allocated;         /* bytes held for this process's devices */
+    rt_pool *outer;           /* one thread per device here */
     coll_world *world;
     uint64_t seed;
     bool blas_loaded;         /* BLAS is loaded on the first run */
@@ -139,9 +144,10 @@ static void copy_row(void *ctx, int64_t local, int64_t global, int64_t n, int64_
     }
 }
 
+/* Only this process's blocks: reads only the rows of `src` they cover. */
 static void scatter(spmd_program *p, const spmd_tensor *t, const void *src)
 {
-    for (int d = 0; d < p->c.n_dev; d++) {
+    for (int d = 0; d < p->n_local; d++) {
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
         block b = block_of(p, t, p->dev[d].id);
         copy_ctx c = {p->dev[d].leaf_data[lt->id], (char *)src, spmd_dtype_size(t->dtype), true};
@@ -151,7 +157,7 @@ static void scatter(spmd_program *p, const spmd_tensor *t, const void *src)
 
 static void assemble(const spmd_program *p, const spmd_tensor *t, void *dst)
 {
-    for (int d = 0; d < p->c.n_dev; d++) {
+    for (int d = 0; d < p->n_local; d++) {
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
         block b = block_of(p, t, p->dev[d].id);
         copy_ctx c = {data_of(&p->dev[d], lt), dst, spmd_dtype_size(t->dtype), false};
@@ -242,6 +248,14 @@ static spmd_status check_kernels(const spmd_graph *g)
     return SPMD_OK;
 }
 
+/* Device memory, counted for spmd_program_allocated_bytes. */
+static void *device_alloc(spmd_program *p, size_t bytes, const char *what)
+{
+    void *x = base_alloc(&p->alloc, bytes, what);
+    if (x) p->allocated += bytes;
+    return x;
+}
+
 static spmd_status setup_device(spmd_program *p, device *d, int id)
 {
     const spmd_graph *lg = p->c.local;
@@ -253,15 +267,15 @@ static spmd_status setup_device(spmd_program *p, device *d, int id)
     for (int i = 0; i < lg->n_nodes; i++) {
         const spmd_tensor *t = lg->nodes[i];
         if (!ir_op_is_leaf(t->op)) continue;
-        d->leaf_data[i] = base_alloc(&p->alloc, ir_nbytes(t), t->name);
+        d->leaf_data[i] = device_alloc(p, ir_nbytes(t), t->name);
         if (!d->leaf_data[i]) return SPMD_ERR_NOMEM;
     }
     if (p->c.plan.arena_bytes) {
-        d->arena = base_alloc(&p->alloc, p->c.plan.arena_bytes, "activation arena");
+        d->arena = device_alloc(p, p->c.plan.arena_bytes, "activation arena");
         if (!d->arena) return SPMD_ERR_NOMEM;
     }
     if (p->c.scratch_each) {
-        d->scratch = base_alloc(&p->alloc, p->c.scratch_each * (size_t)p->c.nth, "kernel scratch");
+        d->scratch = device_alloc(p, p->c.scratch_each * (size_t)p->c.nth, "kernel scratch");
         if (!d->scratch) return SPMD_ERR_NOMEM;
     }
     d->pool = rt_pool_create(p->c.nth, &p->alloc);
@@ -299,11 +313,12 @@ static spmd_status check_address_space(const spmd_program *p)
         pthread_attr_getstacksize(&attr, &stack);
         pthread_attr_destroy(&attr);
     }
-    /* Started threads: one per device but the caller's, and each device's
-     * pool but its first. */
-    long threads = (p->c.n_dev > 1 ? p->c.n_dev - 1 : 0) + (long)p->c.n_dev * (p->c.nth - 1);
+    /* Started threads: one per device here but the caller's, and each
+     * device's pool but its first. */
+    int n = p->n_local;
+    long threads = (n > 1 ? n - 1 : 0) + (long)n * (p->c.nth - 1);
     double per_device = (double)compiled_peak_bytes(&p->c);
-    double need = (double)threads * (double)stack + p->c.n_dev * per_device;
+    double need = (double)threads * (double)stack + n * per_device;
     double mapped = 0;
     unsigned long pages;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -318,7 +333,7 @@ static spmd_status check_address_space(const spmd_program *p)
                       "compile: %d devices need at least %.2f GiB of address space (%ld threads "
                       "with %zu MiB stacks, %.1f MiB per device) and the address-space limit "
                       "(ulimit -v) leaves %.2f GiB",
-                      p->c.n_dev, need / gib, threads, stack >> 20, per_device / (1024.0 * 1024.0),
+                      n, need / gib, threads, stack >> 20, per_device / (1024.0 * 1024.0),
                       left < 0 ? 0.0 : left / gib);
 }
 
@@ -332,22 +347,36 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
     if (!p) return NULL;
     p->alloc = g->alloc;
     p->seed = opts ? opts->seed : 0;
-    if (compile_graph(&p->c, g, opts ? opts->threads : 0) != SPMD_OK) goto fail;
+    bool plan_only = opts && opts->plan_only;
+    const void *comm = opts && !plan_only ? opts->mpi_comm : NULL;
+    int n_dev = g->mesh ? spmd_mesh_devices(g->mesh) : 1;
+    p->n_local = n_dev;
+    p->processes = 1;
+    /* The world first: it says which devices run here, and the threads
+     * are shared among those. */
+    if (!plan_only && (g->mesh || comm)) {
+        p->world = coll_world_create(n_dev, comm, &p->alloc);
+        if (!p->world) goto fail;
+        coll_world_local(p->world, &p->first, &p->n_local, NULL);
+        p->processes = n_dev / p->n_local;
+        p->process = p->first / p->n_local;
+    }
+    if (compile_graph(&p->c, g, opts ? opts->threads : 0, p->n_local) != SPMD_OK) goto fail;
     /* A plan-only program (explain) stops here: no devices, no BLAS. */
-    if (opts && opts->plan_only) return p;
+    if (plan_only) return p;
 
     if (check_address_space(p) != SPMD_OK) goto fail;
     if (check_kernels(p->c.local) != SPMD_OK) goto fail;
-    if (p->c.partitioned) {
-        p->world = coll_shm_world_create(p->c.n_dev, &p->alloc);
-        if (!p->world) goto fail;
-    }
-    p->dev = base_calloc(&p->alloc, (size_t)p->c.n_dev * sizeof *p->dev, "devices");
+    p->dev = base_calloc(&p->alloc, (size_t)p->n_local * sizeof *p->dev, "devices");
     if (!p->dev) goto fail;
-    for (int d = 0; d < p->c.n_dev; d++)
-        if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[d] : 0) != SPMD_OK) goto fail;
-    if (p->c.n_dev > 1) {
-        p->outer = rt_pool_create(p->c.n_dev, &p->alloc);
+    for (int d = 0; d < p->n_local; d++)
+        if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[p->first + d] : 0) != SPMD_OK)
+            goto fail;
+    /* Groups that cross processes get their communicators (every process
+     * asked for all of its groups above). */
+    if (p->world && coll_world_connect(p->world) != SPMD_OK) goto fail;
+    if (p->n_local > 1) {
+        p->outer = rt_pool_create(p->n_local, &p->alloc);
         if (!p->outer) goto fail;
         rt_pool_run(p->outer, device_init, p);
     } else {
@@ -364,7 +393,7 @@ void spmd_program_free(spmd_program *p)
 {
     if (!p) return;
     if (p->outer) rt_pool_free(p->outer);
-    for (int d = 0; p->dev && d < p->c.n_dev; d++) {
+    for (int d = 0; p->dev && d < p->n_local; d++) {
         device *dv = &p->dev[d];
         if (dv->pool) rt_pool_free(dv->pool);
         for (int i = 0; dv->leaf_data && i < p->c.local->n_nodes; i++)
@@ -467,17 +496,17 @@ spmd_status spmd_program_run(spmd_program *p)
         if ((ok = blas_init(BLAS_AUTO, NULL)) != SPMD_OK) return ok;
         p->blas_loaded = true;
     }
-    for (int d = 0; d < p->c.n_dev; d++) {
+    for (int d = 0; d < p->n_local; d++) {
         atomic_store(&p->dev[d].status[0], SPMD_OK);
         atomic_store(&p->dev[d].status[1], SPMD_OK);
         p->dev[d].message[0] = '\0';
     }
-    if (p->c.n_dev > 1) rt_pool_run(p->outer, device_run, p);
+    if (p->n_local > 1) rt_pool_run(p->outer, device_run, p);
     else rt_pool_run(p->dev[0].pool, run_worker, &p->dev[0]);
     /* Report the device that failed first-hand, not one that only saw
      * the abort of a collective. */
     int failed = -1;
-    for (int d = 0; d < p->c.n_dev; d++) {
+    for (int d = 0; d < p->n_local; d++) {
         int st = device_status(&p->dev[d]);
         if (!st) continue;
         if (st != SPMD_ERR_BACKEND) {
@@ -488,7 +517,7 @@ spmd_status spmd_program_run(spmd_program *p)
     }
     if (p->world) coll_world_reset(p->world);
     if (failed < 0) {
-        if (p->c.n_dev > 1) rt_pool_run(p->outer, device_update, p);
+        if (p->n_local > 1) rt_pool_run(p->outer, device_update, p);
         else rt_pool_run(p->dev[0].pool, update_worker, &p->dev[0]);
         return SPMD_OK;
     }
@@ -496,6 +525,81 @@ spmd_status spmd_program_run(spmd_program *p)
     int st = device_status(dv);
     if (p->c.n_dev > 1) return base_error((spmd_status)st, "device %d: %s", dv->id, dv->message);
     return base_error((spmd_status)st, "%s", dv->message);
+}
+
+/* ---- Reading across processes ------------------------------------------------------- */
+
+/* The mesh axes t is held split over. */
+static uint32_t split_axes(const spmd_program *p, const spmd_tensor *t)
+{
+    const sharding *s = &p->c.part.held[t->id];
+    uint32_t mask = 0;
+    for (int i = 0; i < s->rank; i++) mask |= mesh_axes_mask(&s->dim[i]);
+    return mask;
+}
+
+/* Whether some of t's blocks live only in other processes.  Every
+ * process decides alike (from the layout, not from what it holds), so
+ * all of them take the same path in spmd_program_read. */
+static bool spread_over_processes(const spmd_program *p, const spmd_tensor *t)
+{
+    if (p->processes == 1 || !p->c.partitioned) return false;
+    uint32_t mask = split_axes(p, t);
+    for (int a = 0; a < p->c.mesh->rank; a++)
+        if ((mask >> a & 1) && mesh_axis_crosses(p->c.mesh, a, p->n_local)) return true;
+    return false;
+}
+
+/* The device at mesh position pos holds its block first (lowest
+ * position): its coordinates off the split axes are all 0. */
+static bool first_holder(const spmd_mesh *m, uint32_t split, int pos)
+{
+    for (int a = m->rank - 1; a >= 0; a--) {
+        if (!(split >> a & 1) && pos % m->shape[a] != 0) return false;
+        pos /= m->shape[a];
+    }
+    return true;
+}
+
+/* Every process sends the blocks whose first holder it runs, in mesh
+ * order; all of them receive everything and copy each block into place. */
+static spmd_status assemble_across(const spmd_program *p, const spmd_tensor *t, void *dst)
+{
+    const spmd_mesh *m = p->c.mesh;
+    const spmd_tensor *lt = p->c.part.local_of[t->id];
+    size_t block_bytes = ir_nbytes(lt), es = spmd_dtype_size(t->dtype);
+    uint32_t split = split_axes(p, t);
+    spmd_allocator a = p->alloc;
+    int64_t *bytes_of = base_calloc(&a, (size_t)p->processes * sizeof *bytes_of, "read");
+    if (!bytes_of) return SPMD_ERR_NOMEM;
+    int64_t total = 0;
+    for (int pos = 0; pos < p->c.n_dev; pos++) {
+        if (!first_holder(m, split, pos)) continue;
+        bytes_of[pos / p->n_local] += (int64_t)block_bytes;
+        total += (int64_t)block_bytes;
+    }
+    unsigned char *mine = base_alloc(&a, (size_t)bytes_of[p->process] + 1, "read");
+    unsigned char *all = base_alloc(&a, (size_t)total + 1, "read");
+    spmd_status st = mine && all ? SPMD_OK : SPMD_ERR_NOMEM;
+    size_t at = 0;
+    for (int d = 0; st == SPMD_OK && d < p->n_local; d++) {
+        if (!first_holder(m, split, p->first + d)) continue;
+        memcpy(mine + at, data_of(&p->dev[d], lt), block_bytes);
+        at += block_bytes;
+    }
+    if (st == SPMD_OK) st = coll_world_gather_processes(p->world, mine, all, bytes_of);
+    at = 0;
+    for (int pos = 0; st == SPMD_OK && pos < p->c.n_dev; pos++) {
+        if (!first_holder(m, split, pos)) continue;
+        block b = block_of(p, t, m->ids[pos]);
+        copy_ctx c = {(char *)all + at, dst, es, false};
+        for_rows(&b, copy_row, &c);
+        at += block_bytes;
+    }
+    base_free(&a, mine);
+    base_free(&a, all);
+    base_free(&a, bytes_of);
+    return st;
 }
 
 /* ---- Data in and out ---------------------------------------------------------------- */
@@ -556,7 +660,30 @@ spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t, void 
                           "read: %s '%s' is not kept after a run; mark it with "
                           "spmd_graph_mark_output before compiling",
                           ir_op_name(t->op), t->name ? t->name : "(unnamed)");
+    if (spread_over_processes(p, t)) return assemble_across(p, t, dst);
     assemble(p, t, dst);
+    return SPMD_OK;
+}
+
+spmd_status spmd_program_input_rows(const spmd_program *p, const spmd_tensor *t, int64_t *begin,
+                                    int64_t *end)
+{
+    spmd_status st = check_access(p, t, t ? ir_nbytes(t) : 0, "input_rows");
+    if (st != SPMD_OK) return st;
+    if (!begin || !end) return base_error(SPMD_ERR_INVALID, "input_rows: begin or end is NULL");
+    if (t->rank == 0) {
+        *begin = 0, *end = 1;
+        return SPMD_OK;
+    }
+    int64_t lo = t->dims[0], hi = 0;
+    for (int d = 0; d < p->n_local; d++) {
+        block b = block_of(p, t, p->dev[d].id);
+        if (b.valid[0] == 0) continue; /* all padding */
+        if (b.start[0] < lo) lo = b.start[0];
+        if (b.start[0] + b.valid[0] > hi) hi = b.start[0] + b.valid[0];
+    }
+    *begin = lo < hi ? lo : 0;
+    *end = lo < hi ? hi : 0;
     return SPMD_OK;
 }
 
@@ -565,6 +692,15 @@ spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t, void 
 size_t spmd_program_arena_bytes(const spmd_program *p) { return p ? p->c.plan.arena_bytes : 0; }
 size_t spmd_program_persistent_bytes(const spmd_program *p) { return p ? p->c.persistent_bytes : 0; }
 int spmd_program_devices(const spmd_program *p) { return p ? p->c.n_dev : 0; }
+int spmd_program_processes(const spmd_program *p) { return p ? p->processes : 0; }
+int spmd_program_process(const spmd_program *p) { return p ? p->process : 0; }
+size_t spmd_program_allocated_bytes(const spmd_program *p) { return p ? p->allocated : 0; }
+
+int spmd_program_local_devices(const spmd_program *p, int *first)
+{
+    if (first) *first = p ? p->first : 0;
+    return p ? p->n_local : 0;
+}
 size_t spmd_program_param_bytes(const spmd_program *p) { return p ? compiled_param_bytes(&p->c) : 0; }
 size_t spmd_program_peak_bytes(const spmd_program *p) { return p ? compiled_peak_bytes(&p->c) : 0; }
 
@@ -616,7 +752,12 @@ spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int d
     if (dev_index < 0 || dev_index >= p->c.n_dev)
         return base_error(SPMD_ERR_INVALID, "block_of: device index %d, the program has %d",
                           dev_index, p->c.n_dev);
-    const device *d = &p->dev[dev_index];
+    if (dev_index < p->first || dev_index >= p->first + p->n_local)
+        return base_error(SPMD_ERR_UNSUPPORTED,
+                          "block_of: the device at mesh position %d runs in another process "
+                          "(this one, %d of %d, runs positions %d to %d)",
+                          dev_index, p->process, p->processes, p->first, p->first + p->n_local - 1);
+    const device *d = &p->dev[dev_index - p->first];
     block b = block_of(p, t, d->id);
     memset(out, 0, sizeof *out);
     out->device = d->id;

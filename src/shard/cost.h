@@ -14,17 +14,16 @@
 #include "ir/ir.h"
 #include "mesh/mesh.h"
 
-/* Link figures of an axis kind. */
-typedef struct cost_link {
-    double alpha_s;       /* seconds per message */
-    double bytes_per_s;   /* bandwidth */
-} cost_link;
-
-/* Inside one process (shared memory) and across processes (network). */
-extern const cost_link COST_LOCAL, COST_REMOTE;
+/* Inside one process (shared memory); across processes the mesh's network. */
+extern const cost_link COST_LOCAL;
 
 /* Estimated seconds of collective `kind` over `axes` moving a tensor of
- * `bytes` (the whole tensor: the gathered or unreduced side). */
+ * `bytes` (the whole tensor: the gathered or unreduced side).  Axes that
+ * cross processes are priced with the mesh's network figures
+ * (spmd_mesh_set_network; a 10 Gb/s link by default). */
 double cost_collective(const spmd_mesh *m, ir_op kind, const mesh_axes *axes, int64_t bytes);
+/* The same with every axis priced as local: what propagation ranks
+ * operands by, so that where devices live never changes the program. */
+double cost_collective_unplaced(const spmd_mesh *m, ir_op kind, const mesh_axes *axes, int64_t bytes);
 
 #endif

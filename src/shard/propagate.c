@@ -113,13 +113,15 @@ static sharding reshape_map(const spmd_mesh *m, const sharding *from, int fr, co
 /* ---- The choice per op ---------------------------------------------------------- */
 
 /* What it would cost to gather every split dim of x: the price of
- * letting another operand win a clash over x. */
+ * letting another operand win a clash over x.  Priced as if every axis
+ * were inside one process: the program must not depend on where devices
+ * live, so a run over processes computes the one-process run's bits. */
 static double losing_cost(const shard_plan *p, const spmd_tensor *x)
 {
     const sharding *s = &p->nodes[x->id].out;
     double c = 0;
     for (int i = 0; i < x->rank; i++)
-        c += cost_collective(p->m, IR_ALL_GATHER, &s->dim[i], (int64_t)ir_nbytes(x));
+        c += cost_collective_unplaced(p->m, IR_ALL_GATHER, &s->dim[i], (int64_t)ir_nbytes(x));
     return c;
 }
 

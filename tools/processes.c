@@ -1,0 +1,174 @@
+/* The tool over several processes (see processes.h). */
+#include "processes.h"
+
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A launcher's environment: Open MPI's mpirun, PMIx and PMI (MPICH's
+ * Hydra) each name the job's size. */
+static int launcher_size(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return getenv("PMIX_RANK") ? 1 : 0;
+}
+
+#ifdef SPMD_HAVE_MPI
+#include <mpi.h>
+
+static int procs = 1, rank = 0;
+static bool started;
+static MPI_Comm world = MPI_COMM_NULL;
+
+int cli_processes_start(int *argc, char ***argv)
+{
+    if (!launcher_size()) return 0;
+    int level = MPI_THREAD_SINGLE;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &level) != MPI_SUCCESS) {
+        fprintf(stderr, "spmd: MPI_Init_thread failed\n");
+        return 1;
+    }
+    started = true;
+    world = MPI_COMM_WORLD;
+    MPI_Comm_size(world, &procs);
+    MPI_Comm_rank(world, &rank);
+    if (level != MPI_THREAD_MULTIPLE) {
+        fprintf(stderr, "spmd: this MPI library does not provide MPI_THREAD_MULTIPLE, which the "
+                        "device threads need\n");
+        return cli_processes_end(1);
+    }
+    /* One progress line and one summary: process 0's. */
+    if (rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "spmd: process %d: cannot silence its output\n", rank);
+        return cli_processes_end(1);
+    }
+    return 0;
+}
+
+int cli_processes_end(int rc)
+{
+    if (!started) return rc;
+    fflush(stdout);
+    fflush(stderr);
+    /* Peers may be waiting for this process in a collective: only the
+     * launcher can end them. */
+    if (rc != 0 && procs > 1) MPI_Abort(world, rc);
+    MPI_Finalize();
+    started = false;
+    return rc;
+}
+
+int cli_processes(void) { return procs; }
+int cli_process_rank(void) { return rank; }
+const void *cli_mpi_comm(void) { return procs > 1 ? (const void *)&world : NULL; }
+
+int cli_gather_double(double mine, double *all)
+{
+    if (procs == 1) {
+        all[0] = mine;
+        return 0;
+    }
+    if (MPI_Allgather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, world) != MPI_SUCCESS) {
+        cli_fail("MPI_Allgather of the per-process figures failed");
+        return 1;
+    }
+    return 0;
+}
+
+/* Median round-trip seconds of `bytes` between process 0 and `peer`, over
+ * `trips` trips after one unmeasured; only those two take part. */
+static double round_trip(char *buf, int bytes, int peer, int trips)
+{
+    enum { MOST = 64 };
+    double t[MOST];
+    if (trips > MOST) trips = MOST;
+    for (int i = -1; i < trips; i++) {
+        double t0 = MPI_Wtime();
+        if (rank == 0) {
+            MPI_Send(buf, bytes, MPI_BYTE, peer, 0, world);
+            MPI_Recv(buf, bytes, MPI_BYTE, peer, 0, world, MPI_STATUS_IGNORE);
+        } else if (rank == peer) {
+            MPI_Recv(buf, bytes, MPI_BYTE, 0, 0, world, MPI_STATUS_IGNORE);
+            MPI_Send(buf, bytes, MPI_BYTE, 0, 0, world);
+        }
+        if (i >= 0) t[i] = MPI_Wtime() - t0;
+    }
+    /* Insertion sort: a few dozen values. */
+    for (int i = 1; i < trips; i++)
+        for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[trips / 2];
+}
+
+int cli_measure_network(double *latency_s, double *bytes_per_s)
+{
+    enum { SMALL = 8, LARGE = 4 << 20 };
+    double fig[2] = {0, 0};
+    *latency_s = *bytes_per_s = 0;
+    if (!started) return 0;
+    if (procs > 1) {
+        char *buf = calloc(LARGE, 1);
+        int ok = buf != NULL, all_ok = 0;
+        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, world);
+        if (!all_ok) {
+            free(buf);
+            cli_fail("out of memory for the network measurement");
+            return 1;
+        }
+        int peer = procs - 1;
+        double small = round_trip(buf, SMALL, peer, 50);
+        double large = round_trip(buf, LARGE, peer, 8);
+        free(buf);
+        fig[0] = small / 2;
+        double one_way = large / 2 - fig[0];
+        fig[1] = one_way > 0 ? LARGE / one_way : 0;
+    }
+    /* Process 0 measured; everyone prices with its figures. */
+    MPI_Bcast(fig, 2, MPI_DOUBLE, 0, world);
+    *latency_s = fig[0];
+    *bytes_per_s = fig[1];
+    return 0;
+}
+
+#else
+
+int cli_processes_start(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    int n = launcher_size();
+    if (n > 1) {
+        fprintf(stderr, "spmd: started as one of %d processes, but this spmd was built without "
+                        "MPI (install libopenmpi-dev and rebuild with -DSPMD_MPI=ON)\n", n);
+        return 1;
+    }
+    return 0;
+}
+
+int cli_processes_end(int rc) { return rc; }
+int cli_processes(void) { return 1; }
+int cli_process_rank(void) { return 0; }
+const void *cli_mpi_comm(void) { return NULL; }
+
+int cli_gather_double(double mine, double *all)
+{
+    all[0] = mine;
+    return 0;
+}
+
+int cli_measure_network(double *latency_s, double *bytes_per_s)
+{
+    *latency_s = 0;
+    *bytes_per_s = 0;
+    return 0;
+}
+
+#endif
