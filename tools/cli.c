@@ -749,6 +749,29 @@ float cli_lr(const cli_opts *o, int step)
     return spmd_lr_schedule(step, o->warmup, o->steps, o->lr, o->lr_constant ? o->lr : o->lr / 10);
 }
 
+/* SPMD_TEST_BAD_TOKEN=PROCESS:STEP feeds process PROCESS a GPT token id
+ * outside the vocabulary at step STEP (from 1), in its first row: its
+ * step fails in the embedding, as a corrupt shard would make it, while
+ * the other processes wait in a collective.  For the tests of failures
+ * over processes (test_cli_mpi). */
+static int feed_test_bad_token(const cli_opts *o, const cli_model *m, spmd_program *p, int step)
+{
+    const char *hook = getenv("SPMD_TEST_BAD_TOKEN");
+    int proc = -1, at = -1;
+    if (!hook || sscanf(hook, "%d:%d", &proc, &at) != 2) return 0;
+    if (proc != cli_process_rank() || at != step + 1 || strcmp(o->model, "gpt")) return 0;
+    int64_t s0 = 0, s1 = 0;
+    int rc = local_samples(o, &m->train, p, &s0, &s1);
+    size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
+    int32_t *tok = rc ? NULL : calloc(ntok, sizeof *tok);
+    if (!tok) return rc ? rc : cli_fail("out of memory");
+    tok[s0 * o->gpt.seq] = m->gpt.vocab + 7;
+    if (spmd_program_set_input(p, m->train.input, tok, ntok * sizeof *tok) != SPMD_OK)
+        rc = cli_fail("cannot feed the inputs: %s", spmd_last_error());
+    free(tok);
+    return rc;
+}
+
 int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, int64_t first)
 {
     size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
@@ -756,6 +779,7 @@ int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, i
     int rc = tok && tgt ? feed_split(o, m, &m->train, p, SPMD_SPLIT_TRAIN, first, tok, tgt)
                         : cli_fail("out of memory");
     free(tok), free(tgt);
+    if (!rc) rc = feed_test_bad_token(o, m, p, step);
     if (rc) return rc;
     float lr = cli_lr(o, step);
     if (spmd_program_set_input(p, m->opt.lr, &lr, sizeof lr) != SPMD_OK)

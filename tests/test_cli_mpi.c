@@ -1,0 +1,268 @@
+/*
+ * `spmd` over several processes, through mpirun: the same run over P
+ * processes gives the one-process losses bit for bit, each process holds
+ * 1/P of the bytes, a failing or killed process ends the job with its
+ * cause, and explain marks the axes that cross processes.
+ *
+ * Every mpirun runs under `timeout`, oversubscribed (this machine may have
+ * fewer cores than processes) and allowed to run as root.  Without MPI at
+ * build time the tests are skipped, saying why.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <cJSON.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support_files.h"
+#include "support_tool.h"
+
+#if defined(SPMD_MPIEXEC) && defined(SPMD_TOOL_PATH)
+
+/* mpirun's environment: as root, without InfiniBand probing, and without
+ * leak checks in a sanitizer build (Open MPI leaves its allocations to
+ * the exit; test_spmd_runtime checks the library's). */
+#define MPI_ENV                                                                            \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=^openib "      \
+    "ASAN_OPTIONS=detect_leaks=0"
+
+enum { TIMEOUT_S = 120 };
+
+static char *dir;
+static char out[1 << 16];
+
+/* `spmd ARGS` on `procs` processes (0: without mpirun); its exit status. */
+static int run_spmd(int procs, const char *args)
+{
+    char cmd[8192];
+    if (procs)
+        snprintf(cmd, sizeof cmd, "%s timeout %d '%s' -n %d --oversubscribe '%s' %s", MPI_ENV,
+                 TIMEOUT_S, SPMD_MPIEXEC, procs, SPMD_TOOL_PATH, args);
+    else
+        snprintf(cmd, sizeof cmd, "%s", args);
+    int rc = procs ? support_run_tool("env", cmd, NULL, out, sizeof out) : run_tool(cmd, out, sizeof out);
+    if (rc == 124) fail_msg("timed out after %d s: spmd %s", TIMEOUT_S, args);
+    return rc;
+}
+
+static cJSON *load_report(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    assert_non_null(j);
+    return j;
+}
+
+typedef struct run_figures {
+    float loss[16];
+    int steps;
+    double param_bytes[8], allocated_bytes[8];
+    int processes;
+} run_figures;
+
+/* The losses and per-process bytes of a report. */
+static run_figures figures(const char *path)
+{
+    run_figures r = {0};
+    cJSON *j = load_report(path);
+    const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss"), *v;
+    cJSON_ArrayForEach(v, loss)
+    {
+        assert_true(r.steps < 16 && cJSON_IsNumber(v));
+        r.loss[r.steps++] = (float)v->valuedouble;
+    }
+    const cJSON *procs = cJSON_GetObjectItemCaseSensitive(j, "processes");
+    cJSON_ArrayForEach(v, procs)
+    {
+        assert_true(r.processes < 8);
+        r.param_bytes[r.processes] = cJSON_GetObjectItemCaseSensitive(v, "param_bytes")->valuedouble;
+        r.allocated_bytes[r.processes] =
+            cJSON_GetObjectItemCaseSensitive(v, "allocated_bytes")->valuedouble;
+        r.processes++;
+    }
+    cJSON_Delete(j);
+    return r;
+}
+
+/* 10 steps of `model` on `mesh` over `procs` processes against the same
+ * run in one process: the same losses, bit for bit, and each process 1/P
+ * of the one-process bytes.  One compute thread per device in both runs,
+ * so the kernel scratch is alike too. */
+static void same_bits(const char *model, const char *mesh, const char *axes, int procs)
+{
+    int devices = 1;
+    for (const char *c = mesh; *c; c++)
+        if (*c >= '1' && *c <= '9') devices *= *c - '0';
+    char one[SUPPORT_PATH], many[SUPPORT_PATH], args[4096];
+    support_path_in(one, dir, "one.json");
+    support_path_in(many, dir, "many.json");
+    const char *common = "--steps 10 --eval 0 --batch 16 --seq 24 --dim 32 --heads 2 --hidden 32";
+    snprintf(args, sizeof args, "train --model %s --mesh %s --axes %s %s --threads %d --json %s",
+             model, mesh, axes, common, devices, one);
+    if (run_spmd(0, args) != 0) fail_msg("one process: %s", out);
+    snprintf(args, sizeof args, "train --model %s --mesh %s --axes %s %s --threads %d --json %s",
+             model, mesh, axes, common, devices / procs, many);
+    if (run_spmd(procs, args) != 0) fail_msg("%d processes: %s", procs, out);
+    run_figures a = figures(one), b = figures(many);
+    assert_int_equal(a.steps, 10);
+    assert_int_equal(b.steps, 10);
+    for (int s = 0; s < 10; s++)
+        if (memcmp(&a.loss[s], &b.loss[s], sizeof(float)))
+            fail_msg("%s on %s over %d processes: step %d loss %.9g, one process %.9g", model, mesh,
+                     procs, s + 1, (double)b.loss[s], (double)a.loss[s]);
+    assert_int_equal(a.processes, 1);
+    assert_int_equal(b.processes, procs);
+    for (int q = 0; q < procs; q++) {
+        assert_true(b.param_bytes[q] * procs == a.param_bytes[0]);
+        assert_true(b.allocated_bytes[q] * procs == a.allocated_bytes[0]);
+    }
+    /* Process 0 alone prints: one summary. */
+    const char *done = strstr(out, "done: loss");
+    assert_non_null(done);
+    assert_null(strstr(done + 1, "done: loss"));
+}
+
+static void test_gpt_data_8(void **state) { (void)state; same_bits("gpt", "8", "data", 4); }
+static void test_gpt_4x2_p2(void **state) { (void)state; same_bits("gpt", "4x2", "replica,fsdp", 2); }
+static void test_gpt_4x2_p4(void **state) { (void)state; same_bits("gpt", "4x2", "replica,fsdp", 4); }
+static void test_gpt_4x2_p8(void **state) { (void)state; same_bits("gpt", "4x2", "replica,fsdp", 8); }
+static void test_gpt_2x4(void **state) { (void)state; same_bits("gpt", "2x4", "replica,fsdp", 2); }
+static void test_gpt_2x2x2(void **state) { (void)state; same_bits("gpt", "2x2x2", "a,b,fsdp", 4); }
+static void test_mlp_data_8(void **state) { (void)state; same_bits("mlp", "8", "data", 2); }
+static void test_mlp_4x2_p2(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 2); }
+static void test_mlp_4x2_p4(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 4); }
+static void test_mlp_4x2_p8(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 8); }
+static void test_mlp_2x4(void **state) { (void)state; same_bits("mlp", "2x4", "replica,fsdp", 4); }
+static void test_mlp_2x2x2(void **state) { (void)state; same_bits("mlp", "2x2x2", "a,b,fsdp", 2); }
+
+/* explain under mpirun -n 4 on 4x2: 'replica' crosses processes, 'fsdp'
+ * stays inside; the network figures are measured; one copy printed. */
+static void test_explain_marks_crossing_axes(void **state)
+{
+    (void)state;
+    if (run_spmd(4, "explain --mesh 4x2 --axes replica,fsdp") != 0) fail_msg("%s", out);
+    const char *line = strstr(out, "processes: 4 x 2 devices");
+    if (!line || !strstr(line, "across processes: replica; inside a process: fsdp"))
+        fail_msg("no process layout in:\n%s", out);
+    assert_non_null(strstr(out, "(measured)"));
+    assert_null(strstr(line + 1, "processes: 4 x 2 devices"));
+    /* Figures from flags win; a count other than mpirun's is refused. */
+    if (run_spmd(2, "explain --net-latency 40 --net-bandwidth 2.5") != 0) fail_msg("%s", out);
+    assert_non_null(strstr(out, "40.0 us per message, 2.50 GB/s (given)"));
+    assert_int_not_equal(run_spmd(2, "explain --processes 4"), 0);
+    assert_non_null(strstr(out, "--processes 4, but mpirun started 2 processes"));
+}
+
+/* A process whose step fails (a token id out of range, fed by process 1
+ * only) ends every process: the job exits non-zero, well inside the
+ * timeout, with the failing process's message and no report. */
+static void test_failing_process_ends_job(void **state)
+{
+    (void)state;
+    char report[SUPPORT_PATH], args[4096];
+    support_path_in(report, dir, "failed.json");
+    snprintf(args, sizeof args,
+             "-x SPMD_TEST_BAD_TOKEN=1:3 '%s' train --steps 50 --json %s", SPMD_TOOL_PATH, report);
+    /* The hook's variable must reach the processes: mpirun -x. */
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s SPMD_TEST_BAD_TOKEN=1:3 timeout %d '%s' -n 2 --oversubscribe %s",
+             MPI_ENV, TIMEOUT_S, SPMD_MPIEXEC, args);
+    int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+    if (rc == 124) fail_msg("the job hung: %s", out);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(out, "process 1: step 3 failed") || !strstr(out, "is outside the table"))
+        fail_msg("no cause in:\n%s", out);
+    assert_null(fopen(report, "r"));
+}
+
+/* A process killed with SIGKILL mid-run: mpirun ends the others and says
+ * which process died. */
+static void test_killed_process_ends_job(void **state)
+{
+    (void)state;
+    char cmd[4096];
+    /* Start a long run, wait for its first progress line, kill -9 one of
+     * mpirun's children (a process of the run), and wait for the job. */
+    snprintf(cmd, sizeof cmd,
+             "-c '%s; export OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM OMPI_MCA_btl "
+             "ASAN_OPTIONS; log=%s/killed.txt; "
+             "timeout %d \"%s\" -n 2 --oversubscribe \"%s\" train --steps 100000 --log-every 1 "
+             ">$log 2>&1 & job=$!; "
+             "for i in $(seq 600); do grep -q \"step \" $log && break; sleep 0.1; done; "
+             "mpirun=$(pgrep -P $job | head -1); victim=$(pgrep -P $mpirun | tail -1); "
+             "kill -9 $victim; wait $job; echo \"job exit $?\"; cat $log'",
+             MPI_ENV, dir, TIMEOUT_S, SPMD_MPIEXEC, SPMD_TOOL_PATH);
+    int rc = support_run_tool("sh", cmd, NULL, out, sizeof out);
+    assert_int_equal(rc, 0);
+    const char *exit_line = strstr(out, "job exit ");
+    assert_non_null(exit_line);
+    int code = atoi(exit_line + strlen("job exit "));
+    if (code == 0 || code == 124) fail_msg("exit %d after a kill -9:\n%s", code, out);
+    if (!strstr(out, "signal 9")) fail_msg("mpirun did not name the killed process:\n%s", out);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    dir = support_temp_dir("spmd-mpi");
+    return dir ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    support_drop_dir(dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpt_data_8),
+        cmocka_unit_test(test_gpt_4x2_p2),
+        cmocka_unit_test(test_gpt_4x2_p4),
+        cmocka_unit_test(test_gpt_4x2_p8),
+        cmocka_unit_test(test_gpt_2x4),
+        cmocka_unit_test(test_gpt_2x2x2),
+        cmocka_unit_test(test_mlp_data_8),
+        cmocka_unit_test(test_mlp_4x2_p2),
+        cmocka_unit_test(test_mlp_4x2_p4),
+        cmocka_unit_test(test_mlp_4x2_p8),
+        cmocka_unit_test(test_mlp_2x4),
+        cmocka_unit_test(test_mlp_2x2x2),
+        cmocka_unit_test(test_explain_marks_crossing_axes),
+        cmocka_unit_test(test_failing_process_ends_job),
+        cmocka_unit_test(test_killed_process_ends_job),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
+
+#else
+
+static void test_skipped(void **state)
+{
+    (void)state;
+    print_message("built without MPI (or without the tool): the runs over processes are not "
+                  "tested\n");
+    skip();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_skipped)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#endif
