@@ -144,6 +144,13 @@ static void test_checkpoint(void **state)
     if (!strstr(one, "41+17=")) fail_msg("the prompt is not decoded:\n%s", one);
     free(one);
     free(mesh);
+    /* No prompt: arith rows open with a digit, as the data's samples do. */
+    snprintf(args, sizeof args, "sample --resume %s --devices 1 --samples 2 --tokens 5", ckpt);
+    char *start = samples_of(args);
+    const char *first = strstr(start, "(1 prompt + 5 new tokens)\n");
+    if (!first || first[26] < '0' || first[26] > '9')
+        fail_msg("a row without a prompt does not start with a digit:\n%s", start);
+    free(start);
     /* The checkpoint gives shape and data. */
     snprintf(args, sizeof args, "sample --resume %s --dim 32", ckpt);
     expect_refused(args, "--resume", "shape", NULL);

@@ -74,7 +74,7 @@ static void sample_usage(FILE *f)
             "  --init FILE          or GPT-2 weights (Hugging Face safetensors, llm.c checkpoint)\n"
             "                       (neither: a new model of the shape flags, as train makes)\n"
             "  --prompt TEXT        the text to continue; repeatable, one row each (default: a\n"
-            "                       newline, or GPT-2's end-of-text token)\n"
+            "                       newline; arith: a random digit; GPT-2: its end-of-text token)\n"
             "  --samples N          rows; row r continues prompt r modulo the prompts (one per\n"
             "                       prompt)\n"
             "  --tokens N           new tokens per row (%d, or what fits in the context)\n"
@@ -553,6 +553,18 @@ static void print_rows(sampler *sp)
 
 /* ---- The command ----------------------------------------------------------------------- */
 
+/* Row r's first token when no prompt is given: where the data starts a
+ * new piece of text.  GPT-2 text, after its end-of-text token; bytes,
+ * after a newline; arith samples open a problem at position 0 (the model
+ * finds digits by position), so a digit drawn from the seed. */
+static int32_t default_start(const sampler *sp, int r)
+{
+    if (sp->voc.kind == VOCAB_ARITH)
+        return (int32_t)(base_rng_bits(sp->s->o.seed, base_rng_stream("sample.start"), (uint64_t)r) %
+                         10);
+    return sp->voc.kind == VOCAB_LLMC && sp->voc.eot >= 0 ? sp->voc.eot : '\n';
+}
+
 /* Rows, their prompts and ends; 0 or an exit code. */
 static int setup_rows(sampler *sp)
 {
@@ -575,9 +587,7 @@ static int setup_rows(sampler *sp)
             row->prompt = vocab_encode(&sp->voc, "--prompt", prompt, row->tokens);
             if (row->prompt < 0) return 2;
         } else {
-            /* Nothing given: start where the data starts a new piece of text. */
-            row->tokens[0] = sp->voc.kind == VOCAB_LLMC && sp->voc.eot >= 0 ? sp->voc.eot
-                             : sp->voc.kind == VOCAB_ARITH ? SPMD_ARITH_VOCAB - 1 : '\n';
+            row->tokens[0] = default_start(sp, r);
             row->prompt = 1;
         }
         if (row->prompt > longest) longest = row->prompt;
