@@ -194,6 +194,10 @@ static void test_tokenizer(void **state)
     if (!strstr(text, "(3 prompt + 4 new tokens)\nhello world!"))
         fail_msg("'hello world!' is not 3 tokens (hello, ' world', '!') decoded back:\n%s", text);
     free(text);
+    /* A tokenizer larger than the model: prompt tokens past its rows. */
+    snprintf(args, sizeof args,
+             "sample " TINY " --vocab 257 --devices 1 --tokenizer %s --prompt 'say hello'", tok);
+    expect_refused(args, "--prompt 'say hello'", "token 257 ('hello')", "vocabulary of 257", NULL);
     snprintf(args, sizeof args, "sample " TINY " --vocab 261 --devices 1 --tokenizer %s", tok);
     expect_refused(args, "--tokenizer", "260 tokens", "261", NULL);
 

@@ -272,9 +272,10 @@ static int choose_vocab(sampler *sp)
     } else if (!shards && sp->cfg.vocab <= 256) {
         vocab_bytes(&sp->voc);
     } else {
-        return cli_fail("the model's vocabulary of %d tokens (data %s) needs a tokenizer: give "
+        return cli_fail("the model's vocabulary of %d tokens (%s%s) needs a tokenizer: give "
                         "--tokenizer FILE (llm.c's gpt2_tokenizer.bin)",
-                        sp->cfg.vocab, src);
+                        sp->cfg.vocab, sp->s->o.init ? "GPT-2 weights from --init " : "data ",
+                        sp->s->o.init ? sp->s->o.init : src);
     }
     return 0;
 }
@@ -562,7 +563,24 @@ static int32_t default_start(const sampler *sp, int r)
     if (sp->voc.kind == VOCAB_ARITH)
         return (int32_t)(base_rng_bits(sp->s->o.seed, base_rng_stream("sample.start"), (uint64_t)r) %
                          10);
-    return sp->voc.kind == VOCAB_LLMC && sp->voc.eot >= 0 ? sp->voc.eot : '\n';
+    if (sp->voc.kind == VOCAB_LLMC && sp->voc.eot >= 0 && sp->voc.eot < sp->cfg.vocab)
+        return sp->voc.eot;
+    return '\n' < sp->cfg.vocab ? '\n' : 0;
+}
+
+/* Prompt tokens the model has no row for (a tokenizer larger than its
+ * vocabulary) are refused, naming the first. */
+static int check_prompt_ids(const sampler *sp, const char *prompt, const int32_t *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= sp->cfg.vocab) {
+            char text[64];
+            size_t len = 0;
+            vocab_decode(&sp->voc, ids[i], text, sizeof text, &len);
+            return cli_fail("--prompt '%s': its token %d ('%s') is outside the model's "
+                            "vocabulary of %d", prompt, (int)ids[i], text, sp->cfg.vocab);
+        }
+    return 0;
 }
 
 /* Rows, their prompts and ends; 0 or an exit code. */
@@ -586,6 +604,8 @@ static int setup_rows(sampler *sp)
         if (prompt) {
             row->prompt = vocab_encode(&sp->voc, "--prompt", prompt, row->tokens);
             if (row->prompt < 0) return 2;
+            int rc = check_prompt_ids(sp, prompt, row->tokens, row->prompt);
+            if (rc) return rc;
         } else {
             row->tokens[0] = default_start(sp, r);
             row->prompt = 1;
