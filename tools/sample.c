@@ -541,8 +541,9 @@ static void print_rows(sampler *sp)
             vocab_decode(&sp->voc, row->tokens[i], text, size, &n);
             if (i + 1 == row->prompt) prompt_bytes = n;
         }
-        printf("--- sample %d of %d (%d prompt + %d new tokens)\n%s\n", r + 1, sp->rows,
-               row->prompt, row->end - row->prompt, text);
+        printf("--- sample %d of %d (%d prompt + %d new tokens)\n%s%s", r + 1, sp->rows,
+               row->prompt, row->end - row->prompt, text,
+               n && text[n - 1] == '\n' ? "" : "\n");
         if (arith) check_additions(text, prompt_bytes, arith_digits(sp->source), &lines, &sums, &right);
     }
     free(text);
