@@ -225,6 +225,7 @@ static void test_bad_flags(void **state)
         {"--tokens 0", "--tokens", "'0'"},
         {"--tokens lots", "--tokens", "'lots'"},
         {"--tokens 30", "--tokens 30", "context of 24"},
+        {"--prompt 12+34=567890123456789012345", "--prompt", "no room"},
         {"--temperature -1", "--temperature", "'-1'"},
         {"--temperature warm", "--temperature", "'warm'"},
         {"--temperature nan", "--temperature", "'nan'"},

@@ -596,12 +596,12 @@ static int setup_rows(sampler *sp)
     int longest = 0;
     for (int r = 0; r < sp->rows; r++) {
         sample_row *row = &sp->row[r];
-        row->tokens = calloc((size_t)sp->context + 1, sizeof *row->tokens);
-        if (!row->tokens) return cli_fail("out of memory");
         const char *prompt = s->n_prompts ? s->prompts[r % np] : NULL;
-        if (prompt && strlen(prompt) > (size_t)sp->context)
-            return cli_fail("--prompt '%.40s...' is longer than the model's context of %d "
-                            "positions", prompt, sp->context);
+        /* Room for the context, and for every byte of the prompt as a
+         * token (a prompt longer than the context is refused below). */
+        size_t room = (size_t)sp->context + (prompt ? strlen(prompt) : 0) + 1;
+        row->tokens = calloc(room, sizeof *row->tokens);
+        if (!row->tokens) return cli_fail("out of memory");
         if (prompt) {
             row->prompt = vocab_encode(&sp->voc, "--prompt", prompt, row->tokens);
             if (row->prompt < 0) return 2;
@@ -614,11 +614,13 @@ static int setup_rows(sampler *sp)
         if (row->prompt > longest) longest = row->prompt;
     }
     int room = sp->context - longest;
-    if (s->tokens > room || room < 1)
+    if (room < 1)
+        return cli_fail("--prompt: the longest prompt (%d tokens) leaves no room for new tokens "
+                        "in the model's context of %d positions", longest, sp->context);
+    if (s->tokens > room)
         return cli_fail("--tokens %d: the longest prompt (%d token%s) leaves room for %d new "
                         "tokens in the model's context of %d positions",
-                        s->tokens ? s->tokens : DEFAULT_TOKENS, longest, longest == 1 ? "" : "s",
-                        room > 0 ? room : 0, sp->context);
+                        s->tokens, longest, longest == 1 ? "" : "s", room, sp->context);
     int tokens = s->tokens ? s->tokens : room < DEFAULT_TOKENS ? room : DEFAULT_TOKENS;
     for (int r = 0; r < sp->rows; r++) sp->row[r].end = sp->row[r].prompt + tokens;
     return 0;
