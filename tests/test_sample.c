@@ -187,7 +187,8 @@ static void test_decode_matches_forward(void **state)
     for (int p = 0; p < T; p++) {
         column(tokens, B, p, col);
         decoder_step(&d, p, col, step);
-        for (int b = 0; b < B; b++) memcpy(want + b * V, full + ((size_t)b * T + p) * V, V * sizeof *want);
+        for (int b = 0; b < B; b++)
+            memcpy(want + b * V, full + ((size_t)b * T + p) * V, V * sizeof *want);
         expect_close("decoding against the forward pass", p, want, step, (size_t)B * V);
     }
     decoder_close(&d);
@@ -245,7 +246,8 @@ static void check_mesh(const char *mesh, const char *axes, const char *fsdp, int
     const int T = cfg.seq, V = cfg.vocab;
     int32_t *tokens = random_tokens(mesh, (size_t)batch * T);
     int32_t *col = malloc((size_t)batch * sizeof *col);
-    float *one = malloc((size_t)batch * V * sizeof *one), *many = malloc((size_t)batch * V * sizeof *many);
+    float *one = malloc((size_t)batch * V * sizeof *one);
+    float *many = malloc((size_t)batch * V * sizeof *many);
     assert_true(col && one && many);
     decoder d1, dm;
     decoder_open(&d1, batch, NULL, NULL, NULL, 1);

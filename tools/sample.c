@@ -63,6 +63,7 @@ typedef struct sampler {
     sample_row *row;
     float *logits;        /* [rows, V] at the current position */
     char *meta;           /* the checkpoint's meta, or NULL */
+    char source_buf[1024]; /* the checkpoint's data source */
 } sampler;
 
 static void sample_usage(FILE *f)
@@ -129,7 +130,8 @@ static int set_sample_flag(sample_opts *s, const char *name, const char *v, int 
     } else if (!strcmp(name, "--tokenizer")) {
         s->tokenizer = v;
     } else if (!strcmp(name, "--cache")) {
-        if (strcmp(v, "on") && strcmp(v, "off")) *rc = cli_fail("--cache is on or off, got '%s'", v);
+        if (strcmp(v, "on") && strcmp(v, "off"))
+            *rc = cli_fail("--cache is on or off, got '%s'", v);
         s->cache = !strcmp(v, "on");
     } else {
         return 1;
@@ -243,8 +245,8 @@ static int meta_source(sampler *sp)
     cJSON *meta = cJSON_Parse(sp->meta ? sp->meta : "");
     const cJSON *src = cJSON_GetObjectItemCaseSensitive(
         cJSON_GetObjectItemCaseSensitive(meta, "data"), "source");
-    static char source[1024];
-    if (cJSON_IsString(src)) snprintf(source, sizeof source, "%s", src->valuestring);
+    char *source = sp->source_buf;
+    if (cJSON_IsString(src)) snprintf(source, sizeof sp->source_buf, "%s", src->valuestring);
     cJSON_Delete(meta);
     if (!source[0])
         return cli_fail("--resume %s: its meta does not name the data it was trained on (data."
@@ -396,9 +398,8 @@ static void take_next(sampler *sp, int r, int pos, const float *logits, double *
 {
     sample_row *row = &sp->row[r];
     if (pos + 1 < row->prompt || pos + 1 >= row->end) return;
-    static uint64_t stream;
-    if (!stream) stream = base_rng_stream("sample");
-    double u = base_rng_uniform(sp->s->o.seed, stream, (uint64_t)r * (uint64_t)sp->context + (uint64_t)pos + 1);
+    uint64_t index = (uint64_t)r * (uint64_t)sp->context + (uint64_t)pos + 1;
+    double u = base_rng_uniform(sp->s->o.seed, base_rng_stream("sample"), index);
     row->tokens[pos + 1] =
         pick_token(logits, sp->cfg.vocab, sp->s->temperature, sp->s->top_k, u, p);
 }
@@ -423,7 +424,8 @@ static int step_cached(sampler *sp, int pos, int32_t *ids)
 static int step_full(sampler *sp, int pos, int32_t *ids, float *all)
 {
     const int C = sp->context, V = sp->cfg.vocab;
-    for (int r = 0; r < sp->rows; r++) memcpy(ids + (size_t)r * C, sp->row[r].tokens, C * sizeof *ids);
+    for (int r = 0; r < sp->rows; r++)
+        memcpy(ids + (size_t)r * C, sp->row[r].tokens, C * sizeof *ids);
     size_t n = (size_t)sp->rows * C;
     if (spmd_program_set_input(sp->fwd_p, sp->fwd.input, ids, n * sizeof *ids) ||
         spmd_program_run(sp->fwd_p) ||
@@ -466,7 +468,8 @@ static int generate(sampler *sp, double *prompt_s, double *gen_s)
         if (!sp->s->cache && pos + 1 < shortest) continue;
         double t0 = now_s();
         rc = sp->s->cache ? step_cached(sp, pos, ids) : step_full(sp, pos, ids, all);
-        for (int r = 0; !rc && r < sp->rows; r++) take_next(sp, r, pos, sp->logits + (size_t)r * V, p);
+        for (int r = 0; !rc && r < sp->rows; r++)
+            take_next(sp, r, pos, sp->logits + (size_t)r * V, p);
         *(pos + 1 < shortest ? prompt_s : gen_s) += now_s() - t0;
     }
     free(ids);
@@ -544,7 +547,8 @@ static void print_rows(sampler *sp)
         printf("--- sample %d of %d (%d prompt + %d new tokens)\n%s%s", r + 1, sp->rows,
                row->prompt, row->end - row->prompt, text,
                n && text[n - 1] == '\n' ? "" : "\n");
-        if (arith) check_additions(text, prompt_bytes, arith_digits(sp->source), &lines, &sums, &right);
+        if (arith)
+            check_additions(text, prompt_bytes, arith_digits(sp->source), &lines, &sums, &right);
     }
     free(text);
     if (arith)
@@ -562,8 +566,8 @@ static void print_rows(sampler *sp)
 static int32_t default_start(const sampler *sp, int r)
 {
     if (sp->voc.kind == VOCAB_ARITH)
-        return (int32_t)(base_rng_bits(sp->s->o.seed, base_rng_stream("sample.start"), (uint64_t)r) %
-                         10);
+        return (int32_t)(base_rng_bits(sp->s->o.seed, base_rng_stream("sample.start"),
+                                       (uint64_t)r) % 10);
     if (sp->voc.kind == VOCAB_LLMC && sp->voc.eot >= 0 && sp->voc.eot < sp->cfg.vocab)
         return sp->voc.eot;
     return '\n' < sp->cfg.vocab ? '\n' : 0;
