@@ -397,6 +397,47 @@ void ref_attention(const float *q, const float *k, const float *v, int64_t B, in
     free(p);
 }
 
+void ref_cache_write(const float *cache, const float *rows, int64_t B, int64_t S, int64_t T,
+                     int64_t C, int64_t pos, float *out)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t c = 0; c < C; c++) {
+                bool is_new = s >= pos && s < pos + T;
+                out[(b * S + s) * C + c] =
+                    is_new ? rows[(b * T + s - pos) * C + c] : cache[(b * S + s) * C + c];
+            }
+}
+
+void ref_cached_attention(const float *q, const float *k, const float *v, int64_t B, int64_t T,
+                          int64_t S, int64_t C, int heads, int64_t pos, float *out)
+{
+    int64_t D = C / heads;
+    double *p = malloc((size_t)(S ? S : 1) * sizeof *p);
+    if (!p) return;
+    const double scale = 1.0 / sqrt((double)D);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t t = 0; t < T; t++) {
+                int64_t n = pos + t + 1; /* keys 0 .. pos + t */
+                double m = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < n; j++) {
+                    double s = 0;
+                    for (int64_t e = 0; e < D; e++)
+                        s += (double)q[(b * T + t) * C + h * D + e] * k[(b * S + j) * C + h * D + e];
+                    p[j] = s * scale;
+                    m = p[j] > m ? p[j] : m;
+                }
+                for (int64_t j = 0; j < n; j++) sum += p[j] = exp(p[j] - m);
+                for (int64_t e = 0; e < D; e++) {
+                    double s = 0;
+                    for (int64_t j = 0; j < n; j++) s += p[j] / sum * v[(b * S + j) * C + h * D + e];
+                    out[(b * T + t) * C + h * D + e] = (float)s;
+                }
+            }
+    free(p);
+}
+
 void ref_attention_backward(const float *q, const float *k, const float *v, const float *dout,
                             int64_t B, int64_t T, int64_t C, int heads, float *out)
 {

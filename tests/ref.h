@@ -95,6 +95,13 @@ void ref_bmm(const float *a, const int64_t *ad, int ar, const float *b, const in
 void ref_attention(const float *q, const float *k, const float *v, int64_t B, int64_t T,
                    int64_t C, int heads, float *out);
 /* out [3, B, T, C]: dq, dk, dv given dout [B, T, C]. */
+/* cache [B, S, C] with rows [B, T, C] written at rows pos .. pos+T-1. */
+void ref_cache_write(const float *cache, const float *rows, int64_t B, int64_t S, int64_t T,
+                     int64_t C, int64_t pos, float *out);
+/* Attention of q [B, T, C] at positions pos .. pos+T-1 over the caches
+ * k, v [B, S, C], query t seeing keys 0 .. pos+t -> out [B, T, C]. */
+void ref_cached_attention(const float *q, const float *k, const float *v, int64_t B, int64_t T,
+                          int64_t S, int64_t C, int heads, int64_t pos, float *out);
 void ref_attention_backward(const float *q, const float *k, const float *v, const float *dout,
                             int64_t B, int64_t T, int64_t C, int heads, float *out);
 

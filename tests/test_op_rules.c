@@ -123,6 +123,13 @@ static bool build_sample(ir_op op, sample *s)
                      false);
         break;
     case IR_ATTENTION: o = spmd_attention(g, qkv(s), qkv(s), qkv(s), 2); break;
+    case IR_CACHE_WRITE:
+        o = spmd_cache_write(g, qkv(s), operand(s, V_ANY, 3, D(2, 2, 8)), ids(s, 1, D(1), 5));
+        break;
+    case IR_CACHED_ATTENTION:
+        o = spmd_cached_attention(g, operand(s, V_ANY, 3, D(2, 2, 8)), qkv(s), qkv(s),
+                                  ids(s, 1, D(1), 5), 2);
+        break;
     case IR_EMBEDDING: o = spmd_embedding(g, operand(s, V_ANY, 2, D(10, 6)), ids(s, 1, D(4), 10)); break;
     case IR_CROSS_ENTROPY: o = spmd_cross_entropy(g, operand(s, V_ANY, 2, D(4, 10)), ids(s, 1, D(4), 10)); break;
     case IR_MSE: o = spmd_mse(g, x46(s), x46(s)); break;

@@ -3,9 +3,10 @@
  * public API, over shapes that cover broadcasting (rank 0 included), every
  * reduction mask, every transpose form, and sizes that cross the kernels'
  * blocking (GEMM tiles, 64-row attention blocks, 256-column reduction
- * chunks).  Each case is compiled with 1, 2 and 3 threads; every result
- * must be within |got - want| <= 1e-5 + 1e-4 |want| of the oracle and
- * bitwise the same on every thread count.  Also: bad ids and bad targets
+ * chunks), and the KV-cache decoding ops at drawn positions.  Each case is
+ * compiled with 1, 2 and 3 threads; every result must be within
+ * |got - want| <= 1e-5 + 1e-4 |want| of the oracle and bitwise the same on
+ * every thread count.  Also: bad ids, targets and cache positions
  * are data errors at run time that name the op and the value, leave the
  * program usable, and do not hang a pool of threads; a GEMM that BLAS
  * cannot take fails the kernel with its status instead of passing.
@@ -610,6 +611,55 @@ static void test_attention(void **state)
     }
 }
 
+/* Decoding: T new rows at a drawn position of a cache of S rows.  T across
+ * the 64-row query blocks, T = S (the whole cache: plain causal attention),
+ * and one row, decoding's usual case. */
+typedef struct cache_case {
+    int64_t B, T, S, C;
+    int heads;
+} cache_case;
+
+static const cache_case cache_cases[] = {
+    {1, 1, 1, 4, 1},  {2, 1, 9, 8, 2},   {3, 1, 40, 12, 4}, {2, 3, 10, 8, 4},
+    {1, 70, 70, 8, 2}, {2, 66, 140, 16, 2}, {1, 5, 5, 6, 3},  {2, 1, 130, 32, 1},
+};
+
+static void test_cache_write(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(cache_cases); i++) {
+        const cache_case *k = &cache_cases[i];
+        const shape cache = SH(3, k->B, k->S, k->C), rows = SH(3, k->B, k->T, k->C);
+        opcase c;
+        oc_init(&c, "cache_write #%zu", i);
+        spmd_tensor *x = oc_input(&c, &cache, GEN_ANY);
+        spmd_tensor *r = oc_input(&c, &rows, GEN_ANY);
+        spmd_tensor *pos = oc_ids(&c, 1, (const int64_t[]){1}, (int32_t)(k->S - k->T + 1));
+        ref_cache_write(oc_f(&c, 0), oc_f(&c, 1), k->B, k->S, k->T, k->C, oc_i(&c, 2)[0],
+                        oc_expect(&c, spmd_cache_write(c.g, x, r, pos)));
+        oc_check(&c);
+    }
+}
+
+static void test_cached_attention(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(cache_cases); i++) {
+        const cache_case *k = &cache_cases[i];
+        const shape q = SH(3, k->B, k->T, k->C), kv = SH(3, k->B, k->S, k->C);
+        opcase c;
+        oc_init(&c, "cached_attention #%zu, %d head(s)", i, k->heads);
+        spmd_tensor *qt = oc_input(&c, &q, GEN_ANY);
+        spmd_tensor *kt = oc_input(&c, &kv, GEN_ANY);
+        spmd_tensor *vt = oc_input(&c, &kv, GEN_ANY);
+        spmd_tensor *pos = oc_ids(&c, 1, (const int64_t[]){1}, (int32_t)(k->S - k->T + 1));
+        spmd_tensor *y = spmd_cached_attention(c.g, qt, kt, vt, pos, k->heads);
+        ref_cached_attention(oc_f(&c, 0), oc_f(&c, 1), oc_f(&c, 2), k->B, k->T, k->S, k->C,
+                             k->heads, oc_i(&c, 3)[0], oc_expect(&c, y));
+        oc_check(&c);
+    }
+}
+
 /* ---- Lookups and losses ------------------------------------------------------------ */
 
 /* The result of case c: embedding of inputs table [V, D] and ids. */
@@ -985,6 +1035,41 @@ static void test_chained_bad_data(void **state)
     oc_check_bad_data(&c, bad, ARRAY_LEN(bad));
 }
 
+/* A position past the cache (the new rows would not fit) or negative is a
+ * data error of both decoding ops. */
+static void test_cache_bad_position(void **state)
+{
+    (void)state;
+    static const bad_data write_bad[] = {
+        {2, "cache_write", {0, -1}, {8, 0}},  /* 8 + 2 rows > 9 */
+        {2, "cache_write", {0, -1}, {-1, 0}},
+        {2, "cache_write", {0, -1}, {INT32_MAX, 0}},
+    };
+    static const bad_data attn_bad[] = {
+        {3, "cached_attention", {0, -1}, {9, 0}},
+        {3, "cached_attention", {0, -1}, {-4, 0}},
+    };
+    const shape cache = SH(3, 2, 9, 8), rows = SH(3, 2, 2, 8);
+    opcase c;
+    oc_init(&c, "cache_write with bad positions");
+    spmd_tensor *x = oc_input(&c, &cache, GEN_ANY);
+    spmd_tensor *r = oc_input(&c, &rows, GEN_ANY);
+    spmd_tensor *pos = oc_ids(&c, 1, (const int64_t[]){1}, 8);
+    ref_cache_write(oc_f(&c, 0), oc_f(&c, 1), 2, 9, 2, 8, oc_i(&c, 2)[0],
+                    oc_expect(&c, spmd_cache_write(c.g, x, r, pos)));
+    oc_check_bad_data(&c, write_bad, ARRAY_LEN(write_bad));
+
+    oc_init(&c, "cached_attention with bad positions");
+    spmd_tensor *q = oc_input(&c, &rows, GEN_ANY);
+    spmd_tensor *k = oc_input(&c, &cache, GEN_ANY);
+    spmd_tensor *v = oc_input(&c, &cache, GEN_ANY);
+    pos = oc_ids(&c, 1, (const int64_t[]){1}, 8);
+    spmd_tensor *y = spmd_cached_attention(c.g, q, k, v, pos, 2);
+    ref_cached_attention(oc_f(&c, 0), oc_f(&c, 1), oc_f(&c, 2), 2, 2, 9, 8, 2, oc_i(&c, 3)[0],
+                         oc_expect(&c, y));
+    oc_check_bad_data(&c, attn_bad, ARRAY_LEN(attn_bad));
+}
+
 /* A matmul [1, K] x [K, 1] with K = 2^31 + 64 is past the 32-bit CBLAS
  * interface: blas_sgemm refuses it before touching a matrix, and the
  * kernel records that as the step's status and message (the executor then
@@ -1037,6 +1122,8 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_bmm),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_cache_write),
+        cmocka_unit_test(test_cached_attention),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_mse),
@@ -1047,6 +1134,7 @@ int main(void)
         cmocka_unit_test_teardown(test_embedding_bad_id, disarm_watchdog),
         cmocka_unit_test_teardown(test_cross_entropy_bad_target, disarm_watchdog),
         cmocka_unit_test_teardown(test_chained_bad_data, disarm_watchdog),
+        cmocka_unit_test_teardown(test_cache_bad_position, disarm_watchdog),
         cmocka_unit_test(test_refused_gemm_fails_the_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

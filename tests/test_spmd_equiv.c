@@ -28,7 +28,9 @@
  * cases; SPMD_TEST_VERBOSE=1 prints every case, =2 also each case before
  * it runs and the shardings the partitioner chose.  The summary counts the
  * collectives the cases made the partitioner emit.  Fixed regression cases
- * (minimized reproducers of bugs this test found) run every time.
+ * (minimized reproducers of bugs this test found) run every time, and so
+ * do fixed cases of the KV-cache decoding ops, which the random training
+ * graphs cannot hold (they have no gradient).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -1355,6 +1357,53 @@ static void reg_reshape_mark_minor_split(eq_case *c)
     square_loss(c, r);
 }
 
+/* KV-cache decoding, one step: T new rows written into the key and value
+ * caches at a position read at run time, and attention of the new queries
+ * over the caches.  The ops have no gradient, so the loss reads them
+ * through inputs only.  `cache_spec`: how the caches are marked (NULL:
+ * left to propagation, which gives them the new rows' sharding). */
+static void decode_step(eq_case *c, int64_t B, int64_t T, int64_t S, int64_t C, int heads,
+                        const char *rows_spec, const char *cache_spec)
+{
+    spmd_tensor *q = input(c, 3, D(B, T, C)), *k = input(c, 3, D(B, T, C));
+    spmd_tensor *v = input(c, 3, D(B, T, C));
+    spmd_tensor *kc = input(c, 3, D(B, S, C)), *vc = input(c, 3, D(B, S, C));
+    spmd_tensor *pos = ids_input(c, 1, D(1), (int32_t)(S - T + 1));
+    mark(c, q, rows_spec);
+    mark(c, k, rows_spec);
+    mark(c, v, rows_spec);
+    if (cache_spec) mark(c, kc, cache_spec);
+    spmd_tensor *k_all = note(c, spmd_cache_write(c->g, kc, k, pos), "cache_write(%s, %s, %s)",
+                              name_of(kc), name_of(k), name_of(pos));
+    spmd_tensor *v_all = note(c, spmd_cache_write(c->g, vc, v, pos), "cache_write(%s, %s, %s)",
+                              name_of(vc), name_of(v), name_of(pos));
+    spmd_tensor *a = note(c, spmd_cached_attention(c->g, q, k_all, v_all, pos, heads),
+                          "cached_attention(%s, %s, %s, %s, heads %d)", name_of(q), name_of(k_all),
+                          name_of(v_all), name_of(pos), heads);
+    add_output(c, k_all);
+    add_output(c, a);
+    square_loss(c, a);
+}
+
+/* The batch over one axis, heads over the other: 2 of 4 heads each. */
+static void reg_decode_batch_heads(eq_case *c)
+{
+    decode_step(c, 4, 1, 7, 8, 4, "data, None, tp", NULL);
+}
+
+/* A batch of 4 over 3 devices (padded rows), two new rows. */
+static void reg_decode_uneven_batch(eq_case *c)
+{
+    decode_step(c, 4, 2, 9, 6, 2, "data, None, None", "data, None, None");
+}
+
+/* A cache split along its positions is gathered (a fallback): the
+ * position is global. */
+static void reg_decode_cache_split_on_positions(eq_case *c)
+{
+    decode_step(c, 2, 1, 9, 4, 2, "None, None, None", "None, data, None");
+}
+
 typedef struct regression {
     const char *label;
     int rank, shape[3];
@@ -1367,6 +1416,9 @@ static const regression regressions[] = {
     {"attention heads split unevenly", 1, {5}, {"replica"}, reg_attention_uneven_heads},
     {"marked reshape the operand cannot carry", 2, {2, 3}, {"tp", "y"}, reg_marked_reshape},
     {"reshape of a pending sum", 1, {2}, {"data"}, reg_reshape_of_partial},
+    {"decoding: batch and heads split", 2, {2, 2}, {"data", "tp"}, reg_decode_batch_heads},
+    {"decoding: batch split unevenly", 1, {3}, {"data"}, reg_decode_uneven_batch},
+    {"decoding: cache split on positions", 1, {3}, {"data"}, reg_decode_cache_split_on_positions},
 };
 
 /* ---- The tests --------------------------------------------------------------------------- */

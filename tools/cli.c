@@ -414,9 +414,7 @@ static bool rule_fits(const cli_shard *r, const spmd_tensor *t)
     return name && fnmatch(r->pattern, name, 0) == 0 && spec_entries(r->spec) == spmd_tensor_rank(t);
 }
 
-/* The --shard rules (later rules win), then FSDP for the parameters left
- * and the batch over every axis for the inputs left. */
-static int apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
+int cli_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
 {
     for (int i = 0; i < spmd_graph_tensor_count(c->g); i++) {
         spmd_tensor *t = spmd_graph_tensor(c->g, i);
@@ -442,10 +440,11 @@ static int apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
             if (!strcmp(spmd_mesh_axis_name(mesh, a), "fsdp")) fsdp = "fsdp";
     }
     spmd_tensor *inputs[2] = {c->input, c->targets};
+    int n = c->targets ? 2 : 1;
     spmd_status st;
     /* FSDP shards the parameters and the batch; without it, only the batch. */
-    if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, 2, NULL);
-    else st = spmd_shard_batch(c->g, mesh, inputs, 2, NULL);
+    if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, n, NULL);
+    else st = spmd_shard_batch(c->g, mesh, inputs, n, NULL);
     if (st != SPMD_OK) return cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
     return 0;
 }
@@ -473,7 +472,7 @@ static int build_graph(const cli_opts *o, const cli_model *m, cli_graph *c)
     }
     if (st != SPMD_OK) return cli_fail("cannot build the model: %s", spmd_last_error());
     if (m->mesh) {
-        int rc = apply_marks(o, m->mesh, c);
+        int rc = cli_apply_marks(o, m->mesh, c);
         if (rc) return rc;
     }
     if (spmd_graph_mark_output(c->g, c->loss) != SPMD_OK) return cli_fail("%s", spmd_last_error());

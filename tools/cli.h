@@ -82,6 +82,10 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o);
 /* Data, mesh, model, marks, gradient and optimizer; 0 or an exit code. */
 int cli_build(const cli_opts *o, cli_model *m);
 void cli_model_free(cli_model *m);
+/* The --shard rules (later rules win), then FSDP for the parameters left
+ * and the batch over every axis for c's inputs left (c->targets may be
+ * NULL); 0 or an exit code. */
+int cli_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c);
 /* Compile a graph with the BLAS and thread choices of the flags; a
  * plan-only program (explain) allocates nothing and cannot run. */
 spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only);
@@ -144,5 +148,6 @@ int cmd_train(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_explain(int argc, char **argv);
 int cmd_visualize(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
 
 #endif

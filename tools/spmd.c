@@ -5,6 +5,7 @@
  *   spmd visualize [flags]  draw which device holds which block of a tensor
  *   spmd export CKPT --out FILE [--format hf|llmc]
  *                           a checkpoint's GPT as GPT-2 weights for other tools
+ *   spmd sample [flags]     generate text from a checkpoint or GPT-2 weights
  */
 #include "cli.h"
 #include "processes.h"
@@ -19,13 +20,15 @@ static int run_command(int argc, char **argv)
     if (!strcmp(cmd, "explain")) return cmd_explain(argc - 2, argv + 2);
     if (!strcmp(cmd, "visualize")) return cmd_visualize(argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
+    if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         cli_usage(stdout, "train|explain");
         printf("       spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'\n");
         printf("       spmd export CKPT --out FILE [--format hf|llmc]\n");
+        printf("       spmd sample --resume DIR --prompt TEXT [--tokens N] (spmd sample --help)\n");
         return 0;
     }
-    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export)\n", cmd);
+    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export, sample)\n", cmd);
     return 2;
 }
 

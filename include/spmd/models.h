@@ -110,6 +110,33 @@ SPMD_API spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, i
 SPMD_API spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer,
                                      spmd_tensor *x);
 
+/* ---- GPT-2 decoding with a KV cache ------------------------------------------ */
+
+/* One new position per run for `batch` sequences, with the parameters of
+ * spmd_gpt_build (same names, shapes and init), so weights and checkpoints
+ * load into it by name.  Each run reads "input" i32 [B, 1] (every row's
+ * token at the position) and "position" i32 [1] (p, from 0 to context-1;
+ * a run past the context fails), and gives the logits of the next token
+ * [B, 1, V].  The keys and values of every earlier position are kept in
+ * the state tensors
+ *     h.{i}.attn.k_cache, h.{i}.attn.v_cache   [B, context, C]
+ * (zeros at first): a run writes row p of each and attends over rows
+ * 0..p, so a step costs one position, not the whole prefix.  Feeding
+ * positions 0, 1, 2, ... in turn gives, at each, the logits that
+ * spmd_gpt_build's forward pass gives at that position for the same
+ * tokens.  Positions must be fed in order: row p is overwritten, rows
+ * after it are stale until written again.  The caches are laid out like
+ * the activations, so on a mesh they take the batch sharding of the new
+ * rows (and their heads where a mesh axis splits them) unless marked. */
+typedef struct spmd_gpt_decode_tensors {
+    spmd_tensor *input;    /* "input" i32 [B, 1] */
+    spmd_tensor *position; /* "position" i32 [1] */
+    spmd_tensor *logits;   /* [B, 1, V], marked as an output */
+} spmd_gpt_decode_tensors;
+
+SPMD_API spmd_status spmd_gpt_build_decode(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
+                                           spmd_gpt_decode_tensors *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -149,6 +149,18 @@ SPMD_API spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b,
 SPMD_API spmd_tensor *spmd_attention(spmd_graph *g, spmd_tensor *q, spmd_tensor *k,
                                      spmd_tensor *v, int heads);
 
+/* Decoding with a KV cache.  `pos` is an int32 [1] tensor (an input fed
+ * each run): the global position of the first new row.
+ * cache_write: `cache` [B, S, C] with `rows` [B, T, C] written at rows
+ * pos .. pos+T-1 (a run fails if they do not fit in S).
+ * cached_attention: causal attention of q [B, T, C], at positions
+ * pos .. pos+T-1, over the cached keys and values [B, S, C] at positions
+ * 0 .. pos+t; C = heads * head_dim.  Inference only: no gradients. */
+SPMD_API spmd_tensor *spmd_cache_write(spmd_graph *g, spmd_tensor *cache, spmd_tensor *rows,
+                                       spmd_tensor *pos);
+SPMD_API spmd_tensor *spmd_cached_attention(spmd_graph *g, spmd_tensor *q, spmd_tensor *k_cache,
+                                            spmd_tensor *v_cache, spmd_tensor *pos, int heads);
+
 /* Rows of `table` [V, D] picked by int32 `ids` [...] -> [..., D]. */
 SPMD_API spmd_tensor *spmd_embedding(spmd_graph *g, spmd_tensor *table, spmd_tensor *ids);
 /* Mean cross-entropy of logits [..., V] against int32 targets [...]. */

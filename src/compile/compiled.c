@@ -52,6 +52,10 @@ size_t compile_scratch_bytes(const spmd_tensor *t)
         size_t one = (size_t)COMPILE_ATTN_BLOCK * (size_t)T * sizeof(float);
         return t->op == IR_ATTENTION ? one : 2 * one;
     }
+    case IR_CACHED_ATTENTION:
+        /* A block of query rows against every cached key. */
+        if (t->n_in < 2 || t->in[1]->rank != 3) return 0;
+        return (size_t)COMPILE_ATTN_BLOCK * (size_t)t->in[1]->dims[1] * sizeof(float);
     case IR_ALL_TO_ALL:
         /* Packed send and receive buffers (thread 0 only). */
         return 2 * ir_nbytes(t->in[0]);

@@ -414,6 +414,61 @@ spmd_tensor *ir_attention_backward(spmd_graph *g, spmd_tensor *q, spmd_tensor *k
     return t;
 }
 
+/* ---- Decoding with a KV cache ----------------------------------------------------- */
+
+/* pos: the int32 [1] position a run reads. */
+static bool check_position(spmd_graph *g, const char *op, const spmd_tensor *pos)
+{
+    if (!want_i32(g, op, pos)) return false;
+    if (pos->rank != 1 || pos->dims[0] != 1) {
+        fail_shape1(g, op, "the position must be one int32, shape [1]", pos);
+        return false;
+    }
+    return true;
+}
+
+spmd_tensor *spmd_cache_write(spmd_graph *g, spmd_tensor *cache, spmd_tensor *rows,
+                              spmd_tensor *pos)
+{
+    spmd_tensor *in[3] = {cache, rows, pos};
+    if (any_null(g, "cache_write", in, 3)) return NULL;
+    if (!want_f32(g, "cache_write", cache) || !want_f32(g, "cache_write", rows) ||
+        !check_position(g, "cache_write", pos))
+        return NULL;
+    if (cache->rank != 3) return fail_shape1(g, "cache_write", "the cache must be [B, S, C]", cache);
+    if (rows->rank != 3 || rows->dims[0] != cache->dims[0] || rows->dims[2] != cache->dims[2] ||
+        rows->dims[1] > cache->dims[1])
+        return fail_shape2(g, "cache_write", "rows must be [B, T, C] with T at most the cache's S",
+                           cache, rows);
+    return ir_node_new(g, IR_CACHE_WRITE, SPMD_F32, 3, cache->dims, in, 3);
+}
+
+spmd_tensor *spmd_cached_attention(spmd_graph *g, spmd_tensor *q, spmd_tensor *k_cache,
+                                   spmd_tensor *v_cache, spmd_tensor *pos, int heads)
+{
+    static const char op[] = "cached_attention";
+    spmd_tensor *in[4] = {q, k_cache, v_cache, pos};
+    if (any_null(g, op, in, 4)) return NULL;
+    if (!want_f32(g, op, q) || !want_f32(g, op, k_cache) || !want_f32(g, op, v_cache) ||
+        !check_position(g, op, pos))
+        return NULL;
+    if (q->rank != 3) return fail_shape1(g, op, "q must be [B, T, C]", q);
+    if (k_cache->rank != 3 || k_cache->dims[0] != q->dims[0] || k_cache->dims[2] != q->dims[2] ||
+        k_cache->dims[1] < q->dims[1])
+        return fail_shape2(g, op, "the key cache must be [B, S, C] with S at least T", q, k_cache);
+    if (!ir_same_shape(k_cache, v_cache))
+        return fail_shape2(g, op, "the key and value caches differ", k_cache, v_cache);
+    if (heads <= 0 || q->dims[2] % heads != 0) {
+        char s[SHAPE_BUF];
+        ir_error(g, SPMD_ERR_SHAPE, "%s: %d heads do not divide the channels of %s", op, heads,
+                 ir_shape_str(q, s, sizeof s));
+        return NULL;
+    }
+    spmd_tensor *t = ir_node_new(g, IR_CACHED_ATTENTION, SPMD_F32, 3, q->dims, in, 4);
+    if (t) t->attr.attention.heads = heads;
+    return t;
+}
+
 /* ---- Lookups and losses ---------------------------------------------------------- */
 
 spmd_tensor *spmd_embedding(spmd_graph *g, spmd_tensor *table, spmd_tensor *ids)

@@ -34,7 +34,7 @@ typedef union ir_attr {
     struct { int axis; int64_t start, total; } pad; /* PAD: zeros, x at [start:] */
     struct { int axis; } concat;
     struct { int perm[SPMD_MAX_RANK]; } permute; /* out dim i = in dim perm[i] */
-    struct { int heads; } attention;         /* ATTENTION(_BACKWARD) */
+    struct { int heads; } attention;         /* (CACHED_)ATTENTION(_BACKWARD) */
     struct { float c; } scale;
     struct { float eps; } norm;              /* LAYERNORM* */
     struct { float value; } fill;

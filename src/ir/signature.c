@@ -200,6 +200,44 @@ static bool sig_attention(const spmd_tensor *t, ir_dimsig *s)
     return true;
 }
 
+/* cache_write(cache [b,s,c], rows [b,t,c], pos [1]) -> [b,s,c]: the
+ * position is global, so the cache rows s and the new rows t stay whole;
+ * pos maps to no iteration (every device reads the same scalar). */
+static bool sig_cache_write(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *rows = t->in[1];
+    int b = add_iter(s, t->dims[0], IR_ITER_PARALLEL, 'b');
+    int ts = add_iter(s, t->dims[1], IR_ITER_FULL, 's');
+    int tt = add_iter(s, rows->dims[1], IR_ITER_FULL, 't');
+    int c = add_iter(s, t->dims[2], IR_ITER_PARALLEL, 'c');
+    int8_t cache_map[3] = {(int8_t)b, (int8_t)ts, (int8_t)c};
+    int8_t rows_map[3] = {(int8_t)b, (int8_t)tt, (int8_t)c};
+    memcpy(s->in[0], cache_map, 3);
+    memcpy(s->in[1], rows_map, 3);
+    memcpy(s->out, cache_map, 3);
+    return true;
+}
+
+/* cached_attention(q [b,t,c], k and v [b,s,c], pos [1]) -> [b,t,c]:
+ * "btc,bsc,bsc,1->btc", attention's form with the position as a scalar
+ * every device reads whole.  Channels shard in whole heads. */
+static bool sig_cached_attention(const spmd_tensor *t, ir_dimsig *s)
+{
+    const spmd_tensor *q = t->in[0], *k = t->in[1];
+    int b = add_iter(s, q->dims[0], IR_ITER_PARALLEL, 'b');
+    int tq = add_iter(s, q->dims[1], IR_ITER_FULL, 't');
+    int ts = add_iter(s, k->dims[1], IR_ITER_FULL, 's');
+    int c = add_iter(s, q->dims[2], IR_ITER_PARALLEL, 'c');
+    s->granule[c] = q->dims[2] / t->attr.attention.heads;
+    int8_t qmap[3] = {(int8_t)b, (int8_t)tq, (int8_t)c};
+    int8_t kvmap[3] = {(int8_t)b, (int8_t)ts, (int8_t)c};
+    memcpy(s->in[0], qmap, 3);
+    memcpy(s->in[1], kvmap, 3);
+    memcpy(s->in[2], kvmap, 3);
+    memcpy(s->out, qmap, 3);
+    return true;
+}
+
 /* embedding: table [v,d], ids [i...] -> [i..., d]; the backward
  * scatter-add is the transpose, summing over the ids dims.  A vocab-sharded
  * table would make the lookup a partial sum (each device contributes its

@@ -8,15 +8,13 @@
 
 #include "base/error.h"
 #include "ir/ir.h"
+#include "models/gpt_parts.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#define GPT_STD 0.02f
-
-/* Rows of wpe: the model's context, which sequences may not fill. */
-static int gpt_context(const spmd_gpt_config *cfg) { return cfg->context ? cfg->context : cfg->seq; }
+int gpt_context(const spmd_gpt_config *cfg) { return cfg->context ? cfg->context : cfg->seq; }
 
 spmd_status spmd_gpt_validate(const spmd_gpt_config *cfg)
 {
@@ -54,16 +52,19 @@ int64_t spmd_gpt_param_count(const spmd_gpt_config *cfg)
     return (int64_t)cfg->vocab * c + (int64_t)gpt_context(cfg) * c + cfg->layers * block + 2 * c;
 }
 
-/* A graph op returned NULL: the failure it recorded on g, this build's own
- * in the caller's error scope, raised again so the message goes with it. */
-static spmd_status build_failed(const spmd_graph *g)
+spmd_status gpt_build_failed(const spmd_graph *g)
 {
     if (ir_graph_status(g) == SPMD_OK)
         return base_error(SPMD_ERR_INTERNAL, "gpt: a graph op failed without a message");
     return ir_error_raise(g);
 }
 
-static spmd_tensor *layernorm(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t c)
+float gpt_proj_std(const spmd_gpt_config *cfg)
+{
+    return (float)(GPT_STD / sqrt(2.0 * cfg->layers));
+}
+
+spmd_tensor *gpt_layernorm(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t c)
 {
     char name[64];
     snprintf(name, sizeof name, "%s.weight", prefix);
@@ -73,9 +74,8 @@ static spmd_tensor *layernorm(spmd_graph *g, spmd_tensor *x, const char *prefix,
     return spmd_layernorm(g, x, w, b, SPMD_GPT_LN_EPS);
 }
 
-/* y = x W^T + b with W [out, in], nn.Linear's layout as nanoGPT uses it. */
-static spmd_tensor *linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t in,
-                           int64_t out, float std)
+spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t in,
+                        int64_t out, float std)
 {
     char name[64];
     snprintf(name, sizeof name, "%s.weight", prefix);
@@ -91,28 +91,26 @@ static spmd_tensor *linear(spmd_graph *g, spmd_tensor *x, const char *prefix, in
 static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x)
 {
     int64_t c = cfg->dim;
-    /* GPT-2 scales the projections into the residual stream so its variance
-     * does not grow with depth (two per block). */
-    float proj_std = (float)(GPT_STD / sqrt(2.0 * cfg->layers));
+    float proj_std = gpt_proj_std(cfg);
     char p[64];
 
     snprintf(p, sizeof p, "h.%d.ln_1", layer);
-    spmd_tensor *a = layernorm(g, x, p, c);
+    spmd_tensor *a = gpt_layernorm(g, x, p, c);
     snprintf(p, sizeof p, "h.%d.attn.c_attn", layer);
-    spmd_tensor *qkv = linear(g, a, p, c, 3 * c, GPT_STD); // [B, T, 3C]: q | k | v
+    spmd_tensor *qkv = gpt_linear(g, a, p, c, 3 * c, GPT_STD); // [B, T, 3C]: q | k | v
     spmd_tensor *q = spmd_slice(g, qkv, 2, 0, c);          // [B, T, C]
     spmd_tensor *k = spmd_slice(g, qkv, 2, c, c);
     spmd_tensor *v = spmd_slice(g, qkv, 2, 2 * c, c);
     a = spmd_attention(g, q, k, v, cfg->heads);            // [B, T, C]
     snprintf(p, sizeof p, "h.%d.attn.c_proj", layer);
-    x = spmd_add(g, x, linear(g, a, p, c, c, proj_std));
+    x = spmd_add(g, x, gpt_linear(g, a, p, c, c, proj_std));
 
     snprintf(p, sizeof p, "h.%d.ln_2", layer);
-    spmd_tensor *m = layernorm(g, x, p, c);
+    spmd_tensor *m = gpt_layernorm(g, x, p, c);
     snprintf(p, sizeof p, "h.%d.mlp.c_fc", layer);
-    m = spmd_gelu(g, linear(g, m, p, c, 4 * c, GPT_STD)); // [B, T, 4C]
+    m = spmd_gelu(g, gpt_linear(g, m, p, c, 4 * c, GPT_STD)); // [B, T, 4C]
     snprintf(p, sizeof p, "h.%d.mlp.c_proj", layer);
-    x = spmd_add(g, x, linear(g, m, p, 4 * c, c, proj_std)); // [B, T, C]
+    x = spmd_add(g, x, gpt_linear(g, m, p, 4 * c, c, proj_std)); // [B, T, C]
 
     /* Named so callers can find each block's output (the usual activation
      * checkpoint, spmd_grad_checkpointed) with spmd_graph_find. */
@@ -183,10 +181,10 @@ spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
     spmd_tensor *x = spmd_add(g, spmd_embedding(g, wte, ids), pos); // [B, T, C]
     for (int i = 0; i < cfg->layers && x; i++)
         x = block(g, cfg, i, x);
-    x = layernorm(g, x, "ln_f", c);
+    x = gpt_layernorm(g, x, "ln_f", c);
     spmd_tensor *logits = spmd_matmul(g, x, wte, false, true); // [B, T, V], tied head
     spmd_tensor *loss = spmd_cross_entropy(g, logits, targets);
-    st = loss ? SPMD_OK : build_failed(g);
+    st = loss ? SPMD_OK : gpt_build_failed(g);
     ir_error_scope_end(g, &outer);
     if (st != SPMD_OK)
         return st;

@@ -381,7 +381,8 @@ static spmd_tensor *fix_none(builder *b, const spmd_tensor *t, const sharding *n
     return lt;
 }
 
-/* Attention split over its head channels: each device runs its heads. */
+/* Attention (cached or not) split over its head channels: each device
+ * runs its heads. */
 static spmd_tensor *fix_heads(builder *b, const spmd_tensor *t, const sharding *need,
                               spmd_tensor *lt)
 {
