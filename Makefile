@@ -1,5 +1,6 @@
 # Thin wrapper around CMake: install dependencies, build, run, test, bench.
-#   make run        build Release in build/ and run `spmd train`
+#   make run        build Release in build/, run `spmd train`, then sample additions
+#                   from the trained model
 #   make test       build in build/ and run the tests with CTest
 #   make test-asan  the same with ASan+UBSan in build-asan/
 #   make test-tsan  the threaded tests (runtime, collectives, training) under
@@ -62,8 +63,12 @@ build-tsan: deps
 
 run: build
 	@if [ -x $(BUILD)/spmd ]; then \
-	    echo "==> running ./$(BUILD)/spmd train"; \
-	    ./$(BUILD)/spmd train; \
+	    echo "==> running ./$(BUILD)/spmd train --save $(BUILD)/run-checkpoint"; \
+	    ./$(BUILD)/spmd train --save $(BUILD)/run-checkpoint && \
+	    echo "==> sampling additions from it: ./$(BUILD)/spmd sample --resume $(BUILD)/run-checkpoint" && \
+	    ./$(BUILD)/spmd sample --resume $(BUILD)/run-checkpoint --prompt 07+58= \
+	        --prompt 31+44= --prompt 99+99= --prompt 50+05= --tokens 4 --temperature 0 && \
+	    ./$(BUILD)/spmd sample --resume $(BUILD)/run-checkpoint --samples 4 --tokens 29; \
 	else \
 	    echo "==> the spmd tool is not built yet (no tools/*.c): nothing to run"; \
 	fi
