@@ -84,6 +84,10 @@ void cli_usage(FILE *f, const char *command)
             "  --checkpoint on|off  recompute GPT block activations in backward (off)\n"
             "  --eval N             held-out samples scored at the end, at most the held-out\n"
             "                       set's size (256)\n"
+            "  --val-every N        validation loss every N steps and at the last (0: off)\n"
+            "  --val-batches K      batches of --batch samples per validation (4)\n"
+            "  --val-data PATH      validate on PATH's held-out split (same kinds as --data)\n"
+            "                       instead of --data's; alone, validates at the last step\n"
             "  --seed N             initialisation and data seed, 0 to 2^64-1 (1)\n"
             "  --threads N          compute threads in all (every core)\n"
             "  --json FILE          write a JSON report\n"
@@ -154,6 +158,9 @@ static const flag_spec flag_specs[] = {
     {"--devices", FLAG_INT, offsetof(cli_opts, devices), 1, NULL},
     {"--processes", FLAG_INT, offsetof(cli_opts, processes), 1, NULL},
     {"--eval", FLAG_INT, offsetof(cli_opts, eval_samples), 0, NULL},
+    {"--val-every", FLAG_INT, offsetof(cli_opts, val_every), 0, NULL},
+    {"--val-batches", FLAG_INT, offsetof(cli_opts, val_batches), 1, NULL},
+    {"--val-data", FLAG_TEXT, offsetof(cli_opts, val_data), 0, NULL},
     {"--warmup", FLAG_INT, offsetof(cli_opts, warmup), 0, NULL},
     {"--save-every", FLAG_INT, offsetof(cli_opts, save_every), 0, NULL},
     {"--keep", FLAG_INT, offsetof(cli_opts, keep), 0, NULL},
@@ -372,6 +379,8 @@ int cli_parse(int argc, char **argv, const char *command, cli_opts *o)
     o->mlp.layers = o->gpt.layers; /* --layers is either model's depth */
     rc = optimizer_defaults(o);
     if (rc) return rc;
+    /* Asked for in any way, validation reads --val-batches batches (4). */
+    if ((o->val_every || o->val_data) && !o->val_batches) o->val_batches = 4;
     if ((o->save_every || o->keep) && !o->save)
         return cli_fail("%s says how to save, but there is no --save DIR",
                         o->save_every ? "--save-every" : "--keep");
@@ -573,9 +582,20 @@ int cli_build(const cli_opts *o_in, cli_model *m)
     m->flops_per_step = (6.0 * mults + attn) * (double)m->tokens_per_step;
     rc = add_training(&o, m);
     if (rc) return rc;
-    if (spmd_dataset_has_accuracy(m->data) && o.eval_samples > 0) {
+    if (o.val_data) {
+        m->val_data = spmd_dataset_open(o.val_data, o.gpt.seq, o.seed);
+        if (!m->val_data) return cli_fail("--val-data %s: %s", o.val_data, spmd_last_error());
+        if (spmd_dataset_check_vocab(m->val_data, o.gpt.vocab) != SPMD_OK)
+            return cli_fail("--val-data %s: %s", o.val_data, spmd_last_error());
+    }
+    /* One forward-only program serves the accuracy and the validation
+     * loss: logits for the one, the loss for the other. */
+    m->accuracy = spmd_dataset_has_accuracy(m->data) && o.eval_samples > 0;
+    if (m->accuracy || cli_validates(&o)) {
         rc = build_graph(&o, m, &m->eval);
-        if (!rc && spmd_graph_mark_output(m->eval.g, m->eval.logits) != SPMD_OK)
+        if (!rc && m->accuracy && spmd_graph_mark_output(m->eval.g, m->eval.logits) != SPMD_OK)
+            rc = cli_fail("%s", spmd_last_error());
+        if (!rc && spmd_graph_mark_output(m->eval.g, m->eval.loss) != SPMD_OK)
             rc = cli_fail("%s", spmd_last_error());
     }
     return rc;
@@ -587,6 +607,7 @@ void cli_model_free(cli_model *m)
     spmd_graph_free(m->eval.g);
     spmd_mesh_free(m->mesh);
     spmd_dataset_free(m->data);
+    spmd_dataset_free(m->val_data);
     memset(m, 0, sizeof *m);
 }
 
@@ -716,7 +737,7 @@ static int local_samples(const cli_opts *o, const cli_graph *c, const spmd_progr
 
 /* Samples [first, first + batch) of a split into a graph's inputs: only
  * those this process's devices hold are read. */
-static int feed_split(const cli_opts *o, const cli_model *m, const cli_graph *c, spmd_program *p,
+static int feed_split(const cli_opts *o, spmd_dataset *data, const cli_graph *c, spmd_program *p,
                       spmd_split split, int64_t first, int32_t *tok, int32_t *tgt)
 {
     int seq = o->gpt.seq, v = spmd_tensor_dim(c->logits, spmd_tensor_rank(c->logits) - 1);
@@ -724,7 +745,7 @@ static int feed_split(const cli_opts *o, const cli_model *m, const cli_graph *c,
     int64_t s0 = 0, s1 = 0;
     int rc = local_samples(o, c, p, &s0, &s1);
     if (rc) return rc;
-    if (s1 > s0 && spmd_dataset_batch(m->data, split, first + s0, s1 - s0, tok + s0 * seq,
+    if (s1 > s0 && spmd_dataset_batch(data, split, first + s0, s1 - s0, tok + s0 * seq,
                                       tgt + s0 * seq) != SPMD_OK)
         return cli_fail("data: %s", spmd_last_error());
     spmd_status st;
@@ -775,7 +796,7 @@ int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, i
 {
     size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
-    int rc = tok && tgt ? feed_split(o, m, &m->train, p, SPMD_SPLIT_TRAIN, first, tok, tgt)
+    int rc = tok && tgt ? feed_split(o, m->data, &m->train, p, SPMD_SPLIT_TRAIN, first, tok, tgt)
                         : cli_fail("out of memory");
     free(tok), free(tgt);
     if (!rc) rc = feed_test_bad_token(o, m, p, step);
@@ -806,7 +827,7 @@ static int copy_params(const cli_model *m, const spmd_program *train, spmd_progr
 void cli_cap_eval(cli_opts *o, const cli_model *m)
 {
     int64_t size = spmd_dataset_heldout_size(m->data);
-    if (!m->eval.g || o->eval_samples <= size) return;
+    if (!m->accuracy || o->eval_samples <= size) return;
     printf("--eval %d: the held-out set has %lld samples; scoring all of them\n", o->eval_samples,
            (long long)size);
     o->eval_samples = (int)size;
@@ -815,7 +836,7 @@ void cli_cap_eval(cli_opts *o, const cli_model *m)
 double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,
                     spmd_program *eval)
 {
-    if (!m->eval.g || !eval || copy_params(m, train, eval)) return -1;
+    if (!m->accuracy || !eval || copy_params(m, train, eval)) return -1;
     int v = (int)spmd_tensor_dim(m->eval.logits, spmd_tensor_rank(m->eval.logits) - 1);
     size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
@@ -824,7 +845,7 @@ double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *t
     int64_t right = 0, scored = 0;
     bool ok = tok && tgt && mask && logits;
     for (int64_t first = 0; ok && first < o->eval_samples; first += o->batch) {
-        ok = !feed_split(o, m, &m->eval, eval, SPMD_SPLIT_HELDOUT, first, tok, tgt) &&
+        ok = !feed_split(o, m->data, &m->eval, eval, SPMD_SPLIT_HELDOUT, first, tok, tgt) &&
              /* Every process scores the whole batch: it needs every target. */
              (cli_processes() == 1 ||
               spmd_dataset_batch(m->data, SPMD_SPLIT_HELDOUT, first, o->batch, tok, tgt) == SPMD_OK) &&
@@ -845,4 +866,37 @@ double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *t
     if (!ok) cli_fail("evaluation: %s", spmd_last_error());
     free(tok), free(tgt), free(mask), free(logits);
     return ok && scored ? (double)right / (double)scored : -1;
+}
+
+/* ---- Validation ----------------------------------------------------------------------- */
+
+bool cli_validates(const cli_opts *o) { return o->val_batches > 0; }
+
+bool cli_validates_at(const cli_opts *o, int done, int steps)
+{
+    return cli_validates(o) && (done == steps || (o->val_every && done % o->val_every == 0));
+}
+
+int cli_val_loss(const cli_opts *o, const cli_model *m, const spmd_program *train,
+                 spmd_program *eval, double *loss)
+{
+    if (!cli_validates(o) || !eval) return cli_fail("validation: no forward program");
+    if (copy_params(m, train, eval)) return 1;
+    spmd_dataset *data = m->val_data ? m->val_data : m->data;
+    size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
+    int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
+    double sum = 0;
+    int rc = tok && tgt ? 0 : cli_fail("out of memory");
+    /* The same batches every time: the held-out split's first ones. */
+    for (int k = 0; !rc && k < o->val_batches; k++) {
+        float batch_loss = 0;
+        rc = feed_split(o, data, &m->eval, eval, SPMD_SPLIT_HELDOUT, (int64_t)k * o->batch, tok, tgt);
+        if (!rc && (spmd_program_run(eval) != SPMD_OK ||
+                    spmd_program_read(eval, m->eval.loss, &batch_loss, sizeof batch_loss) != SPMD_OK))
+            rc = cli_fail("validation: %s", spmd_last_error());
+        sum += batch_loss;
+    }
+    free(tok), free(tgt);
+    *loss = sum / o->val_batches;
+    return rc;
 }

@@ -46,6 +46,9 @@ typedef struct cli_opts {
     const char *init;  /* --init FILE: GPT-2 weights to start from (weights.c) */
     bool checkpoint;   /* recompute each GPT block's activations in backward */
     int eval_samples;  /* held-out samples scored at the end */
+    const char *val_data; /* --val-data: validation source; NULL: --data's held-out split */
+    int val_every;     /* validate every N steps (and at the last); 0: only at the last, if asked */
+    int val_batches;   /* batches per validation (0: validation off unless asked for) */
     bool keep_nonfinite; /* --on-nonfinite continue: train on past a NaN/inf loss */
     bool memory_check;   /* --memory-check on: refuse a run that cannot fit */
     cli_shard shards[CLI_MAX_SHARDS];
@@ -68,7 +71,9 @@ typedef struct cli_model {
     spmd_dataset *data;
     cli_graph train;
     spmd_optimizer_tensors opt;
-    cli_graph eval;      /* forward only; eval.g NULL when the data has no accuracy */
+    cli_graph eval;      /* forward only; eval.g NULL without accuracy or validation */
+    spmd_dataset *val_data; /* --val-data; NULL: validation reads data's held-out split */
+    bool accuracy;       /* the data has a held-out accuracy and --eval asks for it */
     spmd_gpt_config gpt; /* the shape built, vocabulary resolved (mlp: vocab, layers) */
     int64_t params, tokens_per_step;
     double flops_per_step;
@@ -104,6 +109,16 @@ void cli_cap_eval(cli_opts *o, const cli_model *m);
  * share of scored targets predicted exactly; -1 when there is none. */
 double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,
                     spmd_program *eval);
+/* Whether the run validates, and whether at step `done` (from 1) of
+ * `steps`: every --val-every steps and at the last. */
+bool cli_validates(const cli_opts *o);
+bool cli_validates_at(const cli_opts *o, int done, int steps);
+/* The mean loss of the trained parameters (read from `train`) over the
+ * --val-batches validation batches, computed by the forward-only `eval`
+ * program (no gradients, no optimizer state touched); 0, or 1 with a
+ * message. */
+int cli_val_loss(const cli_opts *o, const cli_model *m, const spmd_program *train,
+                 spmd_program *eval, double *loss);
 /* Per-device parameter + gradient + optimizer bytes. */
 size_t cli_param_bytes(const spmd_program *p);
 

@@ -97,7 +97,7 @@ int cmd_explain(int argc, char **argv)
     cli_opts o;
     int rc = cli_parse(argc, argv, "explain", &o);
     if (rc) return rc < 0 ? 0 : rc;
-    o.eval_samples = 0; /* nothing is evaluated: no evaluation graph */
+    o.eval_samples = o.val_batches = 0; /* nothing is evaluated: no evaluation graph */
     cli_model m;
     rc = cli_build(&o, &m);
     spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g, true);

@@ -147,10 +147,34 @@ static int grow_records(float **losses, double **ms, size_t *room)
     return 0;
 }
 
+/* The validation losses of a run, with the step each was taken after. */
+typedef struct val_records {
+    int n, room;
+    int *step;
+    double *loss;
+} val_records;
+
+static int val_record(val_records *v, int step, double loss)
+{
+    if (v->n == v->room) {
+        int room = v->room ? 2 * v->room : 64;
+        int *s = realloc(v->step, (size_t)room * sizeof *s);
+        if (s) v->step = s;
+        double *l = s ? realloc(v->loss, (size_t)room * sizeof *l) : NULL;
+        if (!l) return cli_fail("out of memory for the validation records");
+        v->loss = l;
+        v->room = room;
+    }
+    v->step[v->n] = step;
+    v->loss[v->n++] = loss;
+    return 0;
+}
+
 /* The report of `steps` steps run after step `start` (non-finite losses
  * print as null). */
 static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, const float *losses,
-                  int start, int steps, double ms, double accuracy, const train_stop *stop)
+                  int start, int steps, double ms, double accuracy, const train_stop *stop,
+                  const val_records *val)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "mesh", cli_mesh_json(m));
@@ -174,8 +198,42 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     cJSON_AddItemToObject(root, "processes", cli_processes_json(p));
     cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
     if (accuracy >= 0) cJSON_AddNumberToObject(root, "accuracy", accuracy);
+    if (val->n) {
+        cJSON *list = cJSON_AddArrayToObject(root, "val_loss");
+        for (int i = 0; i < val->n; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "step", val->step[i]);
+            cJSON_AddItemToObject(e, "loss", isfinite(val->loss[i]) ? cJSON_CreateNumber(val->loss[i])
+                                                                   : cJSON_CreateNull());
+            cJSON_AddItemToArray(list, e);
+        }
+        cJSON *src = cJSON_AddObjectToObject(root, "validation");
+        cJSON_AddStringToObject(src, "data", spmd_dataset_describe(m->val_data ? m->val_data : m->data));
+        cJSON_AddStringToObject(src, "split", "held-out");
+        cJSON_AddNumberToObject(src, "batches", o->val_batches);
+        cJSON_AddNumberToObject(src, "samples", (double)o->val_batches * o->batch);
+    }
     cJSON_AddStringToObject(root, "data", spmd_dataset_describe(m->data));
     return cli_write_json(o->json, root);
+}
+
+/* The validation loss after step `done`: printed, logged, recorded. */
+static int validate(const cli_opts *o, const cli_model *m, const spmd_program *p,
+                    spmd_program *eval, int done, FILE *log, val_records *val)
+{
+    double loss = 0;
+    int rc = cli_val_loss(o, m, p, eval, &loss);
+    if (rc) return rc;
+    printf("step %4d/%d  val loss %.4f (%d batches of %d)\n", done, o->steps, loss, o->val_batches,
+           o->batch);
+    fflush(stdout);
+    if (log) {
+        char l[32] = "null";
+        if (isfinite(loss)) snprintf(l, sizeof l, "%.9g", loss);
+        fprintf(log, "{\"step\":%d,\"val_loss\":%s}\n", done, l);
+        fflush(log);
+    }
+    return val_record(val, done, loss);
 }
 
 /* One object per step, as JSON Lines; a non-finite value is null. */
@@ -241,6 +299,7 @@ static int train(cli_opts *o_in, FILE *log)
     double *ms = NULL;
     size_t room = 0;
     train_stop stop = {0};
+    val_records val = {0};
     int done = first; /* the last step run, from 1 */
     int saved = first; /* the last step in a checkpoint */
     catch_stop_signals();
@@ -284,6 +343,10 @@ static int train(cli_opts *o_in, FILE *log)
         if (!o.keep_nonfinite && nonfinite(losses[i], norm, stop.reason, sizeof stop.reason)) {
             stop.step = done;
             break; /* a diverged model is not saved */
+        }
+        if (cli_validates_at(&o, done, o.steps)) {
+            if (live) printf("\n");
+            if ((rc = validate(&o, &m, p, eval, done, log, &val))) break;
         }
         note_signal(&stop, done);
         /* Periodic saves; the last step's (or a stopped run's) comes below. */
@@ -329,7 +392,7 @@ static int train(cli_opts *o_in, FILE *log)
                (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
                spmd_program_collective_count(p));
         fflush(stdout); /* the summary before any message about the report */
-        if (o.json) rc = report(&o, &m, p, losses, first, run, median, accuracy, &stop);
+        if (o.json) rc = report(&o, &m, p, losses, first, run, median, accuracy, &stop, &val);
         if (stop.signal)
             fprintf(stderr, "spmd: interrupted by %s after step %d%s%s\n", stop.reason, stop.step,
                     !o.json ? "" : rc ? "; the report could not be written" : "; report written to ",
@@ -339,6 +402,7 @@ static int train(cli_opts *o_in, FILE *log)
     }
 out:
     free(losses), free(ms);
+    free(val.step), free(val.loss);
     spmd_program_free(eval);
     spmd_program_free(p);
     cli_model_free(&m);
