@@ -1,6 +1,9 @@
 /*
  * Loss plots as SVG.  plot.c draws line charts: series of (x, y) points
- * against a shared x axis and a left or right y axis.
+ * against a shared x axis and a left or right y axis.  plot_cmd.c keeps a
+ * run's training curves (loss, validation loss, learning rate by step),
+ * draws them on one chart, and is `spmd plot LOG.jsonl --out FILE.svg`,
+ * which reads the curves from a `spmd train --log` file.
  */
 #ifndef SPMD_TOOLS_PLOT_H
 #define SPMD_TOOLS_PLOT_H
@@ -53,5 +56,35 @@ typedef struct plot_chart {
 enum { PLOT_WIDTH = 800, PLOT_HEIGHT = 450, PLOT_COLUMNS = 500, PLOT_MAX_DRAWN = 2 * PLOT_COLUMNS };
 int plot_write_svg(const char *path, const plot_chart *chart, const plot_series *series,
                    int n_series);
+
+/* ---- Training curves (plot_cmd.c) ------------------------------------------------- */
+
+/* Points in the order given, growing as they come. */
+typedef struct plot_curve {
+    plot_point *points;
+    int n, room;
+} plot_curve;
+
+/* One run's curves by step: loss and learning rate at every step, and
+ * the validation loss where it was measured. */
+typedef struct plot_training {
+    plot_curve loss, val_loss, lr;
+} plot_training;
+
+/* Append (x, y); a non-finite y (NaN for a null) breaks the line.  An x
+ * that does not pass the last one (a log that a second run, or a resumed
+ * one, appended to) starts a new line rather than one drawn back across
+ * the chart.  0, or 1 with a message (out of memory). */
+int plot_curve_add(plot_curve *c, double x, double y);
+void plot_training_free(plot_training *t);
+/* The curves on one chart: losses against the left axis, the learning
+ * rate (dashed) against the right; a curve without points is left out.
+ * 0, or 1 with a message (plot_write_svg). */
+int plot_write_training_svg(const char *path, const char *title, const plot_training *t);
+
+/* `spmd plot LOG.jsonl --out FILE.svg [--title TEXT]`: 0, or the exit
+ * status with a message (2: bad flags or a bad log; 1: a file that cannot
+ * be read or written). */
+int cmd_plot(int argc, char **argv);
 
 #endif

@@ -5,8 +5,11 @@
  *   spmd visualize [flags]  draw which device holds which block of a tensor
  *   spmd export CKPT --out FILE [--format hf|llmc]
  *                           a checkpoint's GPT as GPT-2 weights for other tools
+ *   spmd plot LOG.jsonl --out FILE.svg [--title TEXT]
+ *                           a run's loss and learning rate (spmd train --log) as a chart
  */
 #include "cli.h"
+#include "plot.h"
 
 #include <string.h>
 
@@ -18,12 +21,14 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "explain")) return cmd_explain(argc - 2, argv + 2);
     if (!strcmp(cmd, "visualize")) return cmd_visualize(argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         cli_usage(stdout, "train|explain");
         printf("       spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'\n");
         printf("       spmd export CKPT --out FILE [--format hf|llmc]\n");
+        printf("       spmd plot LOG.jsonl --out FILE.svg [--title TEXT]\n");
         return 0;
     }
-    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export)\n", cmd);
+    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export, plot)\n", cmd);
     return 2;
 }
