@@ -14,10 +14,10 @@
  *   - a long log is drawn with at most 1000 vertices a line while
  *     data-points still counts every step;
  *   - refusals: a missing log (exit 1), a malformed line, a line without
- *     "step", an empty log, no --out, an unknown flag (exit 2), each with
- *     its message and no file written; a plot that cannot be written (a
- *     missing directory, a directory, a device: exit 1) says why, and a
- *     bad log leaves an earlier plot whole.
+ *     "step", an empty log, no --out, an unknown flag, an --out no file
+ *     can be written to (a missing directory, a directory, a device)
+ *     (exit 2), each with its message and no file written; a write that
+ *     fails (exit 1) says why, and leaves an earlier plot whole.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -462,30 +463,44 @@ static void test_refusals(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_refusal(&cases[i]);
 }
 
-/* A plot that cannot be written says why (exit 1) and leaves what was
- * there; a bad log leaves an earlier plot whole. */
+/* An --out no plot can be written to is refused (exit 2) before the log
+ * is read; a write that fails (exit 1, here past a file-size limit) says
+ * why; either, like a bad log, leaves an earlier plot whole. */
 static void test_failed_writes(void **state)
 {
     (void)state;
     char log[PATH], svg_path[PATH], sub[PATH], out[OUT];
     write_text(support_path_in(log, dir, "ok.jsonl"), "{\"step\":1,\"loss\":2,\"lr\":0.1}\n");
-    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out %s/missing/x.svg", log, dir), 1);
-    assert_non_null(strstr(out, "cannot write the plot"));
-
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out %s/missing/x.svg", log, dir), 2);
+    assert_non_null(strstr(out, "cannot create a file there"));
     support_path_in(sub, dir, "sub");
     assert_int_equal(mkdir(sub, 0755), 0);
-    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out %s", log, sub), 1);
-    assert_non_null(strstr(out, "cannot write the plot"));
-    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out %s/", log, sub), 1);
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out %s", log, sub), 2);
+    assert_non_null(strstr(out, "it is a directory"));
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out %s/", log, sub), 2);
     assert_int_equal(rmdir(sub), 0); /* still an empty directory */
-    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out /dev/null", log), 1);
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out /dev/null", log), 2);
     assert_non_null(strstr(out, "not a regular file"));
 
     write_text(support_path_in(svg_path, dir, "earlier.svg"), "earlier");
+    /* The chart is some KiB; the limit lets a KiB or two be written (SIGXFSZ
+     * ignored, so the write fails rather than the process). */
+    char cmd[4 * PATH], said[PATH];
+    support_path_in(said, dir, "said.txt");
+    snprintf(cmd, sizeof cmd, "trap '' XFSZ; ulimit -f 2; exec '%s' plot %s --out %s >%s 2>&1",
+             SPMD_TOOL_PATH, log, svg_path, said);
+    int status = system(cmd);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 1);
+    size_t len;
+    char *text = read_all(said, &len);
+    assert_non_null(strstr(text, "cannot write the plot"));
+    free(text);
+    unlink(said);
+
     write_text(log, "{\"step\":1,\"loss\":2}\nnot json\n");
     assert_int_equal(run_toolf(out, sizeof out, "plot %s --out %s", log, svg_path), 2);
-    size_t len;
-    char *text = read_all(svg_path, &len);
+    text = read_all(svg_path, &len);
     assert_string_equal(text, "earlier");
     free(text);
     unlink(svg_path), unlink(log);

@@ -8,12 +8,14 @@
 #include "cli.h"
 #include "train/checkpoint_fs.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Room around the plot area: the title and legend above, tick labels and
  * axis titles below and beside. */
@@ -419,34 +421,45 @@ static void draw_chart(FILE *f, const plot_chart *chart, const plot_series *seri
 
 /* ---- Writing -------------------------------------------------------------------------------- */
 
-/* Why `path` must not be replaced by a file (renaming over a directory
- * or a device is never meant), or NULL. */
-static const char *not_a_file(const char *path)
+/* Why a file at `path` cannot be written (renaming over a directory or a
+ * device is never meant; a path too long has no room), or NULL; its
+ * directory goes to `dir` and its name to *name. */
+static const char *not_a_file(const char *path, char *dir, size_t size, const char **name)
 {
-    struct stat st;
     const char *slash = strrchr(path, '/');
-    if (slash && !slash[1]) return "it names a directory";
+    *name = slash ? slash + 1 : path;
+    if (!**name) return "it names a directory";
+    size_t dir_len = !slash || slash == path ? 1 : (size_t)(slash - path);
+    if (dir_len >= size) return "the path is too long";
+    snprintf(dir, size, "%.*s", (int)dir_len, slash ? path : ".");
+    struct stat st;
     if (stat(path, &st) != 0) return NULL; /* a new file */
     if (S_ISDIR(st.st_mode)) return "it is a directory";
     return S_ISREG(st.st_mode) ? NULL : "it is not a regular file";
+}
+
+int plot_check_path(const char *flag, const char *path)
+{
+    char dir[PATH_MAX], tmp[PATH_MAX + 32];
+    const char *name, *why = not_a_file(path, dir, sizeof dir, &name);
+    if (why) return cli_fail("%s %s: %s", flag, path, why);
+    snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", dir, name);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return cli_fail("%s %s: cannot create a file there: %s", flag, path, strerror(errno));
+    close(fd);
+    unlink(tmp);
+    return 0;
 }
 
 /* `path` replaced by `n` bytes of `data` in one rename; 0 or 1 with a message. */
 static int replace_file(const char *path, const char *data, size_t n)
 {
     char dir[PATH_MAX], what[PATH_MAX + 32];
-    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
-    const char *why = not_a_file(path);
+    const char *name, *why = not_a_file(path, dir, sizeof dir, &name);
     if (why) {
         cli_fail("cannot write the plot %s: %s", path, why);
         return 1;
     }
-    int dir_len = !slash ? 1 : slash == path ? 1 : (int)(slash - path);
-    if (dir_len >= (int)sizeof dir) {
-        cli_fail("cannot write the plot %s: the path is too long", path);
-        return 1;
-    }
-    snprintf(dir, sizeof dir, "%.*s", dir_len, slash ? path : ".");
     snprintf(what, sizeof what, "cannot write the plot %s", path);
     if (ckpt_replace_file(dir, name, data, n, what) == SPMD_OK) return 0;
     cli_fail("%s", spmd_last_error());

@@ -56,6 +56,10 @@ typedef struct plot_chart {
 enum { PLOT_WIDTH = 800, PLOT_HEIGHT = 450, PLOT_COLUMNS = 500, PLOT_MAX_DRAWN = 2 * PLOT_COLUMNS };
 int plot_write_svg(const char *path, const plot_chart *chart, const plot_series *series,
                    int n_series);
+/* Refuse, before a long run, a path no plot could be written to (a
+ * directory, a device, a place where no file can be created): 0, or 2
+ * with "spmd: FLAG PATH: why". */
+int plot_check_path(const char *flag, const char *path);
 
 /* ---- Training curves (plot_cmd.c) ------------------------------------------------- */
 
@@ -83,8 +87,8 @@ void plot_training_free(plot_training *t);
 int plot_write_training_svg(const char *path, const char *title, const plot_training *t);
 
 /* `spmd plot LOG.jsonl --out FILE.svg [--title TEXT]`: 0, or the exit
- * status with a message (2: bad flags or a bad log; 1: a file that cannot
- * be read or written). */
+ * status with a message (2: bad flags, an --out no file can be written
+ * to, a bad log; 1: a log that cannot be read, a write that fails). */
 int cmd_plot(int argc, char **argv);
 
 #endif

@@ -2,8 +2,8 @@
  * Training curves and `spmd plot LOG.jsonl --out FILE.svg`: the log that
  * `spmd train --log` writes (one JSON object a line: step, loss, lr, ...;
  * a validation line {"step":N,"val_loss":X}) drawn as a loss chart.
- * Any bad line refuses the whole log, naming the line, and nothing is
- * written.
+ * An --out no file can be written to is refused first; any bad line
+ * refuses the whole log, naming the line; either way nothing is written.
  */
 #include "plot.h"
 
@@ -230,6 +230,7 @@ int cmd_plot(int argc, char **argv)
     plot_args a = {0};
     int rc = parse(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
+    if ((rc = plot_check_path("--out", a.out))) return rc;
     plot_training t = {0};
     rc = read_log(a.log, &t);
     if (!rc) {
