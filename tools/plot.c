@@ -126,12 +126,12 @@ static int utf8_length(const unsigned char *s)
     return n;
 }
 
-/* `text` as XML character data: markup escaped, and what no XML parser
- * takes (control characters, bytes that are not UTF-8: a file name may
- * hold them) replaced, so the file always renders. */
+/* `text` (NULL: none) as XML character data: markup escaped, and what no
+ * XML parser takes (control characters, bytes that are not UTF-8: a file
+ * name may hold them) replaced, so the file always renders. */
 static void xml_text(FILE *f, const char *text)
 {
-    const unsigned char *s = (const unsigned char *)text;
+    const unsigned char *s = (const unsigned char *)(text ? text : "");
     while (*s) {
         int n = utf8_length(s);
         if (*s == '&') fputs("&amp;", f);
@@ -149,7 +149,8 @@ static void xml_text(FILE *f, const char *text)
 static int text_chars(const char *text)
 {
     int n = 0;
-    for (const unsigned char *s = (const unsigned char *)text; *s; s++) n += (*s & 0xC0) != 0x80;
+    for (const unsigned char *s = (const unsigned char *)(text ? text : ""); *s; s++)
+        n += (*s & 0xC0) != 0x80;
     return n;
 }
 
@@ -273,7 +274,7 @@ static void draw_y_axis(FILE *f, const frame *fr, plot_side side, const char *ti
     fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" "
                "transform=\"rotate(-90 %.1f %.1f)\" stroke=\"none\">",
             tx, ty, tx, ty);
-    xml_text(f, title ? title : "");
+    xml_text(f, title);
     fputs("</text>\n</g>\n", f);
 }
 

@@ -35,7 +35,7 @@ typedef struct plot_series {
 } plot_series;
 
 typedef struct plot_chart {
-    const char *title;
+    const char *title;      /* NULL for none, as for the axis titles */
     const char *x_title;
     const char *y_title[2]; /* by plot_side; an axis no series uses is not drawn */
     bool x_whole;           /* x counts something (steps): ticks on whole numbers */
