@@ -33,7 +33,8 @@ packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev
 # Only for the tests: without them the checks that need them print a note
 # and are skipped.
 why[python3-numpy]="tests only: /usr/bin/python3 with numpy runs tests/read_export.py, the independent reader of spmd export files (test_cli_export)"
-test_packages=(python3-numpy)
+why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot to PNG and PDF (test_cli_plot)"
+test_packages=(python3-numpy librsvg2-bin)
 if ((with_tests)); then
   packages+=("${test_packages[@]}")
 fi
@@ -52,7 +53,7 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
     exit 0
   fi
   say "please install the equivalents of: ${packages[*]}"
-  ((with_tests)) && say "(for the tests: python3 with numpy at /usr/bin/python3)"
+  ((with_tests)) && say "(for the tests: python3 with numpy at /usr/bin/python3, and rsvg-convert)"
   exit 1
 fi
 

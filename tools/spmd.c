@@ -6,8 +6,11 @@
  *   spmd export CKPT --out FILE [--format hf|llmc]
  *                           a checkpoint's GPT as GPT-2 weights for other tools
  *   spmd sample [flags]     generate text from a checkpoint or GPT-2 weights
+ *   spmd plot LOG.jsonl --out FILE.svg [--title TEXT]
+ *                           a run's loss and learning rate (spmd train --log) as a chart
  */
 #include "cli.h"
+#include "plot.h"
 #include "processes.h"
 
 #include <string.h>
@@ -21,14 +24,17 @@ static int run_command(int argc, char **argv)
     if (!strcmp(cmd, "visualize")) return cmd_visualize(argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
     if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         cli_usage(stdout, "train|explain");
         printf("       spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'\n");
         printf("       spmd export CKPT --out FILE [--format hf|llmc]\n");
         printf("       spmd sample --resume DIR --prompt TEXT [--tokens N] (spmd sample --help)\n");
+        printf("       spmd plot LOG.jsonl --out FILE.svg [--title TEXT]\n");
         return 0;
     }
-    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export, sample)\n", cmd);
+    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export, sample, plot)\n",
+            cmd);
     return 2;
 }
 
