@@ -507,6 +507,34 @@ static void test_failed_writes(void **state)
     no_temporary_files();
 }
 
+/* spmd train --plot draws its own steps (and validations) at the end, the
+ * same chart as spmd plot draws of the run's --log; a --plot path no file
+ * can be written to is refused before the run. */
+static void test_train_plot(void **state)
+{
+    (void)state;
+    char run_svg[PATH], run_log[PATH], log_svg[PATH], out[OUT];
+    support_path_in(run_svg, dir, "run.svg");
+    support_path_in(run_log, dir, "run.jsonl");
+    support_path_in(log_svg, dir, "run-log.svg");
+    assert_int_equal(run_toolf(out, sizeof out,
+                               "train --steps 12 --eval 0 --val-every 4 --plot %s --log %s", run_svg,
+                               run_log), 0);
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --out %s", run_log, log_svg), 0);
+    size_t len;
+    char *a = read_all(run_svg, &len), *b = read_all(log_svg, &len);
+    assert_int_equal(series_of(a, "train-loss").points, 12);
+    assert_int_equal(series_of(a, "lr").points, 12);
+    assert_int_equal(series_of(a, "val-loss").points, 3);
+    /* All but the title. */
+    assert_string_equal(strstr(a, "<g class=\"grid\""), strstr(b, "<g class=\"grid\""));
+    free(a), free(b);
+    unlink(run_svg), unlink(run_log), unlink(log_svg);
+    assert_int_equal(run_toolf(out, sizeof out, "train --steps 3 --plot %s", dir), 2);
+    assert_non_null(strstr(out, "--plot"));
+    no_temporary_files();
+}
+
 static void test_help(void **state)
 {
     (void)state;
@@ -525,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_long_log_is_thinned),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_failed_writes),
+        cmocka_unit_test(test_train_plot),
         cmocka_unit_test(test_help),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

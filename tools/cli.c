@@ -93,6 +93,8 @@ void cli_usage(FILE *f, const char *command)
             "  --json FILE          write a JSON report\n"
             "  --log FILE.jsonl     append one JSON object per step (step, loss, lr, grad_norm,\n"
             "                       ms, tokens_per_s)\n"
+            "  --plot FILE.svg      draw the loss (and validation loss) and learning rate by\n"
+            "                       step at the end (as spmd plot draws a --log file)\n"
             "  --log-every N        output that is not a terminal gets a line every N steps\n"
             "                       (and the first and last); a terminal, one live line (steps/20)\n"
             "  --on-nonfinite stop|continue  a NaN or infinite loss or gradient norm ends\n"
@@ -186,6 +188,7 @@ static const flag_spec flag_specs[] = {
     {"--data", FLAG_TEXT, offsetof(cli_opts, data), 0, NULL},
     {"--json", FLAG_TEXT, offsetof(cli_opts, json), 0, NULL},
     {"--log", FLAG_TEXT, offsetof(cli_opts, log), 0, NULL},
+    {"--plot", FLAG_TEXT, offsetof(cli_opts, plot), 0, NULL},
     {"--log-every", FLAG_INT, offsetof(cli_opts, log_every), 1, NULL},
     {"--save", FLAG_TEXT, offsetof(cli_opts, save), 0, NULL},
     {"--resume", FLAG_TEXT, offsetof(cli_opts, resume), 0, NULL},

@@ -3,6 +3,7 @@
  * with a live progress line, a summary and an optional JSON report.
  */
 #include "cli.h"
+#include "plot.h"
 #include "processes.h"
 
 #include <cJSON.h>
@@ -247,6 +248,25 @@ static void log_step(FILE *log, int step, float loss, float lr, float norm, doub
     fflush(log);
 }
 
+/* The loss and learning rate of the `steps` steps run after step `first`,
+ * and the validation losses, drawn as `spmd plot` draws a log; process 0
+ * draws for the run.  0, or 1 with a message. */
+static int plot_run(const cli_opts *o, const char *title, const float *losses, int first, int steps,
+                    const val_records *val)
+{
+    if (cli_process_rank() != 0) return 0;
+    plot_training t = {0};
+    int rc = 0;
+    for (int i = 0; i < steps && !rc; i++) {
+        rc = plot_curve_add(&t.loss, first + i + 1, losses[i]);
+        if (!rc) rc = plot_curve_add(&t.lr, first + i + 1, cli_lr(o, first + i));
+    }
+    for (int i = 0; i < val->n && !rc; i++) rc = plot_curve_add(&t.val_loss, val->step[i], val->loss[i]);
+    if (!rc) rc = plot_write_training_svg(o->plot, title, &t);
+    plot_training_free(&t);
+    return rc;
+}
+
 /* The run: build, check, compile, train, report; 0 or an exit code. */
 static int train(cli_opts *o_in, FILE *log)
 {
@@ -255,6 +275,7 @@ static int train(cli_opts *o_in, FILE *log)
     /* What would fail only after the run (the report) or kill it (memory)
      * is checked before it. */
     if (o.json && (rc = cli_check_report_path(o.json))) return rc;
+    if (o.plot && (rc = plot_check_path("--plot", o.plot))) return rc;
     cli_model m;
     rc = cli_build(&o, &m);
     if (!rc && o.memory_check) rc = cli_check_memory(&o, &m);
@@ -397,6 +418,11 @@ static int train(cli_opts *o_in, FILE *log)
             fprintf(stderr, "spmd: interrupted by %s after step %d%s%s\n", stop.reason, stop.step,
                     !o.json ? "" : rc ? "; the report could not be written" : "; report written to ",
                     o.json && !rc ? o.json : "");
+        if (o.plot && !rc) {
+            char title[192];
+            snprintf(title, sizeof title, "spmd train: %s on %s", o.model, mesh);
+            rc = plot_run(&o, title, losses, first, run, &val);
+        }
         /* The stop's own status: a script must not take it for success. */
         if (stop.step) rc = stop.signal ? 128 + stop.signal : EXIT_DIVERGED;
     }
