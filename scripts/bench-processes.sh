@@ -21,7 +21,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 report=$(mktemp)
 trap 'rm -f "$report"' EXIT
 
-layouts=(1 2 8)
+layouts=(1 2 4 8)
 declare -A times
 for ((r = 0; r < rounds; r++)); do
   for p in "${layouts[@]}"; do

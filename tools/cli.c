@@ -89,7 +89,8 @@ void cli_usage(FILE *f, const char *command)
             "  --val-data PATH      validate on PATH's held-out split (same kinds as --data)\n"
             "                       instead of --data's; alone, validates at the last step\n"
             "  --seed N             initialisation and data seed, 0 to 2^64-1 (1)\n"
-            "  --threads N          compute threads in all (every core)\n"
+            "  --threads N          compute threads in all, per process under mpirun (every\n"
+            "                       core; under mpirun, the host's cores / its processes)\n"
             "  --json FILE          write a JSON report\n"
             "  --log FILE.jsonl     append one JSON object per step (step, loss, lr, grad_norm,\n"
             "                       ms, tokens_per_s)\n"
@@ -623,7 +624,13 @@ spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
         return NULL;
     }
     if (!plan_only) blas_chosen = true;
-    spmd_compile_options copt = {.threads = o->threads, .seed = o->seed, .plan_only = plan_only,
+    /* Processes on one host share its cores: each takes its share. */
+    int threads = o->threads;
+    if (!threads && cli_processes_here() > 1) {
+        threads = (int)sysconf(_SC_NPROCESSORS_ONLN) / cli_processes_here();
+        if (threads < 1) threads = 1;
+    }
+    spmd_compile_options copt = {.threads = threads, .seed = o->seed, .plan_only = plan_only,
                                  .mpi_comm = plan_only ? NULL : cli_mpi_comm()};
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());

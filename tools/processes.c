@@ -22,7 +22,7 @@ static int launcher_size(void)
 #ifdef SPMD_HAVE_MPI
 #include <mpi.h>
 
-static int procs = 1, rank = 0;
+static int procs = 1, rank = 0, here = 1;
 static bool started;
 static MPI_Comm world = MPI_COMM_NULL;
 
@@ -38,6 +38,11 @@ int cli_processes_start(int *argc, char ***argv)
     world = MPI_COMM_WORLD;
     MPI_Comm_size(world, &procs);
     MPI_Comm_rank(world, &rank);
+    MPI_Comm host;
+    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host) == MPI_SUCCESS) {
+        MPI_Comm_size(host, &here);
+        MPI_Comm_free(&host);
+    }
     if (level != MPI_THREAD_MULTIPLE) {
         fprintf(stderr, "spmd: this MPI library does not provide MPI_THREAD_MULTIPLE, which the "
                         "device threads need\n");
@@ -65,6 +70,7 @@ int cli_processes_end(int rc)
 }
 
 int cli_processes(void) { return procs; }
+int cli_processes_here(void) { return here; }
 int cli_process_rank(void) { return rank; }
 const void *cli_mpi_comm(void) { return procs > 1 ? (const void *)&world : NULL; }
 
@@ -155,6 +161,7 @@ int cli_processes_start(int *argc, char ***argv)
 
 int cli_processes_end(int rc) { return rc; }
 int cli_processes(void) { return 1; }
+int cli_processes_here(void) { return 1; }
 int cli_process_rank(void) { return 0; }
 const void *cli_mpi_comm(void) { return NULL; }
 

@@ -20,6 +20,8 @@ int cli_processes_start(int *argc, char ***argv);
 int cli_processes_end(int rc);
 /* How many processes run the tool (1 without a launcher), and this one's rank. */
 int cli_processes(void);
+/* How many of them run on this host (they share its cores). */
+int cli_processes_here(void);
 int cli_process_rank(void);
 /* The communicator to compile with (spmd_compile_options.mpi_comm):
  * MPI_COMM_WORLD over several processes, NULL otherwise. */
