@@ -147,6 +147,31 @@ static void test_mlp_4x2_p8(void **state) { (void)state; same_bits("mlp", "4x2",
 static void test_mlp_2x4(void **state) { (void)state; same_bits("mlp", "2x4", "replica,fsdp", 4); }
 static void test_mlp_2x2x2(void **state) { (void)state; same_bits("mlp", "2x2x2", "a,b,fsdp", 2); }
 
+/* Independent copies over processes: process 0 runs copies 0 and 1, process
+ * 1 copies 2 and 3; every copy's losses, validation and accuracy are the
+ * one-process run's. */
+static void test_copies_over_processes(void **state)
+{
+    (void)state;
+    char one[SUPPORT_PATH], many[SUPPORT_PATH], args[4096];
+    support_path_in(one, dir, "copies-one.json");
+    support_path_in(many, dir, "copies-many.json");
+    const char *flags = "train --mesh 4x2 --axes copy,fsdp --copies copy --lr 1e-3,3e-3,1e-2,3e-2 "
+                        "--steps 6 --batch 8 --val-every 3 --val-batches 2 --eval 64";
+    snprintf(args, sizeof args, "%s --threads 8 --json %s", flags, one);
+    if (run_spmd(0, args) != 0) fail_msg("one process: %s", out);
+    snprintf(args, sizeof args, "%s --threads 4 --json %s", flags, many);
+    if (run_spmd(2, args) != 0) fail_msg("2 processes: %s", out);
+    cJSON *a = load_report(one), *b = load_report(many);
+    char *x = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(a, "copies"));
+    char *y = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(b, "copies"));
+    assert_non_null(strstr(x, "\"accuracy\""));
+    assert_string_equal(x, y);
+    free(x), free(y);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+}
+
 /* explain under mpirun -n 4 on 4x2: 'replica' crosses processes, 'fsdp'
  * stays inside; the network figures are measured; one copy printed. */
 static void test_explain_marks_crossing_axes(void **state)
@@ -242,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_mlp_4x2_p8),
         cmocka_unit_test(test_mlp_2x4),
         cmocka_unit_test(test_mlp_2x2x2),
+        cmocka_unit_test(test_copies_over_processes),
         cmocka_unit_test(test_explain_marks_crossing_axes),
         cmocka_unit_test(test_failing_process_ends_job),
         cmocka_unit_test(test_killed_process_ends_job),

@@ -89,6 +89,10 @@ void cli_usage(FILE *f, const char *command)
             "  --val-data PATH      validate on PATH's held-out split (same kinds as --data)\n"
             "                       instead of --data's; alone, validates at the last step\n"
             "  --seed N             initialisation and data seed, 0 to 2^64-1 (1)\n"
+            "  --copies AXIS        one model per group along mesh axis AXIS, independent\n"
+            "                       (a sweep): --seed, --lr and --warmup then take one value\n"
+            "                       or one per copy, comma-separated\n"
+            "  --same-data on|off   copies: every copy reads copy 0's batches (off)\n"
             "  --threads N          compute threads in all, per process under mpirun (every\n"
             "                       core; under mpirun, the host's cores / its processes)\n"
             "  --json FILE          write a JSON report\n"
@@ -164,7 +168,9 @@ static const flag_spec flag_specs[] = {
     {"--val-every", FLAG_INT, offsetof(cli_opts, val_every), 0, NULL},
     {"--val-batches", FLAG_INT, offsetof(cli_opts, val_batches), 1, NULL},
     {"--val-data", FLAG_TEXT, offsetof(cli_opts, val_data), 0, NULL},
-    {"--warmup", FLAG_INT, offsetof(cli_opts, warmup), 0, NULL},
+    {"--warmup", FLAG_OTHER, 0, 0, NULL},
+    {"--copies", FLAG_TEXT, offsetof(cli_opts, copies), 0, NULL},
+    {"--same-data", FLAG_OTHER, 0, 0, NULL},
     {"--save-every", FLAG_INT, offsetof(cli_opts, save_every), 0, NULL},
     {"--keep", FLAG_INT, offsetof(cli_opts, keep), 0, NULL},
     {"--weight-decay", FLAG_OTHER, 0, 0, NULL},
@@ -256,6 +262,39 @@ static int parse_choice(const char *flag, const char *v, const char *a, const ch
     return 0;
 }
 
+/* --seed, --lr or --warmup: one value, or a comma-separated list of one
+ * per copy; the first is also the run's (copy 0's).  `v` is ours to cut. */
+static int parse_copy_list(const char *f, char *v, cli_opts *o)
+{
+    size_t len = strlen(v);
+    if (len && (v[0] == ',' || v[len - 1] == ',' || strstr(v, ",,")))
+        return cli_fail("%s '%s' has an empty value in its list", f, v);
+    int n = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(v, ",", &save); item; item = strtok_r(NULL, ",", &save), n++) {
+        if (n == CLI_MAX_COPIES) return cli_fail("%s lists more than %d values", f, CLI_MAX_COPIES);
+        int rc = 0;
+        if (!strcmp(f, "--seed")) {
+            rc = parse_u64(f, item, &o->seeds[n]);
+        } else if (!strcmp(f, "--lr")) {
+            char *end;
+            o->lrs[n] = strtof(item, &end);
+            if (*end || end == item || !(o->lrs[n] > 0) || !isfinite(o->lrs[n]))
+                rc = cli_fail("--lr wants a positive number (or one per copy, comma-separated), "
+                              "got '%s'", item);
+        } else {
+            static const flag_spec warmup = {"--warmup", FLAG_INT, 0, 0, NULL};
+            rc = parse_int(&warmup, item, &o->warmups[n]);
+        }
+        if (rc) return rc;
+    }
+    if (n == 0) return cli_fail("%s needs a value", f);
+    if (!strcmp(f, "--seed")) o->n_seeds = n, o->seed = o->seeds[0];
+    else if (!strcmp(f, "--lr")) o->n_lrs = n, o->lr = o->lrs[0];
+    else o->n_warmups = n, o->warmup = o->warmups[0];
+    return 0;
+}
+
 /* One flag's value into `o`; `v` is argv's, ours to modify. */
 static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
 {
@@ -271,13 +310,8 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
     if (!strcmp(f, "--model")) {
         rc = parse_choice(f, v, "gpt", "mlp", &b);
         strcpy(o->model, b ? "mlp" : "gpt");
-    } else if (!strcmp(f, "--seed")) {
-        rc = parse_u64(f, v, &o->seed);
-    } else if (!strcmp(f, "--lr")) {
-        char *end;
-        o->lr = strtof(v, &end);
-        if (*end || end == v || !(o->lr > 0) || !isfinite(o->lr))
-            return cli_fail("--lr wants a positive number, got '%s'", v);
+    } else if (!strcmp(f, "--seed") || !strcmp(f, "--lr") || !strcmp(f, "--warmup")) {
+        rc = parse_copy_list(f, v, o);
     } else if (!strcmp(f, "--optimizer")) {
         rc = parse_choice(f, v, "adamw", "sgd", &b);
         o->optimizer.kind = b ? SPMD_OPTIMIZER_SGD : SPMD_OPTIMIZER_ADAMW;
@@ -302,6 +336,9 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
     } else if (!strcmp(f, "--data-order")) {
         rc = parse_choice(f, v, "shuffled", "sequential", &b);
         o->data_sequential = b;
+    } else if (!strcmp(f, "--same-data")) {
+        rc = parse_choice(f, v, "off", "on", &b);
+        o->same_data = b;
     } else if (!strcmp(f, "--checkpoint")) {
         rc = parse_choice(f, v, "off", "on", &b);
         o->checkpoint = b;
@@ -459,6 +496,14 @@ int cli_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, n, NULL);
     else st = spmd_shard_batch(c->g, mesh, inputs, n, NULL);
     if (st != SPMD_OK) return cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
+    /* Copies need the mesh on the graph even where nothing is split (each
+     * copy on one device): the input marked whole does it. */
+    if (spmd_mesh_copies(mesh) > 1 && !spmd_get_sharding(c->input, (char[256]){0}, 256)[0]) {
+        char whole[8 * SPMD_MAX_RANK] = "";
+        for (int d = 0; d < spmd_tensor_rank(c->input); d++) strcat(whole, d ? ", None" : "None");
+        if (spmd_mark_sharding(c->g, c->input, mesh, whole) != SPMD_OK)
+            return cli_fail("--copies: %s", spmd_last_error());
+    }
     return 0;
 }
 
@@ -560,12 +605,14 @@ int cli_build(const cli_opts *o_in, cli_model *m)
     if (o.devices && o.devices != spmd_mesh_devices(m->mesh))
         return cli_fail("--devices %d but the mesh %s has %d devices", o.devices, o.mesh,
                         spmd_mesh_devices(m->mesh));
+    int rc = cli_setup_copies(&o, m);
+    if (rc) return rc;
     if (o.processes > 1 && spmd_mesh_place_processes(m->mesh, o.processes) != SPMD_OK)
         return cli_fail("%s %d: %s", cli_processes() > 1 ? "mpirun -n" : "--processes",
                         o.processes, spmd_last_error());
-    int rc = set_network(&o, m);
+    rc = set_network(&o, m);
     if (rc) return rc;
-    if (spmd_mesh_devices(m->mesh) == 1 && o.n_shards == 0) {
+    if (spmd_mesh_devices(m->mesh) == 1 && o.n_shards == 0 && !o.copies) {
         spmd_mesh_free(m->mesh); /* one device, nothing to partition */
         m->mesh = NULL;
     }
@@ -584,6 +631,9 @@ int cli_build(const cli_opts *o_in, cli_model *m)
         attn = 12.0 * o.gpt.layers * o.gpt.dim * o.gpt.seq;
     }
     m->flops_per_step = (6.0 * mults + attn) * (double)m->tokens_per_step;
+    /* Copies each run a batch of their own: the step does their work. */
+    m->tokens_per_step *= m->copies;
+    m->flops_per_step *= m->copies;
     rc = add_training(&o, m);
     if (rc) return rc;
     if (o.val_data) {
@@ -612,6 +662,7 @@ void cli_model_free(cli_model *m)
     spmd_mesh_free(m->mesh);
     spmd_dataset_free(m->data);
     spmd_dataset_free(m->val_data);
+    cli_free_copies(m);
     memset(m, 0, sizeof *m);
 }
 
@@ -631,7 +682,8 @@ spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
         if (threads < 1) threads = 1;
     }
     spmd_compile_options copt = {.threads = threads, .seed = o->seed, .plan_only = plan_only,
-                                 .mpi_comm = plan_only ? NULL : cli_mpi_comm()};
+                                 .mpi_comm = plan_only ? NULL : cli_mpi_comm(),
+                                 .copy_seeds = cli_copy_seeds(o)};
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());
     return p;
@@ -748,7 +800,7 @@ static int local_samples(const cli_opts *o, const cli_graph *c, const spmd_progr
 /* Samples [first, first + batch) of a split into a graph's inputs: only
  * those this process's devices hold are read. */
 static int feed_split(const cli_opts *o, spmd_dataset *data, const cli_graph *c, spmd_program *p,
-                      spmd_split split, int64_t first, int32_t *tok, int32_t *tgt)
+                      int copy, spmd_split split, int64_t first, int32_t *tok, int32_t *tgt)
 {
     int seq = o->gpt.seq, v = spmd_tensor_dim(c->logits, spmd_tensor_rank(c->logits) - 1);
     size_t ntok = (size_t)o->batch * (size_t)seq;
@@ -760,24 +812,21 @@ static int feed_split(const cli_opts *o, spmd_dataset *data, const cli_graph *c,
         return cli_fail("data: %s", spmd_last_error());
     spmd_status st;
     if (!strcmp(o->model, "gpt")) {
-        st = spmd_program_set_input(p, c->input, tok, ntok * sizeof *tok);
+        st = spmd_program_set_input_copy(p, copy, c->input, tok, ntok * sizeof *tok);
     } else {
         float *onehot = calloc(ntok * (size_t)v, sizeof *onehot);
         if (!onehot) return cli_fail("out of memory");
         for (size_t i = (size_t)(s0 * seq); i < (size_t)(s1 * seq); i++)
             onehot[i * (size_t)v + (size_t)tok[i]] = 1.0f;
-        st = spmd_program_set_input(p, c->input, onehot, ntok * (size_t)v * sizeof *onehot);
+        st = spmd_program_set_input_copy(p, copy, c->input, onehot, ntok * (size_t)v * sizeof *onehot);
         free(onehot);
     }
-    if (st == SPMD_OK) st = spmd_program_set_input(p, c->targets, tgt, ntok * sizeof *tgt);
+    if (st == SPMD_OK) st = spmd_program_set_input_copy(p, copy, c->targets, tgt, ntok * sizeof *tgt);
     if (st != SPMD_OK) return cli_fail("cannot feed the inputs: %s", spmd_last_error());
     return 0;
 }
 
-float cli_lr(const cli_opts *o, int step)
-{
-    return spmd_lr_schedule(step, o->warmup, o->steps, o->lr, o->lr_constant ? o->lr : o->lr / 10);
-}
+float cli_lr(const cli_opts *o, int step) { return cli_lr_of(o, 0, step); }
 
 /* SPMD_TEST_BAD_TOKEN=PROCESS:STEP feeds process PROCESS a GPT token id
  * outside the vocabulary at step STEP (from 1), in its first row: its
@@ -806,19 +855,22 @@ int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, i
 {
     size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
-    int rc = tok && tgt ? feed_split(o, m->data, &m->train, p, SPMD_SPLIT_TRAIN, first, tok, tgt)
-                        : cli_fail("out of memory");
+    int rc = tok && tgt ? 0 : cli_fail("out of memory");
+    /* Each copy its own batch and learning rate. */
+    for (int c = 0; !rc && c < m->copies; c++) {
+        rc = feed_split(o, cli_copy_data(m, c), &m->train, p, c, SPMD_SPLIT_TRAIN, first, tok, tgt);
+        float lr = cli_lr_of(o, c, step);
+        if (!rc && spmd_program_set_input_copy(p, c, m->opt.lr, &lr, sizeof lr) != SPMD_OK)
+            rc = cli_fail("cannot feed the learning rate: %s", spmd_last_error());
+    }
     free(tok), free(tgt);
     if (!rc) rc = feed_test_bad_token(o, m, p, step);
-    if (rc) return rc;
-    float lr = cli_lr(o, step);
-    if (spmd_program_set_input(p, m->opt.lr, &lr, sizeof lr) != SPMD_OK)
-        return cli_fail("cannot feed the learning rate: %s", spmd_last_error());
-    return 0;
+    return rc;
 }
 
-/* Copy every parameter of the training program into the evaluation one. */
-static int copy_params(const cli_model *m, const spmd_program *train, spmd_program *eval)
+/* Copy every parameter of copy `copy` of the training program into the
+ * evaluation one. */
+static int copy_params(const cli_model *m, const spmd_program *train, spmd_program *eval, int copy)
 {
     for (int i = 0; i < spmd_graph_tensor_count(m->eval.g); i++) {
         spmd_tensor *t = spmd_graph_tensor(m->eval.g, i);
@@ -826,8 +878,8 @@ static int copy_params(const cli_model *m, const spmd_program *train, spmd_progr
         spmd_tensor *src = spmd_graph_find(m->train.g, spmd_tensor_name(t));
         size_t bytes = (size_t)spmd_tensor_numel(t) * sizeof(float);
         float *buf = malloc(bytes);
-        spmd_status st = buf ? spmd_program_read(train, src, buf, bytes) : SPMD_ERR_NOMEM;
-        if (st == SPMD_OK) st = spmd_program_write(eval, t, buf, bytes);
+        spmd_status st = buf ? spmd_program_read_copy(train, copy, src, buf, bytes) : SPMD_ERR_NOMEM;
+        if (st == SPMD_OK) st = spmd_program_write_copy(eval, copy, t, buf, bytes);
         free(buf);
         if (st != SPMD_OK) return cli_fail("evaluation: %s", spmd_last_error());
     }
@@ -844,9 +896,10 @@ void cli_cap_eval(cli_opts *o, const cli_model *m)
 }
 
 double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,
-                    spmd_program *eval)
+                    spmd_program *eval, int copy)
 {
-    if (!m->accuracy || !eval || copy_params(m, train, eval)) return -1;
+    if (!m->accuracy || !eval || copy_params(m, train, eval, copy)) return -1;
+    spmd_dataset *data = cli_copy_data(m, copy);
     int v = (int)spmd_tensor_dim(m->eval.logits, spmd_tensor_rank(m->eval.logits) - 1);
     size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
@@ -855,13 +908,14 @@ double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *t
     int64_t right = 0, scored = 0;
     bool ok = tok && tgt && mask && logits;
     for (int64_t first = 0; ok && first < o->eval_samples; first += o->batch) {
-        ok = !feed_split(o, m->data, &m->eval, eval, SPMD_SPLIT_HELDOUT, first, tok, tgt) &&
+        ok = !feed_split(o, data, &m->eval, eval, copy, SPMD_SPLIT_HELDOUT, first, tok, tgt) &&
              /* Every process scores the whole batch: it needs every target. */
              (cli_processes() == 1 ||
-              spmd_dataset_batch(m->data, SPMD_SPLIT_HELDOUT, first, o->batch, tok, tgt) == SPMD_OK) &&
-             spmd_dataset_score_mask(m->data, SPMD_SPLIT_HELDOUT, first, o->batch, mask) == SPMD_OK &&
+              spmd_dataset_batch(data, SPMD_SPLIT_HELDOUT, first, o->batch, tok, tgt) == SPMD_OK) &&
+             spmd_dataset_score_mask(data, SPMD_SPLIT_HELDOUT, first, o->batch, mask) == SPMD_OK &&
              spmd_program_run(eval) == SPMD_OK &&
-             spmd_program_read(eval, m->eval.logits, logits, ntok * (size_t)v * sizeof *logits) == SPMD_OK;
+             spmd_program_read_copy(eval, copy, m->eval.logits, logits,
+                                    ntok * (size_t)v * sizeof *logits) == SPMD_OK;
         for (size_t i = 0; ok && i < ntok; i++) {
             /* Score exactly eval_samples samples, even mid-batch. */
             if (!mask[i] || first + (int64_t)(i / (size_t)o->gpt.seq) >= o->eval_samples) continue;
@@ -888,11 +942,11 @@ bool cli_validates_at(const cli_opts *o, int done, int steps)
 }
 
 int cli_val_loss(const cli_opts *o, const cli_model *m, const spmd_program *train,
-                 spmd_program *eval, double *loss)
+                 spmd_program *eval, int copy, double *loss)
 {
     if (!cli_validates(o) || !eval) return cli_fail("validation: no forward program");
-    if (copy_params(m, train, eval)) return 1;
-    spmd_dataset *data = m->val_data ? m->val_data : m->data;
+    if (copy_params(m, train, eval, copy)) return 1;
+    spmd_dataset *data = m->val_data ? m->val_data : cli_copy_data(m, copy);
     size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
     double sum = 0;
@@ -900,9 +954,11 @@ int cli_val_loss(const cli_opts *o, const cli_model *m, const spmd_program *trai
     /* The same batches every time: the held-out split's first ones. */
     for (int k = 0; !rc && k < o->val_batches; k++) {
         float batch_loss = 0;
-        rc = feed_split(o, data, &m->eval, eval, SPMD_SPLIT_HELDOUT, (int64_t)k * o->batch, tok, tgt);
+        rc = feed_split(o, data, &m->eval, eval, copy, SPMD_SPLIT_HELDOUT, (int64_t)k * o->batch, tok,
+                        tgt);
         if (!rc && (spmd_program_run(eval) != SPMD_OK ||
-                    spmd_program_read(eval, m->eval.loss, &batch_loss, sizeof batch_loss) != SPMD_OK))
+                    spmd_program_read_copy(eval, copy, m->eval.loss, &batch_loss,
+                                           sizeof batch_loss) != SPMD_OK))
             rc = cli_fail("validation: %s", spmd_last_error());
         sum += batch_loss;
     }

@@ -15,6 +15,8 @@
 #include <stdio.h>
 
 #define CLI_MAX_SHARDS 64
+/* Values a per-copy list (--seed, --lr, --warmup) may hold. */
+#define CLI_MAX_COPIES 64
 
 typedef struct cli_shard {
     const char *pattern; /* glob over tensor names */
@@ -29,7 +31,7 @@ typedef struct cli_opts {
     int processes;     /* explain: plan for this many processes; under mpirun, its -n */
     float net_latency_us, net_gbps; /* the network's figures; 0: measured under mpirun, or assumed */
     float lr;          /* 0: the optimizer's default */
-    uint64_t seed;
+    uint64_t seed;     /* copy 0's, as lr and warmup: the lists below give each copy's */
     const char *mesh;  /* "4x2" */
     const char *axes;  /* "replica,fsdp" */
     const char *fsdp;  /* axis, "none", or NULL: "fsdp" when the mesh has it */
@@ -51,6 +53,12 @@ typedef struct cli_opts {
     int val_batches;   /* batches per validation (0: validation off unless asked for) */
     bool keep_nonfinite; /* --on-nonfinite continue: train on past a NaN/inf loss */
     bool memory_check;   /* --memory-check on: refuse a run that cannot fit */
+    const char *copies; /* --copies AXIS: an independent mesh axis, one model per group */
+    bool same_data;    /* --same-data: every copy reads copy 0's batches */
+    int n_seeds, n_lrs, n_warmups; /* values given in each list (0: flag not given) */
+    uint64_t seeds[CLI_MAX_COPIES];
+    float lrs[CLI_MAX_COPIES];
+    int warmups[CLI_MAX_COPIES];
     cli_shard shards[CLI_MAX_SHARDS];
     int n_shards;
     const char *json;
@@ -73,6 +81,8 @@ typedef struct cli_model {
     cli_graph train;
     spmd_optimizer_tensors opt;
     cli_graph eval;      /* forward only; eval.g NULL without accuracy or validation */
+    int copies;          /* models trained side by side (--copies), 1 without */
+    spmd_dataset *copy_data[CLI_MAX_COPIES]; /* copy c's data (its seed's order); [0] is data */
     spmd_dataset *val_data; /* --val-data; NULL: validation reads data's held-out split */
     bool accuracy;       /* the data has a held-out accuracy and --eval asks for it */
     spmd_gpt_config gpt; /* the shape built, vocabulary resolved (mlp: vocab, layers) */
@@ -98,10 +108,10 @@ spmd_program *cli_compile(const cli_opts *o, spmd_graph *g, bool plan_only);
 /* Refuse (message, exit code) a run whose programs need more memory than
  * this process can get: MemAvailable, and the room RLIMIT_AS leaves. */
 int cli_check_memory(const cli_opts *o, const cli_model *m);
-/* The learning rate of `step` (from 0) by the schedule flags. */
+/* The learning rate of `step` (from 0) by the schedule flags (copy 0's). */
 float cli_lr(const cli_opts *o, int step);
 /* The global batch of the training split from sample `first` on, and the
- * learning rate of `step` (from 0). */
+ * learning rate of `step` (from 0), for every copy. */
 int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, int64_t first);
 /* Cap --eval at the held-out set's size, saying so on stdout: past it,
  * evaluation only scores the same problems again, for as long as asked. */
@@ -109,7 +119,25 @@ void cli_cap_eval(cli_opts *o, const cli_model *m);
 /* Held-out accuracy of the trained parameters (read from `train`): the
  * share of scored targets predicted exactly; -1 when there is none. */
 double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,
-                    spmd_program *eval);
+                    spmd_program *eval, int copy);
+/* Copies (copies.c): each copy's settings from the per-copy lists, its
+ * learning rate at `step`, and its data (its seed's order, or copy 0's). */
+uint64_t cli_copy_seed(const cli_opts *o, int c);
+float cli_copy_lr(const cli_opts *o, int c);
+int cli_copy_warmup(const cli_opts *o, int c);
+float cli_lr_of(const cli_opts *o, int c, int step);
+spmd_dataset *cli_copy_data(const cli_model *m, int c);
+/* With --copies, declare the axis independent, check the lists' lengths
+ * against the copies and open each copy's data; 0, or 2 with a message. */
+int cli_setup_copies(const cli_opts *o, cli_model *m);
+void cli_free_copies(cli_model *m);
+/* The seeds to compile with (spmd_compile_options.copy_seeds); NULL: one for all. */
+const uint64_t *cli_copy_seeds(const cli_opts *o);
+/* Print the copies ranked by `final` (one loss each; non-finite last). */
+void cli_rank_copies(const cli_opts *o, const cli_model *m, const double *final, bool validated);
+/* Copy c's settings and losses (losses[i * stride + c] for step i). */
+struct cJSON *cli_copy_json(const cli_opts *o, int c, const float *losses, int stride, int steps);
+
 /* Whether the run validates, and whether at step `done` (from 1) of
  * `steps`: every --val-every steps and at the last. */
 bool cli_validates(const cli_opts *o);
@@ -119,7 +147,7 @@ bool cli_validates_at(const cli_opts *o, int done, int steps);
  * program (no gradients, no optimizer state touched); 0, or 1 with a
  * message. */
 int cli_val_loss(const cli_opts *o, const cli_model *m, const spmd_program *train,
-                 spmd_program *eval, double *loss);
+                 spmd_program *eval, int copy, double *loss);
 /* Per-device parameter + gradient + optimizer bytes. */
 size_t cli_param_bytes(const spmd_program *p);
 

@@ -110,6 +110,10 @@ int cmd_explain(int argc, char **argv)
     printf("spmd explain: %s, %.2fM parameters, mesh %s, batch %d\n", o.model, (double)m.params / 1e6,
            mesh, o.batch);
     print_processes(&m);
+    if (m.copies > 1)
+        printf("copies: %d along '%s', independent: each group along it trains a model of its own "
+               "and no collective crosses it; the plan below is one copy's, on its group\n",
+               m.copies, o.copies);
     /* The JSON report is built only when asked for: for a deep model it
      * costs as much as the printing. */
     cJSON *root = o.json ? cJSON_CreateObject() : NULL;
@@ -117,6 +121,11 @@ int cmd_explain(int argc, char **argv)
         cJSON_AddItemToObject(root, "mesh", cli_mesh_json(&m));
         cJSON_AddStringToObject(root, "model", o.model);
         cJSON_AddNumberToObject(root, "params", (double)m.params);
+        if (m.copies > 1) {
+            cJSON *c = cJSON_AddObjectToObject(root, "copies");
+            cJSON_AddNumberToObject(c, "count", m.copies);
+            cJSON_AddStringToObject(c, "axis", o.copies);
+        }
     }
     print_tensors(&m, root ? cJSON_AddArrayToObject(root, "tensors") : NULL);
     print_collectives(p);

@@ -135,7 +135,10 @@ int cli_measure_network(double *latency_s, double *bytes_per_s)
         double large = round_trip(buf, LARGE, peer, 8);
         free(buf);
         fig[0] = small / 2;
+        /* Noise can make the small trip look as long as the large one:
+         * then the large one's time is taken whole. */
         double one_way = large / 2 - fig[0];
+        if (one_way <= 0) one_way = large / 2;
         fig[1] = one_way > 0 ? LARGE / one_way : 0;
     }
     /* Process 0 measured; everyone prices with its figures. */

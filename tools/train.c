@@ -135,17 +135,36 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Twice the room (at least 1024 steps) for the loss and time of each step. */
-static int grow_records(float **losses, double **ms, size_t *room)
+/* Twice the room (at least 1024 steps) for the time and the loss of each
+ * step, `copies` losses a step (step i, copy c at i * copies + c). */
+static int grow_records(float **losses, double **ms, size_t *room, int copies)
 {
     size_t want = *room ? 2 * *room : 1024;
-    float *l = realloc(*losses, want * sizeof *l);
+    float *l = realloc(*losses, want * (size_t)copies * sizeof *l);
     if (l) *losses = l;
     double *t = l ? realloc(*ms, want * sizeof *t) : NULL;
     if (!t) return cli_fail("out of memory for the records of %zu steps", want);
     *ms = t;
     *room = want;
     return 0;
+}
+
+/* A number for a JSON line: null when not finite. */
+static const char *json_number(double v, char *buf, size_t size)
+{
+    if (isfinite(v)) snprintf(buf, size, "%.9g", v);
+    else snprintf(buf, size, "null");
+    return buf;
+}
+
+/* The losses of one step, "1.2345" or, with copies, "1.2345 | 1.3456 | ...". */
+static const char *loss_text(const float *loss, int copies, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int c = 0; c < copies && n < size; c++)
+        n += (size_t)snprintf(buf + n, size - n, c ? " | %.4f" : "%.4f", (double)loss[c]);
+    return buf;
 }
 
 /* The validation losses of a run, with the step each was taken after. */
@@ -174,9 +193,10 @@ static int val_record(val_records *v, int step, double loss)
 /* The report of `steps` steps run after step `start` (non-finite losses
  * print as null). */
 static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, const float *losses,
-                  int start, int steps, double ms, double accuracy, const train_stop *stop,
-                  const val_records *val)
+                  int start, int steps, double ms, const double *accuracy, const train_stop *stop,
+                  const val_records *val_of)
 {
+    const val_records *val = &val_of[0]; /* copy 0's, as the top-level figures */
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "mesh", cli_mesh_json(m));
     cJSON_AddStringToObject(root, "model", o->model);
@@ -185,7 +205,8 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     if (start) cJSON_AddNumberToObject(root, "resumed_at", start);
     cJSON_AddNumberToObject(root, "steps", steps);
     cJSON *loss = cJSON_AddArrayToObject(root, "loss");
-    for (int i = 0; i < steps; i++) cJSON_AddItemToArray(loss, cJSON_CreateNumber(losses[i]));
+    for (int i = 0; i < steps; i++)
+        cJSON_AddItemToArray(loss, cJSON_CreateNumber(losses[(size_t)i * (size_t)m->copies]));
     if (stop->step) {
         cJSON *stopped = cJSON_AddObjectToObject(root, "stopped");
         cJSON_AddNumberToObject(stopped, "step", stop->step);
@@ -198,7 +219,21 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     cJSON_AddItemToObject(root, "peak_bytes_per_device", cli_per_device(p, (double)spmd_program_peak_bytes(p)));
     cJSON_AddItemToObject(root, "processes", cli_processes_json(p));
     cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
-    if (accuracy >= 0) cJSON_AddNumberToObject(root, "accuracy", accuracy);
+    if (accuracy[0] >= 0) cJSON_AddNumberToObject(root, "accuracy", accuracy[0]);
+    cJSON *copies = m->copies > 1 ? cJSON_AddArrayToObject(root, "copies") : NULL;
+    for (int c = 0; copies && c < m->copies; c++) {
+        cJSON *e = cli_copy_json(o, c, losses, m->copies, steps);
+        if (accuracy[c] >= 0) cJSON_AddNumberToObject(e, "accuracy", accuracy[c]);
+        cJSON *vl = val_of[c].n ? cJSON_AddArrayToObject(e, "val_loss") : NULL;
+        for (int i = 0; vl && i < val_of[c].n; i++) {
+            cJSON *v = cJSON_CreateObject();
+            cJSON_AddNumberToObject(v, "step", val_of[c].step[i]);
+            double x = val_of[c].loss[i];
+            cJSON_AddItemToObject(v, "loss", isfinite(x) ? cJSON_CreateNumber(x) : cJSON_CreateNull());
+            cJSON_AddItemToArray(vl, v);
+        }
+        cJSON_AddItemToArray(copies, e);
+    }
     if (val->n) {
         cJSON *list = cJSON_AddArrayToObject(root, "val_loss");
         for (int i = 0; i < val->n; i++) {
@@ -218,47 +253,60 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     return cli_write_json(o->json, root);
 }
 
-/* The validation loss after step `done`: printed, logged, recorded. */
+/* The validation loss of every copy after step `done`: printed, logged
+ * (copy 0's as val_loss, every copy's as copy_val_loss), recorded. */
 static int validate(const cli_opts *o, const cli_model *m, const spmd_program *p,
                     spmd_program *eval, int done, FILE *log, val_records *val)
 {
-    double loss = 0;
-    int rc = cli_val_loss(o, m, p, eval, &loss);
-    if (rc) return rc;
-    printf("step %4d/%d  val loss %.4f (%d batches of %d)\n", done, o->steps, loss, o->val_batches,
-           o->batch);
+    float loss[CLI_MAX_COPIES];
+    for (int c = 0; c < m->copies; c++) {
+        double x = 0;
+        int rc = cli_val_loss(o, m, p, eval, c, &x);
+        if (!rc) rc = val_record(&val[c], done, x);
+        if (rc) return rc;
+        loss[c] = (float)x;
+    }
+    char text[16 * CLI_MAX_COPIES];
+    printf("step %4d/%d  val loss %s (%d batches of %d)\n", done, o->steps,
+           loss_text(loss, m->copies, text, sizeof text), o->val_batches, o->batch);
     fflush(stdout);
     if (log) {
-        char l[32] = "null";
-        if (isfinite(loss)) snprintf(l, sizeof l, "%.9g", loss);
-        fprintf(log, "{\"step\":%d,\"val_loss\":%s}\n", done, l);
+        char x[32];
+        fprintf(log, "{\"step\":%d,\"val_loss\":%s", done, json_number(loss[0], x, sizeof x));
+        for (int c = 0; m->copies > 1 && c < m->copies; c++)
+            fprintf(log, "%s%s", c ? "," : ",\"copy_val_loss\":[", json_number(loss[c], x, sizeof x));
+        fprintf(log, "%s}\n", m->copies > 1 ? "]" : "");
         fflush(log);
     }
-    return val_record(val, done, loss);
+    return 0;
 }
 
-/* One object per step, as JSON Lines; a non-finite value is null. */
-static void log_step(FILE *log, int step, float loss, float lr, float norm, double ms, double tok_s)
+/* One object per step, as JSON Lines; a non-finite value is null.  The
+ * figures are copy 0's; with copies, copy_loss lists every copy's loss. */
+static void log_step(FILE *log, int step, const float *loss, int copies, float lr, float norm,
+                     double ms, double tok_s)
 {
-    char l[32] = "null", n[32] = "null";
-    if (isfinite(loss)) snprintf(l, sizeof l, "%.9g", (double)loss);
-    if (isfinite(norm)) snprintf(n, sizeof n, "%.9g", (double)norm);
-    fprintf(log, "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"ms\":%.3f,\"tokens_per_s\":%.1f}\n",
-            step, l, (double)lr, n, ms, tok_s);
+    char l[32], n[32], x[32];
+    fprintf(log, "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"ms\":%.3f,\"tokens_per_s\":%.1f",
+            step, json_number(loss[0], l, sizeof l), (double)lr, json_number(norm, n, sizeof n), ms,
+            tok_s);
+    for (int c = 0; copies > 1 && c < copies; c++)
+        fprintf(log, "%s%s", c ? "," : ",\"copy_loss\":[", json_number(loss[c], x, sizeof x));
+    fprintf(log, "%s}\n", copies > 1 ? "]" : "");
     fflush(log);
 }
 
 /* The loss and learning rate of the `steps` steps run after step `first`,
  * and the validation losses, drawn as `spmd plot` draws a log; process 0
  * draws for the run.  0, or 1 with a message. */
-static int plot_run(const cli_opts *o, const char *title, const float *losses, int first, int steps,
-                    const val_records *val)
+static int plot_run(const cli_opts *o, const char *title, const float *losses, int copies,
+                    int first, int steps, const val_records *val)
 {
     if (cli_process_rank() != 0) return 0;
     plot_training t = {0};
     int rc = 0;
     for (int i = 0; i < steps && !rc; i++) {
-        rc = plot_curve_add(&t.loss, first + i + 1, losses[i]);
+        rc = plot_curve_add(&t.loss, first + i + 1, losses[(size_t)i * (size_t)copies]);
         if (!rc) rc = plot_curve_add(&t.lr, first + i + 1, cli_lr(o, first + i));
     }
     for (int i = 0; i < val->n && !rc; i++) rc = plot_curve_add(&t.val_loss, val->step[i], val->loss[i]);
@@ -320,7 +368,10 @@ static int train(cli_opts *o_in, FILE *log)
     double *ms = NULL;
     size_t room = 0;
     train_stop stop = {0};
-    val_records val = {0};
+    val_records val[CLI_MAX_COPIES] = {0};
+    const int copies = m.copies;
+    int diverged = 0; /* copies whose loss or gradient norm is no longer finite */
+    bool gone[CLI_MAX_COPIES] = {0};
     int done = first; /* the last step run, from 1 */
     int saved = first; /* the last step in a checkpoint */
     catch_stop_signals();
@@ -331,15 +382,19 @@ static int train(cli_opts *o_in, FILE *log)
     double start = now_ms();
     for (int s = first; s < o.steps && !rc && !stop.step; s++) {
         int i = s - first; /* records index */
-        if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room))) break;
+        if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room, copies))) break;
+        float *loss = &losses[(size_t)i * (size_t)copies];
         double t0 = now_ms();
         rc = cli_feed(&o, &m, p, s, sample);
         if (rc) break;
         sample += o.batch;
         spmd_status st = spmd_program_run(p);
-        float norm = 0;
-        if (st == SPMD_OK) st = spmd_program_read(p, m.train.loss, &losses[i], sizeof losses[i]);
-        if (st == SPMD_OK && m.opt.grad_norm) st = spmd_program_read(p, m.opt.grad_norm, &norm, sizeof norm);
+        float norm[CLI_MAX_COPIES] = {0};
+        for (int c = 0; c < copies && st == SPMD_OK; c++) {
+            st = spmd_program_read_copy(p, c, m.train.loss, &loss[c], sizeof *loss);
+            if (st == SPMD_OK && m.opt.grad_norm)
+                st = spmd_program_read_copy(p, c, m.opt.grad_norm, &norm[c], sizeof *norm);
+        }
         if (st != SPMD_OK) {
             if (live) printf("\n");
             fflush(stdout);
@@ -353,21 +408,40 @@ static int train(cli_opts *o_in, FILE *log)
         double tok_s = (double)m.tokens_per_step / (ms[i] / 1e3);
         done = s + 1;
         /* A terminal gets one live line; a file or pipe, plain lines. */
+        char text[16 * CLI_MAX_COPIES];
+        loss_text(loss, copies, text, sizeof text);
         if (live)
-            printf("\rstep %4d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  eta %.0fs   ", done, o.steps,
-                   (double)losses[i], tok_s, ms[i], eta);
+            printf("\rstep %4d/%d  loss %s  %.0f tok/s  %.1f ms/step  eta %.0fs   ", done, o.steps,
+                   text, tok_s, ms[i], eta);
         else if (done == first + 1 || done % every == 0 || done == o.steps)
-            printf("step %4d/%d  loss %.4f  %.0f tok/s  %.1f ms/step  eta %.0fs\n", done, o.steps,
-                   (double)losses[i], tok_s, ms[i], eta);
+            printf("step %4d/%d  loss %s  %.0f tok/s  %.1f ms/step  eta %.0fs\n", done, o.steps,
+                   text, tok_s, ms[i], eta);
         fflush(stdout);
-        if (log) log_step(log, done, losses[i], cli_lr(&o, s), norm, ms[i], tok_s);
-        if (!o.keep_nonfinite && nonfinite(losses[i], norm, stop.reason, sizeof stop.reason)) {
+        if (log) log_step(log, done, loss, copies, cli_lr(&o, s), norm[0], ms[i], tok_s);
+        /* Copies share nothing: one that diverges is named and the others
+         * train on, until none is left. */
+        for (int c = 0; copies > 1 && !o.keep_nonfinite && c < copies; c++) {
+            char why[32];
+            if (gone[c] || !nonfinite(loss[c], norm[c], why, sizeof why)) continue;
+            gone[c] = true;
+            diverged++;
+            if (live) printf("\n");
+            fflush(stdout);
+            fprintf(stderr, "spmd: copy %d: step %d: %s; the other copies train on\n", c, done, why);
+        }
+        if (copies > 1 && diverged == copies) {
+            stop.step = done;
+            snprintf(stop.reason, sizeof stop.reason, "every copy diverged");
+            break;
+        }
+        if (copies == 1 && !o.keep_nonfinite &&
+            nonfinite(loss[0], norm[0], stop.reason, sizeof stop.reason)) {
             stop.step = done;
             break; /* a diverged model is not saved */
         }
         if (cli_validates_at(&o, done, o.steps)) {
             if (live) printf("\n");
-            if ((rc = validate(&o, &m, p, eval, done, log, &val))) break;
+            if ((rc = validate(&o, &m, p, eval, done, log, val))) break;
         }
         note_signal(&stop, done);
         /* Periodic saves; the last step's (or a stopped run's) comes below. */
@@ -398,22 +472,38 @@ static int train(cli_opts *o_in, FILE *log)
         double median = sorted[run / 2];
         free(sorted);
         /* A diverged or interrupted model has no accuracy worth reporting. */
-        double accuracy = stop.step ? -1 : cli_accuracy(&o, &m, p, eval);
+        double accuracy[CLI_MAX_COPIES];
+        for (int c = 0; c < copies; c++)
+            accuracy[c] = stop.step || gone[c] ? -1 : cli_accuracy(&o, &m, p, eval, c);
         note_signal(&stop, done);
         char ended[64] = "done";
         if (stop.step) snprintf(ended, sizeof ended, "stopped after step %d of %d", stop.step, o.steps);
-        printf("%s: loss %.4f -> %.4f, median %.1f ms/step (%.0f tok/s, %.2f GFLOP/s)\n", ended,
-               (double)losses[0], (double)losses[run - 1], median,
-               (double)m.tokens_per_step / (median / 1e3), m.flops_per_step / (median / 1e3) / 1e9);
-        if (accuracy >= 0)
+        char from[16 * CLI_MAX_COPIES], to[16 * CLI_MAX_COPIES];
+        loss_text(losses, copies, from, sizeof from);
+        loss_text(&losses[(size_t)(run - 1) * (size_t)copies], copies, to, sizeof to);
+        printf("%s: loss %s -> %s, median %.1f ms/step (%.0f tok/s, %.2f GFLOP/s)\n", ended, from, to,
+               median, (double)m.tokens_per_step / (median / 1e3),
+               m.flops_per_step / (median / 1e3) / 1e9);
+        for (int c = 0; c < copies; c++) {
+            if (accuracy[c] < 0) continue;
+            if (copies > 1) printf("copy %d: ", c);
             printf("held-out accuracy: %.1f%% of %d samples' answer digits (chance 10%%)\n",
-                   accuracy * 100, o.eval_samples);
+                   accuracy[c] * 100, o.eval_samples);
+        }
+        if (copies > 1) {
+            double final[CLI_MAX_COPIES];
+            bool validated = val[0].n > 0;
+            for (int c = 0; c < copies; c++)
+                final[c] = validated ? val[c].loss[val[c].n - 1]
+                                     : losses[(size_t)(run - 1) * (size_t)copies + (size_t)c];
+            cli_rank_copies(&o, &m, final, validated);
+        }
         printf("per device: %.1f MiB peak, %.1f MiB parameters + gradients + optimizer state; "
                "%d collectives per step\n",
                (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
                spmd_program_collective_count(p));
         fflush(stdout); /* the summary before any message about the report */
-        if (o.json) rc = report(&o, &m, p, losses, first, run, median, accuracy, &stop, &val);
+        if (o.json) rc = report(&o, &m, p, losses, first, run, median, accuracy, &stop, val);
         if (stop.signal)
             fprintf(stderr, "spmd: interrupted by %s after step %d%s%s\n", stop.reason, stop.step,
                     !o.json ? "" : rc ? "; the report could not be written" : "; report written to ",
@@ -421,14 +511,14 @@ static int train(cli_opts *o_in, FILE *log)
         if (o.plot && !rc) {
             char title[192];
             snprintf(title, sizeof title, "spmd train: %s on %s", o.model, mesh);
-            rc = plot_run(&o, title, losses, first, run, &val);
+            rc = plot_run(&o, title, losses, copies, first, run, &val[0]);
         }
         /* The stop's own status: a script must not take it for success. */
         if (stop.step) rc = stop.signal ? 128 + stop.signal : EXIT_DIVERGED;
     }
 out:
     free(losses), free(ms);
-    free(val.step), free(val.loss);
+    for (int c = 0; c < CLI_MAX_COPIES; c++) free(val[c].step), free(val[c].loss);
     spmd_program_free(eval);
     spmd_program_free(p);
     cli_model_free(&m);
@@ -443,6 +533,9 @@ int cmd_train(int argc, char **argv)
     if (o.processes > 1 && cli_processes() == 1)
         return cli_fail("--processes plans a run over several processes (spmd explain); to train "
                         "over %d processes, start spmd with mpirun -n %d", o.processes, o.processes);
+    if (o.copies && (o.save || o.resume || o.init))
+        return cli_fail("--%s: checkpoints and weights of several copies are not built yet",
+                        o.save ? "save" : o.resume ? "resume" : "init");
     if (cli_processes() > 1 && (o.save || o.resume))
         return cli_fail("--%s: checkpoints of a run over several processes are not built yet",
                         o.save ? "save" : "resume");

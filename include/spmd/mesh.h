@@ -31,6 +31,16 @@ SPMD_API int spmd_mesh_axis_index(const spmd_mesh *m, const char *name);
 /* Mark which axes keep their groups inside one process (all, by default). */
 SPMD_API spmd_status spmd_mesh_set_axis_local(spmd_mesh *m, int axis, bool local);
 SPMD_API bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis);
+/* Declare an axis independent: the program runs once per group along it,
+ * as separate models (copies) with their own parameters, optimizer state
+ * and inputs, and nothing is split or summed over it, so no collective
+ * crosses it.  A sharding mark that names it is refused.  Copies are
+ * numbered by the devices' coordinates on the independent axes (row-major
+ * over them); spmd_program_set_input_copy and friends address one. */
+SPMD_API spmd_status spmd_mesh_set_axis_independent(spmd_mesh *m, int axis, bool independent);
+SPMD_API bool spmd_mesh_axis_is_independent(const spmd_mesh *m, int axis);
+/* The product of the independent axes' sizes (1 without any). */
+SPMD_API int spmd_mesh_copies(const spmd_mesh *m);
 /* Lay the devices out over `processes` processes as a run over MPI does:
  * the device at mesh position r (row-major coordinates) lives in process
  * r / (devices / processes), so the minor axes stay inside a process.

@@ -235,6 +235,10 @@ typedef struct spmd_compile_options {
      * inside a process.  NULL: every device runs in this process.  See
      * "Over processes" below. */
     const void *mpi_comm;
+    /* With independent mesh axes (spmd_mesh_set_axis_independent): one
+     * initialisation seed per copy, spmd_mesh_copies of them; NULL: `seed`
+     * for every copy. */
+    const uint64_t *copy_seeds;
 } spmd_compile_options;
 
 SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);
@@ -243,12 +247,23 @@ SPMD_API void spmd_program_free(spmd_program *p);
 SPMD_API spmd_status spmd_program_set_input(spmd_program *p, const spmd_tensor *t,
                                             const void *data, size_t bytes);
 SPMD_API spmd_status spmd_program_run(spmd_program *p);
-/* Read an output, input or persistent tensor. */
+/* Read an output, input or persistent tensor (of copy 0: see below). */
 SPMD_API spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t,
                                        void *dst, size_t bytes);
-/* Overwrite a parameter or state tensor. */
+/* Overwrite a parameter or state tensor (of every copy). */
 SPMD_API spmd_status spmd_program_write(spmd_program *p, const spmd_tensor *t,
                                         const void *src, size_t bytes);
+
+/* Copies: with independent mesh axes the program runs one model per group
+ * along them (spmd/mesh.h), numbered 0 .. spmd_program_copies - 1.
+ * set_input and write above reach every copy; these reach one. */
+SPMD_API int spmd_program_copies(const spmd_program *p);
+SPMD_API spmd_status spmd_program_set_input_copy(spmd_program *p, int copy, const spmd_tensor *t,
+                                                 const void *data, size_t bytes);
+SPMD_API spmd_status spmd_program_write_copy(spmd_program *p, int copy, const spmd_tensor *t,
+                                             const void *src, size_t bytes);
+SPMD_API spmd_status spmd_program_read_copy(const spmd_program *p, int copy,
+                                            const spmd_tensor *t, void *dst, size_t bytes);
 
 /* Memory: the largest transient arena plus persistent and input bytes. */
 SPMD_API size_t spmd_program_peak_bytes(const spmd_program *p);

@@ -74,13 +74,14 @@ SPMD_API float spmd_lr_schedule(int step, int warmup, int total, float peak, flo
  * sharded on its largest dimension over mesh axis `axis` (replicated when no
  * dimension is at least the axis size), and each of `inputs` (n of them) has
  * its batch (first) dimension split over `data_axes` (comma-separated; NULL
- * for every mesh axis) unless already marked. */
+ * for every mesh axis but the independent ones) unless already marked. */
 SPMD_API spmd_status spmd_fsdp_wrap(spmd_graph *g, const spmd_mesh *m, const char *axis,
                                     spmd_tensor *const *inputs, int n, const char *data_axes);
 
 /* Split the batch (first) dimension of each of `inputs` not already marked
- * over `data_axes` (comma-separated; NULL for every mesh axis, major
- * first): the data-parallel part of spmd_fsdp_wrap on its own. */
+ * over `data_axes` (comma-separated; NULL for every mesh axis but the
+ * independent ones, major first): the data-parallel part of
+ * spmd_fsdp_wrap on its own. */
 SPMD_API spmd_status spmd_shard_batch(spmd_graph *g, const spmd_mesh *m,
                                       spmd_tensor *const *inputs, int n, const char *data_axes);
 

@@ -66,6 +66,26 @@ size_t compile_scratch_bytes(const spmd_tensor *t)
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
 
+/* No mark splits over an independent axis (one declared after marking):
+ * copies share nothing. */
+static spmd_status check_independent_axes(const spmd_graph *g)
+{
+    const spmd_mesh *m = g->mesh;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        if (!t->mark) continue;
+        for (int d = 0; d < t->mark->rank; d++)
+            for (int k = 0; k < t->mark->dim[d].n; k++)
+                if (m->independent[t->mark->dim[d].axis[k]])
+                    return base_error(SPMD_ERR_INVALID,
+                                      "compile: '%s' is marked split over axis '%s', which is "
+                                      "independent (each copy is a model of its own)",
+                                      t->name ? t->name : ir_op_name(t->op),
+                                      m->names[t->mark->dim[d].axis[k]]);
+    }
+    return SPMD_OK;
+}
+
 spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here)
 {
     memset(c, 0, sizeof *c);
@@ -82,6 +102,7 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
 
     spmd_status st = check_dtypes(g);
     if (st != SPMD_OK) return st;
+    if (g->mesh && (st = check_independent_axes(g)) != SPMD_OK) return st;
     if (g->mesh) {
         /* Only the nodes that outputs and updates need are partitioned. */
         size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);

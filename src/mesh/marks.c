@@ -53,6 +53,14 @@ spmd_status spmd_mark_sharding(spmd_graph *g, spmd_tensor *t, const spmd_mesh *m
         snprintf(why, sizeof why, "%s", spmd_last_error());
         return base_error(st, "mark_sharding %s: %s", label, why);
     }
+    for (int i = 0; i < s.rank; i++)
+        for (int k = 0; k < s.dim[i].n; k++)
+            if (m->independent[s.dim[i].axis[k]])
+                return base_error(SPMD_ERR_INVALID,
+                                  "mark_sharding %s: spec \"%s\" splits dim %d over axis '%s', which "
+                                  "is independent (each group along it trains a model of its own; "
+                                  "nothing is split over it)",
+                                  label, spec, i, m->names[s.dim[i].axis[k]]);
     if (s.partial) {
         char quoted[MESH_EXCERPT_SIZE];
         return base_error(SPMD_ERR_UNSUPPORTED,

@@ -359,6 +359,39 @@ bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis)
     return axis_ok(m, axis, "mesh_axis_is_local") && m->local[axis];
 }
 
+spmd_status spmd_mesh_set_axis_independent(spmd_mesh *m, int axis, bool independent)
+{
+    if (!axis_ok(m, axis, "mesh_set_axis_independent")) return SPMD_ERR_INVALID;
+    m->independent[axis] = independent;
+    return SPMD_OK;
+}
+
+bool spmd_mesh_axis_is_independent(const spmd_mesh *m, int axis)
+{
+    return axis_ok(m, axis, "mesh_axis_is_independent") && m->independent[axis];
+}
+
+int spmd_mesh_copies(const spmd_mesh *m)
+{
+    int n = 1;
+    for (int a = 0; m && a < m->rank; a++)
+        if (m->independent[a]) n *= m->shape[a];
+    return n;
+}
+
+int mesh_copy_of(const spmd_mesh *m, int pos)
+{
+    int copy = 0, scale = 1;
+    for (int a = m->rank - 1; a >= 0; a--) {
+        int coord = pos % m->shape[a];
+        pos /= m->shape[a];
+        if (!m->independent[a]) continue;
+        copy += coord * scale;
+        scale *= m->shape[a];
+    }
+    return copy;
+}
+
 /* A 10 Gb/s network with tens of microseconds per message, until a
  * measurement or the user says otherwise. */
 const cost_link MESH_DEFAULT_NETWORK = {25e-6, 1.25e9};

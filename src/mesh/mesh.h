@@ -28,6 +28,7 @@ struct spmd_mesh {
     int shape[MESH_MAX_AXES];
     char names[MESH_MAX_AXES][MESH_MAX_NAME];
     bool local[MESH_MAX_AXES];                  /* groups stay inside one process */
+    bool independent[MESH_MAX_AXES];            /* spmd_mesh_set_axis_independent: copies */
     int processes;                              /* spmd_mesh_place_processes; 1 by default */
     cost_link network;                          /* spmd_mesh_set_network */
     int n_devices;
@@ -52,6 +53,9 @@ const char *mesh_describe(const spmd_mesh *m, char *buf, size_t size);
 /* Same shape, axis names and device ids (process-locality is not
  * compared: it prices collectives, it does not move data). */
 bool mesh_equal(const spmd_mesh *a, const spmd_mesh *b);
+/* The copy (0 .. spmd_mesh_copies - 1) the device at mesh position `pos`
+ * belongs to: its row-major index over the independent axes. */
+int mesh_copy_of(const spmd_mesh *m, int pos);
 /* Whether groups along `axis` cross processes when each process holds an
  * aligned run of `per_process` mesh positions (process-major layout). */
 bool mesh_axis_crosses(const spmd_mesh *m, int axis, int per_process);

@@ -34,6 +34,8 @@
 typedef struct device {
     struct spmd_program *prog;
     int id;                   /* device id in the mesh */
+    int copy;                 /* its copy (independent mesh axes), 0 without */
+    uint64_t seed;            /* its copy's initialisation seed */
     rt_pool *pool;
     unsigned char *arena;
     unsigned char *scratch;   /* nth slices of scratch_each bytes */
@@ -53,6 +55,7 @@ struct spmd_program {
     device *dev;              /* this process's devices; NULL for a plan-only program */
     int first, n_local;       /* dev[k] is the device at mesh position first + k */
     int process, processes;   /* this process's index among those running the mesh */
+    int copies;               /* independent models (spmd_mesh_copies), 1 without */
     size_t allocated;         /* bytes held for this process's devices */
     rt_pool *outer;           /* one thread per device here */
     coll_world *world;
@@ -144,10 +147,12 @@ static void copy_row(void *ctx, int64_t local, int64_t global, int64_t n, int64_
     }
 }
 
-/* Only this process's blocks: reads only the rows of `src` they cover. */
-static void scatter(spmd_program *p, const spmd_tensor *t, const void *src)
+/* Only this process's blocks (of copy `copy`; -1: of every copy): reads
+ * only the rows of `src` they cover. */
+static void scatter(spmd_program *p, const spmd_tensor *t, const void *src, int copy)
 {
     for (int d = 0; d < p->n_local; d++) {
+        if (copy >= 0 && p->dev[d].copy != copy) continue;
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
         block b = block_of(p, t, p->dev[d].id);
         copy_ctx c = {p->dev[d].leaf_data[lt->id], (char *)src, spmd_dtype_size(t->dtype), true};
@@ -155,9 +160,10 @@ static void scatter(spmd_program *p, const spmd_tensor *t, const void *src)
     }
 }
 
-static void assemble(const spmd_program *p, const spmd_tensor *t, void *dst)
+static void assemble(const spmd_program *p, const spmd_tensor *t, void *dst, int copy)
 {
     for (int d = 0; d < p->n_local; d++) {
+        if (p->dev[d].copy != copy) continue;
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
         block b = block_of(p, t, p->dev[d].id);
         copy_ctx c = {data_of(&p->dev[d], lt), dst, spmd_dtype_size(t->dtype), false};
@@ -217,11 +223,11 @@ static void init_worker(void *ctx, int ith, int nth)
             part.ldims[0] = hi - lo;
             part.start[0] = b.start[0] + lo;
             part.valid[0] = b.valid[0] - lo < 0 ? 0 : b.valid[0] - lo > hi - lo ? hi - lo : b.valid[0] - lo;
-            init_ctx c = {t, (float *)d->leaf_data[lt->id] + lo * row, p->seed,
+            init_ctx c = {t, (float *)d->leaf_data[lt->id] + lo * row, d->seed,
                           base_rng_stream(t->name)};
             if (hi > lo) for_rows(&part, init_row, &c);
         } else if (ith == 0) {
-            init_ctx c = {t, d->leaf_data[lt->id], p->seed, base_rng_stream(t->name)};
+            init_ctx c = {t, d->leaf_data[lt->id], d->seed, base_rng_stream(t->name)};
             for_rows(&b, init_row, &c);
         }
     }
@@ -256,11 +262,13 @@ static void *device_alloc(spmd_program *p, size_t bytes, const char *what)
     return x;
 }
 
-static spmd_status setup_device(spmd_program *p, device *d, int id)
+static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64_t *copy_seeds)
 {
     const spmd_graph *lg = p->c.local;
     d->prog = p;
     d->id = id;
+    d->copy = p->c.mesh ? mesh_copy_of(p->c.mesh, p->c.mesh->position[id]) : 0;
+    d->seed = copy_seeds ? copy_seeds[d->copy] : p->seed;
     d->leaf_data = base_calloc(&p->alloc, (size_t)(lg->n_nodes ? lg->n_nodes : 1) * sizeof(void *),
                                "program tensors");
     if (!d->leaf_data) return SPMD_ERR_NOMEM;
@@ -352,6 +360,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
     int n_dev = g->mesh ? spmd_mesh_devices(g->mesh) : 1;
     p->n_local = n_dev;
     p->processes = 1;
+    p->copies = spmd_mesh_copies(g->mesh);
     /* The world first: it says which devices run here, and the threads
      * are shared among those. */
     if (!plan_only && (g->mesh || comm)) {
@@ -370,7 +379,8 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
     p->dev = base_calloc(&p->alloc, (size_t)p->n_local * sizeof *p->dev, "devices");
     if (!p->dev) goto fail;
     for (int d = 0; d < p->n_local; d++)
-        if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[p->first + d] : 0) != SPMD_OK)
+        if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[p->first + d] : 0,
+                         opts ? opts->copy_seeds : NULL) != SPMD_OK)
             goto fail;
     /* Groups that cross processes get their communicators (every process
      * asked for all of its groups above). */
@@ -540,22 +550,26 @@ static uint32_t split_axes(const spmd_program *p, const spmd_tensor *t)
 
 /* Whether some of t's blocks live only in other processes.  Every
  * process decides alike (from the layout, not from what it holds), so
- * all of them take the same path in spmd_program_read. */
+ * all of them take the same path in spmd_program_read.  With copies a
+ * copy's devices may all be elsewhere: that path always. */
 static bool spread_over_processes(const spmd_program *p, const spmd_tensor *t)
 {
     if (p->processes == 1 || !p->c.partitioned) return false;
+    if (p->copies > 1) return true;
     uint32_t mask = split_axes(p, t);
     for (int a = 0; a < p->c.mesh->rank; a++)
         if ((mask >> a & 1) && mesh_axis_crosses(p->c.mesh, a, p->n_local)) return true;
     return false;
 }
 
-/* The device at mesh position pos holds its block first (lowest
- * position): its coordinates off the split axes are all 0. */
-static bool first_holder(const spmd_mesh *m, uint32_t split, int pos)
+/* The device at mesh position pos holds its block of copy `copy` first
+ * (lowest position in the copy): its coordinates off the split and
+ * independent axes are all 0, and it is in the copy. */
+static bool first_holder(const spmd_mesh *m, uint32_t split, int pos, int copy)
 {
+    if (mesh_copy_of(m, pos) != copy) return false;
     for (int a = m->rank - 1; a >= 0; a--) {
-        if (!(split >> a & 1) && pos % m->shape[a] != 0) return false;
+        if (!(split >> a & 1) && !m->independent[a] && pos % m->shape[a] != 0) return false;
         pos /= m->shape[a];
     }
     return true;
@@ -563,7 +577,8 @@ static bool first_holder(const spmd_mesh *m, uint32_t split, int pos)
 
 /* Every process sends the blocks whose first holder it runs, in mesh
  * order; all of them receive everything and copy each block into place. */
-static spmd_status assemble_across(const spmd_program *p, const spmd_tensor *t, void *dst)
+static spmd_status assemble_across(const spmd_program *p, const spmd_tensor *t, void *dst,
+                                   int copy)
 {
     const spmd_mesh *m = p->c.mesh;
     const spmd_tensor *lt = p->c.part.local_of[t->id];
@@ -574,7 +589,7 @@ static spmd_status assemble_across(const spmd_program *p, const spmd_tensor *t, 
     if (!bytes_of) return SPMD_ERR_NOMEM;
     int64_t total = 0;
     for (int pos = 0; pos < p->c.n_dev; pos++) {
-        if (!first_holder(m, split, pos)) continue;
+        if (!first_holder(m, split, pos, copy)) continue;
         bytes_of[pos / p->n_local] += (int64_t)block_bytes;
         total += (int64_t)block_bytes;
     }
@@ -583,14 +598,14 @@ static spmd_status assemble_across(const spmd_program *p, const spmd_tensor *t, 
     spmd_status st = mine && all ? SPMD_OK : SPMD_ERR_NOMEM;
     size_t at = 0;
     for (int d = 0; st == SPMD_OK && d < p->n_local; d++) {
-        if (!first_holder(m, split, p->first + d)) continue;
+        if (!first_holder(m, split, p->first + d, copy)) continue;
         memcpy(mine + at, data_of(&p->dev[d], lt), block_bytes);
         at += block_bytes;
     }
     if (st == SPMD_OK) st = coll_world_gather_processes(p->world, mine, all, bytes_of);
     at = 0;
     for (int pos = 0; st == SPMD_OK && pos < p->c.n_dev; pos++) {
-        if (!first_holder(m, split, pos)) continue;
+        if (!first_holder(m, split, pos, copy)) continue;
         block b = block_of(p, t, m->ids[pos]);
         copy_ctx c = {(char *)all + at, dst, es, false};
         for_rows(&b, copy_row, &c);
@@ -626,43 +641,77 @@ static spmd_status check_access(const spmd_program *p, const spmd_tensor *t, siz
     return SPMD_OK;
 }
 
+static spmd_status check_copy(const spmd_program *p, int copy, const char *what)
+{
+    if (copy < 0 || copy >= p->copies)
+        return base_error(SPMD_ERR_INVALID, "%s: copy %d, the program has %d (0 to %d)", what, copy,
+                          p->copies, p->copies - 1);
+    return SPMD_OK;
+}
+
+/* set_input and write: into copy `copy`'s devices, or every copy's (-1). */
+static spmd_status put(spmd_program *p, int copy, const spmd_tensor *t, const void *src,
+                       size_t bytes, const char *what)
+{
+    spmd_status st = check_access(p, t, bytes, what);
+    if (st != SPMD_OK) return st;
+    bool input = !strcmp(what, "set_input");
+    if (input ? t->op != IR_INPUT : !is_persistent(t))
+        return base_error(SPMD_ERR_INVALID, "%s: '%s' is a %s, not %s", what,
+                          t->name ? t->name : "(unnamed)", ir_op_name(t->op),
+                          input ? "an input" : "a param or state");
+    scatter(p, t, src, copy);
+    return SPMD_OK;
+}
+
 spmd_status spmd_program_set_input(spmd_program *p, const spmd_tensor *t, const void *data,
                                    size_t bytes)
 {
-    spmd_status st = check_access(p, t, bytes, "set_input");
-    if (st != SPMD_OK) return st;
-    if (t->op != IR_INPUT)
-        return base_error(SPMD_ERR_INVALID, "set_input: '%s' is a %s, not an input",
-                          t->name ? t->name : "(unnamed)", ir_op_name(t->op));
-    scatter(p, t, data);
-    return SPMD_OK;
+    return put(p, -1, t, data, bytes, "set_input");
+}
+
+spmd_status spmd_program_set_input_copy(spmd_program *p, int copy, const spmd_tensor *t,
+                                        const void *data, size_t bytes)
+{
+    spmd_status st = check_runnable(p, "set_input");
+    if (st == SPMD_OK) st = check_copy(p, copy, "set_input");
+    return st != SPMD_OK ? st : put(p, copy, t, data, bytes, "set_input");
 }
 
 spmd_status spmd_program_write(spmd_program *p, const spmd_tensor *t, const void *src,
                                size_t bytes)
 {
-    spmd_status st = check_access(p, t, bytes, "write");
-    if (st != SPMD_OK) return st;
-    if (!is_persistent(t))
-        return base_error(SPMD_ERR_INVALID, "write: '%s' is a %s, not a param or state",
-                          t->name ? t->name : "(unnamed)", ir_op_name(t->op));
-    scatter(p, t, src);
-    return SPMD_OK;
+    return put(p, -1, t, src, bytes, "write");
 }
 
-spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t, void *dst,
-                              size_t bytes)
+spmd_status spmd_program_write_copy(spmd_program *p, int copy, const spmd_tensor *t,
+                                    const void *src, size_t bytes)
+{
+    spmd_status st = check_runnable(p, "write");
+    if (st == SPMD_OK) st = check_copy(p, copy, "write");
+    return st != SPMD_OK ? st : put(p, copy, t, src, bytes, "write");
+}
+
+spmd_status spmd_program_read_copy(const spmd_program *p, int copy, const spmd_tensor *t,
+                                   void *dst, size_t bytes)
 {
     spmd_status st = check_access(p, t, bytes, "read");
+    if (st == SPMD_OK) st = check_copy(p, copy, "read");
     if (st != SPMD_OK) return st;
     if (!ir_op_is_leaf(t->op) && !t->is_output)
         return base_error(SPMD_ERR_INVALID,
                           "read: %s '%s' is not kept after a run; mark it with "
                           "spmd_graph_mark_output before compiling",
                           ir_op_name(t->op), t->name ? t->name : "(unnamed)");
-    if (spread_over_processes(p, t)) return assemble_across(p, t, dst);
-    assemble(p, t, dst);
+    if (spread_over_processes(p, t)) return assemble_across(p, t, dst, copy);
+    assemble(p, t, dst, copy);
     return SPMD_OK;
+}
+
+spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t, void *dst,
+                              size_t bytes)
+{
+    return spmd_program_read_copy(p, 0, t, dst, bytes);
 }
 
 spmd_status spmd_program_input_rows(const spmd_program *p, const spmd_tensor *t, int64_t *begin,
@@ -693,6 +742,7 @@ size_t spmd_program_arena_bytes(const spmd_program *p) { return p ? p->c.plan.ar
 size_t spmd_program_persistent_bytes(const spmd_program *p) { return p ? p->c.persistent_bytes : 0; }
 int spmd_program_devices(const spmd_program *p) { return p ? p->c.n_dev : 0; }
 int spmd_program_processes(const spmd_program *p) { return p ? p->processes : 0; }
+int spmd_program_copies(const spmd_program *p) { return p ? (p->copies ? p->copies : 1) : 0; }
 int spmd_program_process(const spmd_program *p) { return p ? p->process : 0; }
 size_t spmd_program_allocated_bytes(const spmd_program *p) { return p ? p->allocated : 0; }
 

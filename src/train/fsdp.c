@@ -56,10 +56,13 @@ spmd_status spmd_shard_batch(spmd_graph *g, const spmd_mesh *m, spmd_tensor *con
     if (data_axes) {
         k = (size_t)snprintf(batch, sizeof batch, "(%s)", data_axes);
     } else {
+        /* Every axis but the independent ones: each copy has its own batch. */
         k = (size_t)snprintf(batch, sizeof batch, "(");
-        for (int i = 0; i < spmd_mesh_rank(m) && k < sizeof batch; i++)
-            k += (size_t)snprintf(batch + k, sizeof batch - k, "%s%s", i ? ", " : "",
+        for (int i = 0, named = 0; i < spmd_mesh_rank(m) && k < sizeof batch; i++) {
+            if (m->independent[i]) continue;
+            k += (size_t)snprintf(batch + k, sizeof batch - k, "%s%s", named++ ? ", " : "",
                                   spmd_mesh_axis_name(m, i));
+        }
         if (k < sizeof batch) k += (size_t)snprintf(batch + k, sizeof batch - k, ")");
     }
     if (k >= sizeof batch)
@@ -70,7 +73,7 @@ spmd_status spmd_shard_batch(spmd_graph *g, const spmd_mesh *m, spmd_tensor *con
         /* A NULL from a failed builder: report that failure. */
         if (!t && ir_graph_status(g) != SPMD_OK) return ir_error_raise(g);
         if (!t) return base_error(SPMD_ERR_INVALID, "shard_batch: input %d is NULL", j);
-        if (t->mark || t->rank == 0) continue;
+        if (t->mark || t->rank == 0 || !strcmp(batch, "()")) continue;
         /* "(a, b), None, None": the batch then whole dims. */
         char spec[sizeof batch + 8 * SPMD_MAX_RANK];
         size_t len = (size_t)snprintf(spec, sizeof spec, "%s", batch);
