@@ -295,7 +295,7 @@ static void test_plan_reuses_buffers(void **state)
     for (int i = 0; i < 10; i++) y = spmd_tanh(g, y);
     spmd_graph_mark_output(g, y);
     plan p;
-    assert_int_equal(plan_build(&p, g, NULL), SPMD_OK);
+    assert_int_equal(plan_build(&p, g, NULL, NULL), SPMD_OK);
     assert_int_equal(p.n_steps, 10);
     assert_int_equal(p.arena_bytes, 2 * 64 * 64 * 4);
     plan_free(&p);
@@ -316,7 +316,7 @@ static void test_plan_prunes_and_aliases(void **state)
     spmd_tensor *r = spmd_reshape(g, y, 1, d);
     spmd_graph_mark_output(g, r);
     plan p;
-    assert_int_equal(plan_build(&p, g, NULL), SPMD_OK);
+    assert_int_equal(plan_build(&p, g, NULL, NULL), SPMD_OK);
     assert_int_equal(p.n_steps, 1);
     assert_false(p.needed[dead->id]);
     assert_int_equal(p.offset[r->id], p.offset[y->id]);

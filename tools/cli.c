@@ -21,14 +21,20 @@
 
 int cli_fail(const char *fmt, ...)
 {
+    /* One write per message: under mpirun other processes' output must not
+     * land inside it.  Over several processes every one prints its errors:
+     * say whose. */
+    char line[4096];
+    size_t n = cli_processes() > 1
+                   ? (size_t)snprintf(line, sizeof line, "spmd: process %d: ", cli_process_rank())
+                   : (size_t)snprintf(line, sizeof line, "spmd: ");
     va_list ap;
     va_start(ap, fmt);
-    /* Over several processes every one prints its errors: say whose. */
-    if (cli_processes() > 1) fprintf(stderr, "spmd: process %d: ", cli_process_rank());
-    else fprintf(stderr, "spmd: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
     va_end(ap);
+    strcat(line, "\n");
+    fputs(line, stderr);
+    fflush(stderr);
     return 2;
 }
 

@@ -239,6 +239,9 @@ typedef struct spmd_compile_options {
      * initialisation seed per copy, spmd_mesh_copies of them; NULL: `seed`
      * for every copy. */
     const uint64_t *copy_seeds;
+    /* Run every elementwise op as its own pass instead of fusing chains of
+     * them into one (the same bits either way): for comparisons. */
+    bool unfused;
 } spmd_compile_options;
 
 SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);

@@ -4,6 +4,7 @@
  * compiled.h).
  */
 #include "compile/compiled.h"
+#include "base/arena.h"
 #include "base/error.h"
 #include "spmd/mesh.h"
 
@@ -86,7 +87,7 @@ static spmd_status check_independent_axes(const spmd_graph *g)
     return SPMD_OK;
 }
 
-spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here)
+spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse)
 {
     memset(c, 0, sizeof *c);
     c->alloc = g->alloc;
@@ -117,9 +118,19 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
         if ((st = check_dtypes(c->local)) != SPMD_OK) return st;
         if ((st = record_shardings(c, g)) != SPMD_OK) return st;
     }
-    if ((st = plan_build(&c->plan, c->local, &c->alloc)) != SPMD_OK) return st;
+    if (fuse) {
+        size_t nn = (size_t)(c->local->n_nodes ? c->local->n_nodes : 1);
+        bool *needed = base_calloc(&c->alloc, nn * sizeof *needed, "fusion");
+        if (!needed) return SPMD_ERR_NOMEM;
+        plan_mark_needed(c->local, needed);
+        st = fusion_build(&c->fusion, c->local, needed, &c->alloc);
+        base_free(&c->alloc, needed);
+        if (st != SPMD_OK) return st;
+    }
+    if ((st = plan_build(&c->plan, c->local, &c->alloc, &c->fusion)) != SPMD_OK) return st;
     for (int s = 0; s < c->plan.n_steps; s++) {
-        size_t need = compile_scratch_bytes(c->plan.steps[s]);
+        const fuse_group *grp = fusion_group(&c->fusion, c->plan.steps[s]);
+        size_t need = grp ? fusion_scratch_bytes(grp) : compile_scratch_bytes(c->plan.steps[s]);
         if (need > c->scratch_each) c->scratch_each = need;
     }
     c->scratch_each = (c->scratch_each + 63) / 64 * 64;
@@ -135,6 +146,7 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
 void compiled_free(compiled *c)
 {
     plan_free(&c->plan);
+    fusion_free(&c->fusion);
     if (c->partitioned) partition_free(&c->part);
     memset(c, 0, sizeof *c);
 }

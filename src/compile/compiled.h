@@ -27,6 +27,7 @@ typedef struct compiled {
     bool partitioned;
     partition part;           /* partitioned only */
     const spmd_graph *local;  /* what every device runs */
+    fusion fusion;            /* elementwise groups of `local` run as one pass */
     plan plan;                /* schedule and memory plan of `local` */
     int n_dev;                /* devices */
     int nth;                  /* compute threads per device (of this process) */
@@ -35,12 +36,13 @@ typedef struct compiled {
     size_t input_bytes;       /* per device: input blocks */
 } compiled;
 
-/* Partition (with a mesh) and plan graph g for `threads` compute threads
- * in all (0: every core), shared by the `devices_here` devices this
- * process runs (0: every device of the mesh).  Records every tensor's sharding on g, for
+/* Partition (with a mesh), fuse elementwise chains (with `fuse`) and plan
+ * graph g for `threads` compute threads in all (0: every core), shared by
+ * the `devices_here` devices this process runs (0: every device of the
+ * mesh).  Records every tensor's sharding on g, for
  * spmd_get_sharding.  Errors: bf16 tensors, marks on another mesh, and
  * whatever partitioning and planning report. */
-spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here);
+spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse);
 void compiled_free(compiled *c);
 
 /* The local node that holds global node t (leaves and outputs), or NULL

@@ -211,7 +211,15 @@ void plan_mark_needed(const spmd_graph *g, bool *needed)
     ir_mark_inputs(g, needed, g->n_nodes - 1);
 }
 
-spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc)
+/* What node t reads when it runs: its group's inputs for a fused root. */
+static int reads(const spmd_tensor *t, const fusion *fu, const spmd_tensor *const **in)
+{
+    const fuse_group *grp = fusion_group(fu, t);
+    *in = grp ? grp->in : (const spmd_tensor *const *)t->in;
+    return grp ? grp->n_in : t->n_in;
+}
+
+spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu)
 {
     memset(p, 0, sizeof *p);
     p->alloc = base_allocator_or_default(alloc);
@@ -233,6 +241,8 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
     freelist f = {slots, {-1, -1}, 0, -1, 0, 0};
 
     plan_mark_needed(g, p->needed);
+    for (int i = 0; fu && fu->absorbed && i < n; i++)
+        if (fu->absorbed[i]) p->needed[i] = false;
     for (int i = 0; i < n; i++) {
         const spmd_tensor *t = g->nodes[i];
         p->offset[i] = -1;
@@ -253,8 +263,10 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
         if (!p->needed[i]) continue;
         int s = p->storage[i];
         if (last_use[s] < i) last_use[s] = i;
-        for (int j = 0; j < t->n_in; j++) {
-            int src = p->storage[t->in[j]->id];
+        const spmd_tensor *const *in;
+        int n_in = reads(t, fu, &in);
+        for (int j = 0; j < n_in; j++) {
+            int src = p->storage[in[j]->id];
             if (last_use[src] < i) last_use[src] = i;
         }
         if (t->is_output) last_use[s] = forever;
@@ -269,13 +281,15 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
         int s = p->storage[i];
         if (s == i) p->offset[i] = take(&f, round_up((int64_t)ir_nbytes(t)));
         else p->offset[i] = p->offset[s];
-        for (int j = 0; j <= t->n_in; j++) {
-            int src = j < t->n_in ? p->storage[t->in[j]->id] : s;
+        const spmd_tensor *const *in;
+        int n_in = reads(t, fu, &in);
+        for (int j = 0; j <= n_in; j++) {
+            int src = j < n_in ? p->storage[in[j]->id] : s;
             if (last_use[src] != i || ir_op_is_leaf(g->nodes[src]->op) || p->offset[src] < 0)
                 continue;
             /* Release once, even when a node reads the same tensor twice. */
             bool seen = false;
-            for (int k = 0; k < j && !seen; k++) seen = p->storage[t->in[k]->id] == src;
+            for (int k = 0; k < j && !seen; k++) seen = p->storage[in[k]->id] == src;
             if (!seen) give(&f, p->offset[src], round_up((int64_t)ir_nbytes(g->nodes[src])));
         }
     }

@@ -9,6 +9,7 @@
 #ifndef SPMD_COMPILE_PLAN_H
 #define SPMD_COMPILE_PLAN_H
 
+#include "compile/fuse.h"
 #include "ir/ir.h"
 
 typedef struct plan {
@@ -26,8 +27,10 @@ typedef struct plan {
  * output or an update reads, directly or not: the schedule's nodes and
  * the leaves they read. */
 void plan_mark_needed(const spmd_graph *g, bool *needed);
-/* Plan graph g; SPMD_OK or an error with a message. */
-spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc);
+/* Plan graph g, with fusion f (NULL: none): an absorbed node has no step
+ * and no memory, and a group's root reads the group's inputs.  SPMD_OK
+ * or an error with a message. */
+spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *f);
 void plan_free(plan *p);
 /* Free blocks the memory planner looked at on this thread, in all (a test
  * hook: per step placed it grows with the log of the free list's length,

@@ -370,7 +370,8 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         p->processes = n_dev / p->n_local;
         p->process = p->first / p->n_local;
     }
-    if (compile_graph(&p->c, g, opts ? opts->threads : 0, p->n_local) != SPMD_OK) goto fail;
+    if (compile_graph(&p->c, g, opts ? opts->threads : 0, p->n_local, !(opts && opts->unfused)) != SPMD_OK)
+        goto fail;
     /* A plan-only program (explain) stops here: no devices, no BLAS. */
     if (plan_only) return p;
 
@@ -436,14 +437,21 @@ static void run_worker(void *ctx, int ith, int nth)
     a.dev = p->c.partitioned ? &d->kd : NULL;
     for (int s = 0; s < p->c.plan.n_steps; s++) {
         const spmd_tensor *t = p->c.plan.steps[s];
+        /* A fused group's root reads the group's inputs. */
+        const fuse_group *grp = fusion_group(&p->c.fusion, t);
         a.node = t;
-        for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
+        a.fused = grp;
+        if (grp)
+            for (int j = 0; j < grp->n_in; j++) a.in[j] = data_of(d, grp->in[j]);
+        else
+            for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
         a.out = data_of(d, t);
         /* Alternate status words: a fast thread failing step s+1 cannot be
          * seen by a slow thread still checking step s, so every thread of
          * the device stops at the same node. */
         a.status = &d->status[s & 1];
-        kern_for(t->op)(&a);
+        if (grp) kern_fused(&a);
+        else kern_for(t->op)(&a);
         rt_pool_barrier(d->pool);
         if (atomic_load(a.status) != SPMD_OK) {
             /* Peers may be waiting for this device in a collective. */

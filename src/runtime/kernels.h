@@ -38,12 +38,16 @@ typedef struct kern_args {
     char *message;          /* shared buffer for the winner's message */
     size_t message_size;
     const kern_device *dev; /* NULL on a one-device program */
+    const struct fuse_group *fused; /* kern_fused's group (compile/fuse.h) */
 } kern_args;
 
 typedef void (*kern_fn)(const kern_args *a);
 
 /* The kernel of `op`; NULL for leaves. */
 kern_fn kern_for(ir_op op);
+/* A fused group of elementwise nodes (a->fused), in one pass; its inputs
+ * are the group's external inputs. */
+void kern_fused(const kern_args *a);
 
 /* Record a data error from inside a kernel (message via base_error is
  * thread-local, so the kernel also writes the message once). */

@@ -193,28 +193,6 @@ void kern_expand(const kern_args *a)
 
 /* ---- Unary ------------------------------------------------------------------ */
 
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_C 0.044715f
-
-/* gelu(x) = 0.5 x (1 + tanh u), u = k (x + c x^3).  Since
- * 0.5 (1 + tanh u) = sigmoid(2u), this is x / (1 + e^-2u): one vectorised
- * exponential instead of a libm tanhf call, and no cancellation near 0. */
-static inline float f_gelu(float x)
-{
-    float u = GELU_K * (x + GELU_C * x * x * x);
-    return x / (1.0f + kn_expf(-2.0f * u));
-}
-
-/* d gelu / dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u'
- *             = s + 2 x s (1 - s) u',   s = sigmoid(2u), u' = k (1 + 3 c x^2). */
-static inline float f_gelu_grad(float x)
-{
-    float u = GELU_K * (x + GELU_C * x * x * x);
-    float s = 1.0f / (1.0f + kn_expf(-2.0f * u));
-    float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-    return s + 2.0f * x * s * (1.0f - s) * du;
-}
-
 /* y [..] = f(x [..]); `c` is only read by scale. */
 #define DEFINE_UNARY_KERNEL(NAME, EXPR)                                              \
     void NAME(const kern_args *a)                                                    \
@@ -237,10 +215,9 @@ DEFINE_UNARY_KERNEL(kern_exp, expf(x))
 DEFINE_UNARY_KERNEL(kern_log, logf(x))
 DEFINE_UNARY_KERNEL(kern_tanh, tanhf(x))
 DEFINE_UNARY_KERNEL(kern_sqrt, sqrtf(x))
-DEFINE_UNARY_KERNEL(kern_rsqrt, 1.0f / sqrtf(x))
-/* relu passes NaN through, as torch.relu does. */
-DEFINE_UNARY_KERNEL(kern_relu, x > 0.0f ? x : (x != x ? x : 0.0f))
-DEFINE_UNARY_KERNEL(kern_gelu, f_gelu(x))
+DEFINE_UNARY_KERNEL(kern_rsqrt, kn_rsqrt(x))
+DEFINE_UNARY_KERNEL(kern_relu, kn_relu(x))
+DEFINE_UNARY_KERNEL(kern_gelu, kn_gelu(x))
 
 /* Backward helpers: (x [..], dy [..]) -> dx [..]. */
 #define DEFINE_GRAD_KERNEL(NAME, EXPR)                                               \
@@ -257,5 +234,5 @@ DEFINE_UNARY_KERNEL(kern_gelu, f_gelu(x))
         }                                                                            \
     }
 
-DEFINE_GRAD_KERNEL(kern_gelu_backward, dy * f_gelu_grad(x))
+DEFINE_GRAD_KERNEL(kern_gelu_backward, dy * kn_gelu_grad(x))
 DEFINE_GRAD_KERNEL(kern_relu_backward, x > 0.0f ? dy : 0.0f)

@@ -160,6 +160,34 @@ static inline void kn_softmax_row(const float *x, float *y, int64_t n)
  * kernels_attention.c must agree. */
 enum { KN_ATTN_BLOCK = COMPILE_ATTN_BLOCK };
 
+/* Elementwise functions shared by the per-op kernels and kern_fused, so
+ * both compute every element alike. */
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_C 0.044715f
+
+/* gelu(x) = 0.5 x (1 + tanh u), u = k (x + c x^3).  Since
+ * 0.5 (1 + tanh u) = sigmoid(2u), this is x / (1 + e^-2u): one vectorised
+ * exponential instead of a libm tanhf call, and no cancellation near 0. */
+static inline float kn_gelu(float x)
+{
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    return x / (1.0f + kn_expf(-2.0f * u));
+}
+
+/* d gelu / dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u'
+ *             = s + 2 x s (1 - s) u',   s = sigmoid(2u), u' = k (1 + 3 c x^2). */
+static inline float kn_gelu_grad(float x)
+{
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    float s = 1.0f / (1.0f + kn_expf(-2.0f * u));
+    float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+    return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+/* relu passes NaN through, as torch.relu does. */
+static inline float kn_relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
+static inline float kn_rsqrt(float x) { return 1.0f / sqrtf(x); }
+
 static inline int64_t kn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t kn_max_i(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t kn_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

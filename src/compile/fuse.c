@@ -1,0 +1,182 @@
+/* Fusion of elementwise chains (see fuse.h). */
+#include "compile/fuse.h"
+
+#include "base/arena.h"
+#include "base/error.h"
+
+#include <string.h>
+
+/* A use that keeps a node out of every group: it must be in memory. */
+enum { PINNED = 1 << 20 };
+
+static bool fusible_op(ir_op op)
+{
+    switch (op) {
+    case IR_ADD: case IR_SUB: case IR_MUL: case IR_DIV: case IR_EXPAND:
+    case IR_SCALE: case IR_NEG: case IR_EXP: case IR_LOG: case IR_TANH:
+    case IR_GELU: case IR_RELU: case IR_SQRT: case IR_RSQRT:
+    case IR_GELU_BACKWARD: case IR_RELU_BACKWARD:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool same_dims(const spmd_tensor *a, const spmd_tensor *b)
+{
+    if (a->rank != b->rank) return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+/* Whether x, broadcast to the root's shape, repeats as a trailing block of
+ * it (a scalar, a bias over rows, the same shape): element i of the root
+ * reads element i % numel(x).  Its leading dims beyond the block are 1. */
+static bool trailing_block(const spmd_tensor *x, const spmd_tensor *root)
+{
+    if (x->dtype != SPMD_F32 || x->rank > root->rank) return false;
+    int off = root->rank - x->rank, i = 0;
+    while (i < x->rank && x->dims[i] == 1) i++; /* leading ones */
+    for (; i < x->rank; i++)
+        if (x->dims[i] != root->dims[i + off]) return false;
+    return true;
+}
+
+typedef struct builder {
+    const spmd_graph *g;
+    const bool *needed;
+    const int *uses;
+    bool *taken;       /* already a member or a root of a group */
+    fuse_group *grp;
+    int member_id[FUSE_MAX_MEMBERS]; /* node ids, as steps */
+    int pending;       /* members begun and not yet added (ancestors on the way down) */
+    bool full;         /* an input found no room: the group is given up */
+} builder;
+
+/* Whether x may be computed inside the group rather than read: an
+ * elementwise f32 node of the root's shape that only this consumer reads. */
+static bool absorbable(const builder *b, const spmd_tensor *x)
+{
+    return fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] && !b->taken[x->id] &&
+           b->uses[x->id] == 1 && same_dims(x, b->grp->root);
+}
+
+/* Whether node t can be a member: each operand absorbable (checked again
+ * as it is added) or readable as a trailing block. */
+static bool member_ok(const builder *b, const spmd_tensor *t)
+{
+    if (!fusible_op(t->op) || t->dtype != SPMD_F32) return false;
+    for (int j = 0; j < t->n_in; j++)
+        if (!absorbable(b, t->in[j]) && !trailing_block(t->in[j], b->grp->root)) return false;
+    return true;
+}
+
+/* x's index among the group's inputs, as an operand (-1 - k); 0 when
+ * there is no room for another. */
+static int external(builder *b, const spmd_tensor *x)
+{
+    fuse_group *grp = b->grp;
+    for (int k = 0; k < grp->n_in; k++)
+        if (grp->in[k] == x) return -1 - k;
+    if (grp->n_in == IR_MAX_INPUTS) return 0;
+    grp->in[grp->n_in] = x;
+    grp->in_numel[grp->n_in] = ir_numel(x);
+    return -1 - grp->n_in++;
+}
+
+/* Add t (member_ok) after the operands it absorbs; its step index. */
+static int add_member(builder *b, const spmd_tensor *t)
+{
+    b->pending++;
+    b->taken[t->id] = true;
+    fuse_step s = {.op = t->op, .src = {0, 0}, .c = t->op == IR_SCALE ? t->attr.scale.c : 0.0f};
+    for (int j = 0; j < t->n_in; j++) {
+        const spmd_tensor *x = t->in[j];
+        /* Every member begun needs its step: absorb only with room left. */
+        bool room = b->grp->n_steps + b->pending < FUSE_MAX_MEMBERS;
+        if (room && absorbable(b, x) && member_ok(b, x)) {
+            s.src[j] = (int8_t)add_member(b, x);
+        } else {
+            int k = external(b, x);
+            if (k == 0) b->full = true;
+            s.src[j] = (int8_t)k;
+        }
+    }
+    b->pending--;
+    b->member_id[b->grp->n_steps] = t->id;
+    b->grp->steps[b->grp->n_steps] = s;
+    return b->grp->n_steps++;
+}
+
+spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
+                         const spmd_allocator *alloc)
+{
+    memset(f, 0, sizeof *f);
+    f->alloc = base_allocator_or_default(alloc);
+    size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);
+    int *uses = base_calloc(&f->alloc, nn * sizeof *uses, "fusion");
+    f->group_of = base_alloc(&f->alloc, nn * sizeof *f->group_of, "fusion");
+    f->absorbed = base_calloc(&f->alloc, nn * sizeof *f->absorbed, "fusion");
+    bool *taken = base_calloc(&f->alloc, nn * sizeof *taken, "fusion");
+    int cap = 0;
+    spmd_status st = uses && f->group_of && f->absorbed && taken ? SPMD_OK : SPMD_ERR_NOMEM;
+    for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        f->group_of[i] = -1;
+        if (!needed[i]) continue;
+        for (int j = 0; j < t->n_in; j++) uses[t->in[j]->id]++;
+        if (t->is_output) uses[i] += PINNED;
+    }
+    for (int i = 0; st == SPMD_OK && i < g->n_updates; i++) uses[g->updates[i].value->id] += PINNED;
+
+    /* Roots from the end, so a chain joins the group of its last node. */
+    fuse_group grp;
+    for (int i = g->n_nodes - 1; st == SPMD_OK && i >= 0; i--) {
+        const spmd_tensor *t = g->nodes[i];
+        if (!needed[i] || taken[i] || ir_op_is_leaf(t->op)) continue;
+        memset(&grp, 0, sizeof grp);
+        grp.root = t;
+        builder b = {.g = g, .needed = needed, .uses = uses, .taken = taken, .grp = &grp};
+        if (!member_ok(&b, t)) continue;
+        add_member(&b, t);
+        if (b.full || grp.n_steps < 2) {
+            /* Not a group: its would-be members run on their own. */
+            for (int k = 0; k < grp.n_steps; k++) taken[b.member_id[k]] = false;
+            taken[i] = true;
+            continue;
+        }
+        if (!base_grow(&f->alloc, (void **)&f->groups, &cap, f->n_groups + 1, sizeof grp, 16, "fusion")) {
+            st = SPMD_ERR_NOMEM;
+            break;
+        }
+        f->group_of[i] = f->n_groups;
+        f->groups[f->n_groups++] = grp;
+        for (int k = 0; k < grp.n_steps - 1; k++) f->absorbed[b.member_id[k]] = true;
+    }
+    base_free(&f->alloc, uses);
+    base_free(&f->alloc, taken);
+    if (st != SPMD_OK) fusion_free(f);
+    return st;
+}
+
+void fusion_free(fusion *f)
+{
+    if (!f->group_of && !f->groups && !f->absorbed) return;
+    base_free(&f->alloc, f->groups);
+    base_free(&f->alloc, f->group_of);
+    base_free(&f->alloc, f->absorbed);
+    memset(f, 0, sizeof *f);
+}
+
+const fuse_group *fusion_group(const fusion *f, const spmd_tensor *t)
+{
+    if (!f || !f->group_of) return NULL;
+    int k = f->group_of[t->id];
+    return k >= 0 ? &f->groups[k] : NULL;
+}
+
+size_t fusion_scratch_bytes(const fuse_group *g)
+{
+    return (size_t)(g->n_steps + 2) * FUSE_BLOCK * sizeof(float);
+}

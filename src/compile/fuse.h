@@ -1,0 +1,57 @@
+/*
+ * Fusion of elementwise chains (docs/DESIGN.md, "Fusion"): a group of
+ * elementwise nodes of one shape, each read only by the next ones in the
+ * group, runs as one pass over memory: its members are computed block by
+ * block in a thread's scratch, and only the group's root, the last member,
+ * is written out.  The graph is not changed: the schedule and the memory
+ * plan skip the absorbed members and give the root the group's external
+ * inputs; the executor runs the root with kern_fused.
+ *
+ * Every member computes each element with the same arithmetic as its own
+ * kernel, so a fused program gives the unfused program's bits.
+ */
+#ifndef SPMD_COMPILE_FUSE_H
+#define SPMD_COMPILE_FUSE_H
+
+#include "ir/ir.h"
+
+/* Elements a fused group computes at a time, per member, in scratch. */
+enum { FUSE_BLOCK = 256, FUSE_MAX_MEMBERS = 32 };
+
+/* One member: op over operands that are earlier members (>= 0, their
+ * index) or the group's external inputs (-1 - k for input k). */
+typedef struct fuse_step {
+    ir_op op;
+    int8_t src[2];
+    float c; /* scale's constant */
+} fuse_step;
+
+typedef struct fuse_group {
+    const spmd_tensor *root;
+    int n_steps;                         /* members, in topological order; the last is the root */
+    fuse_step steps[FUSE_MAX_MEMBERS];
+    int n_in;                            /* external inputs */
+    const spmd_tensor *in[IR_MAX_INPUTS];
+    int64_t in_numel[IR_MAX_INPUTS];     /* the root's numel, or a trailing block of it (broadcast) */
+} fuse_group;
+
+typedef struct fusion {
+    spmd_allocator alloc;
+    int n_groups;
+    fuse_group *groups;
+    int *group_of;  /* per node id: its group's index if it is a root, else -1 */
+    bool *absorbed; /* per node id: computed inside a group, never on its own */
+} fusion;
+
+/* Find the groups of graph g among the `needed` nodes (plan_mark_needed);
+ * groups of one member are not made.  Allocates; fusion_free frees. */
+spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
+                         const spmd_allocator *alloc);
+void fusion_free(fusion *f);
+/* The group node t is the root of, or NULL. */
+const fuse_group *fusion_group(const fusion *f, const spmd_tensor *t);
+/* Scratch per thread a group's kernel needs: a block per member and two
+ * for broadcast operands. */
+size_t fusion_scratch_bytes(const fuse_group *g);
+
+#endif
