@@ -75,6 +75,8 @@ void cli_usage(FILE *f, const char *command)
             "  --weight-decay X     adamw: decoupled (0.01); sgd: added to the gradient (0)\n"
             "  --beta1 X --beta2 X --eps X   adamw moments (0.9, 0.999, 1e-8)\n"
             "  --clip X             clip the global gradient norm at X, 0 for none (adamw 1, sgd 0)\n"
+            "  --zero on|off        shard the optimizer state and the update over the axes each\n"
+            "                       parameter is replicated over (ZeRO-1/2) (off)\n"
             "  --save DIR           write a sharded checkpoint to DIR at the end\n"
             "  --save-every N       and every N steps (0: only at the end)\n"
             "  --keep K             keep the newest K checkpoints in DIR, 0 for all (0)\n"
@@ -177,6 +179,7 @@ static const flag_spec flag_specs[] = {
     {"--warmup", FLAG_OTHER, 0, 0, NULL},
     {"--copies", FLAG_TEXT, offsetof(cli_opts, copies), 0, NULL},
     {"--same-data", FLAG_OTHER, 0, 0, NULL},
+    {"--zero", FLAG_OTHER, 0, 0, NULL},
     {"--save-every", FLAG_INT, offsetof(cli_opts, save_every), 0, NULL},
     {"--keep", FLAG_INT, offsetof(cli_opts, keep), 0, NULL},
     {"--weight-decay", FLAG_OTHER, 0, 0, NULL},
@@ -342,6 +345,9 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
     } else if (!strcmp(f, "--data-order")) {
         rc = parse_choice(f, v, "shuffled", "sequential", &b);
         o->data_sequential = b;
+    } else if (!strcmp(f, "--zero")) {
+        rc = parse_choice(f, v, "off", "on", &b);
+        o->optimizer.shard_state = b;
     } else if (!strcmp(f, "--same-data")) {
         rc = parse_choice(f, v, "off", "on", &b);
         o->same_data = b;

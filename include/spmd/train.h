@@ -29,6 +29,12 @@ typedef struct spmd_optimizer {
     float beta1, beta2; /* AdamW (0.9, 0.999 when both are 0) */
     float eps;          /* AdamW (1e-8 when 0) */
     float clip_norm;    /* > 0: scale gradients so their global norm is at most this */
+    /* ZeRO (stages 1 and 2): keep the optimizer state, the held gradient and
+     * the update split over the mesh axes a parameter is replicated over
+     * (not independent ones), on its largest dim, so each device updates
+     * its share; the gradient is reduce-scattered instead of all-reduced
+     * and the new parameter all-gathered back.  No effect without a mesh. */
+    bool shard_state;
 } spmd_optimizer;
 
 /* The scalar inputs and outputs an optimizer adds. */

@@ -210,14 +210,56 @@ static spmd_status copy_mark(spmd_graph *g, spmd_tensor *t, const sharding *mark
     return SPMD_OK;
 }
 
-/* "<param><suffix>", zeros, in the parameter's sharding. */
-static spmd_tensor *param_state(spmd_graph *g, const spmd_tensor *p, const char *suffix)
+/* Where the update of p works: p's own sharding, or with shard_state
+ * (ZeRO) also split, on p's largest dim, over the mesh axes p is
+ * replicated over; false when that is p's unmarked, replicated self. */
+static bool state_mark(const spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
+                       sharding *out)
+{
+    *out = p->mark ? *p->mark : sharding_replicated(p->rank);
+    bool marked = p->mark != NULL;
+    const spmd_mesh *m = g->mesh;
+    if (!o->shard_state || !m || p->rank == 0) return marked;
+    uint32_t used = 0;
+    for (int i = 0; i < p->rank; i++) used |= mesh_axes_mask(&out->dim[i]);
+    int d = 0;
+    for (int i = 1; i < p->rank; i++)
+        if (p->dims[i] > p->dims[d]) d = i;
+    int64_t blocks = mesh_axes_size(m, &out->dim[d]);
+    for (int a = 0; a < m->rank && out->dim[d].n < MESH_MAX_AXES; a++) {
+        if ((used >> a & 1) || m->independent[a] || m->shape[a] == 1) continue;
+        /* Every device gets a piece: no split into mostly padding. */
+        if (p->dims[d] < blocks * m->shape[a]) break;
+        out->dim[d].axis[out->dim[d].n++] = (int8_t)a;
+        blocks *= m->shape[a];
+        marked = true;
+    }
+    return marked;
+}
+
+/* "<param><suffix>", zeros, in the update's sharding (state_mark). */
+static spmd_tensor *param_state(spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
+                                const char *suffix)
 {
     char name[NAME_SIZE];
     snprintf(name, sizeof name, "%s%s", p->name, suffix); /* length checked up front */
     spmd_tensor *s = spmd_state(g, name, p->rank, p->dims, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
-    if (s && p->mark && copy_mark(g, s, p->mark) != SPMD_OK) return NULL;
+    sharding mark;
+    if (s && state_mark(g, o, p, &mark) && copy_mark(g, s, &mark) != SPMD_OK) return NULL;
     return s;
+}
+
+/* p as the update reads it: itself, or with shard_state a marked copy in
+ * the update's sharding (each device's slice of it: no collective), so
+ * the update runs on shards and only its result is gathered back. */
+static spmd_tensor *param_in_update(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p)
+{
+    sharding mark;
+    if (!o->shard_state || !state_mark(g, o, p, &mark) || (p->mark && sharding_equal(&mark, p->mark)))
+        return p;
+    spmd_tensor *view = spmd_scale(g, p, 1.0f);
+    if (view && copy_mark(g, view, &mark) != SPMD_OK) return NULL;
+    return view;
 }
 
 static spmd_status update(spmd_graph *g, spmd_tensor *target, spmd_tensor *value, const char *who)
@@ -274,16 +316,18 @@ typedef struct shared {
 static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
                              spmd_tensor *grad, const shared *s, const char *who)
 {
+    spmd_tensor *target = p;
+    p = param_in_update(g, o, p);
     spmd_tensor *d = grad;
     if (o->weight_decay != 0.0f) d = spmd_add(g, d, spmd_scale(g, p, o->weight_decay));
     if (o->momentum != 0.0f) {
-        spmd_tensor *buf = param_state(g, p, sgd_momentum_state[0]);
+        spmd_tensor *buf = param_state(g, o, target, sgd_momentum_state[0]);
         spmd_tensor *next = spmd_add(g, spmd_scale(g, buf, o->momentum), d);
         spmd_status st = update(g, buf, next, who);
         if (st != SPMD_OK) return st;
         d = next;
     }
-    return update(g, p, spmd_sub(g, p, spmd_mul(g, d, s->lr)), who);
+    return update(g, target, spmd_sub(g, p, spmd_mul(g, d, s->lr)), who);
 }
 
 /* torch.optim.AdamW, in its order of operations:
@@ -293,8 +337,8 @@ static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor
 static spmd_status adamw_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
                                spmd_tensor *grad, const shared *s, const char *who)
 {
-    spmd_tensor *m = param_state(g, p, adamw_state[0]);
-    spmd_tensor *v = param_state(g, p, adamw_state[1]);
+    spmd_tensor *m = param_state(g, o, p, adamw_state[0]);
+    spmd_tensor *v = param_state(g, o, p, adamw_state[1]);
     /* (1 - b) rounded from double, as torch passes it to the kernels. */
     float c1 = (float)(1.0 - (double)o->beta1), c2 = (float)(1.0 - (double)o->beta2);
     spmd_tensor *m_next = spmd_add(g, spmd_scale(g, m, o->beta1), spmd_scale(g, grad, c1));
@@ -305,7 +349,8 @@ static spmd_status adamw_param(spmd_graph *g, const spmd_optimizer *o, spmd_tens
     if (st != SPMD_OK) return st;
     spmd_tensor *denom = spmd_add(g, spmd_div(g, spmd_sqrt(g, v_next), s->bc2_sqrt), s->eps);
     spmd_tensor *delta = spmd_div(g, spmd_mul(g, m_next, s->step_size), denom);
-    spmd_tensor *base = s->decay ? spmd_mul(g, p, s->decay) : p;
+    spmd_tensor *at = param_in_update(g, o, p);
+    spmd_tensor *base = s->decay ? spmd_mul(g, at, s->decay) : at;
     return update(g, p, spmd_sub(g, base, delta), who);
 }
 
@@ -319,12 +364,13 @@ static spmd_status adamw_param(spmd_graph *g, const spmd_optimizer *o, spmd_tens
  * resolves it once, into the shard (one reduce-scatter, and an all-reduce
  * over the replica axes).  Unheld, every consumer (the norm, each moment)
  * would resolve the pending sum again. */
-static spmd_tensor *held_grad(spmd_graph *g, const spmd_tensor *p)
+static spmd_tensor *held_grad(spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p)
 {
     if (!g->mesh) return p->grad;
     spmd_tensor *held = spmd_scale(g, p->grad, 1.0f);
-    sharding whole = sharding_replicated(p->rank);
-    if (held && copy_mark(g, held, p->mark ? p->mark : &whole) != SPMD_OK) return NULL;
+    sharding mark;
+    state_mark(g, o, p, &mark);
+    if (held && copy_mark(g, held, &mark) != SPMD_OK) return NULL;
     return held;
 }
 
@@ -365,7 +411,7 @@ static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *l
 {
     spmd_status st;
     for (int k = 0; k < n_params; k++)
-        if (!(grads[k] = bookkeeping ? held_grad(g, params[k]) : params[k]->grad))
+        if (!(grads[k] = bookkeeping ? held_grad(g, o, params[k]) : params[k]->grad))
             return builder_failed(g, who);
 
     shared s = {.lr = lr};

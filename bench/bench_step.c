@@ -1,0 +1,184 @@
+/*
+ * The whole training step (forward, backward and the AdamW update, with
+ * clipping) of three workloads, on one device and on meshes, next to the
+ * bare sgemm rate of the same BLAS measured in the same run:
+ *
+ *   - the GPT-2 124M shape, batch 4, seq 64, one device;
+ *   - an MLP of four 1024 x 1024 layers (vocabulary 13 in and out), batch
+ *     64, on meshes 1, 2 'fsdp', 2 'data', 4x2 'replica,fsdp', 8 'data';
+ *   - a small GPT (4 layers, dim 256, vocab 512, seq 128), batch 8, on
+ *     meshes 1, 2 'data', 4x2 'replica,fsdp', 8 'data';
+ *
+ * the replicated meshes also with the optimizer's state sharded (ZeRO,
+ * spmd_optimizer.shard_state).
+ *
+ * GFLOP/s counts 6 x multiplying parameters x tokens per step (plus
+ * attention's 12 x layers x dim x seq per token); ratios compare with the
+ * bare sgemm rate on all threads and with the workload's one-device step.
+ * Medians of --reps steps after one unmeasured.
+ *
+ *   bench_step [--reps N] [--threads N] [--quick]   (--quick: no 124M)
+ */
+#include "spmd/data.h"
+#include "spmd/mesh.h"
+#include "spmd/models.h"
+#include "spmd/train.h"
+
+#include "bench_sgemm.h"
+#include "bench_time.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct workload {
+    const char *name;
+    bool gpt;
+    spmd_gpt_config cfg; /* gpt; for the MLP: vocab, layers, dim = width */
+    int batch;
+} workload;
+
+typedef struct mesh_case {
+    const char *shape, *axes, *fsdp; /* fsdp: the axis parameters are sharded over, or NULL */
+    bool zero;                       /* the optimizer's state sharded too (ZeRO) */
+} mesh_case;
+
+static double flops_per_step(const workload *w, int64_t params)
+{
+    double tokens = (double)w->batch * (w->gpt ? w->cfg.seq : 1);
+    double mults = (double)params, attn = 0;
+    if (w->gpt) {
+        mults -= (double)w->cfg.seq * w->cfg.dim; /* the position table is only added */
+        attn = 12.0 * w->cfg.layers * w->cfg.dim * w->cfg.seq;
+    }
+    return (6.0 * mults + attn) * tokens;
+}
+
+/* Build, mark, compile and time `reps` steps; ms per step (median) or < 0. */
+static double time_step(const workload *w, const mesh_case *mc, int threads, int reps, int64_t *params)
+{
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_mesh *mesh = mc->shape ? spmd_mesh_parse(mc->shape, mc->axes) : NULL;
+    spmd_tensor *input, *targets, *loss;
+    spmd_status st;
+    if (w->gpt) {
+        spmd_gpt_tensors t;
+        st = spmd_gpt_build(g, &w->cfg, w->batch, &t);
+        input = t.input, targets = t.targets, loss = t.loss;
+    } else {
+        spmd_mlp_config cfg = {.in_dim = w->cfg.vocab, .hidden = w->cfg.dim, .layers = w->cfg.layers,
+                               .out_dim = w->cfg.vocab};
+        spmd_mlp_tensors t;
+        st = spmd_mlp_build(g, &cfg, NULL, w->batch, &t);
+        if (st == SPMD_OK) st = spmd_mlp_add_loss(g, SPMD_MLP_CROSS_ENTROPY, &t);
+        input = t.input, targets = t.targets, loss = t.loss;
+    }
+    spmd_tensor *inputs[2] = {input, targets};
+    if (st == SPMD_OK && mesh)
+        st = mc->fsdp ? spmd_fsdp_wrap(g, mesh, mc->fsdp, inputs, 2, NULL)
+                      : spmd_shard_batch(g, mesh, inputs, 2, NULL);
+    *params = spmd_graph_param_count(g);
+    spmd_trainer_options opts = {
+        .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f,
+                      .shard_state = mc->zero},
+        .compile = {.threads = threads, .seed = 1}};
+    spmd_trainer *tr = st == SPMD_OK ? spmd_trainer_create(g, loss, &opts) : NULL;
+    double ms = -1;
+    if (tr) {
+        spmd_program *p = spmd_trainer_program(tr);
+        int seq = w->gpt ? w->cfg.seq : 1;
+        size_t n = (size_t)w->batch * (size_t)seq;
+        int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg);
+        float *onehot = w->gpt ? NULL : calloc(n * (size_t)w->cfg.vocab, sizeof *onehot);
+        double *t = malloc(sizeof(double) * (size_t)reps);
+        spmd_data_sequences(1, 0, w->batch, seq, w->cfg.vocab, ids, tg);
+        if (onehot)
+            for (size_t i = 0; i < n; i++) onehot[i * (size_t)w->cfg.vocab + (size_t)ids[i]] = 1.0f;
+        st = onehot ? spmd_program_set_input(p, input, onehot, n * (size_t)w->cfg.vocab * sizeof *onehot)
+                    : spmd_program_set_input(p, input, ids, n * sizeof *ids);
+        if (st == SPMD_OK) st = spmd_program_set_input(p, targets, tg, n * sizeof *tg);
+        for (int r = -1; r < reps && st == SPMD_OK; r++) {
+            double t0 = now_s();
+            st = spmd_trainer_step(tr, 1e-3f, NULL, NULL);
+            if (r >= 0) t[r] = now_s() - t0;
+        }
+        if (st == SPMD_OK) ms = median(t, reps) * 1e3;
+        free(ids), free(tg), free(onehot), free(t);
+    }
+    if (ms < 0) fprintf(stderr, "bench_step: %s %s: %s\n", w->name, mc->shape ? mc->shape : "1", spmd_last_error());
+    spmd_trainer_free(tr);
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+    return ms;
+}
+
+int main(int argc, char **argv)
+{
+    int reps = 5, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = true;
+        else {
+            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick]\n");
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    const char *blas = spmd_blas_describe();
+    if (!blas) {
+        fprintf(stderr, "bench_step: %s\n", spmd_last_error());
+        return 1;
+    }
+    static const workload loads[] = {
+        {"GPT-2 124M, batch 4, seq 64", true,
+         {.vocab = 50257, .seq = 64, .context = 1024, .layers = 12, .heads = 12, .dim = 768}, 4},
+        {"MLP 4 x 1024^2, batch 64", false, {.vocab = 13, .layers = 5, .dim = 1024}, 64},
+        {"GPT 4 x 256, vocab 512, seq 128, batch 8", true,
+         {.vocab = 512, .seq = 128, .layers = 4, .heads = 4, .dim = 256}, 8},
+    };
+    static const mesh_case one[] = {{NULL, NULL, NULL, false}};
+    static const mesh_case mlp_meshes[] = {
+        {NULL, NULL, NULL, false},         {"2", "fsdp", "fsdp", false},
+        {"2", "data", NULL, false},        {"2", "data", NULL, true},
+        {"4x2", "replica,fsdp", "fsdp", false}, {"4x2", "replica,fsdp", "fsdp", true},
+        {"8", "data", NULL, false},        {"8", "data", NULL, true}};
+    static const mesh_case gpt_meshes[] = {
+        {NULL, NULL, NULL, false}, {"2", "data", NULL, false}, {"2", "data", NULL, true},
+        {"4x2", "replica,fsdp", "fsdp", false}, {"4x2", "replica,fsdp", "fsdp", true},
+        {"8", "data", NULL, false}, {"8", "data", NULL, true}};
+    const mesh_case *meshes[] = {one, mlp_meshes, gpt_meshes};
+    const int n_meshes[] = {1, 8, 7};
+    printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
+           blas, reps);
+    printf("%-42s %-22s %10s %10s %8s %8s\n", "workload", "mesh", "ms/step", "GFLOP/s", "/sgemm",
+           "/mesh 1");
+    for (int l = quick ? 1 : 0; l < 3; l++) {
+        const workload *w = &loads[l];
+        /* The bare rate: the better of a product of the workload's own
+         * size (its MLP's first layer) and a 1024-cube. */
+        int64_t rows = (int64_t)w->batch * (w->gpt ? w->cfg.seq : 1);
+        double peak = sgemm_gflops(rows < 256 ? 256 : rows, 4 * w->cfg.dim, w->cfg.dim, threads, 9);
+        double cube = sgemm_gflops(1024, 1024, 1024, threads, 5);
+        if (cube > peak) peak = cube;
+        double base = 0;
+        for (int k = 0; k < n_meshes[l]; k++) {
+            const mesh_case *mc = &meshes[l][k];
+            int64_t params = 0;
+            double ms = time_step(w, mc, threads, l == 0 ? (reps < 3 ? reps : 3) : reps, &params);
+            if (ms < 0) return 1;
+            if (k == 0) base = ms;
+            double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
+            char mesh[32];
+            snprintf(mesh, sizeof mesh, "%s %s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
+                     mc->zero ? " zero" : "");
+            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f\n", k ? "" : w->name, mesh, ms, rate,
+                   rate / peak, ms / base);
+            fflush(stdout);
+        }
+        printf("%-42s %-22s %10s %10.1f\n", "", "(bare sgemm)", "", peak);
+    }
+    return 0;
+}
