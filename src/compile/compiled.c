@@ -163,7 +163,7 @@ sharding compiled_held(const compiled *c, const spmd_tensor *t)
 
 size_t compiled_peak_bytes(const compiled *c)
 {
-    return c->persistent_bytes + c->input_bytes + c->plan.arena_bytes +
+    return c->persistent_bytes + c->input_bytes + c->plan.arena_bytes + c->plan.swapped_bytes +
            c->scratch_each * (size_t)c->nth;
 }
 

@@ -219,6 +219,26 @@ static int reads(const spmd_tensor *t, const fusion *fu, const spmd_tensor *cons
     return grp ? grp->n_in : t->n_in;
 }
 
+/* Update values that can trade buffers with their targets: computed,
+ * their own storage (no view shares it), not outputs (a read after the
+ * run would find the swapped-out old value), one update each, of the
+ * target's bytes. */
+static void mark_swapped(plan *p, const spmd_graph *g)
+{
+    for (int i = 0; i < g->n_updates; i++) {
+        const spmd_tensor *v = g->updates[i].value;
+        p->swapped[v->id] = p->needed[v->id] && !ir_op_is_leaf(v->op) && p->storage[v->id] == v->id &&
+                            !v->is_output && ir_nbytes(v) == ir_nbytes(g->updates[i].target);
+    }
+    for (int i = 0; i < g->n_nodes; i++) /* a view of a value keeps it in the arena */
+        if (p->needed[i] && p->storage[i] != i) p->swapped[p->storage[i]] = false;
+    for (int i = 0; i < g->n_updates; i++)
+        for (int j = 0; j < i; j++)
+            if (g->updates[i].value == g->updates[j].value) p->swapped[g->updates[i].value->id] = false;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (p->swapped[i]) p->swapped_bytes += ir_nbytes(g->nodes[i]);
+}
+
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu)
 {
     memset(p, 0, sizeof *p);
@@ -230,9 +250,10 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
     p->needed = base_calloc(&p->alloc, nn * sizeof *p->needed, "schedule");
     p->storage = base_alloc(&p->alloc, nn * sizeof *p->storage, "memory plan");
     p->offset = base_alloc(&p->alloc, nn * sizeof *p->offset, "memory plan");
+    p->swapped = base_calloc(&p->alloc, nn * sizeof *p->swapped, "memory plan");
     int *last_use = base_alloc(&p->alloc, nn * sizeof *last_use, "memory plan");
     block *slots = base_alloc(&p->alloc, (nn + 1) * sizeof *slots, "memory plan");
-    if (!p->steps || !p->needed || !p->storage || !p->offset || !last_use || !slots) {
+    if (!p->steps || !p->needed || !p->storage || !p->offset || !p->swapped || !last_use || !slots) {
         base_free(&p->alloc, last_use);
         base_free(&p->alloc, slots);
         plan_free(p);
@@ -272,12 +293,13 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
         if (t->is_output) last_use[s] = forever;
     }
     for (int i = 0; i < g->n_updates; i++) last_use[p->storage[g->updates[i].value->id]] = forever;
+    mark_swapped(p, g);
 
     /* Walk nodes in order: place each computed storage at its first
      * definition, release storages whose last reader is this node. */
     for (int i = 0; i < n; i++) {
         const spmd_tensor *t = g->nodes[i];
-        if (!p->needed[i] || ir_op_is_leaf(t->op)) continue;
+        if (!p->needed[i] || ir_op_is_leaf(t->op) || p->swapped[i]) continue;
         int s = p->storage[i];
         if (s == i) p->offset[i] = take(&f, round_up((int64_t)ir_nbytes(t)));
         else p->offset[i] = p->offset[s];
@@ -285,7 +307,8 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
         int n_in = reads(t, fu, &in);
         for (int j = 0; j <= n_in; j++) {
             int src = j < n_in ? p->storage[in[j]->id] : s;
-            if (last_use[src] != i || ir_op_is_leaf(g->nodes[src]->op) || p->offset[src] < 0)
+            if (last_use[src] != i || ir_op_is_leaf(g->nodes[src]->op) || p->offset[src] < 0 ||
+                p->swapped[src])
                 continue;
             /* Release once, even when a node reads the same tensor twice. */
             bool seen = false;
@@ -306,5 +329,6 @@ void plan_free(plan *p)
     base_free(&p->alloc, p->needed);
     base_free(&p->alloc, p->storage);
     base_free(&p->alloc, p->offset);
+    base_free(&p->alloc, p->swapped);
     memset(p, 0, sizeof *p);
 }

@@ -5,6 +5,9 @@
  * the nodes that outputs and updates need.  The memory plan gives every
  * computed tensor an offset in one arena, reusing a buffer once its last
  * reader has run; a reshape of a computed tensor shares its input's buffer.
+ * An update's value (not an output, for one update) lives outside the
+ * arena in a buffer of its own: the executor swaps it with its target's
+ * after a step instead of copying.
  */
 #ifndef SPMD_COMPILE_PLAN_H
 #define SPMD_COMPILE_PLAN_H
@@ -20,7 +23,9 @@ typedef struct plan {
     bool *needed;         /* per node id */
     int *storage;         /* per node id: node whose bytes it uses (itself, or a reshape's source) */
     int64_t *offset;      /* per node id: arena offset of its storage, -1 for leaves */
+    bool *swapped;        /* per node id: an update value in a buffer of its own (offset -1) */
     size_t arena_bytes;
+    size_t swapped_bytes; /* the bytes of those buffers */
 } plan;
 
 /* Set needed[i] (n_nodes entries, false on entry) for every node that an

@@ -67,7 +67,8 @@ static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t-
 
 static void *data_of(const device *d, const spmd_tensor *t)
 {
-    if (ir_op_is_leaf(t->op)) return d->leaf_data[t->id];
+    /* Leaves, and update values in buffers of their own (plan.swapped). */
+    if (ir_op_is_leaf(t->op) || d->prog->c.plan.swapped[t->id]) return d->leaf_data[t->id];
     return d->arena + d->prog->c.plan.offset[t->id];
 }
 
@@ -274,9 +275,11 @@ static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64
     if (!d->leaf_data) return SPMD_ERR_NOMEM;
     for (int i = 0; i < lg->n_nodes; i++) {
         const spmd_tensor *t = lg->nodes[i];
-        if (!ir_op_is_leaf(t->op)) continue;
-        d->leaf_data[i] = device_alloc(p, ir_nbytes(t), t->name);
+        if (!ir_op_is_leaf(t->op) && !p->c.plan.swapped[i]) continue;
+        d->leaf_data[i] = device_alloc(p, ir_nbytes(t), t->name ? t->name : "update value");
         if (!d->leaf_data[i]) return SPMD_ERR_NOMEM;
+        /* A value's buffer becomes its target's after a step: zero padding. */
+        if (!ir_op_is_leaf(t->op)) memset(d->leaf_data[i], 0, ir_nbytes(t));
     }
     if (p->c.plan.arena_bytes) {
         d->arena = device_alloc(p, p->c.plan.arena_bytes, "activation arena");
@@ -461,15 +464,26 @@ static void run_worker(void *ctx, int ith, int nth)
     }
 }
 
-/* Updates: copy new values into parameters and state.  A second phase,
- * run only once every device finished its schedule, so a failing device
- * leaves every device's parameters as they were. */
+/* Updates: new values into parameters and state.  A second phase, run
+ * only once every device finished its schedule, so a failing device
+ * leaves every device's parameters as they were.  A value in a buffer of
+ * its own trades buffers with its target (thread 0); the others are
+ * copied (every thread a part). */
 static void update_worker(void *ctx, int ith, int nth)
 {
     device *d = ctx;
     const spmd_graph *lg = d->prog->c.local;
+    const bool *swapped = d->prog->c.plan.swapped;
     for (int u = 0; u < lg->n_updates; u++) {
         const ir_update *up = &lg->updates[u];
+        if (swapped[up->value->id]) {
+            if (ith == 0) {
+                void *old = d->leaf_data[up->target->id];
+                d->leaf_data[up->target->id] = d->leaf_data[up->value->id];
+                d->leaf_data[up->value->id] = old;
+            }
+            continue;
+        }
         int64_t b, e;
         kern_split((int64_t)ir_nbytes(up->target), ith, nth, 64, &b, &e);
         memcpy((char *)data_of(d, up->target) + b, (const char *)data_of(d, up->value) + b,
