@@ -269,12 +269,20 @@ static void test_explain_json(void **state)
     assert_true(found);
     const cJSON *colls = cJSON_GetObjectItemCaseSensitive(j, "collectives");
     int gathers = 0;
+    bool weight_moved = false;
     for (int i = 0; i < cJSON_GetArraySize(colls); i++) {
         const cJSON *c = cJSON_GetArrayItem(colls, i);
+        const cJSON *moves = cJSON_GetObjectItemCaseSensitive(c, "moves");
+        /* One name per collective of the entry: the value it moves. */
+        assert_int_equal(cJSON_GetArraySize(moves), (int)number(c, "count"));
         if (!strcmp(cJSON_GetObjectItemCaseSensitive(c, "kind")->valuestring, "all-gather") &&
-            !strcmp(cJSON_GetObjectItemCaseSensitive(c, "phase")->valuestring, "forward"))
+            !strcmp(cJSON_GetObjectItemCaseSensitive(c, "phase")->valuestring, "forward")) {
             gathers += (int)number(c, "count");
+            for (int k = 0; k < cJSON_GetArraySize(moves); k++)
+                weight_moved |= !strcmp(cJSON_GetArrayItem(moves, k)->valuestring, "fc.0.weight");
+        }
     }
+    assert_true(weight_moved);
     assert_int_equal(gathers, 3); /* one per weight of the 3-layer MLP */
     assert_int_equal((int)number(j, "fallback_count"), 0);
     cJSON_Delete(j);

@@ -25,12 +25,16 @@ cJSON *cli_collectives_json(const spmd_program *p)
         spmd_collective_info c, d;
         spmd_program_collective(p, i, &c);
         int count = 0;
+        /* The values each one moves, so a script can tell a weight's
+         * gather from an activation's. */
+        cJSON *moves = cJSON_CreateArray();
         for (int j = i; j < n; j++) {
             spmd_program_collective(p, j, &d);
             if (!done[j] && !strcmp(c.kind, d.kind) && !strcmp(c.axes, d.axes) && c.bytes == d.bytes &&
                 !strcmp(c.phase, d.phase)) {
                 done[j] = true;
                 count++;
+                cJSON_AddItemToArray(moves, cJSON_CreateString(d.tensor));
             }
         }
         cJSON *o = cJSON_CreateObject();
@@ -43,6 +47,8 @@ cJSON *cli_collectives_json(const spmd_program *p)
         cJSON_AddNumberToObject(o, "bytes", (double)c.bytes);
         cJSON_AddNumberToObject(o, "count", count);
         cJSON_AddStringToObject(o, "phase", c.phase);
+        cJSON_AddNumberToObject(o, "seconds", c.seconds * count);
+        cJSON_AddItemToObject(o, "moves", moves);
         cJSON_AddItemToArray(list, o);
     }
     free(done);
