@@ -172,6 +172,40 @@ static void test_copies_over_processes(void **state)
     cJSON_Delete(b);
 }
 
+/* Checkpoints over processes: 2 processes save (each its devices' files,
+ * process 0 the index); the run resumed from step 6 in one process and
+ * over 4 continues with the uninterrupted run's losses, bit for bit. */
+static void test_checkpoint_over_processes(void **state)
+{
+    (void)state;
+    char ckpt[SUPPORT_PATH], step6[SUPPORT_PATH], straight[SUPPORT_PATH], saved[SUPPORT_PATH],
+        res1[SUPPORT_PATH], res4[SUPPORT_PATH], args[4096];
+    support_path_in(ckpt, dir, "ckpt");
+    support_path_in(step6, ckpt, "step-00000006");
+    support_path_in(straight, dir, "straight.json");
+    support_path_in(saved, dir, "saved.json");
+    support_path_in(res1, dir, "resumed1.json");
+    support_path_in(res4, dir, "resumed4.json");
+    const char *flags = "train --steps 10 --eval 0 --batch 16";
+    snprintf(args, sizeof args, "%s --json %s", flags, straight);
+    if (run_spmd(0, args) != 0) fail_msg("%s", out);
+    snprintf(args, sizeof args, "%s --save %s --save-every 6 --json %s", flags, ckpt, saved);
+    if (run_spmd(2, args) != 0) fail_msg("saving over 2 processes: %s", out);
+    snprintf(args, sizeof args, "%s --resume %s --json %s", flags, step6, res1);
+    if (run_spmd(0, args) != 0) fail_msg("resuming in one process: %s", out);
+    snprintf(args, sizeof args, "%s --resume %s --json %s", flags, step6, res4);
+    if (run_spmd(4, args) != 0) fail_msg("resuming over 4 processes: %s", out);
+    run_figures a = figures(straight), m = figures(saved), b = figures(res1), c = figures(res4);
+    assert_int_equal(m.steps, 10);
+    assert_memory_equal(a.loss, m.loss, 10 * sizeof(float));
+    assert_int_equal(b.steps, 4);
+    assert_int_equal(c.steps, 4);
+    assert_memory_equal(&a.loss[6], b.loss, 4 * sizeof(float));
+    assert_memory_equal(&a.loss[6], c.loss, 4 * sizeof(float));
+    /* Every device of the 4x2 mesh wrote a file (replicated blocks spread). */
+    assert_int_equal(support_count_entries(step6, "dev-"), 8);
+}
+
 /* explain under mpirun -n 4 on 4x2: 'replica' crosses processes, 'fsdp'
  * stays inside; the network figures are measured; one copy printed. */
 static void test_explain_marks_crossing_axes(void **state)
@@ -268,6 +302,7 @@ int main(void)
         cmocka_unit_test(test_mlp_2x4),
         cmocka_unit_test(test_mlp_2x2x2),
         cmocka_unit_test(test_copies_over_processes),
+        cmocka_unit_test(test_checkpoint_over_processes),
         cmocka_unit_test(test_explain_marks_crossing_axes),
         cmocka_unit_test(test_failing_process_ends_job),
         cmocka_unit_test(test_killed_process_ends_job),

@@ -374,7 +374,9 @@ static int train(cli_opts *o_in, FILE *log)
     bool gone[CLI_MAX_COPIES] = {0};
     int done = first; /* the last step run, from 1 */
     int saved = first; /* the last step in a checkpoint */
-    catch_stop_signals();
+    /* Over processes each would see the signal after a step of its own:
+     * they could stop at different steps, so a signal ends the job. */
+    if (cli_processes() == 1) catch_stop_signals();
     /* mpirun hands its processes a pseudo-terminal whatever its own output
      * is: over several processes, plain lines. */
     bool live = isatty(STDOUT_FILENO) && cli_processes() == 1;
@@ -536,9 +538,6 @@ int cmd_train(int argc, char **argv)
     if (o.copies && (o.save || o.resume || o.init))
         return cli_fail("--%s: checkpoints and weights of several copies are not built yet",
                         o.save ? "save" : o.resume ? "resume" : "init");
-    if (cli_processes() > 1 && (o.save || o.resume))
-        return cli_fail("--%s: checkpoints of a run over several processes are not built yet",
-                        o.save ? "save" : "resume");
     FILE *log = NULL;
     /* Process 0 logs for the run. */
     if (o.log && cli_process_rank() == 0 && !(log = fopen(o.log, "a")))

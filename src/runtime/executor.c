@@ -824,23 +824,37 @@ spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int d
     if (dev_index < 0 || dev_index >= p->c.n_dev)
         return base_error(SPMD_ERR_INVALID, "block_of: device index %d, the program has %d",
                           dev_index, p->c.n_dev);
-    if (dev_index < p->first || dev_index >= p->first + p->n_local)
-        return base_error(SPMD_ERR_UNSUPPORTED,
-                          "block_of: the device at mesh position %d runs in another process "
-                          "(this one, %d of %d, runs positions %d to %d)",
-                          dev_index, p->process, p->processes, p->first, p->first + p->n_local - 1);
-    const device *d = &p->dev[dev_index - p->first];
-    block b = block_of(p, t, d->id);
+    /* A device of another process: where its block lies, not its data. */
+    bool here = dev_index >= p->first && dev_index < p->first + p->n_local;
+    const device *d = here ? &p->dev[dev_index - p->first] : NULL;
+    int id = p->c.mesh ? p->c.mesh->ids[dev_index] : 0;
+    block b = block_of(p, t, id);
     memset(out, 0, sizeof *out);
-    out->device = d->id;
+    out->device = id;
     out->rank = b.rank;
     for (int i = 0; i < b.rank; i++) {
         out->start[i] = b.start[i];
         out->ldims[i] = b.ldims[i];
         out->valid[i] = b.valid[i];
     }
-    out->data = data_of(d, compiled_local(&p->c, t));
+    out->data = d ? data_of(d, compiled_local(&p->c, t)) : NULL;
     return SPMD_OK;
+}
+
+spmd_status executor_gather_processes(const spmd_program *p, const void *in, void *out,
+                                      int64_t bytes_each)
+{
+    if (p->processes == 1) {
+        memcpy(out, in, (size_t)bytes_each);
+        return SPMD_OK;
+    }
+    int64_t *bytes_of = base_alloc(&((spmd_program *)p)->alloc, (size_t)p->processes * sizeof *bytes_of,
+                                   "gather");
+    if (!bytes_of) return SPMD_ERR_NOMEM;
+    for (int q = 0; q < p->processes; q++) bytes_of[q] = bytes_each;
+    spmd_status st = coll_world_gather_processes(p->world, in, out, bytes_of);
+    base_free(&((spmd_program *)p)->alloc, bytes_of);
+    return st;
 }
 
 spmd_status executor_check_runnable(const spmd_program *p, const char *what)

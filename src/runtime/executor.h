@@ -29,8 +29,14 @@ spmd_status executor_check_runnable(const spmd_program *p, const char *what);
  * of on every device (a partitioned program drops leaves nothing reads). */
 bool executor_keeps(const spmd_program *p, const spmd_tensor *t);
 /* The block of kept tensor t on the device at row-major mesh position
- * dev_index (0 .. spmd_program_devices(p) - 1: mesh order). */
+ * dev_index (0 .. spmd_program_devices(p) - 1: mesh order); for a device
+ * of another process (a run over MPI) its place, with data NULL. */
 spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int dev_index,
                               executor_block *out);
+/* Every process's `bytes_each` bytes at `in`, in process order, into
+ * `out` on every process (collective over the program's processes; a
+ * copy with one). */
+spmd_status executor_gather_processes(const spmd_program *p, const void *in, void *out,
+                                      int64_t bytes_each);
 
 #endif

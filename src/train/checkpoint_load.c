@@ -430,7 +430,9 @@ static spmd_status read_run(void *ctx, int64_t a, int64_t b, int64_t n)
 }
 
 /* Job: the job-th largest block, from the parts of the saved blocks it
- * overlaps, into its first holder, then copied to its other holders. */
+ * overlaps, into its first holder, then copied to its other holders; over
+ * processes, its first holder in this process and the others here (a
+ * block no device here holds is not read). */
 static spmd_status load_block(void *ctx, int job, int thread)
 {
     (void)thread;
@@ -442,7 +444,11 @@ static spmd_status load_block(void *ctx, int job, int thread)
     const executor_block *b = &blk->b;
     size_t es = spmd_dtype_size(t->dtype);
     void *const *dst = &L->dst[blk->tensor * l->n_dev];
-    unsigned char *first = dst[blk->dev_index];
+    const int *held = &l->held[blk->tensor * l->n_dev];
+    int at = blk->dev_index;
+    while (at < l->n_dev && (held[at] != k || !dst[at])) at++;
+    if (at == l->n_dev) return SPMD_OK;
+    unsigned char *first = dst[at];
     zero_padding(first, b->rank, b->ldims, b->valid, es);
     const saved_tensor *s = &L->saved[blk->tensor];
     for (int j = 0; j < s->n; j++) {
@@ -463,9 +469,9 @@ static spmd_status load_block(void *ctx, int job, int thread)
         spmd_status st = ckpt_box_runs(t->rank, ext, b->ldims, dorg, sb->shape, sorg, read_run, &c);
         if (st != SPMD_OK) return st;
     }
-    /* Devices before the first hold other blocks or none. */
-    for (int d = blk->dev_index + 1; d < l->n_dev; d++)
-        if (l->held[blk->tensor * l->n_dev + d] == k) memcpy(dst[d], first, blk->padded);
+    /* Devices before the first hold other blocks, none, or live elsewhere. */
+    for (int d = at + 1; d < l->n_dev; d++)
+        if (held[d] == k && dst[d]) memcpy(dst[d], first, blk->padded);
     return SPMD_OK;
 }
 

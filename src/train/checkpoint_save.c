@@ -234,7 +234,9 @@ static spmd_status saver_prepare(saver *s)
     int *count = base_calloc(l->alloc, (size_t)l->n_dev * sizeof *count, "checkpoint files");
     s->files = base_calloc(l->alloc, (size_t)l->n_dev * sizeof *s->files, "checkpoint files");
     spmd_status st = count && s->files ? SPMD_OK : SPMD_ERR_NOMEM;
-    for (int i = 0; st == SPMD_OK && i < l->n_blocks; i++) count[l->blocks[i].writer]++;
+    /* This process's writing devices (over MPI the others write theirs). */
+    for (int i = 0; st == SPMD_OK && i < l->n_blocks; i++)
+        if (l->blocks[i].writer_data) count[l->blocks[i].writer]++;
     for (int d = 0; st == SPMD_OK && d < l->n_dev; d++)
         if (count[d] > 0 && (st = build_header(l, d, count[d], &s->files[s->n_files])) == SPMD_OK)
             s->n_files++;
@@ -327,7 +329,7 @@ static bool add_tensor(cJSON *tensors, const ckpt_layout *l, int ti)
 
 /* index.json's text (cJSON's allocation: cJSON_free it), NULL when out
  * of memory.  Takes over `meta`. */
-static char *index_text(const ckpt_layout *l, int64_t step, cJSON *meta, const device_file *files,
+static char *index_text(const ckpt_layout *l, int64_t step, cJSON *meta, const file_info *files,
                         int n_files)
 {
     cJSON *root = cJSON_CreateObject();
@@ -347,7 +349,7 @@ static char *index_text(const ckpt_layout *l, int64_t step, cJSON *meta, const d
     ok = list != NULL;
     for (int i = 0; ok && i < n_files; i++) {
         char crc[16];
-        const file_info *info = &files[i].info;
+        const file_info *info = &files[i];
         snprintf(crc, sizeof crc, "%08x", (unsigned)info->crc);
         cJSON *f = cJSON_AddObjectToObject(list, info->name);
         ok = f && cJSON_AddNumberToObject(f, "bytes", (double)info->bytes) &&
@@ -473,25 +475,67 @@ static spmd_status check_args(const spmd_program *p, const char *dir, int64_t st
     return SPMD_OK;
 }
 
-/* Every file into tmp, fsynced, then tmp itself. */
+/* Over processes: whether every process got here with SPMD_OK (each
+ * calls it at the same point); a failure elsewhere is named by process.
+ * One process: its own status. */
+static spmd_status agree(const spmd_program *p, spmd_status mine)
+{
+    int procs = spmd_program_processes(p);
+    if (procs == 1) return mine;
+    int *all = calloc((size_t)procs, sizeof *all), me = (int)mine;
+    spmd_status st = all ? executor_gather_processes(p, &me, all, sizeof me) : SPMD_ERR_NOMEM;
+    for (int q = 0; st == SPMD_OK && mine == SPMD_OK && q < procs; q++)
+        if (all[q] != SPMD_OK)
+            st = base_error((spmd_status)all[q], WHAT ": process %d of %d failed to save", q, procs);
+    free(all);
+    return mine != SPMD_OK ? mine : st;
+}
+
+/* Every process's files' names, sizes and checksums, in process order:
+ * each sends a slot per device of its own (unused slots unnamed). */
+static spmd_status gather_infos(const ckpt_layout *l, const saver *s, file_info **all, int *n_all)
+{
+    int first = 0, here = spmd_program_local_devices(l->p, &first);
+    int procs = spmd_program_processes(l->p);
+    file_info *mine = base_calloc(l->alloc, (size_t)here * sizeof *mine, "checkpoint files");
+    *all = base_calloc(l->alloc, (size_t)here * (size_t)procs * sizeof **all, "checkpoint files");
+    spmd_status st = mine && *all ? SPMD_OK : SPMD_ERR_NOMEM;
+    for (int i = 0; st == SPMD_OK && i < s->n_files; i++) mine[i] = s->files[i].info;
+    if (st == SPMD_OK)
+        st = executor_gather_processes(l->p, mine, *all, (int64_t)here * (int64_t)sizeof *mine);
+    base_free(l->alloc, mine);
+    *n_all = 0;
+    for (int i = 0; st == SPMD_OK && i < here * procs; i++)
+        if ((*all)[i].name[0]) (*all)[(*n_all)++] = (*all)[i];
+    return st;
+}
+
+/* Every file into tmp, fsynced, then tmp itself.  Over processes each
+ * writes its devices' files, and process 0 the index, once all are. */
 static spmd_status write_all_files(const ckpt_layout *l, int64_t step, cJSON *meta, const char *tmp)
 {
     saver s = {.l = l, .tmp = tmp};
     spmd_status st = saver_prepare(&s);
     if (st == SPMD_OK) st = ckpt_workers_run(&s.workers, s.n_files, write_device, &s);
+    file_info *infos = NULL;
+    int n_infos = 0;
+    st = agree(l->p, st);
+    if (st == SPMD_OK) st = gather_infos(l, &s, &infos, &n_infos);
     char *text = NULL;
-    if (st == SPMD_OK) {
-        text = index_text(l, step, meta, s.files, s.n_files);
+    bool writes_index = spmd_program_process(l->p) == 0;
+    if (st == SPMD_OK && writes_index) {
+        text = index_text(l, step, meta, infos, n_infos);
         meta = NULL;
         if (!text) st = base_error(SPMD_ERR_NOMEM, WHAT ": out of memory building %s", CKPT_INDEX);
     }
     cJSON_Delete(meta);
+    base_free(l->alloc, infos);
     file_info index;
-    if (st == SPMD_OK)
+    if (st == SPMD_OK && writes_index)
         st = write_file(tmp, CKPT_INDEX, s.bufs[0], fill_text, &(text_file){text}, NULL, &index);
     if (text) cJSON_free(text);
-    if (st == SPMD_OK) st = reached(CKPT_INDEX);
-    if (st == SPMD_OK) st = ckpt_fsync_dir(tmp, WHAT);
+    if (st == SPMD_OK && writes_index) st = reached(CKPT_INDEX);
+    if (st == SPMD_OK && writes_index) st = ckpt_fsync_dir(tmp, WHAT);
     saver_free(&s);
     return st;
 }
@@ -509,20 +553,30 @@ spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir, int64_t
     }
     char step_name[32], tmp_name[64], tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX];
     ckpt_step_name(step, step_name);
-    snprintf(tmp_name, sizeof tmp_name, ".tmp-%s-%ld", step_name, (long)getpid());
+    /* Over processes every one writes into the one directory process 0
+     * makes; alone, a name of this process's own. */
+    bool leader = spmd_program_process(p) == 0;
+    if (spmd_program_processes(p) > 1) snprintf(tmp_name, sizeof tmp_name, ".tmp-%s-processes", step_name);
+    else snprintf(tmp_name, sizeof tmp_name, ".tmp-%s-%ld", step_name, (long)getpid());
     st = ckpt_mkdirs(dir, WHAT);
     if (st == SPMD_OK) st = ckpt_join(tmp, dir, tmp_name, WHAT);
     if (st == SPMD_OK) st = ckpt_join(final, dir, step_name, WHAT);
-    /* A leftover of this process's own failed save. */
-    if (st == SPMD_OK) st = ckpt_remove_tree(tmp, WHAT);
-    if (st == SPMD_OK && mkdir(tmp, 0777) != 0)
+    /* A leftover of a failed save of this name. */
+    if (st == SPMD_OK && leader) st = ckpt_remove_tree(tmp, WHAT);
+    if (st == SPMD_OK && leader && mkdir(tmp, 0777) != 0)
         st = base_error(SPMD_ERR_IO, WHAT ": cannot create directory %s: %s", tmp, strerror(errno));
+    st = agree(p, st);
     if (st != SPMD_OK) {
         cJSON_Delete(meta);
         ckpt_layout_free(&l);
         return st;
     }
     st = write_all_files(&l, step, meta, tmp);
+    /* Process 0 commits, once every file is written. */
+    if (!leader) {
+        ckpt_layout_free(&l);
+        return agree(p, st);
+    }
     if (st == SPMD_OK) st = commit(l.alloc, dir, tmp, final, step_name);
     if (st == SPMD_OK) st = ckpt_fsync_dir(dir, WHAT);
     if (st != SPMD_OK) {
@@ -532,6 +586,7 @@ spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir, int64_t
         snprintf(message, sizeof message, "%s", spmd_last_error());
         ckpt_remove_tree(tmp, WHAT);
         ckpt_layout_free(&l);
+        agree(p, st);
         return base_error(st, "%s", message);
     }
     /* After an exchange, tmp holds the replaced checkpoint. */
@@ -543,5 +598,5 @@ spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir, int64_t
     if (st == SPMD_OK) st = reached(CKPT_LATEST);
     if (st == SPMD_OK) st = prune(l.alloc, dir, step, keep);
     ckpt_layout_free(&l);
-    return st;
+    return agree(p, st);
 }
