@@ -168,6 +168,55 @@ static void test_explain_one_copy(void **state)
     cJSON_Delete(y);
 }
 
+/* --save with copies writes one checkpoint per copy (DIR/copy-C, with its
+ * own settings); --resume restores every copy, and a copy's checkpoint
+ * resumes alone on its group's mesh: all continue with the uninterrupted
+ * losses, bit for bit. */
+static void test_copies_checkpoints(void **state)
+{
+    (void)state;
+    const char *flags = "train --mesh 4x2 --axes copy,fsdp --copies copy --lr 1e-3,3e-3,1e-2,3e-2 "
+                        "--seed 1,2,3,4 --eval 0 --batch 8 --steps 10";
+    char ckpt[SUPPORT_PATH], straight[SUPPORT_PATH], resumed[SUPPORT_PATH], solo[SUPPORT_PATH],
+        copy2[SUPPORT_PATH], latest[SUPPORT_PATH], sub[SUPPORT_PATH];
+    support_path_in(ckpt, dir, "ckpt");
+    support_path_in(straight, dir, "straight.json");
+    support_path_in(resumed, dir, "resumed.json");
+    support_path_in(solo, dir, "solo-copy2.json");
+    support_path_in(copy2, ckpt, "copy-2");
+    if (run_toolf(out, sizeof out, "%s --json %s", flags, straight) != 0) fail_msg("%s", out);
+    if (run_toolf(out, sizeof out, "%s --save %s --save-every 6", flags, ckpt) != 0) fail_msg("%s", out);
+    /* Roll every copy back to step 6 (latest names the step to resume). */
+    for (int c = 0; c < 4; c++) {
+        snprintf(sub, sizeof sub, "copy-%d", c);
+        char copy_dir[SUPPORT_PATH];
+        support_path_in(copy_dir, ckpt, sub);
+        FILE *f = fopen(support_path_in(latest, copy_dir, "latest"), "w");
+        assert_non_null(f);
+        fputs("step-00000006\n", f);
+        fclose(f);
+    }
+    if (run_toolf(out, sizeof out, "%s --resume %s --json %s", flags, ckpt, resumed) != 0)
+        fail_msg("%s", out);
+    if (run_toolf(out, sizeof out,
+                  "train --mesh 2 --axes fsdp --lr 1e-2 --seed 3 --eval 0 --batch 8 --steps 10 "
+                  "--resume %s --json %s", copy2, solo) != 0)
+        fail_msg("%s", out);
+    cJSON *a = load_json(straight), *b = load_json(resumed), *s = load_json(solo);
+    for (int c = 0; c < 4; c++) {
+        const cJSON *la = item(cJSON_GetArrayItem(item(a, "copies"), c), "loss");
+        const cJSON *lb = item(cJSON_GetArrayItem(item(b, "copies"), c), "loss");
+        assert_int_equal(cJSON_GetArraySize(lb), 4);
+        for (int i = 0; i < 4; i++)
+            assert_true(cJSON_GetArrayItem(la, 6 + i)->valuedouble == cJSON_GetArrayItem(lb, i)->valuedouble);
+        if (c == 2)
+            for (int i = 0; i < 4; i++)
+                assert_true(cJSON_GetArrayItem(la, 6 + i)->valuedouble ==
+                            cJSON_GetArrayItem(item(s, "loss"), i)->valuedouble);
+    }
+    cJSON_Delete(a), cJSON_Delete(b), cJSON_Delete(s);
+}
+
 static void test_bad_copies(void **state)
 {
     (void)state;
@@ -214,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_copies_match_solo_runs),
         cmocka_unit_test(test_copies_with_data_axis),
         cmocka_unit_test(test_explain_one_copy),
+        cmocka_unit_test(test_copies_checkpoints),
         cmocka_unit_test(test_bad_copies),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

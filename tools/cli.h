@@ -17,6 +17,8 @@
 #define CLI_MAX_SHARDS 64
 /* Values a per-copy list (--seed, --lr, --warmup) may hold. */
 #define CLI_MAX_COPIES 64
+/* Room for a path the tool builds (a copy's checkpoint directory). */
+#define CLI_PATH_MAX 4096
 
 typedef struct cli_shard {
     const char *pattern; /* glob over tensor names */

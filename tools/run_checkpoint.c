@@ -105,7 +105,23 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 
-int cli_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int step, int64_t samples)
+/* The run's settings as copy c trains: its seed, learning rate, warmup,
+ * and its directory under --save / --resume (DIR/copy-C); the run's own
+ * without copies. */
+static cli_opts copy_opts(const cli_opts *o, const cli_model *m, int c, char *save, char *resume)
+{
+    cli_opts oc = *o;
+    if (m->copies == 1) return oc;
+    oc.seed = cli_copy_seed(o, c);
+    oc.lr = cli_copy_lr(o, c);
+    oc.warmup = cli_copy_warmup(o, c);
+    if (o->save) snprintf(save, CLI_PATH_MAX, "%s/copy-%d", o->save, c), oc.save = save;
+    if (o->resume) snprintf(resume, CLI_PATH_MAX, "%s/copy-%d", o->resume, c), oc.resume = resume;
+    return oc;
+}
+
+static int save_copy(const cli_opts *o, const cli_model *m, const spmd_program *p, int copy, int step,
+                     int64_t samples)
 {
     cJSON *meta = cli_settings_json(o, m);
     cJSON *data = cJSON_GetObjectItemCaseSensitive(meta, "data");
@@ -124,7 +140,7 @@ int cli_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int s
         checkpoint_set_hook(pause_hook, &at);
     }
     double t0 = now_ms();
-    spmd_status st = spmd_checkpoint_save(p, o->save, step, text, o->keep);
+    spmd_status st = spmd_checkpoint_save_copy(p, copy, o->save, step, text, o->keep);
     checkpoint_set_hook(NULL, NULL);
     free(text);
     if (st != SPMD_OK) {
@@ -135,6 +151,18 @@ int cli_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int s
            now_ms() - t0);
     fflush(stdout);
     return 0;
+}
+
+int cli_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int step, int64_t samples)
+{
+    /* With copies, one checkpoint per copy: DIR/copy-C, its own settings. */
+    int rc = 0;
+    for (int c = 0; !rc && c < m->copies; c++) {
+        char save[CLI_PATH_MAX], resume[CLI_PATH_MAX];
+        cli_opts oc = copy_opts(o, m, c, save, resume);
+        rc = save_copy(&oc, m, p, c, step, samples);
+    }
+    return rc;
 }
 
 /* ---- Resume ---------------------------------------------------------------------- */
@@ -203,12 +231,14 @@ static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *
     return 0;
 }
 
-int cli_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step, int64_t *samples)
+static int resume_copy(const cli_opts *o, const cli_model *m, spmd_program *p, int copy, int *step,
+                       int64_t *samples)
 {
     int64_t saved = 0;
     char *text = NULL;
-    if (spmd_checkpoint_load(p, o->resume, &saved, &text) != SPMD_OK)
-        return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
+    spmd_status st = m->copies > 1 ? spmd_checkpoint_load_copy(p, copy, o->resume, &saved, &text)
+                                   : spmd_checkpoint_load(p, o->resume, &saved, &text);
+    if (st != SPMD_OK) return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
     cJSON *meta = cJSON_Parse(text);
     free(text);
     int rc = meta ? compare_settings(o, m, meta)
@@ -225,5 +255,23 @@ int cli_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step
         *samples = (int64_t)pos->valuedouble;
     }
     cJSON_Delete(meta);
+    return rc;
+}
+
+int cli_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step, int64_t *samples)
+{
+    /* With copies, each copy from DIR/copy-C; all at one step and position. */
+    int rc = 0;
+    for (int c = 0; !rc && c < m->copies; c++) {
+        char save[CLI_PATH_MAX], resume[CLI_PATH_MAX];
+        cli_opts oc = copy_opts(o, m, c, save, resume);
+        int at = 0;
+        int64_t pos = 0;
+        rc = resume_copy(&oc, m, p, c, &at, &pos);
+        if (!rc && c > 0 && (at != *step || pos != *samples))
+            rc = cli_fail("--resume %s: copy %d is at step %d (data position %lld), copy 0 at %d (%lld)",
+                          o->resume, c, at, (long long)pos, *step, (long long)*samples);
+        *step = at, *samples = pos;
+    }
     return rc;
 }

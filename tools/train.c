@@ -535,9 +535,6 @@ int cmd_train(int argc, char **argv)
     if (o.processes > 1 && cli_processes() == 1)
         return cli_fail("--processes plans a run over several processes (spmd explain); to train "
                         "over %d processes, start spmd with mpirun -n %d", o.processes, o.processes);
-    if (o.copies && (o.save || o.resume || o.init))
-        return cli_fail("--%s: checkpoints and weights of several copies are not built yet",
-                        o.save ? "save" : o.resume ? "resume" : "init");
     FILE *log = NULL;
     /* Process 0 logs for the run. */
     if (o.log && cli_process_rank() == 0 && !(log = fopen(o.log, "a")))

@@ -67,6 +67,17 @@ SPMD_API spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir
 SPMD_API spmd_status spmd_checkpoint_load(spmd_program *p, const char *dir, int64_t *step,
                                           char **meta_json);
 
+/* With independent mesh axes (copies, spmd/mesh.h): save copy `copy`'s
+ * parameters and state alone (spmd_checkpoint_save saves copy 0's), and
+ * load a checkpoint into copy `copy` alone (spmd_checkpoint_load loads it
+ * into every copy).  The files are those of a program of the copy's
+ * group: a copy's checkpoint loads into a program without copies, and
+ * back. */
+SPMD_API spmd_status spmd_checkpoint_save_copy(const spmd_program *p, int copy, const char *dir,
+                                               int64_t step, const char *meta_json, int keep);
+SPMD_API spmd_status spmd_checkpoint_load_copy(spmd_program *p, int copy, const char *dir,
+                                               int64_t *step, char **meta_json);
+
 #ifdef __cplusplus
 }
 #endif

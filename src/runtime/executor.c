@@ -831,6 +831,7 @@ spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int d
     block b = block_of(p, t, id);
     memset(out, 0, sizeof *out);
     out->device = id;
+    out->copy = p->c.mesh ? mesh_copy_of(p->c.mesh, dev_index) : 0;
     out->rank = b.rank;
     for (int i = 0; i < b.rank; i++) {
         out->start[i] = b.start[i];

@@ -18,6 +18,7 @@ const partition *executor_partition(const spmd_program *p);
  * real; the padding is zero and must stay zero. */
 typedef struct executor_block {
     int device; /* its id in the mesh (0 on one device) */
+    int copy;   /* its copy (independent mesh axes), 0 without */
     int rank;
     int64_t start[SPMD_MAX_RANK], ldims[SPMD_MAX_RANK], valid[SPMD_MAX_RANK];
     void *data;

@@ -69,8 +69,9 @@ spmd_status ckpt_read_latest(const spmd_allocator *alloc, const char *dir, char 
 
 /* ---- Blocks ----------------------------------------------------------------------------- */
 
-/* The layout of runnable program p; `what` prefixes messages. */
-spmd_status ckpt_layout_build(const spmd_program *p, ckpt_layout *out, const char *what);
+/* The layout of runnable program p over the devices of copy `copy`
+ * (independent mesh axes; -1: every device); `what` prefixes messages. */
+spmd_status ckpt_layout_build(const spmd_program *p, int copy, ckpt_layout *out, const char *what);
 void ckpt_layout_free(ckpt_layout *l);
 
 /* Real elements of a block of `rank` dims of extent `shape`. */

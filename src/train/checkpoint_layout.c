@@ -51,7 +51,7 @@ static int64_t key_count(const spmd_tensor *t, const executor_block *b)
 }
 
 /* Add tensor ti's distinct blocks; `first` has room for n_dev entries. */
-static spmd_status add_tensor_blocks(ckpt_layout *l, int ti, int *first, const char *what)
+static spmd_status add_tensor_blocks(ckpt_layout *l, int ti, int *first, int copy, const char *what)
 {
     const spmd_tensor *t = l->tensors[ti];
     for (int d = 0; d < l->n_dev; d++) l->held[ti * l->n_dev + d] = -1;
@@ -68,6 +68,7 @@ static spmd_status add_tensor_blocks(ckpt_layout *l, int ti, int *first, const c
     for (int d = 0; d < l->n_dev; d++) {
         if (d > 0 && (st = executor_block_of(l->p, t, d, &b)) != SPMD_OK) return st;
         if (ckpt_volume(b.rank, b.valid) == 0) continue; /* all padding */
+        if (copy >= 0 && b.copy != copy) continue;       /* another model's */
         int64_t key = block_key(t, &b);
         if (first[key] < 0) {
             if (!base_grow(l->alloc, (void **)&l->blocks, &l->cap_blocks, l->n_blocks + 1,
@@ -136,7 +137,7 @@ static spmd_status assign_writers(ckpt_layout *l)
     return st;
 }
 
-spmd_status ckpt_layout_build(const spmd_program *p, ckpt_layout *l, const char *what)
+spmd_status ckpt_layout_build(const spmd_program *p, int copy, ckpt_layout *l, const char *what)
 {
     memset(l, 0, sizeof *l);
     const compiled *c = executor_compiled(p);
@@ -154,7 +155,7 @@ spmd_status ckpt_layout_build(const spmd_program *p, ckpt_layout *l, const char 
     for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++)
         if (executor_keeps(p, g->nodes[i])) l->tensors[n++] = g->nodes[i];
     for (int ti = 0; st == SPMD_OK && ti < l->n_tensors; ti++)
-        st = add_tensor_blocks(l, ti, first, what);
+        st = add_tensor_blocks(l, ti, first, copy, what);
     base_free(l->alloc, first);
     if (st == SPMD_OK) st = assign_writers(l);
     if (st != SPMD_OK) ckpt_layout_free(l);

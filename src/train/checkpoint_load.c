@@ -506,12 +506,12 @@ static spmd_status copy_meta(const loader *L, char **out)
     return *out ? SPMD_OK : base_error(SPMD_ERR_NOMEM, WHAT ": out of memory copying meta");
 }
 
-static spmd_status load(loader *L, const char *dir, int64_t *step, char **meta)
+static spmd_status load(loader *L, int copy, const char *dir, int64_t *step, char **meta)
 {
     spmd_status st = find_step_dir(L, dir);
     if (st == SPMD_OK) st = read_index(L, step);
     if (st == SPMD_OK) st = check_files(L);
-    if (st == SPMD_OK) st = ckpt_layout_build(L->p, &L->layout, WHAT);
+    if (st == SPMD_OK) st = ckpt_layout_build(L->p, copy, &L->layout, WHAT);
     if (st != SPMD_OK) return st;
     const ckpt_layout *l = &L->layout;
     L->saved = base_calloc(L->alloc, (size_t)(l->n_tensors ? l->n_tensors : 1) * sizeof *L->saved,
@@ -534,6 +534,12 @@ static spmd_status load(loader *L, const char *dir, int64_t *step, char **meta)
 
 spmd_status spmd_checkpoint_load(spmd_program *p, const char *dir, int64_t *step, char **meta_json)
 {
+    return spmd_checkpoint_load_copy(p, -1, dir, step, meta_json);
+}
+
+spmd_status spmd_checkpoint_load_copy(spmd_program *p, int copy, const char *dir, int64_t *step,
+                                      char **meta_json)
+{
     if (meta_json) *meta_json = NULL;
     spmd_status st = executor_check_runnable(p, WHAT);
     if (st != SPMD_OK) return st;
@@ -544,7 +550,10 @@ spmd_status spmd_checkpoint_load(spmd_program *p, const char *dir, int64_t *step
     loader L = {.p = p, .alloc = &executor_compiled(p)->g->alloc};
     int64_t saved_step = 0;
     char *meta = NULL;
-    st = load(&L, dir, &saved_step, meta_json ? &meta : NULL);
+    if (copy < -1 || copy >= spmd_program_copies(p))
+        return base_error(SPMD_ERR_INVALID, WHAT ": copy %d, the program has %d", copy,
+                          spmd_program_copies(p));
+    st = load(&L, copy, dir, &saved_step, meta_json ? &meta : NULL);
     loader_free(&L);
     if (st != SPMD_OK) {
         free(meta);

@@ -543,11 +543,22 @@ static spmd_status write_all_files(const ckpt_layout *l, int64_t step, cJSON *me
 spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir, int64_t step,
                                  const char *meta_json, int keep)
 {
+    return spmd_checkpoint_save_copy(p, 0, dir, step, meta_json, keep);
+}
+
+spmd_status spmd_checkpoint_save_copy(const spmd_program *p, int copy, const char *dir, int64_t step,
+                                      const char *meta_json, int keep)
+{
     cJSON *meta;
     spmd_status st = check_args(p, dir, step, keep, meta_json, &meta);
     if (st != SPMD_OK) return st;
     ckpt_layout l;
-    if ((st = ckpt_layout_build(p, &l, WHAT)) != SPMD_OK) {
+    if (copy < 0 || copy >= spmd_program_copies(p)) {
+        cJSON_Delete(meta);
+        return base_error(SPMD_ERR_INVALID, WHAT ": copy %d, the program has %d", copy,
+                          spmd_program_copies(p));
+    }
+    if ((st = ckpt_layout_build(p, copy, &l, WHAT)) != SPMD_OK) {
         cJSON_Delete(meta);
         return st;
     }
