@@ -43,6 +43,7 @@
 #include "base/arena.h"
 #include "base/error.h"
 #include "runtime/collectives_impl.h"
+#include "runtime/wait.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -1225,6 +1226,15 @@ coll_world *coll_mpi_world_create(MPI_Comm comm, int local_devices, const spmd_a
                    "collectives: %d processes of %d devices (1 to %d devices in all)", procs,
                    local_devices, COLL_MAX_MEMBERS);
         return NULL;
+    }
+    /* Processes on one host share its cores: their waits must not spin
+     * as if each had them all. */
+    MPI_Comm host;
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host) == MPI_SUCCESS) {
+        int here = 1;
+        MPI_Comm_size(host, &here);
+        MPI_Comm_free(&host);
+        rt_wait_share_cpus(here);
     }
     spmd_allocator a = base_allocator_or_default(alloc);
     mpi_world *w = base_calloc(&a, sizeof *w, "collectives world");

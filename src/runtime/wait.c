@@ -19,18 +19,25 @@ static inline void cpu_pause(void)
 #endif
 }
 
-/* CPUs this process may run on (1 if unknown). */
+/* Processes that share this host's CPUs (rt_wait_share_cpus). */
+static _Atomic int sharers = 1;
+
+void rt_wait_share_cpus(int processes) { atomic_store(&sharers, processes > 1 ? processes : 1); }
+
+/* CPUs this process may run on (1 if unknown): its affinity, or, when
+ * that is the whole host and other processes of the run share it, its
+ * share of the host. */
 static int usable_cpus(void)
 {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = online > 0 ? (int)online : 1;
 #if defined(__linux__) && defined(CPU_COUNT)
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0) return n;
-    }
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 && CPU_COUNT(&set) < n)
+        return CPU_COUNT(&set); /* bound by the launcher: its CPUs are its own */
 #endif
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
+    n /= atomic_load(&sharers);
+    return n > 0 ? n : 1;
 }
 
 void rt_wait_init(rt_waiter *w, int threads, rt_wait_spin fits, rt_wait_spin crowded)

@@ -54,6 +54,10 @@ typedef struct rt_waiter {
  * a CPU of its own, else `crowded` (then the thread being waited for is
  * often not running at all, and spinning only delays it). */
 void rt_wait_init(rt_waiter *w, int threads, rt_wait_spin fits, rt_wait_spin crowded);
+/* Say that `processes` processes of the run share this host's CPUs (the
+ * MPI world does, from the communicator): waits made from then on count
+ * only this process's share as its own. */
+void rt_wait_share_cpus(int processes);
 void rt_wait_destroy(rt_waiter *w);
 void rt_wait_word_init(rt_wait_word *word, uint32_t value);
 
