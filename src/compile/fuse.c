@@ -47,6 +47,7 @@ typedef struct builder {
     const spmd_graph *g;
     const bool *needed;
     const int *uses;
+    const int *updates; /* per node: updates it is the value of */
     bool *taken;       /* already a member or a root of a group */
     fuse_group *grp;
     int member_id[FUSE_MAX_MEMBERS]; /* node ids, as steps */
@@ -60,6 +61,16 @@ static bool absorbable(const builder *b, const spmd_tensor *x)
 {
     return fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] && !b->taken[x->id] &&
            b->uses[x->id] == 1 && same_dims(x, b->grp->root);
+}
+
+/* Whether x may be computed inside the group and stored besides the root:
+ * an update's value (one update, not an output) that only this consumer
+ * otherwise reads, with room for another stored member. */
+static bool storable(const builder *b, const spmd_tensor *x)
+{
+    return fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] && !b->taken[x->id] &&
+           !x->is_output && b->updates[x->id] == 1 && b->uses[x->id] == PINNED + 1 &&
+           same_dims(x, b->grp->root) && b->grp->n_stored < FUSE_MAX_STORED;
 }
 
 /* Whether node t can be a member: each operand absorbable (checked again
@@ -90,13 +101,19 @@ static int add_member(builder *b, const spmd_tensor *t)
 {
     b->pending++;
     b->taken[t->id] = true;
-    fuse_step s = {.op = t->op, .src = {0, 0}, .c = t->op == IR_SCALE ? t->attr.scale.c : 0.0f};
+    fuse_step s = {.op = t->op, .src = {0, 0}, .stored = -1,
+                   .c = t->op == IR_SCALE ? t->attr.scale.c : 0.0f};
     for (int j = 0; j < t->n_in; j++) {
         const spmd_tensor *x = t->in[j];
         /* Every member begun needs its step: absorb only with room left. */
         bool room = b->grp->n_steps + b->pending < FUSE_MAX_MEMBERS;
         if (room && absorbable(b, x) && member_ok(b, x)) {
             s.src[j] = (int8_t)add_member(b, x);
+        } else if (room && storable(b, x) && member_ok(b, x)) {
+            int k = b->grp->n_stored;
+            b->grp->stored[b->grp->n_stored++] = x;
+            s.src[j] = (int8_t)add_member(b, x);
+            b->grp->steps[s.src[j]].stored = (int8_t)k;
         } else {
             int k = external(b, x);
             if (k == 0) b->full = true;
@@ -115,12 +132,14 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
     memset(f, 0, sizeof *f);
     f->alloc = base_allocator_or_default(alloc);
     size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);
-    int *uses = base_calloc(&f->alloc, nn * sizeof *uses, "fusion");
+    int *uses = base_calloc(&f->alloc, 2 * nn * sizeof *uses, "fusion");
+    int *updates = uses + nn;
     f->group_of = base_alloc(&f->alloc, nn * sizeof *f->group_of, "fusion");
     f->absorbed = base_calloc(&f->alloc, nn * sizeof *f->absorbed, "fusion");
+    f->stored = base_calloc(&f->alloc, nn * sizeof *f->stored, "fusion");
     bool *taken = base_calloc(&f->alloc, nn * sizeof *taken, "fusion");
     int cap = 0;
-    spmd_status st = uses && f->group_of && f->absorbed && taken ? SPMD_OK : SPMD_ERR_NOMEM;
+    spmd_status st = uses && f->group_of && f->absorbed && f->stored && taken ? SPMD_OK : SPMD_ERR_NOMEM;
     for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
         f->group_of[i] = -1;
@@ -128,7 +147,10 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
         for (int j = 0; j < t->n_in; j++) uses[t->in[j]->id]++;
         if (t->is_output) uses[i] += PINNED;
     }
-    for (int i = 0; st == SPMD_OK && i < g->n_updates; i++) uses[g->updates[i].value->id] += PINNED;
+    for (int i = 0; st == SPMD_OK && i < g->n_updates; i++) {
+        uses[g->updates[i].value->id] += PINNED;
+        updates[g->updates[i].value->id]++;
+    }
 
     /* Roots from the end, so a chain joins the group of its last node. */
     fuse_group grp;
@@ -137,7 +159,8 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
         if (!needed[i] || taken[i] || ir_op_is_leaf(t->op)) continue;
         memset(&grp, 0, sizeof grp);
         grp.root = t;
-        builder b = {.g = g, .needed = needed, .uses = uses, .taken = taken, .grp = &grp};
+        builder b = {.g = g, .needed = needed, .uses = uses, .updates = updates, .taken = taken,
+                     .grp = &grp};
         if (!member_ok(&b, t)) continue;
         add_member(&b, t);
         if (b.full || grp.n_steps < 2) {
@@ -152,7 +175,11 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
         }
         f->group_of[i] = f->n_groups;
         f->groups[f->n_groups++] = grp;
-        for (int k = 0; k < grp.n_steps - 1; k++) f->absorbed[b.member_id[k]] = true;
+        for (int k = 0; k < grp.n_steps - 1; k++) {
+            bool keeps = grp.steps[k].stored >= 0;
+            f->stored[b.member_id[k]] = keeps;
+            f->absorbed[b.member_id[k]] = !keeps;
+        }
     }
     base_free(&f->alloc, uses);
     base_free(&f->alloc, taken);
@@ -162,10 +189,11 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
 
 void fusion_free(fusion *f)
 {
-    if (!f->group_of && !f->groups && !f->absorbed) return;
+    if (!f->group_of && !f->groups && !f->absorbed && !f->stored) return;
     base_free(&f->alloc, f->groups);
     base_free(&f->alloc, f->group_of);
     base_free(&f->alloc, f->absorbed);
+    base_free(&f->alloc, f->stored);
     memset(f, 0, sizeof *f);
 }
 

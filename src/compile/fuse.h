@@ -3,8 +3,10 @@
  * elementwise nodes of one shape, each read only by the next ones in the
  * group, runs as one pass over memory: its members are computed block by
  * block in a thread's scratch, and only the group's root, the last member,
- * is written out.  The graph is not changed: the schedule and the memory
- * plan skip the absorbed members and give the root the group's external
+ * is written out, and the members stored besides it: an update's value
+ * (the AdamW moments) read by nothing else in the graph.  The graph is not
+ * changed: the schedule skips the absorbed and stored members (the plan
+ * gives the absorbed no memory) and gives the root the group's external
  * inputs; the executor runs the root with kern_fused.
  *
  * Every member computes each element with the same arithmetic as its own
@@ -16,14 +18,15 @@
 #include "ir/ir.h"
 
 /* Elements a fused group computes at a time, per member, in scratch. */
-enum { FUSE_BLOCK = 256, FUSE_MAX_MEMBERS = 32 };
+enum { FUSE_BLOCK = 256, FUSE_MAX_MEMBERS = 32, FUSE_MAX_STORED = 4 };
 
 /* One member: op over operands that are earlier members (>= 0, their
  * index) or the group's external inputs (-1 - k for input k). */
 typedef struct fuse_step {
     ir_op op;
     int8_t src[2];
-    float c; /* scale's constant */
+    int8_t stored; /* also written to the group's stored member of this index; -1: not */
+    float c;       /* scale's constant */
 } fuse_step;
 
 typedef struct fuse_group {
@@ -33,6 +36,8 @@ typedef struct fuse_group {
     int n_in;                            /* external inputs */
     const spmd_tensor *in[IR_MAX_INPUTS];
     int64_t in_numel[IR_MAX_INPUTS];     /* the root's numel, or a trailing block of it (broadcast) */
+    int n_stored;                        /* members written besides the root */
+    const spmd_tensor *stored[FUSE_MAX_STORED];
 } fuse_group;
 
 typedef struct fusion {
@@ -40,7 +45,8 @@ typedef struct fusion {
     int n_groups;
     fuse_group *groups;
     int *group_of;  /* per node id: its group's index if it is a root, else -1 */
-    bool *absorbed; /* per node id: computed inside a group, never on its own */
+    bool *absorbed; /* per node id: computed inside a group, never on its own, no memory */
+    bool *stored;   /* per node id: computed inside a group, never on its own, in memory */
 } fusion;
 
 /* Find the groups of graph g among the `needed` nodes (plan_mark_needed);

@@ -271,7 +271,9 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
         /* A reshape of a computed tensor is a view: same bytes. */
         if (t->op == IR_RESHAPE && !ir_op_is_leaf(t->in[0]->op))
             p->storage[i] = p->storage[t->in[0]->id];
-        if (p->needed[i] && !ir_op_is_leaf(t->op) && !(t->op == IR_RESHAPE && p->storage[i] != i))
+        /* A member a fused group stores has memory but no step of its own. */
+        bool inside = fu && fu->stored && fu->stored[i];
+        if (p->needed[i] && !ir_op_is_leaf(t->op) && !(t->op == IR_RESHAPE && p->storage[i] != i) && !inside)
             p->steps[p->n_steps++] = (spmd_tensor *)t;
     }
 

@@ -444,9 +444,10 @@ static void run_worker(void *ctx, int ith, int nth)
         const fuse_group *grp = fusion_group(&p->c.fusion, t);
         a.node = t;
         a.fused = grp;
-        if (grp)
+        if (grp) {
             for (int j = 0; j < grp->n_in; j++) a.in[j] = data_of(d, grp->in[j]);
-        else
+            for (int j = 0; j < grp->n_stored; j++) a.stored[j] = data_of(d, grp->stored[j]);
+        } else
             for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
         a.out = data_of(d, t);
         /* Alternate status words: a fast thread failing step s+1 cannot be

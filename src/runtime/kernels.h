@@ -39,6 +39,7 @@ typedef struct kern_args {
     size_t message_size;
     const kern_device *dev; /* NULL on a one-device program */
     const struct fuse_group *fused; /* kern_fused's group (compile/fuse.h) */
+    void *stored[4];                /* where its stored members go (FUSE_MAX_STORED) */
 } kern_args;
 
 typedef void (*kern_fn)(const kern_args *a);

@@ -2,7 +2,8 @@
  * A fused group of elementwise nodes (compile/fuse.h) in one pass: each
  * thread takes its elements of the root in blocks of FUSE_BLOCK and, per
  * block, computes every member in order into its scratch (the root into
- * the output), so the members' values never leave the cache.  Each member
+ * the output; a stored member also to its memory), so the members'
+ * values never leave the cache.  Each member
  * computes each element as its own kernel does (kernels_elementwise.c, the
  * same functions), so the bits are the unfused program's.
  */
@@ -10,6 +11,9 @@
 #include "runtime/kernels_ops.h"
 
 enum { FUSED_ALIGN = 16 };
+
+_Static_assert(FUSE_MAX_STORED <= sizeof ((kern_args *)0)->stored / sizeof(void *),
+               "kern_args.stored holds every stored member of a group");
 
 /* Operand `src` of a member, elements [at, at + n) of the root, as a
  * pointer: a member's block in scratch, an input read in place, or a
@@ -111,6 +115,7 @@ void kern_fused(const kern_args *a)
                                     : NULL;
             float *o = k == g->n_steps - 1 ? out + at : slots + (size_t)k * FUSE_BLOCK;
             run_step(s, x, xs, xv, y, ys, yv, o, n);
+            if (s->stored >= 0) memcpy((float *)a->stored[s->stored] + at, o, (size_t)n * sizeof *o);
         }
     }
 }
