@@ -53,6 +53,7 @@ typedef struct builder {
     int member_id[FUSE_MAX_MEMBERS]; /* node ids, as steps */
     int pending;       /* members begun and not yet added (ancestors on the way down) */
     bool full;         /* an input found no room: the group is given up */
+    bool share;        /* absorb nodes read several times, if all their readers join */
 } builder;
 
 /* Whether x may be computed inside the group rather than read: an
@@ -61,6 +62,40 @@ static bool absorbable(const builder *b, const spmd_tensor *x)
 {
     return fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] && !b->taken[x->id] &&
            b->uses[x->id] == 1 && same_dims(x, b->grp->root);
+}
+
+/* Whether x, read more than once, may be computed inside the group: the
+ * group must then hold every one of its readers (checked when it is
+ * complete: all_readers_inside). */
+static bool shareable(const builder *b, const spmd_tensor *x)
+{
+    return b->share && fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] &&
+           !b->taken[x->id] && b->uses[x->id] > 1 && b->uses[x->id] < PINNED &&
+           same_dims(x, b->grp->root);
+}
+
+/* x's step if it is a member already (a shared one met again), else -1. */
+static int member_step(const builder *b, const spmd_tensor *x)
+{
+    for (int k = 0; k < b->grp->n_steps; k++)
+        if (b->member_id[k] == x->id) return k;
+    return -1;
+}
+
+/* Whether every reader of each shared member is in the group. */
+static bool all_readers_inside(const builder *b)
+{
+    const fuse_group *grp = b->grp;
+    for (int k = 0; k < grp->n_steps; k++) {
+        int readers = 0, id = b->member_id[k];
+        if (b->uses[id] <= 1 || b->uses[id] >= PINNED) continue;
+        for (int s = 0; s < grp->n_steps; s++) {
+            int n_in = b->g->nodes[b->member_id[s]]->n_in;
+            for (int j = 0; j < n_in; j++) readers += grp->steps[s].src[j] == k;
+        }
+        if (readers != b->uses[id]) return false;
+    }
+    return true;
 }
 
 /* Whether x may be computed inside the group and stored besides the root:
@@ -107,7 +142,10 @@ static int add_member(builder *b, const spmd_tensor *t)
         const spmd_tensor *x = t->in[j];
         /* Every member begun needs its step: absorb only with room left. */
         bool room = b->grp->n_steps + b->pending < FUSE_MAX_MEMBERS;
-        if (room && absorbable(b, x) && member_ok(b, x)) {
+        int again = b->taken[x->id] ? member_step(b, x) : -1;
+        if (again >= 0) {
+            s.src[j] = (int8_t)again;
+        } else if (room && (absorbable(b, x) || shareable(b, x)) && member_ok(b, x)) {
             s.src[j] = (int8_t)add_member(b, x);
         } else if (room && storable(b, x) && member_ok(b, x)) {
             int k = b->grp->n_stored;
@@ -162,7 +200,18 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
         builder b = {.g = g, .needed = needed, .uses = uses, .updates = updates, .taken = taken,
                      .grp = &grp};
         if (!member_ok(&b, t)) continue;
+        /* First with members read several times; if one of their readers
+         * stays outside, again without. */
+        b.share = true;
         add_member(&b, t);
+        if (!b.full && !all_readers_inside(&b)) {
+            for (int k = 0; k < grp.n_steps; k++) taken[b.member_id[k]] = false;
+            memset(&grp, 0, sizeof grp);
+            grp.root = t;
+            b = (builder){.g = g, .needed = needed, .uses = uses, .updates = updates, .taken = taken,
+                          .grp = &grp};
+            add_member(&b, t);
+        }
         if (b.full || grp.n_steps < 2) {
             /* Not a group: its would-be members run on their own. */
             for (int k = 0; k < grp.n_steps; k++) taken[b.member_id[k]] = false;
