@@ -204,6 +204,21 @@ static void test_checkpoint_over_processes(void **state)
     assert_memory_equal(&a.loss[6], c.loss, 4 * sizeof(float));
     /* Every device of the 4x2 mesh wrote a file (replicated blocks spread). */
     assert_int_equal(support_count_entries(step6, "dev-"), 8);
+
+    /* Sampling from it over 2 processes writes the one-process text. */
+    static char text[2][8192];
+    for (int v = 0; v < 2; v++) {
+        snprintf(args, sizeof args, "sample --resume %s --samples 2 --tokens 12 --seed 3", ckpt);
+        if (run_spmd(v ? 2 : 0, args) != 0) fail_msg("sample: %s", out);
+        const char *from = strstr(out, "--- sample 1");
+        if (!from) fail_msg("no samples in: %s", out);
+        const char *to = strstr(from, "arith:");
+        if (!to) fail_msg("no summary in: %s", out);
+        size_t len = (size_t)(to - from) < sizeof text[v] - 1 ? (size_t)(to - from) : sizeof text[v] - 1;
+        memcpy(text[v], from, len);
+        text[v][len] = '\0';
+    }
+    assert_string_equal(text[0], text[1]);
 }
 
 /* explain under mpirun -n 4 on 4x2: 'replica' crosses processes, 'fsdp'
