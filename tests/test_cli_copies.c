@@ -67,26 +67,29 @@ static void same_losses(const cJSON *copies_report, int copy, const char *solo)
     cJSON_Delete(s);
 }
 
-/* 4x2 (copy, fsdp): four models with their own seeds and learning rates,
- * each the bits of a 2-device fsdp run of its own. */
+/* 4x2 (copy, fsdp): four models with their own seeds, learning rates and
+ * weight decays (fed each step), each the bits of a 2-device fsdp run of
+ * its own (decay compiled in). */
 static void test_copies_match_solo_runs(void **state)
 {
     (void)state;
     const char *seeds[] = {"1", "2", "3", "4"}, *lrs[] = {"1e-3", "3e-3", "1e-2", "3e-2"};
+    const char *wds[] = {"0", "0.1", "0.5", "2"};
     const char *common = "--steps 8 --batch 8 --eval 0";
     char report[SUPPORT_PATH], solo[SUPPORT_PATH];
     support_path_in(report, dir, "copies.json");
     support_path_in(solo, dir, "solo.json");
     if (run_toolf(out, sizeof out,
                   "train %s --mesh 4x2 --axes copy,fsdp --copies copy --seed 1,2,3,4 "
-                  "--lr 1e-3,3e-3,1e-2,3e-2 --json %s", common, report) != 0)
+                  "--lr 1e-3,3e-3,1e-2,3e-2 --weight-decay 0,0.1,0.5,2 --json %s", common, report) != 0)
         fail_msg("%s", out);
     assert_non_null(strstr(out, "copies ranked by final training loss"));
     cJSON *r = load_json(report);
     assert_int_equal(cJSON_GetArraySize(item(r, "copies")), 4);
     for (int c = 0; c < 4; c++) {
-        if (run_toolf(out, sizeof out, "train %s --mesh 2 --axes fsdp --seed %s --lr %s --json %s",
-                      common, seeds[c], lrs[c], solo) != 0)
+        if (run_toolf(out, sizeof out,
+                      "train %s --mesh 2 --axes fsdp --seed %s --lr %s --weight-decay %s --json %s",
+                      common, seeds[c], lrs[c], wds[c], solo) != 0)
             fail_msg("%s", out);
         same_losses(r, c, solo);
         const cJSON *e = cJSON_GetArrayItem(item(r, "copies"), c);

@@ -519,7 +519,7 @@ static void expect_refused(spmd_graph *g, const spmd_optimizer *opt, spmd_status
 {
     int before = spmd_graph_tensor_count(g);
     spmd_clear_error();
-    spmd_optimizer_tensors ot = {(spmd_tensor *)1, (spmd_tensor *)1};
+    spmd_optimizer_tensors ot = {(spmd_tensor *)1, (spmd_tensor *)1, (spmd_tensor *)1};
     spmd_status st = spmd_optimizer_apply(g, opt, &ot);
     if (st != status)
         fail_msg("want %s, got %s (%s)", spmd_status_name(status), spmd_status_name(st),
@@ -528,6 +528,7 @@ static void expect_refused(spmd_graph *g, const spmd_optimizer *opt, spmd_status
         fail_msg("message \"%s\" does not mention \"%s\"", spmd_last_error(), needle);
     assert_null(ot.lr);
     assert_null(ot.grad_norm);
+    assert_null(ot.weight_decay);
     assert_int_equal(spmd_graph_tensor_count(g), before);
 }
 

@@ -98,8 +98,8 @@ void cli_usage(FILE *f, const char *command)
             "                       instead of --data's; alone, validates at the last step\n"
             "  --seed N             initialisation and data seed, 0 to 2^64-1 (1)\n"
             "  --copies AXIS        one model per group along mesh axis AXIS, independent\n"
-            "                       (a sweep): --seed, --lr and --warmup then take one value\n"
-            "                       or one per copy, comma-separated\n"
+            "                       (a sweep): --seed, --lr, --warmup and --weight-decay then\n"
+            "                       take one value or one per copy, comma-separated\n"
             "  --same-data on|off   copies: every copy reads copy 0's batches (off)\n"
             "  --threads N          compute threads in all, per process under mpirun (every\n"
             "                       core; under mpirun, the host's cores / its processes)\n"
@@ -271,7 +271,7 @@ static int parse_choice(const char *flag, const char *v, const char *a, const ch
     return 0;
 }
 
-/* --seed, --lr or --warmup: one value, or a comma-separated list of one
+/* --seed, --lr, --warmup or --weight-decay: one value, or a comma-separated list of one
  * per copy; the first is also the run's (copy 0's).  `v` is ours to cut. */
 static int parse_copy_list(const char *f, char *v, cli_opts *o)
 {
@@ -285,6 +285,8 @@ static int parse_copy_list(const char *f, char *v, cli_opts *o)
         int rc = 0;
         if (!strcmp(f, "--seed")) {
             rc = parse_u64(f, item, &o->seeds[n]);
+        } else if (!strcmp(f, "--weight-decay")) {
+            rc = parse_float(f, item, 0, 1e6, true, &o->wds[n]);
         } else if (!strcmp(f, "--lr")) {
             char *end;
             o->lrs[n] = strtof(item, &end);
@@ -300,6 +302,14 @@ static int parse_copy_list(const char *f, char *v, cli_opts *o)
     if (n == 0) return cli_fail("%s needs a value", f);
     if (!strcmp(f, "--seed")) o->n_seeds = n, o->seed = o->seeds[0];
     else if (!strcmp(f, "--lr")) o->n_lrs = n, o->lr = o->lrs[0];
+    else if (!strcmp(f, "--weight-decay")) {
+        /* A list is fed each step: the update decays if any copy does. */
+        o->n_wds = n;
+        o->optimizer.weight_decay = o->wds[0];
+        for (int i = 1; i < n; i++)
+            if (o->wds[i] > o->optimizer.weight_decay) o->optimizer.weight_decay = o->wds[i];
+        o->optimizer.weight_decay_input = n > 1;
+    }
     else o->n_warmups = n, o->warmup = o->warmups[0];
     return 0;
 }
@@ -325,7 +335,7 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
         rc = parse_choice(f, v, "adamw", "sgd", &b);
         o->optimizer.kind = b ? SPMD_OPTIMIZER_SGD : SPMD_OPTIMIZER_ADAMW;
     } else if (!strcmp(f, "--weight-decay")) {
-        rc = parse_float(f, v, 0, 1e6, true, &o->optimizer.weight_decay);
+        rc = parse_copy_list(f, v, o);
     } else if (!strcmp(f, "--beta1")) {
         rc = parse_float(f, v, 0, 1, false, &o->optimizer.beta1);
     } else if (!strcmp(f, "--beta2")) {
@@ -871,9 +881,12 @@ int cli_feed(const cli_opts *o, const cli_model *m, spmd_program *p, int step, i
     /* Each copy its own batch and learning rate. */
     for (int c = 0; !rc && c < m->copies; c++) {
         rc = feed_split(o, cli_copy_data(m, c), &m->train, p, c, SPMD_SPLIT_TRAIN, first, tok, tgt);
-        float lr = cli_lr_of(o, c, step);
+        float lr = cli_lr_of(o, c, step), wd = cli_copy_weight_decay(o, c);
         if (!rc && spmd_program_set_input_copy(p, c, m->opt.lr, &lr, sizeof lr) != SPMD_OK)
             rc = cli_fail("cannot feed the learning rate: %s", spmd_last_error());
+        if (!rc && m->opt.weight_decay &&
+            spmd_program_set_input_copy(p, c, m->opt.weight_decay, &wd, sizeof wd) != SPMD_OK)
+            rc = cli_fail("cannot feed the weight decay: %s", spmd_last_error());
     }
     free(tok), free(tgt);
     if (!rc) rc = feed_test_bad_token(o, m, p, step);

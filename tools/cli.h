@@ -57,10 +57,11 @@ typedef struct cli_opts {
     bool memory_check;   /* --memory-check on: refuse a run that cannot fit */
     const char *copies; /* --copies AXIS: an independent mesh axis, one model per group */
     bool same_data;    /* --same-data: every copy reads copy 0's batches */
-    int n_seeds, n_lrs, n_warmups; /* values given in each list (0: flag not given) */
+    int n_seeds, n_lrs, n_warmups, n_wds; /* values given in each list (0: flag not given) */
     uint64_t seeds[CLI_MAX_COPIES];
     float lrs[CLI_MAX_COPIES];
     int warmups[CLI_MAX_COPIES];
+    float wds[CLI_MAX_COPIES];
     cli_shard shards[CLI_MAX_SHARDS];
     int n_shards;
     const char *json;
@@ -127,6 +128,7 @@ double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *t
 uint64_t cli_copy_seed(const cli_opts *o, int c);
 float cli_copy_lr(const cli_opts *o, int c);
 int cli_copy_warmup(const cli_opts *o, int c);
+float cli_copy_weight_decay(const cli_opts *o, int c);
 float cli_lr_of(const cli_opts *o, int c, int step);
 spmd_dataset *cli_copy_data(const cli_model *m, int c);
 /* With --copies, declare the axis independent, check the lists' lengths

@@ -17,6 +17,10 @@
 uint64_t cli_copy_seed(const cli_opts *o, int c) { return o->n_seeds > 1 ? o->seeds[c] : o->seed; }
 float cli_copy_lr(const cli_opts *o, int c) { return o->n_lrs > 1 ? o->lrs[c] : o->lr; }
 int cli_copy_warmup(const cli_opts *o, int c) { return o->n_warmups > 1 ? o->warmups[c] : o->warmup; }
+float cli_copy_weight_decay(const cli_opts *o, int c)
+{
+    return o->n_wds > 1 ? o->wds[c] : o->optimizer.weight_decay;
+}
 
 float cli_lr_of(const cli_opts *o, int c, int step)
 {
@@ -55,6 +59,7 @@ int cli_setup_copies(const cli_opts *o, cli_model *m)
     int rc = check_count("--seed", o->n_seeds, m->copies, o->copies);
     if (!rc) rc = check_count("--lr", o->n_lrs, m->copies, o->copies);
     if (!rc) rc = check_count("--warmup", o->n_warmups, m->copies, o->copies);
+    if (!rc) rc = check_count("--weight-decay", o->n_wds, m->copies, o->copies);
     if (rc) return rc;
     if (o->same_data && m->copies == 1) return cli_fail("--same-data: the run has no copies (--copies AXIS)");
     /* Each copy reads the order its seed gives, as a run of its own would. */
@@ -100,9 +105,10 @@ void cli_rank_copies(const cli_opts *o, const cli_model *m, const double *final,
     printf("copies ranked by final %s loss:\n", validated ? "validation" : "training");
     for (int i = 0; i < m->copies; i++) {
         int c = r[i].copy;
-        printf("  %d. copy %d: %s%.4f  (seed %llu, lr %g, warmup %d)\n", i + 1, c,
+        printf("  %d. copy %d: %s%.4f  (seed %llu, lr %g, warmup %d, weight decay %g)\n", i + 1, c,
                isfinite(r[i].loss) ? "" : "diverged, ", r[i].loss,
-               (unsigned long long)cli_copy_seed(o, c), (double)cli_copy_lr(o, c), cli_copy_warmup(o, c));
+               (unsigned long long)cli_copy_seed(o, c), (double)cli_copy_lr(o, c), cli_copy_warmup(o, c),
+               (double)cli_copy_weight_decay(o, c));
     }
 }
 
@@ -115,6 +121,7 @@ cJSON *cli_copy_json(const cli_opts *o, int c, const float *losses, int stride, 
     cJSON_AddStringToObject(e, "seed", seed);
     cJSON_AddNumberToObject(e, "lr", cli_copy_lr(o, c));
     cJSON_AddNumberToObject(e, "warmup", cli_copy_warmup(o, c));
+    cJSON_AddNumberToObject(e, "weight_decay", cli_copy_weight_decay(o, c));
     cJSON *loss = cJSON_AddArrayToObject(e, "loss");
     for (int i = 0; i < steps; i++) {
         float v = losses[(size_t)i * (size_t)stride + (size_t)c];

@@ -115,6 +115,7 @@ static cli_opts copy_opts(const cli_opts *o, const cli_model *m, int c, char *sa
     oc.seed = cli_copy_seed(o, c);
     oc.lr = cli_copy_lr(o, c);
     oc.warmup = cli_copy_warmup(o, c);
+    oc.optimizer.weight_decay = cli_copy_weight_decay(o, c);
     if (o->save) snprintf(save, CLI_PATH_MAX, "%s/copy-%d", o->save, c), oc.save = save;
     if (o->resume) snprintf(resume, CLI_PATH_MAX, "%s/copy-%d", o->resume, c), oc.resume = resume;
     return oc;

@@ -35,12 +35,18 @@ typedef struct spmd_optimizer {
      * its share; the gradient is reduce-scattered instead of all-reduced
      * and the new parameter all-gathered back.  No effect without a mesh. */
     bool shard_state;
+    /* Read the decay from the f32 scalar input "weight_decay", fed each
+     * step, instead of compiling it in: copies (or runs) may then decay
+     * differently; weight_decay above only says whether the update decays
+     * at all (non-zero).  The same bits as the compiled-in constant. */
+    bool weight_decay_input;
 } spmd_optimizer;
 
 /* The scalar inputs and outputs an optimizer adds. */
 typedef struct spmd_optimizer_tensors {
     spmd_tensor *lr;        /* input "lr", f32 scalar, fed each step */
     spmd_tensor *grad_norm; /* the global gradient norm (before clipping), an output */
+    spmd_tensor *weight_decay; /* input "weight_decay" (weight_decay_input), else NULL */
 } spmd_optimizer_tensors;
 
 /* Append the update of every parameter (spmd_grad first).  State tensors

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #define LR_NAME "lr"
+#define WD_NAME "weight_decay"
 #define STEP_NAME "opt.step"
 #define NORM_NAME "opt.grad_norm"
 #define NAME_SIZE 256
@@ -197,6 +198,7 @@ static spmd_status check_graph(const spmd_graph *g, const spmd_optimizer *o, boo
     if (!bookkeeping) return SPMD_OK;
     if (params == 0) return base_error(SPMD_ERR_INVALID, "%s: the graph has no parameters", who);
     spmd_status st = name_free(g, STEP_NAME, who);
+    if (st == SPMD_OK && o->weight_decay_input && o->weight_decay != 0.0f) st = name_free(g, WD_NAME, who);
     return st != SPMD_OK ? st : name_free(g, NORM_NAME, who);
 }
 
@@ -300,6 +302,7 @@ static spmd_tensor *bias_correction(spmd_graph *g, spmd_tensor *t, spmd_tensor *
 /* Scalars every parameter's update shares. */
 typedef struct shared {
     spmd_tensor *lr;
+    spmd_tensor *wd;         /* the input "weight_decay", or NULL: the constant */
     spmd_tensor *clip_scale; /* NULL: no clipping */
     /* AdamW */
     spmd_tensor *decay;      /* 1 - lr wd; NULL without weight decay */
@@ -319,7 +322,8 @@ static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor
     spmd_tensor *target = p;
     p = param_in_update(g, o, p);
     spmd_tensor *d = grad;
-    if (o->weight_decay != 0.0f) d = spmd_add(g, d, spmd_scale(g, p, o->weight_decay));
+    if (o->weight_decay != 0.0f)
+        d = spmd_add(g, d, s->wd ? spmd_mul(g, p, s->wd) : spmd_scale(g, p, o->weight_decay));
     if (o->momentum != 0.0f) {
         spmd_tensor *buf = param_state(g, o, target, sgd_momentum_state[0]);
         spmd_tensor *next = spmd_add(g, spmd_scale(g, buf, o->momentum), d);
@@ -431,6 +435,10 @@ static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *l
                             (st = spmd_graph_mark_output(g, norm)) != SPMD_OK))
             return st;
     }
+    /* A decay fed each step multiplies as the constant scales: x * wd. */
+    if (o->weight_decay_input && o->weight_decay != 0.0f &&
+        !(s.wd = spmd_input(g, WD_NAME, SPMD_F32, 0, NULL)))
+        return builder_failed(g, who);
     if (o->clip_norm > 0.0f) {
         /* clip_grad_norm_: scale = min(1, clip / (norm + 1e-6)), applied
          * whether or not it is below 1, as torch does. */
@@ -440,7 +448,7 @@ static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *l
     }
     if (o->kind == SPMD_OPTIMIZER_ADAMW) {
         if (o->weight_decay != 0.0f &&
-            !(s.decay = spmd_sub(g, one, spmd_scale(g, lr, o->weight_decay))))
+            !(s.decay = spmd_sub(g, one, s.wd ? spmd_mul(g, lr, s.wd) : spmd_scale(g, lr, o->weight_decay))))
             return builder_failed(g, who); /* NULL would mean "no decay" */
         s.step_size = spmd_div(g, lr, bias_correction(g, t, one, o->beta1));
         s.bc2_sqrt = spmd_sqrt(g, bias_correction(g, t, one, o->beta2));
@@ -456,6 +464,7 @@ static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *l
     if (out) {
         out->lr = lr;
         out->grad_norm = bookkeeping ? norm : NULL;
+        out->weight_decay = s.wd;
     }
     return SPMD_OK;
 }
