@@ -20,20 +20,8 @@
 #error "SPMD_TOOL_PATH must name the spmd binary"
 #endif
 
+#include "support_json.h"
 #include "support_tool.h" /* run_tool */
-
-static cJSON *load_json(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char buf[1 << 20];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
-    assert_non_null(j);
-    return j;
-}
 
 static double number(const cJSON *j, const char *key)
 {
@@ -72,7 +60,7 @@ static void test_gpt2_124m_one_device(void **state)
     int rc = run_tool(args, out, sizeof out);
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
-    cJSON *j = load_json(report_path);
+    cJSON *j = support_load_json(report_path);
     assert_int_equal((int64_t)number(j, "params"), 124439808);
     const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
     assert_int_equal(cJSON_GetArraySize(loss), 2);
@@ -97,7 +85,7 @@ static void test_default_run_learns(void **state)
     int rc = run_tool(args, out, sizeof out);
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
-    cJSON *j = load_json(report_path);
+    cJSON *j = support_load_json(report_path);
     const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
     int n = cJSON_GetArraySize(loss);
     double first = cJSON_GetArrayItem(loss, 0)->valuedouble;
@@ -117,7 +105,7 @@ static cJSON *run_report(const char *flags)
     int rc = run_tool(args, out, sizeof out);
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
-    return load_json(report_path);
+    return support_load_json(report_path);
 }
 
 static double loss_at(const cJSON *j, int step)
@@ -232,7 +220,7 @@ static void test_mesh_run_matches_one_device(void **state)
         int rc = run_tool(args, out, sizeof out);
         if (rc != 0) fprintf(stderr, "%s\n", out);
         assert_int_equal(rc, 0);
-        cJSON *j = load_json(report_path);
+        cJSON *j = support_load_json(report_path);
         const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
         for (int s = 0; s < steps; s++) (k ? mesh : one)[s] = cJSON_GetArrayItem(loss, s)->valuedouble;
         if (k) {
@@ -256,7 +244,7 @@ static void test_explain_json(void **state)
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "all-gather"));
-    cJSON *j = load_json(report_path);
+    cJSON *j = support_load_json(report_path);
     const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(j, "tensors");
     bool found = false;
     for (int i = 0; i < cJSON_GetArraySize(tensors); i++) {
@@ -316,7 +304,7 @@ static void test_explain_processes(void **state)
         !strstr(out, "across processes: replica; inside a process: fsdp"))
         fail_msg("no process layout in:\n%s", out);
     assert_true(estimated_ms(out) > 2 * one);
-    cJSON *j = load_json(report_path);
+    cJSON *j = support_load_json(report_path);
     const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(j, "mesh");
     assert_int_equal((int)number(mesh, "processes"), 4);
     const cJSON *local = cJSON_GetObjectItemCaseSensitive(mesh, "local");

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "support_files.h"
+#include "support_json.h"
 #include "support_tool.h"
 
 #ifndef SPMD_TOOL_PATH
@@ -29,19 +30,6 @@
 
 static char *dir;
 static char out[1 << 16];
-
-static cJSON *load_json(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char buf[1 << 20];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
-    assert_non_null(j);
-    return j;
-}
 
 static const cJSON *item(const cJSON *j, const char *key)
 {
@@ -56,7 +44,7 @@ static void same_losses(const cJSON *copies_report, int copy, const char *solo)
 {
     const cJSON *c = cJSON_GetArrayItem(item(copies_report, "copies"), copy);
     assert_non_null(c);
-    cJSON *s = load_json(solo);
+    cJSON *s = support_load_json(solo);
     const cJSON *a = item(c, "loss"), *b = item(s, "loss");
     assert_int_equal(cJSON_GetArraySize(a), cJSON_GetArraySize(b));
     for (int i = 0; i < cJSON_GetArraySize(a); i++) {
@@ -84,7 +72,7 @@ static void test_copies_match_solo_runs(void **state)
                   "--lr 1e-3,3e-3,1e-2,3e-2 --weight-decay 0,0.1,0.5,2 --json %s", common, report) != 0)
         fail_msg("%s", out);
     assert_non_null(strstr(out, "copies ranked by final training loss"));
-    cJSON *r = load_json(report);
+    cJSON *r = support_load_json(report);
     assert_int_equal(cJSON_GetArraySize(item(r, "copies")), 4);
     for (int c = 0; c < 4; c++) {
         if (run_toolf(out, sizeof out,
@@ -121,7 +109,7 @@ static void test_copies_with_data_axis(void **state)
                   "--lr 2e-3 --warmup 0,2 --json %s", common, report) != 0)
         fail_msg("%s", out);
     assert_non_null(strstr(out, "copies ranked by final validation loss"));
-    cJSON *r = load_json(report);
+    cJSON *r = support_load_json(report);
     const char *seeds[] = {"5", "6"}, *warmups[] = {"0", "2"};
     for (int c = 0; c < 2; c++) {
         if (run_toolf(out, sizeof out,
@@ -129,7 +117,7 @@ static void test_copies_with_data_axis(void **state)
                       common, seeds[c], warmups[c], solo) != 0)
             fail_msg("%s", out);
         same_losses(r, c, solo);
-        cJSON *s = load_json(solo);
+        cJSON *s = support_load_json(solo);
         const cJSON *a = item(cJSON_GetArrayItem(item(r, "copies"), c), "val_loss");
         const cJSON *b = item(s, "val_loss");
         assert_int_equal(cJSON_GetArraySize(a), 2);
@@ -153,7 +141,7 @@ static void test_explain_one_copy(void **state)
         fail_msg("%s", out);
     assert_non_null(strstr(out, "copies: 4 along 'copy', independent"));
     if (run_toolf(out, sizeof out, "explain --mesh 2 --axes fsdp --json %s", b) != 0) fail_msg("%s", out);
-    cJSON *x = load_json(a), *y = load_json(b);
+    cJSON *x = support_load_json(a), *y = support_load_json(b);
     assert_int_equal((int)item(item(x, "copies"), "count")->valuedouble, 4);
     const char *same[] = {"collectives", "param_bytes_per_device", "peak_bytes_per_device"};
     for (int i = 0; i < 3; i++) {
@@ -205,7 +193,7 @@ static void test_copies_checkpoints(void **state)
                   "train --mesh 2 --axes fsdp --lr 1e-2 --seed 3 --eval 0 --batch 8 --steps 10 "
                   "--resume %s --json %s", copy2, solo) != 0)
         fail_msg("%s", out);
-    cJSON *a = load_json(straight), *b = load_json(resumed), *s = load_json(solo);
+    cJSON *a = support_load_json(straight), *b = support_load_json(resumed), *s = support_load_json(solo);
     for (int c = 0; c < 4; c++) {
         const cJSON *la = item(cJSON_GetArrayItem(item(a, "copies"), c), "loss");
         const cJSON *lb = item(cJSON_GetArrayItem(item(b, "copies"), c), "loss");

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "support_files.h"
+#include "support_json.h"
 #include "support_tool.h"
 
 #if defined(SPMD_MPIEXEC) && defined(SPMD_TOOL_PATH)
@@ -52,19 +53,6 @@ static int run_spmd(int procs, const char *args)
     return rc;
 }
 
-static cJSON *load_report(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char buf[1 << 20];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
-    assert_non_null(j);
-    return j;
-}
-
 typedef struct run_figures {
     float loss[16];
     int steps;
@@ -76,7 +64,7 @@ typedef struct run_figures {
 static run_figures figures(const char *path)
 {
     run_figures r = {0};
-    cJSON *j = load_report(path);
+    cJSON *j = support_load_json(path);
     const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss"), *v;
     cJSON_ArrayForEach(v, loss)
     {
@@ -162,7 +150,7 @@ static void test_copies_over_processes(void **state)
     if (run_spmd(0, args) != 0) fail_msg("one process: %s", out);
     snprintf(args, sizeof args, "%s --threads 4 --json %s", flags, many);
     if (run_spmd(2, args) != 0) fail_msg("2 processes: %s", out);
-    cJSON *a = load_report(one), *b = load_report(many);
+    cJSON *a = support_load_json(one), *b = support_load_json(many);
     char *x = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(a, "copies"));
     char *y = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(b, "copies"));
     assert_non_null(strstr(x, "\"accuracy\""));

@@ -22,6 +22,7 @@
 #include "spmd/data.h"
 #include "spmd/models.h"
 #include "support_files.h"
+#include "support_json.h"
 #include "support_tool.h"
 
 #ifndef SPMD_TOOL_PATH
@@ -30,19 +31,6 @@
 
 static char *dir;
 static char out[1 << 16];
-
-static cJSON *load_json(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char buf[1 << 20];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
-    assert_non_null(j);
-    return j;
-}
 
 /* The report's val_loss entry for `step`; NaN if none. */
 static double val_loss_at(const cJSON *report, int step)
@@ -113,7 +101,7 @@ static void test_val_loss_everywhere(void **state)
     }
     assert_non_null(strstr(out, "(3 batches of 16)"));
 
-    cJSON *r = load_json(report);
+    cJSON *r = support_load_json(report);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(r, "val_loss")), 3);
     double last = val_loss_at(r, 25);
     assert_true(isfinite(val_loss_at(r, 10)) && isfinite(val_loss_at(r, 20)) && isfinite(last));
@@ -154,7 +142,7 @@ static void test_validation_changes_no_training(void **state)
     const char *flags = "train --steps 12 --batch 8 --eval 0 --mesh 2x2 --axes replica,fsdp";
     if (run_toolf(out, sizeof out, "%s --json %s", flags, plain) != 0) fail_msg("%s", out);
     if (run_toolf(out, sizeof out, "%s --val-every 3 --json %s", flags, with) != 0) fail_msg("%s", out);
-    cJSON *a = load_json(plain), *b = load_json(with);
+    cJSON *a = support_load_json(plain), *b = support_load_json(with);
     const cJSON *la = cJSON_GetObjectItemCaseSensitive(a, "loss"),
                 *lb = cJSON_GetObjectItemCaseSensitive(b, "loss");
     assert_int_equal(cJSON_GetArraySize(la), 12);
@@ -185,7 +173,7 @@ static void test_val_data(void **state)
                   val_txt, report) != 0)
         fail_msg("%s", out);
     assert_non_null(strstr(out, "step    6/6  val loss "));
-    cJSON *r = load_json(report);
+    cJSON *r = support_load_json(report);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(r, "val_loss")), 1);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, "validation");
     assert_non_null(strstr(cJSON_GetObjectItemCaseSensitive(v, "data")->valuestring, "val.txt"));
