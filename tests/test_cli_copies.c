@@ -101,13 +101,27 @@ static void test_copies_with_data_axis(void **state)
 {
     (void)state;
     const char *common = "--steps 6 --batch 8 --eval 0 --val-every 3 --val-batches 2";
-    char report[SUPPORT_PATH], solo[SUPPORT_PATH];
+    char report[SUPPORT_PATH], solo[SUPPORT_PATH], plot[SUPPORT_PATH];
     support_path_in(report, dir, "copies3.json");
     support_path_in(solo, dir, "solo3.json");
+    support_path_in(plot, dir, "copies3.svg");
     if (run_toolf(out, sizeof out,
                   "train %s --mesh 2x2x2 --axes copy,data,fsdp --copies copy --seed 5,6 "
-                  "--lr 2e-3 --warmup 0,2 --json %s", common, report) != 0)
+                  "--lr 2e-3 --warmup 0,2 --json %s --plot %s", common, report, plot) != 0)
         fail_msg("%s", out);
+    /* The plot draws every copy: its 6 losses and 2 validations each. */
+    FILE *f = fopen(plot, "r");
+    assert_non_null(f);
+    static char svg[1 << 18];
+    svg[fread(svg, 1, sizeof svg - 1, f)] = '\0';
+    fclose(f);
+    for (int c = 0; c < 2; c++) {
+        char want[96];
+        snprintf(want, sizeof want, "id=\"copy-%d-loss\" data-points=\"6\"", c);
+        if (!strstr(svg, want)) fail_msg("no '%s' in the plot", want);
+        snprintf(want, sizeof want, "id=\"copy-%d-val\" data-points=\"2\"", c);
+        if (!strstr(svg, want)) fail_msg("no '%s' in the plot", want);
+    }
     assert_non_null(strstr(out, "copies ranked by final validation loss"));
     cJSON *r = support_load_json(report);
     const char *seeds[] = {"5", "6"}, *warmups[] = {"0", "2"};

@@ -382,13 +382,15 @@ static void draw_series(FILE *f, const frame *fr, const plot_series *s)
     fputs("</g>\n", f);
 }
 
-/* One row under the title: a stroke of each series' line and its name. */
+/* One row under the title: a stroke of each series' line and its name
+ * (a series without a name is not listed). */
 static void draw_legend(FILE *f, const frame *fr, const plot_series *series, int n_series)
 {
     double x = fr->left, y = 46;
     fputs("<g class=\"legend\">\n", f);
     for (int i = 0; i < n_series; i++) {
         const plot_series *s = &series[i];
+        if (!s->name) continue;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>\n",
                 x, y, x + 24, y, s->colour, s->dashed ? " stroke-dasharray=\"6 4\"" : "");
         if (s->markers)

@@ -24,7 +24,7 @@ bool plot_point_drawn(const plot_point *p);
 typedef enum plot_side { PLOT_LEFT, PLOT_RIGHT } plot_side;
 
 typedef struct plot_series {
-    const char *name;   /* legend text: "train loss" */
+    const char *name;   /* legend text: "train loss"; NULL: not in the legend */
     const char *id;     /* id and class in the SVG: letters, digits, '-' */
     const char *colour; /* an SVG colour: "#1f77b4" */
     plot_side side;     /* the y axis it is read against */
@@ -85,6 +85,11 @@ void plot_training_free(plot_training *t);
  * rate (dashed) against the right; a curve without points is left out.
  * 0, or 1 with a message (plot_write_svg). */
 int plot_write_training_svg(const char *path, const char *title, const plot_training *t);
+/* The losses of n copies (independent models) on one chart, a colour per
+ * copy: training loss as a line, validation loss as dots (series ids
+ * "copy-C-loss" and "copy-C-val"); the learning rates, which differ, are
+ * left out.  0, or 1 with a message. */
+int plot_write_copies_svg(const char *path, const char *title, const plot_training *copies, int n);
 
 /* `spmd plot LOG.jsonl --out FILE.svg [--title TEXT]`: 0, or the exit
  * status with a message (2: bad flags, an --out no file can be written

@@ -76,6 +76,44 @@ int plot_write_training_svg(const char *path, const char *title, const plot_trai
     return plot_write_svg(path, &chart, shown, n);
 }
 
+int plot_write_copies_svg(const char *path, const char *title, const plot_training *copies, int n)
+{
+    /* Matplotlib's ten category colours, again past ten copies. */
+    static const char *const colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+    plot_series *series = calloc((size_t)(2 * n > 0 ? 2 * n : 1), sizeof *series);
+    char(*names)[32] = calloc((size_t)(4 * n > 0 ? 4 * n : 1), sizeof *names);
+    if (!series || !names) {
+        free(series), free(names);
+        cli_fail("out of memory for the plot of %d copies", n);
+        return 1;
+    }
+    int k = 0;
+    for (int c = 0; c < n; c++) {
+        const char *colour = colours[c % 10];
+        char *loss_name = names[4 * c], *loss_id = names[4 * c + 1];
+        char *val_id = names[4 * c + 3];
+        snprintf(loss_name, 32, "copy %d", c);
+        snprintf(loss_id, 32, "copy-%d-loss", c);
+        snprintf(val_id, 32, "copy-%d-val", c);
+        if (copies[c].loss.n)
+            series[k++] = (plot_series){loss_name, loss_id, colour, PLOT_LEFT, false, false,
+                                        copies[c].loss.points, copies[c].loss.n};
+        if (copies[c].val_loss.n)
+            /* Dots in the line's colour: no legend entry of their own. */
+            series[k++] = (plot_series){NULL, val_id, colour, PLOT_LEFT, false, true,
+                                        copies[c].val_loss.points, copies[c].val_loss.n};
+    }
+    const plot_chart chart = {.title = title,
+                              .x_title = "step",
+                              .y_title = {"loss", NULL},
+                              .x_whole = true,
+                              .y_from_zero = {false, false}};
+    int rc = plot_write_svg(path, &chart, series, k);
+    free(series), free(names);
+    return rc;
+}
+
 /* ---- The log ------------------------------------------------------------------------------- */
 
 /* Where a message points: "LOG:LINE". */

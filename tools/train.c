@@ -299,10 +299,14 @@ static void log_step(FILE *log, int step, const float *loss, int copies, float l
 /* The loss and learning rate of the `steps` steps run after step `first`,
  * and the validation losses, drawn as `spmd plot` draws a log; process 0
  * draws for the run.  0, or 1 with a message. */
+static int plot_copies(const cli_opts *o, const char *title, const float *losses, int copies,
+                       int first, int steps, const val_records *val);
+
 static int plot_run(const cli_opts *o, const char *title, const float *losses, int copies,
                     int first, int steps, const val_records *val)
 {
     if (cli_process_rank() != 0) return 0;
+    if (copies > 1) return plot_copies(o, title, losses, copies, first, steps, val);
     plot_training t = {0};
     int rc = 0;
     for (int i = 0; i < steps && !rc; i++) {
@@ -312,6 +316,24 @@ static int plot_run(const cli_opts *o, const char *title, const float *losses, i
     for (int i = 0; i < val->n && !rc; i++) rc = plot_curve_add(&t.val_loss, val->step[i], val->loss[i]);
     if (!rc) rc = plot_write_training_svg(o->plot, title, &t);
     plot_training_free(&t);
+    return rc;
+}
+
+/* With copies, every copy's losses, a colour each. */
+static int plot_copies(const cli_opts *o, const char *title, const float *losses, int copies,
+                       int first, int steps, const val_records *val)
+{
+    plot_training *t = calloc((size_t)copies, sizeof *t);
+    int rc = t ? 0 : cli_fail("out of memory for the plot");
+    for (int c = 0; !rc && c < copies; c++) {
+        for (int i = 0; i < steps && !rc; i++)
+            rc = plot_curve_add(&t[c].loss, first + i + 1, losses[(size_t)i * (size_t)copies + (size_t)c]);
+        for (int i = 0; i < val[c].n && !rc; i++)
+            rc = plot_curve_add(&t[c].val_loss, val[c].step[i], val[c].loss[i]);
+    }
+    if (!rc) rc = plot_write_copies_svg(o->plot, title, t, copies);
+    for (int c = 0; t && c < copies; c++) plot_training_free(&t[c]);
+    free(t);
     return rc;
 }
 
@@ -513,7 +535,7 @@ static int train(cli_opts *o_in, FILE *log)
         if (o.plot && !rc) {
             char title[192];
             snprintf(title, sizeof title, "spmd train: %s on %s", o.model, mesh);
-            rc = plot_run(&o, title, losses, copies, first, run, &val[0]);
+            rc = plot_run(&o, title, losses, copies, first, run, val);
         }
         /* The stop's own status: a script must not take it for success. */
         if (stop.step) rc = stop.signal ? 128 + stop.signal : EXIT_DIVERGED;
