@@ -5,6 +5,8 @@
 #include "cli.h"
 #include "processes.h"
 
+#include "mesh/mesh.h"
+
 #include <cJSON.h>
 
 #include <errno.h>
@@ -88,11 +90,15 @@ cJSON *cli_processes_json(const spmd_program *p)
 {
     int procs = cli_processes(), first = 0;
     int here = spmd_program_local_devices(p, &first);
-    double *allocated = calloc((size_t)procs, sizeof *allocated);
+    /* A process runs at least one device: no more processes than the
+     * largest mesh's devices, and no allocation that could fail before a
+     * gather every process must join. */
+    static double allocated[MESH_MAX_DEVICES];
     cJSON *list = cJSON_CreateArray();
-    /* Every process calls the gather, whatever happens to its memory. */
-    int rc = cli_gather_double((double)spmd_program_allocated_bytes(p), allocated ? allocated : &(double){0});
-    for (int q = 0; !rc && allocated && q < procs; q++) {
+    int rc = procs <= MESH_MAX_DEVICES
+                 ? cli_gather_double((double)spmd_program_allocated_bytes(p), allocated)
+                 : 1;
+    for (int q = 0; !rc && q < procs; q++) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "rank", q);
         cJSON_AddNumberToObject(o, "first_device", q * here);
@@ -101,7 +107,6 @@ cJSON *cli_processes_json(const spmd_program *p)
         cJSON_AddNumberToObject(o, "allocated_bytes", allocated[q]);
         cJSON_AddItemToArray(list, o);
     }
-    free(allocated);
     return list;
 }
 

@@ -82,7 +82,7 @@ int plot_write_copies_svg(const char *path, const char *title, const plot_traini
     static const char *const colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
     plot_series *series = calloc((size_t)(2 * n > 0 ? 2 * n : 1), sizeof *series);
-    char(*names)[32] = calloc((size_t)(4 * n > 0 ? 4 * n : 1), sizeof *names);
+    char(*names)[32] = calloc((size_t)(3 * n > 0 ? 3 * n : 1), sizeof *names);
     if (!series || !names) {
         free(series), free(names);
         cli_fail("out of memory for the plot of %d copies", n);
@@ -91,8 +91,7 @@ int plot_write_copies_svg(const char *path, const char *title, const plot_traini
     int k = 0;
     for (int c = 0; c < n; c++) {
         const char *colour = colours[c % 10];
-        char *loss_name = names[4 * c], *loss_id = names[4 * c + 1];
-        char *val_id = names[4 * c + 3];
+        char *loss_name = names[3 * c], *loss_id = names[3 * c + 1], *val_id = names[3 * c + 2];
         snprintf(loss_name, 32, "copy %d", c);
         snprintf(loss_id, 32, "copy-%d-loss", c);
         snprintf(val_id, 32, "copy-%d-val", c);

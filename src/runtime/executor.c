@@ -672,47 +672,45 @@ static spmd_status check_copy(const spmd_program *p, int copy, const char *what)
     return SPMD_OK;
 }
 
-/* set_input and write: into copy `copy`'s devices, or every copy's (-1). */
-static spmd_status put(spmd_program *p, int copy, const spmd_tensor *t, const void *src,
-                       size_t bytes, const char *what)
+/* set_input and write: into copy `copy`'s devices (one_copy), or every
+ * copy's. */
+static spmd_status put(spmd_program *p, bool one_copy, int copy, const spmd_tensor *t,
+                       const void *src, size_t bytes, const char *what)
 {
     spmd_status st = check_access(p, t, bytes, what);
+    if (st == SPMD_OK && one_copy) st = check_copy(p, copy, what);
     if (st != SPMD_OK) return st;
     bool input = !strcmp(what, "set_input");
     if (input ? t->op != IR_INPUT : !is_persistent(t))
         return base_error(SPMD_ERR_INVALID, "%s: '%s' is a %s, not %s", what,
                           t->name ? t->name : "(unnamed)", ir_op_name(t->op),
                           input ? "an input" : "a param or state");
-    scatter(p, t, src, copy);
+    scatter(p, t, src, one_copy ? copy : -1);
     return SPMD_OK;
 }
 
 spmd_status spmd_program_set_input(spmd_program *p, const spmd_tensor *t, const void *data,
                                    size_t bytes)
 {
-    return put(p, -1, t, data, bytes, "set_input");
+    return put(p, false, 0, t, data, bytes, "set_input");
 }
 
 spmd_status spmd_program_set_input_copy(spmd_program *p, int copy, const spmd_tensor *t,
                                         const void *data, size_t bytes)
 {
-    spmd_status st = check_runnable(p, "set_input");
-    if (st == SPMD_OK) st = check_copy(p, copy, "set_input");
-    return st != SPMD_OK ? st : put(p, copy, t, data, bytes, "set_input");
+    return put(p, true, copy, t, data, bytes, "set_input");
 }
 
 spmd_status spmd_program_write(spmd_program *p, const spmd_tensor *t, const void *src,
                                size_t bytes)
 {
-    return put(p, -1, t, src, bytes, "write");
+    return put(p, false, 0, t, src, bytes, "write");
 }
 
 spmd_status spmd_program_write_copy(spmd_program *p, int copy, const spmd_tensor *t,
                                     const void *src, size_t bytes)
 {
-    spmd_status st = check_runnable(p, "write");
-    if (st == SPMD_OK) st = check_copy(p, copy, "write");
-    return st != SPMD_OK ? st : put(p, copy, t, src, bytes, "write");
+    return put(p, true, copy, t, src, bytes, "write");
 }
 
 spmd_status spmd_program_read_copy(const spmd_program *p, int copy, const spmd_tensor *t,
@@ -850,12 +848,12 @@ spmd_status executor_gather_processes(const spmd_program *p, const void *in, voi
         memcpy(out, in, (size_t)bytes_each);
         return SPMD_OK;
     }
-    int64_t *bytes_of = base_alloc(&((spmd_program *)p)->alloc, (size_t)p->processes * sizeof *bytes_of,
-                                   "gather");
+    spmd_allocator a = p->alloc;
+    int64_t *bytes_of = base_alloc(&a, (size_t)p->processes * sizeof *bytes_of, "gather");
     if (!bytes_of) return SPMD_ERR_NOMEM;
     for (int q = 0; q < p->processes; q++) bytes_of[q] = bytes_each;
     spmd_status st = coll_world_gather_processes(p->world, in, out, bytes_of);
-    base_free(&((spmd_program *)p)->alloc, bytes_of);
+    base_free(&a, bytes_of);
     return st;
 }
 
