@@ -148,7 +148,7 @@ static void test_groups(void **state)
     assert_group(m, 5, "fsdp,replica", (const int[]){0, 2, 4, 6, 1, 3, 5, 7}, 8);
     assert_group(m, 5, "", (const int[]){5}, 1);
 
-    mesh_axes fsdp = {1, {1}}, replica = {1, {0}};
+    mesh_axes fsdp = {.n = 1, .axis = {1}}, replica = {.n = 1, .axis = {0}};
     assert_int_equal(mesh_group_rank(m, 5, &fsdp), 1);
     assert_int_equal(mesh_group_rank(m, 5, &replica), 2);
     assert_int_equal(mesh_group_index(m, 5, &fsdp), 2);

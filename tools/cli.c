@@ -57,6 +57,11 @@ void cli_usage(FILE *f, const char *command)
             "                       fits the spec, e.g. '*.weight=fsdp,None'; repeatable, later\n"
             "                       rules win; the inputs' batch dim is split over every mesh\n"
             "                       axis unless a rule names them\n"
+            "  --tp AXIS            GPT tensor parallelism (Megatron-LM) over AXIS: heads, MLP\n"
+            "                       hidden units and vocabulary split; the batch goes over the\n"
+            "                       other axes, --fsdp splits the weights' other dim\n"
+            "  --sp on|off          with --tp: sequence parallelism, the residual stream split\n"
+            "                       over the sequence on the tensor axis (off)\n"
             "  --model gpt|mlp      model (gpt)\n"
             "  --layers N --dim N --heads N --seq N   GPT shape (2, 96, 4, 40)\n"
             "  --vocab N            vocabulary (the data's)\n"
@@ -201,6 +206,8 @@ static const flag_spec flag_specs[] = {
     {"--axes", FLAG_OTHER, 0, 0, NULL},
     {"--shard", FLAG_OTHER, 0, 0, NULL},
     {"--fsdp", FLAG_TEXT, offsetof(cli_opts, fsdp), 0, NULL},
+    {"--tp", FLAG_TEXT, offsetof(cli_opts, tp), 0, NULL},
+    {"--sp", FLAG_OTHER, 0, 0, NULL},
     {"--data", FLAG_TEXT, offsetof(cli_opts, data), 0, NULL},
     {"--json", FLAG_TEXT, offsetof(cli_opts, json), 0, NULL},
     {"--log", FLAG_TEXT, offsetof(cli_opts, log), 0, NULL},
@@ -358,6 +365,9 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o, bool *mesh_given)
     } else if (!strcmp(f, "--zero")) {
         rc = parse_choice(f, v, "off", "on", &b);
         o->optimizer.shard_state = b;
+    } else if (!strcmp(f, "--sp")) {
+        rc = parse_choice(f, v, "off", "on", &b);
+        o->sp = b;
     } else if (!strcmp(f, "--same-data")) {
         rc = parse_choice(f, v, "off", "on", &b);
         o->same_data = b;
@@ -514,9 +524,27 @@ int cli_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     spmd_tensor *inputs[2] = {c->input, c->targets};
     int n = c->targets ? 2 : 1;
     spmd_status st;
+    /* Tensor parallelism marks its weights first (FSDP then splits the rest)
+     * and keeps the batch off its axis. */
+    char data_axes[256] = "";
+    if (o->tp) {
+        if (strcmp(o->model, "gpt")) return cli_fail("--tp: tensor parallelism is for --model gpt");
+        spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp};
+        if (spmd_gpt_shard_tensor_parallel(c->g, &o->gpt, mesh, &how) != SPMD_OK)
+            return cli_fail("--tp %s: %s", o->tp, spmd_last_error());
+        size_t k = 0;
+        for (int a = 0; a < spmd_mesh_rank(mesh); a++) {
+            const char *name = spmd_mesh_axis_name(mesh, a);
+            if (!strcmp(name, o->tp) || spmd_mesh_axis_is_independent(mesh, a)) continue;
+            k += (size_t)snprintf(data_axes + k, sizeof data_axes - k, "%s%s", k ? ", " : "", name);
+        }
+    } else if (o->sp) {
+        return cli_fail("--sp on: sequence parallelism splits over the tensor axis: give --tp AXIS");
+    }
+    const char *batch = o->tp ? data_axes : NULL;
     /* FSDP shards the parameters and the batch; without it, only the batch. */
-    if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, n, NULL);
-    else st = spmd_shard_batch(c->g, mesh, inputs, n, NULL);
+    if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, n, batch);
+    else st = spmd_shard_batch(c->g, mesh, inputs, n, batch);
     if (st != SPMD_OK) return cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
     /* Copies need the mesh on the graph even where nothing is split (each
      * copy on one device): the input marked whole does it. */

@@ -37,6 +37,8 @@ typedef struct cli_opts {
     const char *mesh;  /* "4x2" */
     const char *axes;  /* "replica,fsdp" */
     const char *fsdp;  /* axis, "none", or NULL: "fsdp" when the mesh has it */
+    const char *tp;    /* --tp: the GPT's tensor-parallel axis, NULL: none */
+    bool sp;           /* --sp: sequence parallelism on that axis */
     const char *data;  /* NULL: the synthetic addition set */
     spmd_optimizer optimizer;
     bool lr_constant;  /* --schedule constant (default for sgd) */

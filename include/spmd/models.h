@@ -11,6 +11,7 @@
 #ifndef SPMD_MODELS_H
 #define SPMD_MODELS_H
 
+#include "spmd/mesh.h"
 #include "spmd/spmd.h"
 
 #ifdef __cplusplus
@@ -90,7 +91,7 @@ typedef struct spmd_gpt_config {
 typedef struct spmd_gpt_tensors {
     spmd_tensor *input;   /* "input"   i32 [B, T] token ids */
     spmd_tensor *targets; /* "targets" i32 [B, T] next-token ids */
-    spmd_tensor *logits;  /* [B, T, V] */
+    spmd_tensor *logits;  /* "logits" [B, T, V] */
     spmd_tensor *loss;    /* scalar mean cross-entropy */
 } spmd_gpt_tensors;
 
@@ -109,6 +110,34 @@ SPMD_API spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, i
  * own stack. */
 SPMD_API spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer,
                                      spmd_tensor *x);
+
+/* ---- Tensor and sequence parallelism (Megatron-LM) ---------------------------- */
+
+/* How spmd_gpt_shard_tensor_parallel splits a GPT.  `tensor` names the
+ * mesh axis that splits the heads (q, k and v of GPT-2's fused c_attn:
+ * its weight [3C, C] is marked "3*tensor, ..."), the MLP's hidden units
+ * and the vocabulary (the tied wte and the logits: the lookup and the
+ * loss then run on vocabulary blocks).  `fsdp`, if not NULL, names the
+ * axis that splits the same weights' other dim (3-D parallelism with the
+ * batch axes); `batch` is the spec of the activations' batch dim (NULL:
+ * every axis but the tensor axis and the independent ones, as
+ * spmd_shard_batch gives the inputs when told those axes).  `sequence`
+ * adds sequence parallelism: the residual stream ("embed", "h.{i}.mid",
+ * "h.{i}.out") split over the sequence on the tensor axis, so each
+ * block's all-reduces become reduce-scatters and all-gathers. */
+typedef struct spmd_gpt_parallel {
+    const char *tensor;
+    const char *fsdp;
+    const char *batch;
+    bool sequence;
+} spmd_gpt_parallel;
+
+/* Marks a graph from spmd_gpt_build (on mesh m) as `how` says; the other
+ * tensors stay unmarked (spmd_fsdp_wrap afterwards shards the rest and
+ * the batch).  The heads must split evenly over the tensor axis. */
+SPMD_API spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config *cfg,
+                                                    const spmd_mesh *m,
+                                                    const spmd_gpt_parallel *how);
 
 /* ---- GPT-2 decoding with a KV cache ------------------------------------------ */
 

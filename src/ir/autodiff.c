@@ -452,6 +452,24 @@ static spmd_status name_grad(spmd_graph *g, spmd_tensor *p, spmd_tensor *gr, int
     return SPMD_OK;
 }
 
+/* A marked value's adjoint is laid out as the value is, as JAX transposes
+ * a sharding constraint into the same constraint on the cotangent: the
+ * backward pass then keeps the plan the marks made for the forward one
+ * (tensor parallelism's splits, sequence parallelism's) instead of
+ * letting the batch's split win every clash anew.  Parameters are left
+ * alone (their gradients meet their layout at the update), and so is an
+ * adjoint that is a forward value or already marked (y = a + b hands
+ * the same adjoint to both). */
+static spmd_status mark_adjoint(spmd_graph *g, const spmd_tensor *t, spmd_tensor *adj,
+                                int n_forward)
+{
+    (void)g;
+    /* Shared: a mark is never changed in place (spmd_mark_sharding makes a
+     * new one). */
+    if (t->mark && !ir_op_is_leaf(t->op) && !adj->mark && adj->id >= n_forward) adj->mark = t->mark;
+    return SPMD_OK;
+}
+
 spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss) { return ir_grad(g, loss, NULL); }
 
 spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
@@ -537,6 +555,8 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
     for (int i = last; i >= 0; i--) {
         spmd_tensor *t = g->nodes[i];
         if (!need[i] || !adj[i]) continue;
+        st = mark_adjoint(g, t, adj[i], n);
+        if (st != SPMD_OK) goto out;
         if (rule_begin) rule_begin[i] = g->n_nodes;
         spmd_tensor *dx[IR_MAX_INPUTS] = {0};
         st = ir_op_vjp(t->op)(g, t, adj[i], dx);

@@ -61,6 +61,15 @@ spmd_status spmd_mark_sharding(spmd_graph *g, spmd_tensor *t, const spmd_mesh *m
                                   "is independent (each group along it trains a model of its own; "
                                   "nothing is split over it)",
                                   label, spec, i, m->names[s.dim[i].axis[k]]);
+    for (int i = 0; i < s.rank; i++) {
+        int64_t groups = mesh_axes_groups(&s.dim[i]), blocks = sharding_blocks(&s, m, i);
+        if (s.dim[i].n && !sharding_groups_exact(&s, m, i, t->dims[i]))
+            return base_error(SPMD_ERR_SHAPE,
+                              "mark_sharding %s: spec \"%s\" cuts dim %d (%lld) into %lld groups "
+                              "of %lld blocks: a grouped split must divide the dim exactly",
+                              label, spec, i, (long long)t->dims[i], (long long)groups,
+                              (long long)blocks);
+    }
     if (s.partial) {
         char quoted[MESH_EXCERPT_SIZE];
         return base_error(SPMD_ERR_UNSUPPORTED,
@@ -68,9 +77,11 @@ spmd_status spmd_mark_sharding(spmd_graph *g, spmd_tensor *t, const spmd_mesh *m
                           "only describes pending sums the partitioner makes", label,
                           mesh_text_excerpt(spec, strcspn(spec, "|"), quoted, sizeof quoted));
     }
-    if (!t->mark) t->mark = base_arena_alloc(&g->arena, sizeof *t->mark);
-    if (!t->mark) return SPMD_ERR_NOMEM;
-    *t->mark = s;
+    /* A new one each time: autodiff shares a value's mark with its adjoint. */
+    sharding *mark = base_arena_alloc(&g->arena, sizeof *mark);
+    if (!mark) return SPMD_ERR_NOMEM;
+    *mark = s;
+    t->mark = mark;
     if (!g->mesh) g->mesh = m;
     return SPMD_OK;
 }

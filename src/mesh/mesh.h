@@ -36,11 +36,19 @@ struct spmd_mesh {
     int *position;                              /* position[device id] = row-major coord */
 };
 
-/* An ordered list of mesh axes (major to minor). */
+/* An ordered list of mesh axes (major to minor).  As a tensor dim's split
+ * it may be grouped (docs/DESIGN.md, "Grouped splits"): groups > 1 views
+ * the dim as [groups, size / groups] and splits the second over the axes,
+ * so each device holds a block of every group (GPT-2's fused q | k | v
+ * split by heads).  0 and 1 both mean one group; collectives ignore it. */
 typedef struct mesh_axes {
     int n;
     int8_t axis[MESH_MAX_AXES];
+    int groups;
 } mesh_axes;
+
+/* The groups of a dim's split: 1 for a plain split. */
+static inline int64_t mesh_axes_groups(const mesh_axes *a) { return a->groups > 1 ? a->groups : 1; }
 
 /* spmd_mesh_create with the length of `ids` checked against the mesh
  * ("mesh 4x2 has 8 devices, got 6 ids"), for callers that read ids from

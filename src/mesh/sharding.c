@@ -4,11 +4,13 @@
  *
  * Grammar of the text form (whitespace anywhere, columns are 1-based):
  *     spec    := [entry (',' entry)*] ['|' 'partial' '(' axes ')']
- *     entry   := 'None' | axis | '(' axes ')'
+ *     entry   := 'None' | [groups '*'] (axis | '(' axes ')')
  *     axes    := axis (',' axis)* [',']
  *     axis    := identifier | 'quoted' | "quoted"
  * Quotes let Python users paste ('fsdp', None) entries as they write them;
  * the trailing comma inside parentheses is Python's one-tuple ('fsdp',).
+ * `3*tensor` is a grouped split (mesh.h): the dim as 3 equal runs, each
+ * split over 'tensor'.
  * Parentheses are checked in a first pass over the tokens, so an
  * unbalanced spec is reported as such instead of as whatever token the
  * parser meets first.
@@ -33,7 +35,7 @@ sharding sharding_replicated(int rank)
 /* ---- Tokens ------------------------------------------------------------------ */
 
 typedef enum tok_kind {
-    TOK_END, TOK_NAME, TOK_LPAREN, TOK_RPAREN, TOK_COMMA, TOK_BAR, TOK_BAD
+    TOK_END, TOK_NAME, TOK_NUMBER, TOK_STAR, TOK_LPAREN, TOK_RPAREN, TOK_COMMA, TOK_BAR, TOK_BAD
 } tok_kind;
 
 typedef struct token {
@@ -55,6 +57,7 @@ static token lex(const char *text, int pos)
     case ')': t.kind = TOK_RPAREN; return t;
     case ',': t.kind = TOK_COMMA; return t;
     case '|': t.kind = TOK_BAR; return t;
+    case '*': t.kind = TOK_STAR; return t;
     case '\'': case '"':
         close = strchr(text + pos + 1, c);
         t.kind = close ? TOK_NAME : TOK_BAD;
@@ -62,6 +65,11 @@ static token lex(const char *text, int pos)
         if (close) t.len = (int)(close - (text + pos)) + 1;
         return t;
     default: break;
+    }
+    if (isdigit((unsigned char)c)) {
+        while (isdigit((unsigned char)text[pos + t.len])) t.len++;
+        t.kind = TOK_NUMBER;
+        return t;
     }
     if (!isalpha((unsigned char)c) && c != '_') {
         t.kind = TOK_BAD;
@@ -196,6 +204,28 @@ static spmd_status parse_axis_list(parser *p, mesh_axes *dst, const char *what)
 static spmd_status parse_entry(parser *p, mesh_axes *dst)
 {
     dst->n = 0;
+    dst->groups = 0;
+    if (p->tok.kind == TOK_NUMBER) {
+        /* N*axis or N*(axes): a grouped split. */
+        token num = p->tok;
+        long groups = num.len <= 6 ? strtol(p->text + num.pos, NULL, 10) : 0;
+        if (groups < 1)
+            return fail(p, num.pos, "groups '%.*s' at column %d must be 1 to 999999",
+                        num.len < QUOTE_MAX ? num.len : QUOTE_MAX, p->text + num.pos, num.pos + 1);
+        advance(p);
+        if (p->tok.kind != TOK_STAR)
+            return fail(p, num.pos, "the group count %ld at column %d wants '*' and the axes "
+                        "after it (as in %ld*tensor)", groups, num.pos + 1, groups);
+        advance(p);
+        if (tok_is(p->text, p->tok, "None"))
+            return fail(p, p->tok.pos, "None at column %d cannot be grouped (N*axis)",
+                        p->tok.pos + 1);
+        spmd_status st = p->tok.kind == TOK_NAME     ? parse_axis(p, dst)
+                         : p->tok.kind == TOK_LPAREN ? parse_axis_list(p, dst, "tuple")
+                                                     : unexpected(p, "an axis or a tuple after '*'");
+        dst->groups = groups > 1 ? (int)groups : 0;
+        return st;
+    }
     if (tok_is(p->text, p->tok, "None")) {
         advance(p);
         return SPMD_OK;
@@ -265,7 +295,9 @@ const char *sharding_format(const sharding *s, const spmd_mesh *m, char *buf, si
     if (!t.size) return "";
     for (int d = 0; d < s->rank; d++) {
         const mesh_axes *axes = &s->dim[d];
-        mesh_text_add(&t, "%s%s", d ? ", " : "", axes->n == 0 ? "None" : axes->n > 1 ? "(" : "");
+        mesh_text_add(&t, "%s", d ? ", " : "");
+        if (axes->n && mesh_axes_groups(axes) > 1) mesh_text_add(&t, "%d*", axes->groups);
+        mesh_text_add(&t, "%s", axes->n == 0 ? "None" : axes->n > 1 ? "(" : "");
         mesh_text_axes(&t, m, axes);
         if (axes->n > 1) mesh_text_add(&t, ")");
     }
@@ -312,6 +344,11 @@ const char *sharding_format_hlo(const sharding *s, const spmd_mesh *m, char *buf
     mesh_text t;
     mesh_text_init(&t, buf, size);
     if (!t.size) return "";
+    if (sharding_has_groups(s)) {
+        /* HloSharding tiles each dim in contiguous blocks: no form for this. */
+        mesh_text_add(&t, "{grouped split: no HloSharding form}");
+        return buf;
+    }
     mesh_axes groups[SPMD_MAX_RANK + 2];
     int n_groups = 0, tiles = 1;
     for (int d = 0; d < s->rank; d++) {
@@ -355,6 +392,8 @@ bool sharding_equal(const sharding *a, const sharding *b)
     if (a->rank != b->rank || a->partial != b->partial) return false;
     for (int d = 0; d < a->rank; d++) {
         if (a->dim[d].n != b->dim[d].n) return false;
+        if (a->dim[d].n && mesh_axes_groups(&a->dim[d]) != mesh_axes_groups(&b->dim[d]))
+            return false;
         for (int i = 0; i < a->dim[d].n; i++)
             if (a->dim[d].axis[i] != b->dim[d].axis[i]) return false;
     }
@@ -375,14 +414,30 @@ int64_t sharding_blocks(const sharding *s, const spmd_mesh *m, int d)
 
 int64_t sharding_block_size(const sharding *s, const spmd_mesh *m, int d, int64_t global)
 {
-    int64_t blocks = sharding_blocks(s, m, d);
+    /* A grouped split holds a block of each group (exact: never padded). */
+    int64_t blocks = sharding_blocks(s, m, d), groups = mesh_axes_groups(&s->dim[d]);
+    if (groups > 1) return global / groups / blocks * groups;
     return (global + blocks - 1) / blocks;
+}
+
+bool sharding_has_groups(const sharding *s)
+{
+    for (int d = 0; d < s->rank; d++)
+        if (s->dim[d].n && mesh_axes_groups(&s->dim[d]) > 1) return true;
+    return false;
+}
+
+bool sharding_groups_exact(const sharding *s, const spmd_mesh *m, int d, int64_t global)
+{
+    int64_t groups = mesh_axes_groups(&s->dim[d]);
+    return groups == 1 || global % (groups * sharding_blocks(s, m, d)) == 0;
 }
 
 int64_t sharding_block_valid(const sharding *s, const spmd_mesh *m, int d, int64_t global,
                              int64_t block)
 {
     int64_t size = sharding_block_size(s, m, d, global);
+    if (mesh_axes_groups(&s->dim[d]) > 1) return size;
     int64_t left = global - block * size;
     return left < 0 ? 0 : left < size ? left : size;
 }
@@ -475,6 +530,12 @@ int sharding_visualize(const sharding *s, const spmd_mesh *m, int rank, const in
         base_error(SPMD_ERR_INVALID,
                    "sharding_visualize: can draw 1-D and 2-D tensors only, got rank %d (sharding "
                    "rank %d)", rank, s->rank);
+        return -1;
+    }
+    if (sharding_has_groups(s)) {
+        base_error(SPMD_ERR_UNSUPPORTED,
+                   "sharding_visualize: a grouped split (N*axis) holds a block of every group "
+                   "on each device; the picture draws one block per device");
         return -1;
     }
     char label[CELL_LABEL_MAX + 1];

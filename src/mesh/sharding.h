@@ -7,6 +7,7 @@
  * Text form, parsed and printed everywhere (PyTorch/XLA partition specs):
  *     (replica, fsdp), None          dim 0 over replica x fsdp, dim 1 whole
  *     fsdp, None | partial(replica)  printed for pending sums
+ *     3*tensor, fsdp                 dim 0 as 3 runs, each split over tensor
  * A dimension of size D split into B blocks holds ceil(D / B) elements per
  * device, the last blocks padded.
  */
@@ -36,6 +37,10 @@ const char *sharding_format(const sharding *s, const spmd_mesh *m, char *buf, si
 const char *sharding_format_hlo(const sharding *s, const spmd_mesh *m, char *buf, size_t size);
 
 bool sharding_equal(const sharding *a, const sharding *b);
+/* Whether some split dim is grouped (N*axis). */
+bool sharding_has_groups(const sharding *s);
+/* A grouped split must cut every group exactly (no padding). */
+bool sharding_groups_exact(const sharding *s, const spmd_mesh *m, int d, int64_t global);
 /* Mask of mesh axes used by dims (not partial). */
 uint32_t sharding_dim_axes(const sharding *s);
 /* Number of blocks dim d is split into. */
@@ -46,7 +51,8 @@ int64_t sharding_block_size(const sharding *s, const spmd_mesh *m, int d, int64_
  * padding: 10 over 4 blocks gives 3, 3, 3, 1. */
 int64_t sharding_block_valid(const sharding *s, const spmd_mesh *m, int d, int64_t global,
                              int64_t block);
-/* Which block of dim d `device` holds (mixed radix over the dim's axes). */
+/* Which block of dim d `device` holds (mixed radix over the dim's axes);
+ * in a grouped split, its block of every group. */
 int64_t sharding_block_index(const sharding *s, const spmd_mesh *m, int d, int device);
 /* Local (per-device, padded) shape of a tensor with global `dims`. */
 void sharding_local_dims(const sharding *s, const spmd_mesh *m, int rank, const int64_t *dims,

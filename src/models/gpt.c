@@ -84,7 +84,29 @@ spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64
     snprintf(name, sizeof name, "%s.bias", prefix);
     spmd_tensor *b = spmd_param(g, name, 1, (const int64_t[]){out},
                                 (spmd_init){SPMD_INIT_ZEROS, 0});
-    return spmd_add(g, spmd_matmul(g, x, w, false, true), b);
+    /* "<prefix>.matmul" and "<prefix>.out", for tensor parallelism's marks. */
+    snprintf(name, sizeof name, "%s.matmul", prefix);
+    spmd_tensor *y = gpt_named(g, spmd_matmul(g, x, w, false, true), name);
+    snprintf(name, sizeof name, "%s.out", prefix);
+    return gpt_named(g, spmd_add(g, y, b), name);
+}
+
+spmd_tensor *gpt_named(spmd_graph *g, spmd_tensor *x, const char *name)
+{
+    if (x && spmd_tensor_set_name(x, name) != SPMD_OK) {
+        ir_error_keep(g); /* x is lost with it: a failure of this builder */
+        return NULL;
+    }
+    return x;
+}
+
+/* Part `which` (q, k, v) of parts [B, T, 3, C]: [B, T, C]. */
+static spmd_tensor *qkv_part(spmd_graph *g, spmd_tensor *parts, int which)
+{
+    if (!parts) return NULL;
+    int64_t b = spmd_tensor_dim(parts, 0), t = spmd_tensor_dim(parts, 1);
+    spmd_tensor *part = spmd_slice(g, parts, 2, which, 1);
+    return spmd_reshape(g, part, 3, (const int64_t[]){b, t, spmd_tensor_dim(parts, 3)});
 }
 
 /* x [B, T, C] -> [B, T, C]; the caller has checked cfg and x. */
@@ -98,28 +120,33 @@ static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, 
     spmd_tensor *a = gpt_layernorm(g, x, p, c);
     snprintf(p, sizeof p, "h.%d.attn.c_attn", layer);
     spmd_tensor *qkv = gpt_linear(g, a, p, c, 3 * c, GPT_STD); // [B, T, 3C]: q | k | v
-    spmd_tensor *q = spmd_slice(g, qkv, 2, 0, c);          // [B, T, C]
-    spmd_tensor *k = spmd_slice(g, qkv, 2, c, c);
-    spmd_tensor *v = spmd_slice(g, qkv, 2, 2 * c, c);
-    a = spmd_attention(g, q, k, v, cfg->heads);            // [B, T, C]
+    /* q, k and v through [B, T, 3, C]: a 3C dim split by heads (3*tensor,
+     * the Megatron layout in GPT-2's fused weight) is that view's C dim
+     * split, which the slices keep (DESIGN.md, "Grouped splits"). */
+    spmd_tensor *parts = qkv ? spmd_reshape(g, qkv, 4, (const int64_t[]){spmd_tensor_dim(x, 0), spmd_tensor_dim(x, 1), 3, c}) : NULL;
+    spmd_tensor *q = qkv_part(g, parts, 0);                // [B, T, C]
+    spmd_tensor *k = qkv_part(g, parts, 1);
+    spmd_tensor *v = qkv_part(g, parts, 2);
+    snprintf(p, sizeof p, "h.%d.attn.y", layer);
+    a = gpt_named(g, spmd_attention(g, q, k, v, cfg->heads), p); // [B, T, C]
     snprintf(p, sizeof p, "h.%d.attn.c_proj", layer);
     x = spmd_add(g, x, gpt_linear(g, a, p, c, c, proj_std));
+    snprintf(p, sizeof p, "h.%d.mid", layer);
+    x = gpt_named(g, x, p);
 
     snprintf(p, sizeof p, "h.%d.ln_2", layer);
     spmd_tensor *m = gpt_layernorm(g, x, p, c);
     snprintf(p, sizeof p, "h.%d.mlp.c_fc", layer);
-    m = spmd_gelu(g, gpt_linear(g, m, p, c, 4 * c, GPT_STD)); // [B, T, 4C]
+    m = gpt_linear(g, m, p, c, 4 * c, GPT_STD);
+    snprintf(p, sizeof p, "h.%d.mlp.gelu", layer);
+    m = gpt_named(g, spmd_gelu(g, m), p); // [B, T, 4C]
     snprintf(p, sizeof p, "h.%d.mlp.c_proj", layer);
     x = spmd_add(g, x, gpt_linear(g, m, p, 4 * c, c, proj_std)); // [B, T, C]
 
     /* Named so callers can find each block's output (the usual activation
      * checkpoint, spmd_grad_checkpointed) with spmd_graph_find. */
     snprintf(p, sizeof p, "h.%d.out", layer);
-    if (x && spmd_tensor_set_name(x, p) != SPMD_OK) {
-        ir_error_keep(g); /* x is lost with it: a failure of this builder */
-        return NULL;
-    }
-    return x;
+    return gpt_named(g, x, p);
 }
 
 spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x)
@@ -178,11 +205,11 @@ spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
 
     /* Positions 0..T-1: the first T rows of wpe, broadcast over the batch. */
     spmd_tensor *pos = ctx > t ? spmd_slice(g, wpe, 0, 0, t) : wpe; // [T, C]
-    spmd_tensor *x = spmd_add(g, spmd_embedding(g, wte, ids), pos); // [B, T, C]
+    spmd_tensor *x = gpt_named(g, spmd_add(g, spmd_embedding(g, wte, ids), pos), "embed"); // [B, T, C]
     for (int i = 0; i < cfg->layers && x; i++)
         x = block(g, cfg, i, x);
     x = gpt_layernorm(g, x, "ln_f", c);
-    spmd_tensor *logits = spmd_matmul(g, x, wte, false, true); // [B, T, V], tied head
+    spmd_tensor *logits = gpt_named(g, spmd_matmul(g, x, wte, false, true), "logits"); // [B, T, V], tied head
     spmd_tensor *loss = spmd_cross_entropy(g, logits, targets);
     st = loss ? SPMD_OK : gpt_build_failed(g);
     ir_error_scope_end(g, &outer);

@@ -18,9 +18,12 @@ float gpt_proj_std(const spmd_gpt_config *cfg);
 /* LayerNorm over the last dim with parameters "<prefix>.weight", ".bias" [c]. */
 spmd_tensor *gpt_layernorm(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t c);
 /* y = x W^T + b with W "<prefix>.weight" [out, in] (nn.Linear's layout, as
- * nanoGPT uses it) and b "<prefix>.bias" [out]. */
+ * nanoGPT uses it) and b "<prefix>.bias" [out]; x W^T is named
+ * "<prefix>.matmul", y "<prefix>.out". */
 spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t in,
                         int64_t out, float std);
+/* x named `name` (NULL passes through; a clash is this builder's failure). */
+spmd_tensor *gpt_named(spmd_graph *g, spmd_tensor *x, const char *name);
 /* A graph op returned NULL: the failure it recorded on g, this build's own
  * in the caller's error scope, raised again so the message goes with it. */
 spmd_status gpt_build_failed(const spmd_graph *g);

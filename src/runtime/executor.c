@@ -74,12 +74,17 @@ static void *data_of(const device *d, const spmd_tensor *t)
 
 /* ---- Blocks: a device's part of a global tensor ------------------------------------ */
 
-/* Where device d's block of global tensor t starts, per dim, and how many
- * of its elements are real (the rest is padding). */
+/* Where device d's block of global tensor t lies, per dim.  The block
+ * holds ldims elements; local index i (counted from `first`, so that a
+ * part of the block can be visited) is element j = first + i of the
+ * block, which is padding from `valid` on, else global index
+ * (j / group) * group_stride + start + j % group: a plain split is one
+ * group, a grouped one (mesh.h) a run of `group` elements in each. */
 typedef struct block {
     int rank;
     int64_t gdims[SPMD_MAX_RANK], ldims[SPMD_MAX_RANK], start[SPMD_MAX_RANK],
-        valid[SPMD_MAX_RANK];
+        valid[SPMD_MAX_RANK], first[SPMD_MAX_RANK], group[SPMD_MAX_RANK],
+        group_stride[SPMD_MAX_RANK];
 } block;
 
 static block block_of(const spmd_program *p, const spmd_tensor *t, int dev)
@@ -87,19 +92,30 @@ static block block_of(const spmd_program *p, const spmd_tensor *t, int dev)
     block b = {.rank = t->rank};
     const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
     for (int i = 0; i < t->rank; i++) {
+        const sharding *held = p->c.partitioned ? &p->c.part.held[t->id] : NULL;
+        int64_t groups = held ? mesh_axes_groups(&held->dim[i]) : 1;
         b.gdims[i] = t->dims[i];
         b.ldims[i] = lt->dims[i];
-        b.start[i] = p->c.partitioned
-                         ? sharding_block_index(&p->c.part.held[t->id], p->c.mesh, i, dev) * b.ldims[i]
-                         : 0;
-        int64_t v = b.gdims[i] - b.start[i];
+        b.group[i] = lt->dims[i] / groups;
+        b.group_stride[i] = t->dims[i] / groups;
+        b.start[i] = held ? sharding_block_index(held, p->c.mesh, i, dev) * b.group[i] : 0;
+        int64_t v = groups > 1 ? b.ldims[i] : b.gdims[i] - b.start[i];
         b.valid[i] = v < 0 ? 0 : v > b.ldims[i] ? b.ldims[i] : v;
     }
     return b;
 }
 
-/* Visit the block's rows along the last dim: fn(local offset, global
- * offset, real elements, padding elements), offsets in elements. */
+/* Global index of the block's local element i along dim d; -1: padding. */
+static int64_t block_global(const block *b, int d, int64_t i)
+{
+    int64_t j = b->first[d] + i;
+    if (j >= b->valid[d]) return -1;
+    return j / b->group[d] * b->group_stride[d] + b->start[d] + j % b->group[d];
+}
+
+/* Visit the block's rows along the last dim in runs of consecutive global
+ * elements: fn(local offset, global offset, real elements, padding
+ * elements), offsets in elements. */
 typedef void (*row_fn)(void *ctx, int64_t local, int64_t global, int64_t n, int64_t pad);
 
 static void for_rows(const block *b, row_fn fn, void *ctx)
@@ -117,15 +133,30 @@ static void for_rows(const block *b, row_fn fn, void *ctx)
         int64_t rest = row, goff = 0, gstride = b->gdims[r - 1];
         bool pad = false;
         for (int i = r - 2; i >= 0; i--) {
-            int64_t li = rest % b->ldims[i];
+            int64_t g = block_global(b, i, rest % b->ldims[i]);
             rest /= b->ldims[i];
-            if (li >= b->valid[i]) pad = true;
-            goff += (b->start[i] + li) * gstride;
+            if (g < 0) pad = true;
+            goff += g * gstride;
             gstride *= b->gdims[i];
         }
-        goff += b->start[r - 1];
-        int64_t n = pad ? 0 : b->valid[r - 1];
-        fn(ctx, row * last, goff, n, last - n);
+        if (pad) {
+            fn(ctx, row * last, 0, 0, last);
+            continue;
+        }
+        /* The row's runs end at group boundaries and at the padding. */
+        for (int64_t i = 0; i < last;) {
+            int64_t g = block_global(b, r - 1, i);
+            if (g < 0) {
+                fn(ctx, row * last + i, 0, 0, last - i);
+                break;
+            }
+            int64_t j = b->first[r - 1] + i;
+            int64_t end = (j / b->group[r - 1] + 1) * b->group[r - 1];
+            if (end > b->valid[r - 1]) end = b->valid[r - 1];
+            int64_t n = end - j < last - i ? end - j : last - i;
+            fn(ctx, row * last + i, goff + g, n, 0);
+            i += n;
+        }
     }
 }
 
@@ -222,8 +253,7 @@ static void init_worker(void *ctx, int ith, int nth)
             int64_t row = ir_numel(lt) / (b.ldims[0] ? b.ldims[0] : 1);
             block part = b;
             part.ldims[0] = hi - lo;
-            part.start[0] = b.start[0] + lo;
-            part.valid[0] = b.valid[0] - lo < 0 ? 0 : b.valid[0] - lo > hi - lo ? hi - lo : b.valid[0] - lo;
+            part.first[0] = lo;
             init_ctx c = {t, (float *)d->leaf_data[lt->id] + lo * row, d->seed,
                           base_rng_stream(t->name)};
             if (hi > lo) for_rows(&part, init_row, &c);
@@ -749,8 +779,9 @@ spmd_status spmd_program_input_rows(const spmd_program *p, const spmd_tensor *t,
     for (int d = 0; d < p->n_local; d++) {
         block b = block_of(p, t, p->dev[d].id);
         if (b.valid[0] == 0) continue; /* all padding */
-        if (b.start[0] < lo) lo = b.start[0];
-        if (b.start[0] + b.valid[0] > hi) hi = b.start[0] + b.valid[0];
+        int64_t first = block_global(&b, 0, 0), last = block_global(&b, 0, b.valid[0] - 1);
+        if (first < lo) lo = first;
+        if (last + 1 > hi) hi = last + 1;
     }
     *begin = lo < hi ? lo : 0;
     *end = lo < hi ? hi : 0;
@@ -828,6 +859,12 @@ spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int d
     const device *d = here ? &p->dev[dev_index - p->first] : NULL;
     int id = p->c.mesh ? p->c.mesh->ids[dev_index] : 0;
     block b = block_of(p, t, id);
+    for (int i = 0; i < b.rank; i++)
+        if (b.group[i] < b.ldims[i])
+            return base_error(SPMD_ERR_UNSUPPORTED,
+                              "block_of: '%s' is held in a grouped split (dim %d as %lld groups): "
+                              "its block is not one box of the tensor", t->name,
+                              i, (long long)(b.ldims[i] / b.group[i]));
     memset(out, 0, sizeof *out);
     out->device = id;
     out->copy = p->c.mesh ? mesh_copy_of(p->c.mesh, dev_index) : 0;

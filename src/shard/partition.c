@@ -193,8 +193,8 @@ static bool exact_split(const partition *p, const sharding *cur, int d, const me
 
 /* ---- Resharding -------------------------------------------------------------------------- */
 
-static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const sharding *want,
-                            const int64_t *gdims, int gid, int consumer)
+static spmd_tensor *reshard_plain(builder *b, spmd_tensor *x, sharding cur, const sharding *want,
+                                  const int64_t *gdims, int gid, int consumer)
 {
     partition *p = b->p;
     const spmd_mesh *m = p->m;
@@ -250,7 +250,7 @@ static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const shar
                 if (gdims[d] % sharding_blocks(&cur, m, d) || x->dims[e] % n ||
                     gdims[e] % (sharding_blocks(&cur, m, e) * n))
                     break;
-                mesh_axes s = {1, {ax}};
+                mesh_axes s = {.n = 1, .axis = {ax}};
                 int64_t dims[SPMD_MAX_RANK];
                 dims_of(x, dims);
                 dims[e] /= n;
@@ -281,6 +281,75 @@ static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const shar
         return fail(b, SPMD_ERR_INTERNAL);
     }
     return x;
+}
+
+/* Reshard x from `from` to `to` in the view where each dim that `view`
+ * groups is two, [groups, size / groups], the groups whole and the axes
+ * on the second: plain splits there, which reshard_plain moves.  In that
+ * view `from` and `to` must each group such a dim the same way or hold it
+ * whole. */
+static spmd_tensor *reshard_in_groups(builder *b, spmd_tensor *x, const sharding *from,
+                                      const sharding *to, const sharding *view,
+                                      const int64_t *gdims, int gid, int consumer)
+{
+    const spmd_mesh *m = b->p->m;
+    sharding from_v = sharding_replicated(0), to_v = sharding_replicated(0);
+    int64_t vgdims[SPMD_MAX_RANK], vlocal[SPMD_MAX_RANK], local[SPMD_MAX_RANK];
+    int r = 0;
+    from_v.partial = from->partial;
+    to_v.partial = to->partial;
+    for (int d = 0; d < view->rank; d++) {
+        int64_t groups = view->dim[d].n ? mesh_axes_groups(&view->dim[d]) : 1;
+        if (r + (groups > 1) >= SPMD_MAX_RANK) {
+            base_error(SPMD_ERR_UNSUPPORTED, "partition: node %d: a rank-%d value with grouped "
+                       "splits has more than %d dims in its groups' view", gid, view->rank,
+                       SPMD_MAX_RANK);
+            return fail(b, SPMD_ERR_UNSUPPORTED);
+        }
+        if (groups > 1) {
+            vgdims[r] = vlocal[r] = groups; /* the groups: whole */
+            r++;
+        }
+        mesh_axes f = from->dim[d], t = to->dim[d];
+        f.groups = t.groups = 0;
+        from_v.dim[r] = f;
+        to_v.dim[r] = t;
+        vgdims[r] = gdims[d] / groups;
+        vlocal[r] = x->dims[d] / groups;
+        r++;
+    }
+    from_v.rank = to_v.rank = r;
+    x = spmd_reshape(b->p->local, x, r, vlocal);
+    x = x ? reshard_plain(b, x, from_v, &to_v, vgdims, gid, consumer) : NULL;
+    if (!x) return NULL;
+    sharding_local_dims(to, m, to->rank, gdims, local);
+    return spmd_reshape(b->p->local, x, to->rank, local);
+}
+
+/* Grouped splits (mesh.h): a split dim whose grouping changes is first
+ * gathered whole in its own view; then the value reaches the target in
+ * the target's view. */
+static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const sharding *want,
+                            const int64_t *gdims, int gid, int consumer)
+{
+    if (!sharding_has_groups(&cur) && !sharding_has_groups(want))
+        return reshard_plain(b, x, cur, want, gdims, gid, consumer);
+    sharding whole = cur;
+    bool regroup = false;
+    for (int d = 0; d < cur.rank; d++) {
+        int64_t have = cur.dim[d].n ? mesh_axes_groups(&cur.dim[d]) : 1;
+        int64_t need = want->dim[d].n ? mesh_axes_groups(&want->dim[d]) : 1;
+        if (cur.dim[d].n && have != need) {
+            whole.dim[d] = (mesh_axes){0};
+            regroup = true;
+        }
+    }
+    if (regroup) {
+        x = reshard_in_groups(b, x, &cur, &whole, &cur, gdims, gid, consumer);
+        cur = whole;
+    }
+    if (!x || sharding_equal(&cur, want)) return x;
+    return reshard_in_groups(b, x, &cur, want, want, gdims, gid, consumer);
 }
 
 /* The local value of global node `gid` with sharding `want`.  A

@@ -28,6 +28,9 @@ bool shard_splittable(const spmd_mesh *m, const mesh_axes *axes, int64_t size, i
 {
     int64_t blocks = mesh_axes_size(m, axes);
     if (blocks <= 1) return blocks == 1;
+    /* A grouped split is exact, and never cuts heads: a device's channels
+     * would belong to as many heads as groups. */
+    if (mesh_axes_groups(axes) > 1) return granule <= 0 && size % (blocks * mesh_axes_groups(axes)) == 0;
     if (granule > 0) return size % (blocks * granule) == 0;
     return size >= blocks;
 }
@@ -46,10 +49,15 @@ static sharding project_out(const shard_node *n, const spmd_tensor *t)
 /* ---- Reshape ------------------------------------------------------------------ */
 
 /* Carry sharding `from` (over dims `fd`) to dims `td` of the same element
- * count.  Dims group into runs whose products match; inside a run the
- * axes of the source dims, major first, are dealt to the target dims
- * major first, as long as every split is exact (no padding moves across a
- * reshape).  Runs that cannot be carried stay whole. */
+ * count.  Dims group into runs whose products match.  Inside a run the
+ * split must be exact (no padding moves across a reshape) and lay each
+ * device's part out as one contiguous stretch of every group: the run is
+ * G groups (whole leading dims and the first split dim's own groups),
+ * each cut over the axes of the split dims, major first.  The target
+ * dims then take the same: whole dims up to G, a grouped split where G
+ * ends inside a dim ([B, T, 3, C] with C split is [B, T, 3C] as 3*axes),
+ * the axes dealt major first while they divide.  Runs that cannot be
+ * carried stay whole. */
 static sharding reshape_map(const spmd_mesh *m, const sharding *from, int fr, const int64_t *fd,
                             int tr, const int64_t *td)
 {
@@ -65,45 +73,64 @@ static sharding reshape_map(const spmd_mesh *m, const sharding *from, int fr, co
         }
         /* Axes of source dims i0..i-1, major first; each dim split exactly. */
         int8_t axes[MESH_MAX_AXES];
-        int n = 0;
+        int n = 0, first = -1;
         bool exact = true;
         for (int d = i0; d < i; d++) {
             int64_t b = sharding_blocks(from, m, d);
-            if (fd[d] % b != 0) exact = false;
+            if (fd[d] % b != 0 || !sharding_groups_exact(from, m, d, fd[d])) exact = false;
+            if (from->dim[d].n && first < 0) first = d;
             for (int k = 0; k < from->dim[d].n; k++) axes[n++] = from->dim[d].axis[k];
         }
         if (!exact || n == 0) continue;
-        /* Each device's block must be one contiguous stretch of the run's
-         * elements, as the target dims will hold it: a sharded source dim
-         * needs every dim before it in the run split down to single
-         * elements.  [2, 3] as (None, x) holds a column, not a stretch of
-         * [6], and [4, 6] as (x, y) holds tiles.  Carrying those (as once
-         * done) made a marked reshape's operand need a layout whose local
-         * reshape is not the mark, nor anything reshape_map gives back. */
+        /* The run's groups: the whole dims before the first split one, and
+         * that dim's own groups. */
+        int64_t groups = mesh_axes_groups(&from->dim[first]);
+        for (int d = i0; d < first; d++) groups *= fd[d];
+        /* After the first split dim, the stretch stays contiguous only if
+         * every dim before a split one is cut down to single elements, and
+         * only the first split dim may be grouped.  [4, 6] as (x, y)
+         * holds tiles, not stretches: carrying those made a marked
+         * reshape's operand need a layout whose local reshape is not the
+         * mark, nor anything reshape_map gives back. */
         bool contiguous = true;
-        for (int d = i0; d < i && contiguous; d++) {
+        for (int d = first + 1; d < i && contiguous; d++) {
             if (!from->dim[d].n) continue;
-            for (int e = i0; e < d; e++)
-                if (fd[e] / sharding_blocks(from, m, e) != 1) contiguous = false;
+            if (mesh_axes_groups(&from->dim[d]) > 1) contiguous = false;
+            for (int e = first; e < d; e++)
+                if (fd[e] / mesh_axes_groups(&from->dim[e]) / sharding_blocks(from, m, e) != 1)
+                    contiguous = false;
         }
         if (!contiguous) continue;
-        /* Deal the axes to target dims, major first, while they divide. */
+        /* Whole target dims up to the groups; the dim where they end takes
+         * what is left of them as its own. */
+        int d = j0;
+        int64_t before = 1;
+        while (d < j && before * td[d] <= groups && groups % (before * td[d]) == 0)
+            before *= td[d++];
+        if (d == j || td[d] % (groups / before) != 0) continue;
+        int64_t inner_groups = groups / before;
+        /* Deal the axes to target dims from d on, major first, while they
+         * divide; a grouped dim takes them all. */
         int k = 0;
-        for (int d = j0; d < j && k < n; d++) {
-            int64_t blocks = 1;
+        for (int e = d; e < j && k < n; e++) {
+            int64_t size = e == d ? td[e] / inner_groups : td[e], blocks = 1;
             while (k < n) {
                 int64_t next = blocks * m->shape[axes[k]];
-                if (td[d] % next != 0) break;
+                if (size % next != 0) break;
                 blocks = next;
-                out.dim[d].axis[out.dim[d].n++] = axes[k++];
+                out.dim[e].axis[out.dim[e].n++] = axes[k++];
+            }
+            if (e == d && inner_groups > 1) {
+                out.dim[e].groups = (int)inner_groups;
+                break;
             }
             /* Remaining axes may only continue on the next dim if this one
              * is fully split (block size 1). */
-            if (blocks < td[d] && k < n && d + 1 < j) break;
+            if (blocks < size && k < n && e + 1 < j) break;
         }
         if (k < n) {
             /* Could not deal every axis: leave the whole run unsharded. */
-            for (int d = j0; d < j; d++) out.dim[d].n = 0;
+            for (int e = j0; e < j; e++) out.dim[e].n = 0, out.dim[e].groups = 0;
         }
     }
     out.partial = from->partial;
@@ -204,14 +231,31 @@ static uint32_t linear_through(const shard_plan *p, const spmd_tensor *t, uint32
     return 0;
 }
 
+/* Ops whose local form does not depend on where a device's elements lie
+ * along a split dim, so a grouped split passes through them: everything
+ * but the ops that index along dims (slices, lookups, attention's heads
+ * and positions, the losses' classes). */
+static bool carries_groups(ir_op op)
+{
+    switch (op) {
+    case IR_SLICE: case IR_PAD: case IR_CONCAT: case IR_ATTENTION: case IR_ATTENTION_BACKWARD:
+    case IR_CACHE_WRITE: case IR_CACHED_ATTENTION: case IR_EMBEDDING: case IR_EMBEDDING_BACKWARD:
+    case IR_CROSS_ENTROPY: case IR_CROSS_ENTROPY_BACKWARD:
+        return false;
+    default:
+        return true;
+    }
+}
+
 /* Assign operand dims' axes to free iteration dims. */
-static void take_axes(const shard_plan *p, shard_node *n, const int8_t *map, int rank,
+static void take_axes(const shard_plan *p, ir_op op, shard_node *n, const int8_t *map, int rank,
                       const sharding *s, uint32_t *used)
 {
     for (int i = 0; i < rank; i++) {
         int it = map[i];
         const mesh_axes *want = &s->dim[i];
         if (it < 0 || want->n == 0 || n->iter[it].n) continue;
+        if (mesh_axes_groups(want) > 1 && !carries_groups(op)) continue;
         if (n->sig->kind[it] == IR_ITER_FULL) continue;
         uint32_t mask = axes_mask(want);
         if (mask & *used) continue;
@@ -229,14 +273,14 @@ static void choose(shard_plan *p, const spmd_tensor *t)
     uint32_t used = 0;
     n->through = linear_through(p, t, &n->through_operands);
     used |= n->through;
-    if (t->mark) take_axes(p, n, n->sig->out, t->rank, t->mark, &used);
+    if (t->mark) take_axes(p, t->op, n, n->sig->out, t->rank, t->mark, &used);
     int order[IR_MAX_INPUTS];
     order_operands(p, t, order);
     for (int k = 0; k < t->n_in; k++) {
         int j = order[k];
         const shard_node *in = &p->nodes[t->in[j]->id];
         if (in->level == SHARD_UNKNOWN) continue;
-        take_axes(p, n, n->sig->in[j], t->in[j]->rank, &in->out, &used);
+        take_axes(p, t->op, n, n->sig->in[j], t->in[j]->rank, &in->out, &used);
     }
 }
 

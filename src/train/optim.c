@@ -206,9 +206,11 @@ static spmd_status check_graph(const spmd_graph *g, const spmd_optimizer *o, boo
 
 static spmd_status copy_mark(spmd_graph *g, spmd_tensor *t, const sharding *mark)
 {
-    if (!t->mark) t->mark = base_arena_alloc(&g->arena, sizeof *t->mark);
-    if (!t->mark) return ir_error_keep(g); /* its tensor is lost: a builder failure */
-    *t->mark = *mark;
+    /* A new one: marks are shared, never changed in place (marks.c). */
+    sharding *copy = base_arena_alloc(&g->arena, sizeof *copy);
+    if (!copy) return ir_error_keep(g); /* its tensor is lost: a builder failure */
+    *copy = *mark;
+    t->mark = copy;
     return SPMD_OK;
 }
 

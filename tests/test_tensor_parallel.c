@@ -1,0 +1,317 @@
+/*
+ * Tensor and sequence parallelism for the GPT (spmd_gpt_shard_tensor_parallel)
+ * and the grouped splits it rests on.
+ *
+ * - Grouped splits: a [6, 4] parameter marked "3*x, None" is initialised,
+ *   written and read back as the one-device tensor; reshapes carry a
+ *   grouped split to the [3, 2, 4] view's split and back.
+ * - Equivalence: a small GPT trained 4 AdamW steps with --tp on meshes 2
+ *   ('tensor'), 2x2 ('data', 'tensor') and 2x2x2 (with FSDP), with and
+ *   without sequence parallelism, gives the one-device losses and weights
+ *   within 1e-5.
+ * - Structure (per block: the counts with two blocks minus those with
+ *   one): two all-reduces over 'tensor' in the forward pass and two in the
+ *   backward pass, no activation gathered over it; with sequence
+ *   parallelism, reduce-scatters and all-gathers in their place and no
+ *   all-reduce of an activation.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/ir.h"
+#include "runtime/executor.h"
+#include "shard/partition.h"
+#include "spmd/data.h"
+#include "spmd/mesh.h"
+#include "spmd/models.h"
+#include "spmd/train.h"
+
+enum { STEPS = 4, BATCH = 8 };
+
+/* ---- Grouped splits -------------------------------------------------------------- */
+
+static void test_grouped_param_round_trip(void **state)
+{
+    (void)state;
+    spmd_mesh *mesh = spmd_mesh_parse("2", "x");
+    float got[2][24];
+    for (int run = 0; run < 2; run++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        spmd_tensor *w = spmd_param(g, "w", 2, (const int64_t[]){6, 4},
+                                    (spmd_init){SPMD_INIT_NORMAL, 1.0f});
+        spmd_tensor *y = spmd_scale(g, w, 2.0f);
+        assert_int_equal(spmd_graph_mark_output(g, y), SPMD_OK);
+        if (run) assert_int_equal(spmd_mark_sharding(g, w, mesh, "3*x, None"), SPMD_OK);
+        spmd_program *p = spmd_compile(g, &(spmd_compile_options){.seed = 3});
+        assert_non_null(p);
+        assert_int_equal(spmd_program_read(p, w, got[run], sizeof got[run]), SPMD_OK);
+        if (run) {
+            char spec[64];
+            assert_string_equal(spmd_get_sharding(w, spec, sizeof spec), "3*x, None");
+            /* Written and read back through the groups. */
+            float mine[24], back[24], twice[24];
+            for (int i = 0; i < 24; i++) mine[i] = (float)i;
+            assert_int_equal(spmd_program_write(p, w, mine, sizeof mine), SPMD_OK);
+            assert_int_equal(spmd_program_run(p), SPMD_OK);
+            assert_int_equal(spmd_program_read(p, w, back, sizeof back), SPMD_OK);
+            assert_memory_equal(mine, back, sizeof mine);
+            assert_int_equal(spmd_program_read(p, y, twice, sizeof twice), SPMD_OK);
+            for (int i = 0; i < 24; i++) assert_true(twice[i] == 2.0f * mine[i]);
+        }
+        spmd_program_free(p);
+        spmd_graph_free(g);
+    }
+    /* Initialised by global index: the same values on any layout. */
+    assert_memory_equal(got[0], got[1], sizeof got[0]);
+    spmd_mesh_free(mesh);
+}
+
+static void test_grouped_spec_errors(void **state)
+{
+    (void)state;
+    spmd_mesh *mesh = spmd_mesh_parse("4", "x");
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *w = spmd_param(g, "w", 2, (const int64_t[]){6, 8}, (spmd_init){SPMD_INIT_ZEROS, 0});
+    /* 6 as 3 groups of 2 cannot be cut into 4 blocks; 8 as 2 of 4 can. */
+    assert_int_equal(spmd_mark_sharding(g, w, mesh, "3*x, None"), SPMD_ERR_SHAPE);
+    assert_non_null(strstr(spmd_last_error(), "3 groups of 4 blocks"));
+    assert_int_equal(spmd_mark_sharding(g, w, mesh, "3, None"), SPMD_ERR_INVALID);
+    assert_non_null(strstr(spmd_last_error(), "wants '*'"));
+    assert_int_equal(spmd_mark_sharding(g, w, mesh, "3*None, None"), SPMD_ERR_INVALID);
+    assert_non_null(strstr(spmd_last_error(), "cannot be grouped"));
+    assert_int_equal(spmd_mark_sharding(g, w, mesh, "0*x, None"), SPMD_ERR_INVALID);
+    assert_int_equal(spmd_mark_sharding(g, w, mesh, "None, 2*x"), SPMD_OK);
+    char spec[64];
+    assert_string_equal(spmd_get_sharding(w, spec, sizeof spec), "None, 2*x");
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+}
+
+/* [3, 2, 4] with dim 1 split is [6, 4] as "3*x" (and the other way),
+ * values included. */
+static void test_grouped_reshape(void **state)
+{
+    (void)state;
+    spmd_mesh *mesh = spmd_mesh_parse("2", "x");
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *a = spmd_input(g, "a", SPMD_F32, 3, (const int64_t[]){3, 2, 4});
+    spmd_tensor *flat = spmd_reshape(g, spmd_exp(g, a), 2, (const int64_t[]){6, 4});
+    spmd_tensor *back = spmd_reshape(g, spmd_neg(g, flat), 3, (const int64_t[]){3, 2, 4});
+    assert_int_equal(spmd_mark_sharding(g, a, mesh, "None, x, None"), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(g, flat), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(g, back), SPMD_OK);
+    spmd_program *p = spmd_compile(g, NULL);
+    assert_non_null(p);
+    char spec[64];
+    assert_string_equal(spmd_get_sharding(flat, spec, sizeof spec), "3*x, None");
+    assert_string_equal(spmd_get_sharding(back, spec, sizeof spec), "None, x, None");
+    assert_int_equal(executor_partition(p)->n_colls, 0);
+    float in[24], got[24], got_back[24];
+    for (int i = 0; i < 24; i++) in[i] = (float)i / 24.0f;
+    assert_int_equal(spmd_program_set_input(p, a, in, sizeof in), SPMD_OK);
+    assert_int_equal(spmd_program_run(p), SPMD_OK);
+    assert_int_equal(spmd_program_read(p, flat, got, sizeof got), SPMD_OK);
+    assert_int_equal(spmd_program_read(p, back, got_back, sizeof got_back), SPMD_OK);
+    for (int i = 0; i < 24; i++) {
+        assert_true(got[i] == expf(in[i]));
+        assert_true(got_back[i] == -expf(in[i]));
+    }
+    spmd_program_free(p);
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+}
+
+/* ---- The GPT ------------------------------------------------------------------------- */
+
+typedef struct tp_case {
+    const char *shape, *axes, *fsdp, *batch; /* batch: the data axes, "" for none */
+    bool sequence;
+} tp_case;
+
+typedef struct tp_run {
+    float loss[STEPS];
+    float *weight; /* h.0.attn.c_attn.weight after the steps */
+    size_t bytes;
+} tp_run;
+
+static const spmd_gpt_config GPT = {.vocab = 16, .seq = 8, .layers = 2, .heads = 4, .dim = 16};
+
+/* Marks g for case c (NULL: one device, nothing marked). */
+static void mark(spmd_graph *g, const spmd_gpt_config *cfg, spmd_gpt_tensors *t,
+                 const spmd_mesh *mesh, const tp_case *c)
+{
+    if (!c) return;
+    spmd_gpt_parallel how = {"tensor", c->fsdp, NULL, c->sequence};
+    assert_int_equal(spmd_gpt_shard_tensor_parallel(g, cfg, mesh, &how), SPMD_OK);
+    spmd_tensor *in[2] = {t->input, t->targets};
+    assert_int_equal(c->fsdp ? spmd_fsdp_wrap(g, mesh, c->fsdp, in, 2, c->batch)
+                             : spmd_shard_batch(g, mesh, in, 2, c->batch),
+                     SPMD_OK);
+}
+
+static void train(const tp_case *c, tp_run *r)
+{
+    spmd_mesh *mesh = c ? spmd_mesh_parse(c->shape, c->axes) : NULL;
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_gpt_tensors t;
+    assert_int_equal(spmd_gpt_build(g, &GPT, BATCH, &t), SPMD_OK);
+    mark(g, &GPT, &t, mesh, c);
+    spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f};
+    spmd_trainer *tr = spmd_trainer_create(
+        g, t.loss, &(spmd_trainer_options){.optimizer = opt, .compile = {.seed = 7, .threads = 8}});
+    assert_non_null(tr);
+    spmd_program *p = spmd_trainer_program(tr);
+    int32_t ids[BATCH * 8], tg[BATCH * 8];
+    for (int s = 0; s < STEPS; s++) {
+        assert_int_equal(spmd_data_sequences(2, s * BATCH, BATCH, GPT.seq, GPT.vocab, ids, tg), SPMD_OK);
+        assert_int_equal(spmd_program_set_input(p, t.input, ids, sizeof ids), SPMD_OK);
+        assert_int_equal(spmd_program_set_input(p, t.targets, tg, sizeof tg), SPMD_OK);
+        assert_int_equal(spmd_trainer_step(tr, 3e-3f, &r->loss[s], NULL), SPMD_OK);
+    }
+    spmd_tensor *w = spmd_graph_find(g, "h.0.attn.c_attn.weight");
+    r->bytes = (size_t)spmd_tensor_numel(w) * sizeof(float);
+    r->weight = malloc(r->bytes);
+    assert_int_equal(spmd_program_read(p, w, r->weight, r->bytes), SPMD_OK);
+    spmd_trainer_free(tr);
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+}
+
+static const tp_case CASES[] = {
+    {"2", "tensor", NULL, "", false},
+    {"2", "tensor", NULL, "", true},
+    {"2x2", "data,tensor", NULL, "data", false},
+    {"2x2", "data,tensor", NULL, "data", true},
+    {"2x2x2", "data,fsdp,tensor", "fsdp", "data, fsdp", false},
+    {"2x2x2", "data,fsdp,tensor", "fsdp", "data, fsdp", true},
+    {"4", "tensor", NULL, "", false}, /* one head of q, k and v per device */
+};
+
+static void test_gpt_equals_one_device(void **state)
+{
+    (void)state;
+    tp_run one = {0};
+    train(NULL, &one);
+    for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++) {
+        tp_run r = {0};
+        train(&CASES[k], &r);
+        for (int s = 0; s < STEPS; s++) {
+            if (fabsf(r.loss[s] - one.loss[s]) > 1e-5f)
+                fail_msg("mesh %s%s: step %d loss %.7f, one device %.7f", CASES[k].shape,
+                         CASES[k].sequence ? " with sp" : "", s, r.loss[s], one.loss[s]);
+        }
+        for (size_t i = 0; i < r.bytes / sizeof(float); i++)
+            if (fabsf(r.weight[i] - one.weight[i]) > 1e-5f)
+                fail_msg("mesh %s%s: c_attn weight [%zu] %.7f, one device %.7f", CASES[k].shape,
+                         CASES[k].sequence ? " with sp" : "", i, r.weight[i], one.weight[i]);
+        free(r.weight);
+    }
+    free(one.weight);
+}
+
+/* Collectives over 'tensor' by phase and kind; activations only
+ * (parameters and their gradients move for FSDP and the update). */
+typedef struct counts {
+    int n[3][IR_OP_COUNT];
+} counts;
+
+static counts count_tensor_collectives(int layers, bool sequence)
+{
+    spmd_gpt_config cfg = GPT;
+    cfg.layers = layers;
+    spmd_mesh *mesh = spmd_mesh_parse("2x2", "data,tensor");
+    int tensor = spmd_mesh_axis_index(mesh, "tensor");
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_gpt_tensors t;
+    assert_int_equal(spmd_gpt_build(g, &cfg, BATCH, &t), SPMD_OK);
+    tp_case c = {"2x2", "data,tensor", NULL, "data", sequence};
+    mark(g, &cfg, &t, mesh, &c);
+    spmd_trainer *tr = spmd_trainer_create(
+        g, t.loss, &(spmd_trainer_options){.optimizer = {.kind = SPMD_OPTIMIZER_SGD},
+                                           .compile = {.threads = 4}});
+    assert_non_null(tr);
+    const partition *pt = executor_partition(spmd_trainer_program(tr));
+    counts n = {0};
+    for (int i = 0; i < pt->n_colls; i++) {
+        const part_collective *k = &pt->colls[i];
+        const spmd_tensor *moved = pt->g->nodes[k->tensor];
+        bool over_tensor = false;
+        for (int a = 0; a < k->axes.n; a++) over_tensor |= k->axes.axis[a] == tensor;
+        if (!over_tensor || moved->op == IR_PARAM || k->phase == PART_UPDATE) continue;
+        n.n[k->phase][k->kind]++;
+    }
+    spmd_trainer_free(tr);
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+    return n;
+}
+
+static void test_block_collectives(void **state)
+{
+    (void)state;
+    for (int sp = 0; sp < 2; sp++) {
+        counts one = count_tensor_collectives(1, sp), two = count_tensor_collectives(2, sp);
+        int block[2][IR_OP_COUNT];
+        for (int ph = 0; ph < 2; ph++)
+            for (int k = 0; k < IR_OP_COUNT; k++) block[ph][k] = two.n[ph][k] - one.n[ph][k];
+        if (!sp) {
+            assert_int_equal(block[PART_FORWARD][IR_ALL_REDUCE], 2);
+            assert_int_equal(block[PART_BACKWARD][IR_ALL_REDUCE], 2);
+            for (int ph = 0; ph < 2; ph++) {
+                assert_int_equal(block[ph][IR_ALL_GATHER], 0);
+                assert_int_equal(block[ph][IR_REDUCE_SCATTER], 0);
+                assert_int_equal(block[ph][IR_ALL_TO_ALL], 0);
+            }
+        } else {
+            for (int ph = 0; ph < 2; ph++) {
+                assert_int_equal(block[ph][IR_ALL_REDUCE], 0);
+                assert_int_equal(block[ph][IR_REDUCE_SCATTER], 2);
+                assert_int_equal(block[ph][IR_ALL_GATHER], 2);
+            }
+            /* The attention output moved to the sequence split for
+             * c_proj's weight gradient (docs/DESIGN.md). */
+            assert_int_equal(block[PART_FORWARD][IR_ALL_TO_ALL], 0);
+            assert_int_equal(block[PART_BACKWARD][IR_ALL_TO_ALL], 1);
+        }
+    }
+}
+
+static void test_bad_tensor_parallel(void **state)
+{
+    (void)state;
+    spmd_mesh *mesh = spmd_mesh_parse("8", "tensor");
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_gpt_tensors t;
+    assert_int_equal(spmd_gpt_build(g, &GPT, BATCH, &t), SPMD_OK);
+    spmd_gpt_parallel how = {"tensor", NULL, NULL, false};
+    assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_ERR_SHAPE);
+    assert_non_null(strstr(spmd_last_error(), "4 heads do not split over axis 'tensor' of 8"));
+    how.tensor = "model";
+    assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_ERR_INVALID);
+    how = (spmd_gpt_parallel){"tensor", "tensor", NULL, false};
+    assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_ERR_INVALID);
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grouped_param_round_trip),
+        cmocka_unit_test(test_grouped_spec_errors),
+        cmocka_unit_test(test_grouped_reshape),
+        cmocka_unit_test(test_gpt_equals_one_device),
+        cmocka_unit_test(test_block_collectives),
+        cmocka_unit_test(test_bad_tensor_parallel),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
