@@ -260,7 +260,7 @@ static void expect_zero_padding(const spmd_graph *g, const spmd_program *p)
         if (!executor_keeps(p, t)) continue;
         for (int d = 0; d < spmd_program_devices(p); d++) {
             executor_block b;
-            assert_int_equal(executor_block_of(p, t, d, &b), SPMD_OK);
+            assert_int_equal(executor_block_of(p, t, d, 0, &b), SPMD_OK);
             int64_t n = 1, idx[SPMD_MAX_RANK] = {0};
             for (int k = 0; k < b.rank; k++) n *= b.ldims[k];
             for (int64_t e = 0; e < n; e++) {
@@ -1029,7 +1029,7 @@ static void test_independent_reader(void **state)
         const spmd_tensor *t = spmd_graph_find(a.g, field[1]);
         if (!t) fail_msg("reader found '%s', which the model lacks", field[1]);
         executor_block b;
-        assert_int_equal(executor_block_of(a.p, t, dev, &b), SPMD_OK);
+        assert_int_equal(executor_block_of(a.p, t, dev, 0, &b), SPMD_OK);
         char shape[128];
         size_t m = (size_t)snprintf(shape, sizeof shape, "[");
         for (int k = 0; k < b.rank; k++)

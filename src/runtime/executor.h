@@ -29,11 +29,16 @@ spmd_status executor_check_runnable(const spmd_program *p, const char *what);
 /* Whether t is a parameter or state that runnable program p holds a block
  * of on every device (a partitioned program drops leaves nothing reads). */
 bool executor_keeps(const spmd_program *p, const spmd_tensor *t);
-/* The block of kept tensor t on the device at row-major mesh position
- * dev_index (0 .. spmd_program_devices(p) - 1: mesh order); for a device
- * of another process (a run over MPI) its place, with data NULL. */
+/* How many boxes each device's block of kept tensor t is: 1, or the
+ * groups of a grouped split of its first dim (one box per group); a
+ * grouped split of another dim is refused. */
+spmd_status executor_block_pieces(const spmd_program *p, const spmd_tensor *t, int *pieces);
+/* Box `piece` of the block of kept tensor t on the device at row-major
+ * mesh position dev_index (0 .. spmd_program_devices(p) - 1: mesh order);
+ * for a device of another process (a run over MPI) its place, with data
+ * NULL. */
 spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int dev_index,
-                              executor_block *out);
+                              int piece, executor_block *out);
 /* Every process's `bytes_each` bytes at `in`, in process order, into
  * `out` on every process (collective over the program's processes; a
  * copy with one). */

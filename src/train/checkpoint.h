@@ -26,7 +26,7 @@
 
 /* A block of a tensor that some device holds, with real elements. */
 typedef struct ckpt_block {
-    int tensor;              /* index in ckpt_layout.tensors */
+    int tensor;              /* entry: index in ckpt_layout.tensors */
     int dev_index;           /* the first device in mesh order that holds it */
     executor_block b;        /* that device's copy */
     int writer;              /* the holder (mesh order) that writes it on save */
@@ -40,8 +40,12 @@ typedef struct ckpt_layout {
     const spmd_program *p;
     const spmd_allocator *alloc; /* the graph's */
     int n_dev;
+    /* Entries: the parameters and state the program keeps, graph order,
+     * a tensor once per box of its device blocks (grouped splits have a
+     * box per group: executor_block_pieces). */
     int n_tensors;
-    const spmd_tensor **tensors; /* parameters and state the program keeps, graph order */
+    const spmd_tensor **tensors;
+    int *piece, *pieces; /* each entry's box, and how many its tensor has */
     int n_blocks, cap_blocks;
     ckpt_block *blocks; /* by tensor, then by first holder */
     int *held;          /* [tensor * n_dev + dev_index]: a block index, -1 for none */

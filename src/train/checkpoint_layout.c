@@ -33,20 +33,25 @@ const char *ckpt_shape_str(int rank, const int64_t *shape, char *buf, size_t siz
 /* Where a device's block sits among the tensor's blocks: its block index
  * per dim, row-major over the nonempty blocks per dim.  Blocks of one
  * tensor all have the same local dims, so the start says which it is. */
-static int64_t block_key(const spmd_tensor *t, const executor_block *b)
+/* Boxes of a grouped block (pieces > 1) count within their group. */
+static int64_t block_key(const spmd_tensor *t, const executor_block *b, int pieces)
 {
     int64_t key = 0;
     for (int i = 0; i < t->rank; i++) {
-        int64_t per_dim = (t->dims[i] + b->ldims[i] - 1) / b->ldims[i];
-        key = key * per_dim + b->start[i] / b->ldims[i];
+        int64_t dim = i == 0 ? t->dims[0] / pieces : t->dims[i];
+        int64_t per_dim = (dim + b->ldims[i] - 1) / b->ldims[i];
+        key = key * per_dim + b->start[i] % dim / b->ldims[i];
     }
     return key;
 }
 
-static int64_t key_count(const spmd_tensor *t, const executor_block *b)
+static int64_t key_count(const spmd_tensor *t, const executor_block *b, int pieces)
 {
     int64_t n = 1;
-    for (int i = 0; i < t->rank; i++) n *= (t->dims[i] + b->ldims[i] - 1) / b->ldims[i];
+    for (int i = 0; i < t->rank; i++) {
+        int64_t dim = i == 0 ? t->dims[0] / pieces : t->dims[i];
+        n *= (dim + b->ldims[i] - 1) / b->ldims[i];
+    }
     return n;
 }
 
@@ -54,22 +59,23 @@ static int64_t key_count(const spmd_tensor *t, const executor_block *b)
 static spmd_status add_tensor_blocks(ckpt_layout *l, int ti, int *first, int copy, const char *what)
 {
     const spmd_tensor *t = l->tensors[ti];
+    int piece = l->piece[ti], pieces = l->pieces[ti];
     for (int d = 0; d < l->n_dev; d++) l->held[ti * l->n_dev + d] = -1;
     if (ckpt_volume(t->rank, t->dims) == 0) return SPMD_OK;
     executor_block b;
-    spmd_status st = executor_block_of(l->p, t, 0, &b);
+    spmd_status st = executor_block_of(l->p, t, 0, piece, &b);
     if (st != SPMD_OK) return st;
     /* Every nonempty block is some device's, so there are at most n_dev. */
-    int64_t keys = key_count(t, &b);
+    int64_t keys = key_count(t, &b, pieces);
     if (keys > l->n_dev)
         return base_error(SPMD_ERR_INTERNAL, "%s: '%s' has %lld blocks on %d devices", what,
                           t->name, (long long)keys, l->n_dev);
     for (int64_t k = 0; k < keys; k++) first[k] = -1;
     for (int d = 0; d < l->n_dev; d++) {
-        if (d > 0 && (st = executor_block_of(l->p, t, d, &b)) != SPMD_OK) return st;
+        if (d > 0 && (st = executor_block_of(l->p, t, d, piece, &b)) != SPMD_OK) return st;
         if (ckpt_volume(b.rank, b.valid) == 0) continue; /* all padding */
         if (copy >= 0 && b.copy != copy) continue;       /* another model's */
-        int64_t key = block_key(t, &b);
+        int64_t key = block_key(t, &b, pieces);
         if (first[key] < 0) {
             if (!base_grow(l->alloc, (void **)&l->blocks, &l->cap_blocks, l->n_blocks + 1,
                            sizeof *l->blocks, 64, "checkpoint blocks"))
@@ -127,7 +133,9 @@ static spmd_status assign_writers(ckpt_layout *l)
         share[best] += blk->bytes;
         if (best == blk->writer) continue;
         executor_block b;
-        if ((st = executor_block_of(l->p, l->tensors[blk->tensor], best, &b)) != SPMD_OK) break;
+        if ((st = executor_block_of(l->p, l->tensors[blk->tensor], best, l->piece[blk->tensor], &b)) !=
+            SPMD_OK)
+            break;
         blk->writer = best;
         blk->writer_device = b.device;
         blk->writer_data = b.data;
@@ -145,15 +153,30 @@ spmd_status ckpt_layout_build(const spmd_program *p, int copy, ckpt_layout *l, c
     l->alloc = &c->g->alloc;
     l->n_dev = spmd_program_devices(p);
     const spmd_graph *g = c->g;
-    for (int i = 0; i < g->n_nodes; i++) l->n_tensors += executor_keeps(p, g->nodes[i]);
+    spmd_status st = SPMD_OK;
+    for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++) {
+        int pieces = 0;
+        if (executor_keeps(p, g->nodes[i])) st = executor_block_pieces(p, g->nodes[i], &pieces);
+        l->n_tensors += pieces;
+    }
+    if (st != SPMD_OK) return st;
     size_t nt = (size_t)(l->n_tensors ? l->n_tensors : 1), nd = (size_t)l->n_dev;
     l->tensors = base_alloc(l->alloc, nt * sizeof *l->tensors, "checkpoint tensors");
+    l->piece = base_alloc(l->alloc, nt * sizeof *l->piece, "checkpoint tensors");
+    l->pieces = base_alloc(l->alloc, nt * sizeof *l->pieces, "checkpoint tensors");
     l->held = base_alloc(l->alloc, nt * nd * sizeof *l->held, "checkpoint blocks");
     int *first = base_alloc(l->alloc, nd * sizeof *first, "checkpoint blocks");
-    spmd_status st = l->tensors && l->held && first ? SPMD_OK : SPMD_ERR_NOMEM;
+    st = l->tensors && l->piece && l->pieces && l->held && first ? SPMD_OK : SPMD_ERR_NOMEM;
     int n = 0;
-    for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++)
-        if (executor_keeps(p, g->nodes[i])) l->tensors[n++] = g->nodes[i];
+    for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++) {
+        int pieces = 0;
+        if (executor_keeps(p, g->nodes[i])) st = executor_block_pieces(p, g->nodes[i], &pieces);
+        for (int k = 0; k < pieces; k++, n++) {
+            l->tensors[n] = g->nodes[i];
+            l->piece[n] = k;
+            l->pieces[n] = pieces;
+        }
+    }
     for (int ti = 0; st == SPMD_OK && ti < l->n_tensors; ti++)
         st = add_tensor_blocks(l, ti, first, copy, what);
     base_free(l->alloc, first);
@@ -166,6 +189,8 @@ void ckpt_layout_free(ckpt_layout *l)
 {
     if (!l->alloc) return;
     base_free(l->alloc, l->tensors);
+    base_free(l->alloc, l->piece);
+    base_free(l->alloc, l->pieces);
     base_free(l->alloc, l->blocks);
     base_free(l->alloc, l->held);
     base_free(l->alloc, l->by_size);

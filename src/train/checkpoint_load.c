@@ -315,11 +315,15 @@ static spmd_status parse_block(const loader *L, const spmd_tensor *t, const cJSO
         return base_error(SPMD_ERR_IO,
                           WHAT ": %s: a block of '%s' is in \"%s\", which it does not list",
                           L->index_path, t->name, file->valuestring);
-    b->entry = st_header_find(&b->file->header, t->name);
+    /* The file's entry: the tensor's name, unless the index names another
+     * (a device's second box of a grouped block). */
+    const cJSON *entry = cJSON_GetObjectItemCaseSensitive(item, "entry");
+    const char *name = cJSON_IsString(entry) ? entry->valuestring : t->name;
+    b->entry = st_header_find(&b->file->header, name);
     if (!b->entry || b->entry->dtype != t->dtype || b->entry->rank != t->rank ||
         memcmp(b->entry->shape, b->shape, (size_t)t->rank * sizeof *b->shape) != 0)
         return base_error(SPMD_ERR_IO, WHAT ": %s has no %s entry '%s' of shape %s, as %s says",
-                          b->file->path, st_dtype_name(t->dtype), t->name,
+                          b->file->path, st_dtype_name(t->dtype), name,
                           ckpt_shape_str(t->rank, b->shape, shape, sizeof shape), CKPT_INDEX);
     return SPMD_OK;
 }
@@ -386,7 +390,7 @@ static spmd_status find_destinations(loader *L)
     for (int ti = 0; ti < l->n_tensors; ti++)
         for (int d = 0; d < l->n_dev; d++) {
             executor_block b;
-            spmd_status st = executor_block_of(l->p, l->tensors[ti], d, &b);
+            spmd_status st = executor_block_of(l->p, l->tensors[ti], d, l->piece[ti], &b);
             if (st != SPMD_OK) return st;
             L->dst[ti * l->n_dev + d] = b.data;
         }

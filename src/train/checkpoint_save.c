@@ -204,24 +204,38 @@ static spmd_status fill_device(void *ctx, writer *w)
 
 static void file_name(int device, char *buf) { snprintf(buf, 32, "dev-%04d.safetensors", device); }
 
+/* The file entry of a block: its tensor's name, "<name>#<k>" for box k > 0
+ * of a grouped block (a device's boxes share one file).  NULL: no memory. */
+static char *entry_name(const ckpt_layout *l, const ckpt_block *k)
+{
+    const spmd_tensor *t = l->tensors[k->tensor];
+    size_t len = strlen(t->name) + 16;
+    char *name = base_alloc(l->alloc, len, "checkpoint file");
+    if (name) snprintf(name, len, l->piece[k->tensor] ? "%s#%d" : "%s", t->name, l->piece[k->tensor]);
+    return name;
+}
+
 /* The header of device dev_index's file, which holds n blocks. */
 static spmd_status build_header(const ckpt_layout *l, int dev_index, int n, device_file *f)
 {
-    st_entry *entries = base_alloc(l->alloc, (size_t)n * sizeof *entries, "checkpoint file");
+    st_entry *entries = base_calloc(l->alloc, (size_t)n * sizeof *entries, "checkpoint file");
     if (!entries) return SPMD_ERR_NOMEM;
+    spmd_status st = SPMD_OK;
     n = 0;
-    for (int i = 0; i < l->n_blocks; i++) {
+    for (int i = 0; i < l->n_blocks && st == SPMD_OK; i++) {
         const ckpt_block *k = &l->blocks[i];
         if (k->writer != dev_index) continue;
         const spmd_tensor *t = l->tensors[k->tensor];
         st_entry *e = &entries[n++];
-        *e = (st_entry){.name = t->name, .dtype = t->dtype, .rank = k->b.rank};
+        *e = (st_entry){.name = entry_name(l, k), .dtype = t->dtype, .rank = k->b.rank};
+        if (!e->name) st = SPMD_ERR_NOMEM;
         memcpy(e->shape, k->b.valid, sizeof e->shape);
         file_name(k->writer_device, f->info.name);
     }
     f->dev_index = dev_index;
-    spmd_status st =
-        st_header_build(l->alloc, entries, n, &f->header, &f->header_size, &f->data_bytes);
+    if (st == SPMD_OK)
+        st = st_header_build(l->alloc, entries, n, &f->header, &f->header_size, &f->data_bytes);
+    for (int i = 0; i < n; i++) base_free(l->alloc, (void *)entries[i].name);
     base_free(l->alloc, entries);
     return st;
 }
@@ -308,10 +322,11 @@ static bool add_tensor(cJSON *tensors, const ckpt_layout *l, int ti)
         !cJSON_AddStringToObject(item, "dtype", st_dtype_name(t->dtype)) ||
         !cJSON_AddStringToObject(item, "sharding", sharding_format(&s, c->mesh, spec, sizeof spec)))
         return false;
+    /* The blocks of every entry of t (a grouped block's boxes). */
     cJSON *blocks = cJSON_AddArrayToObject(item, "blocks");
     for (int i = 0; blocks && i < l->n_blocks; i++) {
         const ckpt_block *k = &l->blocks[i];
-        if (k->tensor != ti) continue;
+        if (l->tensors[k->tensor] != t) continue;
         char name[32];
         file_name(k->writer_device, name);
         cJSON *b = cJSON_CreateObject();
@@ -323,6 +338,12 @@ static bool add_tensor(cJSON *tensors, const ckpt_layout *l, int ti)
             !st_json_add_counts(b, "start", t->rank, k->b.start) ||
             !st_json_add_counts(b, "shape", t->rank, k->b.valid))
             return false;
+        if (l->piece[k->tensor]) {
+            char *entry = entry_name(l, k);
+            bool ok = entry && cJSON_AddStringToObject(b, "entry", entry);
+            base_free(l->alloc, entry);
+            if (!ok) return false;
+        }
     }
     return blocks != NULL;
 }
@@ -344,7 +365,7 @@ static char *index_text(const ckpt_layout *l, int64_t step, cJSON *meta, const f
     }
     cJSON *tensors = cJSON_AddObjectToObject(root, "tensors");
     bool ok = tensors != NULL;
-    for (int i = 0; ok && i < l->n_tensors; i++) ok = add_tensor(tensors, l, i);
+    for (int i = 0; ok && i < l->n_tensors; i++) ok = l->piece[i] || add_tensor(tensors, l, i);
     cJSON *list = ok ? cJSON_AddObjectToObject(root, "files") : NULL;
     ok = list != NULL;
     for (int i = 0; ok && i < n_files; i++) {
