@@ -196,11 +196,49 @@ static void test_gpt_vocab_split_adamw(void **state)
     check_against_one_device(SPMD_OPTIMIZER_ADAMW);
 }
 
+/* An id or a target outside the vocabulary fails the step with the usual
+ * message, which names the whole vocabulary, not a device's block. */
+static void test_bad_ids_name_the_whole_vocabulary(void **state)
+{
+    (void)state;
+    spmd_mesh *mesh = spmd_mesh_parse("3", "tensor");
+    for (int loss = 0; loss < 2; loss++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        spmd_tensor *table = spmd_param(g, "table", 2, (const int64_t[]){10, 4},
+                                        (spmd_init){SPMD_INIT_NORMAL, 0.5f});
+        spmd_tensor *ids = spmd_input(g, "ids", SPMD_I32, 1, (const int64_t[]){3});
+        spmd_tensor *targets = spmd_input(g, "targets", SPMD_I32, 1, (const int64_t[]){3});
+        spmd_tensor *out = spmd_embedding(g, table, ids);
+        if (loss) out = spmd_cross_entropy(g, spmd_matmul(g, out, table, false, true), targets);
+        assert_non_null(out);
+        assert_int_equal(spmd_graph_mark_output(g, out), SPMD_OK);
+        assert_int_equal(spmd_mark_sharding(g, table, mesh, "tensor, None"), SPMD_OK);
+        spmd_program *p = spmd_compile(g, &(spmd_compile_options){.threads = 3});
+        assert_non_null(p);
+        int32_t good[3] = {0, 9, 4}, bad[3] = {1, 12, 2};
+        assert_int_equal(spmd_program_set_input(p, ids, loss ? good : bad, sizeof good), SPMD_OK);
+        if (loss) assert_int_equal(spmd_program_set_input(p, targets, bad, sizeof bad), SPMD_OK);
+        assert_int_equal(spmd_program_run(p), SPMD_ERR_INVALID);
+        const char *msg = spmd_last_error();
+        const char *want = loss ? "cross_entropy: target 12 at position 1 is outside the 10 classes"
+                                : "embedding: id 12 at position 1 is outside the table's 10 rows";
+        if (!strstr(msg, want)) fail_msg("message \"%s\", want \"%s\"", msg, want);
+        if (loss) { /* and runs again once the data is good */
+            assert_int_equal(spmd_program_set_input(p, targets, good, sizeof good), SPMD_OK);
+            assert_int_equal(spmd_program_run(p), SPMD_OK);
+        }
+        spmd_program_free(p);
+        spmd_graph_free(g);
+    }
+    spmd_mesh_free(mesh);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt_vocab_split_sgd),
         cmocka_unit_test(test_gpt_vocab_split_adamw),
+        cmocka_unit_test(test_bad_ids_name_the_whole_vocabulary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
