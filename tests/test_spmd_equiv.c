@@ -123,7 +123,29 @@ struct eq_case {
     char specs[SPEC_SIZE];
     size_t specs_len;
     int threads;           /* partitioned program's thread count */
+    unsigned expect;       /* fixed cases: VOCAB_* forms the program must use */
 };
+
+/* Vocabulary-parallel forms a fixed case must make the partitioner use. */
+enum {
+    VOCAB_LOOKUP = 1u << 0, /* embedding over a table split on V */
+    VOCAB_GRAD = 1u << 1,   /* embedding_backward into a gradient split on V */
+    VOCAB_LOSS = 1u << 2,   /* cross-entropy (and backward) over logits split on V */
+};
+
+/* The VOCAB_* forms in program p's per-device graph. */
+static unsigned vocab_forms(const spmd_program *p)
+{
+    const partition *part = executor_partition(p);
+    unsigned found = 0;
+    for (int i = 0; part && i < part->local->n_nodes; i++) {
+        const spmd_tensor *t = part->local->nodes[i];
+        if (t->op == IR_EMBEDDING && t->attr.embed.global) found |= VOCAB_LOOKUP;
+        if (t->op == IR_EMBEDDING_BACKWARD && t->attr.embed.global) found |= VOCAB_GRAD;
+        if (t->op == IR_VOCAB_CE_LOSS || t->op == IR_VOCAB_CE_BACKWARD) found |= VOCAB_LOSS;
+    }
+    return found;
+}
 
 static void textf(char *buf, size_t size, size_t *len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -224,6 +246,28 @@ static void maybe_mark(eq_case *c, spmd_tensor *t, double p)
     char spec[128];
     random_spec(c, t, spec, sizeof spec);
     if (yes) mark(c, t, spec);
+}
+
+/* Random cases: now and then split dim `dim` of t (a table's or the
+ * logits' vocabulary) over one axis or a pair, unevenly included, the
+ * other dims whole.  The draws happen in both copies. */
+static void maybe_split_vocab(eq_case *c, spmd_tensor *t, int dim, double p)
+{
+    if (!t || !c->random_marks || c->build_failed) return;
+    bool yes = test_rng_chance(&c->r, p);
+    int a = test_rng_int(&c->r, 0, c->md.rank - 1), b = test_rng_int(&c->r, 0, c->md.rank - 1);
+    bool pair = a != b && test_rng_chance(&c->r, 0.3);
+    if (!yes) return;
+    char spec[128];
+    size_t len = 0;
+    spec[0] = '\0';
+    for (int i = 0; i < spmd_tensor_rank(t); i++) {
+        if (i) textf(spec, sizeof spec, &len, ", ");
+        if (i != dim) textf(spec, sizeof spec, &len, "None");
+        else if (pair) textf(spec, sizeof spec, &len, "(%s, %s)", c->md.names[a], c->md.names[b]);
+        else textf(spec, sizeof spec, &len, "%s", c->md.names[a]);
+    }
+    mark(c, t, spec);
 }
 
 static const char *gen_name(gen k)
@@ -635,6 +679,7 @@ static spmd_tensor *op_embed_add(eq_case *c, spmd_tensor *x)
     dims_of(x, dims);
     int32_t vocab = test_rng_int(&c->r, 2, 12);
     spmd_tensor *table = param(c, 2, D(vocab, dims[r - 1]), GEN_WEIGHT, 0.5f);
+    maybe_split_vocab(c, table, 0, 0.3);
     spmd_tensor *ids = ids_input(c, r - 1, dims, vocab);
     spmd_tensor *e = note(c, spmd_embedding(c->g, table, ids), "embedding(%s, %s)", name_of(table),
                           name_of(ids));
@@ -800,6 +845,7 @@ static spmd_tensor *loss_term(eq_case *c, spmd_tensor *v)
         spmd_tensor *w = param(c, 2, tb ? D(classes, k) : D(k, classes), GEN_WEIGHT, fan_scale(k));
         spmd_tensor *logits = note(c, spmd_matmul(c->g, v, w, false, tb),
                                    "matmul(%s, %s, ta 0, tb %d)", name_of(v), name_of(w), tb);
+        maybe_split_vocab(c, logits, r - 1, 0.35);
         spmd_tensor *t = ids_input(c, r - 1, dims, classes);
         return note(c, spmd_cross_entropy(c->g, logits, t), "cross_entropy(%s, %s)",
                     name_of(logits), name_of(t));
@@ -829,6 +875,7 @@ static void build_random(eq_case *c)
         int32_t vocab = test_rng_int(&c->r, 2, 12);
         int64_t width = test_rng_int(&c->r, 2, 10);
         spmd_tensor *table = param(c, 2, D(vocab, width), GEN_WEIGHT, 1.0f);
+        maybe_split_vocab(c, table, 0, 0.3);
         spmd_tensor *ids = ids_input(c, r - 1, dims, vocab);
         x = note(c, spmd_embedding(c->g, table, ids), "embedding(%s, %s)", name_of(table),
                  name_of(ids));
@@ -1081,6 +1128,7 @@ static bool trace; /* SPMD_TEST_VERBOSE=2: print each case before running it */
 static struct {
     long ops[IR_OP_COUNT];
     long padded_leaves;
+    long vocab_lookups, vocab_grads; /* over tables split on V */
 } stats;
 
 static void count_program(const spmd_program *p)
@@ -1088,7 +1136,12 @@ static void count_program(const spmd_program *p)
     const partition *part = executor_partition(p);
     if (!part) return;
     const spmd_graph *lg = part->local;
-    for (int i = 0; i < lg->n_nodes; i++) stats.ops[lg->nodes[i]->op]++;
+    for (int i = 0; i < lg->n_nodes; i++) {
+        const spmd_tensor *t = lg->nodes[i];
+        stats.ops[t->op]++;
+        if (t->op == IR_EMBEDDING && t->attr.embed.global) stats.vocab_lookups++;
+        if (t->op == IR_EMBEDDING_BACKWARD && t->attr.embed.global) stats.vocab_grads++;
+    }
     for (int i = 0; i < part->g->n_nodes; i++) {
         const spmd_tensor *t = part->g->nodes[i];
         if (ir_op_is_leaf(t->op) && part->local_of[i] &&
@@ -1150,6 +1203,11 @@ static outcome run_case(eq_case *c, bool verbose, int *n_outputs)
         goto done;
     }
     count_program(pb);
+    if ((vocab_forms(pb) & c->expect) != c->expect) {
+        REPORT(&rep, "    the program lacks a vocabulary-parallel form (wanted 0x%x, found 0x%x)\n",
+               c->expect, vocab_forms(pb));
+        result = CASE_FAIL;
+    }
     if (trace) {
         say("  shardings after partitioning:\n");
         for (int i = 0; i < spmd_graph_tensor_count(gb); i++) {
@@ -1404,21 +1462,126 @@ static void reg_decode_cache_split_on_positions(eq_case *c)
     decode_step(c, 2, 1, 9, 4, 2, "None, None, None", "None, data, None");
 }
 
+/* ---- Vocabulary parallelism: tables and logits split on V ---------------------------- */
+
+/* loss = mean((embedding(table, ids) + x)^2), table [V, 6] marked
+ * `table_spec`, ids [3, 4] marked `ids_spec` (NULL: left unmarked). */
+static void vocab_embedding(eq_case *c, int64_t V, const char *table_spec, const char *ids_spec)
+{
+    spmd_tensor *table = param(c, 2, D(V, 6), GEN_WEIGHT, 0.8f);
+    mark(c, table, table_spec);
+    spmd_tensor *ids = ids_input(c, 2, D(3, 4), (int32_t)V);
+    if (ids_spec) mark(c, ids, ids_spec);
+    spmd_tensor *e = note(c, spmd_embedding(c->g, table, ids), "embedding(%s, %s)",
+                          name_of(table), name_of(ids));
+    add_output(c, e);
+    spmd_tensor *x = input(c, 3, D(3, 4, 6));
+    square_loss(c, note(c, spmd_add(c->g, e, x), "add(%s, %s)", name_of(e), name_of(x)));
+}
+
+static void vocab_embed_even(eq_case *c) { vocab_embedding(c, 8, "tp, None", NULL); }
+/* 10 rows over 4 blocks (3, 3, 3, 1); the ids' 3 rows over 2 as well. */
+static void vocab_embed_uneven(eq_case *c) { vocab_embedding(c, 10, "tp, None", "data, None"); }
+static void vocab_embed_two_axes_even(eq_case *c) { vocab_embedding(c, 8, "(data, tp), None", NULL); }
+/* 9 rows over 4 blocks of 3: the last block is all padding. */
+static void vocab_embed_two_axes_uneven(eq_case *c) { vocab_embedding(c, 9, "(tp, data), None", NULL); }
+
+/* cross_entropy(x @ w, targets): x [rows..., 5] marked `x_spec` (NULL:
+ * unmarked), w [5, V] marked `w_spec`, so the logits split like both. */
+static void vocab_ce(eq_case *c, int rank, const int64_t *rows, int64_t V, const char *x_spec,
+                     const char *w_spec)
+{
+    int64_t dims[SPMD_MAX_RANK];
+    memcpy(dims, rows, (size_t)(rank - 1) * sizeof *dims);
+    dims[rank - 1] = 5;
+    spmd_tensor *x = input(c, rank, dims);
+    if (x_spec) mark(c, x, x_spec);
+    spmd_tensor *w = param(c, 2, D(5, V), GEN_WEIGHT, 0.8f);
+    mark(c, w, w_spec);
+    spmd_tensor *logits = note(c, spmd_matmul(c->g, x, w, false, false), "matmul(%s, %s)",
+                               name_of(x), name_of(w));
+    add_output(c, logits);
+    spmd_tensor *t = ids_input(c, rank - 1, rows, (int32_t)V);
+    if (x_spec && rank == 2) mark(c, t, "data");
+    c->loss = note(c, spmd_cross_entropy(c->g, logits, t), "cross_entropy(%s, %s)",
+                   name_of(logits), name_of(t));
+}
+
+static void vocab_ce_even(eq_case *c) { vocab_ce(c, 2, D(6), 8, NULL, "None, tp"); }
+/* 7 classes over 3 blocks (3, 3, 1). */
+static void vocab_ce_uneven(eq_case *c) { vocab_ce(c, 2, D(5), 7, NULL, "None, tp"); }
+/* Rows over data (5 over 2: a padding row), 7 classes over tp (3). */
+static void vocab_ce_rows_uneven(eq_case *c) { vocab_ce(c, 2, D(5), 7, "data, None", "None, tp"); }
+/* [3, 2] rows, the first over data; 5 classes over tp. */
+static void vocab_ce_rows_3d(eq_case *c) { vocab_ce(c, 3, D(3, 2), 5, "data, None, None", "None, tp"); }
+/* 6 classes over tp x data (4 blocks of 2: the last all padding). */
+static void vocab_ce_two_axes(eq_case *c) { vocab_ce(c, 2, D(4), 6, NULL, "None, (tp, data)"); }
+
+/* A tied language model: x = embedding(wte, ids) + pos, a layer, logits
+ * = h wte^T, cross-entropy; wte [V, 6] marked `wte_spec`. */
+static void vocab_tied_lm(eq_case *c, int64_t V, const char *wte_spec, const char *ids_spec)
+{
+    spmd_tensor *wte = param(c, 2, D(V, 6), GEN_WEIGHT, 0.8f);
+    mark(c, wte, wte_spec);
+    spmd_tensor *ids = ids_input(c, 2, D(3, 4), (int32_t)V);
+    spmd_tensor *targets = ids_input(c, 2, D(3, 4), (int32_t)V);
+    if (ids_spec) mark(c, ids, ids_spec), mark(c, targets, ids_spec);
+    spmd_tensor *e = note(c, spmd_embedding(c->g, wte, ids), "embedding(%s, %s)", name_of(wte),
+                          name_of(ids));
+    spmd_tensor *pos = input(c, 3, D(3, 4, 6));
+    spmd_tensor *x = note(c, spmd_add(c->g, e, pos), "add(%s, %s)", name_of(e), name_of(pos));
+    spmd_tensor *w = param(c, 2, D(6, 6), GEN_WEIGHT, 0.5f);
+    spmd_tensor *h = note(c, spmd_tanh(c->g, spmd_matmul(c->g, x, w, false, false)),
+                          "tanh(matmul(%s, %s))", name_of(x), name_of(w));
+    spmd_tensor *logits = note(c, spmd_matmul(c->g, h, wte, false, true), "matmul(%s, %s, tb 1)",
+                               name_of(h), name_of(wte));
+    add_output(c, logits);
+    c->loss = note(c, spmd_cross_entropy(c->g, logits, targets), "cross_entropy(%s, %s)",
+                   name_of(logits), name_of(targets));
+}
+
+static void vocab_tied_even(eq_case *c) { vocab_tied_lm(c, 8, "tp, None", NULL); }
+/* 11 rows over 4 (3, 3, 3, 2), the batch of 3 over data. */
+static void vocab_tied_uneven(eq_case *c) { vocab_tied_lm(c, 11, "tp, None", "data, None"); }
+
 typedef struct regression {
     const char *label;
     int rank, shape[3];
     const char *names[3];
     build_fn build;
+    unsigned expect; /* VOCAB_* */
 } regression;
 
+static const regression vocab_cases[] = {
+    {"vocab: embedding, table over 1 axis, even", 1, {2}, {"tp"}, vocab_embed_even,
+     VOCAB_LOOKUP | VOCAB_GRAD},
+    {"vocab: embedding, table over 1 axis, uneven", 2, {2, 4}, {"data", "tp"}, vocab_embed_uneven,
+     VOCAB_LOOKUP | VOCAB_GRAD},
+    {"vocab: embedding, table over 2 axes, even", 2, {2, 2}, {"data", "tp"},
+     vocab_embed_two_axes_even, VOCAB_LOOKUP | VOCAB_GRAD},
+    {"vocab: embedding, table over 2 axes, uneven", 2, {2, 2}, {"data", "tp"},
+     vocab_embed_two_axes_uneven, VOCAB_LOOKUP | VOCAB_GRAD},
+    {"vocab: cross entropy, even", 1, {4}, {"tp"}, vocab_ce_even, VOCAB_LOSS},
+    {"vocab: cross entropy, uneven", 1, {3}, {"tp"}, vocab_ce_uneven, VOCAB_LOSS},
+    {"vocab: cross entropy, rows split unevenly too", 2, {2, 3}, {"data", "tp"},
+     vocab_ce_rows_uneven, VOCAB_LOSS},
+    {"vocab: cross entropy, 3-d logits, rows split too", 2, {2, 2}, {"data", "tp"},
+     vocab_ce_rows_3d, VOCAB_LOSS},
+    {"vocab: cross entropy, over 2 axes", 2, {2, 2}, {"data", "tp"}, vocab_ce_two_axes, VOCAB_LOSS},
+    {"vocab: tied embedding and LM head, even", 1, {2}, {"tp"}, vocab_tied_even,
+     VOCAB_LOOKUP | VOCAB_GRAD | VOCAB_LOSS},
+    {"vocab: tied embedding and LM head, uneven", 2, {2, 4}, {"data", "tp"}, vocab_tied_uneven,
+     VOCAB_LOOKUP | VOCAB_GRAD | VOCAB_LOSS},
+};
+
 static const regression regressions[] = {
-    {"marked reshape splitting a minor dim", 1, {3}, {"fsdp"}, reg_reshape_mark_minor_split},
-    {"attention heads split unevenly", 1, {5}, {"replica"}, reg_attention_uneven_heads},
-    {"marked reshape the operand cannot carry", 2, {2, 3}, {"tp", "y"}, reg_marked_reshape},
-    {"reshape of a pending sum", 1, {2}, {"data"}, reg_reshape_of_partial},
-    {"decoding: batch and heads split", 2, {2, 2}, {"data", "tp"}, reg_decode_batch_heads},
-    {"decoding: batch split unevenly", 1, {3}, {"data"}, reg_decode_uneven_batch},
-    {"decoding: cache split on positions", 1, {3}, {"data"}, reg_decode_cache_split_on_positions},
+    {"marked reshape splitting a minor dim", 1, {3}, {"fsdp"}, reg_reshape_mark_minor_split, 0},
+    {"attention heads split unevenly", 1, {5}, {"replica"}, reg_attention_uneven_heads, 0},
+    {"marked reshape the operand cannot carry", 2, {2, 3}, {"tp", "y"}, reg_marked_reshape, 0},
+    {"reshape of a pending sum", 1, {2}, {"data"}, reg_reshape_of_partial, 0},
+    {"decoding: batch and heads split", 2, {2, 2}, {"data", "tp"}, reg_decode_batch_heads, 0},
+    {"decoding: batch split unevenly", 1, {3}, {"data"}, reg_decode_uneven_batch, 0},
+    {"decoding: cache split on positions", 1, {3}, {"data"}, reg_decode_cache_split_on_positions, 0},
 };
 
 /* ---- The tests --------------------------------------------------------------------------- */
@@ -1434,17 +1597,18 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void test_regressions(void **state)
+/* Fixed cases run on their own meshes; returns how many failed. */
+static int run_fixed(const regression *cases, size_t count, uint64_t first_seed)
 {
-    (void)state;
     int failed = 0, outputs = 0;
-    for (size_t i = 0; i < ARRAY_LEN(regressions); i++) {
-        const regression *rg = &regressions[i];
+    for (size_t i = 0; i < count; i++) {
+        const regression *rg = &cases[i];
         eq_case *c = calloc(1, sizeof *c);
         assert_non_null(c);
-        c->seed = 1000 + i;
+        c->seed = first_seed + i;
         c->label = rg->label;
         c->build = rg->build;
+        c->expect = rg->expect;
         c->md.rank = rg->rank;
         for (int a = 0; a < rg->rank; a++) {
             c->md.shape[a] = rg->shape[a];
@@ -1456,7 +1620,24 @@ static void test_regressions(void **state)
         if (run_case(c, verbose, &outputs) != CASE_PASS) failed++;
         free(c);
     }
+    return failed;
+}
+
+static void test_regressions(void **state)
+{
+    (void)state;
+    int failed = run_fixed(regressions, ARRAY_LEN(regressions), 1000);
     if (failed) fail_msg("%d of %zu regression cases failed", failed, ARRAY_LEN(regressions));
+}
+
+/* Tables and logits split over the vocabulary: the partitioner must use
+ * the vocabulary-parallel forms, and they must compute what one device
+ * computes. */
+static void test_vocab_parallel(void **state)
+{
+    (void)state;
+    int failed = run_fixed(vocab_cases, ARRAY_LEN(vocab_cases), 2000);
+    if (failed) fail_msg("%d of %zu vocabulary cases failed", failed, ARRAY_LEN(vocab_cases));
 }
 
 static void test_random_equivalence(void **state)
@@ -1485,6 +1666,10 @@ static void test_random_equivalence(void **state)
         stats.ops[IR_ALL_REDUCE], stats.ops[IR_ALL_GATHER], stats.ops[IR_REDUCE_SCATTER],
         stats.ops[IR_ALL_TO_ALL], stats.ops[IR_SHARD_SLICE], stats.ops[IR_MASK_PADDING],
         stats.ops[IR_PAD], stats.padded_leaves);
+    say("  vocabulary-parallel: %ld lookups and %ld gradients over split tables, %ld losses and "
+        "%ld loss gradients over split logits\n",
+        stats.vocab_lookups, stats.vocab_grads, stats.ops[IR_VOCAB_CE_LOSS],
+        stats.ops[IR_VOCAB_CE_BACKWARD]);
     if (failed)
         fail_msg("%d of %d cases differ from the one-device program (seeds printed above)",
                  failed, n_cases);
@@ -1503,6 +1688,7 @@ int main(void)
                   (unsigned long long)base_seed, n_cases, (unsigned long long)base_seed);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regressions),
+        cmocka_unit_test(test_vocab_parallel),
         cmocka_unit_test(test_random_equivalence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -347,7 +347,10 @@ static spmd_status vjp_embedding(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
                                  spmd_tensor **dx)
 {
     spmd_tensor *table = t->in[0], *ids = t->in[1];
-    if (wants(t, 0)) dx[0] = ir_embedding_backward(g, ids, dy, table->dims[0]);
+    if (wants(t, 0)) {
+        dx[0] = ir_embedding_backward(g, ids, dy, table->dims[0]);
+        if (dx[0]) dx[0]->attr.embed.table = table->id; /* its rows split like the table's */
+    }
     return done(t, dx);
 }
 

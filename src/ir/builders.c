@@ -497,7 +497,10 @@ spmd_tensor *ir_embedding_backward(spmd_graph *g, spmd_tensor *ids, spmd_tensor 
             return fail_shape2(g, "embedding_backward", "dout must be [ids..., D]", ids, dout);
     int64_t dims[2] = {rows, dout->dims[dout->rank - 1]};
     spmd_tensor *t = ir_node_new(g, IR_EMBEDDING_BACKWARD, SPMD_F32, 2, dims, in, 2);
-    if (t) t->attr.embed_grad.rows = rows;
+    if (t) {
+        t->attr.embed.rows = rows;
+        t->attr.embed.table = -1;
+    }
     return t;
 }
 

@@ -38,7 +38,13 @@ typedef union ir_attr {
     struct { float c; } scale;
     struct { float eps; } norm;              /* LAYERNORM* */
     struct { float value; } fill;
-    struct { int64_t rows; } embed_grad;     /* EMBEDDING_BACKWARD: V */
+    /* EMBEDDING(_BACKWARD): `rows` is the backward's V and `table` the id
+     * of the forward table whose gradient it is (-1: none), which
+     * propagation splits the gradient's rows like.  In a per-device
+     * program whose table (or gradient) is split over the vocabulary,
+     * `global` is the whole V and `spec` the group whose member rank is the
+     * device's block of rows; global 0: the table is whole. */
+    struct { int64_t rows, global; int spec, table; } embed;
     /* Collectives and shard-local ops over the group `spec` of the
      * program's group list (its members rank the blocks):
      *   ALL_REDUCE      sum over the group
@@ -49,10 +55,18 @@ typedef union ir_attr {
      *   SHARD_SLICE     this member's block of `dim` (free), zeros past `global`
      *   MASK_PADDING    zero elements of `dim` at global index >= `global` */
     struct { int spec, dim, dim2; int64_t global; } coll;
-    /* CROSS_ENTROPY(_BACKWARD) in a per-device program: for each dim of
-     * the targets split unevenly, its group (spec) and whole size; rows past
-     * that size are padding and count for nothing.  global 0: not padded. */
-    struct { int spec[SPMD_MAX_RANK]; int64_t global[SPMD_MAX_RANK]; } rows;
+    /* CROSS_ENTROPY(_BACKWARD) and the VOCAB_CE_* ops in a per-device
+     * program: for each dim of the targets split unevenly, its group (spec)
+     * and whole size; rows past that size are padding and count for
+     * nothing.  global 0: not padded.  Logits split over the vocabulary
+     * (the VOCAB_CE_* ops only): `vocab` is the whole V and `vocab_spec`
+     * the group whose member rank is the device's block of columns. */
+    struct {
+        int spec[SPMD_MAX_RANK];
+        int64_t global[SPMD_MAX_RANK];
+        int vocab_spec;
+        int64_t vocab;
+    } rows;
 } ir_attr;
 
 struct spmd_tensor {

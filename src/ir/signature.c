@@ -238,18 +238,20 @@ static bool sig_cached_attention(const spmd_tensor *t, ir_dimsig *s)
     return true;
 }
 
-/* embedding: table [v,d], ids [i...] -> [i..., d]; the backward
- * scatter-add is the transpose, summing over the ids dims.  A vocab-sharded
- * table would make the lookup a partial sum (each device contributes its
- * rows, zeros elsewhere), but the kernels need the shard's row offset for
- * that, so v stays whole (FULL) until the vocab-parallel kernels exist. */
+/* embedding: table [v,d], ids [i...] -> [i..., d].  The lookup is the
+ * contraction one_hot(ids) @ table over v, so v is SUM: a table split over
+ * the vocabulary gives each device the rows of its block (zeros for other
+ * ids) and a pending sum over the vocabulary's axes (fix_vocab_rows tells
+ * the kernel its block).  The backward scatter-add is the transpose: it
+ * sums over the ids dims and v is an output dim, so a gradient split over
+ * the vocabulary holds only its block's rows. */
 static bool sig_embedding(const spmd_tensor *t, ir_dimsig *s)
 {
     bool fwd = t->op == IR_EMBEDDING;
     const spmd_tensor *ids = fwd ? t->in[1] : t->in[0];
-    int64_t rows = fwd ? t->in[0]->dims[0] : t->attr.embed_grad.rows;
+    int64_t rows = fwd ? t->in[0]->dims[0] : t->attr.embed.rows;
     int64_t width = t->dims[t->rank - 1];
-    int v = add_iter(s, rows, IR_ITER_FULL, 'v');
+    int v = add_iter(s, rows, fwd ? IR_ITER_SUM : IR_ITER_PARALLEL, 'v');
     int d = add_iter(s, width, IR_ITER_PARALLEL, 'd');
     int idx[SPMD_MAX_RANK];
     for (int i = 0; i < ids->rank; i++)
@@ -267,7 +269,11 @@ static bool sig_embedding(const spmd_tensor *t, ir_dimsig *s)
 }
 
 /* logits [n..., v], targets [n...] -> scalar: the mean over n is linear
- * (SUM), the softmax over v is FULL.  The backward keeps n parallel. */
+ * (SUM); the backward keeps n parallel.  v may be split: the partitioner
+ * lowers a split softmax into per-block statistics, an all-gather of them
+ * and a combination (fix_loss_rows), so no device holds whole rows; the
+ * loss is then the same on every block, the gradient split like the
+ * logits. */
 static bool sig_cross_entropy(const spmd_tensor *t, ir_dimsig *s)
 {
     bool fwd = t->op == IR_CROSS_ENTROPY;
@@ -279,7 +285,7 @@ static bool sig_cross_entropy(const spmd_tensor *t, ir_dimsig *s)
         s->in[0][i] = s->in[1][i] = (int8_t)it;
         if (!fwd) s->out[i] = (int8_t)it;
     }
-    int v = add_iter(s, logits->dims[r - 1], IR_ITER_FULL, 'v');
+    int v = add_iter(s, logits->dims[r - 1], IR_ITER_PARALLEL, 'v');
     s->in[0][r - 1] = (int8_t)v;
     if (!fwd) s->out[r - 1] = (int8_t)v;
     return true;

@@ -480,9 +480,64 @@ static spmd_tensor *fix_mse(builder *b, const spmd_tensor *t, const sharding *ne
                       (float)local_share(b->p, x, &need[0], (1u << x->rank) - 1));
 }
 
+/* A table split over the vocabulary (the lookup's SUM dim, or the
+ * backward's output rows): the kernel needs the device's block of rows,
+ * which it finds at run time as its member rank in the group of the
+ * vocabulary's axes, and the whole vocabulary to check ids against. */
+static spmd_tensor *fix_vocab_rows(builder *b, const spmd_tensor *t, const sharding *need,
+                                   spmd_tensor *lt)
+{
+    partition *p = b->p;
+    bool fwd = t->op == IR_EMBEDDING;
+    sharding out = fwd ? need[0] : shard_produced(&p->prop, t);
+    if (!out.dim[0].n) return lt;
+    lt->attr.embed.spec = spec_index(p, &out.dim[0]);
+    lt->attr.embed.global = fwd ? t->in[0]->dims[0] : t->attr.embed.rows;
+    return lt->attr.embed.spec < 0 ? fail(b, SPMD_ERR_NOMEM) : lt;
+}
+
+/* Cross-entropy (or its backward, `lt`) over logits split on the
+ * vocabulary over `vocab`: no device may gather whole rows, so each
+ * computes small per-row statistics of its block (max, sum of exps, the
+ * target's logit), all-gathers them over the vocabulary's axes, and
+ * combines them in member order (the same bits on every member): the loss
+ * rows, or the block of the gradient.  Row padding and the rescaling to
+ * the global row count stay as for whole rows. */
+static spmd_tensor *split_vocab_loss(builder *b, const spmd_tensor *t, const mesh_axes *vocab,
+                                     spmd_tensor *lt)
+{
+    partition *p = b->p;
+    spmd_tensor *logits = lt->in[0], *targets = lt->in[1];
+    int tr = targets->rank;
+    ir_attr attr = lt->attr;
+    attr.rows.vocab_spec = spec_index(p, vocab);
+    attr.rows.vocab = t->in[0]->dims[t->in[0]->rank - 1];
+    if (attr.rows.vocab_spec < 0) return fail(b, SPMD_ERR_NOMEM);
+    int64_t dims[SPMD_MAX_RANK];
+    memcpy(dims, targets->dims, (size_t)tr * sizeof *dims);
+    dims[tr] = 3;
+    spmd_tensor *stats =
+        ir_node_new(p->local, IR_VOCAB_CE_STATS, SPMD_F32, tr + 1, dims, (spmd_tensor *[]){logits, targets}, 2);
+    if (!stats) return NULL;
+    stats->attr = attr;
+    dims[tr] = 3 * mesh_axes_size(p->m, vocab);
+    spmd_tensor *all = emit_coll(b, IR_ALL_GATHER, stats, vocab, tr, 0, 0, dims, t->id, t->id);
+    if (!all) return NULL;
+    spmd_tensor *out;
+    if (t->op == IR_CROSS_ENTROPY)
+        out = ir_node_new(p->local, IR_VOCAB_CE_LOSS, SPMD_F32, 0, NULL,
+                          (spmd_tensor *[]){all, targets}, 2);
+    else
+        out = ir_node_new(p->local, IR_VOCAB_CE_BACKWARD, SPMD_F32, lt->rank, lt->dims,
+                          (spmd_tensor *[]){logits, targets, all, lt->in[2]}, 4);
+    if (out) out->attr = attr;
+    return out;
+}
+
 /* Cross-entropy is a mean over the target rows.  Rows split unevenly: the
  * kernel skips the padding rows; the mean over local rows is then
- * rescaled to the global count. */
+ * rescaled to the global count.  Logits split on the vocabulary: lowered
+ * by split_vocab_loss. */
 static spmd_tensor *fix_loss_rows(builder *b, const spmd_tensor *t, const sharding *need,
                                   spmd_tensor *lt)
 {
@@ -495,6 +550,8 @@ static spmd_tensor *fix_loss_rows(builder *b, const spmd_tensor *t, const shardi
         lt->attr.rows.global[i] = targets->dims[i];
         if (lt->attr.rows.spec[i] < 0) return fail(b, SPMD_ERR_NOMEM);
     }
+    const mesh_axes *vocab = &need[0].dim[t->in[0]->rank - 1];
+    if (vocab->n && !(lt = split_vocab_loss(b, t, vocab, lt))) return NULL;
     if (!sharding_dim_axes(&need[1])) return lt;
     return spmd_scale(p->local, lt, (float)local_share(p, targets, &need[1], rows));
 }

@@ -282,6 +282,12 @@ static void choose(shard_plan *p, const spmd_tensor *t)
         if (in->level == SHARD_UNKNOWN) continue;
         take_axes(p, t->op, n, n->sig->in[j], t->in[j]->rank, &in->out, &used);
     }
+    /* A table's gradient has rows no operand maps: split them like the
+     * table (a vocabulary split), where the ids left its axes free. */
+    if (t->op == IR_EMBEDDING_BACKWARD && t->attr.embed.table >= 0) {
+        const shard_node *table = &p->nodes[t->attr.embed.table];
+        if (table->level != SHARD_UNKNOWN) take_axes(p, n, n->sig->out, 1, &table->out, &used);
+    }
 }
 
 static bool any_known(const shard_plan *p, const spmd_tensor *t)
