@@ -15,7 +15,8 @@
  *   one): two all-reduces over 'tensor' in the forward pass and two in the
  *   backward pass, no activation gathered over it; with sequence
  *   parallelism, reduce-scatters and all-gathers in their place and no
- *   all-reduce of an activation.
+ *   all-reduce of an activation.  The vocabulary (50257, uneven) is split:
+ *   no local value has a dim of 50257, the loss gathers only row stats.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -225,12 +226,15 @@ static void test_gpt_equals_one_device(void **state)
  * (parameters and their gradients move for FSDP and the update). */
 typedef struct counts {
     int n[3][IR_OP_COUNT];
+    int gathers; /* all-gathers of activations over 'tensor' but the loss's row stats */
+    int whole_v; /* local values with a dim of the whole vocabulary */
 } counts;
 
 static counts count_tensor_collectives(int layers, bool sequence)
 {
     spmd_gpt_config cfg = GPT;
     cfg.layers = layers;
+    cfg.vocab = 50257; /* uneven over 'tensor': padded blocks */
     spmd_mesh *mesh = spmd_mesh_parse("2x2", "data,tensor");
     int tensor = spmd_mesh_axis_index(mesh, "tensor");
     spmd_graph *g = spmd_graph_create(NULL);
@@ -251,7 +255,13 @@ static counts count_tensor_collectives(int layers, bool sequence)
         for (int a = 0; a < k->axes.n; a++) over_tensor |= k->axes.axis[a] == tensor;
         if (!over_tensor || moved->op == IR_PARAM || k->phase == PART_UPDATE) continue;
         n.n[k->phase][k->kind]++;
+        if (k->kind == IR_ALL_GATHER && moved->op != IR_CROSS_ENTROPY &&
+            moved->op != IR_CROSS_ENTROPY_BACKWARD)
+            n.gathers++;
     }
+    for (int i = 0; i < pt->local->n_nodes; i++)
+        for (int d = 0; d < pt->local->nodes[i]->rank; d++)
+            n.whole_v += pt->local->nodes[i]->dims[d] == cfg.vocab;
     spmd_trainer_free(tr);
     spmd_graph_free(g);
     spmd_mesh_free(mesh);
@@ -266,6 +276,10 @@ static void test_block_collectives(void **state)
         int block[2][IR_OP_COUNT];
         for (int ph = 0; ph < 2; ph++)
             for (int k = 0; k < IR_OP_COUNT; k++) block[ph][k] = two.n[ph][k] - one.n[ph][k];
+        /* Vocabulary parallel: the loss gathers its row stats, never the
+         * logits; no device holds the whole vocabulary. */
+        assert_int_equal(two.whole_v, 0);
+        if (!sp) assert_int_equal(two.gathers, 0);
         if (!sp) {
             assert_int_equal(block[PART_FORWARD][IR_ALL_REDUCE], 2);
             assert_int_equal(block[PART_BACKWARD][IR_ALL_REDUCE], 2);

@@ -42,9 +42,9 @@ struct spmd_mesh {
  * so each device holds a block of every group (GPT-2's fused q | k | v
  * split by heads).  0 and 1 both mean one group; collectives ignore it. */
 typedef struct mesh_axes {
-    int n;
+    int8_t n;
     int8_t axis[MESH_MAX_AXES];
-    int groups;
+    int16_t groups; /* small: a sharding holds one per dim, and every node several */
 } mesh_axes;
 
 /* The groups of a dim's split: 1 for a plain split. */

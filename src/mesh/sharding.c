@@ -208,9 +208,9 @@ static spmd_status parse_entry(parser *p, mesh_axes *dst)
     if (p->tok.kind == TOK_NUMBER) {
         /* N*axis or N*(axes): a grouped split. */
         token num = p->tok;
-        long groups = num.len <= 6 ? strtol(p->text + num.pos, NULL, 10) : 0;
-        if (groups < 1)
-            return fail(p, num.pos, "groups '%.*s' at column %d must be 1 to 999999",
+        long groups = num.len <= 5 ? strtol(p->text + num.pos, NULL, 10) : 0;
+        if (groups < 1 || groups > INT16_MAX)
+            return fail(p, num.pos, "groups '%.*s' at column %d must be 1 to 32767",
                         num.len < QUOTE_MAX ? num.len : QUOTE_MAX, p->text + num.pos, num.pos + 1);
         advance(p);
         if (p->tok.kind != TOK_STAR)
@@ -223,7 +223,7 @@ static spmd_status parse_entry(parser *p, mesh_axes *dst)
         spmd_status st = p->tok.kind == TOK_NAME     ? parse_axis(p, dst)
                          : p->tok.kind == TOK_LPAREN ? parse_axis_list(p, dst, "tuple")
                                                      : unexpected(p, "an axis or a tuple after '*'");
-        dst->groups = groups > 1 ? (int)groups : 0;
+        dst->groups = groups > 1 ? (int16_t)groups : 0;
         return st;
     }
     if (tok_is(p->text, p->tok, "None")) {

@@ -121,7 +121,7 @@ static sharding reshape_map(const spmd_mesh *m, const sharding *from, int fr, co
                 out.dim[e].axis[out.dim[e].n++] = axes[k++];
             }
             if (e == d && inner_groups > 1) {
-                out.dim[e].groups = (int)inner_groups;
+                out.dim[e].groups = (int16_t)inner_groups;
                 break;
             }
             /* Remaining axes may only continue on the next dim if this one
@@ -274,6 +274,16 @@ static void choose(shard_plan *p, const spmd_tensor *t)
     n->through = linear_through(p, t, &n->through_operands);
     used |= n->through;
     if (t->mark) take_axes(p, t->op, n, n->sig->out, t->rank, t->mark, &used);
+    /* A table's gradient has rows no operand maps: split them like the
+     * table (a vocabulary split), where the ids (first) left its axes
+     * free; the incoming gradient comes after, and gives way (under
+     * sequence parallelism it is split over the table's axis). */
+    if (t->op == IR_EMBEDDING_BACKWARD && t->attr.embed.table >= 0) {
+        const shard_node *ids = &p->nodes[t->in[0]->id], *table = &p->nodes[t->attr.embed.table];
+        if (ids->level != SHARD_UNKNOWN)
+            take_axes(p, t->op, n, n->sig->in[0], t->in[0]->rank, &ids->out, &used);
+        if (table->level != SHARD_UNKNOWN) take_axes(p, t->op, n, n->sig->out, 1, &table->out, &used);
+    }
     int order[IR_MAX_INPUTS];
     order_operands(p, t, order);
     for (int k = 0; k < t->n_in; k++) {
@@ -281,12 +291,6 @@ static void choose(shard_plan *p, const spmd_tensor *t)
         const shard_node *in = &p->nodes[t->in[j]->id];
         if (in->level == SHARD_UNKNOWN) continue;
         take_axes(p, t->op, n, n->sig->in[j], t->in[j]->rank, &in->out, &used);
-    }
-    /* A table's gradient has rows no operand maps: split them like the
-     * table (a vocabulary split), where the ids left its axes free. */
-    if (t->op == IR_EMBEDDING_BACKWARD && t->attr.embed.table >= 0) {
-        const shard_node *table = &p->nodes[t->attr.embed.table];
-        if (table->level != SHARD_UNKNOWN) take_axes(p, n, n->sig->out, 1, &table->out, &used);
     }
 }
 
