@@ -276,6 +276,65 @@ static void test_explain_json(void **state)
     cJSON_Delete(j);
 }
 
+/* --tp on 2x2x2 with FSDP: explain's report shows c_attn split by heads
+ * (3*tensor) and FSDP on its other dim, the batch off 'tensor', and no
+ * all-gather over 'tensor' of anything but the loss's row stats; --sp
+ * turns the all-reduces into reduce-scatters.  Bad uses are refused. */
+static void test_tensor_parallel_flags(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    for (int sp = 0; sp < 2; sp++) {
+        int rc = run_toolf(out, sizeof out,
+                           "explain --mesh 2x2x2 --axes data,fsdp,tensor --fsdp fsdp --tp tensor "
+                           "--sp %s --vocab 50 --json %s", sp ? "on" : "off", report_path);
+        if (rc != 0) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        cJSON *j = support_load_json(report_path);
+        const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(j, "tensors");
+        int seen = 0;
+        for (int i = 0; i < cJSON_GetArraySize(tensors); i++) {
+            const cJSON *t = cJSON_GetArrayItem(tensors, i);
+            const char *name = cJSON_GetObjectItemCaseSensitive(t, "name")->valuestring;
+            const char *spec = cJSON_GetObjectItemCaseSensitive(t, "sharding")->valuestring;
+            if (!strcmp(name, "h.0.attn.c_attn.weight")) assert_string_equal(spec, "3*tensor, fsdp"), seen++;
+            if (!strcmp(name, "input")) assert_string_equal(spec, "(data, fsdp), None"), seen++;
+            if (!strcmp(name, "wte.weight")) assert_string_equal(spec, "tensor, fsdp"), seen++;
+        }
+        assert_int_equal(seen, 3);
+        const cJSON *colls = cJSON_GetObjectItemCaseSensitive(j, "collectives");
+        int reduces = 0, scatters = 0;
+        for (int i = 0; i < cJSON_GetArraySize(colls); i++) {
+            const cJSON *c = cJSON_GetArrayItem(colls, i);
+            const char *kind = cJSON_GetObjectItemCaseSensitive(c, "kind")->valuestring;
+            const char *phase = cJSON_GetObjectItemCaseSensitive(c, "phase")->valuestring;
+            const cJSON *axes = cJSON_GetObjectItemCaseSensitive(c, "axes");
+            if (cJSON_GetArraySize(axes) != 1 ||
+                strcmp(cJSON_GetArrayItem(axes, 0)->valuestring, "tensor") || strcmp(phase, "forward"))
+                continue;
+            const cJSON *moves = cJSON_GetObjectItemCaseSensitive(c, "moves");
+            for (int k = 0; k < cJSON_GetArraySize(moves); k++) {
+                const char *what = cJSON_GetArrayItem(moves, k)->valuestring;
+                if (!strcmp(kind, "all-gather") && !sp && strncmp(what, "cross_entropy", 13))
+                    fail_msg("all-gather of %s over tensor", what);
+                reduces += !strcmp(kind, "all-reduce") && !strncmp(what, "h.", 2);
+                scatters += !strcmp(kind, "reduce-scatter") && !strncmp(what, "h.", 2);
+            }
+        }
+        /* Two per block of the default two-block GPT, over 'tensor'. */
+        assert_int_equal(sp ? scatters : reduces, 4);
+        assert_int_equal(sp ? reduces : scatters, 0);
+        cJSON_Delete(j);
+    }
+    assert_int_equal(run_tool("train --mesh 4 --axes tensor --tp tensor --heads 3 --dim 96", out,
+                              sizeof out), 2);
+    assert_non_null(strstr(out, "3 heads do not split over axis 'tensor' of 4"));
+    assert_int_equal(run_tool("train --model mlp --mesh 2 --axes tensor --tp tensor", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--tp: tensor parallelism is for --model gpt"));
+    assert_int_equal(run_tool("train --mesh 2 --axes data --sp on", out, sizeof out), 2);
+    assert_non_null(strstr(out, "give --tp AXIS"));
+}
+
 /* The milliseconds of "about X ms by the alpha-beta model" in explain's output. */
 static double estimated_ms(const char *out)
 {
@@ -384,6 +443,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_mesh_run_matches_one_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_processes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_parallel_flags, setup, teardown),
         cmocka_unit_test(test_explain_without_blas),
         cmocka_unit_test(test_bad_mesh_and_shard),
         cmocka_unit_test(test_bad_flags),
