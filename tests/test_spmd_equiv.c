@@ -10,7 +10,7 @@
  * reshape, permute, slice, concat) with random partition specs on some
  * inputs, parameters, intermediates and gradients: None, one axis or a
  * tuple of two per dim, uneven splits (and now and then empty blocks)
- * included.  The same graph is built twice: without marks (compiled for
+ * included, and grouped splits (2*x, 3*(x, y)) where they divide.  The same graph is built twice: without marks (compiled for
  * one device) and with them (partitioned).  Both get the same parameter
  * values and inputs; every marked output (the loss, some intermediates,
  * every parameter gradient, and the updated parameters when the case
@@ -230,7 +230,12 @@ static void random_spec(eq_case *c, const spmd_tensor *t, char *buf, size_t size
             axes[n++] = a;
             blocks *= md->shape[a];
         }
+        /* Now and then a grouped split (N*axes, docs/DESIGN.md "Grouped
+         * splits") where it cuts the groups exactly. */
+        bool grouped = test_rng_chance(&c->r, 0.15);
+        int groups = test_rng_int(&c->r, 2, 3);
         if (i) textf(buf, size, &len, ", ");
+        if (n && grouped && dim % (groups * blocks) == 0) textf(buf, size, &len, "%d*", groups);
         if (n == 0) textf(buf, size, &len, "None");
         else if (n == 1) textf(buf, size, &len, "%s", md->names[axes[0]]);
         else textf(buf, size, &len, "(%s, %s)", md->names[axes[0]], md->names[axes[1]]);
