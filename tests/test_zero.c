@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/ir.h"
+#include "runtime/executor.h"
+#include "shard/partition.h"
 #include "spmd/data.h"
 #include "spmd/mesh.h"
 #include "spmd/models.h"
@@ -109,11 +112,41 @@ static void test_fsdp_replicas(void **state)
     free(plain.weight), free(zero.weight);
 }
 
+/* The optimizer re-marks values with scale-by-1 views (the held gradient,
+ * ZeRO's view of a parameter); the devices' programs read the resharded
+ * value instead of copying it whole first. */
+static void test_no_identity_copies(void **state)
+{
+    (void)state;
+    spmd_gpt_config cfg = {.vocab = 16, .seq = 8, .layers = 1, .heads = 2, .dim = 16};
+    spmd_mesh *mesh = spmd_mesh_parse("2x2", "replica,fsdp");
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_gpt_tensors t;
+    assert_int_equal(spmd_gpt_build(g, &cfg, 8, &t), SPMD_OK);
+    spmd_tensor *in[2] = {t.input, t.targets};
+    assert_int_equal(spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL), SPMD_OK);
+    spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .shard_state = true};
+    spmd_trainer *tr = spmd_trainer_create(g, t.loss, &(spmd_trainer_options){.optimizer = opt});
+    assert_non_null(tr);
+    const spmd_graph *local = executor_partition(spmd_trainer_program(tr))->local;
+    int identities = 0, global = 0;
+    for (int i = 0; i < local->n_nodes; i++)
+        identities += local->nodes[i]->op == IR_SCALE && local->nodes[i]->attr.scale.c == 1.0f;
+    for (int i = 0; i < g->n_nodes; i++)
+        global += g->nodes[i]->op == IR_SCALE && g->nodes[i]->attr.scale.c == 1.0f;
+    assert_true(global > 0);
+    assert_int_equal(identities, 0);
+    spmd_trainer_free(tr);
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_data_parallel_same_bits),
         cmocka_unit_test(test_fsdp_replicas),
+        cmocka_unit_test(test_no_identity_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
