@@ -88,7 +88,8 @@ static run_figures figures(const char *path)
  * run in one process: the same losses, bit for bit, and each process 1/P
  * of the one-process bytes.  One compute thread per device in both runs,
  * so the kernel scratch is alike too. */
-static void same_bits(const char *model, const char *mesh, const char *axes, int procs)
+static void same_bits_with(const char *model, const char *mesh, const char *axes, int procs,
+                           const char *extra)
 {
     int devices = 1;
     for (const char *c = mesh; *c; c++)
@@ -97,11 +98,11 @@ static void same_bits(const char *model, const char *mesh, const char *axes, int
     support_path_in(one, dir, "one.json");
     support_path_in(many, dir, "many.json");
     const char *common = "--steps 10 --eval 0 --batch 16 --seq 24 --dim 32 --heads 2 --hidden 32";
-    snprintf(args, sizeof args, "train --model %s --mesh %s --axes %s %s --threads %d --json %s",
-             model, mesh, axes, common, devices, one);
+    snprintf(args, sizeof args, "train --model %s --mesh %s --axes %s %s %s --threads %d --json %s",
+             model, mesh, axes, common, extra, devices, one);
     if (run_spmd(0, args) != 0) fail_msg("one process: %s", out);
-    snprintf(args, sizeof args, "train --model %s --mesh %s --axes %s %s --threads %d --json %s",
-             model, mesh, axes, common, devices / procs, many);
+    snprintf(args, sizeof args, "train --model %s --mesh %s --axes %s %s %s --threads %d --json %s",
+             model, mesh, axes, common, extra, devices / procs, many);
     if (run_spmd(procs, args) != 0) fail_msg("%d processes: %s", procs, out);
     run_figures a = figures(one), b = figures(many);
     assert_int_equal(a.steps, 10);
@@ -122,12 +123,24 @@ static void same_bits(const char *model, const char *mesh, const char *axes, int
     assert_null(strstr(done + 1, "done: loss"));
 }
 
+static void same_bits(const char *model, const char *mesh, const char *axes, int procs)
+{
+    same_bits_with(model, mesh, axes, procs, "");
+}
+
 static void test_gpt_data_8(void **state) { (void)state; same_bits("gpt", "8", "data", 4); }
 static void test_gpt_4x2_p2(void **state) { (void)state; same_bits("gpt", "4x2", "replica,fsdp", 2); }
 static void test_gpt_4x2_p4(void **state) { (void)state; same_bits("gpt", "4x2", "replica,fsdp", 4); }
 static void test_gpt_4x2_p8(void **state) { (void)state; same_bits("gpt", "4x2", "replica,fsdp", 8); }
 static void test_gpt_2x4(void **state) { (void)state; same_bits("gpt", "2x4", "replica,fsdp", 2); }
 static void test_gpt_2x2x2(void **state) { (void)state; same_bits("gpt", "2x2x2", "a,b,fsdp", 4); }
+/* Tensor and sequence parallelism (grouped c_attn blocks, the vocabulary
+ * split) with FSDP, 'tensor' inside each process. */
+static void test_gpt_tp_sp_2x2x2(void **state)
+{
+    (void)state;
+    same_bits_with("gpt", "2x2x2", "data,fsdp,tensor", 4, "--fsdp fsdp --tp tensor --sp on");
+}
 static void test_mlp_data_8(void **state) { (void)state; same_bits("mlp", "8", "data", 2); }
 static void test_mlp_4x2_p2(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 2); }
 static void test_mlp_4x2_p4(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 4); }
@@ -298,6 +311,7 @@ int main(void)
         cmocka_unit_test(test_gpt_4x2_p8),
         cmocka_unit_test(test_gpt_2x4),
         cmocka_unit_test(test_gpt_2x2x2),
+        cmocka_unit_test(test_gpt_tp_sp_2x2x2),
         cmocka_unit_test(test_mlp_data_8),
         cmocka_unit_test(test_mlp_4x2_p2),
         cmocka_unit_test(test_mlp_4x2_p4),
