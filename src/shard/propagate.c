@@ -152,15 +152,49 @@ static double losing_cost(const shard_plan *p, const spmd_tensor *x)
     return c;
 }
 
+static bool same_split(const mesh_axes *a, const mesh_axes *b)
+{
+    return a->n == b->n && !memcmp(a->axis, b->axis, (size_t)a->n) &&
+           mesh_axes_groups(a) == mesh_axes_groups(b);
+}
+
+/* The blocks operand j would make the op sum over alone: the sizes of its
+ * axes on SUM iteration dims that no other operand splits that dim over.
+ * Winning a clash with such a split turns the output into a pending sum
+ * (a reduction the size of the output) where the other operand's split
+ * would have kept it split: sequence parallelism's weight gradients,
+ * dW = dY^T Y with dY split on the sequence and Y on the heads. */
+static int64_t sum_blocks(const shard_plan *p, const spmd_tensor *t, int j)
+{
+    const shard_node *n = &p->nodes[t->id];
+    const sharding *s = &p->nodes[t->in[j]->id].out;
+    int64_t blocks = 1;
+    for (int i = 0; i < t->in[j]->rank; i++) {
+        int it = n->sig->in[j][i];
+        if (it < 0 || n->sig->kind[it] != IR_ITER_SUM || !s->dim[i].n) continue;
+        bool shared = false;
+        for (int k = 0; k < t->n_in && !shared; k++) {
+            if (k == j || p->nodes[t->in[k]->id].level == SHARD_UNKNOWN) continue;
+            const sharding *o = &p->nodes[t->in[k]->id].out;
+            for (int e = 0; e < t->in[k]->rank; e++)
+                if (n->sig->in[k][e] == it && same_split(&o->dim[e], &s->dim[i])) shared = true;
+        }
+        if (!shared) blocks *= mesh_axes_size(p->m, &s->dim[i]);
+    }
+    return blocks;
+}
+
 /* Operands ordered by the priority rules of propagate.h. */
 static void order_operands(const shard_plan *p, const spmd_tensor *t, int *order)
 {
     double cost[IR_MAX_INPUTS];
+    int64_t sums[IR_MAX_INPUTS];
     order[0] = 0;
     if (t->n_in < 2) return; /* nothing to order (and no costs to price) */
     for (int j = 0; j < t->n_in; j++) {
         order[j] = j;
         cost[j] = losing_cost(p, t->in[j]);
+        sums[j] = sum_blocks(p, t, j);
     }
     for (int a = 1; a < t->n_in; a++) {
         for (int b = a; b > 0; b--) {
@@ -169,7 +203,9 @@ static void order_operands(const shard_plan *p, const spmd_tensor *t, int *order
             int kx = nx->data * 4 + (nx->level == SHARD_MARKED) * 2;
             int ky = ny->data * 4 + (ny->level == SHARD_MARKED) * 2;
             double cx = cost[order[b - 1]], cy = cost[order[b]];
-            bool swap = ky > kx || (ky == kx && (cy > cx || (cy == cx && ir_numel(y) > ir_numel(x))));
+            int64_t sx = sums[order[b - 1]], sy = sums[order[b]];
+            bool swap = ky > kx ||
+                        (ky == kx && (sy < sx || (sy == sx && (cy > cx || (cy == cx && ir_numel(y) > ir_numel(x))))));
             if (!swap) break;
             int tmp = order[b - 1];
             order[b - 1] = order[b];

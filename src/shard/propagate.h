@@ -11,8 +11,10 @@
  * The choice, op by op in program order, takes operands in this order:
  * values that flow from the inputs (activations, data) before values that
  * flow only from parameters; within each, user marks first; then the one
- * that would cost more to move (the alpha-beta model of cost.h), then the
- * larger tensor; then operand position.  An operand whose axes clash with axes already taken is
+ * whose split leaves the op less to sum (axes on summed dims no other
+ * operand splits alike); then the one that would cost more to move (the
+ * alpha-beta model of cost.h), then the larger tensor; then operand
+ * position.  An operand whose axes clash with axes already taken is
  * resharded where it is used.  A backward sweep gives unmarked leaves the
  * sharding their consumers imply, and the two sweeps repeat to a fixpoint.
  * Nothing depends on hashes or pointers.
