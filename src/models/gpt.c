@@ -123,7 +123,8 @@ static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, 
     /* q, k and v through [B, T, 3, C]: a 3C dim split by heads (3*tensor,
      * the Megatron layout in GPT-2's fused weight) is that view's C dim
      * split, which the slices keep (DESIGN.md, "Grouped splits"). */
-    spmd_tensor *parts = qkv ? spmd_reshape(g, qkv, 4, (const int64_t[]){spmd_tensor_dim(x, 0), spmd_tensor_dim(x, 1), 3, c}) : NULL;
+    int64_t b = spmd_tensor_dim(x, 0), t = spmd_tensor_dim(x, 1);
+    spmd_tensor *parts = spmd_reshape(g, qkv, 4, (const int64_t[]){b, t, 3, c});
     spmd_tensor *q = qkv_part(g, parts, 0);                // [B, T, C]
     spmd_tensor *k = qkv_part(g, parts, 1);
     spmd_tensor *v = qkv_part(g, parts, 2);

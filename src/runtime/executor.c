@@ -841,24 +841,30 @@ bool executor_keeps(const spmd_program *p, const spmd_tensor *t)
            compiled_local(&p->c, t) != NULL;
 }
 
-spmd_status executor_block_pieces(const spmd_program *p, const spmd_tensor *t, int *pieces)
+/* The boxes of block b of t (any device's: they all have the same). */
+static spmd_status block_pieces(const block *b, const spmd_tensor *t, int *pieces)
 {
-    spmd_status st = check_runnable(p, "block_of");
-    if (st != SPMD_OK) return st;
-    if (!t || !pieces) return base_error(SPMD_ERR_INVALID, "block_of: tensor or count is NULL");
-    block b = block_of(p, t, p->c.mesh ? p->c.mesh->ids[0] : 0);
     *pieces = 1;
-    for (int i = 0; i < b.rank; i++) {
-        if (b.group[i] == b.ldims[i]) continue;
+    for (int i = 0; i < b->rank; i++) {
+        if (b->group[i] == b->ldims[i]) continue;
         /* A box per group, contiguous in the block, needs the grouped
          * dim to lead (the GPT's c_attn: 3*tensor on dim 0). */
         if (i > 0)
             return base_error(SPMD_ERR_UNSUPPORTED,
                               "block_of: '%s' is held in a grouped split on dim %d; checkpoints "
                               "take grouped splits on the first dim only", t->name, i);
-        *pieces = (int)(b.ldims[i] / b.group[i]);
+        *pieces = (int)(b->ldims[i] / b->group[i]);
     }
     return SPMD_OK;
+}
+
+spmd_status executor_block_pieces(const spmd_program *p, const spmd_tensor *t, int *pieces)
+{
+    spmd_status st = check_runnable(p, "block_of");
+    if (st != SPMD_OK) return st;
+    if (!t || !pieces) return base_error(SPMD_ERR_INVALID, "block_of: tensor or count is NULL");
+    block b = block_of(p, t, p->c.mesh ? p->c.mesh->ids[0] : 0);
+    return block_pieces(&b, t, pieces);
 }
 
 spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int dev_index,
@@ -874,16 +880,16 @@ spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int d
     if (dev_index < 0 || dev_index >= p->c.n_dev)
         return base_error(SPMD_ERR_INVALID, "block_of: device index %d, the program has %d",
                           dev_index, p->c.n_dev);
-    int pieces;
-    if ((st = executor_block_pieces(p, t, &pieces)) != SPMD_OK) return st;
-    if (piece < 0 || piece >= pieces)
-        return base_error(SPMD_ERR_INVALID, "block_of: piece %d of '%s', which has %d", piece,
-                          t->name, pieces);
     /* A device of another process: where its block lies, not its data. */
     bool here = dev_index >= p->first && dev_index < p->first + p->n_local;
     const device *d = here ? &p->dev[dev_index - p->first] : NULL;
     int id = p->c.mesh ? p->c.mesh->ids[dev_index] : 0;
     block b = block_of(p, t, id);
+    int pieces;
+    if ((st = block_pieces(&b, t, &pieces)) != SPMD_OK) return st;
+    if (piece < 0 || piece >= pieces)
+        return base_error(SPMD_ERR_INVALID, "block_of: piece %d of '%s', which has %d", piece,
+                          t->name, pieces);
     memset(out, 0, sizeof *out);
     out->device = id;
     out->copy = p->c.mesh ? mesh_copy_of(p->c.mesh, dev_index) : 0;

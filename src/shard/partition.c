@@ -516,8 +516,8 @@ static spmd_tensor *split_vocab_loss(builder *b, const spmd_tensor *t, const mes
     int64_t dims[SPMD_MAX_RANK];
     memcpy(dims, targets->dims, (size_t)tr * sizeof *dims);
     dims[tr] = 3;
-    spmd_tensor *stats =
-        ir_node_new(p->local, IR_VOCAB_CE_STATS, SPMD_F32, tr + 1, dims, (spmd_tensor *[]){logits, targets}, 2);
+    spmd_tensor *stats = ir_node_new(p->local, IR_VOCAB_CE_STATS, SPMD_F32, tr + 1, dims,
+                                     (spmd_tensor *[]){logits, targets}, 2);
     if (!stats) return NULL;
     stats->attr = attr;
     dims[tr] = 3 * mesh_axes_size(p->m, vocab);
