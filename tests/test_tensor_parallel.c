@@ -375,6 +375,29 @@ static void test_checkpoint_round_trip(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The batch goes over every axis but the tensor axis; a mark the caller
+ * made first is kept. */
+static void test_marks_batch_and_keeps_marks(void **state)
+{
+    (void)state;
+    spmd_mesh *mesh = spmd_mesh_parse("2x2", "data,tensor");
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_gpt_tensors t;
+    assert_int_equal(spmd_gpt_build(g, &GPT, BATCH, &t), SPMD_OK);
+    spmd_tensor *fc = spmd_graph_find(g, "h.0.mlp.c_fc.weight");
+    assert_int_equal(spmd_mark_sharding(g, fc, mesh, "None, tensor"), SPMD_OK);
+    spmd_gpt_parallel how = {"tensor", NULL, NULL, false};
+    assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_OK);
+    char spec[64];
+    assert_string_equal(spmd_get_sharding(fc, spec, sizeof spec), "None, tensor");
+    assert_string_equal(spmd_get_sharding(t.input, spec, sizeof spec), "data, None");
+    assert_string_equal(spmd_get_sharding(t.targets, spec, sizeof spec), "data, None");
+    assert_string_equal(spmd_get_sharding(spmd_graph_find(g, "h.1.attn.c_attn.weight"), spec, sizeof spec),
+                        "3*tensor, None");
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+}
+
 static void test_bad_tensor_parallel(void **state)
 {
     (void)state;
@@ -402,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_gpt_equals_one_device),
         cmocka_unit_test(test_block_collectives),
         cmocka_unit_test(test_checkpoint_round_trip),
+        cmocka_unit_test(test_marks_batch_and_keeps_marks),
         cmocka_unit_test(test_bad_tensor_parallel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -524,27 +524,19 @@ int cli_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     spmd_tensor *inputs[2] = {c->input, c->targets};
     int n = c->targets ? 2 : 1;
     spmd_status st;
-    /* Tensor parallelism marks its weights first (FSDP then splits the rest)
-     * and keeps the batch off its axis. */
-    char data_axes[256] = "";
+    /* Tensor parallelism marks its weights and the batch (off its axis)
+     * first; FSDP then splits the other parameters. */
     if (o->tp) {
         if (strcmp(o->model, "gpt")) return cli_fail("--tp: tensor parallelism is for --model gpt");
         spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp};
         if (spmd_gpt_shard_tensor_parallel(c->g, &o->gpt, mesh, &how) != SPMD_OK)
             return cli_fail("--tp %s: %s", o->tp, spmd_last_error());
-        size_t k = 0;
-        for (int a = 0; a < spmd_mesh_rank(mesh); a++) {
-            const char *name = spmd_mesh_axis_name(mesh, a);
-            if (!strcmp(name, o->tp) || spmd_mesh_axis_is_independent(mesh, a)) continue;
-            k += (size_t)snprintf(data_axes + k, sizeof data_axes - k, "%s%s", k ? ", " : "", name);
-        }
     } else if (o->sp) {
         return cli_fail("--sp on: sequence parallelism splits over the tensor axis: give --tp AXIS");
     }
-    const char *batch = o->tp ? data_axes : NULL;
     /* FSDP shards the parameters and the batch; without it, only the batch. */
-    if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, n, batch);
-    else st = spmd_shard_batch(c->g, mesh, inputs, n, batch);
+    if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, n, NULL);
+    else st = spmd_shard_batch(c->g, mesh, inputs, n, NULL);
     if (st != SPMD_OK) return cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
     /* Copies need the mesh on the graph even where nothing is split (each
      * copy on one device): the input marked whole does it. */

@@ -132,9 +132,11 @@ typedef struct spmd_gpt_parallel {
     bool sequence;
 } spmd_gpt_parallel;
 
-/* Marks a graph from spmd_gpt_build (on mesh m) as `how` says; the other
- * tensors stay unmarked (spmd_fsdp_wrap afterwards shards the rest and
- * the batch).  The heads must split evenly over the tensor axis. */
+/* Marks a graph from spmd_gpt_build (on mesh m) as `how` says, the
+ * inputs' batch included; marks the caller already made are kept, the
+ * other tensors stay unmarked (spmd_fsdp_wrap afterwards shards the
+ * remaining parameters).  The heads must split evenly over the tensor
+ * axis. */
 SPMD_API spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config *cfg,
                                                     const spmd_mesh *m,
                                                     const spmd_gpt_parallel *how);

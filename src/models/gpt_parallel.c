@@ -22,13 +22,16 @@ typedef struct tp_specs {
 } tp_specs;
 
 /* Mark the tensor called `name` with `pattern`, where T stands for the
- * tensor axis, F for the FSDP axis (None without) and B for the batch. */
+ * tensor axis, F for the FSDP axis (None without) and B for the batch.
+ * A mark the caller already made is kept (as spmd_fsdp_wrap keeps it). */
 static spmd_status mark(const tp_specs *s, const char *name, const char *pattern)
 {
     spmd_tensor *t = spmd_graph_find(s->g, name);
     if (!t)
         return base_error(SPMD_ERR_INVALID, "gpt tensor parallel: the graph has no tensor '%s' "
                           "(build it with spmd_gpt_build)", name);
+    char had[8];
+    if (spmd_get_sharding(t, had, sizeof had)[0]) return SPMD_OK;
     char spec[256];
     size_t n = 0;
     for (const char *c = pattern; *c && n < sizeof spec; c++) {
@@ -49,7 +52,8 @@ static void batch_axes(const spmd_mesh *m, int tp, char *buf, size_t size)
     bool any = false;
     for (int a = 0; a < spmd_mesh_rank(m) && n < size; a++) {
         if (a == tp || spmd_mesh_axis_is_independent(m, a)) continue;
-        n += (size_t)snprintf(buf + n, size - n, "%s%s", any ? ", " : "", spmd_mesh_axis_name(m, a));
+        n += (size_t)snprintf(buf + n, size - n, "%s%s", any ? ", " : "",
+                              spmd_mesh_axis_name(m, a));
         any = true;
     }
     if (!any) snprintf(buf, size, "None");
@@ -60,7 +64,8 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
                                            const spmd_mesh *m, const spmd_gpt_parallel *how)
 {
     if (!g || !m || !how || !how->tensor)
-        return base_error(SPMD_ERR_INVALID, "gpt tensor parallel: graph, mesh, options or axis is NULL");
+        return base_error(SPMD_ERR_INVALID,
+                          "gpt tensor parallel: graph, mesh, options or axis is NULL");
     spmd_status st = spmd_gpt_validate(cfg);
     if (st != SPMD_OK) return st;
     int tp = spmd_mesh_axis_index(m, how->tensor);
@@ -80,9 +85,12 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
     else batch_axes(m, tp, batch, sizeof batch);
     tp_specs s = {g, m, how->tensor, how->fsdp ? how->fsdp : "None", batch};
 
-    /* Weights: column-parallel c_attn (q | k | v each split by heads) and
-     * c_fc, row-parallel c_proj, the vocabulary of the tied wte. */
-    st = mark(&s, "wte.weight", "T, F");
+    /* The batch, off the tensor axis; weights: column-parallel c_attn
+     * (q | k | v each split by heads) and c_fc, row-parallel c_proj, the
+     * vocabulary of the tied wte. */
+    st = mark(&s, "input", "B, None");
+    if (st == SPMD_OK) st = mark(&s, "targets", "B, None");
+    if (st == SPMD_OK) st = mark(&s, "wte.weight", "T, F");
     if (st == SPMD_OK) st = mark(&s, "logits", "B, None, T");
     for (int i = 0; i < cfg->layers && st == SPMD_OK; i++) {
         static const char *const rules[][2] = {
@@ -104,7 +112,8 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
         /* Sequence parallelism: the residual stream (and so the LayerNorms
          * and dropout-free adds on it) split over the sequence. */
         static const char *const stream[] = {"attn.c_proj.out", "mid", "mlp.c_proj.out", "out"};
-        for (size_t r = 0; r < sizeof stream / sizeof stream[0] && how->sequence && st == SPMD_OK; r++) {
+        for (size_t r = 0; how->sequence && r < sizeof stream / sizeof stream[0] && st == SPMD_OK;
+             r++) {
             char name[64];
             snprintf(name, sizeof name, "h.%d.%s", i, stream[r]);
             st = mark(&s, name, "B, T, None");
