@@ -93,6 +93,8 @@ static void test_grouped_spec_errors(void **state)
     assert_int_equal(spmd_mark_sharding(g, w, mesh, "3*None, None"), SPMD_ERR_INVALID);
     assert_non_null(strstr(spmd_last_error(), "cannot be grouped"));
     assert_int_equal(spmd_mark_sharding(g, w, mesh, "0*x, None"), SPMD_ERR_INVALID);
+    assert_int_equal(spmd_mark_sharding(g, w, mesh, "None, 2*"), SPMD_ERR_INVALID);
+    assert_non_null(strstr(spmd_last_error(), "'*' at column 8 wants an axis"));
     assert_int_equal(spmd_mark_sharding(g, w, mesh, "None, 2*x"), SPMD_OK);
     char spec[64];
     assert_string_equal(spmd_get_sharding(w, spec, sizeof spec), "None, 2*x");

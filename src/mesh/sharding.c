@@ -216,7 +216,11 @@ static spmd_status parse_entry(parser *p, mesh_axes *dst)
         if (p->tok.kind != TOK_STAR)
             return fail(p, num.pos, "the group count %ld at column %d wants '*' and the axes "
                         "after it (as in %ld*tensor)", groups, num.pos + 1, groups);
+        int star = p->tok.pos + 1;
         advance(p);
+        if (p->tok.kind == TOK_END || p->tok.kind == TOK_BAR)
+            return fail(p, star - 1, "the '*' at column %d wants an axis or a tuple after it",
+                        star);
         if (tok_is(p->text, p->tok, "None"))
             return fail(p, p->tok.pos, "None at column %d cannot be grouped (N*axis)",
                         p->tok.pos + 1);
