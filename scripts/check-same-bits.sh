@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Records what a refactoring must not change, and compares two records:
+# every step's loss, gradient norm and learning rate (as the exact decimal
+# the log prints, which round-trips the float) for the default run and for
+# meshes 1, 8, 4x2 and 2x2x2 with tensor parallelism, plus the `spmd
+# explain` output of each of those meshes.
+#   scripts/check-same-bits.sh record BUILD_DIR OUT_DIR     (minutes)
+#   scripts/check-same-bits.sh compare OLD_DIR NEW_DIR      (exit 1 on a difference)
+set -euo pipefail
+
+usage() { echo "usage: $0 record BUILD_DIR OUT_DIR | compare OLD_DIR NEW_DIR" >&2; exit 2; }
+[ $# -eq 3 ] || usage
+
+case $1 in
+record)
+  spmd="$2/spmd"
+  out=$3
+  [ -x "$spmd" ] || { echo "check-same-bits: no $spmd (make build first)" >&2; exit 2; }
+  mkdir -p "$out"
+  short=(--steps 200 --eval 16)
+  # name | flags
+  runs=(
+    "default|"
+    "mesh1|--mesh 1 --axes data ${short[*]}"
+    "mesh8|--mesh 8 --axes data ${short[*]}"
+    "mesh4x2|--mesh 4x2 --axes replica,fsdp --zero on ${short[*]}"
+    "tp2x2x2|--mesh 2x2x2 --axes data,fsdp,tensor --tp tensor --fsdp fsdp ${short[*]}"
+    "tpsp2x2x2|--mesh 2x2x2 --axes data,fsdp,tensor --tp tensor --sp on --fsdp fsdp ${short[*]}"
+    "mlp4x2|--model mlp --mesh 4x2 --axes replica,fsdp ${short[*]}"
+  )
+  for r in "${runs[@]}"; do
+    name=${r%%|*}
+    read -r -a flags <<<"${r#*|}"
+    echo "check-same-bits: $name" >&2
+    rm -f "$out/$name.jsonl"
+    "$spmd" train "${flags[@]}" --log "$out/$name.jsonl" >"$out/$name.out"
+    # The bits: drop the timings, keep everything computed.
+    jq -c 'del(.ms, .tokens_per_s)' "$out/$name.jsonl" >"$out/$name.bits"
+    rm -f "$out/$name.jsonl"
+    "$spmd" explain "${flags[@]}" >"$out/$name.explain"
+  done
+  ;;
+compare)
+  old=$2
+  new=$3
+  status=0
+  for f in "$old"/*.bits "$old"/*.explain; do
+    name=$(basename "$f")
+    if ! cmp -s "$f" "$new/$name"; then
+      echo "check-same-bits: $name differs:" >&2
+      diff "$f" "$new/$name" | head -20 >&2 || true
+      status=1
+    fi
+  done
+  [ $status = 0 ] && echo "check-same-bits: the same bits and explain output ($(ls "$old"/*.bits | wc -l) runs)"
+  exit $status
+  ;;
+*) usage ;;
+esac
