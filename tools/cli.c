@@ -839,8 +839,18 @@ static int local_samples(const cli_opts *o, const cli_graph *c, const spmd_progr
     return 0;
 }
 
-/* Samples [first, first + batch) of a split into a graph's inputs: only
- * those this process's devices hold are read. */
+/* Samples [first, first + batch) of a split into a graph's inputs, of
+ * copy `copy` (CLI_EVERY_COPY: of every copy): only those this process's
+ * devices hold are read. */
+enum { CLI_EVERY_COPY = -1 };
+
+static spmd_status set_input_of(spmd_program *p, int copy, const spmd_tensor *t,
+                                const void *data, size_t bytes)
+{
+    if (copy == CLI_EVERY_COPY) return spmd_program_set_input(p, t, data, bytes);
+    return spmd_program_set_input_copy(p, copy, t, data, bytes);
+}
+
 static int feed_split(const cli_opts *o, spmd_dataset *data, const cli_graph *c, spmd_program *p,
                       int copy, spmd_split split, int64_t first, int32_t *tok, int32_t *tgt)
 {
@@ -854,16 +864,16 @@ static int feed_split(const cli_opts *o, spmd_dataset *data, const cli_graph *c,
         return cli_fail("data: %s", spmd_last_error());
     spmd_status st;
     if (!strcmp(o->model, "gpt")) {
-        st = spmd_program_set_input_copy(p, copy, c->input, tok, ntok * sizeof *tok);
+        st = set_input_of(p, copy, c->input, tok, ntok * sizeof *tok);
     } else {
         float *onehot = calloc(ntok * (size_t)v, sizeof *onehot);
         if (!onehot) return cli_fail("out of memory");
         for (size_t i = (size_t)(s0 * seq); i < (size_t)(s1 * seq); i++)
             onehot[i * (size_t)v + (size_t)tok[i]] = 1.0f;
-        st = spmd_program_set_input_copy(p, copy, c->input, onehot, ntok * (size_t)v * sizeof *onehot);
+        st = set_input_of(p, copy, c->input, onehot, ntok * (size_t)v * sizeof *onehot);
         free(onehot);
     }
-    if (st == SPMD_OK) st = spmd_program_set_input_copy(p, copy, c->targets, tgt, ntok * sizeof *tgt);
+    if (st == SPMD_OK) st = set_input_of(p, copy, c->targets, tgt, ntok * sizeof *tgt);
     if (st != SPMD_OK) return cli_fail("cannot feed the inputs: %s", spmd_last_error());
     return 0;
 }
@@ -953,7 +963,10 @@ double cli_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *t
     int64_t right = 0, scored = 0;
     bool ok = tok && tgt && mask && logits;
     for (int64_t first = 0; ok && first < o->eval_samples; first += o->batch) {
-        ok = !feed_split(o, data, &m->eval, eval, copy, SPMD_SPLIT_HELDOUT, first, tok, tgt) &&
+        /* Every copy's inputs: the program runs every copy, and one whose
+         * inputs were never set refuses to run; only `copy`'s is read. */
+        ok = !feed_split(o, data, &m->eval, eval, CLI_EVERY_COPY, SPMD_SPLIT_HELDOUT, first, tok,
+                         tgt) &&
              /* Every process scores the whole batch: it needs every target. */
              (cli_processes() == 1 ||
               spmd_dataset_batch(data, SPMD_SPLIT_HELDOUT, first, o->batch, tok, tgt) == SPMD_OK) &&
@@ -999,8 +1012,9 @@ int cli_val_loss(const cli_opts *o, const cli_model *m, const spmd_program *trai
     /* The same batches every time: the held-out split's first ones. */
     for (int k = 0; !rc && k < o->val_batches; k++) {
         float batch_loss = 0;
-        rc = feed_split(o, data, &m->eval, eval, copy, SPMD_SPLIT_HELDOUT, (int64_t)k * o->batch, tok,
-                        tgt);
+        /* Every copy's inputs, as for the accuracy. */
+        rc = feed_split(o, data, &m->eval, eval, CLI_EVERY_COPY, SPMD_SPLIT_HELDOUT,
+                        (int64_t)k * o->batch, tok, tgt);
         if (!rc && (spmd_program_run(eval) != SPMD_OK ||
                     spmd_program_read_copy(eval, copy, m->eval.loss, &batch_loss,
                                            sizeof batch_loss) != SPMD_OK))

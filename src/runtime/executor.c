@@ -61,6 +61,10 @@ struct spmd_program {
     coll_world *world;
     uint64_t seed;
     bool blas_loaded;         /* BLAS is loaded on the first run */
+    /* Per global node id and copy ([id * copies + copy]): whether
+     * set_input has filled that input of that copy since compile.  A run
+     * refuses an input never set rather than compute on zeros. */
+    bool *input_set;
 };
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
@@ -411,7 +415,10 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
     if (check_address_space(p) != SPMD_OK) goto fail;
     if (check_kernels(p->c.local) != SPMD_OK) goto fail;
     p->dev = base_calloc(&p->alloc, (size_t)p->n_local * sizeof *p->dev, "devices");
-    if (!p->dev) goto fail;
+    p->input_set = base_calloc(&p->alloc, (size_t)(g->n_nodes ? g->n_nodes : 1) *
+                                              (size_t)p->copies * sizeof *p->input_set,
+                               "program inputs");
+    if (!p->dev || !p->input_set) goto fail;
     for (int d = 0; d < p->n_local; d++)
         if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[p->first + d] : 0,
                          opts ? opts->copy_seeds : NULL) != SPMD_OK)
@@ -449,6 +456,7 @@ void spmd_program_free(spmd_program *p)
         base_free(&p->alloc, dv->member);
     }
     base_free(&p->alloc, p->dev);
+    base_free(&p->alloc, p->input_set);
     if (p->world) coll_world_free(p->world);
     compiled_free(&p->c);
     spmd_allocator a = p->alloc;
@@ -550,6 +558,37 @@ static spmd_status check_runnable(const spmd_program *p, const char *what)
     return SPMD_OK;
 }
 
+/* Every input the program reads was set for each copy run here: an input
+ * never set would run as zeros, and a loss on all-zero targets looks like
+ * a real one (ln V).  An input no output or update depends on is not
+ * read, and need not be set. */
+static spmd_status check_inputs_set(const spmd_program *p)
+{
+    const spmd_graph *g = p->c.g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        if (t->op != IR_INPUT) continue;
+        const spmd_tensor *lt = compiled_local(&p->c, t);
+        if (!lt || !p->c.plan.needed[lt->id]) continue;
+        for (int d = 0; d < p->n_local; d++) {
+            int copy = p->dev[d].copy;
+            if (p->input_set[(size_t)i * (size_t)p->copies + (size_t)copy]) continue;
+            const char *name = t->name ? t->name : "(unnamed)";
+            if (p->copies > 1)
+                return base_error(SPMD_ERR_INVALID,
+                                  "run: input '%s' of copy %d was never set: "
+                                  "spmd_program_set_input_copy (or spmd_program_set_input, "
+                                  "for every copy) must fill it before the first run",
+                                  name, copy);
+            return base_error(SPMD_ERR_INVALID,
+                              "run: input '%s' was never set: spmd_program_set_input must fill "
+                              "it before the first run",
+                              name);
+        }
+    }
+    return SPMD_OK;
+}
+
 spmd_status spmd_program_run(spmd_program *p)
 {
     spmd_status ok = check_runnable(p, "run");
@@ -559,6 +598,7 @@ spmd_status spmd_program_run(spmd_program *p)
         if ((ok = blas_init(BLAS_AUTO, NULL)) != SPMD_OK) return ok;
         p->blas_loaded = true;
     }
+    if ((ok = check_inputs_set(p)) != SPMD_OK) return ok;
     for (int d = 0; d < p->n_local; d++) {
         atomic_store(&p->dev[d].status[0], SPMD_OK);
         atomic_store(&p->dev[d].status[1], SPMD_OK);
@@ -702,45 +742,56 @@ static spmd_status check_copy(const spmd_program *p, int copy, const char *what)
     return SPMD_OK;
 }
 
+static void note_input_set(spmd_program *p, const spmd_tensor *t, int copy)
+{
+    bool *set = &p->input_set[(size_t)t->id * (size_t)p->copies];
+    for (int c = 0; c < p->copies; c++)
+        if (copy < 0 || c == copy) set[c] = true;
+}
+
+/* What put() writes: a program input, or a parameter or state. */
+typedef enum put_kind { PUT_INPUT, PUT_PERSISTENT } put_kind;
+
 /* set_input and write: into copy `copy`'s devices (one_copy), or every
  * copy's. */
-static spmd_status put(spmd_program *p, bool one_copy, int copy, const spmd_tensor *t,
-                       const void *src, size_t bytes, const char *what)
+static spmd_status put(spmd_program *p, put_kind kind, bool one_copy, int copy,
+                       const spmd_tensor *t, const void *src, size_t bytes)
 {
+    const char *what = kind == PUT_INPUT ? "set_input" : "write";
     spmd_status st = check_access(p, t, bytes, what);
     if (st == SPMD_OK && one_copy) st = check_copy(p, copy, what);
     if (st != SPMD_OK) return st;
-    bool input = !strcmp(what, "set_input");
-    if (input ? t->op != IR_INPUT : !is_persistent(t))
+    if (kind == PUT_INPUT ? t->op != IR_INPUT : !is_persistent(t))
         return base_error(SPMD_ERR_INVALID, "%s: '%s' is a %s, not %s", what,
                           t->name ? t->name : "(unnamed)", ir_op_name(t->op),
-                          input ? "an input" : "a param or state");
+                          kind == PUT_INPUT ? "an input" : "a param or state");
     scatter(p, t, src, one_copy ? copy : -1);
+    if (kind == PUT_INPUT) note_input_set(p, t, one_copy ? copy : -1);
     return SPMD_OK;
 }
 
 spmd_status spmd_program_set_input(spmd_program *p, const spmd_tensor *t, const void *data,
                                    size_t bytes)
 {
-    return put(p, false, 0, t, data, bytes, "set_input");
+    return put(p, PUT_INPUT, false, 0, t, data, bytes);
 }
 
 spmd_status spmd_program_set_input_copy(spmd_program *p, int copy, const spmd_tensor *t,
                                         const void *data, size_t bytes)
 {
-    return put(p, true, copy, t, data, bytes, "set_input");
+    return put(p, PUT_INPUT, true, copy, t, data, bytes);
 }
 
 spmd_status spmd_program_write(spmd_program *p, const spmd_tensor *t, const void *src,
                                size_t bytes)
 {
-    return put(p, false, 0, t, src, bytes, "write");
+    return put(p, PUT_PERSISTENT, false, 0, t, src, bytes);
 }
 
 spmd_status spmd_program_write_copy(spmd_program *p, int copy, const spmd_tensor *t,
                                     const void *src, size_t bytes)
 {
-    return put(p, true, copy, t, src, bytes, "write");
+    return put(p, PUT_PERSISTENT, true, copy, t, src, bytes);
 }
 
 spmd_status spmd_program_read_copy(const spmd_program *p, int copy, const spmd_tensor *t,
