@@ -15,6 +15,7 @@
 #include "shard/cost.h"
 #include "base/error.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,27 +33,64 @@ typedef struct builder {
      * local program is built, so that what comes next reuses the memory. */
     base_arena arena;
     base_intern shardings;
-    /* The first failure that is not a builder call on the local graph
-     * (those the local graph keeps: ir_graph_status). */
-    spmd_status status;
+    int node;            /* the global node being partitioned, for messages */
+    /* The one failure channel: the first failure of any step, its status
+     * and message together, set only by record(). */
+    ir_failure failure;
 } builder;
 
-/* Record a failure of the partitioner's own (no memory, a broken
- * invariant); returns NULL for the caller to pass on. */
-static void *fail(builder *b, spmd_status status)
+/* ---- Failures ------------------------------------------------------------------------ */
+
+/* Every failure of a step goes through here: the first one is kept, with
+ * its message, and partition_build reports it.  A step that fails
+ * returns NULL (or a status) only after recording why. */
+static spmd_status record(builder *b, spmd_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static spmd_status record(builder *b, spmd_status status, const char *fmt, ...)
 {
-    if (b->status == SPMD_OK) b->status = status;
+    if (b->failure.status == SPMD_OK) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(b->failure.message, sizeof b->failure.message, fmt, ap);
+        va_end(ap);
+        b->failure.status = status;
+    }
+    return b->failure.status;
+}
+
+/* An allocation of the partitioner's own failed; returns NULL for the
+ * caller to pass on. */
+static void *fail_nomem(builder *b, const char *what)
+{
+    record(b, SPMD_ERR_NOMEM, "partition: out of memory for %s", what);
     return NULL;
 }
 
-/* Why a step returned NULL: the partitioner's own failure, else the local
- * graph's first (a builder call refused), never a guess. */
-static spmd_status failed(const builder *b)
+/* A builder call on the local graph: when it refused (NULL), the local
+ * graph keeps why, its first failure with its message, which is recorded.
+ * A refusal without one is a libspmd bug, reported where the call is. */
+static spmd_tensor *local_call(builder *b, spmd_tensor *t, const char *file, int line)
 {
-    if (b->status != SPMD_OK) return b->status;
-    spmd_status st = ir_graph_status(b->p->local);
-    return st != SPMD_OK ? st : BASE_INTERNAL("partition: a step failed without a status");
+    if (t) return t;
+    const spmd_graph *lg = b->p->local;
+    if (ir_graph_status(lg) != SPMD_OK) record(b, lg->failure.status, "%s", lg->failure.message);
+    else
+        record(b, SPMD_ERR_INTERNAL, "internal error at %s:%d: partition: node %d: a builder "
+               "call on the local graph failed without recording why", file, line, b->node);
+    return NULL;
 }
+#define LOCAL(b, call) local_call((b), (call), __FILE__, __LINE__)
+
+/* The status of a step that returned NULL: what it recorded.  Every path
+ * to a NULL records; should one not, that is a libspmd bug, reported with
+ * the place that found it. */
+static spmd_status step_failed(builder *b, const char *file, int line)
+{
+    if (b->failure.status != SPMD_OK) return b->failure.status;
+    return record(b, SPMD_ERR_INTERNAL, "internal error at %s:%d: partition: node %d: a step "
+                  "failed without recording why", file, line, b->node);
+}
+#define failed(b) step_failed((b), __FILE__, __LINE__)
 
 /* ---- Growing arrays ------------------------------------------------------------ */
 
@@ -132,8 +170,8 @@ static spmd_tensor *emit_coll(builder *b, ir_op kind, spmd_tensor *x, const mesh
     partition *p = b->p;
     if (!x) return NULL;
     int spec = spec_index(p, axes);
-    if (spec < 0) return fail(b, SPMD_ERR_NOMEM);
-    spmd_tensor *t = ir_node_new(p->local, kind, x->dtype, x->rank, dims, &x, 1);
+    if (spec < 0) return fail_nomem(b, "the collective groups");
+    spmd_tensor *t = LOCAL(b, ir_node_new(p->local, kind, x->dtype, x->rank, dims, &x, 1));
     if (!t) return NULL;
     t->attr.coll.spec = spec;
     t->attr.coll.dim = dim;
@@ -141,7 +179,7 @@ static spmd_tensor *emit_coll(builder *b, ir_op kind, spmd_tensor *x, const mesh
     t->attr.coll.global = global;
     if (kind == IR_SHARD_SLICE || kind == IR_MASK_PADDING) return t;
     if (!grow(p, (void **)&p->colls, &p->cap_colls, p->n_colls + 1, sizeof *p->colls))
-        return fail(b, SPMD_ERR_NOMEM);
+        return fail_nomem(b, "the collectives");
     size_t bytes = ir_nbytes(t) > ir_nbytes(x) ? ir_nbytes(t) : ir_nbytes(x);
     p->colls[p->n_colls++] = (part_collective){
         kind, *axes, (int64_t)bytes, cost_collective(p->m, kind, axes, (int64_t)bytes),
@@ -162,7 +200,8 @@ static spmd_tensor *gather(builder *b, spmd_tensor *x, sharding *cur, int d, int
     x = emit_coll(b, IR_ALL_GATHER, x, &s, d, 0, 0, dims, gid, consumer);
     cur->dim[d].n = keep;
     /* A whole dim gathered from padded blocks: drop the padding. */
-    if (x && keep == 0 && x->dims[d] > gdims[d]) x = spmd_slice(b->p->local, x, d, 0, gdims[d]);
+    if (x && keep == 0 && x->dims[d] > gdims[d])
+        x = LOCAL(b, spmd_slice(b->p->local, x, d, 0, gdims[d]));
     return x;
 }
 
@@ -210,7 +249,7 @@ static spmd_tensor *reshard_plain(builder *b, spmd_tensor *x, sharding cur, cons
         if (!s.n || !exact_split(p, &cur, d, &s, gdims)) continue;
         int64_t n = mesh_axes_size(m, &s);
         if (cur.dim[d].n == 0 && x->dims[d] % n) /* pad a whole dim to n blocks */
-            x = ir_pad(p->local, x, d, 0, (x->dims[d] + n - 1) / n * n);
+            x = LOCAL(b, ir_pad(p->local, x, d, 0, (x->dims[d] + n - 1) / n * n));
         if (!x) return NULL;
         int64_t dims[SPMD_MAX_RANK];
         dims_of(x, dims);
@@ -277,8 +316,8 @@ static spmd_tensor *reshard_plain(builder *b, spmd_tensor *x, sharding cur, cons
         if (x) x = slice(b, x, &cur, d, &s, gdims, gid);
     }
     if (x && !sharding_equal(&cur, want)) {
-        base_error(SPMD_ERR_INTERNAL, "partition: resharding node %d did not reach its target", gid);
-        return fail(b, SPMD_ERR_INTERNAL);
+        record(b, SPMD_ERR_INTERNAL, "partition: resharding node %d did not reach its target", gid);
+        return NULL;
     }
     return x;
 }
@@ -301,10 +340,10 @@ static spmd_tensor *reshard_in_groups(builder *b, spmd_tensor *x, const sharding
     for (int d = 0; d < view->rank; d++) {
         int64_t groups = view->dim[d].n ? mesh_axes_groups(&view->dim[d]) : 1;
         if (r + (groups > 1) >= SPMD_MAX_RANK) {
-            base_error(SPMD_ERR_UNSUPPORTED, "partition: node %d: a rank-%d value with grouped "
-                       "splits has more than %d dims in its groups' view", gid, view->rank,
-                       SPMD_MAX_RANK);
-            return fail(b, SPMD_ERR_UNSUPPORTED);
+            record(b, SPMD_ERR_UNSUPPORTED, "partition: node %d: a rank-%d value with grouped "
+                   "splits has more than %d dims in its groups' view", gid, view->rank,
+                   SPMD_MAX_RANK);
+            return NULL;
         }
         if (groups > 1) {
             vgdims[r] = vlocal[r] = groups; /* the groups: whole */
@@ -319,11 +358,11 @@ static spmd_tensor *reshard_in_groups(builder *b, spmd_tensor *x, const sharding
         r++;
     }
     from_v.rank = to_v.rank = r;
-    x = spmd_reshape(b->p->local, x, r, vlocal);
+    x = LOCAL(b, spmd_reshape(b->p->local, x, r, vlocal));
     x = x ? reshard_plain(b, x, from_v, &to_v, vgdims, gid, consumer) : NULL;
     if (!x) return NULL;
     sharding_local_dims(to, m, to->rank, gdims, local);
-    return spmd_reshape(b->p->local, x, to->rank, local);
+    return LOCAL(b, spmd_reshape(b->p->local, x, to->rank, local));
 }
 
 /* Grouped splits (mesh.h): a split dim whose grouping changes is first
@@ -364,14 +403,14 @@ static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want
         if (sharding_equal(v->s, want) && (v->phase < 0 || v->phase == phase || x->op != IR_PARAM))
             return v->t;
     if (!first) {
-        base_error(SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned", x->id);
-        return fail(b, SPMD_ERR_INTERNAL);
+        record(b, SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned", x->id);
+        return NULL;
     }
     spmd_tensor *t = reshard(b, first->t, *first->s, want, x->dims, x->id, consumer);
     if (!t) return NULL;
     variant *v = base_arena_alloc(&b->arena, sizeof *v);
     const sharding *s = base_intern_get(&b->shardings, want);
-    if (!v || !s) return fail(b, SPMD_ERR_NOMEM);
+    if (!v || !s) return fail_nomem(b, "a resharded value");
     *v = (variant){s, t, phase, first->next};
     first->next = v;
     return t;
@@ -381,7 +420,10 @@ static bool add_variant(builder *b, int gid, const sharding *s, spmd_tensor *t)
 {
     variant *v = base_arena_alloc(&b->arena, sizeof *v);
     const sharding *copy = base_intern_get(&b->shardings, s);
-    if (!v || !copy) return false;
+    if (!v || !copy) {
+        fail_nomem(b, "a local value");
+        return false;
+    }
     *v = (variant){copy, t, -1, b->variants[gid]};
     b->variants[gid] = v;
     return true;
@@ -389,11 +431,14 @@ static bool add_variant(builder *b, int gid, const sharding *s, spmd_tensor *t)
 
 /* ---- Fallbacks and local shares ----------------------------------------------------------- */
 
-static bool note_fallback(partition *p, int tensor, int consumer)
+static bool note_fallback(builder *b, int tensor, int consumer)
 {
+    partition *p = b->p;
     if (!grow(p, (void **)&p->fallbacks, &p->cap_fallbacks, p->n_fallbacks + 1,
-              sizeof *p->fallbacks))
+              sizeof *p->fallbacks)) {
+        fail_nomem(b, "the fallbacks");
         return false;
+    }
     p->fallbacks[p->n_fallbacks++] = (part_fallback){tensor, consumer};
     return true;
 }
@@ -406,9 +451,10 @@ static bool note_fallback(partition *p, int tensor, int consumer)
  * shard before use is the FSDP plan itself: a LayerNorm scale is always
  * gathered), and an axis the op gave to another dim (a choice the cost
  * model made). */
-static bool check_fallback(partition *p, const spmd_tensor *t, int j, const sharding *have,
+static bool check_fallback(builder *b, const spmd_tensor *t, int j, const sharding *have,
                            const sharding *need)
 {
+    const partition *p = b->p;
     const shard_node *n = &p->prop.nodes[t->id];
     if (t->in[j]->op == IR_PARAM || t->in[j]->op == IR_STATE) return true;
     for (int i = 0; i < have->rank; i++) {
@@ -416,7 +462,7 @@ static bool check_fallback(partition *p, const spmd_tensor *t, int j, const shar
         int it = n->sig ? n->sig->in[j][i] : -1;
         if (it < 0 || n->sig->kind[it] == IR_ITER_FULL ||
             !shard_splittable(p->m, &have->dim[i], n->sig->size[it], n->sig->granule[it]))
-            return note_fallback(p, t->in[j]->id, t->id);
+            return note_fallback(b, t->in[j]->id, t->id);
     }
     return true;
 }
@@ -467,8 +513,8 @@ static spmd_tensor *fix_mean(builder *b, const spmd_tensor *t, const sharding *n
                              spmd_tensor *lt)
 {
     if (!sharding_dim_axes(&need[0])) return lt;
-    return spmd_scale(b->p->local, lt,
-                      (float)local_share(b->p, t->in[0], &need[0], t->attr.reduce.axes));
+    return LOCAL(b, spmd_scale(b->p->local, lt,
+                               (float)local_share(b->p, t->in[0], &need[0], t->attr.reduce.axes)));
 }
 
 /* mse is a mean over every element. */
@@ -476,8 +522,8 @@ static spmd_tensor *fix_mse(builder *b, const spmd_tensor *t, const sharding *ne
                             spmd_tensor *lt)
 {
     const spmd_tensor *x = t->in[0];
-    return spmd_scale(b->p->local, lt,
-                      (float)local_share(b->p, x, &need[0], (1u << x->rank) - 1));
+    return LOCAL(b, spmd_scale(b->p->local, lt,
+                               (float)local_share(b->p, x, &need[0], (1u << x->rank) - 1)));
 }
 
 /* A table split over the vocabulary (the lookup's SUM dim, or the
@@ -493,7 +539,7 @@ static spmd_tensor *fix_vocab_rows(builder *b, const spmd_tensor *t, const shard
     if (!out.dim[0].n) return lt;
     lt->attr.embed.spec = spec_index(p, &out.dim[0]);
     lt->attr.embed.global = fwd ? t->in[0]->dims[0] : t->attr.embed.rows;
-    return lt->attr.embed.spec < 0 ? fail(b, SPMD_ERR_NOMEM) : lt;
+    return lt->attr.embed.spec < 0 ? fail_nomem(b, "the collective groups") : lt;
 }
 
 /* Cross-entropy (or its backward, `lt`) over logits split on the
@@ -512,12 +558,12 @@ static spmd_tensor *split_vocab_loss(builder *b, const spmd_tensor *t, const mes
     ir_attr attr = lt->attr;
     attr.rows.vocab_spec = spec_index(p, vocab);
     attr.rows.vocab = t->in[0]->dims[t->in[0]->rank - 1];
-    if (attr.rows.vocab_spec < 0) return fail(b, SPMD_ERR_NOMEM);
+    if (attr.rows.vocab_spec < 0) return fail_nomem(b, "the collective groups");
     int64_t dims[SPMD_MAX_RANK];
     memcpy(dims, targets->dims, (size_t)tr * sizeof *dims);
     dims[tr] = 3;
-    spmd_tensor *stats = ir_node_new(p->local, IR_VOCAB_CE_STATS, SPMD_F32, tr + 1, dims,
-                                     (spmd_tensor *[]){logits, targets}, 2);
+    spmd_tensor *stats = LOCAL(b, ir_node_new(p->local, IR_VOCAB_CE_STATS, SPMD_F32, tr + 1, dims,
+                                              (spmd_tensor *[]){logits, targets}, 2));
     if (!stats) return NULL;
     stats->attr = attr;
     dims[tr] = 3 * mesh_axes_size(p->m, vocab);
@@ -525,11 +571,11 @@ static spmd_tensor *split_vocab_loss(builder *b, const spmd_tensor *t, const mes
     if (!all) return NULL;
     spmd_tensor *out;
     if (t->op == IR_CROSS_ENTROPY)
-        out = ir_node_new(p->local, IR_VOCAB_CE_LOSS, SPMD_F32, 0, NULL,
-                          (spmd_tensor *[]){all, targets}, 2);
+        out = LOCAL(b, ir_node_new(p->local, IR_VOCAB_CE_LOSS, SPMD_F32, 0, NULL,
+                                   (spmd_tensor *[]){all, targets}, 2));
     else
-        out = ir_node_new(p->local, IR_VOCAB_CE_BACKWARD, SPMD_F32, lt->rank, lt->dims,
-                          (spmd_tensor *[]){logits, targets, all, lt->in[2]}, 4);
+        out = LOCAL(b, ir_node_new(p->local, IR_VOCAB_CE_BACKWARD, SPMD_F32, lt->rank, lt->dims,
+                                   (spmd_tensor *[]){logits, targets, all, lt->in[2]}, 4));
     if (out) out->attr = attr;
     return out;
 }
@@ -548,12 +594,12 @@ static spmd_tensor *fix_loss_rows(builder *b, const spmd_tensor *t, const shardi
         if (targets->dims[i] % sharding_blocks(&need[1], p->m, i) == 0) continue;
         lt->attr.rows.spec[i] = spec_index(p, &need[1].dim[i]);
         lt->attr.rows.global[i] = targets->dims[i];
-        if (lt->attr.rows.spec[i] < 0) return fail(b, SPMD_ERR_NOMEM);
+        if (lt->attr.rows.spec[i] < 0) return fail_nomem(b, "the collective groups");
     }
     const mesh_axes *vocab = &need[0].dim[t->in[0]->rank - 1];
     if (vocab->n && !(lt = split_vocab_loss(b, t, vocab, lt))) return NULL;
     if (!sharding_dim_axes(&need[1])) return lt;
-    return spmd_scale(p->local, lt, (float)local_share(p, targets, &need[1], rows));
+    return LOCAL(b, spmd_scale(p->local, lt, (float)local_share(p, targets, &need[1], rows)));
 }
 
 static const part_fixup_fn fixup_table[] = {
@@ -581,7 +627,7 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
     for (int j = 0; j < t->n_in; j++) {
         need[j] = shard_operand_need(&p->prop, t, j);
         const variant *have = b->variants[t->in[j]->id];
-        if (have && !check_fallback(p, t, j, have->s, &need[j])) return SPMD_ERR_NOMEM;
+        if (have && !check_fallback(b, t, j, have->s, &need[j])) return failed(b);
         in[j] = value(b, t->in[j], &need[j], t->id);
         if (!in[j]) return failed(b);
     }
@@ -612,13 +658,13 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
         return add_variant(b, t->id, &out, in[0]) ? SPMD_OK : SPMD_ERR_NOMEM;
     int64_t dims[SPMD_MAX_RANK];
     sharding_local_dims(&out, p->m, t->rank, t->dims, dims);
-    spmd_tensor *lt = ir_node_new(p->local, t->op, t->dtype, t->rank, dims, in, t->n_in);
+    spmd_tensor *lt = LOCAL(b, ir_node_new(p->local, t->op, t->dtype, t->rank, dims, in, t->n_in));
     if (!lt) return failed(b);
     lt->attr = t->attr;
 
     lt = fixup_table[t->op](b, t, need, lt);
     if (!lt) return failed(b);
-    if (!add_variant(b, t->id, &out, lt)) return SPMD_ERR_NOMEM;
+    if (!add_variant(b, t->id, &out, lt)) return failed(b);
     return SPMD_OK;
 }
 
@@ -629,11 +675,12 @@ static spmd_status emit_leaf(builder *b, const spmd_tensor *t)
     s.partial = 0;
     int64_t dims[SPMD_MAX_RANK];
     sharding_local_dims(&s, p->m, t->rank, t->dims, dims);
-    spmd_tensor *lt = ir_node_new(p->local, t->op, t->dtype, t->rank, dims, NULL, 0);
+    spmd_tensor *lt = LOCAL(b, ir_node_new(p->local, t->op, t->dtype, t->rank, dims, NULL, 0));
     if (!lt) return failed(b);
     lt->name = base_arena_strdup(&p->local->arena, t->name);
     lt->init = t->init;
-    if (!lt->name || !add_variant(b, t->id, &s, lt)) return SPMD_ERR_NOMEM;
+    if (!lt->name) fail_nomem(b, "a name");
+    if (!lt->name || !add_variant(b, t->id, &s, lt)) return failed(b);
     p->local_of[t->id] = lt;
     p->held[t->id] = s;
     return SPMD_OK;
@@ -648,6 +695,7 @@ static spmd_status build(builder *b, const bool *needed)
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
         if (needed && !needed[i] && !ir_op_is_leaf(t->op)) continue;
+        b->node = i;
         spmd_status st = ir_op_is_leaf(t->op) ? emit_leaf(b, t) : emit_op(b, t);
         if (st != SPMD_OK) return st;
         /* A marked value is held as marked, whatever its op produced. */
@@ -657,6 +705,7 @@ static spmd_status build(builder *b, const bool *needed)
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
         if (!t->is_output || ir_op_is_leaf(t->op)) continue;
+        b->node = i;
         sharding s = t->mark ? *t->mark : shard_produced(&p->prop, t);
         s.partial = 0;
         spmd_tensor *lt = value(b, t, &s, -1);
@@ -667,10 +716,12 @@ static spmd_status build(builder *b, const bool *needed)
     }
     for (int u = 0; u < g->n_updates; u++) {
         const ir_update *up = &g->updates[u];
+        b->node = up->value->id;
         spmd_tensor *lv = value(b, up->value, &p->held[up->target->id], up->value->id);
         if (!lv) return failed(b);
+        /* set_update records its message as it returns a failure. */
         spmd_status st = spmd_graph_set_update(p->local, p->local_of[up->target->id], lv);
-        if (st != SPMD_OK) return st;
+        if (st != SPMD_OK) return record(b, st, "%s", spmd_last_error());
     }
     return SPMD_OK;
 }
@@ -682,6 +733,8 @@ spmd_status partition_build(partition *p, const spmd_graph *g, const spmd_mesh *
     p->g = g;
     p->m = m;
     p->alloc = base_allocator_or_default(alloc);
+    /* Propagation records its own failures (status and message) as it
+     * returns them. */
     spmd_status st = shard_propagate(&p->prop, g, m, needed, &p->alloc);
     if (st != SPMD_OK) return st;
     size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);
@@ -693,12 +746,13 @@ spmd_status partition_build(partition *p, const spmd_graph *g, const spmd_mesh *
     builder b = {.p = p, .variants = base_calloc(&p->alloc, nn * sizeof(variant *), "partition")};
     base_arena_init(&b.arena, &p->alloc);
     base_intern_init(&b.shardings, &b.arena, sizeof(sharding));
-    if (!p->local || !p->local_of || !p->held || !b.variants) st = SPMD_ERR_NOMEM;
-    if (st == SPMD_OK) st = build(&b, needed);
+    if (!p->local || !p->local_of || !p->held || !b.variants) fail_nomem(&b, "its tables");
+    else if (build(&b, needed) != SPMD_OK) failed(&b);
     base_intern_free(&b.shardings);
     base_arena_free(&b.arena);
     base_free(&p->alloc, b.variants);
-    return st;
+    if (b.failure.status == SPMD_OK) return SPMD_OK;
+    return base_error(b.failure.status, "%s", b.failure.message);
 }
 
 void partition_free(partition *p)
