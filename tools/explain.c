@@ -140,7 +140,13 @@ int cmd_explain(int argc, char **argv)
         printf("  %s\n", line);
         if (fb) cJSON_AddItemToArray(fb, cJSON_CreateString(line));
     }
+    int unsettled = spmd_program_propagation_unsettled(p);
+    if (unsettled)
+        printf("propagation: not settled after %d rounds (a long chain of unmarked tensors): "
+               "some may stay replicated where more rounds would split them; mark them\n",
+               unsettled);
     if (root) {
+        if (unsettled) cJSON_AddNumberToObject(root, "propagation_unsettled_rounds", unsettled);
         cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
         cJSON_AddItemToObject(root, "param_bytes_per_device", cli_per_device(p, (double)cli_param_bytes(p)));
         cJSON_AddItemToObject(root, "peak_bytes_per_device", cli_per_device(p, (double)spmd_program_peak_bytes(p)));

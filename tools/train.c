@@ -92,7 +92,8 @@ static int batch_devices(const cli_model *m, const spmd_tensor *t, char *axes, s
 }
 
 /* What the plan does that a user would want to know before the first
- * step: gathers an op forced, and a batch padded to fit the mesh. */
+ * step: gathers an op forced, a propagation that did not settle, and a
+ * batch padded to fit the mesh. */
 static void warn_plan(const cli_opts *o, const cli_model *m, const spmd_program *p)
 {
     enum { SHOWN = 5 };
@@ -107,6 +108,10 @@ static void warn_plan(const cli_opts *o, const cli_model *m, const spmd_program 
         fprintf(stderr, "  %s\n", line);
     }
     if (nf > SHOWN) fprintf(stderr, "  and %d more (spmd explain lists them)\n", nf - SHOWN);
+    int unsettled = spmd_program_propagation_unsettled(p);
+    if (unsettled)
+        fprintf(stderr, "spmd: warning: sharding propagation not settled after %d rounds: some "
+                "unmarked tensors may stay replicated (spmd explain)\n", unsettled);
     if (!m->mesh) return;
     char axes[128], what[96];
     int devices = batch_devices(m, m->train.input, axes, sizeof axes);

@@ -106,6 +106,14 @@ SPMD_API size_t spmd_program_param_bytes(const spmd_program *p);
 /* Whole-tensor gathers forced by an op that cannot use a sharding. */
 SPMD_API int spmd_program_fallback_count(const spmd_program *p);
 SPMD_API spmd_status spmd_program_fallback(const spmd_program *p, int i, char *buf, size_t size);
+/* Sharding propagation repeats its sweeps until no sharding changes, for
+ * at most a fixed number of rounds (docs/DESIGN.md, "Priorities").  0 when
+ * it settled (and for a program on one device); else the rounds it ran
+ * before it stopped with shardings still changing.  Such a plan is valid
+ * (what is still unknown is replicated), but tensors late in a long chain
+ * of unmarked ones may stay replicated where more rounds would split
+ * them: marking them settles it.  spmd explain and spmd train report it. */
+SPMD_API int spmd_program_propagation_unsettled(const spmd_program *p);
 
 #ifdef __cplusplus
 }

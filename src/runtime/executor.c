@@ -877,6 +877,12 @@ spmd_status spmd_program_fallback(const spmd_program *p, int i, char *buf, size_
     return compiled_fallback(p ? &p->c : NULL, i, buf, size);
 }
 
+int spmd_program_propagation_unsettled(const spmd_program *p)
+{
+    if (!p || !p->c.partitioned || p->c.part.prop.settled) return 0;
+    return p->c.part.prop.rounds;
+}
+
 const compiled *executor_compiled(const spmd_program *p) { return p ? &p->c : NULL; }
 
 const partition *executor_partition(const spmd_program *p)

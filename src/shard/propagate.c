@@ -483,10 +483,11 @@ spmd_status shard_propagate(shard_plan *p, const spmd_graph *g, const spmd_mesh 
     }
     base_intern_free(&sigs);
     if (st != SPMD_OK) return st;
-    for (int round = 0; round < 8; round++) {
+    while (!p->settled && p->rounds < SHARD_ROUNDS) {
         bool fwd = sweep_forward(p, needed);
         bool bwd = sweep_backward(p, needed);
-        if (!fwd && !bwd) break;
+        p->rounds++;
+        p->settled = !fwd && !bwd;
     }
     /* Whatever is still unknown is replicated. */
     for (int i = 0; i < g->n_nodes; i++)

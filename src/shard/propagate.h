@@ -16,8 +16,8 @@
  * alpha-beta model of cost.h), then the larger tensor; then operand
  * position.  An operand whose axes clash with axes already taken is
  * resharded where it is used.  A backward sweep gives unmarked leaves the
- * sharding their consumers imply, and the two sweeps repeat to a fixpoint.
- * Nothing depends on hashes or pointers.
+ * sharding their consumers imply, and the two sweeps repeat to a fixpoint,
+ * at most SHARD_ROUNDS times.  Nothing depends on hashes or pointers.
  */
 #ifndef SPMD_SHARD_PROPAGATE_H
 #define SPMD_SHARD_PROPAGATE_H
@@ -46,11 +46,20 @@ typedef struct shard_node {
     uint32_t through_operands;       /* bit j: operand j stays partial */
 } shard_node;
 
+/* The most rounds of the two sweeps.  Each round carries a sharding one
+ * leaf further along a chain of unmarked leaves (a leaf whose first
+ * consumer also reads an earlier leaf), and real models settle in a few;
+ * a plan that has not settled by then is still valid (what is unknown is
+ * replicated) and is reported (shard_plan.settled). */
+enum { SHARD_ROUNDS = 8 };
+
 typedef struct shard_plan {
     const spmd_graph *g;
     const spmd_mesh *m;
     shard_node *nodes;               /* per node id */
     int n_nodes;
+    int rounds;                      /* rounds of the two sweeps run */
+    bool settled;                    /* the last round changed nothing */
     spmd_allocator alloc;
     base_arena arena;                /* the signatures and the iter arrays */
 } shard_plan;
