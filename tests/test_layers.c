@@ -2,7 +2,7 @@
  * The architecture the code keeps: the include order of the layers
  * (docs/DESIGN.md, "Layers"), and design sections cited by the sources:
  *
- *   base < ir < mesh < shard < compile < runtime < train, models < tools
+ *   base < ir < mesh < shard < compile < runtime < train, models < api < tools
  *
  * A file may include headers of its own layer or of layers below it, and
  * the public headers (spmd/) from anywhere; never a header from a layer
@@ -32,7 +32,7 @@ static const struct {
     int rank;
 } layers[] = {
     {"base", 0},    {"ir", 1},      {"mesh", 2},   {"shard", 3}, {"compile", 4},
-    {"runtime", 5}, {"train", 6},   {"models", 6}, {"tools", 7},
+    {"runtime", 5}, {"train", 6},   {"models", 6}, {"api", 7},    {"tools", 8},
 };
 
 /* Rank of a layer folder; -1 when the order does not name it. */
@@ -120,7 +120,7 @@ static void test_every_include_goes_down(void **state)
     }
     closedir(d);
     bad += scan_folder(SPMD_SOURCE_DIR, "tools");
-    assert_int_equal(folders, 8); /* base ir mesh shard compile runtime train models */
+    assert_int_equal(folders, 9); /* base ir mesh shard compile runtime train models api */
     assert_int_equal(bad, 0);
 }
 

@@ -1,7 +1,8 @@
 /*
  * libspmd public API: build a training program for one logical device, then
  * compile and run it.  Every handle is opaque; every function that can fail
- * returns a status (or NULL) and leaves a message in spmd_last_error().
+ * returns a status (or NULL) and leaves a message in spmd_last_error(),
+ * which a call that succeeds clears (see there).
  *
  * Graph-building functions accept NULL operands: a graph keeps the first
  * failure of a builder on it, and a NULL operand reports that failure
@@ -39,7 +40,16 @@ typedef enum spmd_status {
     SPMD_ERR_INTERNAL     /* a broken invariant: a libspmd bug */
 } spmd_status;
 
-/* The message of the last error on this thread ("" when none). */
+/* The message of the last failure on this thread, "" when none.  A call
+ * that returns spmd_status clears it when it returns SPMD_OK, and one that
+ * returns a handle or a tensor (spmd_compile, spmd_mesh_parse, spmd_add,
+ * spmd_graph_find, ...) when it returns one (not NULL); a call that fails
+ * leaves its own message, whatever calls the library made inside it.
+ * Calls that return a count, a size, a flag, a name or nothing
+ * (spmd_status_name, spmd_program_free, ...) leave it as it is, so
+ * printing spmd_status_name(st) and spmd_last_error() together is safe.
+ * So after a call that succeeded it is "", and after one that failed it
+ * says why; spmd_clear_error() clears it by hand. */
 SPMD_API const char *spmd_last_error(void);
 SPMD_API const char *spmd_status_name(spmd_status status);
 SPMD_API void spmd_clear_error(void);
@@ -247,8 +257,12 @@ typedef struct spmd_compile_options {
 SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);
 SPMD_API void spmd_program_free(spmd_program *p);
 
+/* Fill input t (of every copy).  It keeps its value until set again. */
 SPMD_API spmd_status spmd_program_set_input(spmd_program *p, const spmd_tensor *t,
                                             const void *data, size_t bytes);
+/* One step.  SPMD_ERR_INVALID, naming it, when an input that an output or
+ * an update depends on was never set since compile (for a copy this
+ * process runs): it would otherwise run as zeros. */
 SPMD_API spmd_status spmd_program_run(spmd_program *p);
 /* Read an output, input or persistent tensor (of copy 0: see below). */
 SPMD_API spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t,
