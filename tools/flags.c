@@ -583,7 +583,7 @@ static int set_flag(const flag_spec *fs, char *v, cli_opts *o)
 /* ---- Parsing -------------------------------------------------------------------------- */
 
 /* The row of the flag spelled by the first `len` characters of `arg` for
- * `command`; NULL when none.  `elsewhere` gets the commands that take it. */
+ * `command`, or -1; `elsewhere` gets the other commands that take it. */
 static int find_flag(const char *arg, size_t len, cli_command command, unsigned *elsewhere)
 {
     *elsewhere = 0;

@@ -399,7 +399,7 @@ static int start_up(const cli_opts *o, const cli_model *m, double build_ms, spmd
 
 /* The held-out scoring at the end, one line on stdout: a count that
  * rises on a terminal, the time when done (on one device, GPT-2 124M
- * scores its 256 samples one at a time for most of a minute). */
+ * scores its 256 samples one at a time for a minute or two). */
 typedef struct scoring {
     const char *what; /* "256 held-out samples" */
     int64_t total, before; /* samples of every copy; scored by the copies before this one */
@@ -509,6 +509,12 @@ static int train(cli_opts *o_in, FILE *log)
     bool live = isatty(STDOUT_FILENO) && processes_count() == 1;
     int every = o.log_every ? o.log_every : o.steps / 20 > 1 ? o.steps / 20 : 1;
     double start = now_ms();
+    /* The first step is the slowest (pages touched for the first time): a
+     * terminal says it has begun, the live line then replaces it. */
+    if (live && first < o.steps) {
+        printf("step %4d/%d  running the first step", first + 1, o.steps);
+        fflush(stdout);
+    }
     for (int s = first; s < o.steps && !rc && !stop.step; s++) {
         int i = s - first; /* records index */
         if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room, copies))) break;
