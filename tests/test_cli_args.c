@@ -4,6 +4,8 @@
  * range it had to be in, --seed takes any 64-bit value, an unknown BLAS
  * core is refused with the known ones, --eval stops at the held-out set,
  * a huge --steps starts at once, and a model without layers is refused.
+ * A bare `spmd` prints the commands as a usage error; a flag of another
+ * command is refused naming the commands that take it.
  * Runs that would go on for long if a check regressed have a deadline.
  */
 #include <setjmp.h>
@@ -84,6 +86,45 @@ static void test_stray_word_and_unknown_flag(void **state)
     expect_absent("explain --bogus", "needs a value");
     expect_refused("train --bogus=3", "unknown flag '--bogus'", NULL);
     expect_refused("train --steps", "--steps needs a value", NULL);
+}
+
+/* A bare `spmd` is a usage error (exit 2, as git's): the commands on
+ * stderr, and no run starts.  `spmd --help` prints the same and exits 0. */
+static void test_bare_spmd_prints_usage(void **state)
+{
+    (void)state;
+    expect_refused("", "usage: spmd COMMAND", "spmd train [flags]", "spmd explain",
+                   "spmd visualize", "spmd export CKPT", "spmd sample", "spmd plot LOG.jsonl", NULL);
+    expect_absent("", "start-up");
+    expect_absent("", "spmd train:");
+    expect_refused("trian", "unknown command 'trian'", NULL);
+    expect_ok("--help");
+    assert_non_null(strstr(out, "spmd train [flags]"));
+}
+
+/* One table serves every command: a flag that another command takes is
+ * refused with the commands that take it, and every command reads
+ * --flag=value (visualize too). */
+static void test_flag_of_another_command(void **state)
+{
+    (void)state;
+    expect_refused("explain --prompt hi", "unknown flag '--prompt' for spmd explain",
+                   "(a flag of spmd sample)", NULL);
+    expect_refused("plot log.jsonl --out x.svg --mesh 2",
+                   "unknown flag '--mesh' for spmd plot",
+                   "(a flag of spmd train, explain, visualize and sample)", NULL);
+    expect_refused("export ckpt --out x --title t", "unknown flag '--title' for spmd export",
+                   "(a flag of spmd plot)", NULL);
+    expect_refused("visualize --shape 8,6 --spec data --steps 3", "unknown flag '--steps'", NULL);
+    expect_ok("visualize --mesh=2 --axes=data --shape=8,6 --spec='data, None'");
+    assert_non_null(strstr(out, "blocks of [4, 6]"));
+    /* Each command's usage lists its own flags and no other's. */
+    expect_ok("explain --help");
+    assert_non_null(strstr(out, "--steps N"));
+    assert_null(strstr(out, "--prompt"));
+    expect_ok("sample --help");
+    assert_non_null(strstr(out, "--prompt TEXT"));
+    assert_null(strstr(out, "--steps"));
 }
 
 /* --flag=value is --flag value, for numbers, names, choices, the seed, the
@@ -216,6 +257,8 @@ static void test_model_without_layers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bare_spmd_prints_usage),
+        cmocka_unit_test(test_flag_of_another_command),
         cmocka_unit_test(test_stray_word_and_unknown_flag),
         cmocka_unit_test(test_flag_equals_value),
         cmocka_unit_test(test_mesh_size_in_message),

@@ -28,6 +28,9 @@
 #ifndef SPMD_TOOL_PATH
 #error "SPMD_TOOL_PATH must name the spmd binary"
 #endif
+#ifndef SPMD_TEST_TOOL_PATH
+#error "SPMD_TEST_TOOL_PATH must name spmd-test, the binary with the test hooks"
+#endif
 
 /* Each test works in a directory of its own. */
 static char dir[64];
@@ -185,7 +188,8 @@ static void test_resume_on_another_mesh(void **state)
 /* kill -9 while saving step 8 (after a file, the index, the rename, or the
  * new `latest`): --resume DIR then starts from the newest complete
  * checkpoint (step 4 until `latest` names step 8) and continues as the
- * uninterrupted run did, and the next save succeeds. */
+ * uninterrupted run did, and the next save succeeds.  The pause is a test
+ * hook of spmd-test (SPMD_TEST_SAVE_PAUSE); spmd itself ignores it. */
 static void test_killed_save_leaves_the_previous(void **state)
 {
     (void)state;
@@ -204,7 +208,7 @@ static void test_killed_save_leaves_the_previous(void **state)
         snprintf(args, sizeof args, "train " SMALL " %s --save %s --save-every 4 --keep 1", flags, ck);
         setenv("SPMD_TEST_SAVE_PAUSE", pause, 1);
         tool_limits limits = {.stop_at = "paused after", .timeout_s = 300};
-        int rc = support_run_tool(SPMD_TOOL_PATH, args, &limits, out, sizeof out);
+        int rc = support_run_tool(SPMD_TEST_TOOL_PATH, args, &limits, out, sizeof out);
         unsetenv("SPMD_TEST_SAVE_PAUSE");
         if (rc != TOOL_STOPPED) fail_msg("%s: exit %d, output:\n%s", cases[i].stage, rc, out);
         char again[256];
@@ -219,6 +223,23 @@ static void test_killed_save_leaves_the_previous(void **state)
         fclose(f);
         has(text, "step-00000012");
     }
+}
+
+/* The release binary reads no test hook: with SPMD_TEST_SAVE_PAUSE set,
+ * spmd saves step 4 (and its end) without stopping. */
+static void test_release_ignores_the_save_pause(void **state)
+{
+    (void)state;
+    char ck[128], args[512];
+    snprintf(ck, sizeof ck, "%s/release", dir);
+    snprintf(args, sizeof args, "train " SMALL " --mesh 1 --axes data --save %s --save-every 4", ck);
+    setenv("SPMD_TEST_SAVE_PAUSE", "4:latest", 1);
+    tool_limits limits = {.stop_at = "paused after", .timeout_s = 300};
+    int rc = support_run_tool(SPMD_TOOL_PATH, args, &limits, out, sizeof out);
+    unsetenv("SPMD_TEST_SAVE_PAUSE");
+    if (rc != 0) fail_msg("exit %d, output:\n%s", rc, out);
+    has(out, "checkpoint: step 4 saved");
+    assert_null(strstr(out, "paused"));
 }
 
 /* SIGINT mid-run: the run stops after the step under way and saves it,
@@ -419,6 +440,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_resume_same_mesh_is_bitwise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_on_another_mesh, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_save_leaves_the_previous, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_release_ignores_the_save_pause, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interrupted_run_saved, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_checkpoints_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_changed_settings_warned, setup, teardown),

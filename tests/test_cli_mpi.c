@@ -241,7 +241,7 @@ static void test_explain_marks_crossing_axes(void **state)
 }
 
 /* A process whose step fails (a token id out of range, fed by process 1
- * only) ends every process: the job exits non-zero, well inside the
+ * only, through spmd-test's hook SPMD_TEST_BAD_TOKEN) ends every process: the job exits non-zero, well inside the
  * timeout, with the failing process's message and no report. */
 static void test_failing_process_ends_job(void **state)
 {
@@ -249,7 +249,8 @@ static void test_failing_process_ends_job(void **state)
     char report[SUPPORT_PATH], args[4096];
     support_path_in(report, dir, "failed.json");
     snprintf(args, sizeof args,
-             "-x SPMD_TEST_BAD_TOKEN=1:3 '%s' train --steps 50 --json %s", SPMD_TOOL_PATH, report);
+             "-x SPMD_TEST_BAD_TOKEN=1:3 '%s' train --steps 50 --json %s", SPMD_TEST_TOOL_PATH,
+             report);
     /* The hook's variable must reach the processes: mpirun -x. */
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s SPMD_TEST_BAD_TOKEN=1:3 timeout %d '%s' -n 2 --oversubscribe %s",

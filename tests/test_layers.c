@@ -11,8 +11,14 @@
  * name (a new folder must be given its place here and in the design).
  * Every section of the design a source file cites (the file name, a
  * comma, then quoted section names) must be a heading of docs/DESIGN.md.
+ *
+ * Inside tools/ the modules (each a .c with its own .h) keep an order of
+ * their own, same-folder includes too (tool_groups below): a module may
+ * include its own header and those of modules in earlier groups, so no
+ * include can go round in a circle.
  */
 #include <dirent.h>
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -122,6 +128,254 @@ static void test_every_include_goes_down(void **state)
     bad += scan_folder(SPMD_SOURCE_DIR, "tools");
     assert_int_equal(folders, 9); /* base ir mesh shard compile runtime train models api */
     assert_int_equal(bad, 0);
+}
+
+/* ---- The order inside tools/ ---------------------------------------------------------- */
+
+/* tools/ modules from the bottom up; a group's modules never include one
+ * another.  The entry point (spmd.c) has no header. */
+static const char *const tool_groups[] = {
+    "message",                                        /* cli_fail */
+    "processes",                                      /* MPI */
+    "test_hooks json_file plot vocab weights",        /* leaves */
+    "flags plot_curves",                              /* the flag table; training curves */
+    "copies",                                         /* per-copy settings */
+    "model",                                          /* build, marks, compile */
+    "feed report run_checkpoint",                     /* pieces of a run */
+    "train explain sample export visualize plot_cmd", /* the commands */
+    "spmd",                                           /* main */
+};
+static const char *const tool_entry_point = "spmd";
+
+/* One source file by name and text: the real tree's, or a test's own. */
+typedef struct source_text {
+    const char *name; /* "flags.c" */
+    const char *text;
+} source_text;
+
+/* The group of module `name` (its first `len` characters); -1 if none. */
+static int module_group(const char *const *groups, size_t n_groups, const char *name, size_t len)
+{
+    for (size_t g = 0; g < n_groups; g++)
+        for (const char *p = groups[g]; *p;) {
+            size_t n = strcspn(p, " ");
+            if (n == len && !strncmp(p, name, len)) return (int)g;
+            p += n;
+            while (*p == ' ') p++;
+        }
+    return -1;
+}
+
+/* The module of a file name ("flags.c": "flags"), as a length of it. */
+static size_t module_len(const char *file)
+{
+    const char *dot = strrchr(file, '.');
+    return dot ? (size_t)(dot - file) : strlen(file);
+}
+
+static bool has_file(const source_text *files, size_t n, const char *module, size_t len,
+                     const char *ext)
+{
+    for (size_t i = 0; i < n; i++)
+        if (module_len(files[i].name) == len && !strncmp(files[i].name, module, len) &&
+            !strcmp(files[i].name + len, ext))
+            return true;
+    return false;
+}
+
+/* Check one folder's files against `groups`: every file's module is in
+ * the order, every .c but the entry point's has its .h, every module of
+ * the order has files, and every same-folder include ("x.h") names the
+ * file's own module or one of an earlier group.  Prints each violation;
+ * returns their count. */
+static int check_module_order(const char *folder, const char *const *groups, size_t n_groups,
+                              const char *entry, const source_text *files, size_t n_files)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n_files; i++) {
+        const char *name = files[i].name;
+        size_t len = module_len(name);
+        int from = module_group(groups, n_groups, name, len);
+        if (from < 0) {
+            print_error("%s/%s: module %.*s is not in the order (tests/test_layers.c, "
+                        "tool_groups)\n", folder, name, (int)len, name);
+            bad++;
+            continue;
+        }
+        if (!strcmp(name + len, ".c") && strncmp(name, entry, len) &&
+            !has_file(files, n_files, name, len, ".h")) {
+            print_error("%s/%s has no header %.*s.h of its own\n", folder, name, (int)len, name);
+            bad++;
+        }
+        int line = 1;
+        for (const char *p = files[i].text; *p; line++) {
+            const char *end = strchr(p, '\n');
+            size_t n = end ? (size_t)(end - p) : strlen(p);
+            const char *q = p;
+            while (q < p + n && (*q == ' ' || *q == '\t')) q++;
+            if ((size_t)(p + n - q) > 10 && !strncmp(q, "#include \"", 10)) {
+                const char *inc = q + 10, *quote = memchr(inc, '"', (size_t)(p + n - inc));
+                size_t inc_len = quote ? (size_t)(quote - inc) : 0;
+                bool same_folder = quote && !memchr(inc, '/', inc_len);
+                /* A header of this folder: "name.h", no slash. */
+                size_t mod = same_folder && inc_len > 2 && !strncmp(inc + inc_len - 2, ".h", 2)
+                                 ? inc_len - 2
+                                 : 0;
+                int to = mod ? module_group(groups, n_groups, inc, mod) : -1;
+                bool own = mod == len && !strncmp(inc, name, len);
+                if (mod && !own && (to < 0 || to >= from)) {
+                    print_error("%s/%s:%d: module %.*s (group %d) includes %.*s, %s\n", folder,
+                                name, line, (int)len, name, from, (int)inc_len, inc,
+                                to < 0   ? "of no module in the order"
+                                : to > from ? "of a later group"
+                                            : "of its own group (modules of a group include "
+                                              "none of the others)");
+                    bad++;
+                }
+            }
+            p += n + (end != NULL);
+        }
+    }
+    for (size_t g = 0; g < n_groups; g++)
+        for (const char *p = groups[g]; *p;) {
+            size_t n = strcspn(p, " ");
+            if (!has_file(files, n_files, p, n, ".c") && !has_file(files, n_files, p, n, ".h")) {
+                print_error("%s: the order names module %.*s, which has no file\n", folder, (int)n,
+                            p);
+                bad++;
+            }
+            p += n;
+            while (*p == ' ') p++;
+        }
+    return bad;
+}
+
+/* The .c and .h files of tools/, read whole (names and texts on the heap). */
+static size_t read_tool_files(source_text *files, size_t room)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tools", SPMD_SOURCE_DIR);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *dot = strrchr(e->d_name, '.');
+        if (!dot || (strcmp(dot, ".c") && strcmp(dot, ".h"))) continue;
+        assert_true(n < room);
+        char path[1536];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        fseek(f, 0, SEEK_END);
+        long size = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        char *text = malloc((size_t)size + 1);
+        assert_non_null(text);
+        assert_int_equal(fread(text, 1, (size_t)size, f), (size_t)size);
+        text[size] = '\0';
+        fclose(f);
+        char *name = malloc(strlen(e->d_name) + 1);
+        assert_non_null(name);
+        strcpy(name, e->d_name);
+        files[n++] = (source_text){name, text};
+    }
+    closedir(d);
+    return n;
+}
+
+static void free_tool_files(source_text *files, size_t n)
+{
+    for (size_t i = 0; i < n; i++) free((char *)files[i].name), free((char *)files[i].text);
+}
+
+static int check_tools(const source_text *files, size_t n)
+{
+    return check_module_order("tools", tool_groups, sizeof tool_groups / sizeof *tool_groups,
+                              tool_entry_point, files, n);
+}
+
+enum { MAX_TOOL_FILES = 128 };
+
+static void test_tools_keep_their_order(void **state)
+{
+    (void)state;
+    source_text files[MAX_TOOL_FILES];
+    size_t n = read_tool_files(files, MAX_TOOL_FILES);
+    assert_true(n > 20);
+    assert_int_equal(check_tools(files, n), 0);
+    free_tool_files(files, n);
+}
+
+/* The tools/ text of `name`, with `line` added after its first line. */
+static char *planted(const source_text *files, size_t n, const char *name, const char *line)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(files[i].name, name)) continue;
+        const char *text = files[i].text, *nl = strchr(text, '\n');
+        size_t head = nl ? (size_t)(nl - text) + 1 : strlen(text);
+        char *out = malloc(strlen(text) + strlen(line) + 2);
+        assert_non_null(out);
+        sprintf(out, "%.*s%s\n%s", (int)head, text, line, text + head);
+        return out;
+    }
+    fail_msg("no tools/%s", name);
+    return NULL;
+}
+
+/* The check on the real files with an include circle planted in memory:
+ * it fails, naming the include that closes the circle, and only then. */
+static void test_tools_order_sees_a_circle(void **state)
+{
+    (void)state;
+    source_text files[MAX_TOOL_FILES];
+    size_t n = read_tool_files(files, MAX_TOOL_FILES);
+    source_text copy[MAX_TOOL_FILES];
+    memcpy(copy, files, n * sizeof *files);
+    /* flags.c <- train.c already (train includes flags.h); flags.c
+     * including train.h closes a circle. */
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(copy[i].name, "flags.c")) copy[i].text = planted(files, n, "flags.c", "#include \"train.h\"");
+    assert_int_equal(check_tools(copy, n), 1);
+    for (size_t i = 0; i < n; i++)
+        if (copy[i].text != files[i].text) free((char *)copy[i].text), copy[i].text = files[i].text;
+    /* Two modules of one group that include each other. */
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(copy[i].name, "feed.h")) copy[i].text = planted(files, n, "feed.h", "#include \"report.h\"");
+        if (!strcmp(copy[i].name, "report.h")) copy[i].text = planted(files, n, "report.h", "#include \"feed.h\"");
+    }
+    assert_int_equal(check_tools(copy, n), 2);
+    for (size_t i = 0; i < n; i++)
+        if (copy[i].text != files[i].text) free((char *)copy[i].text), copy[i].text = files[i].text;
+    free_tool_files(files, n);
+}
+
+/* The other rules, on files made up here. */
+static void test_module_order_rules(void **state)
+{
+    (void)state;
+    static const char *const groups[] = {"base", "middle other", "top"};
+    const source_text ok[] = {
+        {"base.h", "#include <stdio.h>\n"},
+        {"base.c", "#include \"base.h\"\n"},
+        {"middle.h", "#include \"base.h\"\n#include \"spmd/spmd.h\"\n"},
+        {"middle.c", "#include \"middle.h\"\n#include \"base.h\"\n#include \"mesh/mesh.h\"\n"},
+        {"other.h", ""},
+        {"other.c", "#include \"other.h\"\n"},
+        {"top.c", "#include \"middle.h\"\n#include \"other.h\"\n"},
+    };
+    assert_int_equal(check_module_order("t", groups, 3, "top", ok, 7), 0);
+    source_text bad[7];
+    memcpy(bad, ok, sizeof ok);
+    bad[1].text = "#include \"base.h\"\n#include \"top.h\"\n"; /* up, to a later group */
+    assert_int_equal(check_module_order("t", groups, 3, "top", bad, 7), 1);
+    memcpy(bad, ok, sizeof ok);
+    bad[5].text = "#include \"other.h\"\n  #include \"middle.h\"\n"; /* its own group */
+    assert_int_equal(check_module_order("t", groups, 3, "top", bad, 7), 1);
+    memcpy(bad, ok, sizeof ok);
+    bad[4] = (source_text){"stray.h", ""}; /* a module outside the order; other.c loses its .h */
+    assert_int_equal(check_module_order("t", groups, 3, "top", bad, 7), 2);
+    /* An entry point other than the order's last needs its header. */
+    assert_int_equal(check_module_order("t", groups, 3, "base", ok, 7), 1);
 }
 
 /* ---- Design citations ---------------------------------------------------------------- */
@@ -237,6 +491,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checker_sees_violations),
         cmocka_unit_test(test_every_include_goes_down),
+        cmocka_unit_test(test_module_order_rules),
+        cmocka_unit_test(test_tools_keep_their_order),
+        cmocka_unit_test(test_tools_order_sees_a_circle),
         cmocka_unit_test(test_design_citations_exist),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,11 +2,14 @@
  * Independent copies (`--copies AXIS`): one model per group along an
  * independent mesh axis, each with its own seed, learning rate, warmup and
  * data stream, trained side by side with no collective between them (a
- * sweep in one job).  The lists come from --seed, --lr and --warmup (one
- * value for every copy, or one each); this file checks them against the
- * mesh, opens each copy's data, and ranks and reports the copies.
+ * sweep in one job).  The lists come from --seed, --lr, --warmup and
+ * --weight-decay (one value for every copy, or one each); this file checks
+ * them against the mesh, opens each copy's data, and ranks and reports the
+ * copies.
  */
-#include "cli.h"
+#include "copies.h"
+
+#include "message.h"
 
 #include <cJSON.h>
 
@@ -14,23 +17,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t cli_copy_seed(const cli_opts *o, int c) { return o->n_seeds > 1 ? o->seeds[c] : o->seed; }
-float cli_copy_lr(const cli_opts *o, int c) { return o->n_lrs > 1 ? o->lrs[c] : o->lr; }
-int cli_copy_warmup(const cli_opts *o, int c) { return o->n_warmups > 1 ? o->warmups[c] : o->warmup; }
-float cli_copy_weight_decay(const cli_opts *o, int c)
+uint64_t copies_seed(const cli_opts *o, int c) { return o->n_seeds > 1 ? o->seeds[c] : o->seed; }
+float copies_lr(const cli_opts *o, int c) { return o->n_lrs > 1 ? o->lrs[c] : o->lr; }
+int copies_warmup(const cli_opts *o, int c) { return o->n_warmups > 1 ? o->warmups[c] : o->warmup; }
+float copies_weight_decay(const cli_opts *o, int c)
 {
     return o->n_wds > 1 ? o->wds[c] : o->optimizer.weight_decay;
 }
 
-float cli_lr_of(const cli_opts *o, int c, int step)
+float copies_lr_at(const cli_opts *o, int c, int step)
 {
-    float lr = cli_copy_lr(o, c);
-    return spmd_lr_schedule(step, cli_copy_warmup(o, c), o->steps, lr, o->lr_constant ? lr : lr / 10);
-}
-
-spmd_dataset *cli_copy_data(const cli_model *m, int c)
-{
-    return m->copy_data[c] ? m->copy_data[c] : m->data;
+    float lr = copies_lr(o, c);
+    return spmd_lr_schedule(step, copies_warmup(o, c), o->steps, lr, o->lr_constant ? lr : lr / 10);
 }
 
 /* A list of n values fits `copies` copies: one for all, or one each. */
@@ -45,41 +43,41 @@ static int check_count(const char *flag, int n, int copies, const char *axis)
                     n, copies, axis, copies);
 }
 
-int cli_setup_copies(const cli_opts *o, cli_model *m)
+int copies_setup(const cli_opts *o, spmd_mesh *mesh, int *count, spmd_dataset **copy_data)
 {
-    m->copies = 1;
+    *count = 1;
     if (o->copies) {
-        if (!m->mesh) return cli_fail("--copies %s: the run has one device", o->copies);
-        int a = spmd_mesh_axis_index(m->mesh, o->copies);
+        if (!mesh) return cli_fail("--copies %s: the run has one device", o->copies);
+        int a = spmd_mesh_axis_index(mesh, o->copies);
         if (a < 0) return cli_fail("--copies %s: %s", o->copies, spmd_last_error());
-        if (spmd_mesh_set_axis_independent(m->mesh, a, true) != SPMD_OK)
+        if (spmd_mesh_set_axis_independent(mesh, a, true) != SPMD_OK)
             return cli_fail("--copies %s: %s", o->copies, spmd_last_error());
-        m->copies = spmd_mesh_copies(m->mesh);
+        *count = spmd_mesh_copies(mesh);
     }
-    int rc = check_count("--seed", o->n_seeds, m->copies, o->copies);
-    if (!rc) rc = check_count("--lr", o->n_lrs, m->copies, o->copies);
-    if (!rc) rc = check_count("--warmup", o->n_warmups, m->copies, o->copies);
-    if (!rc) rc = check_count("--weight-decay", o->n_wds, m->copies, o->copies);
+    int rc = check_count("--seed", o->n_seeds, *count, o->copies);
+    if (!rc) rc = check_count("--lr", o->n_lrs, *count, o->copies);
+    if (!rc) rc = check_count("--warmup", o->n_warmups, *count, o->copies);
+    if (!rc) rc = check_count("--weight-decay", o->n_wds, *count, o->copies);
     if (rc) return rc;
-    if (o->same_data && m->copies == 1) return cli_fail("--same-data: the run has no copies (--copies AXIS)");
+    if (o->same_data && *count == 1) return cli_fail("--same-data: the run has no copies (--copies AXIS)");
     /* Each copy reads the order its seed gives, as a run of its own would. */
-    for (int c = 1; c < m->copies && !o->same_data; c++) {
-        if (cli_copy_seed(o, c) == o->seed) continue;
-        m->copy_data[c] = spmd_dataset_open(o->data, o->gpt.seq, cli_copy_seed(o, c));
-        if (!m->copy_data[c])
+    for (int c = 1; c < *count && !o->same_data; c++) {
+        if (copies_seed(o, c) == o->seed) continue;
+        copy_data[c] = spmd_dataset_open(o->data, o->gpt.seq, copies_seed(o, c));
+        if (!copy_data[c])
             return cli_fail("--data %s: %s", o->data ? o->data : "arith", spmd_last_error());
-        if (o->data_sequential && spmd_dataset_set_order(m->copy_data[c], SPMD_DATA_SEQUENTIAL) != SPMD_OK)
+        if (o->data_sequential && spmd_dataset_set_order(copy_data[c], SPMD_DATA_SEQUENTIAL) != SPMD_OK)
             return cli_fail("--data-order sequential: %s", spmd_last_error());
     }
     return 0;
 }
 
-void cli_free_copies(cli_model *m)
+void copies_free(spmd_dataset **copy_data)
 {
-    for (int c = 0; c < CLI_MAX_COPIES; c++) spmd_dataset_free(m->copy_data[c]);
+    for (int c = 0; c < CLI_MAX_COPIES; c++) spmd_dataset_free(copy_data[c]);
 }
 
-const uint64_t *cli_copy_seeds(const cli_opts *o) { return o->n_seeds > 1 ? o->seeds : NULL; }
+const uint64_t *copies_seeds(const cli_opts *o) { return o->n_seeds > 1 ? o->seeds : NULL; }
 
 /* ---- Ranking and reporting ------------------------------------------------------ */
 
@@ -97,31 +95,31 @@ static int by_loss(const void *x, const void *y)
     return a->copy - b->copy;
 }
 
-void cli_rank_copies(const cli_opts *o, const cli_model *m, const double *final, bool validated)
+void copies_rank(const cli_opts *o, int copies, const double *final, bool validated)
 {
     ranked r[CLI_MAX_COPIES];
-    for (int c = 0; c < m->copies; c++) r[c] = (ranked){c, final[c]};
-    qsort(r, (size_t)m->copies, sizeof *r, by_loss);
+    for (int c = 0; c < copies; c++) r[c] = (ranked){c, final[c]};
+    qsort(r, (size_t)copies, sizeof *r, by_loss);
     printf("copies ranked by final %s loss:\n", validated ? "validation" : "training");
-    for (int i = 0; i < m->copies; i++) {
+    for (int i = 0; i < copies; i++) {
         int c = r[i].copy;
         printf("  %d. copy %d: %s%.4f  (seed %llu, lr %g, warmup %d, weight decay %g)\n", i + 1, c,
                isfinite(r[i].loss) ? "" : "diverged, ", r[i].loss,
-               (unsigned long long)cli_copy_seed(o, c), (double)cli_copy_lr(o, c), cli_copy_warmup(o, c),
-               (double)cli_copy_weight_decay(o, c));
+               (unsigned long long)copies_seed(o, c), (double)copies_lr(o, c), copies_warmup(o, c),
+               (double)copies_weight_decay(o, c));
     }
 }
 
-cJSON *cli_copy_json(const cli_opts *o, int c, const float *losses, int stride, int steps)
+cJSON *copies_json(const cli_opts *o, int c, const float *losses, int stride, int steps)
 {
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "copy", c);
     char seed[32];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)cli_copy_seed(o, c));
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)copies_seed(o, c));
     cJSON_AddStringToObject(e, "seed", seed);
-    cJSON_AddNumberToObject(e, "lr", cli_copy_lr(o, c));
-    cJSON_AddNumberToObject(e, "warmup", cli_copy_warmup(o, c));
-    cJSON_AddNumberToObject(e, "weight_decay", cli_copy_weight_decay(o, c));
+    cJSON_AddNumberToObject(e, "lr", copies_lr(o, c));
+    cJSON_AddNumberToObject(e, "warmup", copies_warmup(o, c));
+    cJSON_AddNumberToObject(e, "weight_decay", copies_weight_decay(o, c));
     cJSON *loss = cJSON_AddArrayToObject(e, "loss");
     for (int i = 0; i < steps; i++) {
         float v = losses[(size_t)i * (size_t)stride + (size_t)c];

@@ -3,7 +3,12 @@
  * each named tensor's sharding, each collective (kind, mesh axes, bytes per
  * device, phase, the value it moves), per-device memory and the fallbacks.
  */
-#include "cli.h"
+#include "explain.h"
+
+#include "flags.h"
+#include "json_file.h"
+#include "model.h"
+#include "report.h"
 
 #include <cJSON.h>
 
@@ -95,18 +100,18 @@ static void print_collectives(const spmd_program *p)
 int cmd_explain(int argc, char **argv)
 {
     cli_opts o;
-    int rc = cli_parse(argc, argv, "explain", &o);
+    int rc = flags_parse(argc, argv, CMD_EXPLAIN, &o);
     if (rc) return rc < 0 ? 0 : rc;
     o.eval_samples = o.val_batches = 0; /* nothing is evaluated: no evaluation graph */
     cli_model m;
-    rc = cli_build(&o, &m);
-    spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g, true);
+    rc = model_build(&o, &m);
+    spmd_program *p = rc ? NULL : model_compile(&o, m.train.g, true);
     if (!p) {
-        cli_model_free(&m);
+        model_free(&m);
         return rc ? rc : 1;
     }
     char mesh[128], a[32], b[32];
-    cli_mesh_text(&m, mesh, sizeof mesh);
+    model_mesh_text(&m, mesh, sizeof mesh);
     printf("spmd explain: %s, %.2fM parameters, mesh %s, batch %d\n", o.model, (double)m.params / 1e6,
            mesh, o.batch);
     print_processes(&m);
@@ -118,7 +123,7 @@ int cmd_explain(int argc, char **argv)
      * costs as much as the printing. */
     cJSON *root = o.json ? cJSON_CreateObject() : NULL;
     if (root) {
-        cJSON_AddItemToObject(root, "mesh", cli_mesh_json(&m));
+        cJSON_AddItemToObject(root, "mesh", report_mesh(&m));
         cJSON_AddStringToObject(root, "model", o.model);
         cJSON_AddNumberToObject(root, "params", (double)m.params);
         if (m.copies > 1) {
@@ -130,7 +135,7 @@ int cmd_explain(int argc, char **argv)
     print_tensors(&m, root ? cJSON_AddArrayToObject(root, "tensors") : NULL);
     print_collectives(p);
     printf("\nmemory per device: %s parameters + gradients + optimizer state, %s peak\n",
-           human((double)cli_param_bytes(p), a, sizeof a), human((double)spmd_program_peak_bytes(p), b, sizeof b));
+           human((double)model_param_bytes(p), a, sizeof a), human((double)spmd_program_peak_bytes(p), b, sizeof b));
     int nf = spmd_program_fallback_count(p);
     printf("fallbacks (whole-tensor gathers an op forced): %d\n", nf);
     cJSON *fb = root ? cJSON_CreateArray() : NULL;
@@ -147,14 +152,14 @@ int cmd_explain(int argc, char **argv)
                unsettled);
     if (root) {
         if (unsettled) cJSON_AddNumberToObject(root, "propagation_unsettled_rounds", unsettled);
-        cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
-        cJSON_AddItemToObject(root, "param_bytes_per_device", cli_per_device(p, (double)cli_param_bytes(p)));
-        cJSON_AddItemToObject(root, "peak_bytes_per_device", cli_per_device(p, (double)spmd_program_peak_bytes(p)));
+        cJSON_AddItemToObject(root, "collectives", report_collectives(p));
+        cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));
+        cJSON_AddItemToObject(root, "peak_bytes_per_device", report_per_device(p, (double)spmd_program_peak_bytes(p)));
         cJSON_AddItemToObject(root, "fallbacks", fb);
         cJSON_AddNumberToObject(root, "fallback_count", nf);
-        rc = cli_write_json(o.json, root);
+        rc = json_file_write(o.json, root);
     }
     spmd_program_free(p);
-    cli_model_free(&m);
+    model_free(&m);
     return rc;
 }

@@ -5,7 +5,9 @@
  */
 #include "plot.h"
 
-#include "cli.h"
+#include "message.h"
+
+#include "spmd/spmd.h"
 #include "train/checkpoint_fs.h"
 
 #include <errno.h>

@@ -1,16 +1,12 @@
 /*
- * Loss plots as SVG.  plot.c draws line charts: series of (x, y) points
- * against a shared x axis and a left or right y axis.  plot_cmd.c keeps a
- * run's training curves (loss, validation loss, learning rate by step),
- * draws them on one chart, and is `spmd plot LOG.jsonl --out FILE.svg`,
- * which reads the curves from a `spmd train --log` file.
+ * Line charts as SVG: series of (x, y) points against a shared x axis and
+ * a left or right y axis.  plot_curves.h draws a run's training curves
+ * with them; plot_cmd.c is `spmd plot LOG.jsonl --out FILE.svg`.
  */
 #ifndef SPMD_TOOLS_PLOT_H
 #define SPMD_TOOLS_PLOT_H
 
 #include <stdbool.h>
-
-/* ---- Line charts (plot.c) ------------------------------------------------------- */
 
 /* A point whose x or y is not finite (a null in a log) or beyond
  * +-1e300 is not drawn, and the line breaks there. */
@@ -60,40 +56,5 @@ int plot_write_svg(const char *path, const plot_chart *chart, const plot_series 
  * directory, a device, a place where no file can be created): 0, or 2
  * with "spmd: FLAG PATH: why". */
 int plot_check_path(const char *flag, const char *path);
-
-/* ---- Training curves (plot_cmd.c) ------------------------------------------------- */
-
-/* Points in the order given, growing as they come. */
-typedef struct plot_curve {
-    plot_point *points;
-    int n, room;
-} plot_curve;
-
-/* One run's curves by step: loss and learning rate at every step, and
- * the validation loss where it was measured. */
-typedef struct plot_training {
-    plot_curve loss, val_loss, lr;
-} plot_training;
-
-/* Append (x, y); a non-finite y (NaN for a null) breaks the line.  An x
- * that does not pass the last one (a log that a second run, or a resumed
- * one, appended to) starts a new line rather than one drawn back across
- * the chart.  0, or 1 with a message (out of memory). */
-int plot_curve_add(plot_curve *c, double x, double y);
-void plot_training_free(plot_training *t);
-/* The curves on one chart: losses against the left axis, the learning
- * rate (dashed) against the right; a curve without points is left out.
- * 0, or 1 with a message (plot_write_svg). */
-int plot_write_training_svg(const char *path, const char *title, const plot_training *t);
-/* The losses of n copies (independent models) on one chart, a colour per
- * copy: training loss as a line, validation loss as dots (series ids
- * "copy-C-loss" and "copy-C-val"); the learning rates, which differ, are
- * left out.  0, or 1 with a message. */
-int plot_write_copies_svg(const char *path, const char *title, const plot_training *copies, int n);
-
-/* `spmd plot LOG.jsonl --out FILE.svg [--title TEXT]`: 0, or the exit
- * status with a message (2: bad flags, an --out no file can be written
- * to, a bad log; 1: a log that cannot be read, a write that fails). */
-int cmd_plot(int argc, char **argv);
 
 #endif

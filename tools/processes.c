@@ -1,7 +1,7 @@
 /* The tool over several processes (see processes.h). */
 #include "processes.h"
 
-#include "cli.h"
+#include "message.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +26,7 @@ static int procs = 1, rank = 0, here = 1;
 static bool started;
 static MPI_Comm world = MPI_COMM_NULL;
 
-int cli_processes_start(int *argc, char ***argv)
+int processes_start(int *argc, char ***argv)
 {
     if (!launcher_size()) return 0;
     int level = MPI_THREAD_SINGLE;
@@ -38,6 +38,7 @@ int cli_processes_start(int *argc, char ***argv)
     world = MPI_COMM_WORLD;
     MPI_Comm_size(world, &procs);
     MPI_Comm_rank(world, &rank);
+    if (procs > 1) message_set_process(rank);
     MPI_Comm host;
     if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host) == MPI_SUCCESS) {
         MPI_Comm_size(host, &here);
@@ -46,17 +47,17 @@ int cli_processes_start(int *argc, char ***argv)
     if (level != MPI_THREAD_MULTIPLE) {
         fprintf(stderr, "spmd: this MPI library does not provide MPI_THREAD_MULTIPLE, which the "
                         "device threads need\n");
-        return cli_processes_end(1);
+        return processes_end(1);
     }
     /* One progress line and one summary: process 0's. */
     if (rank > 0 && !freopen("/dev/null", "w", stdout)) {
         fprintf(stderr, "spmd: process %d: cannot silence its output\n", rank);
-        return cli_processes_end(1);
+        return processes_end(1);
     }
     return 0;
 }
 
-int cli_processes_end(int rc)
+int processes_end(int rc)
 {
     if (!started) return rc;
     fflush(stdout);
@@ -69,12 +70,12 @@ int cli_processes_end(int rc)
     return rc;
 }
 
-int cli_processes(void) { return procs; }
-int cli_processes_here(void) { return here; }
-int cli_process_rank(void) { return rank; }
-const void *cli_mpi_comm(void) { return procs > 1 ? (const void *)&world : NULL; }
+int processes_count(void) { return procs; }
+int processes_here(void) { return here; }
+int processes_rank(void) { return rank; }
+const void *processes_mpi_comm(void) { return procs > 1 ? (const void *)&world : NULL; }
 
-int cli_gather_double(double mine, double *all)
+int processes_gather_double(double mine, double *all)
 {
     if (procs == 1) {
         all[0] = mine;
@@ -115,7 +116,7 @@ static double round_trip(char *buf, int bytes, int peer, int trips)
     return t[trips / 2];
 }
 
-int cli_measure_network(double *latency_s, double *bytes_per_s)
+int processes_measure_network(double *latency_s, double *bytes_per_s)
 {
     enum { SMALL = 8, LARGE = 4 << 20 };
     double fig[2] = {0, 0};
@@ -150,7 +151,7 @@ int cli_measure_network(double *latency_s, double *bytes_per_s)
 
 #else
 
-int cli_processes_start(int *argc, char ***argv)
+int processes_start(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     int n = launcher_size();
@@ -162,19 +163,19 @@ int cli_processes_start(int *argc, char ***argv)
     return 0;
 }
 
-int cli_processes_end(int rc) { return rc; }
-int cli_processes(void) { return 1; }
-int cli_processes_here(void) { return 1; }
-int cli_process_rank(void) { return 0; }
-const void *cli_mpi_comm(void) { return NULL; }
+int processes_end(int rc) { return rc; }
+int processes_count(void) { return 1; }
+int processes_here(void) { return 1; }
+int processes_rank(void) { return 0; }
+const void *processes_mpi_comm(void) { return NULL; }
 
-int cli_gather_double(double mine, double *all)
+int processes_gather_double(double mine, double *all)
 {
     all[0] = mine;
     return 0;
 }
 
-int cli_measure_network(double *latency_s, double *bytes_per_s)
+int processes_measure_network(double *latency_s, double *bytes_per_s)
 {
     *latency_s = 0;
     *bytes_per_s = 0;

@@ -13,25 +13,25 @@
 /* Initialise MPI when a launcher started this process; other processes
  * than 0 get their standard output sent to /dev/null.  0, or an exit code
  * with a message. */
-int cli_processes_start(int *argc, char ***argv);
+int processes_start(int *argc, char ***argv);
 /* End the run with exit code rc: over several processes a failure ends
  * every process (MPI_Abort: the others may be waiting in a collective),
  * and success finalises MPI.  Returns rc. */
-int cli_processes_end(int rc);
+int processes_end(int rc);
 /* How many processes run the tool (1 without a launcher), and this one's rank. */
-int cli_processes(void);
+int processes_count(void);
 /* How many of them run on this host (they share its cores). */
-int cli_processes_here(void);
-int cli_process_rank(void);
+int processes_here(void);
+int processes_rank(void);
 /* The communicator to compile with (spmd_compile_options.mpi_comm):
  * MPI_COMM_WORLD over several processes, NULL otherwise. */
-const void *cli_mpi_comm(void);
+const void *processes_mpi_comm(void);
 /* Every process's `mine` at all[rank] on every process (one value each);
  * a copy with one process.  0, or 1 with a message. */
-int cli_gather_double(double mine, double *all);
+int processes_gather_double(double mine, double *all);
 /* Measure the network between process 0 and the last one (ping-pong of
  * small and large messages): latency per message and bandwidth.  Every
  * process calls it; 0, or 1 with a message. */
-int cli_measure_network(double *latency_s, double *bytes_per_s);
+int processes_measure_network(double *latency_s, double *bytes_per_s);
 
 #endif

@@ -18,23 +18,24 @@
  * a warning (the run will not match an uninterrupted one), and a different
  * model or optimizer kind is refused.
  */
-#include "cli.h"
+#include "run_checkpoint.h"
+
+#include "copies.h"
+#include "message.h"
+#include "test_hooks.h"
+
+#include "spmd/checkpoint.h"
 
 #include <cJSON.h>
 
 #include <inttypes.h>
-#include <math.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
-
-#include "train/checkpoint_hook.h"
 
 static const char *data_source(const cli_opts *o) { return o->data ? o->data : "arith"; }
 
-cJSON *cli_settings_json(const cli_opts *o, const cli_model *m)
+cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *config = cJSON_AddObjectToObject(root, "config");
@@ -76,26 +77,6 @@ cJSON *cli_settings_json(const cli_opts *o, const cli_model *m)
     return root;
 }
 
-/* ---- The test hook ----------------------------------------------------------- */
-
-/* SPMD_TEST_SAVE_PAUSE=STEP:STAGE makes the save of step STEP stop after
- * STAGE (a file of the save, "index.json", "step-NNNNNNNN" or "latest";
- * see train/checkpoint_hook.h) and wait there for a signal, so a test can
- * kill -9 the tool at that exact moment.  For tests only. */
-typedef struct pause_at {
-    long step;
-    const char *stage;
-} pause_at;
-
-static bool pause_hook(void *ctx, const char *stage)
-{
-    const pause_at *at = ctx;
-    if (strcmp(stage, at->stage)) return true;
-    fprintf(stderr, "spmd: test: save of step %ld paused after %s\n", at->step, stage);
-    fflush(stderr);
-    for (;;) pause();
-}
-
 /* ---- Save ------------------------------------------------------------------------ */
 
 static double now_ms(void)
@@ -112,10 +93,10 @@ static cli_opts copy_opts(const cli_opts *o, const cli_model *m, int c, char *sa
 {
     cli_opts oc = *o;
     if (m->copies == 1) return oc;
-    oc.seed = cli_copy_seed(o, c);
-    oc.lr = cli_copy_lr(o, c);
-    oc.warmup = cli_copy_warmup(o, c);
-    oc.optimizer.weight_decay = cli_copy_weight_decay(o, c);
+    oc.seed = copies_seed(o, c);
+    oc.lr = copies_lr(o, c);
+    oc.warmup = copies_warmup(o, c);
+    oc.optimizer.weight_decay = copies_weight_decay(o, c);
     if (o->save) snprintf(save, CLI_PATH_MAX, "%s/copy-%d", o->save, c), oc.save = save;
     if (o->resume) snprintf(resume, CLI_PATH_MAX, "%s/copy-%d", o->resume, c), oc.resume = resume;
     return oc;
@@ -124,7 +105,7 @@ static cli_opts copy_opts(const cli_opts *o, const cli_model *m, int c, char *sa
 static int save_copy(const cli_opts *o, const cli_model *m, const spmd_program *p, int copy, int step,
                      int64_t samples)
 {
-    cJSON *meta = cli_settings_json(o, m);
+    cJSON *meta = run_checkpoint_settings(o, m);
     cJSON *data = cJSON_GetObjectItemCaseSensitive(meta, "data");
     cJSON_AddNumberToObject(data, "samples", (double)samples);
     cJSON *rng = cJSON_AddObjectToObject(meta, "rng");
@@ -133,16 +114,10 @@ static int save_copy(const cli_opts *o, const cli_model *m, const spmd_program *
     cJSON_Delete(meta);
     if (!text) return cli_fail("checkpoint of step %d: out of memory", step);
 
-    pause_at at = {0};
-    const char *test = getenv("SPMD_TEST_SAVE_PAUSE");
-    char *colon = test ? strchr(test, ':') : NULL;
-    if (colon && atol(test) == step) {
-        at = (pause_at){step, colon + 1};
-        checkpoint_set_hook(pause_hook, &at);
-    }
+    test_hooks_save_begin(step);
     double t0 = now_ms();
     spmd_status st = spmd_checkpoint_save_copy(p, copy, o->save, step, text, o->keep);
-    checkpoint_set_hook(NULL, NULL);
+    test_hooks_save_end();
     free(text);
     if (st != SPMD_OK) {
         cli_fail("--save %s: %s", o->save, spmd_last_error());
@@ -154,7 +129,7 @@ static int save_copy(const cli_opts *o, const cli_model *m, const spmd_program *
     return 0;
 }
 
-int cli_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int step, int64_t samples)
+int run_checkpoint_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int step, int64_t samples)
 {
     /* With copies, one checkpoint per copy: DIR/copy-C, its own settings. */
     int rc = 0;
@@ -194,7 +169,7 @@ static bool differs_text(const char *flag, const cJSON *saved, const char *now)
 /* The saved settings against the run's own; 0 or an exit code. */
 static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *meta)
 {
-    cJSON *now = cli_settings_json(o, m);
+    cJSON *now = run_checkpoint_settings(o, m);
     const cJSON *cfg = item(meta, "config"), *opt = item(meta, "optimizer"), *data = item(meta, "data");
     const cJSON *kind = item(opt, "kind"), *model = item(cfg, "model");
     int rc = 0;
@@ -259,7 +234,7 @@ static int resume_copy(const cli_opts *o, const cli_model *m, spmd_program *p, i
     return rc;
 }
 
-int cli_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step, int64_t *samples)
+int run_checkpoint_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step, int64_t *samples)
 {
     /* With copies, each copy from DIR/copy-C; all at one step and position. */
     int rc = 0;

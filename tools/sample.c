@@ -9,37 +9,25 @@
  * back, with the counter-based RNG: a token is a function of the seed, the
  * row and its position, so a seed gives the same text every time.
  */
-#include "cli.h"
+#include "sample.h"
+
+#include "flags.h"
+#include "message.h"
+#include "model.h"
 #include "vocab.h"
 
 #include "base/rng.h"
+#include "spmd/checkpoint.h"
 #include "spmd/weights.h"
 
 #include <cJSON.h>
 
-#include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define MAX_PROMPTS 256
-#define MAX_SAMPLES 4096
 #define DEFAULT_TOKENS 32
-
-typedef struct sample_opts {
-    cli_opts o;              /* the flags spmd train shares: mesh, marks, weights, shape */
-    const char *prompts[MAX_PROMPTS];
-    int n_prompts;
-    int samples;             /* rows; 0: one per prompt */
-    int tokens;              /* new tokens per row; 0: DEFAULT_TOKENS or what fits */
-    float temperature;
-    int top_k;               /* 0: every token */
-    const char *tokenizer;
-    bool cache;
-    bool shape_given, data_given;
-} sample_opts;
 
 /* One row of the batch: its tokens (prompt, then generated) and where the
  * generated part starts and ends. */
@@ -49,7 +37,7 @@ typedef struct sample_row {
 } sample_row;
 
 typedef struct sampler {
-    sample_opts *s;
+    cli_opts *o;
     spmd_gpt_config cfg;
     vocab voc;
     const char *source;   /* the data the model was trained on: decides the vocab */
@@ -66,172 +54,46 @@ typedef struct sampler {
     char source_buf[1024]; /* the checkpoint's data source */
 } sampler;
 
-static void sample_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: spmd sample [flags]   (each as --flag VALUE or --flag=VALUE)\n"
-            "  --resume DIR         a checkpoint of spmd train --save (its latest step): the\n"
-            "                       model's shape and data come from it\n"
-            "  --init FILE          or GPT-2 weights (Hugging Face safetensors, llm.c checkpoint)\n"
-            "                       (neither: a new model of the shape flags, as train makes)\n"
-            "  --prompt TEXT        the text to continue; repeatable, one row each (default: a\n"
-            "                       newline; arith: a random digit; GPT-2: its end-of-text token)\n"
-            "  --samples N          rows; row r continues prompt r modulo the prompts (one per\n"
-            "                       prompt)\n"
-            "  --tokens N           new tokens per row (%d, or what fits in the context)\n"
-            "  --temperature T      0 picks the likeliest token; higher is more random (1)\n"
-            "  --top-k K            sample among the K likeliest tokens, 0 for all (0)\n"
-            "  --seed N             sampling seed, 0 to 2^64-1 (1); also the new model's init\n"
-            "  --tokenizer FILE     llm.c tokenizer file (gpt2_tokenizer.bin) for GPT-2's\n"
-            "                       vocabulary\n"
-            "  --cache on|off       keep keys and values (on), or rerun the whole prefix for\n"
-            "                       every token (off: the reference, slower)\n"
-            "  --mesh, --axes, --devices, --fsdp, --shard, --threads, --blas, --blas-core\n"
-            "                       as spmd train (the batch of rows is split like training's)\n"
-            "  --data, --layers, --dim, --heads, --seq, --context, --vocab\n"
-            "                       without --resume: the model's data and shape, as train\n",
-            DEFAULT_TOKENS);
-}
-
 /* ---- Flags ----------------------------------------------------------------------------- */
 
-static int parse_count(const char *flag, const char *text, int min, int max, int *out)
+/* The flags (flags.h), refusing before any file is read those that do
+ * not apply with --resume or --init; 0, -1 after help, or an exit code. */
+static int parse_sample(int argc, char **argv, cli_opts *o)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || *end || end == text || v < min || v > max)
-        return cli_fail("%s wants an integer from %d to %d, got '%s'", flag, min, max, text);
-    *out = (int)v;
-    return 0;
-}
-
-/* A sample flag's value into s; 1 when `name` is not one. */
-static int set_sample_flag(sample_opts *s, const char *name, const char *v, int *rc)
-{
-    *rc = 0;
-    if (!strcmp(name, "--prompt")) {
-        if (s->n_prompts == MAX_PROMPTS) *rc = cli_fail("more than %d --prompt", MAX_PROMPTS);
-        else if (!*v) *rc = cli_fail("--prompt is empty: give some text, or leave it out");
-        else s->prompts[s->n_prompts++] = v;
-    } else if (!strcmp(name, "--samples")) {
-        *rc = parse_count(name, v, 1, MAX_SAMPLES, &s->samples);
-    } else if (!strcmp(name, "--tokens")) {
-        *rc = parse_count(name, v, 1, 1000000, &s->tokens);
-    } else if (!strcmp(name, "--top-k")) {
-        *rc = parse_count(name, v, 0, INT_MAX, &s->top_k);
-    } else if (!strcmp(name, "--temperature")) {
-        char *end;
-        errno = 0;
-        double t = strtod(v, &end);
-        if (errno || *end || end == v || !(t >= 0) || t > 100)
-            *rc = cli_fail("--temperature wants a number from 0 to 100, got '%s'", v);
-        s->temperature = (float)t;
-    } else if (!strcmp(name, "--tokenizer")) {
-        s->tokenizer = v;
-    } else if (!strcmp(name, "--cache")) {
-        if (strcmp(v, "on") && strcmp(v, "off"))
-            *rc = cli_fail("--cache is on or off, got '%s'", v);
-        s->cache = !strcmp(v, "on");
-    } else {
-        return 1;
-    }
-    return 0;
-}
-
-/* The flags of spmd train that sample takes too, passed to cli_parse. */
-static bool shared_flag(const char *name, sample_opts *s)
-{
-    static const char *const mesh[] = {"--mesh", "--axes",  "--devices", "--fsdp",
-                                       "--shard", "--threads", "--seed", "--init",
-                                       "--resume", "--blas", "--blas-core"};
+    int rc = flags_read(argc, argv, CMD_SAMPLE, o);
+    if (rc) return rc;
     static const char *const shape[] = {"--layers", "--dim", "--heads", "--seq", "--context",
                                         "--vocab"};
-    for (size_t i = 0; i < sizeof mesh / sizeof *mesh; i++)
-        if (!strcmp(name, mesh[i])) return true;
-    for (size_t i = 0; i < sizeof shape / sizeof *shape; i++)
-        if (!strcmp(name, shape[i])) return s->shape_given = true;
-    if (!strcmp(name, "--data")) return s->data_given = true;
-    return false;
-}
-
-/* Sample's own flags here, the shared ones through cli_parse; 0, -1
- * after help, or an exit code. */
-static int parse_sample(int argc, char **argv, sample_opts *s, char **shared)
-{
-    memset(s, 0, sizeof *s);
-    s->temperature = 1.0f;
-    s->cache = true;
-    int n = 0, rc;
-    for (int i = 0; i < argc; i++) {
-        char *arg = argv[i];
-        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
-            sample_usage(stdout);
-            return -1;
-        }
-        if (arg[0] != '-' || arg[1] != '-')
-            return cli_fail("unexpected argument '%s': spmd sample takes only flags (--help "
-                            "lists them)", arg);
-        char name[64];
-        const char *eq = strchr(arg, '=');
-        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), arg);
-        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[i + 1] : NULL;
-        bool own = !strcmp(name, "--prompt") || !strcmp(name, "--samples") ||
-                   !strcmp(name, "--tokens") || !strcmp(name, "--top-k") ||
-                   !strcmp(name, "--temperature") || !strcmp(name, "--tokenizer") ||
-                   !strcmp(name, "--cache");
-        if (!own && !shared_flag(name, s)) {
-            sample_usage(stderr);
-            return cli_fail("unknown flag '%s' for spmd sample", name);
-        }
-        if (!v) return cli_fail("%s needs a value", name);
-        if (!eq) i++;
-        if (own) {
-            set_sample_flag(s, name, v, &rc);
-            if (rc) return rc;
-            continue;
-        }
-        shared[n++] = arg;
-        if (!eq) shared[n++] = argv[i];
-    }
-    /* Flags that do not apply, before cli_parse reads any file they name. */
-    const char *resume = NULL, *init = NULL;
-    for (int i = 0; i + 1 < n; i++) {
-        if (!strcmp(shared[i], "--resume")) resume = shared[i + 1];
-        if (!strcmp(shared[i], "--init")) init = shared[i + 1];
-        if (!strncmp(shared[i], "--resume=", 9)) resume = shared[i] + 9;
-        if (!strncmp(shared[i], "--init=", 7)) init = shared[i] + 7;
-    }
-    if (resume && (s->shape_given || s->data_given))
-        return cli_fail("--resume %s gives the model's %s; leave %s out", resume,
-                        s->shape_given ? "shape" : "data",
-                        s->shape_given ? "the shape flags" : "--data");
-    if (init && s->data_given)
-        return cli_fail("--init %s has GPT-2's vocabulary; --data does not apply", init);
-    return cli_parse(n, shared, "sample", &s->o);
+    bool shape_given = false, data_given = flags_given(o, "--data");
+    for (size_t i = 0; i < sizeof shape / sizeof *shape; i++) shape_given |= flags_given(o, shape[i]);
+    if (o->resume && (shape_given || data_given))
+        return cli_fail("--resume %s gives the model's %s; leave %s out", o->resume,
+                        shape_given ? "shape" : "data", shape_given ? "the shape flags" : "--data");
+    if (o->init && data_given)
+        return cli_fail("--init %s has GPT-2's vocabulary; --data does not apply", o->init);
+    return flags_settle(o);
 }
 
 /* ---- The model ---------------------------------------------------------------------- */
 
 /* The shape and data source: the checkpoint's, the --init file's (via
- * cli_parse), or the flags' with the data's vocabulary. */
+ * flags_settle), or the flags' with the data's vocabulary. */
 static int model_config(sampler *sp)
 {
-    sample_opts *s = sp->s;
-    if (s->o.resume) {
+    cli_opts *o = sp->o;
+    if (o->resume) {
         int64_t step;
-        if (spmd_weights_checkpoint_config(s->o.resume, &sp->cfg, &step) != SPMD_OK)
-            return cli_fail("--resume %s: %s", s->o.resume, spmd_last_error());
+        if (spmd_weights_checkpoint_config(o->resume, &sp->cfg, &step) != SPMD_OK)
+            return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
         return 0;
     }
-    sp->cfg = s->o.gpt;
-    if (s->o.init) {
+    sp->cfg = o->gpt;
+    if (o->init) {
         sp->source = "gpt2";
         return 0;
     }
-    sp->source = s->o.data ? s->o.data : "arith";
-    spmd_dataset *d = spmd_dataset_open(s->o.data, sp->cfg.seq, s->o.seed);
+    sp->source = o->data ? o->data : "arith";
+    spmd_dataset *d = spmd_dataset_open(o->data, sp->cfg.seq, o->seed);
     if (!d) return cli_fail("--data %s: %s", sp->source, spmd_last_error());
     if (!sp->cfg.vocab) sp->cfg.vocab = spmd_dataset_vocab(d);
     spmd_dataset_free(d);
@@ -250,7 +112,7 @@ static int meta_source(sampler *sp)
     cJSON_Delete(meta);
     if (!source[0])
         return cli_fail("--resume %s: its meta does not name the data it was trained on (data."
-                        "source): not a checkpoint written by spmd train", sp->s->o.resume);
+                        "source): not a checkpoint written by spmd train", sp->o->resume);
     sp->source = source;
     return 0;
 }
@@ -263,12 +125,12 @@ static int choose_vocab(sampler *sp)
     bool arith = !strncmp(src, "arith", 5) && (!src[5] || src[5] == ':');
     size_t n = strlen(src);
     bool shards = !strcmp(src, "gpt2") || (n > 4 && !strcmp(src + n - 4, ".bin"));
-    if (sp->s->tokenizer) {
-        int rc = vocab_load_llmc(&sp->voc, sp->s->tokenizer);
+    if (sp->o->tokenizer) {
+        int rc = vocab_load_llmc(&sp->voc, sp->o->tokenizer);
         if (rc) return rc;
         if (sp->voc.size < sp->cfg.vocab)
             return cli_fail("--tokenizer %s has %d tokens; the model's vocabulary has %d",
-                            sp->s->tokenizer, sp->voc.size, sp->cfg.vocab);
+                            sp->o->tokenizer, sp->voc.size, sp->cfg.vocab);
     } else if (arith && sp->cfg.vocab == SPMD_ARITH_VOCAB) {
         vocab_arith(&sp->voc);
     } else if (!shards && sp->cfg.vocab <= 256) {
@@ -276,8 +138,8 @@ static int choose_vocab(sampler *sp)
     } else {
         return cli_fail("the model's vocabulary of %d tokens (%s%s) needs a tokenizer: give "
                         "--tokenizer FILE (llm.c's gpt2_tokenizer.bin)",
-                        sp->cfg.vocab, sp->s->o.init ? "GPT-2 weights from --init " : "data ",
-                        sp->s->o.init ? sp->s->o.init : src);
+                        sp->cfg.vocab, sp->o->init ? "GPT-2 weights from --init " : "data ",
+                        sp->o->init ? sp->o->init : src);
     }
     return 0;
 }
@@ -293,8 +155,7 @@ static int fail_status(const char *what)
  * marked for the mesh as training is. */
 static int build_programs(sampler *sp)
 {
-    sample_opts *s = sp->s;
-    cli_opts *o = &s->o;
+    cli_opts *o = sp->o;
     sp->mesh = spmd_mesh_parse(o->mesh, o->axes);
     if (!sp->mesh) return cli_fail("--mesh %s --axes %s: %s", o->mesh, o->axes, spmd_last_error());
     if (o->devices && o->devices != spmd_mesh_devices(sp->mesh))
@@ -303,7 +164,7 @@ static int build_programs(sampler *sp)
     bool marks = spmd_mesh_devices(sp->mesh) > 1 || o->n_shards > 0;
     spmd_gpt_config fc = sp->cfg;
     fc.context = sp->context;
-    fc.seq = s->cache ? 1 : sp->context;
+    fc.seq = o->cache ? 1 : sp->context;
     spmd_gpt_tensors ft;
     sp->fwd.g = spmd_graph_create(NULL);
     sp->dec_g = spmd_graph_create(NULL);
@@ -315,12 +176,12 @@ static int build_programs(sampler *sp)
     sp->fwd.input = ft.input, sp->fwd.targets = ft.targets, sp->fwd.logits = ft.logits;
     cli_graph dec = {.g = sp->dec_g, .input = sp->dec.input, .logits = sp->dec.logits};
     int rc = 0;
-    if (marks) rc = cli_apply_marks(o, sp->mesh, &sp->fwd);
-    if (!rc && marks) rc = cli_apply_marks(o, sp->mesh, &dec);
+    if (marks) rc = model_apply_marks(o, sp->mesh, &sp->fwd);
+    if (!rc && marks) rc = model_apply_marks(o, sp->mesh, &dec);
     if (rc) return rc;
-    sp->fwd_p = cli_compile(o, sp->fwd.g, false);
+    sp->fwd_p = model_compile(o, sp->fwd.g, false);
     if (!sp->fwd_p) return 1;
-    if (s->cache && !(sp->dec_p = cli_compile(o, sp->dec_g, false))) return 1;
+    if (o->cache && !(sp->dec_p = model_compile(o, sp->dec_g, false))) return 1;
     return 0;
 }
 
@@ -328,7 +189,7 @@ static int build_programs(sampler *sp)
  * every parameter from there into the decoding step. */
 static int load_weights(sampler *sp)
 {
-    const cli_opts *o = &sp->s->o;
+    const cli_opts *o = sp->o;
     if (o->resume) {
         int64_t step;
         if (spmd_checkpoint_load(sp->fwd_p, o->resume, &step, &sp->meta) != SPMD_OK)
@@ -399,9 +260,9 @@ static void take_next(sampler *sp, int r, int pos, const float *logits, double *
     sample_row *row = &sp->row[r];
     if (pos + 1 < row->prompt || pos + 1 >= row->end) return;
     uint64_t index = (uint64_t)r * (uint64_t)sp->context + (uint64_t)pos + 1;
-    double u = base_rng_uniform(sp->s->o.seed, base_rng_stream("sample"), index);
+    double u = base_rng_uniform(sp->o->seed, base_rng_stream("sample"), index);
     row->tokens[pos + 1] =
-        pick_token(logits, sp->cfg.vocab, sp->s->temperature, sp->s->top_k, u, p);
+        pick_token(logits, sp->cfg.vocab, sp->o->temperature, sp->o->top_k, u, p);
 }
 
 /* One position with the KV cache: every row's token at `pos` in, the
@@ -453,21 +314,21 @@ static int generate(sampler *sp, double *prompt_s, double *gen_s)
         if (sp->row[r].end > last) last = sp->row[r].end;
         if (sp->row[r].prompt < shortest) shortest = sp->row[r].prompt;
     }
-    size_t n = sp->s->cache ? (size_t)sp->rows : (size_t)sp->rows * C;
+    size_t n = sp->o->cache ? (size_t)sp->rows : (size_t)sp->rows * C;
     int32_t *ids = calloc(n, sizeof *ids);
-    float *all = sp->s->cache ? NULL : malloc(n * V * sizeof *all);
+    float *all = sp->o->cache ? NULL : malloc(n * V * sizeof *all);
     double *p = malloc((size_t)V * sizeof *p);
-    int rc = ids && p && (sp->s->cache || all) ? 0 : cli_fail("out of memory");
+    int rc = ids && p && (sp->o->cache || all) ? 0 : cli_fail("out of memory");
     /* The forward pass computes a loss too: its targets must be token ids. */
-    if (!rc && !sp->s->cache &&
+    if (!rc && !sp->o->cache &&
         spmd_program_set_input(sp->fwd_p, sp->fwd.targets, ids, n * sizeof *ids) != SPMD_OK)
         rc = fail_status("forward pass");
     *prompt_s = *gen_s = 0;
     for (int pos = 0; !rc && pos + 1 < last; pos++) {
         /* Without the cache, positions inside every prompt need no run. */
-        if (!sp->s->cache && pos + 1 < shortest) continue;
+        if (!sp->o->cache && pos + 1 < shortest) continue;
         double t0 = now_s();
-        rc = sp->s->cache ? step_cached(sp, pos, ids) : step_full(sp, pos, ids, all);
+        rc = sp->o->cache ? step_cached(sp, pos, ids) : step_full(sp, pos, ids, all);
         for (int r = 0; !rc && r < sp->rows; r++)
             take_next(sp, r, pos, sp->logits + (size_t)r * V, p);
         *(pos + 1 < shortest ? prompt_s : gen_s) += now_s() - t0;
@@ -566,7 +427,7 @@ static void print_rows(sampler *sp)
 static int32_t default_start(const sampler *sp, int r)
 {
     if (sp->voc.kind == VOCAB_ARITH)
-        return (int32_t)(base_rng_bits(sp->s->o.seed, base_rng_stream("sample.start"),
+        return (int32_t)(base_rng_bits(sp->o->seed, base_rng_stream("sample.start"),
                                        (uint64_t)r) % 10);
     if (sp->voc.kind == VOCAB_LLMC && sp->voc.eot >= 0 && sp->voc.eot < sp->cfg.vocab)
         return sp->voc.eot;
@@ -591,16 +452,16 @@ static int check_prompt_ids(const sampler *sp, const char *prompt, const int32_t
 /* Rows, their prompts and ends; 0 or an exit code. */
 static int setup_rows(sampler *sp)
 {
-    sample_opts *s = sp->s;
-    int np = s->n_prompts ? s->n_prompts : 1;
-    sp->rows = s->samples ? s->samples : np;
+    cli_opts *o = sp->o;
+    int np = o->n_prompts ? o->n_prompts : 1;
+    sp->rows = o->samples ? o->samples : np;
     sp->row = calloc((size_t)sp->rows, sizeof *sp->row);
     sp->logits = malloc((size_t)sp->rows * (size_t)sp->cfg.vocab * sizeof *sp->logits);
     if (!sp->row || !sp->logits) return cli_fail("out of memory");
     int longest = 0;
     for (int r = 0; r < sp->rows; r++) {
         sample_row *row = &sp->row[r];
-        const char *prompt = s->n_prompts ? s->prompts[r % np] : NULL;
+        const char *prompt = o->n_prompts ? o->prompts[r % np] : NULL;
         /* Room for the context, and for every byte of the prompt as a
          * token (a prompt longer than the context is refused below). */
         size_t room = (size_t)sp->context + (prompt ? strlen(prompt) : 0) + 1;
@@ -621,11 +482,11 @@ static int setup_rows(sampler *sp)
     if (room < 1)
         return cli_fail("--prompt: the longest prompt (%d tokens) leaves no room for new tokens "
                         "in the model's context of %d positions", longest, sp->context);
-    if (s->tokens > room)
+    if (o->tokens > room)
         return cli_fail("--tokens %d: the longest prompt (%d token%s) leaves room for %d new "
                         "tokens in the model's context of %d positions",
-                        s->tokens, longest, longest == 1 ? "" : "s", room, sp->context);
-    int tokens = s->tokens ? s->tokens : room < DEFAULT_TOKENS ? room : DEFAULT_TOKENS;
+                        o->tokens, longest, longest == 1 ? "" : "s", room, sp->context);
+    int tokens = o->tokens ? o->tokens : room < DEFAULT_TOKENS ? room : DEFAULT_TOKENS;
     for (int r = 0; r < sp->rows; r++) sp->row[r].end = sp->row[r].prompt + tokens;
     return 0;
 }
@@ -647,23 +508,23 @@ static void sampler_free(sampler *sp)
 static int run_sample(sampler *sp)
 {
     int rc = model_config(sp);
-    if (!rc && !sp->s->o.resume) rc = choose_vocab(sp);
+    if (!rc && !sp->o->resume) rc = choose_vocab(sp);
     if (rc) return rc;
     sp->context = sp->cfg.context ? sp->cfg.context : sp->cfg.seq;
     /* The rows need the vocabulary to encode prompts: with --resume it is
      * known once the checkpoint's meta is read, so build for the rows'
      * count first and encode after loading. */
-    sp->rows = sp->s->samples ? sp->s->samples : sp->s->n_prompts ? sp->s->n_prompts : 1;
+    sp->rows = sp->o->samples ? sp->o->samples : sp->o->n_prompts ? sp->o->n_prompts : 1;
     if ((rc = build_programs(sp)) || (rc = load_weights(sp))) return rc;
-    if (sp->s->o.resume && (rc = meta_source(sp))) return rc;
+    if (sp->o->resume && (rc = meta_source(sp))) return rc;
     if (!sp->voc.size && (rc = choose_vocab(sp))) return rc;
     if ((rc = setup_rows(sp))) return rc;
     char mesh[96];
-    snprintf(mesh, sizeof mesh, "%s (%s)", sp->s->o.mesh, sp->s->o.axes);
+    snprintf(mesh, sizeof mesh, "%s (%s)", sp->o->mesh, sp->o->axes);
     printf("sample: %d row(s) on mesh %s, %s, temperature %g, top-k %d, seed %llu\n", sp->rows,
            spmd_mesh_devices(sp->mesh) > 1 ? mesh : "of 1 device",
-           sp->s->cache ? "KV cache" : "no cache (the whole prefix each token)",
-           (double)sp->s->temperature, sp->s->top_k, (unsigned long long)sp->s->o.seed);
+           sp->o->cache ? "KV cache" : "no cache (the whole prefix each token)",
+           (double)sp->o->temperature, sp->o->top_k, (unsigned long long)sp->o->seed);
     double prompt_s, gen_s;
     if ((rc = generate(sp, &prompt_s, &gen_s))) return rc;
     print_rows(sp);
@@ -671,23 +532,17 @@ static int run_sample(sampler *sp)
     for (int r = 0; r < sp->rows; r++) made += sp->row[r].end - sp->row[r].prompt;
     printf("generated %lld tokens in %.3f s: %.0f tokens/s (%s; prompts took %.3f s)\n",
            (long long)made, gen_s, gen_s > 0 ? (double)made / gen_s : 0.0,
-           sp->s->cache ? "KV cache" : "no cache", prompt_s);
+           sp->o->cache ? "KV cache" : "no cache", prompt_s);
     return 0;
 }
 
 int cmd_sample(int argc, char **argv)
 {
-    sample_opts s;
-    char **shared = calloc((size_t)argc + 1, sizeof *shared);
-    if (!shared) return cli_fail("out of memory");
-    int rc = parse_sample(argc, argv, &s, shared);
-    if (rc) {
-        free(shared);
-        return rc < 0 ? 0 : rc;
-    }
-    sampler sp = {.s = &s};
+    cli_opts o;
+    int rc = parse_sample(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    sampler sp = {.o = &o};
     rc = run_sample(&sp);
     sampler_free(&sp);
-    free(shared);
     return rc;
 }

@@ -1,5 +1,5 @@
 /*
- * The `spmd` command-line tool:
+ * The `spmd` command-line tool (README, "`spmd train`" and after):
  *   spmd train [flags]      build a model, compile one training step, run it
  *   spmd explain [flags]    show how the step is partitioned
  *   spmd visualize [flags]  draw which device holds which block of a tensor
@@ -8,31 +8,41 @@
  *   spmd sample [flags]     generate text from a checkpoint or GPT-2 weights
  *   spmd plot LOG.jsonl --out FILE.svg [--title TEXT]
  *                           a run's loss and learning rate (spmd train --log) as a chart
+ * The entry point, at the top of the tool's modules: it has no header.
  */
-#include "cli.h"
-#include "plot.h"
+#include "explain.h"
+#include "export.h"
+#include "flags.h"
+#include "plot_cmd.h"
 #include "processes.h"
+#include "sample.h"
+#include "train.h"
+#include "visualize.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static int run_command(int argc, char **argv)
 {
-    if (argc < 2) return cmd_train(0, NULL);
+    /* As git does: a bare `spmd` is a usage error, and says what to type. */
+    if (argc < 2) {
+        flags_usage_commands(stderr);
+        return 2;
+    }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
-    if (!strcmp(cmd, "explain")) return cmd_explain(argc - 2, argv + 2);
-    if (!strcmp(cmd, "visualize")) return cmd_visualize(argc - 2, argv + 2);
-    if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
-    if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
-    if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
-        cli_usage(stdout, "train|explain");
-        printf("       spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'\n");
-        printf("       spmd export CKPT --out FILE [--format hf|llmc]\n");
-        printf("       spmd sample --resume DIR --prompt TEXT [--tokens N] (spmd sample --help)\n");
-        printf("       spmd plot LOG.jsonl --out FILE.svg [--title TEXT]\n");
+        flags_usage_commands(stdout);
         return 0;
     }
+    static const struct {
+        cli_command command;
+        int (*run)(int argc, char **argv);
+    } runs[] = {{CMD_TRAIN, cmd_train},   {CMD_EXPLAIN, cmd_explain},
+                {CMD_VISUALIZE, cmd_visualize}, {CMD_EXPORT, cmd_export},
+                {CMD_SAMPLE, cmd_sample}, {CMD_PLOT, cmd_plot}};
+    cli_command command = flags_command(cmd);
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++)
+        if (runs[i].command == command) return runs[i].run(argc - 2, argv + 2);
     fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export, sample, plot)\n",
             cmd);
     return 2;
@@ -42,7 +52,7 @@ static int run_command(int argc, char **argv)
  * mesh's devices (processes.h). */
 int main(int argc, char **argv)
 {
-    int rc = cli_processes_start(&argc, &argv);
+    int rc = processes_start(&argc, &argv);
     if (rc) return rc;
-    return cli_processes_end(run_command(argc, argv));
+    return processes_end(run_command(argc, argv));
 }

@@ -2,9 +2,20 @@
  * `spmd train`: compile one training step and run it for --steps steps,
  * with a live progress line, a summary and an optional JSON report.
  */
-#include "cli.h"
+#include "train.h"
+
+#include "copies.h"
+#include "feed.h"
+#include "flags.h"
+#include "json_file.h"
+#include "message.h"
+#include "model.h"
 #include "plot.h"
+#include "plot_curves.h"
 #include "processes.h"
+#include "report.h"
+#include "run_checkpoint.h"
+#include "weights.h"
 
 #include <cJSON.h>
 
@@ -203,10 +214,10 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
 {
     const val_records *val = &val_of[0]; /* copy 0's, as the top-level figures */
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddItemToObject(root, "mesh", cli_mesh_json(m));
+    cJSON_AddItemToObject(root, "mesh", report_mesh(m));
     cJSON_AddStringToObject(root, "model", o->model);
     cJSON_AddNumberToObject(root, "params", (double)m->params);
-    cJSON_AddItemToObject(root, "settings", cli_settings_json(o, m));
+    cJSON_AddItemToObject(root, "settings", run_checkpoint_settings(o, m));
     if (start) cJSON_AddNumberToObject(root, "resumed_at", start);
     cJSON_AddNumberToObject(root, "steps", steps);
     cJSON *loss = cJSON_AddArrayToObject(root, "loss");
@@ -220,14 +231,14 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     cJSON_AddNumberToObject(root, "ms_per_step", ms);
     cJSON_AddNumberToObject(root, "tokens_per_s", (double)m->tokens_per_step / (ms / 1e3));
     cJSON_AddNumberToObject(root, "flops_per_step", m->flops_per_step);
-    cJSON_AddItemToObject(root, "param_bytes_per_device", cli_per_device(p, (double)cli_param_bytes(p)));
-    cJSON_AddItemToObject(root, "peak_bytes_per_device", cli_per_device(p, (double)spmd_program_peak_bytes(p)));
-    cJSON_AddItemToObject(root, "processes", cli_processes_json(p));
-    cJSON_AddItemToObject(root, "collectives", cli_collectives_json(p));
+    cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));
+    cJSON_AddItemToObject(root, "peak_bytes_per_device", report_per_device(p, (double)spmd_program_peak_bytes(p)));
+    cJSON_AddItemToObject(root, "processes", report_processes(p));
+    cJSON_AddItemToObject(root, "collectives", report_collectives(p));
     if (accuracy[0] >= 0) cJSON_AddNumberToObject(root, "accuracy", accuracy[0]);
     cJSON *copies = m->copies > 1 ? cJSON_AddArrayToObject(root, "copies") : NULL;
     for (int c = 0; copies && c < m->copies; c++) {
-        cJSON *e = cli_copy_json(o, c, losses, m->copies, steps);
+        cJSON *e = copies_json(o, c, losses, m->copies, steps);
         if (accuracy[c] >= 0) cJSON_AddNumberToObject(e, "accuracy", accuracy[c]);
         cJSON *vl = val_of[c].n ? cJSON_AddArrayToObject(e, "val_loss") : NULL;
         for (int i = 0; vl && i < val_of[c].n; i++) {
@@ -255,7 +266,7 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
         cJSON_AddNumberToObject(src, "samples", (double)o->val_batches * o->batch);
     }
     cJSON_AddStringToObject(root, "data", spmd_dataset_describe(m->data));
-    return cli_write_json(o->json, root);
+    return json_file_write(o->json, root);
 }
 
 /* The validation loss of every copy after step `done`: printed, logged
@@ -266,7 +277,7 @@ static int validate(const cli_opts *o, const cli_model *m, const spmd_program *p
     float loss[CLI_MAX_COPIES];
     for (int c = 0; c < m->copies; c++) {
         double x = 0;
-        int rc = cli_val_loss(o, m, p, eval, c, &x);
+        int rc = feed_val_loss(o, m, p, eval, c, &x);
         if (!rc) rc = val_record(&val[c], done, x);
         if (rc) return rc;
         loss[c] = (float)x;
@@ -310,13 +321,13 @@ static int plot_copies(const cli_opts *o, const char *title, const float *losses
 static int plot_run(const cli_opts *o, const char *title, const float *losses, int copies,
                     int first, int steps, const val_records *val)
 {
-    if (cli_process_rank() != 0) return 0;
+    if (processes_rank() != 0) return 0;
     if (copies > 1) return plot_copies(o, title, losses, copies, first, steps, val);
     plot_training t = {0};
     int rc = 0;
     for (int i = 0; i < steps && !rc; i++) {
         rc = plot_curve_add(&t.loss, first + i + 1, losses[(size_t)i * (size_t)copies]);
-        if (!rc) rc = plot_curve_add(&t.lr, first + i + 1, cli_lr(o, first + i));
+        if (!rc) rc = plot_curve_add(&t.lr, first + i + 1, feed_lr(o, first + i));
     }
     for (int i = 0; i < val->n && !rc; i++) rc = plot_curve_add(&t.val_loss, val->step[i], val->loss[i]);
     if (!rc) rc = plot_write_training_svg(o->plot, title, &t);
@@ -342,6 +353,100 @@ static int plot_copies(const cli_opts *o, const char *title, const float *losses
     return rc;
 }
 
+/* The start-up after the model is built, as one line of stdout that names
+ * each phase as it starts and times it when done: a big model (GPT-2
+ * 124M) spends a minute here, which must not look like a hang. */
+static double phase_start;
+
+static void phase_begin(const char *what)
+{
+    printf(", %s ", what);
+    fflush(stdout);
+    message_open_line();
+    phase_start = now_ms();
+}
+
+static void phase_end(void)
+{
+    printf("%.1f s", (now_ms() - phase_start) / 1e3);
+    fflush(stdout);
+}
+
+/* The memory check, BLAS and the programs (the step; the evaluation
+ * when there is one); 0, or an exit code with a message. */
+static int start_up(const cli_opts *o, const cli_model *m, double build_ms, spmd_program **p,
+                    spmd_program **eval)
+{
+    printf("start-up: building %.1f s", build_ms / 1e3);
+    message_open_line();
+    int rc = 0;
+    if (o->memory_check) {
+        phase_begin("planning memory");
+        if (!(rc = model_check_memory(o, m))) phase_end();
+    }
+    if (!rc) {
+        phase_begin("loading BLAS");
+        if (!(rc = model_select_blas(o))) phase_end();
+    }
+    if (!rc) {
+        phase_begin("compiling the step");
+        if (!(*p = model_compile(o, m->train.g, false))) rc = 1;
+        else phase_end();
+    }
+    if (!rc && m->eval.g) {
+        phase_begin("compiling the evaluation");
+        if (!(*eval = model_compile(o, m->eval.g, false))) rc = 1;
+        else phase_end();
+    }
+    message_close_line();
+    return rc;
+}
+
+/* The held-out scoring at the end, one line on stdout: a count that
+ * rises on a terminal, the time when done (on one device, GPT-2 124M
+ * scores its 256 samples one at a time for a minute or two). */
+typedef struct scoring {
+    const char *what; /* "256 held-out samples" */
+    int64_t total, before; /* samples of every copy; scored by the copies before this one */
+} scoring;
+
+static void on_scored(void *ctx, int64_t scored)
+{
+    const scoring *s = ctx;
+    printf("\rscoring %s: %lld/%lld", s->what, (long long)(s->before + scored), (long long)s->total);
+    fflush(stdout);
+}
+
+/* Every copy's held-out accuracy (-1: none, or a diverged or stopped model). */
+static void score_all(const cli_opts *o, const cli_model *m, const spmd_program *p,
+                      spmd_program *eval, bool stopped, const bool *gone, bool live,
+                      double *accuracy)
+{
+    int scored_copies = 0;
+    for (int c = 0; c < m->copies; c++) scored_copies += !(stopped || gone[c]);
+    char what[96];
+    snprintf(what, sizeof what, "%d held-out samples%s", o->eval_samples,
+             m->copies > 1 ? " of each copy" : "");
+    scoring s = {what, (int64_t)o->eval_samples * scored_copies, 0};
+    bool shown = m->accuracy && eval && scored_copies > 0;
+    if (shown) {
+        printf("scoring %s", what);
+        fflush(stdout);
+        message_open_line();
+    }
+    double t0 = now_ms();
+    for (int c = 0; c < m->copies; c++) {
+        accuracy[c] = stopped || gone[c] ? -1
+                                         : feed_accuracy(o, m, p, eval, c, live ? on_scored : NULL, &s);
+        if (!(stopped || gone[c])) s.before += o->eval_samples;
+    }
+    if (!shown) return;
+    if (live) printf("\rscoring %s: %.1f s         ", what, (now_ms() - t0) / 1e3);
+    else printf(": %.1f s", (now_ms() - t0) / 1e3);
+    message_close_line();
+    fflush(stdout);
+}
+
 /* The run: build, check, compile, train, report; 0 or an exit code. */
 static int train(cli_opts *o_in, FILE *log)
 {
@@ -349,43 +454,43 @@ static int train(cli_opts *o_in, FILE *log)
     int rc = 0;
     /* What would fail only after the run (the report) or kill it (memory)
      * is checked before it. */
-    if (o.json && (rc = cli_check_report_path(o.json))) return rc;
+    if (o.json && (rc = json_file_check_path(o.json))) return rc;
     if (o.plot && (rc = plot_check_path("--plot", o.plot))) return rc;
     cli_model m;
-    rc = cli_build(&o, &m);
-    if (!rc && o.memory_check) rc = cli_check_memory(&o, &m);
-    spmd_program *p = rc ? NULL : cli_compile(&o, m.train.g, false);
-    spmd_program *eval = p && m.eval.g ? cli_compile(&o, m.eval.g, false) : NULL;
-    if (!p || (m.eval.g && !eval)) {
+    double build_start = now_ms();
+    rc = model_build(&o, &m);
+    spmd_program *p = NULL, *eval = NULL;
+    if (!rc) rc = start_up(&o, &m, now_ms() - build_start, &p, &eval);
+    if (rc) {
         spmd_program_free(p);
-        cli_model_free(&m);
-        return rc ? rc : 1;
+        model_free(&m);
+        return rc;
     }
     char mesh[128];
-    cli_mesh_text(&m, mesh, sizeof mesh);
+    model_mesh_text(&m, mesh, sizeof mesh);
     printf("spmd train: %s, %.2fM parameters, mesh %s, batch %d, %s, %s\n", o.model,
            (double)m.params / 1e6, mesh, o.batch,
            o.optimizer.kind == SPMD_OPTIMIZER_ADAMW ? "AdamW" : "SGD", spmd_blas_describe());
     printf("data: %s\n", spmd_dataset_describe(m.data));
-    cli_cap_eval(&o, &m);
+    feed_cap_eval(&o, &m);
     printf("per device: %.1f MiB peak, %.1f MiB parameters + gradients + optimizer state, "
            "%d collectives per step\n",
-           (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
+           (double)spmd_program_peak_bytes(p) / 1048576.0, (double)model_param_bytes(p) / 1048576.0,
            spmd_program_collective_count(p));
     warn_plan(&o, &m, p);
-    if (o.init) rc = cli_init_apply(&o, &m, p);
+    if (o.init) rc = weights_init_apply(o.init, &m.gpt, p);
     /* Saved state last: it replaces what the flags set up. */
     int first = 0;      /* steps already run (a resumed run's saved step) */
     int64_t sample = 0; /* the data position: training samples consumed */
     double t_load = now_ms();
-    if (!rc && o.resume && !(rc = cli_resume(&o, &m, p, &first, &sample))) {
+    if (!rc && o.resume && !(rc = run_checkpoint_resume(&o, &m, p, &first, &sample))) {
         printf("resumed: step %d of %d from %s (data position %lld samples) in %.0f ms\n", first,
                o.steps, o.resume, (long long)sample, now_ms() - t_load);
     }
     if (rc) {
         spmd_program_free(eval);
         spmd_program_free(p);
-        cli_model_free(&m);
+        model_free(&m);
         return rc;
     }
 
@@ -403,18 +508,24 @@ static int train(cli_opts *o_in, FILE *log)
     int saved = first; /* the last step in a checkpoint */
     /* Over processes each would see the signal after a step of its own:
      * they could stop at different steps, so a signal ends the job. */
-    if (cli_processes() == 1) catch_stop_signals();
+    if (processes_count() == 1) catch_stop_signals();
     /* mpirun hands its processes a pseudo-terminal whatever its own output
      * is: over several processes, plain lines. */
-    bool live = isatty(STDOUT_FILENO) && cli_processes() == 1;
+    bool live = isatty(STDOUT_FILENO) && processes_count() == 1;
     int every = o.log_every ? o.log_every : o.steps / 20 > 1 ? o.steps / 20 : 1;
     double start = now_ms();
+    /* The first step is the slowest (pages touched for the first time): a
+     * terminal says it has begun, the live line then replaces it. */
+    if (live && first < o.steps) {
+        printf("step %4d/%d  running the first step", first + 1, o.steps);
+        fflush(stdout);
+    }
     for (int s = first; s < o.steps && !rc && !stop.step; s++) {
         int i = s - first; /* records index */
         if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room, copies))) break;
         float *loss = &losses[(size_t)i * (size_t)copies];
         double t0 = now_ms();
-        rc = cli_feed(&o, &m, p, s, sample);
+        rc = feed_step(&o, &m, p, s, sample);
         if (rc) break;
         sample += o.batch;
         spmd_status st = spmd_program_run(p);
@@ -446,7 +557,7 @@ static int train(cli_opts *o_in, FILE *log)
             printf("step %4d/%d  loss %s  %.0f tok/s  %.1f ms/step  eta %.0fs\n", done, o.steps,
                    text, tok_s, ms[i], eta);
         fflush(stdout);
-        if (log) log_step(log, done, loss, copies, cli_lr(&o, s), norm[0], ms[i], tok_s);
+        if (log) log_step(log, done, loss, copies, feed_lr(&o, s), norm[0], ms[i], tok_s);
         /* Copies share nothing: one that diverges is named and the others
          * train on, until none is left. */
         for (int c = 0; copies > 1 && !o.keep_nonfinite && c < copies; c++) {
@@ -468,7 +579,7 @@ static int train(cli_opts *o_in, FILE *log)
             stop.step = done;
             break; /* a diverged model is not saved */
         }
-        if (cli_validates_at(&o, done, o.steps)) {
+        if (feed_validates_at(&o, done, o.steps)) {
             if (live) printf("\n");
             if ((rc = validate(&o, &m, p, eval, done, log, val))) break;
         }
@@ -476,7 +587,7 @@ static int train(cli_opts *o_in, FILE *log)
         /* Periodic saves; the last step's (or a stopped run's) comes below. */
         if (o.save && o.save_every && done % o.save_every == 0 && done < o.steps && !stop.step) {
             if (live) printf("\n");
-            rc = cli_save(&o, &m, p, done, sample);
+            rc = run_checkpoint_save(&o, &m, p, done, sample);
             saved = done;
         }
     }
@@ -489,7 +600,7 @@ static int train(cli_opts *o_in, FILE *log)
     }
     /* The end of the run, or a graceful stop, is saved: what was trained
      * is not lost. */
-    if (!rc && o.save && (!stop.step || stop.signal) && done > saved) rc = cli_save(&o, &m, p, done, sample);
+    if (!rc && o.save && (!stop.step || stop.signal) && done > saved) rc = run_checkpoint_save(&o, &m, p, done, sample);
     if (!rc && run > 0) {
         double *sorted = malloc((size_t)run * sizeof *sorted);
         if (!sorted) {
@@ -502,8 +613,7 @@ static int train(cli_opts *o_in, FILE *log)
         free(sorted);
         /* A diverged or interrupted model has no accuracy worth reporting. */
         double accuracy[CLI_MAX_COPIES];
-        for (int c = 0; c < copies; c++)
-            accuracy[c] = stop.step || gone[c] ? -1 : cli_accuracy(&o, &m, p, eval, c);
+        score_all(&o, &m, p, eval, stop.step > 0, gone, live, accuracy);
         note_signal(&stop, done);
         char ended[64] = "done";
         if (stop.step) snprintf(ended, sizeof ended, "stopped after step %d of %d", stop.step, o.steps);
@@ -525,11 +635,11 @@ static int train(cli_opts *o_in, FILE *log)
             for (int c = 0; c < copies; c++)
                 final[c] = validated ? val[c].loss[val[c].n - 1]
                                      : losses[(size_t)(run - 1) * (size_t)copies + (size_t)c];
-            cli_rank_copies(&o, &m, final, validated);
+            copies_rank(&o, m.copies, final, validated);
         }
         printf("per device: %.1f MiB peak, %.1f MiB parameters + gradients + optimizer state; "
                "%d collectives per step\n",
-               (double)spmd_program_peak_bytes(p) / 1048576.0, (double)cli_param_bytes(p) / 1048576.0,
+               (double)spmd_program_peak_bytes(p) / 1048576.0, (double)model_param_bytes(p) / 1048576.0,
                spmd_program_collective_count(p));
         fflush(stdout); /* the summary before any message about the report */
         if (o.json) rc = report(&o, &m, p, losses, first, run, median, accuracy, &stop, val);
@@ -550,21 +660,21 @@ out:
     for (int c = 0; c < CLI_MAX_COPIES; c++) free(val[c].step), free(val[c].loss);
     spmd_program_free(eval);
     spmd_program_free(p);
-    cli_model_free(&m);
+    model_free(&m);
     return rc;
 }
 
 int cmd_train(int argc, char **argv)
 {
     cli_opts o;
-    int rc = cli_parse(argc, argv, "train", &o);
+    int rc = flags_parse(argc, argv, CMD_TRAIN, &o);
     if (rc) return rc < 0 ? 0 : rc;
-    if (o.processes > 1 && cli_processes() == 1)
+    if (o.processes > 1 && processes_count() == 1)
         return cli_fail("--processes plans a run over several processes (spmd explain); to train "
                         "over %d processes, start spmd with mpirun -n %d", o.processes, o.processes);
     FILE *log = NULL;
     /* Process 0 logs for the run. */
-    if (o.log && cli_process_rank() == 0 && !(log = fopen(o.log, "a")))
+    if (o.log && processes_rank() == 0 && !(log = fopen(o.log, "a")))
         return cli_fail("--log %s: cannot open it for appending: %s", o.log, strerror(errno));
     rc = train(&o, log);
     if (log && fclose(log) != 0 && !rc) {

@@ -3,28 +3,26 @@
  * tensor under a spec, e.g.
  *   spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'
  */
-#include "cli.h"
+#include "visualize.h"
 
+#include "flags.h"
+#include "message.h"
+
+#include "spmd/mesh.h"
+
+#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 int cmd_visualize(int argc, char **argv)
 {
-    const char *mesh = "1", *axes = "data", *shape = NULL, *spec = NULL;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: spmd visualize --mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'\n");
-            return 0;
-        }
-        if (i + 1 >= argc) return cli_fail("%s needs a value", argv[i]);
-        const char *f = argv[i], *v = argv[++i];
-        if (!strcmp(f, "--mesh")) mesh = v;
-        else if (!strcmp(f, "--axes")) axes = v;
-        else if (!strcmp(f, "--shape")) shape = v;
-        else if (!strcmp(f, "--spec")) spec = v;
-        else return cli_fail("unknown flag '%s'", f);
+    cli_opts o;
+    int rc = flags_read(argc, argv, CMD_VISUALIZE, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    const char *mesh = o.mesh, *axes = o.axes, *shape = o.shape, *spec = o.spec;
+    if (!shape || !spec) {
+        flags_usage(stderr, CMD_VISUALIZE);
+        return cli_fail("visualize needs --shape (e.g. 8,6) and --spec");
     }
-    if (!shape || !spec) return cli_fail("visualize needs --shape (e.g. 8,6) and --spec");
     int64_t dims[SPMD_MAX_RANK];
     int rank = 0;
     for (const char *s = shape; *s;) {

@@ -5,7 +5,9 @@
  */
 #include "vocab.h"
 
-#include "cli.h"
+#include "message.h"
+
+#include "spmd/data.h"
 
 #include <errno.h>
 #include <stdio.h>

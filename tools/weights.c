@@ -5,7 +5,9 @@
  * weights.  The sequence length is not in the file (its context is): --seq
  * defaults to 40 or the context if that is shorter.
  */
-#include "cli.h"
+#include "weights.h"
+
+#include "message.h"
 
 #include "spmd/weights.h"
 
@@ -47,7 +49,7 @@ static const char *heads_origin(const spmd_weights_info *info, int heads)
 /* A shape field: the file's value unless a flag set it, and then it must
  * be the file's.  The value is said as before + value + after ("2" "
  * layers"). */
-static int take(const cli_opts *o, const char *flag, int *field, int from_file, const char *before,
+static int take(const char *init, const char *flag, int *field, int from_file, const char *before,
                 const char *after)
 {
     if (!*field || *field == from_file) {
@@ -55,70 +57,71 @@ static int take(const cli_opts *o, const char *flag, int *field, int from_file, 
         return 0;
     }
     return cli_fail("%s %d, but --init %s has %s%d%s (leave %s out to take the file's)", flag,
-                    *field, o->init, before, from_file, after, flag);
+                    *field, init, before, from_file, after, flag);
 }
 
 /* --heads against the file's count, which may be unknown or only GPT-2's
  * rule (then any flag wins). */
-static int take_heads(cli_opts *o, const spmd_weights_info *info)
+static int take_heads(const char *init, spmd_gpt_config *gpt, const spmd_weights_info *info)
 {
     const spmd_gpt_config *f = &info->config;
-    if (o->gpt.heads && recorded(info) && o->gpt.heads != f->heads)
+    if (gpt->heads && recorded(info) && gpt->heads != f->heads)
         return cli_fail("--heads %d, but --init %s has %d heads (%s); leave --heads out to take "
-                        "them", o->gpt.heads, o->init, f->heads, heads_words(info->heads_from));
-    if (o->gpt.heads) return 0;
+                        "them", gpt->heads, init, f->heads, heads_words(info->heads_from));
+    if (gpt->heads) return 0;
     if (info->heads_from == SPMD_HEADS_UNKNOWN)
         return cli_fail("--init %s: the number of heads is not in the file, there is no "
                         "config.json beside it, and dim %d is not a multiple of 64 (GPT-2's head "
-                        "size): give --heads", o->init, f->dim);
-    o->gpt.heads = f->heads;
+                        "size): give --heads", init, f->dim);
+    gpt->heads = f->heads;
     return 0;
 }
 
 /* --seq: not in the file, and at most its context. */
-static int take_seq(cli_opts *o, int context)
+static int take_seq(const char *init, spmd_gpt_config *gpt, int context)
 {
-    if (!o->gpt.seq) o->gpt.seq = context < DEFAULT_SEQ ? context : DEFAULT_SEQ;
-    if (o->gpt.seq > context)
+    if (!gpt->seq) gpt->seq = context < DEFAULT_SEQ ? context : DEFAULT_SEQ;
+    if (gpt->seq > context)
         return cli_fail("--seq %d is longer than the context of --init %s (%d positions)",
-                        o->gpt.seq, o->init, context);
+                        gpt->seq, init, context);
     return 0;
 }
 
-int cli_init_config(cli_opts *o)
+int weights_init_config(const char *init, const char *model, const char *resume,
+                        spmd_gpt_config *gpt)
 {
-    if (strcmp(o->model, "gpt"))
-        return cli_fail("--init loads GPT-2 weights; --model %s cannot take them", o->model);
-    if (o->resume)
+    if (strcmp(model, "gpt"))
+        return cli_fail("--init loads GPT-2 weights; --model %s cannot take them", model);
+    if (resume)
         return cli_fail("--init %s and --resume %s both give the starting weights; use one",
-                        o->init, o->resume);
+                        init, resume);
     spmd_weights_info info;
-    if (spmd_weights_inspect(o->init, &info) != SPMD_OK)
+    if (spmd_weights_inspect(init, &info) != SPMD_OK)
         return cli_fail("--init: %s", spmd_last_error());
     const spmd_gpt_config *f = &info.config;
-    int rc = take(o, "--vocab", &o->gpt.vocab, f->vocab, "a vocabulary of ", "");
-    if (!rc) rc = take(o, "--context", &o->gpt.context, f->context, "", " positions");
-    if (!rc) rc = take(o, "--layers", &o->gpt.layers, f->layers, "", " layers");
-    if (!rc) rc = take(o, "--dim", &o->gpt.dim, f->dim, "dim ", "");
-    if (!rc) rc = take_heads(o, &info);
-    if (!rc) rc = take_seq(o, f->context);
+    int rc = take(init, "--vocab", &gpt->vocab, f->vocab, "a vocabulary of ", "");
+    if (!rc) rc = take(init, "--context", &gpt->context, f->context, "", " positions");
+    if (!rc) rc = take(init, "--layers", &gpt->layers, f->layers, "", " layers");
+    if (!rc) rc = take(init, "--dim", &gpt->dim, f->dim, "dim ", "");
+    if (!rc) rc = take_heads(init, gpt, &info);
+    if (!rc) rc = take_seq(init, gpt, f->context);
     return rc;
 }
 
-int cli_init_apply(const cli_opts *o, const cli_model *m, spmd_program *p)
+int weights_init_apply(const char *init, const spmd_gpt_config *gpt, spmd_program *p)
 {
-    if (!o->init) return 0;
+    if (!init) return 0;
     spmd_weights_info info;
-    spmd_status st = spmd_weights_inspect(o->init, &info);
-    if (st == SPMD_OK) st = spmd_weights_load(p, &m->gpt, o->init);
+    spmd_status st = spmd_weights_inspect(init, &info);
+    if (st == SPMD_OK) st = spmd_weights_load(p, gpt, init);
     if (st != SPMD_OK) {
         cli_fail("--init: %s", spmd_last_error());
         return 1;
     }
-    const spmd_gpt_config *c = &m->gpt;
+    const spmd_gpt_config *c = gpt; /* the model built: vocabulary resolved */
     printf("init: %s (%s): vocab %d, context %d, %d layers, %d heads (%s), dim %d; optimizer "
            "state starts at zero\n",
-           o->init, format_words(info.format), c->vocab, c->context ? c->context : c->seq,
+           init, format_words(info.format), c->vocab, c->context ? c->context : c->seq,
            c->layers, c->heads, heads_origin(&info, c->heads), c->dim);
     return 0;
 }

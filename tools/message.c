@@ -1,0 +1,41 @@
+/* The tool's messages (see message.h). */
+#include "message.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+static int process_rank = -1;
+static bool line_open;
+
+void message_set_process(int rank) { process_rank = rank; }
+
+void message_open_line(void) { line_open = true; }
+
+void message_close_line(void)
+{
+    if (line_open) fputc('\n', stdout);
+    line_open = false;
+}
+
+int cli_fail(const char *fmt, ...)
+{
+    message_close_line();
+    fflush(stdout); /* what came before, first, where both go to one file */
+    /* One write per message: under mpirun other processes' output must not
+     * land inside it.  Over several processes every one prints its errors:
+     * say whose. */
+    char line[4096];
+    size_t n = process_rank >= 0
+                   ? (size_t)snprintf(line, sizeof line, "spmd: process %d: ", process_rank)
+                   : (size_t)snprintf(line, sizeof line, "spmd: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
+    va_end(ap);
+    strcat(line, "\n");
+    fputs(line, stderr);
+    fflush(stderr);
+    return 2;
+}

@@ -1,0 +1,393 @@
+/*
+ * The model of `spmd train`, `explain` and `sample`: data, mesh, graphs,
+ * marks (--shard, --tp, FSDP), gradient and optimizer, compiled with the
+ * flags' BLAS and thread choices, and the memory check before a run.
+ */
+#include "model.h"
+
+#include "copies.h"
+#include "message.h"
+#include "processes.h"
+
+#include <fnmatch.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+/* ---- Marks ------------------------------------------------------------------ */
+
+/* Entries of a spec: top-level commas + 1 ("" has none).  A rule applies
+ * to the matching tensors of that rank, so '*.weight=fsdp,None' shards the
+ * matrices and leaves the LayerNorm vectors alone. */
+static int spec_entries(const char *spec)
+{
+    int depth = 0, n = 0;
+    bool any = false;
+    for (const char *c = spec; *c && *c != '|'; c++) {
+        if (*c == '(') depth++;
+        else if (*c == ')') depth--;
+        else if (*c == ',' && depth == 0) n++;
+        if (*c != ' ') any = true;
+    }
+    return any ? n + 1 : 0;
+}
+
+static bool rule_fits(const cli_shard *r, const spmd_tensor *t)
+{
+    const char *name = spmd_tensor_name(t);
+    return name && fnmatch(r->pattern, name, 0) == 0 && spec_entries(r->spec) == spmd_tensor_rank(t);
+}
+
+int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
+{
+    for (int i = 0; i < spmd_graph_tensor_count(c->g); i++) {
+        spmd_tensor *t = spmd_graph_tensor(c->g, i);
+        int rule = -1;
+        for (int r = 0; r < o->n_shards; r++)
+            if (rule_fits(&o->shards[r], t)) rule = r;
+        if (rule >= 0 && spmd_mark_sharding(c->g, t, mesh, o->shards[rule].spec) != SPMD_OK)
+            return cli_fail("--shard '%s=%s': %s", o->shards[rule].pattern, o->shards[rule].spec,
+                            spmd_last_error());
+    }
+    for (int r = 0; r < o->n_shards; r++) {
+        bool any = false;
+        for (int i = 0; i < spmd_graph_tensor_count(c->g) && !any; i++)
+            any = rule_fits(&o->shards[r], spmd_graph_tensor(c->g, i));
+        if (!any)
+            return cli_fail("--shard '%s=%s' fits no tensor: no name matches with a rank of %d",
+                            o->shards[r].pattern, o->shards[r].spec, spec_entries(o->shards[r].spec));
+    }
+    const char *fsdp = o->fsdp;
+    if (!fsdp) { /* FSDPv2's convention: the axis named fsdp, if any */
+        fsdp = "none";
+        for (int a = 0; a < spmd_mesh_rank(mesh); a++)
+            if (!strcmp(spmd_mesh_axis_name(mesh, a), "fsdp")) fsdp = "fsdp";
+    }
+    spmd_tensor *inputs[2] = {c->input, c->targets};
+    int n = c->targets ? 2 : 1;
+    spmd_status st;
+    /* Tensor parallelism marks its weights and the batch (off its axis)
+     * first; FSDP then splits the other parameters. */
+    if (o->tp) {
+        if (strcmp(o->model, "gpt")) return cli_fail("--tp: tensor parallelism is for --model gpt");
+        spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp};
+        if (spmd_gpt_shard_tensor_parallel(c->g, &o->gpt, mesh, &how) != SPMD_OK)
+            return cli_fail("--tp %s: %s", o->tp, spmd_last_error());
+    } else if (o->sp) {
+        return cli_fail("--sp on: sequence parallelism splits over the tensor axis: give --tp AXIS");
+    }
+    /* FSDP shards the parameters and the batch; without it, only the batch. */
+    if (strcmp(fsdp, "none")) st = spmd_fsdp_wrap(c->g, mesh, fsdp, inputs, n, NULL);
+    else st = spmd_shard_batch(c->g, mesh, inputs, n, NULL);
+    if (st != SPMD_OK) return cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
+    /* Copies need the mesh on the graph even where nothing is split (each
+     * copy on one device): the input marked whole does it. */
+    if (spmd_mesh_copies(mesh) > 1 && !spmd_get_sharding(c->input, (char[256]){0}, 256)[0]) {
+        char whole[8 * SPMD_MAX_RANK] = "";
+        for (int d = 0; d < spmd_tensor_rank(c->input); d++) strcat(whole, d ? ", None" : "None");
+        if (spmd_mark_sharding(c->g, c->input, mesh, whole) != SPMD_OK)
+            return cli_fail("--copies: %s", spmd_last_error());
+    }
+    return 0;
+}
+
+/* ---- Model ---------------------------------------------------------------------- */
+
+/* The model for `batch` rows of the data: a GPT over sequences, or an MLP
+ * reading a one-hot token and predicting the next (a bigram model). */
+static int build_graph(const cli_opts *o, const cli_model *m, cli_graph *c)
+{
+    c->g = spmd_graph_create(NULL);
+    if (!c->g) return cli_fail("%s", spmd_last_error());
+    spmd_status st;
+    if (!strcmp(o->model, "gpt")) {
+        spmd_gpt_tensors t;
+        st = spmd_gpt_build(c->g, &o->gpt, o->batch, &t);
+        c->input = t.input, c->targets = t.targets, c->loss = t.loss, c->logits = t.logits;
+    } else {
+        spmd_mlp_config cfg = o->mlp;
+        cfg.in_dim = cfg.out_dim = o->gpt.vocab;
+        spmd_mlp_tensors t;
+        st = spmd_mlp_build(c->g, &cfg, NULL, o->batch * o->gpt.seq, &t);
+        if (st == SPMD_OK) st = spmd_mlp_add_loss(c->g, SPMD_MLP_CROSS_ENTROPY, &t);
+        c->input = t.input, c->targets = t.targets, c->loss = t.loss, c->logits = t.output;
+    }
+    if (st != SPMD_OK) return cli_fail("cannot build the model: %s", spmd_last_error());
+    if (m->mesh) {
+        int rc = model_apply_marks(o, m->mesh, c);
+        if (rc) return rc;
+    }
+    if (spmd_graph_mark_output(c->g, c->loss) != SPMD_OK) return cli_fail("%s", spmd_last_error());
+    return 0;
+}
+
+/* Backward (checkpointing each GPT block if asked) and the optimizer. */
+static int add_training(const cli_opts *o, cli_model *m)
+{
+    cli_graph *c = &m->train;
+    spmd_status st;
+    if (o->checkpoint && !strcmp(o->model, "gpt")) {
+        spmd_tensor *cuts[256];
+        int n = 0;
+        for (int i = 0; i < o->gpt.layers && n < 256; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "h.%d.out", i);
+            if ((cuts[n] = spmd_graph_find(c->g, name))) n++;
+        }
+        st = spmd_grad_checkpointed(c->g, c->loss, cuts, n);
+    } else {
+        st = spmd_grad(c->g, c->loss);
+    }
+    if (st == SPMD_OK) st = spmd_optimizer_apply(c->g, &o->optimizer, &m->opt);
+    if (st != SPMD_OK) return cli_fail("cannot build the training step: %s", spmd_last_error());
+    return 0;
+}
+
+/* The network's figures, which price the axes that cross processes: the
+ * flags', else measured when mpirun started several processes, else the
+ * mesh's default. */
+static int set_network(const cli_opts *o, cli_model *m)
+{
+    double latency = 0, bandwidth = 0;
+    spmd_mesh_network(m->mesh, &latency, &bandwidth);
+    m->network_source = "assumed";
+    if (processes_count() > 1) {
+        if (processes_measure_network(&latency, &bandwidth)) return 1;
+        m->network_source = "measured";
+    }
+    if (o->net_latency_us || o->net_gbps) m->network_source = "given";
+    if (o->net_latency_us) latency = o->net_latency_us * 1e-6;
+    if (o->net_gbps) bandwidth = o->net_gbps * 1e9;
+    if (bandwidth <= 0) { /* a measurement too quick to tell: keep the default */
+        m->network_source = "assumed";
+        return 0;
+    }
+    if (spmd_mesh_set_network(m->mesh, latency, bandwidth) != SPMD_OK)
+        return cli_fail("the network's figures: %s", spmd_last_error());
+    return 0;
+}
+
+int model_build(const cli_opts *o_in, cli_model *m)
+{
+    memset(m, 0, sizeof *m);
+    cli_opts o = *o_in;
+    if ((int64_t)o.batch * o.gpt.seq > INT_MAX / 64)
+        return cli_fail("--batch %d x --seq %d is too many tokens per step (at most %d)", o.batch,
+                        o.gpt.seq, INT_MAX / 64);
+    m->data = spmd_dataset_open(o.data, o.gpt.seq, o.seed);
+    if (!m->data) return cli_fail("--data %s: %s", o.data ? o.data : "arith", spmd_last_error());
+    if (o.data_sequential && spmd_dataset_set_order(m->data, SPMD_DATA_SEQUENTIAL) != SPMD_OK)
+        return cli_fail("--data-order sequential: %s", spmd_last_error());
+    if (!o.gpt.vocab) o.gpt.vocab = spmd_dataset_vocab(m->data);
+    if (spmd_dataset_check_vocab(m->data, o.gpt.vocab) != SPMD_OK) {
+        if (o.init)
+            return cli_fail("--init %s: its vocabulary of %d: %s", o.init, o.gpt.vocab, spmd_last_error());
+        return cli_fail("--vocab %d: %s", o.gpt.vocab, spmd_last_error());
+    }
+    m->mesh = spmd_mesh_parse(o.mesh, o.axes);
+    if (!m->mesh) return cli_fail("--mesh %s --axes %s: %s", o.mesh, o.axes, spmd_last_error());
+    if (o.devices && o.devices != spmd_mesh_devices(m->mesh))
+        return cli_fail("--devices %d but the mesh %s has %d devices", o.devices, o.mesh,
+                        spmd_mesh_devices(m->mesh));
+    int rc = copies_setup(&o, m->mesh, &m->copies, m->copy_data);
+    if (rc) return rc;
+    if (o.processes > 1 && spmd_mesh_place_processes(m->mesh, o.processes) != SPMD_OK)
+        return cli_fail("%s %d: %s", processes_count() > 1 ? "mpirun -n" : "--processes",
+                        o.processes, spmd_last_error());
+    rc = set_network(&o, m);
+    if (rc) return rc;
+    if (spmd_mesh_devices(m->mesh) == 1 && o.n_shards == 0 && !o.copies) {
+        spmd_mesh_free(m->mesh); /* one device, nothing to partition */
+        m->mesh = NULL;
+    }
+    m->gpt = o.gpt;
+    rc = build_graph(&o, m, &m->train);
+    if (rc) return rc;
+    bool gpt = !strcmp(o.model, "gpt");
+    m->params = gpt ? spmd_gpt_param_count(&o.gpt) : spmd_graph_param_count(m->train.g);
+    m->tokens_per_step = (int64_t)o.batch * o.gpt.seq;
+    /* Forward + backward: 6 flops per parameter per token for the weights
+     * that multiply (not the position table, which is only added), plus
+     * attention's 12 * layers * dim * seq per token (as nanoGPT counts). */
+    double mults = (double)m->params, attn = 0;
+    if (gpt) {
+        mults -= (double)(o.gpt.context ? o.gpt.context : o.gpt.seq) * o.gpt.dim;
+        attn = 12.0 * o.gpt.layers * o.gpt.dim * o.gpt.seq;
+    }
+    m->flops_per_step = (6.0 * mults + attn) * (double)m->tokens_per_step;
+    /* Copies each run a batch of their own: the step does their work. */
+    m->tokens_per_step *= m->copies;
+    m->flops_per_step *= m->copies;
+    rc = add_training(&o, m);
+    if (rc) return rc;
+    if (o.val_data) {
+        m->val_data = spmd_dataset_open(o.val_data, o.gpt.seq, o.seed);
+        if (!m->val_data) return cli_fail("--val-data %s: %s", o.val_data, spmd_last_error());
+        if (spmd_dataset_check_vocab(m->val_data, o.gpt.vocab) != SPMD_OK)
+            return cli_fail("--val-data %s: %s", o.val_data, spmd_last_error());
+    }
+    /* One forward-only program serves the accuracy and the validation
+     * loss: logits for the one, the loss for the other. */
+    m->accuracy = spmd_dataset_has_accuracy(m->data) && o.eval_samples > 0;
+    if (m->accuracy || model_validates(&o)) {
+        rc = build_graph(&o, m, &m->eval);
+        if (!rc && m->accuracy && spmd_graph_mark_output(m->eval.g, m->eval.logits) != SPMD_OK)
+            rc = cli_fail("%s", spmd_last_error());
+        if (!rc && spmd_graph_mark_output(m->eval.g, m->eval.loss) != SPMD_OK)
+            rc = cli_fail("%s", spmd_last_error());
+    }
+    return rc;
+}
+
+bool model_validates(const cli_opts *o) { return o->val_batches > 0; }
+
+spmd_dataset *model_copy_data(const cli_model *m, int c)
+{
+    return m->copy_data[c] ? m->copy_data[c] : m->data;
+}
+
+void model_free(cli_model *m)
+{
+    spmd_graph_free(m->train.g);
+    spmd_graph_free(m->eval.g);
+    spmd_mesh_free(m->mesh);
+    spmd_dataset_free(m->data);
+    spmd_dataset_free(m->val_data);
+    copies_free(m->copy_data);
+    memset(m, 0, sizeof *m);
+}
+
+int model_select_blas(const cli_opts *o)
+{
+    static bool chosen;
+    if (chosen) return 0;
+    if (spmd_blas_select(o->blas, o->blas_core) != SPMD_OK) {
+        cli_fail("%s", spmd_last_error());
+        return 1;
+    }
+    chosen = true;
+    return 0;
+}
+
+spmd_program *model_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
+{
+    /* A plan (explain) needs no GEMM library: load it only to run. */
+    if (!plan_only && model_select_blas(o)) return NULL;
+    /* Processes on one host share its cores: each takes its share. */
+    int threads = o->threads;
+    if (!threads && processes_here() > 1) {
+        threads = (int)sysconf(_SC_NPROCESSORS_ONLN) / processes_here();
+        if (threads < 1) threads = 1;
+    }
+    spmd_compile_options copt = {.threads = threads, .seed = o->seed, .plan_only = plan_only,
+                                 .mpi_comm = plan_only ? NULL : processes_mpi_comm(),
+                                 .copy_seeds = copies_seeds(o)};
+    spmd_program *p = spmd_compile(g, &copt);
+    if (!p) cli_fail("cannot compile: %s", spmd_last_error());
+    return p;
+}
+
+/* A "Key:  123 kB" line of a /proc file, in bytes; -1 when absent. */
+static double proc_bytes(const char *file, const char *key)
+{
+    FILE *f = fopen(file, "r");
+    if (!f) return -1;
+    char line[256];
+    size_t n = strlen(key);
+    double v = -1;
+    while (v < 0 && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') v = strtod(line + n + 1, NULL) * 1024;
+    fclose(f);
+    return v;
+}
+
+static const char *mem_text(double bytes, char *buf, size_t size)
+{
+    if (bytes >= 1024.0 * 1024 * 1024) snprintf(buf, size, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+    else snprintf(buf, size, "%.0f MiB", bytes / (1024.0 * 1024));
+    return buf;
+}
+
+/* Address space a run maps beyond its plan: a stack per compute thread
+ * and OpenBLAS's GEMM buffer.  Little of it is touched, but RLIMIT_AS
+ * counts it all. */
+#define THREAD_STACK_BYTES (8.0 * 1024 * 1024)
+#define GEMM_BUFFER_BYTES (128.0 * 1024 * 1024)
+
+int model_check_memory(const cli_opts *o, const cli_model *m)
+{
+    /* Plan-only programs allocate nothing: the figure comes before the
+     * memory, not after the kernel has killed the run. */
+    spmd_program *train = model_compile(o, m->train.g, true);
+    spmd_program *eval = train && m->eval.g ? model_compile(o, m->eval.g, true) : NULL;
+    if (!train || (m->eval.g && !eval)) {
+        spmd_program_free(train);
+        return 1;
+    }
+    /* This process runs its share of the devices. */
+    int devices = spmd_program_devices(train) / (o->processes > 1 ? o->processes : 1);
+    double per_device = (double)spmd_program_peak_bytes(train) + (eval ? (double)spmd_program_peak_bytes(eval) : 0);
+    spmd_program_free(train);
+    spmd_program_free(eval);
+    /* The tool's own buffers: token ids, targets and score mask, and the
+     * one-hot inputs and held-out logits of batch x seq x vocab floats. */
+    double tokens = (double)o->batch * o->gpt.seq;
+    double vocab = (double)spmd_tensor_dim(m->train.logits, spmd_tensor_rank(m->train.logits) - 1);
+    double need = per_device * devices + tokens * (9.0 + 8.0 * vocab);
+    char a[32], b[32], c[32];
+
+    double avail = proc_bytes("/proc/meminfo", "MemAvailable");
+    if (avail >= 0 && need > avail)
+        return cli_fail("not enough memory: this run needs about %s (%s per device x %d devices, plus "
+                        "input buffers) and this machine has %s available; try a bigger mesh, "
+                        "--checkpoint on, or a smaller --batch or --seq (--memory-check off runs it "
+                        "anyway)",
+                        mem_text(need, a, sizeof a), mem_text(per_device, b, sizeof b), devices,
+                        mem_text(avail, c, sizeof c));
+
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
+    /* Each device gets its share of the compute threads, at least one (as
+     * the compiler splits them). */
+    long threads = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    long per = threads / devices < 1 ? 1 : threads / devices > 256 ? 256 : threads / devices;
+    double workers = (double)per * devices;
+    double mapped = need + workers * THREAD_STACK_BYTES + GEMM_BUFFER_BYTES;
+    /* What is mapped already counts against the limit too. */
+    double room = fmax(0, (double)limit.rlim_cur - fmax(0, proc_bytes("/proc/self/status", "VmSize")));
+    if (mapped <= room) return 0;
+    return cli_fail("not enough address space: this run maps about %s (%s per device x %d devices, "
+                    "plus input buffers, %.0f thread stacks and a GEMM buffer) and the address-space "
+                    "limit (ulimit -v) leaves %s; raise the limit, or try a bigger mesh, "
+                    "--checkpoint on, or a smaller --batch or --seq (--memory-check off runs it "
+                    "anyway)",
+                    mem_text(mapped, a, sizeof a), mem_text(per_device, b, sizeof b), devices, workers,
+                    mem_text(room, c, sizeof c));
+}
+
+size_t model_param_bytes(const spmd_program *p)
+{
+    /* Gradients are resolved onto their parameter's sharding: one more
+     * copy of the parameter bytes. */
+    return spmd_program_persistent_bytes(p) + spmd_program_param_bytes(p);
+}
+
+
+void model_mesh_text(const cli_model *m, char *buf, size_t size)
+{
+    if (!m->mesh) {
+        snprintf(buf, size, "1 device");
+        return;
+    }
+    size_t n = 0;
+    for (int i = 0; i < spmd_mesh_rank(m->mesh); i++)
+        n += (size_t)snprintf(buf + n, size - n, i ? "x%d" : "%d", spmd_mesh_axis_size(m->mesh, i));
+    n += (size_t)snprintf(buf + n, size - n, " (");
+    for (int i = 0; i < spmd_mesh_rank(m->mesh); i++)
+        n += (size_t)snprintf(buf + n, size - n, i ? ", %s" : "%s", spmd_mesh_axis_name(m->mesh, i));
+    snprintf(buf + n, size - n, ")");
+}
+

@@ -1,0 +1,27 @@
+/*
+ * Saving and resuming a `spmd train` run (run_checkpoint.c): the library
+ * writes and reads the sharded tensors; the tool adds the run's settings
+ * as the checkpoint's meta, and checks them on resume.
+ */
+#ifndef SPMD_TOOLS_RUN_CHECKPOINT_H
+#define SPMD_TOOLS_RUN_CHECKPOINT_H
+
+#include "model.h"
+
+#include <stdint.h>
+
+struct cJSON;
+
+/* The run's settings (model, optimizer, data), as saved in checkpoints
+ * and reported. */
+struct cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m);
+/* Save program p at `step` to --save (with copies, DIR/copy-C each), with
+ * the data position `samples`; 0, or 1 with a message. */
+int run_checkpoint_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int step,
+                        int64_t samples);
+/* Load --resume's latest checkpoint into p: the step it reached and its
+ * data position; 0, or an exit code with a message. */
+int run_checkpoint_resume(const cli_opts *o, const cli_model *m, spmd_program *p, int *step,
+                          int64_t *samples);
+
+#endif

@@ -1,0 +1,61 @@
+/* The tests' hooks (see test_hooks.h): read only by spmd-test. */
+#include "test_hooks.h"
+
+#ifdef SPMD_TOOL_TEST_HOOKS
+
+#include "processes.h"
+
+#include "train/checkpoint_hook.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+bool test_hooks_bad_token(int step)
+{
+    const char *hook = getenv("SPMD_TEST_BAD_TOKEN");
+    int proc = -1, at = -1;
+    if (!hook || sscanf(hook, "%d:%d", &proc, &at) != 2) return false;
+    return proc == processes_rank() && at == step + 1;
+}
+
+typedef struct pause_at {
+    long step;
+    const char *stage;
+} pause_at;
+
+static pause_at armed;
+
+static bool pause_hook(void *ctx, const char *stage)
+{
+    const pause_at *at = ctx;
+    if (strcmp(stage, at->stage)) return true;
+    fprintf(stderr, "spmd: test: save of step %ld paused after %s\n", at->step, stage);
+    fflush(stderr);
+    for (;;) pause();
+}
+
+void test_hooks_save_begin(int step)
+{
+    const char *test = getenv("SPMD_TEST_SAVE_PAUSE");
+    const char *colon = test ? strchr(test, ':') : NULL;
+    if (!colon || atol(test) != step) return;
+    armed = (pause_at){step, colon + 1};
+    checkpoint_set_hook(pause_hook, &armed);
+}
+
+void test_hooks_save_end(void) { checkpoint_set_hook(NULL, NULL); }
+
+#else
+
+bool test_hooks_bad_token(int step)
+{
+    (void)step;
+    return false;
+}
+
+void test_hooks_save_begin(int step) { (void)step; }
+void test_hooks_save_end(void) {}
+
+#endif
