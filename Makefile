@@ -24,6 +24,14 @@ TSAN_BUILD := build-tsan
 TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh
 empty :=
 space := $(empty) $(empty)
+# Configure quietly but show the project's own status lines ("-- libspmd:
+# MPI transport off ...": what this configuration builds); CMake's
+# warnings and errors go to stderr as they are, and a failed configure
+# prints all it said.
+define configure
+out=$$(cmake $(1)) || { printf '%s\n' "$$out"; exit 1; }; \
+	    printf '%s\n' "$$out" | grep '^-- libspmd' || true
+endef
 
 .PHONY: all deps build build-asan build-tsan run test test-asan test-tsan bench clean
 
@@ -40,24 +48,24 @@ deps:
 
 build: deps
 	@echo "==> configuring $(BUILD)/ ($(BUILD_TYPE), native=$(NATIVE), werror=$(WERROR))"
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPMD_NATIVE=$(NATIVE) \
-	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF $(CMAKE_ARGS) >/dev/null
+	@$(call configure,-S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPMD_NATIVE=$(NATIVE) \
+	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF $(CMAKE_ARGS))
 	@echo "==> building $(BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(BUILD) -j $(JOBS)
 
 build-asan: deps
 	@echo "==> configuring $(ASAN_BUILD)/ (RelWithDebInfo, ASan+UBSan, werror=$(WERROR))"
-	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
+	@$(call configure,-S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
 	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=ON -DSPMD_BUILD_BENCH=OFF \
-	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS) >/dev/null
+	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
 	@echo "==> building $(ASAN_BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 build-tsan: deps
 	@echo "==> configuring $(TSAN_BUILD)/ (RelWithDebInfo, ThreadSanitizer, werror=$(WERROR))"
-	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
+	@$(call configure,-S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
 	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF -DSPMD_TSAN=ON -DSPMD_BUILD_BENCH=OFF \
-	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS) >/dev/null
+	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
 	@echo "==> building $(TSAN_TESTS) in $(TSAN_BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS)
 
