@@ -23,11 +23,11 @@
 #include "support_files.h"
 #include "support_tool.h"
 
+#ifdef SPMD_BENCH_DIR
 enum { OUT = 1 << 14 };
 
 static char out[OUT];
 
-#ifdef SPMD_BENCH_DIR
 /* bench/NAME with `args`, run by env (so `args` may start with VAR=value
  * and -C DIR), under a timeout. */
 static int run_bench(const char *env_args, const char *name, const char *args)

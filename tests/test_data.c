@@ -767,7 +767,10 @@ static char *readme_data_files(void)
     fclose(f);
     text[n] = '\0';
     char *at = strstr(text, "\n### Data files\n");
-    if (!at) fail_msg("README.md has no \"### Data files\" section");
+    if (!at) {
+        fail_msg("README.md has no \"### Data files\" section");
+        return text;
+    }
     char *end = strstr(at + 1, "\n#");
     if (end) *end = '\0';
     return at;

@@ -147,7 +147,7 @@ static void test_modules_exist(void **state)
     for (int i = 0; i < got.n; i++) {
         /* The box shows the modules it is tagged with. */
         char shown[SUPPORT_PATH + 2];
-        snprintf(shown, sizeof shown, ">%s<", modules[i]);
+        snprintf(shown, sizeof shown, ">%.*s<", SUPPORT_PATH - 1, modules[i]);
         if (!strstr(svg, shown)) fail_msg("stage %s does not show %s", got.name[i], modules[i]);
         int named = 0;
         for (char *m = strtok(modules[i], ", "); m; m = strtok(NULL, ", ")) {
