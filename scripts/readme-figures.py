@@ -27,9 +27,11 @@ import re
 import select
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,20 +87,26 @@ class Runner:
                              stderr=slave, close_fds=True)
         os.close(slave)
         chunks = []
-        while True:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                if p.poll() is not None:
+        try:
+            while True:
+                ready, _, _ = select.select([master], [], [], 1.0)
+                if not ready:
+                    if p.poll() is not None:
+                        break
+                    continue
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer is gone
                     break
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: every writer is gone
-                break
-            if not data:
-                break
-            chunks.append(data)
-        os.close(master)
+                if not data:
+                    break
+                chunks.append(data)
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
+        finally:
+            os.close(master)
         return b"".join(chunks).decode(errors="replace"), p.wait()
 
 
@@ -111,8 +119,9 @@ def render_terminal(raw):
     return out
 
 
-def machine():
-    """"AMD EPYC (AVX-512), 2 cores" and, when busy, its load."""
+def machine(timed=True):
+    """"AMD EPYC (AVX-512), 2 cores" and, for a timed figure on a busy
+    machine, its load."""
     model, flags = "an unknown CPU", ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -128,7 +137,7 @@ def machine():
     cores = os.cpu_count() or 1
     text = f"{model}{isa}, {cores} cores"
     load = os.getloadavg()[0]
-    if load > cores / 2:
+    if timed and load > cores / 2:
         text += f", shared (load average {load:.1f} at the start, so slower than when quiet)"
     return text
 
@@ -145,6 +154,11 @@ def block(commands, lines):
         out += ["    " + r for r in rest]
     out += [("    " + l) if l else "" for l in lines]
     return "\n".join(out)
+
+
+def prose(text):
+    """A paragraph wrapped as the README's are."""
+    return textwrap.fill(text, width=74, break_long_words=False, break_on_hyphens=False)
 
 
 def columns(row):
@@ -210,8 +224,8 @@ def progress(line):
 def fig_default_run(r):
     cmd = f"{SHOWN_TOOL} train"
     lines, seconds = r.run(cmd, terminal=True)
-    return (block([cmd], lines) + "\n\n"
-            f"(`scripts/readme-figures.py` on {machine()}: {seconds:.0f} s.)")
+    return (block([cmd], lines) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}: {seconds:.0f} s.)"))
 
 
 def fig_explain_fsdp(r):
@@ -259,8 +273,8 @@ def fig_sweep(r):
     last_val = max((i for i, l in enumerate(lines) if progress(l) and " val " in l), default=None)
     if first is not None and last_val is not None and last_val > first:
         lines = lines[:first] + ["..."] + [l for l in lines[last_val:] if l]
-    return (block([cmd], lines) + "\n\n"
-            f"(`scripts/readme-figures.py` on {machine()}: {seconds:.0f} s.)")
+    return (block([cmd], lines) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}: {seconds:.0f} s.)"))
 
 
 def fig_sample(r):
@@ -269,7 +283,8 @@ def fig_sample(r):
     cmd = (f"{SHOWN_TOOL} sample --resume ck --prompt 07+58= --prompt 31+44= --prompt 99+99= \\\n"
            "    --prompt 50+05= --tokens 4 --temperature 0")
     lines, _ = r.run(cmd)
-    return block([train, cmd], lines) + "\n\n" + f"(`scripts/readme-figures.py` on {machine()}.)"
+    return (block([train, cmd], lines) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}.)"))
 
 
 def read_losses(path):
@@ -302,14 +317,20 @@ def fig_resume_drift(r):
     first10 = max(diff[s] for s in steps[:10])
     over = next((s for s in steps if diff[s] > 1e-5), None)
     last = steps[-1]
-    over_text = (f"the difference passes 1e-5 at step {over}, grows to {diff[worst]:.1e} at step "
-                 f"{worst}" if over else f"the largest difference is {diff[worst]:.1e} (step {worst})")
-    return (f"On another mesh the sums are taken in another order, so the losses agree to rounding "
-            f"at first and can drift apart as training amplifies the difference, then come back "
-            f"together as it settles. Resumed at step {step} of the default run (4x2) on 2x2x2 "
-            f"(`{mesh}`), the first 10 steps agree with the uninterrupted run within "
-            f"{first10:.1e}; {over_text}, and at step {last} it is {diff[last]:.1e} (losses "
-            f"{full[last]:.4f} and {resumed[last]:.4f}; `scripts/readme-figures.py` on {machine()}).")
+    if over:
+        drift = (f"the difference passes 1e-5 at step {over} and grows to {diff[worst]:.1e} at "
+                 f"step {worst}")
+        if diff[last] < diff[worst] / 4:
+            drift += " before the runs come back together"
+    else:
+        drift = f"the largest difference is {diff[worst]:.1e} (step {worst})"
+    return prose(f"On another mesh the sums are taken in another order, so the losses differ by "
+            f"rounding, and training can amplify that. Resumed at step {step} of the default run "
+            f"(4x2) on 2x2x2 (`{mesh}`), the first 10 steps agree with the uninterrupted run "
+            f"within {first10:.1e}; {drift}; at step {last} the difference is {diff[last]:.1e} "
+            f"(losses {full[last]:.4f} and {resumed[last]:.4f}). So a resume on another mesh "
+            f"continues the same training, not the same bits (`scripts/readme-figures.py` on "
+            f"{machine(timed=False)}).")
 
 
 FIGURES = {
@@ -388,4 +409,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # A SIGTERM ends the runs like Ctrl-C does: the scratch directory is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main(sys.argv[1:]))
