@@ -5,6 +5,8 @@
 #   make test-asan  the same with ASan+UBSan in build-asan/
 #   make test-tsan  the threaded tests (runtime, collectives, training) under
 #                   ThreadSanitizer in build-tsan/
+#   make test-nompi build everything without MPI in build-nompi/ and run a few
+#                   fast tests there (CI does, with WERROR=ON)
 #   make bench      build and run the benchmarks
 #   make clean      remove the build folders
 # Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=...
@@ -19,13 +21,27 @@ CTEST_ARGS ?=
 BUILD := build
 ASAN_BUILD := build-asan
 TSAN_BUILD := build-tsan
+NOMPI_BUILD := build-nompi
+# Fast tests that touch what MPI changes: the collectives (the MPI ones say
+# they skip), the install (spmd.pc without ompi-c), the benchmarks' reports,
+# an example, the fuzz corpora.
+NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_bench \
+	example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus
 # The tests whose threads share memory: device workers, collectives, the
 # optimizers on a mesh, big meshes.
 TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh
 empty :=
 space := $(empty) $(empty)
+# Configure quietly but show the project's own status lines ("-- libspmd:
+# MPI transport off ...": what this configuration builds); CMake's
+# warnings and errors go to stderr as they are, and a failed configure
+# prints all it said.
+define configure
+out=$$(cmake $(1)) || { printf '%s\n' "$$out"; exit 1; }; \
+	    printf '%s\n' "$$out" | grep '^-- libspmd' || true
+endef
 
-.PHONY: all deps build build-asan build-tsan run test test-asan test-tsan bench clean
+.PHONY: all deps build build-asan build-tsan build-nompi run test test-asan test-tsan test-nompi bench clean
 
 all: build
 
@@ -40,26 +56,33 @@ deps:
 
 build: deps
 	@echo "==> configuring $(BUILD)/ ($(BUILD_TYPE), native=$(NATIVE), werror=$(WERROR))"
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPMD_NATIVE=$(NATIVE) \
-	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF $(CMAKE_ARGS) >/dev/null
+	@$(call configure,-S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPMD_NATIVE=$(NATIVE) \
+	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF $(CMAKE_ARGS))
 	@echo "==> building $(BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(BUILD) -j $(JOBS)
 
 build-asan: deps
 	@echo "==> configuring $(ASAN_BUILD)/ (RelWithDebInfo, ASan+UBSan, werror=$(WERROR))"
-	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
+	@$(call configure,-S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
 	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=ON -DSPMD_BUILD_BENCH=OFF \
-	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS) >/dev/null
+	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
 	@echo "==> building $(ASAN_BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 build-tsan: deps
 	@echo "==> configuring $(TSAN_BUILD)/ (RelWithDebInfo, ThreadSanitizer, werror=$(WERROR))"
-	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
+	@$(call configure,-S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
 	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF -DSPMD_TSAN=ON -DSPMD_BUILD_BENCH=OFF \
-	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS) >/dev/null
+	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
 	@echo "==> building $(TSAN_TESTS) in $(TSAN_BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS)
+
+build-nompi: deps
+	@echo "==> configuring $(NOMPI_BUILD)/ ($(BUILD_TYPE), without MPI, werror=$(WERROR))"
+	@$(call configure,-S . -B $(NOMPI_BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPMD_NATIVE=$(NATIVE) \
+	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF -DSPMD_MPI=OFF $(CMAKE_ARGS))
+	@echo "==> building $(NOMPI_BUILD)/ with $(JOBS) jobs"
+	@cmake --build $(NOMPI_BUILD) -j $(JOBS)
 
 run: build
 	@if [ -x $(BUILD)/spmd ]; then \
@@ -86,6 +109,11 @@ test-tsan: build-tsan
 	@cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) \
 	    -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$' $(CTEST_ARGS)
 
+test-nompi: build-nompi
+	@echo "==> running $(NOMPI_TESTS) without MPI (ctest in $(NOMPI_BUILD)/)"
+	@cd $(NOMPI_BUILD) && ctest --output-on-failure -j $(JOBS) \
+	    -R '^($(subst $(space),|,$(strip $(NOMPI_TESTS))))$$' $(CTEST_ARGS)
+
 bench: build
 	@set -e; found=0; for b in $(BUILD)/bench/*; do \
 	    [ -f "$$b" ] && [ -x "$$b" ] || continue; found=1; \
@@ -93,5 +121,5 @@ bench: build
 	done; [ $$found = 1 ] || echo "==> no benchmarks built"
 
 clean:
-	@echo "==> removing $(BUILD)/, $(ASAN_BUILD)/ and $(TSAN_BUILD)/"
-	@rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	@echo "==> removing $(BUILD)/, $(ASAN_BUILD)/, $(TSAN_BUILD)/ and $(NOMPI_BUILD)/"
+	@rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(NOMPI_BUILD)

@@ -215,6 +215,12 @@ static void print_size(size_t bytes)
         printf("%6zu KiB", bytes >> 10);
 }
 
+/* ---- The MPI transport, under mpirun ---------------------------------------------------- */
+
+#ifdef SPMD_HAVE_MPI
+#include <mpi.h>
+
+/* A time beside a bandwidth (only the MPI table prints them). */
 static void print_time(double t)
 {
     if (t >= 1e-3)
@@ -222,11 +228,6 @@ static void print_time(double t)
     else
         printf("(%7.1f us)", t * 1e6);
 }
-
-/* ---- The MPI transport, under mpirun ---------------------------------------------------- */
-
-#ifdef SPMD_HAVE_MPI
-#include <mpi.h>
 
 /* Seconds for `iters` calls on this process, started together. */
 typedef double (*timer_fn)(bench *B, bop op, size_t bytes, int iters);

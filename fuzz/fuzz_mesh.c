@@ -16,6 +16,8 @@
  *       cmake --build build-fuzz --target fuzz_mesh
  *       mkdir -p corpus-mesh && build-fuzz/fuzz/fuzz_mesh corpus-mesh fuzz/corpus/fuzz_mesh \
  *         -max_total_time=180 -rss_limit_mb=2048
+ * Every build replays fuzz/corpus/fuzz_mesh once as the test fuzz_mesh_corpus
+ * (fuzz/replay.c); add an input found failing there.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -97,7 +99,7 @@ static void check_mesh(const spmd_mesh *m, const char *shape, const char *axes)
     CHECK(strncmp(desc, shape2, strlen(shape2)) == 0, "described as \"%s\"", desc);
 
     for (int a = 0; a < m->rank; a++) {
-        mesh_axes one = {1, {(int8_t)a}};
+        mesh_axes one = {.n = 1, .axis = {(int8_t)a}};
         check_partition(m, &one);
     }
     /* Every set of axes, in mesh order and reversed, on small meshes. */

@@ -21,6 +21,8 @@
  *       mkdir -p corpus-shards && build-fuzz/fuzz/fuzz_shards corpus-shards \
  *         fuzz/corpus/fuzz_shards -max_len=4096 -max_total_time=180 -rss_limit_mb=2048
  * Files go under $TMPDIR (else /tmp), in a directory removed at exit.
+ * Every build replays fuzz/corpus/fuzz_shards once as the test fuzz_shards_corpus
+ * (fuzz/replay.c); add an input found failing there.
  */
 #include <fcntl.h>
 #include <stdbool.h>
@@ -43,7 +45,7 @@
         }                                                                              \
     } while (0)
 
-static char dir[512], bin_path[600], txt_path[600], glob_pattern[600], glob_paths[3][600];
+static char dir[512], bin_path[600], txt_path[600], glob_pattern[600], glob_paths[3][640];
 static const char *const GLOB_NAMES[3] = {"a.bin", "b_val.bin", "c.bin"};
 static int free_fd = -1; /* the lowest free descriptor before any dataset opened */
 

@@ -33,7 +33,7 @@ packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev
 # Only for the tests: without them the checks that need them print a note
 # and are skipped.
 why[python3-numpy]="tests only: /usr/bin/python3 with numpy runs tests/read_export.py, the independent reader of spmd export files (test_cli_export)"
-why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot to PNG and PDF (test_cli_plot)"
+why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot and docs/pipeline.svg to PNG and PDF (test_cli_plot, test_pipeline_svg)"
 test_packages=(python3-numpy librsvg2-bin)
 if ((with_tests)); then
   packages+=("${test_packages[@]}")

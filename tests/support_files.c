@@ -46,3 +46,25 @@ int support_count_entries(const char *dir, const char *prefix)
     closedir(d);
     return n;
 }
+
+char *support_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    assert_non_null(buf);
+    for (size_t got; (got = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += got;
+        if (n == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+            assert_non_null(buf);
+        }
+    }
+    if (ferror(f)) fail_msg("cannot read %s", path);
+    fclose(f);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}

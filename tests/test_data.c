@@ -6,8 +6,11 @@
  * their side of the held-out boundary; and every bad file (missing, short,
  * wrong magic or version, truncated, tokens beyond the vocabulary) fails
  * with a message that names the file and the cause, as does a shard cut
- * short while the data set reads it (no SIGBUS).  Files are written to a
- * fresh directory under $TMPDIR (or the build directory) and removed.
+ * short while the data set reads it (no SIGBUS).  The formats README's
+ * "Data files" states are the ones read: a shard written as it says opens,
+ * and llm.c's other files (checkpoint, tokenizer) and version 2 shards are
+ * refused naming what they are.  Files are written to a fresh directory
+ * under $TMPDIR (or the build directory) and removed.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +27,7 @@
 #include <unistd.h>
 
 #include "spmd/data.h"
+#include "spmd/weights.h"
 
 #define has(msg, s) assert_non_null(strstr((msg), (s)))
 
@@ -753,6 +757,67 @@ static void test_shard_truncated_while_open(void **state)
     remove_dir(dir);
 }
 
+/* README's "### Data files" section, up to the next heading. */
+static char *readme_data_files(void)
+{
+    FILE *f = fopen(SPMD_SOURCE_DIR "/README.md", "rb");
+    assert_non_null(f);
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *at = strstr(text, "\n### Data files\n");
+    if (!at) {
+        fail_msg("README.md has no \"### Data files\" section");
+        return text;
+    }
+    char *end = strstr(at + 1, "\n#");
+    if (end) *end = '\0';
+    return at;
+}
+
+static void test_readme_states_the_formats_read(void **state)
+{
+    (void)state;
+    const char *readme = readme_data_files();
+    static const char *const stated[] = {
+        "256 little-endian int32", "magic 20240520, version 1", "uint16 GPT-2 token ids",
+        "version 2", "magic 20240326", "versions 1 and 3", "magic 20240328", "model.safetensors",
+        "gpt2_124M.bin", "gpt2_tokenizer.bin", "dev/data/fineweb.py", "fineweb_train_*.bin"};
+    for (size_t i = 0; i < sizeof stated / sizeof *stated; i++)
+        if (!strstr(readme, stated[i])) fail_msg("README's Data files does not say \"%s\"", stated[i]);
+
+    char dir[512], path[600];
+    make_dir(dir, sizeof dir);
+    uint16_t *tok = random_tokens(NTOK, 0, 50257, 5);
+    tok[7] = 50256; /* GPT-2's end of text */
+    /* A shard as the README describes it opens, with GPT-2's tokens. */
+    snprintf(path, sizeof path, "%s/fineweb_train_000001.bin", dir);
+    write_shard(path, 20240520, 1, NTOK, tok, NTOK);
+    spmd_dataset *d = spmd_dataset_open(path, TSEQ, 1);
+    if (!d) fail_msg("%s", spmd_last_error());
+    assert_int_equal(spmd_dataset_check_vocab(d, 50257), SPMD_OK);
+    spmd_dataset_free(d);
+    /* Version 2 is refused, naming it. */
+    write_shard(path, 20240520, 2, NTOK, tok, NTOK);
+    assert_null(spmd_dataset_open(path, TSEQ, 1));
+    has(spmd_last_error(), "version 2");
+    /* llm.c's checkpoint and tokenizer files, given as data, say what they are. */
+    write_shard(path, 20240326, 3, NTOK, tok, NTOK);
+    assert_null(spmd_dataset_open(path, TSEQ, 1));
+    has(spmd_last_error(), "llm.c model checkpoint");
+    write_shard(path, 20240328, 2, NTOK, tok, NTOK);
+    assert_null(spmd_dataset_open(path, TSEQ, 1));
+    has(spmd_last_error(), "llm.c tokenizer");
+    /* A shard given as weights (--init) says it is data. */
+    write_shard(path, 20240520, 1, NTOK, tok, NTOK);
+    spmd_weights_info info;
+    assert_int_not_equal(spmd_weights_inspect(path, &info), SPMD_OK);
+    has(spmd_last_error(), "llm.c token shard");
+    free(tok);
+    remove_dir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -768,6 +833,7 @@ int main(void)
         cmocka_unit_test(test_shard_sequential),
         cmocka_unit_test(test_shard_errors),
         cmocka_unit_test(test_shard_truncated_while_open),
+        cmocka_unit_test(test_readme_states_the_formats_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
  * kind (dataset_arith.c, dataset_text.c, dataset_shards.c) fills in the
  * handle's ops, vocabulary and description; dataset.c owns the handle, the
  * argument checks and the batching, so every kind only has to produce one
- * sample of seq+1 tokens from (seed, split, index).
+ * sample of seq+1 tokens from (seed, split, index).  The file-backed kinds
+ * share their helpers through dataset_file.h, not through dataset.c.
  */
 #ifndef SPMD_TRAIN_DATASET_H
 #define SPMD_TRAIN_DATASET_H
@@ -41,17 +42,5 @@ struct spmd_dataset {
 spmd_status dataset_arith_open(spmd_dataset *d, const char *spec);
 spmd_status dataset_text_open(spmd_dataset *d, const char *path);
 spmd_status dataset_shards_open(spmd_dataset *d, const char *pattern);
-
-/* Length of the held-out tail of one stream of n tokens: 10%, but at least
- * one window of seq+1.  0 when n cannot hold a training and a held-out
- * window. */
-int64_t dataset_tail_len(int64_t n, int seq);
-
-/* Open `path` read-only and check that it is a regular file: its
- * descriptor (the caller closes it) and size, or an error "<who>: cannot
- * open|stat PATH: why" or "<who>: PATH is not a regular file", with
- * nothing left open.  An empty file is the caller's to refuse, since each
- * kind says what such a file lacks. */
-spmd_status dataset_open_file(const char *who, const char *path, int *fd, int64_t *size);
 
 #endif

@@ -12,6 +12,7 @@
  * shard boundary is not a place where text continues.
  */
 #include "train/dataset.h"
+#include "train/dataset_file.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -6,6 +6,7 @@
  * bytes the model never trained on.
  */
 #include "train/dataset.h"
+#include "train/dataset_file.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,0 +1,414 @@
+#!/usr/bin/python3
+"""Regenerate the README's figures from the commands it shows.
+
+    scripts/readme-figures.py [BUILD_DIR] [--only NAME[,NAME...]] [--print] [--list]
+
+Runs each example command of README.md with BUILD_DIR's spmd (default:
+build) in a scratch directory, and rewrites the README between its markers
+
+    <!-- readme-figures: NAME -->
+    ...
+    <!-- /readme-figures -->
+
+with what the command printed, so the figures stay true.  Output is copied,
+never rewritten: training runs get a pseudo-terminal and their text as a
+terminal shows it (the live progress line in its last state), and only
+long tables are cut to the rows the README discusses ("..." where rows
+were left out; a rule that matches nothing keeps the whole table).  Each
+timed figure names the machine (CPU model, cores, load).  --print writes
+the regenerated regions to stdout instead of the README; --only picks
+figures; --list names them.  Takes a few minutes (four 2000-step runs
+of the default model).
+"""
+import json
+import os
+import pty
+import re
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+SHOWN_TOOL = "./build/spmd"  # how the README spells the tool
+
+
+def die(msg):
+    sys.exit("readme-figures: " + msg)
+
+
+# ---- Running commands ------------------------------------------------------
+
+
+class Runner:
+    def __init__(self, build_dir, scratch):
+        self.tool = os.path.join(os.path.abspath(build_dir), "spmd")
+        if not os.access(self.tool, os.X_OK):
+            die(f"no spmd tool at {self.tool} (build it first: make build)")
+        self.scratch = scratch
+
+    def argv(self, shown):
+        """The argv of a command as the README shows it ("./build/spmd ...")."""
+        words = shlex.split(shown.replace("\\\n", " "))
+        if words[0] != SHOWN_TOOL:
+            die(f"a command not of {SHOWN_TOOL}: {shown}")
+        return [self.tool] + words[1:]
+
+    def run(self, shown, terminal=False):
+        """Runs `shown`; its output (stdout and stderr together) as lines,
+        and the wall time.  With terminal, under a pseudo-terminal, the text
+        as a terminal would show it."""
+        argv = self.argv(shown)
+        start = time.monotonic()
+        if terminal:
+            raw, rc = self._run_pty(argv)
+            lines = render_terminal(raw)
+        else:
+            p = subprocess.run(argv, cwd=self.scratch, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+            rc = p.returncode
+            lines = [l.rstrip() for l in p.stdout.decode().split("\n")]
+        seconds = time.monotonic() - start
+        while lines and not lines[-1]:
+            lines.pop()
+        if rc != 0:
+            die(f"`{shown}` exited with {rc}:\n" + "\n".join(lines[-20:]))
+        return lines, seconds
+
+    def _run_pty(self, argv):
+        master, slave = pty.openpty()
+        p = subprocess.Popen(argv, cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=slave,
+                             stderr=slave, close_fds=True)
+        os.close(slave)
+        chunks = []
+        try:
+            while True:
+                ready, _, _ = select.select([master], [], [], 1.0)
+                if not ready:
+                    if p.poll() is not None:
+                        break
+                    continue
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer is gone
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
+        finally:
+            os.close(master)
+        return b"".join(chunks).decode(errors="replace"), p.wait()
+
+
+def render_terminal(raw):
+    """Each line as a terminal leaves it: the text after its last carriage
+    return (a live line rewritten in place shows its last state)."""
+    out = []
+    for line in raw.replace("\r\n", "\n").split("\n"):
+        out.append(line.split("\r")[-1].rstrip())
+    return out
+
+
+def machine(timed=True):
+    """"AMD EPYC (AVX-512), 2 cores" and, for a timed figure on a busy
+    machine, its load."""
+    model, flags = "an unknown CPU", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "an unknown CPU":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = value
+    except OSError:
+        pass
+    isa = " (AVX-512)" if " avx512f" in flags else " (AVX2)" if " avx2" in flags else ""
+    cores = os.cpu_count() or 1
+    text = f"{model}{isa}, {cores} cores"
+    load = os.getloadavg()[0]
+    if timed and load > cores / 2:
+        text += f", shared (load average {load:.1f} at the start, so slower than when quiet)"
+    return text
+
+
+# ---- Shaping output ----------------------------------------------------------
+
+
+def block(commands, lines):
+    """An indented Markdown code block: `$ command` lines, then the output."""
+    out = []
+    for c in commands:
+        first, *rest = c.split("\n")
+        out.append("    $ " + first)
+        out += ["    " + r for r in rest]
+    out += [("    " + l) if l else "" for l in lines]
+    return "\n".join(out)
+
+
+def prose(text):
+    """A paragraph wrapped as the README's are."""
+    return textwrap.fill(text, width=74, break_long_words=False, break_on_hyphens=False)
+
+
+def columns(row):
+    return re.split(r"\s{2,}", row.strip())
+
+
+def summary(row):
+    """A table's closing line, "in all: ...", rather than a row."""
+    return re.match(r"[A-Za-z][A-Za-z ]*:\s", row.strip()) is not None
+
+
+def cut_tables(lines, keep, compact=lambda title: False):
+    """Cuts the rows of the tables (a line ending in ':' and the indented
+    lines after it) to those keep(title, cols) accepts: "..." for each run
+    left out, or with compact(title) the rows kept, in order, and one
+    "..." after them.  The column header, a table's summary line
+    ("in all: ...") and all other lines stay.  A table none of whose rows
+    is kept stays whole."""
+    out, i = [], 0
+    while i < len(lines):
+        title = lines[i]
+        out.append(title)
+        i += 1
+        if not (title.endswith(":") and not title.startswith(" ")):
+            continue
+        rows = []
+        while i < len(lines) and lines[i].startswith("  "):
+            rows.append(lines[i])
+            i += 1
+        if not rows:
+            continue
+        header, body = rows[0], [r for r in rows[1:] if not summary(r)]
+        closing = [r for r in rows[1:] if summary(r)]
+        indent = header[: len(header) - len(header.lstrip())]
+        kept = [keep(title, columns(r)) for r in body]
+        if not any(kept):
+            out += rows
+            continue
+        out.append(header)
+        if compact(title):
+            out += [r for k, r in zip(kept, body) if k]
+            if not all(kept):
+                out.append(indent + "...")
+        else:
+            dropped = False
+            for k, r in zip(kept, body):
+                if k:
+                    out.append(r)
+                elif not dropped:
+                    out.append(indent + "...")
+                dropped = not k
+        out += closing
+    return out
+
+
+def progress(line):
+    return re.match(r"step\s+\d+/\d+\s", line) is not None
+
+
+# ---- The figures --------------------------------------------------------------
+
+
+def fig_default_run(r):
+    cmd = f"{SHOWN_TOOL} train"
+    lines, seconds = r.run(cmd, terminal=True)
+    return (block([cmd], lines) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}: {seconds:.0f} s.)"))
+
+
+def fig_explain_fsdp(r):
+    cmd = (f"{SHOWN_TOOL} explain --model mlp --mesh 4x2 --axes replica,fsdp --fsdp none "
+           "--shard '*.weight=fsdp,None'")
+    lines, _ = r.run(cmd)
+
+    def keep(title, c):
+        if title.startswith("tensors"):
+            return c[0] in ("input", "fc.0.weight", "fc.0.weight.grad", "fc.0.weight.exp_avg")
+        return (len(c) > 1 and c[1] == "all-gather") or re.match(
+            r"(fc\.0\.(weight|bias)\.grad|sum#\d+|cross_entropy#\d+)$", c[-1]) is not None
+    return block([cmd], cut_tables(lines, keep, compact=lambda t: t.startswith("tensors")))
+
+
+def fig_explain_tp(r):
+    cmd = f"{SHOWN_TOOL} explain --mesh 2x2x2 --axes data,fsdp,tensor --fsdp fsdp --tp tensor"
+    lines, _ = r.run(cmd)
+    first_backward = []
+
+    def keep(title, c):
+        if title.startswith("tensors"):
+            return c[0] in ("input", "wte.weight", "h.0.attn.c_attn.weight",
+                            "h.0.attn.c_attn.matmul", "h.0.attn.c_proj.weight",
+                            "h.0.attn.c_proj.matmul", "h.0.mlp.c_fc.weight",
+                            "h.0.mlp.c_proj.weight", "logits")
+        if len(c) < 3 or c[2] != "tensor":
+            return False
+        if re.match(r"(embedding#|h\.0\.|cross_entropy)", c[-1]):
+            return True
+        if c[0] == "backward" and c[1] == "all-reduce" and not first_backward:
+            first_backward.append(c[-1])
+            return True
+        return False
+    return block([cmd], cut_tables(lines, keep, compact=lambda t: True))
+
+
+def fig_sweep(r):
+    cmd = (f"{SHOWN_TOOL} train --mesh 4x2 --axes copy,fsdp --copies copy --lr 1e-3,3e-3,1e-2,3e-2 \\\n"
+           "    --steps 500 --val-every 250 --json sweep.json")
+    lines, seconds = r.run(cmd, terminal=True)
+    # The header, then from the last validation on: the lines between are
+    # progress.
+    first = next((i for i, l in enumerate(lines) if progress(l)), None)
+    last_val = max((i for i, l in enumerate(lines) if progress(l) and " val " in l), default=None)
+    if first is not None and last_val is not None and last_val > first:
+        lines = lines[:first] + ["..."] + [l for l in lines[last_val:] if l]
+    return (block([cmd], lines) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}: {seconds:.0f} s.)"))
+
+
+def fig_sample(r):
+    train = f"{SHOWN_TOOL} train --save ck"
+    r.run(train, terminal=True)
+    cmd = (f"{SHOWN_TOOL} sample --resume ck --prompt 07+58= --prompt 31+44= --prompt 99+99= \\\n"
+           "    --prompt 50+05= --tokens 4 --temperature 0")
+    lines, _ = r.run(cmd)
+    return (block([train, cmd], lines) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}.)"))
+
+
+def read_losses(path):
+    losses = {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "loss" in rec and rec["loss"] is not None:
+                losses[rec["step"]] = rec["loss"]
+    return losses
+
+
+def fig_resume_drift(r):
+    """The default run saved at step 1000 and resumed there on 2x2x2,
+    against the same run uninterrupted on 4x2."""
+    r.run(f"{SHOWN_TOOL} train --save ck-drift --save-every 1000 --log full.jsonl")
+    step = 1000
+    at = os.path.join(r.scratch, "ck-drift")
+    with open(os.path.join(at, "latest"), "w") as f:  # resume from step 1000, not 2000
+        f.write(f"step-{step:08d}\n")
+    mesh = "--mesh 2x2x2 --axes data,fsdp,tensor --fsdp fsdp"
+    r.run(f"{SHOWN_TOOL} train --resume ck-drift {mesh} --log resumed.jsonl")
+    full = read_losses(os.path.join(r.scratch, "full.jsonl"))
+    resumed = read_losses(os.path.join(r.scratch, "resumed.jsonl"))
+    steps = sorted(s for s in resumed if s in full)
+    if not steps or steps[0] != step + 1:
+        die(f"the resumed log starts at step {steps[0] if steps else None}, not {step + 1}")
+    diff = {s: abs(resumed[s] - full[s]) for s in steps}
+    worst = max(steps, key=lambda s: diff[s])
+    first10 = max(diff[s] for s in steps[:10])
+    over = next((s for s in steps if diff[s] > 1e-5), None)
+    last = steps[-1]
+    if over:
+        drift = (f"the difference passes 1e-5 at step {over} and grows to {diff[worst]:.1e} at "
+                 f"step {worst}")
+        if diff[last] < diff[worst] / 4:
+            drift += " before the runs come back together"
+    else:
+        drift = f"the largest difference is {diff[worst]:.1e} (step {worst})"
+    return prose(f"On another mesh the sums are taken in another order, so the losses differ by "
+            f"rounding, and training can amplify that. Resumed at step {step} of the default run "
+            f"(4x2) on 2x2x2 (`{mesh}`), the first 10 steps agree with the uninterrupted run "
+            f"within {first10:.1e}; {drift}; at step {last} the difference is {diff[last]:.1e} "
+            f"(losses {full[last]:.4f} and {resumed[last]:.4f}). So a resume on another mesh "
+            f"continues the same training, not the same bits (`scripts/readme-figures.py` on "
+            f"{machine(timed=False)}).")
+
+
+FIGURES = {
+    "default-run": fig_default_run,
+    "explain-fsdp": fig_explain_fsdp,
+    "explain-tp": fig_explain_tp,
+    "sweep": fig_sweep,
+    "sample": fig_sample,
+    "resume-drift": fig_resume_drift,
+}
+
+
+# ---- The README ----------------------------------------------------------------
+
+
+def region_re(name):
+    return re.compile(r"(<!-- readme-figures: " + re.escape(name) + r" -->\n)(.*?)(<!-- /readme-figures -->)",
+                      re.S)
+
+
+def main(argv):
+    build_dir, only, to_stdout = "build", None, False
+    args = list(argv)
+    while args:
+        a = args.pop(0)
+        if a == "--only" and args:
+            only = args.pop(0).split(",")
+        elif a == "--print":
+            to_stdout = True
+        elif a == "--list":
+            print("\n".join(FIGURES))
+            return 0
+        elif a in ("-h", "--help"):
+            print(__doc__.strip())
+            return 0
+        elif a.startswith("-"):
+            die(f"unknown flag {a} (see --help)")
+        else:
+            build_dir = a
+    names = only or list(FIGURES)
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        die(f"no figure {', '.join(unknown)} (there are: {', '.join(FIGURES)})")
+    with open(README) as f:
+        text = f.read()
+    missing = [n for n in names if not region_re(n).search(text)]
+    if missing and not to_stdout:
+        die(f"README.md has no markers for {', '.join(missing)}")
+    scratch = tempfile.mkdtemp(prefix="readme-figures-")
+    bodies = {}
+    try:
+        runner = Runner(build_dir, scratch)
+        for n in names:
+            print(f"readme-figures: {n} ...", file=sys.stderr, flush=True)
+            # Blank lines around the figure keep the markers out of its
+            # Markdown (a comment line ends its HTML block there).
+            bodies[n] = "\n" + FIGURES[n](runner).strip("\n") + "\n\n"
+            if to_stdout:
+                print(f"<!-- readme-figures: {n} -->\n{bodies[n]}<!-- /readme-figures -->")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not to_stdout:
+        # Read again: the README may have been edited during the runs.
+        with open(README) as f:
+            text = f.read()
+        for n, body in bodies.items():
+            text, found = region_re(n).subn(lambda m: m.group(1) + body + m.group(3), text, count=1)
+            if not found:
+                die(f"README.md lost its markers for {n} during the runs")
+        tmp = README + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, README)
+        print(f"readme-figures: rewrote {', '.join(names)} in README.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    # A SIGTERM ends the runs like Ctrl-C does: the scratch directory is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main(sys.argv[1:]))
