@@ -156,6 +156,7 @@ static bool build_sample(ir_op op, sample *s)
         o = spmd_concat(g, xs, 2, 0);
         break;
     }
+    case IR_SHARDING_CONSTRAINT: o = ir_sharding_constraint(g, x46(s)); break;
     case IR_PAD: o = ir_pad(g, operand(s, V_ANY, 2, D(4, 3)), 1, 1, 6); break;
     case IR_GELU_BACKWARD: o = ir_gelu_backward(g, x46(s), x46(s)); break;
     case IR_RELU_BACKWARD: o = ir_relu_backward(g, x46(s), x46(s)); break;

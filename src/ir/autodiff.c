@@ -159,6 +159,17 @@ static spmd_status vjp_scale(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spm
     return done(t, dx);
 }
 
+/* The constraint is x itself: the adjoint passes through (mark_adjoint
+ * gives it the constraint's mark, as JAX transposes a sharding
+ * constraint). */
+static spmd_status vjp_sharding_constraint(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                           spmd_tensor **dx)
+{
+    (void)g;
+    if (wants(t, 0)) dx[0] = dy;
+    return done(t, dx);
+}
+
 static spmd_status vjp_neg(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
 {
     dx[0] = spmd_neg(g, dy);

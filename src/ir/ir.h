@@ -241,6 +241,10 @@ bool ir_same_shape(const spmd_tensor *a, const spmd_tensor *b);
 spmd_tensor *ir_pad(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, int64_t total);
 spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
 spmd_tensor *ir_relu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
+/* x under a node of its own, for the caller to mark: a sharding
+ * constraint.  Its value is x; the partitioner emits no op for it, only
+ * x resharded to the mark (docs/DESIGN.md, "Partition"). */
+spmd_tensor *ir_sharding_constraint(spmd_graph *g, spmd_tensor *x);
 /* dx for max over `axis`: dy (reduced shape, keepdim as given) routed to
  * the first maximum of each row of x; result has x's shape. */
 spmd_tensor *ir_max_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy, int axis,

@@ -5,8 +5,8 @@
  * formulas, generated from its formula column; and the few helpers that
  * several kernel files share.
  *
- * kern_leaf appears on three rows; repeating an identical declaration is
- * legal C.
+ * kern_leaf appears on three rows, kern_reshape on two; repeating an
+ * identical declaration is legal C.
  */
 #ifndef SPMD_RUNTIME_KERNELS_OPS_H
 #define SPMD_RUNTIME_KERNELS_OPS_H
