@@ -1,6 +1,6 @@
 /*
- * Every op in ops.def has the sharding facts propagation and partitioning
- * need (docs/DESIGN.md, "Adding an op").  The test adds no op; it walks
+ * Every column of every row of ops.def is true of the code (docs/DESIGN.md,
+ * "Adding an op": this is its checklist).  The test adds no op; it walks
  * the table and, for each op, a small sample of it:
  *
  *   - every op has a sample here (a new op without one fails, which is the
@@ -16,7 +16,15 @@
  *   - partitioned over 2 devices, and over 3 (uneven blocks), with any one
  *     operand dim split, the op computes what it computes on one device:
  *     an op that needs a fixup (a rescaled mean, padded rows) and lacks
- *     one fails here.
+ *     one fails here; and so with the dim's split grouped (`2*x`, DESIGN
+ *     "Grouped splits"): an op whose groups column claims it carries
+ *     grouped splits and indexes along the dim fails here;
+ *   - an op has an elementwise formula exactly when its signature is
+ *     elementwise (every dim parallel, operands broadcast to the output),
+ *     of its arity; fused, it computes its own kernel's bits, and the
+ *     fused kernel refuses an op without a formula;
+ *   - its kernel writes no scratch beyond the bytes its scratch column
+ *     gives it on its sample.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -30,7 +38,11 @@
 
 #include <cmocka.h>
 
+#include "compile/compiled.h"
+#include "compile/fuse.h"
 #include "ir/ir.h"
+#include "runtime/executor.h"
+#include "runtime/kernels.h"
 #include "shard/partition.h"
 #include "shard/propagate.h"
 #include "spmd/mesh.h"
@@ -144,6 +156,7 @@ static bool build_sample(ir_op op, sample *s)
         o = spmd_concat(g, xs, 2, 0);
         break;
     }
+    case IR_SHARDING_CONSTRAINT: o = ir_sharding_constraint(g, x46(s)); break;
     case IR_PAD: o = ir_pad(g, operand(s, V_ANY, 2, D(4, 3)), 1, 1, 6); break;
     case IR_GELU_BACKWARD: o = ir_gelu_backward(g, x46(s), x46(s)); break;
     case IR_RELU_BACKWARD: o = ir_relu_backward(g, x46(s), x46(s)); break;
@@ -164,7 +177,6 @@ static bool build_sample(ir_op op, sample *s)
     /* An op without a case here lands on fail(): add a sample for it. */
     if (!o) fail_msg("%s: no sample in tests/test_op_rules.c (%s)", ir_op_name(op), spmd_last_error());
     assert_int_equal(o->op, op);
-    assert_int_equal(spmd_graph_mark_output(g, o), SPMD_OK);
     s->out = o;
     /* Operand j of the sample is operand j of the op (C evaluates the
      * builders' arguments in no set order). */
@@ -181,12 +193,16 @@ static bool build_sample(ir_op op, sample *s)
     return true;
 }
 
+/* The sample of op, its output marked; false for ops without one. */
 static bool new_sample(ir_op op, sample *s)
 {
     memset(s, 0, sizeof *s);
     s->g = spmd_graph_create(NULL);
     assert_non_null(s->g);
-    if (build_sample(op, s)) return true;
+    if (build_sample(op, s)) {
+        assert_int_equal(spmd_graph_mark_output(s->g, s->out), SPMD_OK);
+        return true;
+    }
     spmd_graph_free(s->g);
     s->g = NULL;
     return false;
@@ -254,6 +270,28 @@ static bool partitioner_only(ir_op op)
     return op >= IR_ALL_REDUCE; /* ops.def lists the partitioner's ops last */
 }
 
+/* Whether t's signature is elementwise: every dim parallel, the output's
+ * dims its iterations in order, and every operand dim the output dim it
+ * aligns with (numpy, from the right) or broadcast (size 1, no
+ * iteration). */
+static bool elementwise_signature(const spmd_tensor *t, const ir_dimsig *sig)
+{
+    if (t->n_in == 0 || sig->n_iter != t->rank) return false;
+    for (int it = 0; it < sig->n_iter; it++)
+        if (sig->kind[it] != IR_ITER_PARALLEL) return false;
+    for (int i = 0; i < t->rank; i++)
+        if (sig->out[i] != i) return false;
+    for (int j = 0; j < t->n_in; j++) {
+        const spmd_tensor *x = t->in[j];
+        if (x->rank > t->rank) return false;
+        for (int i = 0; i < x->rank; i++) {
+            int it = sig->in[j][i];
+            if (it != t->rank - x->rank + i && !(it < 0 && x->dims[i] == 1)) return false;
+        }
+    }
+    return true;
+}
+
 static void test_every_op_has_rules(void **state)
 {
     (void)state;
@@ -268,6 +306,7 @@ static void test_every_op_has_rules(void **state)
         if (partitioner_only((ir_op)op) || ir_op_is_leaf((ir_op)op)) {
             assert_int_equal(lin, LIN_NONE);
             assert_false(partition_has_fixup((ir_op)op));
+            assert_int_equal(ir_op_formula_arity((ir_op)op), 0);
             if (partitioner_only((ir_op)op)) assert_false(ir_op_has_vjp((ir_op)op));
         }
 
@@ -283,9 +322,22 @@ static void test_every_op_has_rules(void **state)
             if (!shard_has_explicit_rule((ir_op)op))
                 fail_msg("%s: no dimension signature and no explicit sharding rule",
                          ir_op_name((ir_op)op));
+            assert_int_equal(ir_op_formula_arity((ir_op)op), 0);
             spmd_graph_free(s.g);
             continue;
         }
+        /* An elementwise op has its formula (fusion and its kernel share
+         * it), and only an elementwise op has one. */
+        int formula = ir_op_formula_arity((ir_op)op);
+        if (elementwise_signature(t, &sig) && !formula)
+            fail_msg("%s: an elementwise signature but no formula in ops.def",
+                     ir_op_name((ir_op)op));
+        if (formula && !elementwise_signature(t, &sig))
+            fail_msg("%s: a formula in ops.def but its signature is not elementwise",
+                     ir_op_name((ir_op)op));
+        if (formula && formula != t->n_in)
+            fail_msg("%s: its formula takes %d operands, the op %d", ir_op_name((ir_op)op),
+                     formula, t->n_in);
         /* The signature's dims are the operands' and the output's. */
         assert_int_equal(sig.n_in, t->n_in);
         assert_int_equal(sig.out_rank, t->rank);
@@ -375,20 +427,37 @@ static void test_linearity_holds(void **state)
 
 /* ---- Partitioned against one device ----------------------------------------------------------- */
 
-/* Mark dim `dim` of operand j split over the one axis of `mesh`. */
-static void mark_dim(sample *s, int j, int dim, const spmd_mesh *mesh)
+/* Operand j of the sample, or its output for j = n_in. */
+static spmd_tensor *operand_or_output(const sample *s, int j)
 {
-    char spec[128] = "";
-    int rank = spmd_tensor_rank(s->in[j]);
-    for (int i = 0; i < rank; i++)
-        snprintf(spec + strlen(spec), sizeof spec - strlen(spec), "%s%s", i ? ", " : "",
-                 i == dim ? "x" : "None");
-    if (spmd_mark_sharding(s->g, s->in[j], mesh, spec) != SPMD_OK)
-        fail_msg("%s: mark '%s' on operand %d: %s", ir_op_name(s->out->op), spec, j,
-                 spmd_last_error());
+    return j < s->n_in ? s->in[j] : s->out;
 }
 
-static void check_partitioned(ir_op op, const spmd_mesh *mesh, int *cases)
+/* Mark dim `dim` of operand j (the output for j = n_in) split over the
+ * one axis of `mesh`, in `groups` groups (1: a plain split). */
+static void mark_dim(sample *s, int j, int dim, const spmd_mesh *mesh, int groups)
+{
+    char spec[128] = "", split[16] = "x";
+    if (groups > 1) snprintf(split, sizeof split, "%d*x", groups);
+    spmd_tensor *t = operand_or_output(s, j);
+    for (int i = 0; i < spmd_tensor_rank(t); i++)
+        snprintf(spec + strlen(spec), sizeof spec - strlen(spec), "%s%s", i ? ", " : "",
+                 i == dim ? split : "None");
+    if (spmd_mark_sharding(s->g, t, mesh, spec) != SPMD_OK)
+        fail_msg("%s: mark '%s' on operand %d (%d: the output): %s", ir_op_name(s->out->op),
+                 spec, j, s->n_in, spmd_last_error());
+}
+
+/* The fewest groups (at least 2) that a grouped split of a dim of `size`
+ * over `devices` cuts exactly; 0 when none does. */
+static int groups_for(int64_t size, int devices)
+{
+    for (int groups = 2; groups * devices <= size; groups++)
+        if (size % (groups * devices) == 0) return groups;
+    return 0;
+}
+
+static void check_partitioned(ir_op op, const spmd_mesh *mesh, int *cases, int *grouped)
 {
     sample ref;
     if (!new_sample(op, &ref)) return;
@@ -398,21 +467,36 @@ static void check_partitioned(ir_op op, const spmd_mesh *mesh, int *cases)
     draw(&ref, &r, &v);
     float *want = run(one, &ref, &v);
     int64_t n = spmd_tensor_numel(ref.out);
-    for (int j = 0; j < ref.n_in; j++) {
-        for (int dim = 0; dim < spmd_tensor_rank(ref.in[j]); dim++) {
-            sample s;
-            assert_true(new_sample(op, &s));
-            mark_dim(&s, j, dim, mesh);
-            spmd_program *p = compile(&s);
-            float *got = run(p, &s, &v);
-            char what[96];
-            snprintf(what, sizeof what, "%s with operand %d dim %d split %d ways",
-                     ir_op_name(op), j, dim, spmd_mesh_devices(mesh));
-            assert_close(got, want, n, what);
-            free(got);
-            spmd_program_free(p);
-            spmd_graph_free(s.g);
-            (*cases)++;
+    int devices = spmd_mesh_devices(mesh);
+    /* Each operand dim, then each output dim (the op's own mark). */
+    for (int j = 0; j <= ref.n_in; j++) {
+        const spmd_tensor *x = operand_or_output(&ref, j);
+        for (int dim = 0; dim < x->rank; dim++) {
+            /* A plain split, then a grouped one where the dim has room:
+             * an op that carries groups (ops.def) must not care where a
+             * device's elements lie. */
+            int groups = groups_for(x->dims[dim], devices);
+            for (int grouped_split = 0; grouped_split <= (groups > 0); grouped_split++) {
+                sample s;
+                assert_true(new_sample(op, &s));
+                mark_dim(&s, j, dim, mesh, grouped_split ? groups : 1);
+                spmd_program *p = compile(&s);
+                float *got = run(p, &s, &v);
+                char what[160], which[24] = "its output";
+                if (j < ref.n_in) snprintf(which, sizeof which, "operand %d", j);
+                snprintf(what, sizeof what, "%s with %s dim %d split %d ways%s",
+                         ir_op_name(op), which, dim, devices,
+                         grouped_split ? (ir_op_carries_groups(op) ? " in groups (it claims to "
+                                                                     "carry grouped splits)"
+                                                                   : " in groups")
+                                       : "");
+                assert_close(got, want, n, what);
+                free(got);
+                spmd_program_free(p);
+                spmd_graph_free(s.g);
+                (*cases)++;
+                *grouped += grouped_split;
+            }
         }
     }
     free(want);
@@ -424,24 +508,159 @@ static void check_partitioned(ir_op op, const spmd_mesh *mesh, int *cases)
 static void test_partitioned_equals_one_device(void **state)
 {
     (void)state;
-    int cases = 0;
+    int cases = 0, grouped = 0;
     for (int devices = 2; devices <= 3; devices++) {
         char shape[8];
         snprintf(shape, sizeof shape, "%d", devices);
         spmd_mesh *mesh = spmd_mesh_parse(shape, "x");
         assert_non_null(mesh);
-        for (int op = 0; op < IR_OP_COUNT; op++) check_partitioned((ir_op)op, mesh, &cases);
+        for (int op = 0; op < IR_OP_COUNT; op++) check_partitioned((ir_op)op, mesh, &cases, &grouped);
         spmd_mesh_free(mesh);
     }
-    assert_true(cases >= 150);
+    assert_true(cases >= 600);
+    assert_true(grouped >= 250);
+}
+
+/* ---- Formulas: fused against the op's own kernel --------------------------------------------- */
+
+/* The op's sample read by a neg (exact, so the op's bits pass through),
+ * which absorbs the op into a fused group: the fused program must give
+ * the unfused one's bits. */
+static void check_fused(ir_op op)
+{
+    sample s;
+    memset(&s, 0, sizeof s);
+    s.g = spmd_graph_create(NULL);
+    assert_non_null(s.g);
+    assert_true(build_sample(op, &s));
+    const spmd_tensor *member = s.out;
+    s.out = spmd_neg(s.g, s.out);
+    assert_non_null(s.out);
+    assert_int_equal(spmd_graph_mark_output(s.g, s.out), SPMD_OK);
+    spmd_program *fused = spmd_compile(s.g, &(spmd_compile_options){.threads = 1});
+    spmd_program *plain = spmd_compile(s.g, &(spmd_compile_options){.threads = 1, .unfused = true});
+    assert_non_null(fused);
+    assert_non_null(plain);
+    if (!executor_compiled(fused)->fusion.absorbed[member->id])
+        fail_msg("%s: has a formula but was not fused into the neg that reads it", ir_op_name(op));
+    test_rng r = test_rng_for(13, ir_op_name(op));
+    values v;
+    draw(&s, &r, &v);
+    float *got = run(fused, &s, &v), *want = run(plain, &s, &v);
+    int64_t n = spmd_tensor_numel(s.out);
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof got[i]) != 0)
+            fail_msg("%s: fused, element %lld is %.9g, its kernel gives %.9g", ir_op_name(op),
+                     (long long)i, (double)got[i], (double)want[i]);
+    free(got), free(want);
+    free_values(&s, &v);
+    spmd_program_free(fused);
+    spmd_program_free(plain);
+    spmd_graph_free(s.g);
+}
+
+static void test_fused_formula_is_the_kernels(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int op = 0; op < IR_OP_COUNT; op++) {
+        if (!ir_op_formula_arity((ir_op)op)) continue;
+        check_fused((ir_op)op);
+        checked++;
+    }
+    assert_true(checked >= 16);
+}
+
+/* A member whose op has no formula is a broken invariant the fused kernel
+ * reports, not a step it skips. */
+static void test_fused_refuses_op_without_formula(void **state)
+{
+    (void)state;
+    ir_op op = IR_SOFTMAX;
+    assert_int_equal(ir_op_formula_arity(op), 0);
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, D(4, 6));
+    spmd_tensor *t = spmd_softmax(g, x);
+    assert_non_null(t);
+    fuse_group grp = {.root = t, .n_steps = 1, .n_in = 1};
+    grp.steps[0] = (fuse_step){.op = op, .src = {-1, 0}, .stored = -1};
+    grp.in[0] = x;
+    grp.in_numel[0] = 24;
+    float in[24] = {0}, out[24];
+    float *scratch = calloc(1, fusion_scratch_bytes(&grp));
+    assert_non_null(scratch);
+    _Atomic int status = SPMD_OK;
+    char message[256] = "";
+    kern_args a = {.node = t, .in = {in}, .out = out, .scratch = scratch, .ith = 0, .nth = 1,
+                   .status = &status, .message = message, .message_size = sizeof message,
+                   .fused = &grp};
+    kern_fused(&a);
+    assert_int_equal(status, SPMD_ERR_INTERNAL);
+    assert_non_null(strstr(message, "softmax"));
+    free(scratch);
+    spmd_graph_free(g);
+}
+
+/* ---- Scratch: what the kernel uses is what compile gives it ------------------------------------ */
+
+enum { GUARD = 1 << 20, GUARD_BYTE = 0xA5 };
+
+/* Runs the op's kernel on its sample with the scratch its ops.def row
+ * sizes, followed by a guard of known bytes: it must leave the guard
+ * alone.  (The partitioner's ops have no sample; all_to_all's buffers are
+ * checked by the collective tests.) */
+static void check_scratch(ir_op op, int *checked)
+{
+    sample s;
+    if (!new_sample(op, &s)) return;
+    kern_fn kernel = kern_for(op);
+    assert_non_null(kernel);
+    test_rng r = test_rng_for(17, ir_op_name(op));
+    values v;
+    draw(&s, &r, &v);
+    size_t need = compile_scratch_bytes(s.out);
+    unsigned char *scratch = malloc(need + GUARD);
+    assert_non_null(scratch);
+    memset(scratch, GUARD_BYTE, need + GUARD);
+    int64_t n = spmd_tensor_numel(s.out);
+    void *out = calloc((size_t)(n ? n : 1), 4);
+    assert_non_null(out);
+    _Atomic int status = SPMD_OK;
+    char message[256] = "";
+    kern_args a = {.node = s.out, .out = out, .scratch = scratch, .ith = 0, .nth = 1,
+                   .status = &status, .message = message, .message_size = sizeof message};
+    for (int j = 0; j < s.n_in; j++) a.in[j] = v.in[j];
+    kernel(&a);
+    if (status != SPMD_OK) fail_msg("%s: its kernel failed on its sample: %s", ir_op_name(op), message);
+    for (size_t i = need; i < need + GUARD; i++)
+        if (scratch[i] != GUARD_BYTE)
+            fail_msg("%s: its kernel wrote scratch byte %zu, past the %zu bytes its scratch "
+                     "column (ops.def) gives it", ir_op_name(op), i, need);
+    free(out);
+    free(scratch);
+    free_values(&s, &v);
+    spmd_graph_free(s.g);
+    (*checked)++;
+}
+
+static void test_scratch_covers_the_kernel(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int op = 0; op < IR_OP_COUNT; op++) check_scratch((ir_op)op, &checked);
+    assert_true(checked >= 40);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_op_has_rules),
+        /* Before any program runs: a kernel short of scratch crashes one. */
+        cmocka_unit_test(test_scratch_covers_the_kernel),
         cmocka_unit_test(test_linearity_holds),
         cmocka_unit_test(test_partitioned_equals_one_device),
+        cmocka_unit_test(test_fused_formula_is_the_kernels),
+        cmocka_unit_test(test_fused_refuses_op_without_formula),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -112,9 +112,9 @@ static void test_fsdp_replicas(void **state)
     free(plain.weight), free(zero.weight);
 }
 
-/* The optimizer re-marks values with scale-by-1 views (the held gradient,
- * ZeRO's view of a parameter); the devices' programs read the resharded
- * value instead of copying it whole first. */
+/* The optimizer re-marks values with sharding constraints (the held
+ * gradient, ZeRO's view of a parameter); the devices' programs read the
+ * resharded value instead of copying it whole first. */
 static void test_no_identity_copies(void **state)
 {
     (void)state;
@@ -131,9 +131,9 @@ static void test_no_identity_copies(void **state)
     const spmd_graph *local = executor_partition(spmd_trainer_program(tr))->local;
     int identities = 0, global = 0;
     for (int i = 0; i < local->n_nodes; i++)
-        identities += local->nodes[i]->op == IR_SCALE && local->nodes[i]->attr.scale.c == 1.0f;
-    for (int i = 0; i < g->n_nodes; i++)
-        global += g->nodes[i]->op == IR_SCALE && g->nodes[i]->attr.scale.c == 1.0f;
+        identities += local->nodes[i]->op == IR_SHARDING_CONSTRAINT ||
+                      (local->nodes[i]->op == IR_SCALE && local->nodes[i]->attr.scale.c == 1.0f);
+    for (int i = 0; i < g->n_nodes; i++) global += g->nodes[i]->op == IR_SHARDING_CONSTRAINT;
     assert_true(global > 0);
     assert_int_equal(identities, 0);
     spmd_trainer_free(tr);

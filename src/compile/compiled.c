@@ -41,28 +41,48 @@ static spmd_status record_shardings(const compiled *c, spmd_graph *g)
     return st;
 }
 
+/* ---- Kernel scratch: ops.def's scratch column ---------------------------------- */
+
+typedef size_t (*scratch_fn)(const spmd_tensor *t);
+
+static size_t scratch_none(const spmd_tensor *t)
+{
+    (void)t;
+    return 0;
+}
+
+/* A block of query rows against all keys: its scores. */
+static size_t scratch_attention(const spmd_tensor *t)
+{
+    if (t->n_in < 1 || t->in[0]->rank != 3) return 0;
+    return (size_t)COMPILE_ATTN_BLOCK * (size_t)t->in[0]->dims[1] * sizeof(float);
+}
+
+/* The forward's scores plus their gradients. */
+static size_t scratch_attention_backward(const spmd_tensor *t) { return 2 * scratch_attention(t); }
+
+/* A block of query rows against every cached key. */
+static size_t scratch_cached_attention(const spmd_tensor *t)
+{
+    if (t->n_in < 2 || t->in[1]->rank != 3) return 0;
+    return (size_t)COMPILE_ATTN_BLOCK * (size_t)t->in[1]->dims[1] * sizeof(float);
+}
+
+/* Packed send and receive buffers (thread 0 only). */
+static size_t scratch_all_to_all(const spmd_tensor *t) { return 2 * ir_nbytes(t->in[0]); }
+
+static const scratch_fn scratch_table[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) scratch,
+#include "ir/ops.def"
+#undef OP
+};
+
+_Static_assert(sizeof scratch_table / sizeof scratch_table[0] == IR_OP_COUNT,
+               "scratch table out of step with ops.def");
+
 size_t compile_scratch_bytes(const spmd_tensor *t)
 {
-    switch (t->op) {
-    case IR_ATTENTION:
-    case IR_ATTENTION_BACKWARD: {
-        /* A block of query rows against all keys: scores (forward), and
-         * scores plus their gradients (backward). */
-        if (t->n_in < 1 || t->in[0]->rank != 3) return 0;
-        int64_t T = t->in[0]->dims[1];
-        size_t one = (size_t)COMPILE_ATTN_BLOCK * (size_t)T * sizeof(float);
-        return t->op == IR_ATTENTION ? one : 2 * one;
-    }
-    case IR_CACHED_ATTENTION:
-        /* A block of query rows against every cached key. */
-        if (t->n_in < 2 || t->in[1]->rank != 3) return 0;
-        return (size_t)COMPILE_ATTN_BLOCK * (size_t)t->in[1]->dims[1] * sizeof(float);
-    case IR_ALL_TO_ALL:
-        /* Packed send and receive buffers (thread 0 only). */
-        return 2 * ir_nbytes(t->in[0]);
-    default:
-        return 0;
-    }
+    return (unsigned)t->op < IR_OP_COUNT ? scratch_table[t->op](t) : 0;
 }
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }

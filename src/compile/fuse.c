@@ -9,18 +9,9 @@
 /* A use that keeps a node out of every group: it must be in memory. */
 enum { PINNED = 1 << 20 };
 
-static bool fusible_op(ir_op op)
-{
-    switch (op) {
-    case IR_ADD: case IR_SUB: case IR_MUL: case IR_DIV: case IR_EXPAND:
-    case IR_SCALE: case IR_NEG: case IR_EXP: case IR_LOG: case IR_TANH:
-    case IR_GELU: case IR_RELU: case IR_SQRT: case IR_RSQRT:
-    case IR_GELU_BACKWARD: case IR_RELU_BACKWARD:
-        return true;
-    default:
-        return false;
-    }
-}
+/* The ops with an elementwise formula in ops.def: kern_fused computes
+ * them. */
+static bool fusible_op(ir_op op) { return ir_op_formula_arity(op) > 0; }
 
 static bool same_dims(const spmd_tensor *a, const spmd_tensor *b)
 {
@@ -137,7 +128,7 @@ static int add_member(builder *b, const spmd_tensor *t)
     b->pending++;
     b->taken[t->id] = true;
     fuse_step s = {.op = t->op, .src = {0, 0}, .stored = -1,
-                   .c = t->op == IR_SCALE ? t->attr.scale.c : 0.0f};
+                   .c = ir_op_formula_arity(t->op) == 1 ? t->attr.scale.c : 0.0f};
     for (int j = 0; j < t->n_in; j++) {
         const spmd_tensor *x = t->in[j];
         /* Every member begun needs its step: absorb only with room left. */

@@ -26,7 +26,7 @@ typedef struct fuse_step {
     ir_op op;
     int8_t src[2];
     int8_t stored; /* also written to the group's stored member of this index; -1: not */
-    float c;       /* scale's constant */
+    float c;       /* a unary formula's constant: the node's attr.scale.c (ops.def) */
 } fuse_step;
 
 typedef struct fuse_group {

@@ -1,7 +1,7 @@
 /*
  * Reverse-mode autodiff as graph rewriting: spmd_grad appends, for each node
  * on a path from a parameter to the loss, the ops that compute the adjoint
- * of its inputs (one vjp_* rule per op, named in ops.def's fifth column).
+ * of its inputs (one vjp_* rule per op, named in ops.def's vjp column).
  * The backward pass is ordinary graph ops, so it is compiled, sharded and
  * scheduled exactly like the forward pass.
  */
@@ -156,6 +156,17 @@ static spmd_status vjp_expand(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, sp
 static spmd_status vjp_scale(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
 {
     dx[0] = spmd_scale(g, dy, t->attr.scale.c);
+    return done(t, dx);
+}
+
+/* The constraint is x itself: the adjoint passes through (mark_adjoint
+ * gives it the constraint's mark, as JAX transposes a sharding
+ * constraint). */
+static spmd_status vjp_sharding_constraint(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                           spmd_tensor **dx)
+{
+    (void)g;
+    if (wants(t, 0)) dx[0] = dy;
     return done(t, dx);
 }
 
@@ -415,7 +426,7 @@ static spmd_status vjp_concat(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
 /* ---- Op table ------------------------------------------------------------------ */
 
 static const ir_vjp_fn vjp_table[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern) [IR_##e] = vjp,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) [IR_##e] = vjp,
 #include "ir/ops.def"
 #undef OP
 };

@@ -137,6 +137,12 @@ spmd_tensor *spmd_expand(spmd_graph *g, spmd_tensor *x, int rank, const int64_t 
     return ir_node_new(g, IR_EXPAND, SPMD_F32, rank, dims, &x, 1);
 }
 
+spmd_tensor *ir_sharding_constraint(spmd_graph *g, spmd_tensor *x)
+{
+    if (any_null(g, "sharding_constraint", &x, 1)) return NULL;
+    return ir_node_new(g, IR_SHARDING_CONSTRAINT, x->dtype, x->rank, x->dims, &x, 1);
+}
+
 spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
 {
     spmd_tensor *in[2] = {x, dy};

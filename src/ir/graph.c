@@ -458,20 +458,46 @@ int64_t spmd_graph_param_count(const spmd_graph *g)
 /* ---- Op table (names, arity) ----------------------------------------------- */
 
 static const char *const op_names[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern) name,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) name,
 #include "ir/ops.def"
 #undef OP
 };
 
 static const int op_arity[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern) arity,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) arity,
 #include "ir/ops.def"
 #undef OP
 };
 
+static const bool op_carries_groups[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) groups,
+#include "ir/ops.def"
+#undef OP
+};
+
+/* The formula column read as the operands its formula takes; its
+ * expression is the runtime's (kernels_ops.h). */
+#define EW_NONE 0
+#define EW_UNARY(...) 1
+#define EW_BINARY(...) 2
+static const int8_t op_formula_arity[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) formula,
+#include "ir/ops.def"
+#undef OP
+};
+#undef EW_NONE
+#undef EW_UNARY
+#undef EW_BINARY
+
 _Static_assert(sizeof op_names / sizeof op_names[0] == IR_OP_COUNT, "op table out of step");
 _Static_assert(sizeof op_arity / sizeof op_arity[0] == IR_OP_COUNT, "op table out of step");
+_Static_assert(sizeof op_carries_groups / sizeof op_carries_groups[0] == IR_OP_COUNT,
+               "op table out of step");
+_Static_assert(sizeof op_formula_arity / sizeof op_formula_arity[0] == IR_OP_COUNT,
+               "op table out of step");
 
 const char *ir_op_name(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_names[op] : "?"; }
 int ir_op_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_arity[op] : 0; }
+bool ir_op_carries_groups(ir_op op) { return (unsigned)op < IR_OP_COUNT && op_carries_groups[op]; }
+int ir_op_formula_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_formula_arity[op] : 0; }
 bool ir_op_is_leaf(ir_op op) { return op == IR_INPUT || op == IR_PARAM || op == IR_STATE; }

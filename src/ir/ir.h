@@ -19,7 +19,7 @@ struct spmd_mesh;
 #define IR_MAX_ITER 12
 
 typedef enum ir_op {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern) IR_##e,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) IR_##e,
 #include "ir/ops.def"
 #undef OP
     IR_OP_COUNT
@@ -35,7 +35,7 @@ typedef union ir_attr {
     struct { int axis; } concat;
     struct { int perm[SPMD_MAX_RANK]; } permute; /* out dim i = in dim perm[i] */
     struct { int heads; } attention;         /* (CACHED_)ATTENTION(_BACKWARD) */
-    struct { float c; } scale;
+    struct { float c; } scale;              /* SCALE; `c` of every unary formula (ops.def) */
     struct { float eps; } norm;              /* LAYERNORM* */
     struct { float value; } fill;
     /* EMBEDDING(_BACKWARD): `rows` is the backward's V and `table` the id
@@ -174,6 +174,14 @@ const char *ir_op_name(ir_op op);
 int ir_op_arity(ir_op op);
 bool ir_op_is_leaf(ir_op op);
 bool ir_op_has_vjp(ir_op op);
+/* Whether the op passes a grouped split of an operand dim through like a
+ * plain one: its local form does not depend on where a device's elements
+ * lie along the dim (ops.def's groups column; propagate.c). */
+bool ir_op_carries_groups(ir_op op);
+/* The operands the op's elementwise formula takes (ops.def's formula
+ * column): 1 (x, and the constant c), 2 (x, y), or 0 for an op without
+ * one.  The ops with a formula are the fusible ones (compile/fuse.c). */
+int ir_op_formula_arity(ir_op op);
 
 /* Backward rule: given node t and the adjoint dy of its output, add each
  * input's adjoint contribution into dx[i] (NULL where the input gets none).
@@ -233,6 +241,10 @@ bool ir_same_shape(const spmd_tensor *a, const spmd_tensor *b);
 spmd_tensor *ir_pad(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, int64_t total);
 spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
 spmd_tensor *ir_relu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
+/* x under a node of its own, for the caller to mark: a sharding
+ * constraint.  Its value is x; the partitioner emits no op for it, only
+ * x resharded to the mark (docs/DESIGN.md, "Partition"). */
+spmd_tensor *ir_sharding_constraint(spmd_graph *g, spmd_tensor *x);
 /* dx for max over `axis`: dy (reduced shape, keepdim as given) routed to
  * the first maximum of each row of x; result has x's shape. */
 spmd_tensor *ir_max_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy, int axis,

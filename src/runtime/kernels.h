@@ -1,5 +1,5 @@
 /*
- * CPU kernels, one per op (ops.def's last column).  Every kernel splits its
+ * CPU kernels, one per op (ops.def's kernel column).  Every kernel splits its
  * work by (ith, nth): thread ith of nth computes a disjoint part of the
  * output, each output element always by the same arithmetic in the same
  * order, so results do not depend on nth.  The executor runs all nth

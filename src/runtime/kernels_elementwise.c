@@ -106,13 +106,9 @@ static void bc_row_offsets(const bc_plan *p, int64_t row, int64_t *oa, int64_t *
     *ob = xb;
 }
 
-static inline float op_add(float x, float y) { return x + y; }
-static inline float op_sub(float x, float y) { return x - y; }
-static inline float op_mul(float x, float y) { return x * y; }
-static inline float op_div(float x, float y) { return x / y; }
-
-/* out[e0:e1) of a broadcast binary op; each run of a row gets one of four
- * inner loops by the operands' innermost strides. */
+/* out[e0:e1) of a broadcast binary op, OPF its formula (ew_<ENUM>,
+ * kernels_ops.h); each run of a row gets one of four inner loops by the
+ * operands' innermost strides. */
 #define DEFINE_BROADCAST(OPF)                                                        \
     static void bc_##OPF(const bc_plan *p, const float *x, const float *y,           \
                          float *out, int64_t e0, int64_t e1)                         \
@@ -142,10 +138,10 @@ static inline float op_div(float x, float y) { return x / y; }
         }                                                                            \
     }
 
-DEFINE_BROADCAST(op_add)
-DEFINE_BROADCAST(op_sub)
-DEFINE_BROADCAST(op_mul)
-DEFINE_BROADCAST(op_div)
+DEFINE_BROADCAST(ew_ADD)
+DEFINE_BROADCAST(ew_SUB)
+DEFINE_BROADCAST(ew_MUL)
+DEFINE_BROADCAST(ew_DIV)
 
 #define DEFINE_BINARY_KERNEL(NAME, OPF)                                              \
     void NAME(const kern_args *a)                                                    \
@@ -159,10 +155,10 @@ DEFINE_BROADCAST(op_div)
     }
 
 /* out = a op b, numpy broadcasting: a [..], b [..] -> out [max rank]. */
-DEFINE_BINARY_KERNEL(kern_add, op_add)
-DEFINE_BINARY_KERNEL(kern_sub, op_sub)
-DEFINE_BINARY_KERNEL(kern_mul, op_mul)
-DEFINE_BINARY_KERNEL(kern_div, op_div)
+DEFINE_BINARY_KERNEL(kern_add, ew_ADD)
+DEFINE_BINARY_KERNEL(kern_sub, ew_SUB)
+DEFINE_BINARY_KERNEL(kern_mul, ew_MUL)
+DEFINE_BINARY_KERNEL(kern_div, ew_DIV)
 
 /* x [..] broadcast to out [..].  Moves raw 32-bit elements, so it works
  * for i32 as well and copies NaN payloads untouched. */
@@ -193,8 +189,9 @@ void kern_expand(const kern_args *a)
 
 /* ---- Unary ------------------------------------------------------------------ */
 
-/* y [..] = f(x [..]); `c` is only read by scale. */
-#define DEFINE_UNARY_KERNEL(NAME, EXPR)                                              \
+/* y [..] = f(x [..], c), f the op's formula (ew_<ENUM>, kernels_ops.h)
+ * and c the node's attr.scale.c (scale's factor). */
+#define DEFINE_UNARY_KERNEL(NAME, F)                                                 \
     void NAME(const kern_args *a)                                                    \
     {                                                                                \
         int64_t b, e;                                                                \
@@ -202,25 +199,22 @@ void kern_expand(const kern_args *a)
         const float *restrict in = a->in[0];                                         \
         float *restrict out = a->out;                                                \
         const float c = a->node->attr.scale.c;                                       \
-        (void)c;                                                                     \
-        for (int64_t i = b; i < e; i++) {                                            \
-            const float x = in[i];                                                   \
-            out[i] = (EXPR);                                                         \
-        }                                                                            \
+        for (int64_t i = b; i < e; i++) out[i] = F(in[i], c);                        \
     }
 
-DEFINE_UNARY_KERNEL(kern_scale, x * c)
-DEFINE_UNARY_KERNEL(kern_neg, -x)
-DEFINE_UNARY_KERNEL(kern_exp, expf(x))
-DEFINE_UNARY_KERNEL(kern_log, logf(x))
-DEFINE_UNARY_KERNEL(kern_tanh, tanhf(x))
-DEFINE_UNARY_KERNEL(kern_sqrt, sqrtf(x))
-DEFINE_UNARY_KERNEL(kern_rsqrt, kn_rsqrt(x))
-DEFINE_UNARY_KERNEL(kern_relu, kn_relu(x))
-DEFINE_UNARY_KERNEL(kern_gelu, kn_gelu(x))
+DEFINE_UNARY_KERNEL(kern_scale, ew_SCALE)
+DEFINE_UNARY_KERNEL(kern_neg, ew_NEG)
+DEFINE_UNARY_KERNEL(kern_exp, ew_EXP)
+DEFINE_UNARY_KERNEL(kern_log, ew_LOG)
+DEFINE_UNARY_KERNEL(kern_tanh, ew_TANH)
+DEFINE_UNARY_KERNEL(kern_sqrt, ew_SQRT)
+DEFINE_UNARY_KERNEL(kern_rsqrt, ew_RSQRT)
+DEFINE_UNARY_KERNEL(kern_relu, ew_RELU)
+DEFINE_UNARY_KERNEL(kern_gelu, ew_GELU)
 
-/* Backward helpers: (x [..], dy [..]) -> dx [..]. */
-#define DEFINE_GRAD_KERNEL(NAME, EXPR)                                               \
+/* Backward helpers: (x [..], dy [..]) -> dx [..] = F(x, dy), F the op's
+ * formula. */
+#define DEFINE_GRAD_KERNEL(NAME, F)                                                  \
     void NAME(const kern_args *a)                                                    \
     {                                                                                \
         int64_t b, e;                                                                \
@@ -228,11 +222,8 @@ DEFINE_UNARY_KERNEL(kern_gelu, kn_gelu(x))
         const float *restrict xs = a->in[0];                                         \
         const float *restrict dys = a->in[1];                                        \
         float *restrict out = a->out;                                                \
-        for (int64_t i = b; i < e; i++) {                                            \
-            const float x = xs[i], dy = dys[i];                                      \
-            out[i] = (EXPR);                                                         \
-        }                                                                            \
+        for (int64_t i = b; i < e; i++) out[i] = F(xs[i], dys[i]);                   \
     }
 
-DEFINE_GRAD_KERNEL(kern_gelu_backward, dy * kn_gelu_grad(x))
-DEFINE_GRAD_KERNEL(kern_relu_backward, x > 0.0f ? dy : 0.0f)
+DEFINE_GRAD_KERNEL(kern_gelu_backward, ew_GELU_BACKWARD)
+DEFINE_GRAD_KERNEL(kern_relu_backward, ew_RELU_BACKWARD)

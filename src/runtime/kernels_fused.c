@@ -4,8 +4,8 @@
  * block, computes every member in order into its scratch (the root into
  * the output; a stored member also to its memory), so the members'
  * values never leave the cache.  Each member
- * computes each element as its own kernel does (kernels_elementwise.c, the
- * same functions), so the bits are the unfused program's.
+ * computes each element with its op's formula, the function its own
+ * kernel calls (kernels_ops.h), so the bits are the unfused program's.
  */
 #include "compile/fuse.h"
 #include "runtime/kernels_ops.h"
@@ -41,55 +41,51 @@ static const float *operand(const kern_args *a, const fuse_group *g, const float
     return spare;
 }
 
-/* One member over n elements: out[i] = op(x[i], y[i]), a scalar operand
- * broadcast as the binary kernels broadcast it. */
-static void run_step(const fuse_step *s, const float *restrict x, bool xs, float xv,
-                     const float *restrict y, bool ys, float yv, float *restrict out, int64_t n)
+/* One member over n elements: out[i] = its formula (ew_<ENUM>,
+ * kernels_ops.h) of x[i] (and y[i]), a scalar operand broadcast as the
+ * binary kernels broadcast it.  The cases come from ops.def's formula
+ * column; an op without one is a broken invariant (fusion_build admits
+ * only ops with a formula), reported, not skipped.  False then. */
+static bool run_step(const kern_args *a, const fuse_step *s, const float *restrict x, bool xs,
+                     float xv, const float *restrict y, bool ys, float yv, float *restrict out,
+                     int64_t n)
 {
-#define BINARY(OPX)                                                                            \
+#define BINARY(F)                                                                              \
     do {                                                                                       \
         if (!xs && !ys)                                                                        \
-            for (int64_t i = 0; i < n; i++) out[i] = OPX(x[i], y[i]);                          \
+            for (int64_t i = 0; i < n; i++) out[i] = F(x[i], y[i]);                            \
         else if (!xs)                                                                          \
-            for (int64_t i = 0; i < n; i++) out[i] = OPX(x[i], yv);                            \
+            for (int64_t i = 0; i < n; i++) out[i] = F(x[i], yv);                              \
         else if (!ys)                                                                          \
-            for (int64_t i = 0; i < n; i++) out[i] = OPX(xv, y[i]);                            \
+            for (int64_t i = 0; i < n; i++) out[i] = F(xv, y[i]);                              \
         else                                                                                   \
-            for (int64_t i = 0; i < n; i++) out[i] = OPX(xv, yv);                              \
+            for (int64_t i = 0; i < n; i++) out[i] = F(xv, yv);                                \
     } while (0)
-#define UNARY(EXPR)                                                                            \
+#define UNARY(F)                                                                               \
     do {                                                                                       \
-        for (int64_t i = 0; i < n; i++) {                                                      \
-            const float v = xs ? xv : x[i];                                                    \
-            out[i] = (EXPR);                                                                   \
-        }                                                                                      \
+        for (int64_t i = 0; i < n; i++) out[i] = F(xs ? xv : x[i], c);                         \
     } while (0)
-#define OP_ADD(p, q) ((p) + (q))
-#define OP_SUB(p, q) ((p) - (q))
-#define OP_MUL(p, q) ((p) * (q))
-#define OP_DIV(p, q) ((p) / (q))
-#define OP_GELU_BACKWARD(p, q) ((q) * kn_gelu_grad(p))
-#define OP_RELU_BACKWARD(p, q) ((p) > 0.0f ? (q) : 0.0f)
+#define FUSED_CASE(op, fn, kind, expr) FUSED_CASE_##kind(op, fn)
+#define FUSED_CASE_KN_EW_NONE(op, fn)
+#define FUSED_CASE_KN_EW_UNARY(op, fn)                                                         \
+    case op: UNARY(fn); return true;
+#define FUSED_CASE_KN_EW_BINARY(op, fn)                                                        \
+    case op: BINARY(fn); return true;
     const float c = s->c;
     switch (s->op) {
-    case IR_ADD: BINARY(OP_ADD); break;
-    case IR_SUB: BINARY(OP_SUB); break;
-    case IR_MUL: BINARY(OP_MUL); break;
-    case IR_DIV: BINARY(OP_DIV); break;
-    case IR_GELU_BACKWARD: BINARY(OP_GELU_BACKWARD); break;
-    case IR_RELU_BACKWARD: BINARY(OP_RELU_BACKWARD); break;
-    case IR_EXPAND: UNARY(v); break;
-    case IR_SCALE: UNARY(v * c); break;
-    case IR_NEG: UNARY(-v); break;
-    case IR_EXP: UNARY(expf(v)); break;
-    case IR_LOG: UNARY(logf(v)); break;
-    case IR_TANH: UNARY(tanhf(v)); break;
-    case IR_SQRT: UNARY(sqrtf(v)); break;
-    case IR_RSQRT: UNARY(kn_rsqrt(v)); break;
-    case IR_RELU: UNARY(kn_relu(v)); break;
-    case IR_GELU: UNARY(kn_gelu(v)); break;
-    default: break; /* fusion_build admits only the ops above */
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch)                     \
+    FUSED_CASE(IR_##e, ew_##e, formula)
+#include "ir/ops.def"
+#undef OP
+    default:
+        kern_fail(a, SPMD_ERR_INTERNAL, "fused kernel: %s has no elementwise formula (ops.def)",
+                  ir_op_name(s->op));
+        return false;
     }
+#undef FUSED_CASE_KN_EW_BINARY
+#undef FUSED_CASE_KN_EW_UNARY
+#undef FUSED_CASE_KN_EW_NONE
+#undef FUSED_CASE
 #undef BINARY
 #undef UNARY
 }
@@ -109,12 +105,11 @@ void kern_fused(const kern_args *a)
             bool xs = false, ys = false;
             float xv = 0, yv = 0;
             const float *x = operand(a, g, slots, s->src[0], at, n, spare, &xs, &xv);
-            bool binary = s->op == IR_ADD || s->op == IR_SUB || s->op == IR_MUL ||
-                          s->op == IR_DIV || s->op == IR_GELU_BACKWARD || s->op == IR_RELU_BACKWARD;
+            bool binary = ir_op_formula_arity(s->op) == 2;
             const float *y = binary ? operand(a, g, slots, s->src[1], at, n, spare + FUSE_BLOCK, &ys, &yv)
                                     : NULL;
             float *o = k == g->n_steps - 1 ? out + at : slots + (size_t)k * FUSE_BLOCK;
-            run_step(s, x, xs, xv, y, ys, yv, o, n);
+            if (!run_step(a, s, x, xs, xv, y, ys, yv, o, n)) return;
             if (s->stored >= 0) memcpy((float *)a->stored[s->stored] + at, o, (size_t)n * sizeof *o);
         }
     }

@@ -1,11 +1,12 @@
 /*
  * Internal to the CPU kernels: one declaration per kernel, generated from
- * ops.def's last column so that the table in kernels.c, these prototypes and
- * the definitions in kernels_*.c cannot drift apart, plus the few helpers
- * that several kernel files share.
+ * ops.def's kernel column so that the table in kernels.c, these prototypes
+ * and the definitions in kernels_*.c cannot drift apart; the elementwise
+ * formulas, generated from its formula column; and the few helpers that
+ * several kernel files share.
  *
- * kern_leaf appears on three rows; repeating an identical declaration is
- * legal C.
+ * kern_leaf appears on three rows, kern_reshape on two; repeating an
+ * identical declaration is legal C.
  */
 #ifndef SPMD_RUNTIME_KERNELS_OPS_H
 #define SPMD_RUNTIME_KERNELS_OPS_H
@@ -17,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define OP(e, name, arity, sig, lin, fix, vjp, kern) void kern(const kern_args *args);
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) void kern(const kern_args *args);
 #include "ir/ops.def"
 #undef OP
 
@@ -160,8 +161,7 @@ static inline void kn_softmax_row(const float *x, float *y, int64_t n)
  * kernels_attention.c must agree. */
 enum { KN_ATTN_BLOCK = COMPILE_ATTN_BLOCK };
 
-/* Elementwise functions shared by the per-op kernels and kern_fused, so
- * both compute every element alike. */
+/* Helpers of the elementwise formulas (ops.def) and of other kernels. */
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_C 0.044715f
 
@@ -187,6 +187,32 @@ static inline float kn_gelu_grad(float x)
 /* relu passes NaN through, as torch.relu does. */
 static inline float kn_relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
 static inline float kn_rsqrt(float x) { return 1.0f / sqrtf(x); }
+
+/* ops.def's formula column, one function per op that has a formula:
+ * ew_<ENUM>(x, c) for EW_UNARY (c is the node's attr.scale.c) and
+ * ew_<ENUM>(x, y) for EW_BINARY.  The op's own kernel
+ * (kernels_elementwise.c) and kern_fused (kernels_fused.c) both call it,
+ * so the formula is written once and a fused member computes its
+ * kernel's bits (the build does not contract a*b+c into FMAs: ISO C
+ * mode).  EW_* stay defined for kernels_fused.c, which generates its
+ * switch from the same column. */
+#define EW_NONE KN_EW_NONE, ()
+#define EW_UNARY(...) KN_EW_UNARY, (__VA_ARGS__)
+#define EW_BINARY(...) KN_EW_BINARY, (__VA_ARGS__)
+#define KN_EW_DEFINE(fn, kind, expr) KN_EW_DEFINE_##kind(fn, expr)
+#define KN_EW_DEFINE_KN_EW_NONE(fn, expr)
+#define KN_EW_DEFINE_KN_EW_UNARY(fn, expr)                                                         \
+    static inline float fn(float x, float c)                                                       \
+    {                                                                                              \
+        (void)c;                                                                                   \
+        return expr;                                                                               \
+    }
+#define KN_EW_DEFINE_KN_EW_BINARY(fn, expr)                                                        \
+    static inline float fn(float x, float y) { return expr; }
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch)                     \
+    KN_EW_DEFINE(ew_##e, formula)
+#include "ir/ops.def"
+#undef OP
 
 static inline int64_t kn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t kn_max_i(int64_t a, int64_t b) { return a > b ? a : b; }

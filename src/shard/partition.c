@@ -603,7 +603,7 @@ static spmd_tensor *fix_loss_rows(builder *b, const spmd_tensor *t, const shardi
 }
 
 static const part_fixup_fn fixup_table[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern) fix,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) fix,
 #include "ir/ops.def"
 #undef OP
 };
@@ -650,11 +650,11 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
         }
     }
     sharding out = shard_produced(&p->prop, t);
-    /* scale by 1 is how the optimizer re-marks a value (the held gradient,
-     * ZeRO's view of a parameter): x * 1.0f is x, bit for bit, so the
-     * device's program reads the resharded operand instead of copying it
-     * whole first. */
-    if (t->op == IR_SCALE && t->attr.scale.c == 1.0f && in[0]->dtype == SPMD_F32)
+    /* A sharding constraint (how the optimizer re-marks a value: the held
+     * gradient, ZeRO's view of a parameter) is its operand: the device's
+     * program reads the resharded operand instead of copying it whole
+     * first. */
+    if (t->op == IR_SHARDING_CONSTRAINT)
         return add_variant(b, t->id, &out, in[0]) ? SPMD_OK : SPMD_ERR_NOMEM;
     int64_t dims[SPMD_MAX_RANK];
     sharding_local_dims(&out, p->m, t->rank, t->dims, dims);

@@ -267,22 +267,6 @@ static uint32_t linear_through(const shard_plan *p, const spmd_tensor *t, uint32
     return 0;
 }
 
-/* Ops whose local form does not depend on where a device's elements lie
- * along a split dim, so a grouped split passes through them: everything
- * but the ops that index along dims (slices, lookups, attention's heads
- * and positions, the losses' classes). */
-static bool carries_groups(ir_op op)
-{
-    switch (op) {
-    case IR_SLICE: case IR_PAD: case IR_CONCAT: case IR_ATTENTION: case IR_ATTENTION_BACKWARD:
-    case IR_CACHE_WRITE: case IR_CACHED_ATTENTION: case IR_EMBEDDING: case IR_EMBEDDING_BACKWARD:
-    case IR_CROSS_ENTROPY: case IR_CROSS_ENTROPY_BACKWARD:
-        return false;
-    default:
-        return true;
-    }
-}
-
 /* Assign operand dims' axes to free iteration dims. */
 static void take_axes(const shard_plan *p, ir_op op, shard_node *n, const int8_t *map, int rank,
                       const sharding *s, uint32_t *used)
@@ -291,7 +275,8 @@ static void take_axes(const shard_plan *p, ir_op op, shard_node *n, const int8_t
         int it = map[i];
         const mesh_axes *want = &s->dim[i];
         if (it < 0 || want->n == 0 || n->iter[it].n) continue;
-        if (mesh_axes_groups(want) > 1 && !carries_groups(op)) continue;
+        /* A grouped split only where the op carries one (ops.def). */
+        if (mesh_axes_groups(want) > 1 && !ir_op_carries_groups(op)) continue;
         if (n->sig->kind[it] == IR_ITER_FULL) continue;
         uint32_t mask = axes_mask(want);
         if (mask & *used) continue;

@@ -253,15 +253,16 @@ static spmd_tensor *param_state(spmd_graph *g, const spmd_optimizer *o, const sp
     return s;
 }
 
-/* p as the update reads it: itself, or with shard_state a marked copy in
- * the update's sharding (each device's slice of it: no collective), so
- * the update runs on shards and only its result is gathered back. */
+/* p as the update reads it: itself, or with shard_state a sharding
+ * constraint of it to the update's sharding (each device's slice of it:
+ * no collective, no copy), so the update runs on shards and only its
+ * result is gathered back. */
 static spmd_tensor *param_in_update(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p)
 {
     sharding mark;
     if (!o->shard_state || !state_mark(g, o, p, &mark) || (p->mark && sharding_equal(&mark, p->mark)))
         return p;
-    spmd_tensor *view = spmd_scale(g, p, 1.0f);
+    spmd_tensor *view = ir_sharding_constraint(g, p);
     if (view && copy_mark(g, view, &mark) != SPMD_OK) return NULL;
     return view;
 }
@@ -362,18 +363,19 @@ static spmd_status adamw_param(spmd_graph *g, const spmd_optimizer *o, spmd_tens
 
 /* ---- The whole update -------------------------------------------------------------------- */
 
-/* The gradient the update reads, on a mesh: a copy held in the
- * parameter's sharding (replicated for an unmarked parameter).  Marking
- * the gradient's producer instead (a matmul summing over the batch) makes
- * propagation place that op by the mark first and gather its batch-split
- * operands whole; a marked copy leaves the producer its pending sum and
- * resolves it once, into the shard (one reduce-scatter, and an all-reduce
- * over the replica axes).  Unheld, every consumer (the norm, each moment)
- * would resolve the pending sum again. */
+/* The gradient the update reads, on a mesh: held in the parameter's
+ * sharding (replicated for an unmarked parameter) by a sharding
+ * constraint.  Marking the gradient's producer instead (a matmul summing
+ * over the batch) makes propagation place that op by the mark first and
+ * gather its batch-split operands whole; a constraint of its own leaves
+ * the producer its pending sum and resolves it once, into the shard (one
+ * reduce-scatter, and an all-reduce over the replica axes).  Unheld,
+ * every consumer (the norm, each moment) would resolve the pending sum
+ * again. */
 static spmd_tensor *held_grad(spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p)
 {
     if (!g->mesh) return p->grad;
-    spmd_tensor *held = spmd_scale(g, p->grad, 1.0f);
+    spmd_tensor *held = ir_sharding_constraint(g, p->grad);
     sharding mark;
     state_mark(g, o, p, &mark);
     if (held && copy_mark(g, held, &mark) != SPMD_OK) return NULL;
