@@ -1,0 +1,604 @@
+"""The aten op table: one entry per aten op overload, each a short function
+(lowering, operands...) -> value that appends builder calls.
+
+Operands arrive as Refs (values computed at run time), torch tensors
+(constants folded at trace time) or Python values.  An op whose operands
+are all constants never reaches the table: trace() folds it with torch.
+A function returns a Ref, a tuple of values (ops with several outputs) or
+raises the lowering's NotImplementedError.
+"""
+import math
+
+import numpy as np
+import torch
+
+from .graph import Ref
+from .trace import Unavailable
+
+TABLE = {}
+
+
+def aten(*names):
+    """Register the function under each 'aten.<op>.<overload>' name."""
+    def register(fn):
+        for n in names:
+            TABLE["aten." + n] = fn
+        return fn
+    return register
+
+
+# ---- helpers ---------------------------------------------------------------
+
+
+def _dim(d, rank):
+    d = int(d)
+    return d + rank if d < 0 else d
+
+
+def _bcast(*shapes):
+    return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+
+
+def _ewise(cx, op, a, b):
+    a, b = cx.ref(a), cx.ref(b)
+    return cx.emit(op, a, b, shape=_bcast(a.shape, b.shape))
+
+
+def _unary(op):
+    def lower(cx, x):
+        x = cx.ref(x)
+        return cx.emit(op, x, shape=x.shape)
+    return lower
+
+
+def _reshape(cx, x, shape):
+    x = cx.ref(x, None)
+    shape = tuple(int(d) for d in shape)
+    if shape == x.shape:
+        return x
+    src = cx.producer.get(x.id)
+    if src is not None and src.op == "reshape":
+        x = src.args[0]
+        if shape == x.shape:
+            return x
+    return cx.emit("reshape", x, shape, shape=shape, dtype=x.dtype)
+
+
+def _permute(cx, x, perm):
+    perm = tuple(_dim(p, x.rank) for p in perm)
+    if perm == tuple(range(x.rank)):
+        return x
+    return cx.emit("permute", x, perm, shape=tuple(x.shape[p] for p in perm), dtype=x.dtype)
+
+
+def _slice(cx, x, axis, start, length):
+    if start == 0 and length == x.shape[axis]:
+        return x
+    shape = x.shape[:axis] + (length,) + x.shape[axis + 1:]
+    return cx.emit("slice", x, axis, start, length, shape=shape, dtype=x.dtype)
+
+
+def _axes(dims, rank):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = (dims,)
+    return tuple(sorted({_dim(d, rank) for d in dims}))
+
+
+def _reduced(shape, axes, keepdim):
+    if keepdim:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _last_dim(cx, op, x, dim):
+    """op (softmax, log_softmax) over `dim`, permuted around it when it is
+    not the last."""
+    x = cx.ref(x)
+    d = _dim(dim, x.rank)
+    if d == x.rank - 1:
+        return cx.emit(op, x, shape=x.shape)
+    perm = [i for i in range(x.rank) if i != d] + [d]
+    inv = [perm.index(i) for i in range(x.rank)]
+    y = _permute(cx, x, perm)
+    return _permute(cx, cx.emit(op, y, shape=y.shape), inv)
+
+
+def _no_alpha(cx, alpha):
+    if alpha is not None and alpha != 1:
+        return cx.number(alpha)
+    return None
+
+
+def _fill_like(cx, shape, value):
+    return cx.emit("fill", tuple(shape), float(value), shape=tuple(shape))
+
+
+# ---- matrix products -------------------------------------------------------
+
+
+def _transposed_2d(cx, x):
+    """x's source when x is the transpose of a 2-D value, else None."""
+    call = cx.producer.get(x.id) if isinstance(x, Ref) else None
+    if call is not None and call.op == "transpose" and call.out.rank == 2:
+        return call.args[0]
+    return None
+
+
+def _mm(cx, a, b):
+    a, b = cx.ref(a), cx.ref(b)
+    ta, tb = _transposed_2d(cx, a), _transposed_2d(cx, b)
+    shape = (a.shape[0], b.shape[1])
+    if ta is not None and tb is not None:
+        return cx.emit("matmul", ta, tb, True, True, shape=shape)
+    if ta is not None:
+        return cx.emit("matmul", ta, b, True, False, shape=shape)
+    if tb is not None:
+        return cx.emit("matmul", a, tb, False, True, shape=shape)
+    return cx.emit("matmul", a, b, False, False, shape=shape)
+
+
+@aten("mm.default")
+def mm(cx, a, b):
+    return _mm(cx, a, b)
+
+
+@aten("addmm.default")
+def addmm(cx, bias, a, b, beta=1, alpha=1):
+    y = _mm(cx, a, b)
+    if alpha != 1:
+        y = cx.emit("scale", y, float(alpha), shape=y.shape)
+    bias = cx.ref(bias)
+    if beta != 1:
+        bias = cx.emit("scale", bias, float(beta), shape=bias.shape)
+    return cx.emit("add", y, bias, shape=_bcast(y.shape, bias.shape))
+
+
+@aten("bmm.default")
+def bmm(cx, a, b):
+    a, b = cx.ref(a), cx.ref(b)
+    return cx.emit("bmm", a, b, False, False, shape=a.shape[:-1] + b.shape[-1:])
+
+
+# ---- layout ----------------------------------------------------------------
+
+
+@aten("t.default")
+def t(cx, x):
+    x = cx.ref(x, None)
+    if x.rank < 2:
+        return x
+    return cx.emit("transpose", x, 0, 1, shape=x.shape[::-1], dtype=x.dtype)
+
+
+@aten("transpose.int")
+def transpose(cx, x, d0, d1):
+    x = cx.ref(x, None)
+    d0, d1 = _dim(d0, x.rank), _dim(d1, x.rank)
+    if d0 == d1:
+        return x
+    shape = list(x.shape)
+    shape[d0], shape[d1] = shape[d1], shape[d0]
+    return cx.emit("transpose", x, d0, d1, shape=tuple(shape), dtype=x.dtype)
+
+
+@aten("permute.default")
+def permute(cx, x, dims):
+    return _permute(cx, cx.ref(x, None), dims)
+
+
+@aten("view.default", "_unsafe_view.default", "reshape.default", "_reshape_alias.default",
+      "unsqueeze.default", "squeeze.default", "squeeze.dim", "squeeze.dims", "flatten.using_ints",
+      "unflatten.int")
+def view(cx, x, *_shape_args, **_kw):
+    return _reshape(cx, x, cx.out_shape())
+
+
+@aten("expand.default")
+def expand(cx, x, _sizes, implicit=False):
+    shape = cx.out_shape()
+    x = cx.ref(x, None)
+    if shape == x.shape:
+        return x
+    return cx.emit("expand", cx.ref(x), shape, shape=shape)
+
+
+@aten("clone.default", "detach.default", "alias.default", "lift_fresh_copy.default",
+      "contiguous.default")
+def identity(cx, x, **_kw):
+    return cx.ref(x, None)
+
+
+@aten("_to_copy.default")
+def to_copy(cx, x, dtype=None, **_kw):
+    x = cx.ref(x, None)
+    if dtype is None:
+        return x
+    want = "f32" if dtype.is_floating_point else None
+    if dtype not in (torch.bool,) and not dtype.is_complex and not dtype.is_floating_point:
+        want = "i32"
+    if want == x.dtype:
+        return x
+    raise cx.unsupported(f"converts a {x.dtype} tensor computed at run time to {dtype}")
+
+
+@aten("slice.Tensor")
+def slice_(cx, x, dim=0, start=None, end=None, step=1):
+    x = cx.ref(x, None)
+    d = _dim(dim, x.rank)
+    n = x.shape[d]
+    begin, stop, stride = slice(start, end, step).indices(n)
+    if stride != 1:
+        raise cx.unsupported(f"with step {step}; libspmd slices are contiguous")
+    return _slice(cx, x, d, begin, max(stop - begin, 0))
+
+
+@aten("select.int")
+def select(cx, x, dim, index):
+    x = cx.ref(x, None)
+    d = _dim(dim, x.rank)
+    i = int(index) + x.shape[d] if index < 0 else int(index)
+    y = _slice(cx, x, d, i, 1)
+    return _reshape(cx, y, x.shape[:d] + x.shape[d + 1:])
+
+
+def _pieces(cx, x, sizes, d):
+    out, start = [], 0
+    for s in sizes:
+        out.append(_slice(cx, x, d, start, s))
+        start += s
+    return tuple(out)
+
+
+@aten("split.Tensor")
+def split(cx, x, size, dim=0):
+    x = cx.ref(x, None)
+    d = _dim(dim, x.rank)
+    n = x.shape[d]
+    sizes = [min(size, n - s) for s in range(0, n, size)] if n else [0]
+    return _pieces(cx, x, sizes, d)
+
+
+@aten("split_with_sizes.default")
+def split_with_sizes(cx, x, sizes, dim=0):
+    x = cx.ref(x, None)
+    return _pieces(cx, x, [int(s) for s in sizes], _dim(dim, x.rank))
+
+
+@aten("unbind.int")
+def unbind(cx, x, dim=0):
+    x = cx.ref(x, None)
+    d = _dim(dim, x.rank)
+    return tuple(select(cx, x, d, i) for i in range(x.shape[d]))
+
+
+def _concat(cx, xs, d):
+    xs = [x for x in xs if x.shape[d] != 0] or xs[:1]
+    if len(xs) == 1:
+        return xs[0]
+    shape = list(xs[0].shape)
+    shape[d] = sum(x.shape[d] for x in xs)
+    return cx.emit("concat", list(xs), d, shape=tuple(shape), dtype=xs[0].dtype)
+
+
+@aten("cat.default")
+def cat(cx, tensors, dim=0):
+    refs = [cx.ref(x, None) for x in tensors]
+    refs = [r for r in refs if r.shape != (0,)]  # the legacy empty operand
+    return _concat(cx, refs, _dim(dim, refs[0].rank))
+
+
+@aten("stack.default")
+def stack(cx, tensors, dim=0):
+    refs = [cx.ref(x, None) for x in tensors]
+    d = _dim(dim, refs[0].rank + 1)
+    parts = [_reshape(cx, r, r.shape[:d] + (1,) + r.shape[d:]) for r in refs]
+    return _concat(cx, parts, d)
+
+
+# ---- elementwise -----------------------------------------------------------
+
+
+for _op in ("neg", "exp", "log", "tanh", "relu", "sqrt", "rsqrt", "silu"):
+    TABLE[f"aten.{_op}.default"] = _unary(_op)
+
+
+@aten("gelu.default")
+def gelu(cx, x, approximate="none"):
+    x = cx.ref(x)
+    return cx.emit("gelu" if approximate == "tanh" else "gelu_erf", x, shape=x.shape)
+
+
+@aten("add.Tensor", "add.Scalar")
+def add(cx, a, b, alpha=1):
+    c = _no_alpha(cx, alpha)
+    if c is not None:
+        b = mul(cx, b, c)
+    return _ewise(cx, "add", a, b)
+
+
+@aten("sub.Tensor", "sub.Scalar")
+def sub(cx, a, b, alpha=1):
+    c = _no_alpha(cx, alpha)
+    if c is not None:
+        b = mul(cx, b, c)
+    return _ewise(cx, "sub", a, b)
+
+
+@aten("rsub.Scalar", "rsub.Tensor")
+def rsub(cx, a, b, alpha=1):
+    return sub(cx, b, a, alpha)
+
+
+@aten("mul.Tensor", "mul.Scalar")
+def mul(cx, a, b):
+    ca, cb = cx.number(a), cx.number(b)
+    if cb is not None and isinstance(a, Ref):
+        return cx.emit("scale", a, cb, shape=a.shape) if cb != 1 else a
+    if ca is not None and isinstance(b, Ref):
+        return cx.emit("scale", b, ca, shape=b.shape) if ca != 1 else b
+    return _ewise(cx, "mul", a, b)
+
+
+@aten("div.Tensor", "div.Scalar")
+def div(cx, a, b):
+    cb = cx.number(b)
+    if cb is not None and isinstance(a, Ref) and cb != 0:
+        return cx.emit("scale", a, 1.0 / cb, shape=a.shape) if cb != 1 else a
+    return _ewise(cx, "div", a, b)
+
+
+@aten("pow.Tensor_Scalar")
+def pow_(cx, x, e):
+    x = cx.ref(x)
+    e = float(e)
+    if e == 1:
+        return x
+    if e == 2:
+        return cx.emit("mul", x, x, shape=x.shape)
+    if e == 3:
+        return cx.emit("mul", cx.emit("mul", x, x, shape=x.shape), x, shape=x.shape)
+    if e == 0.5:
+        return cx.emit("sqrt", x, shape=x.shape)
+    if e == -0.5:
+        return cx.emit("rsqrt", x, shape=x.shape)
+    if e == -1:
+        return cx.emit("div", cx.ref(1.0), x, shape=x.shape)
+    raise cx.unsupported(f"with exponent {e:g} (libspmd maps 1, 2, 3, 0.5, -0.5 and -1)")
+
+
+@aten("pow.Scalar")
+def pow_scalar(cx, base, x):
+    x = cx.ref(x)
+    base = float(base)
+    if base <= 0:
+        raise cx.unsupported(f"with base {base:g}; libspmd maps a positive base as exp(x log b)")
+    return cx.emit("exp", cx.emit("scale", x, math.log(base), shape=x.shape), shape=x.shape)
+
+
+@aten("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def where(cx, cond, a, b):
+    if isinstance(cond, torch.Tensor):
+        for picked, other in ((a, cond.all()), (b, not cond.any())):
+            if other and isinstance(picked, Ref) and picked.shape == cx.out_shape():
+                return picked
+        cond = cx.const_state(cond.to(torch.float32), origin=cond)
+    cond, a, b = cx.ref(cond), cx.ref(a), cx.ref(b)
+    return cx.emit("where", cond, a, b, shape=_bcast(cond.shape, a.shape, b.shape))
+
+
+@aten("masked_fill.Scalar", "masked_fill.Tensor")
+def masked_fill(cx, x, mask, value):
+    v = cx.number(value)
+    if v is None:
+        raise cx.unsupported("with a fill value computed at run time")
+    return where(cx, mask, v, x)
+
+
+def _triangle(upper):
+    def lower(cx, x, diagonal=0):
+        x = cx.ref(x)
+        rows, cols = x.shape[-2:]
+        keep = torch.ones(rows, cols, dtype=torch.bool)
+        keep = keep.triu(diagonal) if upper else keep.tril(diagonal)
+        return where(cx, keep, x, 0.0)
+    return lower
+
+
+TABLE["aten.tril.default"] = _triangle(False)
+TABLE["aten.triu.default"] = _triangle(True)
+
+
+def _runtime_compare(cx, *_args, **_kw):
+    raise cx.unsupported("compares a tensor computed at run time; libspmd folds comparisons "
+                         "of constants (buffers, arange, ...) only")
+
+
+for _op in ("eq", "ne", "lt", "gt", "le", "ge"):
+    TABLE[f"aten.{_op}.Scalar"] = TABLE[f"aten.{_op}.Tensor"] = _runtime_compare
+
+
+@aten("zeros_like.default", "ones_like.default", "full_like.default")
+def fill_like(cx, x, *args, **_kw):
+    value = args[0] if args else None
+    op = str(cx.node.target).split(".")[1]
+    v = {"zeros_like": 0.0, "ones_like": 1.0}.get(op, value)
+    return _fill_like(cx, cx.out_shape(), v)
+
+
+@aten("dropout.default")
+def dropout(cx, x, p, train):
+    if p != 0 and train:
+        raise cx.unsupported(f"with p = {p} in training; libspmd maps dropout with p = 0 only")
+    return cx.ref(x, None)
+
+
+@aten("native_dropout.default")
+def native_dropout(cx, x, p, train):
+    if p != 0 and train:
+        raise cx.unsupported(f"with p = {p} in training; libspmd maps dropout with p = 0 only")
+    return cx.ref(x, None), Unavailable("dropout's mask")
+
+
+# ---- reductions and normalisations ----------------------------------------
+
+
+def _reduce(op):
+    def lower(cx, x, dim=None, keepdim=False, dtype=None):
+        x = cx.ref(x)
+        axes = _axes(dim, x.rank)
+        if not axes:
+            return x
+        return cx.emit(op, x, axes, bool(keepdim), shape=_reduced(x.shape, axes, keepdim))
+    return lower
+
+
+TABLE["aten.sum.dim_IntList"] = _reduce("sum")
+TABLE["aten.mean.dim"] = _reduce("mean")
+
+
+@aten("sum.default", "mean.default")
+def reduce_all(cx, x, dtype=None):
+    op = str(cx.node.target).split(".")[1]
+    return _reduce(op)(cx, x)
+
+
+@aten("amax.default")
+def amax(cx, x, dim=(), keepdim=False):
+    x = cx.ref(x)
+    axes = _axes(dim, x.rank)
+    y = x
+    for a in sorted(axes, reverse=True):
+        shape = _reduced(y.shape, (a,), keepdim)
+        y = cx.emit("max", y, a, bool(keepdim), shape=shape)
+    return y
+
+
+@aten("_softmax.default")
+def softmax(cx, x, dim, half_to_float=False):
+    return _last_dim(cx, "softmax", x, dim)
+
+
+@aten("_log_softmax.default")
+def log_softmax(cx, x, dim, half_to_float=False):
+    return _last_dim(cx, "log_softmax", x, dim)
+
+
+@aten("native_layer_norm.default")
+def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
+    x = cx.ref(x)
+    k = len(normalized_shape)
+    c = int(np.prod(x.shape[x.rank - k:], dtype=np.int64))
+    flat = _reshape(cx, x, x.shape[:x.rank - k] + (c,))
+    gamma = _reshape(cx, cx.ref(weight), (c,)) if weight is not None else _fill_like(cx, (c,), 1)
+    beta = _reshape(cx, cx.ref(bias), (c,)) if bias is not None else _fill_like(cx, (c,), 0)
+    y = cx.emit("layernorm", flat, gamma, beta, float(eps), shape=flat.shape)
+    return (_reshape(cx, y, x.shape), Unavailable("layer norm's saved mean"),
+            Unavailable("layer norm's saved inverse deviation"))
+
+
+# ---- lookups and losses ----------------------------------------------------
+
+
+@aten("embedding.default")
+def embedding(cx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if padding_idx is not None and padding_idx >= 0:
+        raise cx.unsupported(f"with padding_idx {padding_idx} (its row gets no gradient in "
+                             f"PyTorch; libspmd's embedding trains every row)")
+    if scale_grad_by_freq or sparse:
+        raise cx.unsupported("with scale_grad_by_freq or sparse gradients")
+    table = cx.ref(weight)
+    out_shape = tuple(indices.shape) + (table.shape[1],)
+    if isinstance(indices, torch.Tensor):
+        flat = indices.reshape(-1)
+        n = flat.numel()
+        if n and torch.equal(flat, torch.arange(int(flat[0]), int(flat[0]) + n, dtype=flat.dtype)):
+            rows = _slice(cx, table, 0, int(flat[0]), n)
+            return _reshape(cx, rows, out_shape)
+    ids = cx.ref(indices, "i32")
+    return cx.emit("embedding", table, ids, shape=out_shape)
+
+
+_LAYOUT = ("reshape", "slice", "permute", "transpose")
+
+
+def _input_chain(cx, ref):
+    """(the input call ref derives from, the layout calls from it to ref),
+    or (None, None) when ref is not a view of an input."""
+    chain = []
+    while True:
+        call = cx.producer.get(ref.id)
+        if call is None:
+            return None, None
+        if call.op == "input":
+            return call, chain[::-1]
+        if call.op not in _LAYOUT:
+            return None, None
+        chain.append(call)
+        ref = call.args[0]
+
+
+def _replay(cx, chain, src):
+    for call in chain:
+        src = cx.emit(call.op, src, *call.args[1:], shape=call.out.shape, dtype=src.dtype)
+    return src
+
+
+def _ignore_inputs(cx, target, ignore):
+    """The targets with `ignore` replaced by class 0 (i32) and where they are
+    kept (f32 1/0), as inputs derived from the batch tensor they view."""
+    inp, chain = _input_chain(cx, target)
+    spec = next((s for s in cx.inputs if inp is not None and s.name == inp.args[0]), None)
+    if spec is None or spec.arg is None:
+        raise cx.unsupported("with targets that are not a view of a batch tensor")
+    key = ("ignore", spec.name, ignore)
+    if key not in cx.derived:
+        arg = spec.arg
+        safe = cx.add_input(cx._unique(f"{spec.name}.ignore{ignore}.targets"), "i32", spec.shape,
+                            arg, lambda b: np.where(b[arg] == ignore, 0, b[arg]).astype(np.int32))
+        keep = cx.add_input(cx._unique(f"{spec.name}.ignore{ignore}.kept"), "f32", spec.shape,
+                            arg, lambda b: (b[arg] != ignore).astype(np.float32))
+        cx.derived[key] = (safe, keep)
+    safe, keep = cx.derived[key]
+    return _replay(cx, chain, safe), _replay(cx, chain, keep)
+
+
+@aten("nll_loss_forward.default")
+def nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
+    """nll_loss(log_softmax(logits)) as libspmd's cross_entropy of the logits.
+    Rows whose target is ignore_index get zero logits (so zero gradient) and
+    a safe target; their known share, log V each, is taken out of the sum:
+        loss = (N ce + (kept - N) log V) / kept     (mean; the sum without / kept)
+    """
+    if weight is not None:
+        raise cx.unsupported("with class weights")
+    if reduction not in (1, 2):
+        raise cx.unsupported("with reduction 'none'; libspmd's losses are scalars")
+    logp, target = cx.ref(logp), cx.ref(target, "i32")
+    src = cx.producer.get(logp.id)
+    if src is None or src.op != "log_softmax":
+        raise cx.unsupported("on a tensor that is not a log_softmax over classes")
+    logits = src.args[0]
+    if logits.rank == 1:
+        logits = _reshape(cx, logits, (1,) + logits.shape)
+        target = _reshape(cx, target, (1,))
+    n, v = logits.shape
+    safe, keep = _ignore_inputs(cx, target, int(ignore_index))
+    col = _reshape(cx, keep, (n, 1))
+    masked = cx.emit("mul", logits, col, shape=logits.shape)
+    ce = cx.emit("cross_entropy", masked, safe, shape=())
+    kept = cx.emit("sum", keep, (0,), False, shape=())
+    total = cx.emit("add", cx.emit("scale", ce, float(n), shape=()),
+                    cx.emit("scale", kept, math.log(v), shape=()), shape=())
+    total = cx.emit("add", total, cx.ref(-n * math.log(v)), shape=())
+    loss = total if reduction == 2 else cx.emit("div", total, kept, shape=())
+    return loss, Unavailable("nll_loss's total weight")
+
+
+@aten("mse_loss.default")
+def mse_loss(cx, a, b, reduction=1):
+    if reduction != 1:
+        raise cx.unsupported("with a reduction other than the mean")
+    a, b = cx.ref(a), cx.ref(b)
+    return cx.emit("mse", a, b, shape=())

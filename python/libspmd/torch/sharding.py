@@ -1,0 +1,148 @@
+"""mark_sharding / clear_sharding with torch_xla's partition specs.
+
+A mark is recorded in a weak mapping keyed by the tensor (a parameter, a
+buffer or an input tensor) and read when the model is traced; the tensor
+itself is returned unchanged.  A spec has one entry per tensor dimension:
+an axis name, an axis index, a tuple of those (major to minor) or None.
+It converts to libspmd's spec text (docs/DESIGN.md, "Sharding"), e.g.
+``(replica, fsdp), None``.
+"""
+import weakref
+
+import torch
+
+from .mesh import Mesh, get_global_mesh
+
+
+class ShardingMark:
+    """A tensor's mark: its mesh, the spec as tuples of axis indices (None
+    for a whole dim) and the spec as given."""
+
+    __slots__ = ("mesh", "axes", "partition_spec")
+
+    def __init__(self, mesh, axes, partition_spec):
+        self.mesh = mesh
+        self.axes = axes
+        self.partition_spec = partition_spec
+
+    def spec_text(self):
+        """libspmd's text form of the spec: ``(replica, fsdp), None``."""
+        names = self.mesh.libspmd_axis_names()
+        parts = []
+        for entry in self.axes:
+            if entry is None:
+                parts.append("None")
+            elif len(entry) == 1:
+                parts.append(names[entry[0]])
+            else:
+                parts.append("(" + ", ".join(names[a] for a in entry) + ")")
+        return ", ".join(parts)
+
+    def __repr__(self):
+        return f"ShardingMark({self.spec_text()!r} on {self.mesh!r})"
+
+
+class _TensorMarks:
+    """Marks keyed by tensor identity; an entry goes when its tensor does.
+    (A WeakKeyDictionary would compare tensors with ==, which is elementwise.)"""
+
+    def __init__(self):
+        self._marks = {}
+
+    def set(self, t, mark):
+        key = id(t)
+        marks = self._marks
+
+        def forget(_ref, key=key):
+            marks.pop(key, None)
+
+        self._marks[key] = (weakref.ref(t, forget), mark)
+
+    def get(self, t):
+        entry = self._marks.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return None
+        return entry[1]
+
+    def pop(self, t):
+        if self.get(t) is not None:
+            del self._marks[id(t)]
+
+
+_marks = _TensorMarks()
+
+
+def _axis_index(mesh, entry, dim, spec):
+    if isinstance(entry, bool) or not isinstance(entry, (int, str)):
+        raise ValueError(f"partition_spec {spec!r}: entry {entry!r} of dim {dim} is neither an "
+                         f"axis name, an axis index, a tuple of those nor None")
+    if isinstance(entry, str):
+        idx = mesh.get_axis_name_idx(entry)
+        if idx is None:
+            raise ValueError(f"partition_spec {spec!r}: dim {dim} names axis {entry!r}, which the "
+                             f"mesh does not have (its axes: {mesh.axis_names})")
+        return idx
+    if not 0 <= entry < len(mesh.mesh_shape):
+        raise ValueError(f"partition_spec {spec!r}: dim {dim} names axis index {entry}, out of "
+                         f"range for a mesh of {len(mesh.mesh_shape)} axes {mesh.mesh_shape}")
+    return int(entry)
+
+
+def normalize_spec(mesh, partition_spec, rank):
+    """The spec as a tuple, per dim, of axis-index tuples (None for whole);
+    ValueError naming the entry and the reason when it does not fit."""
+    if isinstance(partition_spec, (str, bytes)) or not isinstance(partition_spec, (tuple, list)):
+        raise ValueError(f"partition_spec {partition_spec!r} must be a tuple with one entry per "
+                         f"dim (an axis name, an axis index, a tuple of those or None)")
+    spec = tuple(partition_spec)
+    if len(spec) != rank:
+        raise ValueError(f"partition_spec {spec!r} has {len(spec)} entries for a tensor of rank "
+                         f"{rank}")
+    used = {}
+    out = []
+    for dim, entry in enumerate(spec):
+        if entry is None:
+            out.append(None)
+            continue
+        group = entry if isinstance(entry, (tuple, list)) else (entry,)
+        if not group:
+            raise ValueError(f"partition_spec {spec!r}: dim {dim} is an empty tuple (write None "
+                             f"for a whole dim)")
+        axes = []
+        for e in group:
+            a = _axis_index(mesh, e, dim, spec)
+            if a in used:
+                name = mesh.libspmd_axis_names()[a]
+                raise ValueError(f"partition_spec {spec!r}: axis {name!r} splits dim {used[a]} "
+                                 f"and dim {dim}; an axis is used at most once")
+            used[a] = dim
+            axes.append(a)
+        out.append(tuple(axes))
+    return tuple(out)
+
+
+def mark_sharding(t, mesh, partition_spec):
+    """Mark tensor t (a parameter, a buffer or an input) to be split over
+    `mesh` by `partition_spec`; returns t.  A later mark replaces it."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"mark_sharding marks a torch.Tensor, got {type(t).__name__}")
+    if mesh is None:
+        mesh = get_global_mesh()
+    if mesh is None:
+        raise ValueError("mark_sharding: no mesh given and no global mesh set")
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mark_sharding needs a Mesh, got {type(mesh).__name__}")
+    axes = normalize_spec(mesh, partition_spec, t.dim())
+    _marks.set(t, ShardingMark(mesh, axes, tuple(partition_spec)))
+    return t
+
+
+def clear_sharding(t):
+    """Forget t's mark (nothing when it has none); returns t."""
+    _marks.pop(t)
+    return t
+
+
+def get_sharding(t):
+    """t's ShardingMark, None when it has none."""
+    return _marks.get(t)

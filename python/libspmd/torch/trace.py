@@ -1,0 +1,420 @@
+"""Tracing loss_fn(model, *batch) into an aten FX graph, and mapping the
+graph onto libspmd builder calls (graph.py) through the table in aten.py.
+
+Parameters enter the trace as explicit inputs through functional_call and
+become `param` leaves named by their module names.  Buffers, and every node
+computed from buffers and constants alone (a mask from a tril buffer, an
+arange, ...), are folded at trace time with torch itself; a folded value a
+runtime op reads becomes a `state` leaf (its values written after compile).
+The batch's tensors become `input` leaves.  Everything is mapped into a list
+before any builder is called, so a failure leaves nothing half-built.
+"""
+import hashlib
+import inspect
+import operator
+import os
+import re
+
+import numpy as np
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+try:  # torch >= 2.0
+    from torch.func import functional_call
+except ImportError:  # torch 1.13
+    from torch.nn.utils.stateless import functional_call
+
+from .graph import Call, InputSpec, Ref, TracedGraph
+from .sharding import get_sharding
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# Ops never folded at trace time: their values differ from run to run.
+_RANDOM = frozenset(
+    f"{op}{suffix}" for op in ("bernoulli", "rand", "randn", "randint", "randperm", "normal",
+                               "uniform", "native_dropout", "dropout", "multinomial",
+                               "exponential", "rand_like", "randn_like", "randint_like")
+    for suffix in ("", "_"))
+
+
+class Unavailable:
+    """An output of an aten op that the mapping does not compute (a layer
+    norm's saved mean, a loss's total weight); using it is an error."""
+
+    def __init__(self, what):
+        self.what = what
+
+
+def op_name(target):
+    """'aten.add.Tensor' for an OpOverload, the function name otherwise."""
+    if target is operator.getitem:
+        return "getitem"
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def source_location(node):
+    """'file.py:12 in forward: y = foo(x)' for the innermost user frame of
+    the node's recorded stack trace, None when none was recorded."""
+    trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
+    if not trace:
+        return None
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    for path, line, func, code in reversed(frames):
+        full = os.path.abspath(path)
+        if not full.startswith(_TORCH_DIR) and not full.startswith(_OUR_DIR):
+            return f"{os.path.basename(path)}:{line} in {func}: {code.strip()}"
+    return None
+
+
+def node_shape(node):
+    meta = node.meta
+    val = meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return tuple(int(d) for d in val.shape)
+    tm = meta.get("tensor_meta")
+    if tm is not None and hasattr(tm, "shape"):
+        return tuple(int(d) for d in tm.shape)
+    return None
+
+
+class Lowering:
+    """The state of one mapping: the call list, the leaves, the FX node
+    being mapped (for shapes and messages)."""
+
+    def __init__(self):
+        self.calls = []
+        self.producer = {}
+        self.states = {}
+        self.state_refs = {}
+        self.const_names = {}
+        self.folded = {}
+        self.inputs = []
+        self.derived = {}
+        self.node = None
+
+    # ---- messages
+
+    def unsupported(self, why=None):
+        """NotImplementedError naming the node's op, why, and its source line."""
+        name = op_name(self.node.target) if self.node is not None else "?"
+        msg = f"libspmd.torch: aten op {name}"
+        msg += f" {why}" if why else " has no libspmd mapping"
+        where = source_location(self.node) if self.node is not None else None
+        if where:
+            msg += f" (at {where})"
+        return NotImplementedError(msg)
+
+    # ---- emitting calls
+
+    def emit(self, op, *args, shape, dtype="f32"):
+        out = Ref(len(self.calls), shape, dtype)
+        call = Call(op, tuple(args), out)
+        self.calls.append(call)
+        self.producer[out.id] = call
+        return out
+
+    def out_shape(self):
+        shape = node_shape(self.node)
+        if shape is None:
+            raise self.unsupported("has no recorded output shape")
+        return shape
+
+    # ---- operands
+
+    def ref(self, v, dtype="f32"):
+        """v as a Ref of `dtype` ("f32", "i32" or None for either): a runtime
+        value itself, a constant tensor as a state (f32) or constant input
+        (i32), a Python number as a fill."""
+        if isinstance(v, Unavailable):
+            raise self.unsupported(f"reads {v.what}, which libspmd does not compute")
+        if isinstance(v, Ref):
+            if dtype is not None and v.dtype != dtype:
+                kind = "an integer" if v.dtype == "i32" else "a float"
+                raise self.unsupported(f"on {kind} tensor computed at run time ({v!r}); "
+                                       f"libspmd computes {dtype} here")
+            return v
+        if isinstance(v, torch.Tensor):
+            if dtype == "i32" or (dtype is None and not v.is_floating_point()
+                                  and v.dtype != torch.bool):
+                return self.const_input(v)
+            return self.const_state(v)
+        if isinstance(v, (bool, int, float)):
+            return self.emit("fill", (), float(v), shape=())
+        raise self.unsupported(f"has an operand of type {type(v).__name__}")
+
+    def const_state(self, t, origin=None):
+        """A state leaf holding constant tensor t (float32); equal constants
+        share one, named after the buffer that holds those values if any,
+        else after the node that folded to it (or to `origin`, which t was
+        converted from)."""
+        arr = np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
+        key = _content_key(arr)
+        if key not in self.state_refs:
+            folded = self.folded.get(id(origin if origin is not None else t), self.node.name)
+            name = self._unique(self.const_names.get(key) or f"const.{folded}")
+            self.states[name] = arr
+            self.state_refs[key] = self.emit("state", name, arr.shape, shape=arr.shape)
+        return self.state_refs[key]
+
+    def name_buffer(self, name, t):
+        """Constants equal to buffer t's values take its name."""
+        if t.is_floating_point() or t.dtype == torch.bool:
+            arr = np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
+            self.const_names.setdefault(_content_key(arr), name)
+        self.const_names.setdefault(id(t), name)
+
+    def const_input(self, t):
+        """An i32 input fed with constant tensor t each step."""
+        key = ("const", id(t))
+        if key not in self.derived:
+            name = self._unique(self.const_names.get(id(t)) or f"const.{self.node.name}")
+            arr = np.ascontiguousarray(t.detach().cpu().numpy().astype(np.int32))
+            self.derived[key] = (self.add_input(name, "i32", arr.shape, None, lambda b, a=arr: a), t)
+        return self.derived[key][0]
+
+    def add_input(self, name, dtype, shape, arg, feed):
+        self.inputs.append(InputSpec(name, dtype, shape, arg, feed))
+        return self.emit("input", name, dtype, tuple(shape), shape=shape, dtype=dtype)
+
+    def _unique(self, name):
+        taken = set(self.states) | {s.name for s in self.inputs}
+        base, k = name, 1
+        while name in taken:
+            name, k = f"{base}.{k}", k + 1
+        return name
+
+    @staticmethod
+    def number(v):
+        """v as a Python float when it is a number or a one-element constant."""
+        if isinstance(v, bool):
+            return float(v)
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            return float(v.item())
+        return None
+
+
+def _content_key(arr):
+    return (arr.shape, hashlib.sha1(arr.tobytes()).hexdigest())
+
+
+def _has_ref(v):
+    if isinstance(v, (Ref, Unavailable)):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(_has_ref(x) for x in v)
+    if isinstance(v, dict):
+        return any(_has_ref(x) for x in v.values())
+    return False
+
+
+def _subst(v, env):
+    if isinstance(v, torch.fx.Node):
+        return env[v]
+    if isinstance(v, (list, tuple)):
+        return type(v)(_subst(x, env) for x in v)
+    if isinstance(v, dict):
+        return {k: _subst(x, env) for k, x in v.items()}
+    return v
+
+
+class _LossCall(torch.nn.Module):
+    """loss_fn(model, *batch) as a module, so functional_call can swap the
+    model's parameters and buffers for the trace's inputs."""
+
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        object.__setattr__(self, "_loss_fn", loss_fn)
+
+    def forward(self, *batch):
+        return self._loss_fn(self.model, *batch)
+
+
+def _named_leaves(model, kind):
+    """(canonical names -> tensor, alias -> canonical) for parameters or
+    buffers; tied tensors get one canonical name (the first)."""
+    canonical, aliases, seen = {}, {}, {}
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
+        store = mod._parameters if kind == "param" else mod._buffers
+        for leaf, t in store.items():
+            if t is None:
+                continue
+            name = f"{mod_name}.{leaf}" if mod_name else leaf
+            if id(t) in seen:
+                if name != seen[id(t)]:
+                    aliases[name] = seen[id(t)]
+            else:
+                seen[id(t)] = name
+                canonical[name] = t
+    return canonical, aliases
+
+
+def _batch_names(loss_fn, n):
+    try:
+        params = list(inspect.signature(loss_fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n):
+        p = params[i] if i < len(params) else None
+        if p is not None and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        else:
+            names.append(f"batch{i}")
+    return names
+
+
+def make_aten_graph(loss_fn, model, *batch):
+    """The aten FX graph of loss_fn(model, *batch), its placeholders in the
+    order: parameters, buffers, batch."""
+    params, p_alias = _named_leaves(model, "param")
+    buffers, b_alias = _named_leaves(model, "buffer")
+    wrapper = _LossCall(model, loss_fn)
+    p_names, b_names = list(params), list(buffers)
+
+    def f(p_vals, b_vals, *xs):
+        d = {}
+        for names, vals, alias in ((p_names, p_vals, p_alias), (b_names, b_vals, b_alias)):
+            by_name = dict(zip(names, vals))
+            d.update({"model." + n: v for n, v in by_name.items()})
+            d.update({"model." + a: by_name[c] for a, c in alias.items()})
+        return functional_call(wrapper, d, tuple(xs))
+
+    from torch.fx.experimental import proxy_tensor
+    tracer_cls = getattr(proxy_tensor, "PythonKeyTracer", None)
+    old = getattr(tracer_cls, "record_stack_traces", None)
+    if tracer_cls is not None:
+        tracer_cls.record_stack_traces = True
+    try:
+        with torch.no_grad():
+            gm = make_fx(f)([p.detach() for p in params.values()],
+                            [b.detach() for b in buffers.values()], *batch)
+    finally:
+        if tracer_cls is not None:
+            tracer_cls.record_stack_traces = old
+    return gm, params, p_alias, buffers
+
+
+def trace(loss_fn, model, *batch):
+    """Map loss_fn(model, *batch) onto libspmd builder calls: a TracedGraph."""
+    from .aten import TABLE
+
+    for i, b in enumerate(batch):
+        if not isinstance(b, torch.Tensor):
+            raise TypeError(f"batch item {i} is a {type(b).__name__}; the batch holds tensors")
+        if b.dtype == torch.bool or b.is_complex():
+            raise TypeError(f"batch item {i} has dtype {b.dtype}; inputs are float or integer")
+    gm, params, aliases, buffers = make_aten_graph(loss_fn, model, *batch)
+    names = _batch_names(loss_fn, len(batch))
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    n_p, n_b = len(params), len(buffers)
+
+    cx = Lowering()
+    env = {}
+    marks = {}
+    mesh = None
+
+    def note_mark(name, t):
+        nonlocal mesh
+        m = get_sharding(t)
+        if m is None:
+            return
+        if mesh is not None and m.mesh != mesh:
+            raise ValueError(f"{name} is marked on {m.mesh!r} but another tensor on {mesh!r}; "
+                             f"all marks of a program use one mesh")
+        mesh = m.mesh
+        marks[name] = m
+
+    for i, ph in enumerate(placeholders):
+        cx.node = ph
+        if i < n_p:
+            name, p = list(params.items())[i]
+            env[ph] = cx.emit("param", name, tuple(p.shape), shape=tuple(p.shape))
+            note_mark(name, p)
+        elif i < n_p + n_b:
+            name, b = list(buffers.items())[i - n_p]
+            t = b.detach()
+            cx.name_buffer(name, t)
+            env[ph] = t
+            note_mark(name, b)
+        else:
+            k = i - n_p - n_b
+            x = batch[k]
+            dtype = "f32" if x.is_floating_point() else "i32"
+            np_dtype = np.float32 if dtype == "f32" else np.int32
+            env[ph] = cx.add_input(names[k], dtype, tuple(x.shape), k,
+                                   lambda b, k=k, d=np_dtype: np.ascontiguousarray(b[k], dtype=d))
+            note_mark(names[k], x)
+
+    # The values make_fx captured as constants, keyed by id: when a
+    # placeholder's tensor is also used as a constant it keeps its name.
+    out_node = None
+    for node in nodes:
+        cx.node = node
+        if node.op == "placeholder":
+            continue
+        if node.op == "get_attr":
+            env[node] = getattr(gm, node.target).detach()
+            continue
+        if node.op == "output":
+            out_node = node
+            continue
+        if node.op != "call_function":
+            raise cx.unsupported(f"is an FX node of kind {node.op}")
+        args = _subst(node.args, env)
+        kwargs = _subst(node.kwargs, env)
+        if node.target is operator.getitem:
+            env[node] = args[0][args[1]]
+            continue
+        name = op_name(node.target)
+        if not _has_ref(args) and not _has_ref(kwargs):
+            if name.startswith("aten.") and name.split(".")[1] in _RANDOM:
+                fn = TABLE.get(name)
+                if fn is None:
+                    raise cx.unsupported("draws random numbers; libspmd has no such op")
+                env[node] = fn(cx, *args, **kwargs)
+                continue
+            with torch.no_grad():
+                env[node] = node.target(*args, **kwargs)
+            if isinstance(env[node], torch.Tensor):
+                cx.folded[id(env[node])] = node.name
+            continue
+        fn = TABLE.get(name)
+        if fn is None:
+            raise cx.unsupported()
+        env[node] = fn(cx, *args, **kwargs)
+
+    out = _subst(out_node.args[0], env)
+    while isinstance(out, (list, tuple)):
+        out = out[0]
+    if not isinstance(out, Ref):
+        raise ValueError("the loss does not depend on the parameters or the batch")
+    if out.shape != () or out.dtype != "f32":
+        raise ValueError(f"the loss must be a float scalar, got {out!r}")
+
+    calls = _live_calls(cx.calls, out)
+    live_leaves = {c.args[0] for c in calls if c.op in ("input", "state")}
+    states = {n: a for n, a in cx.states.items() if n in live_leaves}
+    inputs = [s for s in cx.inputs if s.name in live_leaves]
+    for spec in inputs:
+        if spec.name not in marks and spec.arg is not None and names[spec.arg] in marks:
+            marks[spec.name] = marks[names[spec.arg]]
+    marks = {n: m for n, m in marks.items() if n in live_leaves or n in params}
+    return TracedGraph(calls, out, params, aliases, states, inputs, marks)
+
+
+def _live_calls(calls, loss):
+    """The calls the loss needs, plus every param (each parameter stays a
+    leaf of the program even when the loss does not read it)."""
+    live = {loss.id}
+    for call in reversed(calls):
+        if call.out.id in live or call.op == "param":
+            live.add(call.out.id)
+            live.update(r.id for r in call.refs())
+    return [c for c in calls if c.out.id in live]
