@@ -368,6 +368,12 @@ def pow_(cx, x, e):
     raise cx.unsupported(f"with exponent {e:g} (libspmd maps 1, 2, 3, 0.5, -0.5 and -1)")
 
 
+@aten("reciprocal.default")
+def reciprocal(cx, x):
+    x = cx.ref(x)
+    return cx.emit("div", cx.ref(1.0), x, shape=x.shape)
+
+
 @aten("pow.Scalar")
 def pow_scalar(cx, base, x):
     x = cx.ref(x)
@@ -375,6 +381,15 @@ def pow_scalar(cx, base, x):
     if base <= 0:
         raise cx.unsupported(f"with base {base:g}; libspmd maps a positive base as exp(x log b)")
     return cx.emit("exp", cx.emit("scale", x, math.log(base), shape=x.shape), shape=x.shape)
+
+
+@aten("pow.Tensor_Tensor")
+def pow_tensors(cx, base, e):
+    if cx.number(e) is not None and isinstance(base, Ref):
+        return pow_(cx, base, cx.number(e))
+    if cx.number(base) is not None and isinstance(e, Ref):
+        return pow_scalar(cx, cx.number(base), e)
+    raise cx.unsupported("with both base and exponent computed at run time")
 
 
 @aten("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")

@@ -61,11 +61,18 @@ def source_location(node):
     trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
     if not trace:
         return None
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-    for path, line, func, code in reversed(frames):
-        full = os.path.abspath(path)
-        if not full.startswith(_TORCH_DIR) and not full.startswith(_OUR_DIR):
-            return f"{os.path.basename(path)}:{line} in {func}: {code.strip()}"
+    lines = trace.splitlines()
+    for i, line in enumerate(lines):  # innermost frame first
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', line)
+        if not m:
+            continue
+        path = os.path.abspath(m.group(1))
+        if path.startswith(_TORCH_DIR) or path.startswith(_OUR_DIR) or path.startswith("<"):
+            continue
+        code = lines[i + 1].strip() if i + 1 < len(lines) and \
+            not lines[i + 1].lstrip().startswith('File "') else ""
+        where = f"{os.path.basename(path)}:{m.group(2)} in {m.group(3)}"
+        return f"{where}: {code}" if code else where
     return None
 
 
