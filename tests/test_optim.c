@@ -54,6 +54,10 @@
  * taken in another order. */
 #define SPMD_ATOL 1e-6
 #define SPMD_RTOL 1e-4
+/* Parameter groups against torch's float64 truth, tighter: float32 torch
+ * itself uses under half of this (make_optim_vectors.py checks). */
+#define GROUPS_ATOL 1e-7
+#define GROUPS_RTOL 1e-6
 #define MAX_STEPS 16
 
 /* got_after - got_before against want_after - want_before. */
@@ -149,47 +153,68 @@ static const tv_record *need_case(const tv_file *v, const char *c, const char *w
     return need(v, name, numel);
 }
 
-static void replay_torch_case(const tv_file *v, const char *name)
+#define MAX_GROUPS 2
+
+/* A torch case as built here: the MLP with its optimizer applied, each
+ * group's learning-rate input and the lr torch used for it each step. */
+typedef struct torch_replay {
+    const char *name;
+    spmd_graph *g;
+    spmd_mlp_tensors t;
+    spmd_tensor *lr[MAX_GROUPS];
+    int n_groups;
+    const float *lrs; /* [steps][n_groups] */
+    spmd_tensor *grad_norm;
+} torch_replay;
+
+static spmd_mlp_config torch_config(const tv_file *v, int *batch, int *steps)
 {
     const int32_t *cfgv = need(v, "config", 6)->data;
-    spmd_mlp_config cfg = {.in_dim = cfgv[0], .hidden = cfgv[1], .layers = cfgv[2],
-                           .out_dim = cfgv[3]};
-    int batch = cfgv[4], steps = cfgv[5];
-    assert_true(steps > 0 && steps <= MAX_STEPS);
-    const float *set = need_case(v, name, "settings", 7)->data;
-    const float *sched = need_case(v, name, "schedule", 4)->data;
-    const float *lrs = need_case(v, name, "lr", steps)->data;
+    *batch = cfgv[4];
+    *steps = cfgv[5];
+    assert_true(*steps > 0 && *steps <= MAX_STEPS);
+    return (spmd_mlp_config){.in_dim = cfgv[0], .hidden = cfgv[1], .layers = cfgv[2],
+                             .out_dim = cfgv[3]};
+}
+
+/* The MLP of the vectors with its backward pass, in r->g. */
+static void torch_graph(const tv_file *v, torch_replay *r)
+{
+    int batch, steps;
+    spmd_mlp_config cfg = torch_config(v, &batch, &steps);
+    r->g = spmd_graph_create(NULL);
+    assert_non_null(r->g);
+    r->t = mlp_graph(r->g, &cfg, batch);
+    assert_int_equal(spmd_grad(r->g, r->t.loss), SPMD_OK);
+}
+
+/* Run r's steps from the vectors' parameters and batch: every step's
+ * loss, gradient norm, parameters and update against torch's (within
+ * atol + rtol |torch|); frees r's graph.  The worst relative difference
+ * of any parameter comes back in *worst_rel. */
+static bool replay_steps(const tv_file *v, torch_replay *r, double atol, double rtol,
+                         double *worst_rel)
+{
+    int batch, steps;
+    spmd_mlp_config cfg = torch_config(v, &batch, &steps);
+    const char *name = r->name;
+    spmd_graph *g = r->g;
     const float *losses = need_case(v, name, "loss", steps)->data;
     const float *norms = need_case(v, name, "grad_norm", steps)->data;
-
-    spmd_graph *g = spmd_graph_create(NULL);
-    assert_non_null(g);
-    spmd_mlp_tensors t = mlp_graph(g, &cfg, batch);
-    assert_int_equal(spmd_grad(g, t.loss), SPMD_OK);
-    spmd_optimizer opt = {.kind = (spmd_optimizer_kind)set[0], .momentum = set[1],
-                          .weight_decay = set[2], .beta1 = set[3], .beta2 = set[4],
-                          .eps = set[5], .clip_norm = set[6]};
-    spmd_optimizer_tensors ot;
-    if (spmd_optimizer_apply(g, &opt, &ot) != SPMD_OK)
-        fail_msg("%s: optimizer: %s", name, spmd_last_error());
-    assert_non_null(ot.lr);
-    assert_non_null(ot.grad_norm);
-    assert_ptr_equal(ot.lr, spmd_graph_find(g, "lr"));
-
     spmd_program *p = compile(g, 1);
     int n_params = 0;
     for (int i = 0; i < spmd_graph_tensor_count(g); i++) {
         spmd_tensor *w = spmd_graph_tensor(g, i);
         if (!spmd_tensor_is_param(w)) continue;
-        const tv_record *r = need(v, spmd_tensor_name(w), spmd_tensor_numel(w));
-        assert_int_equal(spmd_program_write(p, w, r->data, r->bytes), SPMD_OK);
+        const tv_record *rec = need(v, spmd_tensor_name(w), spmd_tensor_numel(w));
+        assert_int_equal(spmd_program_write(p, w, rec->data, rec->bytes), SPMD_OK);
         n_params++;
     }
     assert_int_equal(n_params, 2 * (cfg.layers + 1));
-    const tv_record *x = need(v, "input", spmd_tensor_numel(t.input));
-    const tv_record *y = need(v, "targets", spmd_tensor_numel(t.targets));
-    assert_int_equal(spmd_program_set_input(p, t.input, x->data, x->bytes), SPMD_OK);
-    assert_int_equal(spmd_program_set_input(p, t.targets, y->data, y->bytes), SPMD_OK);
+    const tv_record *x = need(v, "input", spmd_tensor_numel(r->t.input));
+    const tv_record *y = need(v, "targets", spmd_tensor_numel(r->t.targets));
+    assert_int_equal(spmd_program_set_input(p, r->t.input, x->data, x->bytes), SPMD_OK);
+    assert_int_equal(spmd_program_set_input(p, r->t.targets, y->data, y->bytes), SPMD_OK);
 
     /* Each parameter as this run had it before the step, by tensor index. */
     int n_tensors = spmd_graph_tensor_count(g);
@@ -200,30 +225,29 @@ static void replay_torch_case(const tv_file *v, const char *name)
             before[i] = read_all(p, spmd_graph_tensor(g, i));
     bool ok = true;
     char what[160];
+    *worst_rel = 0;
     for (int s = 0; s < steps; s++) {
-        /* The schedule is part of what is checked: torch's lr came from
-         * the script's own formula. */
-        float lr = spmd_lr_schedule(s, (int)sched[0], (int)sched[1], sched[2], sched[3]);
-        snprintf(what, sizeof what, "%s step %d lr", name, s);
-        ok &= test_close_enough(what, &lr, &lrs[s], 1, 1e-12, 1e-6);
-        set_scalar(p, ot.lr, lr);
+        for (int k = 0; k < r->n_groups; k++) set_scalar(p, r->lr[k], r->lrs[s * r->n_groups + k]);
         if (spmd_program_run(p) != SPMD_OK) fail_msg("%s: run: %s", name, spmd_last_error());
-        float loss = read_scalar(p, t.loss), norm = read_scalar(p, ot.grad_norm);
+        float loss = read_scalar(p, r->t.loss), norm = read_scalar(p, r->grad_norm);
         snprintf(what, sizeof what, "%s step %d loss", name, s);
-        ok &= test_close_enough(what, &loss, &losses[s], 1, TORCH_ATOL, TORCH_RTOL);
+        ok &= test_close_enough(what, &loss, &losses[s], 1, atol, rtol);
         snprintf(what, sizeof what, "%s step %d grad norm", name, s);
-        ok &= test_close_enough(what, &norm, &norms[s], 1, TORCH_ATOL, TORCH_RTOL);
+        ok &= test_close_enough(what, &norm, &norms[s], 1, atol, rtol);
         for (int i = 0; i < spmd_graph_tensor_count(g); i++) {
             spmd_tensor *w = spmd_graph_tensor(g, i);
             if (!spmd_tensor_is_param(w)) continue;
             int64_t n = spmd_tensor_numel(w);
-            const tv_record *r = need_case(v, name, spmd_tensor_name(w), steps * n);
-            const float *want = (const float *)r->data + s * n;
+            const tv_record *rec = need_case(v, name, spmd_tensor_name(w), steps * n);
+            const float *want = (const float *)rec->data + s * n;
             const float *want_before = s ? want - n : need(v, spmd_tensor_name(w), n)->data;
             float *got = read_all(p, w);
             snprintf(what, sizeof what, "%s step %d '%s'", name, s, spmd_tensor_name(w));
-            ok &= test_close_enough(what, got, want, n, TORCH_ATOL, TORCH_RTOL);
+            ok &= test_close_enough(what, got, want, n, atol, rtol);
             ok &= update_close(what, before[i], got, want_before, want, n);
+            for (int64_t e = 0; e < n; e++)
+                *worst_rel = fmax(*worst_rel, fabs((double)got[e] - want[e]) /
+                                                  fmax(fabs((double)want[e]), 1e-30));
             free(before[i]);
             before[i] = got;
         }
@@ -234,8 +258,121 @@ static void replay_torch_case(const tv_file *v, const char *name)
     assert_float_equal(read_scalar(p, find(g, "opt.step")), (float)steps, 0.0f);
     spmd_program_free(p);
     spmd_graph_free(g);
+    r->g = NULL;
+    return ok;
+}
+
+static void replay_torch_case(const tv_file *v, const char *name)
+{
+    int batch, steps;
+    (void)torch_config(v, &batch, &steps);
+    const float *set = need_case(v, name, "settings", 7)->data;
+    const float *sched = need_case(v, name, "schedule", 4)->data;
+    const float *lrs = need_case(v, name, "lr", steps)->data;
+
+    torch_replay r = {.name = name, .n_groups = 1, .lrs = lrs};
+    torch_graph(v, &r);
+    spmd_optimizer opt = {.kind = (spmd_optimizer_kind)set[0], .momentum = set[1],
+                          .weight_decay = set[2], .beta1 = set[3], .beta2 = set[4],
+                          .eps = set[5], .clip_norm = set[6]};
+    spmd_optimizer_tensors ot;
+    if (spmd_optimizer_apply(r.g, &opt, &ot) != SPMD_OK)
+        fail_msg("%s: optimizer: %s", name, spmd_last_error());
+    assert_non_null(ot.lr);
+    assert_non_null(ot.grad_norm);
+    assert_ptr_equal(ot.lr, spmd_graph_find(r.g, "lr"));
+    r.lr[0] = ot.lr;
+    r.grad_norm = ot.grad_norm;
+    /* The schedule is part of what is checked: torch's lr came from the
+     * script's own formula. */
+    bool ok = true;
+    char what[160];
+    for (int s = 0; s < steps; s++) {
+        float lr = spmd_lr_schedule(s, (int)sched[0], (int)sched[1], sched[2], sched[3]);
+        snprintf(what, sizeof what, "%s step %d lr", name, s);
+        ok &= test_close_enough(what, &lr, &lrs[s], 1, 1e-12, 1e-6);
+    }
+    double worst;
+    ok &= replay_steps(v, &r, TORCH_ATOL, TORCH_RTOL, &worst);
     if (!ok) fail_msg("%s does not follow torch.optim", name);
     printf("%s: %d steps follow torch.optim\n", name, steps);
+}
+
+/* ---- Parameter groups against PyTorch ------------------------------------------------------ */
+
+static const char *const group_cases[] = {"sgd_groups", "adam", "adam_groups", "adamw_groups"};
+
+/* Group 0 the weights by pattern, group 1 the biases by name, as
+ * make_optim_vectors.py splits them. */
+static const char *const weight_names[] = {"fc.*.weight"};
+static const char *const bias_names[] = {"fc.0.bias", "fc.1.bias"};
+
+static void replay_group_case(const tv_file *v, const char *name)
+{
+    int batch, steps;
+    (void)torch_config(v, &batch, &steps);
+    const tv_record *groups_rec = need_case(v, name, "groups", -1);
+    int n_groups = (int)groups_rec->dims[0];
+    assert_true(groups_rec->rank == 2 && groups_rec->dims[1] == 6 && n_groups >= 1 &&
+                n_groups <= MAX_GROUPS);
+    const float *gs = groups_rec->data;
+    const float *set = need_case(v, name, "settings", 2)->data;
+    const float *sched = need_case(v, name, "schedule", 4)->data;
+    const float *lrs = need_case(v, name, "lr", (int64_t)steps * n_groups)->data;
+
+    torch_replay r = {.name = name, .n_groups = n_groups, .lrs = lrs};
+    torch_graph(v, &r);
+    spmd_optimizer opt = {.kind = (spmd_optimizer_kind)set[0], .clip_norm = set[1]};
+    spmd_optimizer_tensors ot;
+    if (n_groups == 1) {
+        /* One group is spmd_optimizer_apply with its settings. */
+        opt.weight_decay = gs[1], opt.momentum = gs[2], opt.beta1 = gs[3], opt.beta2 = gs[4];
+        opt.eps = gs[5];
+        if (spmd_optimizer_apply(r.g, &opt, &ot) != SPMD_OK)
+            fail_msg("%s: optimizer: %s", name, spmd_last_error());
+        r.lr[0] = ot.lr;
+    } else {
+        spmd_optimizer_group groups[MAX_GROUPS] = {
+            {.params = weight_names, .n_params = 1},
+            {.params = bias_names, .n_params = 2},
+        };
+        for (int k = 0; k < n_groups; k++) {
+            const float *row = gs + 6 * k;
+            groups[k].weight_decay = row[1], groups[k].momentum = row[2];
+            groups[k].beta1 = row[3], groups[k].beta2 = row[4], groups[k].eps = row[5];
+        }
+        if (spmd_optimizer_apply_groups(r.g, &opt, groups, n_groups, &ot, r.lr) != SPMD_OK)
+            fail_msg("%s: optimizer: %s", name, spmd_last_error());
+        assert_ptr_equal(r.lr[0], ot.lr);
+        assert_ptr_equal(r.lr[0], find(r.g, "lr"));
+        assert_ptr_equal(r.lr[1], find(r.g, "lr.1"));
+    }
+    r.grad_norm = ot.grad_norm;
+    /* Each group's lr is the schedule times its factor. */
+    bool ok = true;
+    char what[160];
+    for (int s = 0; s < steps; s++)
+        for (int k = 0; k < n_groups; k++) {
+            float lr = spmd_lr_schedule(s, (int)sched[0], (int)sched[1], sched[2], sched[3]) *
+                       gs[6 * k];
+            snprintf(what, sizeof what, "%s step %d group %d lr", name, s, k);
+            ok &= test_close_enough(what, &lr, &lrs[s * n_groups + k], 1, 1e-12, 1e-6);
+        }
+    double worst;
+    ok &= replay_steps(v, &r, GROUPS_ATOL, GROUPS_RTOL, &worst);
+    if (!ok) fail_msg("%s does not follow torch.optim", name);
+    printf("%s: %d steps of %d group(s) follow torch.optim (parameters within %.2g relative)\n",
+           name, steps, n_groups, worst);
+}
+
+static void test_groups_against_torch(void **state)
+{
+    (void)state;
+    tv_file v;
+    tv_load_case("optim_groups", &v);
+    for (size_t i = 0; i < sizeof group_cases / sizeof group_cases[0]; i++)
+        replay_group_case(&v, group_cases[i]);
+    tv_free(&v);
 }
 
 static void test_against_torch(void **state)
@@ -651,6 +788,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_torch),
+        cmocka_unit_test(test_groups_against_torch),
         cmocka_unit_test(test_lr_schedule),
         cmocka_unit_test(test_fsdp_adamw),
         cmocka_unit_test(test_fsdp_adamw_unmarked_biases),
