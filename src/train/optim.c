@@ -719,8 +719,11 @@ spmd_status spmd_optimizer_apply_groups(spmd_graph *g, const spmd_optimizer *opt
                                         const spmd_optimizer_group *groups, int n_groups,
                                         spmd_optimizer_tensors *out, spmd_tensor **lrs)
 {
-    if (!groups && out) memset(out, 0, sizeof *out);
-    if (!groups) return base_error(SPMD_ERR_INVALID, "optimizer: groups is NULL");
+    if (!groups) {
+        if (out) memset(out, 0, sizeof *out);
+        if (lrs && n_groups > 0) memset(lrs, 0, (size_t)n_groups * sizeof *lrs);
+        return base_error(SPMD_ERR_INVALID, "optimizer: groups is NULL");
+    }
     return build(g, opt, groups, n_groups, NULL, true, "optimizer", out, lrs);
 }
 /* The Hugging Face / PyTorch warmup-cosine rule (LambdaLR with
