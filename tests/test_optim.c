@@ -7,6 +7,11 @@
  *     torch.optim wrote (tests/vectors/optim.bin, make_optim_vectors.py):
  *     the lr of every step, the loss, the global gradient norm and every
  *     parameter after every step.
+ *   Parameter groups against PyTorch (tests/vectors/optim_groups.bin): SGD
+ *     with momentum, Adam (L2 decay) and AdamW in two groups (weights with
+ *     weight decay, biases without, their own lr, momentum, betas and eps)
+ *     with clipping over both, and Adam in one group, within 1e-7 + 1e-6
+ *     |torch| of torch's float64 trajectory.
  *   spmd_lr_schedule at its key steps: start, mid-warmup, peak, the middle
  *     of the decay, the end and past it.
  *   SPMD: an MLP sharded FSDP-style over a 4x2 (replica, fsdp) mesh and
@@ -15,9 +20,15 @@
  *     half of the parameters and of the optimizer state, the moments are
  *     held in their parameter's sharding, and the update phase never
  *     gathers a parameter or a moment whole.
- *   Bookkeeping: "opt.step" counts steps, an existing input "lr" is reused.
- *   Errors: bad settings and misuse fail with a message and leave the
- *     graph as it was; allocation failures at every point say so.
+ *   Groups on meshes: two AdamW groups with clipping on 4x2 FSDP and under
+ *     ZeRO on 8 follow one device within 1e-5 relative, the state sharded.
+ *   Bookkeeping: "opt.step" counts steps, an existing input "lr" is reused;
+ *     one group of every parameter is spmd_optimizer_apply bit for bit;
+ *     "lr", "lr.1", ... are each group's, an existing one reused.
+ *   Errors: bad settings and misuse (groups: a parameter in two groups or
+ *     none, a name matching nothing, a group's bad settings by index) fail
+ *     with a message and leave the graph as it was; allocation failures at
+ *     every point say so.
  */
 #include <setjmp.h>
 #include <stdarg.h>
