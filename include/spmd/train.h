@@ -18,16 +18,18 @@ extern "C" {
 
 typedef enum spmd_optimizer_kind {
     SPMD_OPTIMIZER_SGD = 0,  /* with momentum and (L2) weight decay */
-    SPMD_OPTIMIZER_ADAMW
+    SPMD_OPTIMIZER_ADAMW,    /* decoupled weight decay */
+    SPMD_OPTIMIZER_ADAM      /* L2 weight decay, added to the gradient */
 } spmd_optimizer_kind;
 
-/* PyTorch's semantics (torch.optim.SGD, torch.optim.AdamW). */
+/* PyTorch's semantics (torch.optim.SGD with dampening 0 and no Nesterov,
+ * torch.optim.Adam and torch.optim.AdamW without amsgrad). */
 typedef struct spmd_optimizer {
     spmd_optimizer_kind kind;
     float momentum;     /* SGD: 0 for plain SGD */
-    float weight_decay; /* SGD: added to the gradient; AdamW: decoupled */
-    float beta1, beta2; /* AdamW (0.9, 0.999 when both are 0) */
-    float eps;          /* AdamW (1e-8 when 0) */
+    float weight_decay; /* SGD, Adam: added to the gradient; AdamW: decoupled */
+    float beta1, beta2; /* Adam, AdamW (0.9, 0.999 when both are 0) */
+    float eps;          /* Adam, AdamW (1e-8 when 0) */
     float clip_norm;    /* > 0: scale gradients so their global norm is at most this */
     /* ZeRO (stages 1 and 2): keep the optimizer state, the held gradient and
      * the update split over the mesh axes a parameter is replicated over
@@ -56,7 +58,7 @@ typedef struct spmd_optimizer_tensors {
  * marked copy that the update reads (spmd_tensor_grad stays the raw
  * gradient).  The global norm, "opt.grad_norm", is a sum over every shard
  * and an output whether or not clip_norm is set.  "opt.step" counts the
- * steps run, and AdamW's bias corrections come from it.
+ * steps run, and Adam's and AdamW's bias corrections come from it.
  *
  * The learning rate is the graph's f32 scalar input "lr", created here or
  * reused when the graph already has it.  `out` may be NULL.
@@ -71,6 +73,46 @@ typedef struct spmd_optimizer_tensors {
  * the update and is only fit for spmd_graph_free. */
 SPMD_API spmd_status spmd_optimizer_apply(spmd_graph *g, const spmd_optimizer *opt,
                                           spmd_optimizer_tensors *out);
+
+/* One parameter group, as in torch.optim's param_groups: its parameters
+ * and its own settings (the same meanings, zeros and defaults as in
+ * spmd_optimizer). */
+typedef struct spmd_optimizer_group {
+    /* n_params parameter names, each exact or a pattern where '*' stands
+     * for any run of characters (dots too) and '?' for any one: "*.bias",
+     * "h.*.attn.c_attn.weight".  A group may be empty (n_params 0). */
+    const char *const *params;
+    int n_params;
+    float weight_decay;
+    float momentum;     /* SGD */
+    float beta1, beta2; /* Adam, AdamW */
+    float eps;          /* Adam, AdamW */
+} spmd_optimizer_group;
+
+/* spmd_optimizer_apply with parameter groups: every parameter in exactly
+ * one of the n_groups groups, updated with that group's settings and
+ * learning rate.  The kind, clip_norm and shard_state come from `opt`
+ * and hold for all groups (clipping scales every gradient by the norm
+ * over all of them, as clip_grad_norm_ over all parameters does); opt's
+ * momentum, weight_decay, beta1, beta2 and eps must be 0 (each group has
+ * its own) and weight_decay_input false.
+ *
+ * Group i's learning rate is its own f32 scalar input, fed each step:
+ * "lr" for group 0 (as spmd_optimizer_apply's), "lr.1", "lr.2", ... for
+ * the others, each created or reused like "lr".  out->lr is group 0's;
+ * `lrs`, when not NULL, gets all n_groups of them in group order.  One
+ * group holding every parameter, with opt's settings, builds the graph
+ * spmd_optimizer_apply builds (the same bits).
+ *
+ * Refused with a message, leaving the graph as it was, for what
+ * spmd_optimizer_apply refuses (a group's settings named by its index)
+ * and: NULL groups or n_groups < 1; a NULL or negative parameter list; a
+ * parameter in two groups or in none; a name or pattern that matches no
+ * parameter; per-group settings or weight_decay_input in `opt`; a tensor
+ * "lr.<i>" that is not an f32 scalar input. */
+SPMD_API spmd_status spmd_optimizer_apply_groups(spmd_graph *g, const spmd_optimizer *opt,
+                                                 const spmd_optimizer_group *groups, int n_groups,
+                                                 spmd_optimizer_tensors *out, spmd_tensor **lrs);
 
 /* Linear warmup over `warmup` steps to `peak`, then cosine decay to `floor`
  * at `total` steps (and `floor` after).  step counts from 0: step s < warmup

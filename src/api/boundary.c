@@ -96,6 +96,7 @@ spmd_status spmd_program_read_copy_impl(const spmd_program *p, int copy, const s
 spmd_status spmd_program_input_rows_impl(const spmd_program *p, const spmd_tensor *t, int64_t *begin, int64_t *end);
 spmd_status spmd_blas_select_impl(const char *library, const char *coretype);
 spmd_status spmd_optimizer_apply_impl(spmd_graph *g, const spmd_optimizer *opt, spmd_optimizer_tensors *out);
+spmd_status spmd_optimizer_apply_groups_impl(spmd_graph *g, const spmd_optimizer *opt, const spmd_optimizer_group *groups, int n_groups, spmd_optimizer_tensors *out, spmd_tensor **lrs);
 spmd_status spmd_fsdp_wrap_impl(spmd_graph *g, const spmd_mesh *m, const char *axis, spmd_tensor *const *inputs, int n, const char *data_axes);
 spmd_status spmd_shard_batch_impl(spmd_graph *g, const spmd_mesh *m, spmd_tensor *const *inputs, int n, const char *data_axes);
 spmd_status spmd_grad_checkpointed_impl(spmd_graph *g, spmd_tensor *loss, spmd_tensor *const *checkpoints, int n);
@@ -706,6 +707,13 @@ spmd_status spmd_blas_select(const char *library, const char *coretype)
 spmd_status spmd_optimizer_apply(spmd_graph *g, const spmd_optimizer *opt, spmd_optimizer_tensors *out)
 {
     spmd_status r = spmd_optimizer_apply_impl(g, opt, out);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_optimizer_apply_groups(spmd_graph *g, const spmd_optimizer *opt, const spmd_optimizer_group *groups, int n_groups, spmd_optimizer_tensors *out, spmd_tensor **lrs)
+{
+    spmd_status r = spmd_optimizer_apply_groups_impl(g, opt, groups, n_groups, out, lrs);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

@@ -90,6 +90,7 @@
 #define spmd_program_input_rows spmd_program_input_rows_impl
 #define spmd_blas_select spmd_blas_select_impl
 #define spmd_optimizer_apply spmd_optimizer_apply_impl
+#define spmd_optimizer_apply_groups spmd_optimizer_apply_groups_impl
 #define spmd_fsdp_wrap spmd_fsdp_wrap_impl
 #define spmd_shard_batch spmd_shard_batch_impl
 #define spmd_grad_checkpointed spmd_grad_checkpointed_impl

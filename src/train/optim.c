@@ -1,9 +1,10 @@
 /*
  * Optimizers as graph ops appended after spmd_grad (spmd/train.h): SGD
- * with momentum and L2 weight decay, AdamW, and clipping by the global
- * gradient norm, each with PyTorch's semantics (torch.optim.SGD,
- * torch.optim.AdamW, torch.nn.utils.clip_grad_norm_), plus the learning
- * rate schedule.
+ * with momentum and L2 weight decay, Adam (L2 decay), AdamW (decoupled
+ * decay), parameter groups with their own settings and learning rates,
+ * and clipping by the global gradient norm, each with PyTorch's semantics
+ * (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, param_groups,
+ * torch.nn.utils.clip_grad_norm_), plus the learning rate schedule.
  *
  * Being graph ops, the updates are partitioned with the rest of the step.
  * A marked parameter's moments, and the copy of its gradient the update
@@ -13,10 +14,11 @@
  * gradient into the parameter's shard and every device holds and updates
  * only its block of each moment (ZeRO-3).
  *
- * The learning rate is an input, so a schedule changes it every step
- * without recompiling; the step count is a state scalar, so AdamW's bias
- * corrections are computed in the graph and a checkpoint of the state
- * resumes them exactly.
+ * The learning rate is an input ("lr", and "lr.<i>" for group i > 0), so
+ * a schedule changes it every step without recompiling; the step count
+ * is a state scalar, shared by all groups as torch's per-parameter counts
+ * are equal, so Adam's bias corrections are computed in the graph and a
+ * checkpoint of the state resumes them exactly.
  */
 #include "train/optim.h"
 
@@ -29,6 +31,7 @@
 #include <string.h>
 
 #define LR_NAME "lr"
+#define LR_NAME_SIZE 32 /* "lr.<group>" */
 #define WD_NAME "weight_decay"
 #define STEP_NAME "opt.step"
 #define NORM_NAME "opt.grad_norm"
@@ -42,15 +45,21 @@
 static const char *const sgd_momentum_state[] = {".momentum"};
 static const char *const adamw_state[] = {".exp_avg", ".exp_avg_sq"};
 
+/* Adam and AdamW: the same moments, decay aside. */
+static bool is_adam(spmd_optimizer_kind k)
+{
+    return k == SPMD_OPTIMIZER_ADAMW || k == SPMD_OPTIMIZER_ADAM;
+}
+
 static int state_count(const spmd_optimizer *o)
 {
-    if (o->kind == SPMD_OPTIMIZER_ADAMW) return 2;
+    if (is_adam(o->kind)) return 2;
     return o->momentum != 0.0f ? 1 : 0;
 }
 
 static const char *state_suffix(const spmd_optimizer *o, int i)
 {
-    return o->kind == SPMD_OPTIMIZER_ADAMW ? adamw_state[i] : sgd_momentum_state[i];
+    return is_adam(o->kind) ? adamw_state[i] : sgd_momentum_state[i];
 }
 
 /* A graph op returned NULL: the failure it recorded on g, this call's own
@@ -91,26 +100,29 @@ static spmd_status resolve(const spmd_optimizer *opt, const char *who, spmd_opti
                               "weight_decay and clip_norm", who);
         return SPMD_OK;
     case SPMD_OPTIMIZER_ADAMW:
+    case SPMD_OPTIMIZER_ADAM: {
+        const char *kind = opt->kind == SPMD_OPTIMIZER_ADAM ? "Adam" : "AdamW";
         if (opt->momentum != 0.0f)
             return base_error(SPMD_ERR_INVALID,
-                              "%s: momentum is an SGD setting; AdamW's first moment decays by "
-                              "beta1", who);
+                              "%s: momentum is an SGD setting; %s's first moment decays by "
+                              "beta1", who, kind);
         if (opt->beta1 == 0.0f && opt->beta2 == 0.0f) {
             r->beta1 = ADAM_BETA1;
             r->beta2 = ADAM_BETA2;
         }
         if (!(r->beta1 >= 0.0f && r->beta1 < 1.0f))
-            return base_error(SPMD_ERR_INVALID, "%s: AdamW beta1 %g is outside [0, 1)", who,
+            return base_error(SPMD_ERR_INVALID, "%s: %s beta1 %g is outside [0, 1)", who, kind,
                               (double)r->beta1);
         if (!(r->beta2 >= 0.0f && r->beta2 < 1.0f))
-            return base_error(SPMD_ERR_INVALID, "%s: AdamW beta2 %g is outside [0, 1)", who,
+            return base_error(SPMD_ERR_INVALID, "%s: %s beta2 %g is outside [0, 1)", who, kind,
                               (double)r->beta2);
         if (opt->eps == 0.0f) r->eps = ADAM_EPS;
         if (!(r->eps > 0.0f && isfinite(r->eps)))
             return base_error(SPMD_ERR_INVALID,
-                              "%s: AdamW eps %g must be finite and > 0 (0 means 1e-8)", who,
+                              "%s: %s eps %g must be finite and > 0 (0 means 1e-8)", who, kind,
                               (double)opt->eps);
         return SPMD_OK;
+    }
     }
     return base_error(SPMD_ERR_INVALID, "%s: unknown optimizer kind %d", who, (int)opt->kind);
 }
@@ -135,30 +147,115 @@ static spmd_status state_name(const spmd_tensor *p, const char *suffix, char *bu
     return SPMD_OK;
 }
 
-/* The learning rate: the caller's tensor, else the graph's input "lr";
+/* A learning rate: the caller's tensor, else the graph's input `name`;
  * *lr stays NULL when that is still to be created. */
-static spmd_status check_lr(const spmd_graph *g, spmd_tensor **lr, const char *who)
+static spmd_status check_lr(const spmd_graph *g, spmd_tensor **lr, const char *name,
+                            const char *who)
 {
     const spmd_tensor *t = *lr;
     if (!t) {
-        t = *lr = spmd_graph_find(g, LR_NAME);
+        t = *lr = spmd_graph_find(g, name);
         if (!t) return SPMD_OK;
         if (t->op != IR_INPUT)
             return base_error(SPMD_ERR_INVALID,
-                              "%s: the graph's tensor '" LR_NAME "' is a %s; the learning rate is "
-                              "the f32 scalar input '" LR_NAME "' (rename the other tensor)",
-                              who, ir_op_name(t->op));
+                              "%s: the graph's tensor '%s' is a %s; the learning rate is "
+                              "the f32 scalar input '%s' (rename the other tensor)",
+                              who, name, ir_op_name(t->op), name);
     }
     if (t->graph != g)
         return base_error(SPMD_ERR_INVALID, "%s: lr belongs to another graph", who);
     if (t->rank != 0 || t->dtype != SPMD_F32)
-        return base_error(SPMD_ERR_SHAPE, "%s: lr must be an f32 scalar, got rank %d %s", who,
-                          t->rank, spmd_dtype_name(t->dtype));
+        return base_error(SPMD_ERR_SHAPE, "%s: %s must be an f32 scalar, got rank %d %s", who,
+                          name, t->rank, spmd_dtype_name(t->dtype));
     return SPMD_OK;
 }
 
-static spmd_status check_param(const spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
-                               const char *who)
+/* Group i's learning rate input: "lr", "lr.1", "lr.2", ... */
+static void lr_name(int group, char *buf)
+{
+    if (group == 0)
+        snprintf(buf, LR_NAME_SIZE, "%s", LR_NAME);
+    else
+        snprintf(buf, LR_NAME_SIZE, "%s.%d", LR_NAME, group);
+}
+
+/* The update as planned: each group's settings in force (defaults in) and
+ * learning rate, each parameter's group.  One allocation (plan_alloc). */
+typedef struct shared shared;
+typedef struct plan {
+    int n_groups, n_params;
+    spmd_tensor **params; /* the parameters in graph order */
+    spmd_tensor **grads;  /* what each update reads */
+    spmd_tensor **lr;     /* each group's; NULL until created */
+    shared *s;            /* each group's scalars */
+    spmd_optimizer *o;    /* each group's settings */
+    int *group;           /* each parameter's group */
+    bool *grouped;        /* scratch for squares_total */
+} plan;
+
+/* '*' stands for any run of characters (dots too), '?' for any one. */
+static bool name_matches(const char *pattern, const char *name)
+{
+    const char *star = NULL, *resume = NULL;
+    while (*name) {
+        if (*pattern == '*') {
+            star = pattern++;
+            resume = name;
+        } else if (*pattern == '?' || *pattern == *name) {
+            pattern++;
+            name++;
+        } else if (star) {
+            pattern = star + 1;
+            name = ++resume;
+        } else {
+            return false;
+        }
+    }
+    while (*pattern == '*') pattern++;
+    return *pattern == '\0';
+}
+
+/* Each parameter's group from the groups' names and patterns: exactly one. */
+static spmd_status assign_groups(plan *pl, const spmd_optimizer_group *groups, const char *who)
+{
+    for (int k = 0; k < pl->n_params; k++) pl->group[k] = groups ? -1 : 0;
+    if (!groups) return SPMD_OK;
+    for (int i = 0; i < pl->n_groups; i++) {
+        const spmd_optimizer_group *gr = &groups[i];
+        if (gr->n_params < 0 || (gr->n_params > 0 && !gr->params))
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: group %d's parameter list is NULL or has %d entries", who, i,
+                              gr->n_params);
+        for (int e = 0; e < gr->n_params; e++) {
+            const char *pattern = gr->params[e];
+            if (!pattern)
+                return base_error(SPMD_ERR_INVALID, "%s: group %d's parameter %d is NULL", who,
+                                  i, e);
+            bool matched = false;
+            for (int k = 0; k < pl->n_params; k++) {
+                if (!name_matches(pattern, pl->params[k]->name)) continue;
+                matched = true;
+                if (pl->group[k] >= 0 && pl->group[k] != i)
+                    return base_error(SPMD_ERR_INVALID,
+                                      "%s: parameter '%s' is in group %d and in group %d (as "
+                                      "'%s'); a parameter belongs to exactly one group", who,
+                                      pl->params[k]->name, pl->group[k], i, pattern);
+                pl->group[k] = i;
+            }
+            if (!matched)
+                return base_error(SPMD_ERR_INVALID, "%s: group %d's '%s' matches no parameter",
+                                  who, i, pattern);
+        }
+    }
+    for (int k = 0; k < pl->n_params; k++)
+        if (pl->group[k] < 0)
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: parameter '%s' is in no group; every parameter belongs to "
+                              "exactly one", who, pl->params[k]->name);
+    return SPMD_OK;
+}
+
+static spmd_status check_param(const spmd_graph *g, const spmd_tensor *p, const char *who)
 {
     if (!p->grad)
         return base_error(SPMD_ERR_INVALID,
@@ -171,6 +268,12 @@ static spmd_status check_param(const spmd_graph *g, const spmd_optimizer *o, con
     /* Every mark of a graph is on its one mesh (marks.c), which the state
      * marks copied from the parameter's rely on. */
     if (p->mark && !g->mesh) return BASE_INTERNAL("a marked parameter in a graph without a mesh");
+    return SPMD_OK;
+}
+
+static spmd_status check_state_names(const spmd_graph *g, const spmd_optimizer *o,
+                                     const spmd_tensor *p, const char *who)
+{
     char name[NAME_SIZE];
     for (int k = 0; k < state_count(o); k++) {
         spmd_status st = state_name(p, state_suffix(o, k), name, who);
@@ -180,28 +283,27 @@ static spmd_status check_param(const spmd_graph *g, const spmd_optimizer *o, con
     return SPMD_OK;
 }
 
-static spmd_status check_graph(const spmd_graph *g, const spmd_optimizer *o, bool bookkeeping,
+static spmd_status check_graph(const spmd_graph *g, plan *pl,
+                               const spmd_optimizer_group *groups, bool bookkeeping,
                                const char *who)
 {
     if (!g->has_grad)
         return base_error(SPMD_ERR_INVALID,
                           "%s: call spmd_grad first: the update needs every parameter's gradient",
                           who);
-    int params = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const spmd_tensor *p = g->nodes[i];
-        if (p->op != IR_PARAM) continue;
-        params++;
-        spmd_status st = check_param(g, o, p, who);
-        if (st != SPMD_OK) return st;
-    }
-    if (!bookkeeping) return SPMD_OK;
-    if (params == 0) return base_error(SPMD_ERR_INVALID, "%s: the graph has no parameters", who);
-    spmd_status st = name_free(g, STEP_NAME, who);
+    spmd_status st = SPMD_OK;
+    for (int k = 0; k < pl->n_params && st == SPMD_OK; k++) st = check_param(g, pl->params[k], who);
+    if (st == SPMD_OK) st = assign_groups(pl, groups, who);
+    for (int k = 0; k < pl->n_params && st == SPMD_OK; k++)
+        st = check_state_names(g, &pl->o[pl->group[k]], pl->params[k], who);
+    if (st != SPMD_OK || !bookkeeping) return st;
+    if (pl->n_params == 0)
+        return base_error(SPMD_ERR_INVALID, "%s: the graph has no parameters", who);
+    const spmd_optimizer *o = &pl->o[0];
+    st = name_free(g, STEP_NAME, who);
     if (st == SPMD_OK && o->weight_decay_input && o->weight_decay != 0.0f) st = name_free(g, WD_NAME, who);
     return st != SPMD_OK ? st : name_free(g, NORM_NAME, who);
 }
-
 /* ---- Building blocks --------------------------------------------------------------------- */
 
 static spmd_status copy_mark(spmd_graph *g, spmd_tensor *t, const sharding *mark)
@@ -302,17 +404,26 @@ static spmd_tensor *bias_correction(spmd_graph *g, spmd_tensor *t, spmd_tensor *
     return spmd_neg(g, spmd_mul(g, th, e));
 }
 
-/* Scalars every parameter's update shares. */
+/* Scalars every parameter's update in one group shares. */
 typedef struct shared {
     spmd_tensor *lr;
     spmd_tensor *wd;         /* the input "weight_decay", or NULL: the constant */
-    spmd_tensor *clip_scale; /* NULL: no clipping */
-    /* AdamW */
-    spmd_tensor *decay;      /* 1 - lr wd; NULL without weight decay */
+    spmd_tensor *clip_scale; /* NULL: no clipping (the same for every group) */
+    /* Adam, AdamW */
+    spmd_tensor *decay;      /* AdamW: 1 - lr wd; NULL without weight decay */
     spmd_tensor *step_size;  /* lr / (1 - b1^t) */
     spmd_tensor *bc2_sqrt;   /* sqrt(1 - b2^t) */
     spmd_tensor *eps;
 } shared;
+
+/* x + wd p: the L2 decay SGD and Adam add to the gradient (torch's
+ * grad.add(param, alpha=weight_decay)); x itself without decay. */
+static spmd_tensor *add_l2_decay(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *x,
+                                 spmd_tensor *p, const shared *s)
+{
+    if (o->weight_decay == 0.0f) return x;
+    return spmd_add(g, x, s->wd ? spmd_mul(g, p, s->wd) : spmd_scale(g, p, o->weight_decay));
+}
 
 /* torch.optim.SGD (dampening 0, no Nesterov):
  *   d = g + wd p;  buf = momentum buf + d;  p -= lr buf  (lr d without momentum).
@@ -324,9 +435,7 @@ static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor
 {
     spmd_tensor *target = p;
     p = param_in_update(g, o, p);
-    spmd_tensor *d = grad;
-    if (o->weight_decay != 0.0f)
-        d = spmd_add(g, d, s->wd ? spmd_mul(g, p, s->wd) : spmd_scale(g, p, o->weight_decay));
+    spmd_tensor *d = add_l2_decay(g, o, grad, p, s);
     if (o->momentum != 0.0f) {
         spmd_tensor *buf = param_state(g, o, target, sgd_momentum_state[0]);
         spmd_tensor *next = spmd_add(g, spmd_scale(g, buf, o->momentum), d);
@@ -337,15 +446,20 @@ static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor
     return update(g, target, spmd_sub(g, p, spmd_mul(g, d, s->lr)), who);
 }
 
-/* torch.optim.AdamW, in its order of operations:
- *   p *= 1 - lr wd
+/* torch.optim.AdamW and torch.optim.Adam, in their order of operations:
+ *   AdamW: p *= 1 - lr wd          Adam: g = g + wd p
  *   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
  *   p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
-static spmd_status adamw_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
-                               spmd_tensor *grad, const shared *s, const char *who)
+static spmd_status adam_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
+                              spmd_tensor *grad, const shared *s, const char *who)
 {
     spmd_tensor *m = param_state(g, o, p, adamw_state[0]);
     spmd_tensor *v = param_state(g, o, p, adamw_state[1]);
+    spmd_tensor *at = NULL;
+    if (o->kind == SPMD_OPTIMIZER_ADAM && o->weight_decay != 0.0f) {
+        at = param_in_update(g, o, p);
+        grad = add_l2_decay(g, o, grad, at, s);
+    }
     /* (1 - b) rounded from double, as torch passes it to the kernels. */
     float c1 = (float)(1.0 - (double)o->beta1), c2 = (float)(1.0 - (double)o->beta2);
     spmd_tensor *m_next = spmd_add(g, spmd_scale(g, m, o->beta1), spmd_scale(g, grad, c1));
@@ -356,11 +470,10 @@ static spmd_status adamw_param(spmd_graph *g, const spmd_optimizer *o, spmd_tens
     if (st != SPMD_OK) return st;
     spmd_tensor *denom = spmd_add(g, spmd_div(g, spmd_sqrt(g, v_next), s->bc2_sqrt), s->eps);
     spmd_tensor *delta = spmd_div(g, spmd_mul(g, m_next, s->step_size), denom);
-    spmd_tensor *at = param_in_update(g, o, p);
+    if (!at) at = param_in_update(g, o, p);
     spmd_tensor *base = s->decay ? spmd_mul(g, at, s->decay) : at;
     return update(g, p, spmd_sub(g, base, delta), who);
 }
-
 /* ---- The whole update -------------------------------------------------------------------- */
 
 /* The gradient the update reads, on a mesh: held in the parameter's
@@ -399,117 +512,201 @@ static spmd_tensor *squares_total(spmd_graph *g, spmd_tensor **params, spmd_tens
     memset(grouped, 0, (size_t)n_params * sizeof *grouped);
     for (int k = 0; k < n_params; k++) {
         if (grouped[k]) continue;
-        spmd_tensor *group = NULL;
+        spmd_tensor *alike = NULL;
         for (int j = k; j < n_params; j++) {
             if (grouped[j] || !same_mark(params[j], params[k])) continue;
             grouped[j] = true;
             spmd_tensor *sq = sum_of_squares(g, grads[j]);
-            group = group ? spmd_add(g, group, sq) : sq;
+            alike = alike ? spmd_add(g, alike, sq) : sq;
         }
-        total = total ? spmd_add(g, total, group) : group;
+        total = total ? spmd_add(g, total, alike) : alike;
     }
     return total;
 }
 
 /* Append the updates once everything is checked: only allocation can fail. */
-static spmd_status append(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *lr,
-                          bool bookkeeping, const char *who, spmd_tensor **params,
-                          spmd_tensor **grads, bool *grouped, int n_params,
-                          spmd_optimizer_tensors *out)
+static spmd_status append(spmd_graph *g, plan *pl, bool bookkeeping, const char *who,
+                          spmd_optimizer_tensors *out, spmd_tensor **lrs)
 {
     spmd_status st;
-    for (int k = 0; k < n_params; k++)
-        if (!(grads[k] = bookkeeping ? held_grad(g, o, params[k]) : params[k]->grad))
+    for (int k = 0; k < pl->n_params; k++)
+        if (!(pl->grads[k] = bookkeeping ? held_grad(g, &pl->o[pl->group[k]], pl->params[k])
+                                         : pl->params[k]->grad))
             return builder_failed(g, who);
 
-    shared s = {.lr = lr};
+    const spmd_optimizer *o0 = &pl->o[0]; /* the settings every group shares are here too */
     spmd_tensor *one = spmd_fill(g, 0, NULL, 1.0f), *t = NULL, *norm = NULL;
     if (bookkeeping) {
         spmd_tensor *step = spmd_state(g, STEP_NAME, 0, NULL, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
         t = spmd_add(g, step, one); /* this step's count, from 1 */
         if ((st = update(g, step, t, who)) != SPMD_OK) return st;
     }
-    if (bookkeeping || o->clip_norm > 0.0f) {
-        /* sqrt of the sum over every parameter of sum(g^2): on a mesh each
-         * device sums its blocks and the partitioner adds the partials. */
-        spmd_tensor *total = squares_total(g, params, grads, n_params, grouped);
+    if (bookkeeping || o0->clip_norm > 0.0f) {
+        /* sqrt of the sum over every parameter (of every group) of
+         * sum(g^2): on a mesh each device sums its blocks and the
+         * partitioner adds the partials. */
+        spmd_tensor *total = squares_total(g, pl->params, pl->grads, pl->n_params, pl->grouped);
         norm = total ? spmd_sqrt(g, total) : spmd_fill(g, 0, NULL, 0.0f);
         if (!norm) return builder_failed(g, who);
         if (bookkeeping && ((st = spmd_tensor_set_name(norm, NORM_NAME)) != SPMD_OK ||
                             (st = spmd_graph_mark_output(g, norm)) != SPMD_OK))
             return st;
     }
-    /* A decay fed each step multiplies as the constant scales: x * wd. */
-    if (o->weight_decay_input && o->weight_decay != 0.0f &&
-        !(s.wd = spmd_input(g, WD_NAME, SPMD_F32, 0, NULL)))
+    /* A decay fed each step (one group only) multiplies as the constant
+     * scales: x * wd. */
+    spmd_tensor *wd = NULL, *clip_scale = NULL;
+    if (o0->weight_decay_input && o0->weight_decay != 0.0f &&
+        !(wd = spmd_input(g, WD_NAME, SPMD_F32, 0, NULL)))
         return builder_failed(g, who);
-    if (o->clip_norm > 0.0f) {
+    if (o0->clip_norm > 0.0f) {
         /* clip_grad_norm_: scale = min(1, clip / (norm + 1e-6)), applied
          * whether or not it is below 1, as torch does. */
         spmd_tensor *guarded = spmd_add(g, norm, spmd_fill(g, 0, NULL, CLIP_EPS));
-        s.clip_scale = min_one(g, spmd_div(g, spmd_fill(g, 0, NULL, o->clip_norm), guarded));
-        if (!s.clip_scale) return builder_failed(g, who); /* NULL would mean "no clipping" */
+        clip_scale = min_one(g, spmd_div(g, spmd_fill(g, 0, NULL, o0->clip_norm), guarded));
+        if (!clip_scale) return builder_failed(g, who); /* NULL would mean "no clipping" */
     }
-    if (o->kind == SPMD_OPTIMIZER_ADAMW) {
-        if (o->weight_decay != 0.0f &&
-            !(s.decay = spmd_sub(g, one, s.wd ? spmd_mul(g, lr, s.wd) : spmd_scale(g, lr, o->weight_decay))))
+    for (int i = 0; i < pl->n_groups; i++) {
+        const spmd_optimizer *o = &pl->o[i];
+        shared *s = &pl->s[i];
+        *s = (shared){.lr = pl->lr[i], .wd = wd, .clip_scale = clip_scale};
+        if (!is_adam(o->kind)) continue;
+        if (o->kind == SPMD_OPTIMIZER_ADAMW && o->weight_decay != 0.0f &&
+            !(s->decay = spmd_sub(g, one, wd ? spmd_mul(g, s->lr, wd)
+                                             : spmd_scale(g, s->lr, o->weight_decay))))
             return builder_failed(g, who); /* NULL would mean "no decay" */
-        s.step_size = spmd_div(g, lr, bias_correction(g, t, one, o->beta1));
-        s.bc2_sqrt = spmd_sqrt(g, bias_correction(g, t, one, o->beta2));
-        s.eps = spmd_fill(g, 0, NULL, o->eps);
+        s->step_size = spmd_div(g, s->lr, bias_correction(g, t, one, o->beta1));
+        s->bc2_sqrt = spmd_sqrt(g, bias_correction(g, t, one, o->beta2));
+        s->eps = spmd_fill(g, 0, NULL, o->eps);
     }
 
-    for (int k = 0; k < n_params; k++) {
-        spmd_tensor *grad = s.clip_scale ? spmd_mul(g, grads[k], s.clip_scale) : grads[k];
-        st = o->kind == SPMD_OPTIMIZER_ADAMW ? adamw_param(g, o, params[k], grad, &s, who)
-                                              : sgd_param(g, o, params[k], grad, &s, who);
+    for (int k = 0; k < pl->n_params; k++) {
+        const spmd_optimizer *o = &pl->o[pl->group[k]];
+        const shared *s = &pl->s[pl->group[k]];
+        spmd_tensor *grad = clip_scale ? spmd_mul(g, pl->grads[k], clip_scale) : pl->grads[k];
+        st = is_adam(o->kind) ? adam_param(g, o, pl->params[k], grad, s, who)
+                              : sgd_param(g, o, pl->params[k], grad, s, who);
         if (st != SPMD_OK) return st;
     }
     if (out) {
-        out->lr = lr;
+        out->lr = pl->lr[0];
         out->grad_norm = bookkeeping ? norm : NULL;
-        out->weight_decay = s.wd;
+        out->weight_decay = wd;
     }
+    if (lrs)
+        for (int i = 0; i < pl->n_groups; i++) lrs[i] = pl->lr[i];
     return SPMD_OK;
 }
 
 /* ---- Entry points ------------------------------------------------------------------------ */
 
+/* The plan's arrays for n_params parameters (graph order) and n_groups
+ * groups, in one block; NULL with the allocator's message. */
+static void *plan_alloc(spmd_graph *g, plan *pl, int n_groups)
+{
+    memset(pl, 0, sizeof *pl);
+    for (int i = 0; i < g->n_nodes; i++) pl->n_params += g->nodes[i]->op == IR_PARAM;
+    pl->n_groups = n_groups;
+    size_t np = (size_t)(pl->n_params ? pl->n_params : 1), ng = (size_t)n_groups;
+    /* Pointers first, then 4-byte fields, then bytes: each aligned. */
+    size_t bytes = np * 2 * sizeof(spmd_tensor *) + ng * sizeof(spmd_tensor *) +
+                   ng * sizeof(shared) + ng * sizeof(spmd_optimizer) + np * sizeof(int) +
+                   np * sizeof(bool);
+    char *block = base_alloc(&g->alloc, bytes, "optimizer parameter list");
+    if (!block) return NULL;
+    memset(block, 0, bytes);
+    pl->params = (spmd_tensor **)block;
+    pl->grads = pl->params + np;
+    pl->lr = pl->grads + np;
+    pl->s = (shared *)(pl->lr + ng);
+    pl->o = (spmd_optimizer *)(pl->s + ng);
+    pl->group = (int *)(pl->o + ng);
+    pl->grouped = (bool *)(pl->group + np);
+    for (int i = 0, k = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == IR_PARAM) pl->params[k++] = g->nodes[i];
+    return block;
+}
+
+/* Each group's settings in force: opt itself without groups, else opt's
+ * shared settings with the group's own, each checked under its index. */
+static spmd_status resolve_groups(plan *pl, const spmd_optimizer *opt,
+                                  const spmd_optimizer_group *groups, const char *who)
+{
+    if (!groups) return resolve(opt, who, &pl->o[0]);
+    if (opt->momentum != 0.0f || opt->weight_decay != 0.0f || opt->beta1 != 0.0f ||
+        opt->beta2 != 0.0f || opt->eps != 0.0f)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: with groups, momentum, weight_decay, beta1, beta2 and eps are "
+                          "each group's own: set them in spmd_optimizer_group, not in the "
+                          "shared settings", who);
+    if (opt->weight_decay_input)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: weight_decay_input is for spmd_optimizer_apply's single group",
+                          who);
+    for (int i = 0; i < pl->n_groups; i++) {
+        spmd_optimizer gi = *opt;
+        gi.weight_decay = groups[i].weight_decay;
+        gi.momentum = groups[i].momentum;
+        gi.beta1 = groups[i].beta1;
+        gi.beta2 = groups[i].beta2;
+        gi.eps = groups[i].eps;
+        char gwho[64];
+        snprintf(gwho, sizeof gwho, "%s: group %d", who, i);
+        spmd_status st = resolve(&gi, gwho, &pl->o[i]);
+        if (st != SPMD_OK) return st;
+    }
+    return SPMD_OK;
+}
+
+/* The update of every parameter: in one group of opt's settings (groups
+ * NULL, n_groups 1, lr the caller's or NULL for "lr"), or in `groups`. */
+static spmd_status build(spmd_graph *g, const spmd_optimizer *opt,
+                         const spmd_optimizer_group *groups, int n_groups, spmd_tensor *lr,
+                         bool bookkeeping, const char *who, spmd_optimizer_tensors *out,
+                         spmd_tensor **lrs)
+{
+    if (out) memset(out, 0, sizeof *out);
+    if (lrs && n_groups > 0) memset(lrs, 0, (size_t)n_groups * sizeof *lrs);
+    if (!g || !opt) return base_error(SPMD_ERR_INVALID, "%s: graph or settings is NULL", who);
+    if (!groups && n_groups != 1) return BASE_INTERNAL("no groups means one");
+    if (n_groups < 1)
+        return base_error(SPMD_ERR_INVALID, "%s: %d parameter groups; at least one is needed",
+                          who, n_groups);
+    plan pl;
+    void *block = plan_alloc(g, &pl, n_groups);
+    if (!block) return SPMD_ERR_NOMEM;
+    pl.lr[0] = lr;
+    char name[LR_NAME_SIZE];
+    spmd_status st = resolve_groups(&pl, opt, groups, who);
+    if (st == SPMD_OK && is_adam(opt->kind) && !bookkeeping)
+        st = BASE_INTERNAL("Adam needs the step counter");
+    for (int i = 0; i < n_groups && st == SPMD_OK; i++) {
+        lr_name(i, name);
+        st = check_lr(g, &pl.lr[i], name, who);
+    }
+    if (st == SPMD_OK) st = check_graph(g, &pl, groups, bookkeeping, who);
+    if (st != SPMD_OK) {
+        base_free(&g->alloc, block);
+        return st;
+    }
+
+    ir_failure outer;
+    ir_error_scope_begin(g, &outer);
+    for (int i = 0; i < n_groups && st == SPMD_OK; i++) {
+        lr_name(i, name);
+        if (!pl.lr[i] && !(pl.lr[i] = spmd_input(g, name, SPMD_F32, 0, NULL)))
+            st = builder_failed(g, who);
+    }
+    if (st == SPMD_OK) st = append(g, &pl, bookkeeping, who, out, lrs);
+    base_free(&g->alloc, block);
+    ir_error_scope_end(g, &outer);
+    return st;
+}
+
 spmd_status train_optimizer_append(spmd_graph *g, const spmd_optimizer *opt, spmd_tensor *lr,
                                    bool bookkeeping, const char *who,
                                    spmd_optimizer_tensors *out)
 {
-    if (out) memset(out, 0, sizeof *out);
-    if (!g || !opt) return base_error(SPMD_ERR_INVALID, "%s: graph or settings is NULL", who);
-    spmd_optimizer o;
-    spmd_status st = resolve(opt, who, &o);
-    if (st != SPMD_OK) return st;
-    if (o.kind == SPMD_OPTIMIZER_ADAMW && !bookkeeping)
-        return BASE_INTERNAL("AdamW needs the step counter");
-    if ((st = check_lr(g, &lr, who)) != SPMD_OK) return st;
-    if ((st = check_graph(g, &o, bookkeeping, who)) != SPMD_OK) return st;
-
-    /* The parameters as they are now (the update adds nodes, no params). */
-    int n_params = 0;
-    for (int i = 0; i < g->n_nodes; i++) n_params += g->nodes[i]->op == IR_PARAM;
-    size_t n = (size_t)(n_params ? n_params : 1);
-    spmd_tensor **params = base_alloc(&g->alloc, n * (2 * sizeof(spmd_tensor *) + sizeof(bool)),
-                                      "optimizer parameter list");
-    if (!params) return SPMD_ERR_NOMEM;
-    ir_failure outer;
-    ir_error_scope_begin(g, &outer);
-    spmd_tensor **grads = params + n;
-    bool *grouped = (bool *)(grads + n);
-    for (int i = 0, k = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == IR_PARAM) params[k++] = g->nodes[i];
-
-    if (lr || (lr = spmd_input(g, LR_NAME, SPMD_F32, 0, NULL)))
-        st = append(g, &o, lr, bookkeeping, who, params, grads, grouped, n_params, out);
-    else
-        st = builder_failed(g, who);
-    base_free(&g->alloc, params);
-    ir_error_scope_end(g, &outer);
-    return st;
+    return build(g, opt, NULL, 1, lr, bookkeeping, who, out, NULL);
 }
 
 spmd_status spmd_optimizer_apply(spmd_graph *g, const spmd_optimizer *opt,
@@ -518,6 +715,17 @@ spmd_status spmd_optimizer_apply(spmd_graph *g, const spmd_optimizer *opt,
     return train_optimizer_append(g, opt, NULL, true, "optimizer", out);
 }
 
+spmd_status spmd_optimizer_apply_groups(spmd_graph *g, const spmd_optimizer *opt,
+                                        const spmd_optimizer_group *groups, int n_groups,
+                                        spmd_optimizer_tensors *out, spmd_tensor **lrs)
+{
+    if (!groups) {
+        if (out) memset(out, 0, sizeof *out);
+        if (lrs && n_groups > 0) memset(lrs, 0, (size_t)n_groups * sizeof *lrs);
+        return base_error(SPMD_ERR_INVALID, "optimizer: groups is NULL");
+    }
+    return build(g, opt, groups, n_groups, NULL, true, "optimizer", out, lrs);
+}
 /* The Hugging Face / PyTorch warmup-cosine rule (LambdaLR with
  * get_cosine_schedule_with_warmup's factor), decaying to `floor` instead
  * of 0: peak * step / warmup while warming up, so the first step (step 0)
