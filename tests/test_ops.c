@@ -540,6 +540,39 @@ static void test_where(void **state)
         }
 }
 
+/* The builders' refusals name the op, the cause and the shapes. */
+static void test_new_op_errors(void **state)
+{
+    (void)state;
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, (const int64_t[]){4, 6});
+    spmd_tensor *y = spmd_input(g, "y", SPMD_F32, 2, (const int64_t[]){4, 5});
+    assert_null(spmd_where(g, x, x, y));
+    assert_int_equal(spmd_graph_status(g), SPMD_ERR_SHAPE);
+    if (!strstr(spmd_last_error(), "where: shapes do not broadcast: cond [4, 6], a [4, 6] and b [4, 5]"))
+        fail_msg("where's shape error: %s", spmd_last_error());
+    spmd_graph *h = spmd_graph_create(NULL);
+    spmd_tensor *hx = spmd_input(h, "x", SPMD_F32, 1, (const int64_t[]){6});
+    spmd_tensor *hi = spmd_input(h, "ids", SPMD_I32, 1, (const int64_t[]){6});
+    assert_null(spmd_where(h, hx, hi, hx));
+    if (!strstr(spmd_last_error(), "where: expects f32, got i32 [6]"))
+        fail_msg("where's dtype error: %s", spmd_last_error());
+    assert_null(spmd_silu(h, hi));
+    assert_null(spmd_pow_scalar(h, NULL, 2.0f));
+    assert_non_null(strstr(spmd_last_error(), "where")); /* the graph's first failure again */
+    spmd_graph_free(h);
+    /* An i32 condition is taken; NULL operands are named. */
+    spmd_graph *k = spmd_graph_create(NULL);
+    spmd_tensor *kx = spmd_input(k, "x", SPMD_F32, 2, (const int64_t[]){4, 6});
+    spmd_tensor *ki = spmd_input(k, "ids", SPMD_I32, 1, (const int64_t[]){6});
+    assert_non_null(spmd_where(k, ki, kx, kx));
+    assert_null(spmd_where(k, ki, kx, NULL));
+    if (!strstr(spmd_last_error(), "where: operand 2 is NULL"))
+        fail_msg("where's NULL operand: %s", spmd_last_error());
+    spmd_graph_free(k);
+    spmd_graph_free(g);
+}
+
 /* ---- Reductions and row normalisations ------------------------------------------ */
 
 /* Every mask (sum, mean) or axis (max) of each: a plain 3-D shape, a 4-D
@@ -1258,6 +1291,7 @@ int main(void)
         cmocka_unit_test(test_activation_tails),
         cmocka_unit_test(test_activation_backward),
         cmocka_unit_test(test_where),
+        cmocka_unit_test(test_new_op_errors),
         cmocka_unit_test(test_sum_mean),
         cmocka_unit_test(test_max),
         cmocka_unit_test(test_nan),
