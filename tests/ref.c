@@ -116,6 +116,10 @@ void ref_unary(ref_unop op, const float *x, int64_t n, float c, float *out)
         case REF_RELU: y = isnan(v) ? v : (v > 0 ? v : 0); break;
         case REF_SQRT: y = sqrt(v); break;
         case REF_RSQRT: y = 1.0 / sqrt(v); break;
+        case REF_GELU_ERF: y = 0.5 * v * (1.0 + erf(v / sqrt(2.0))); break;
+        case REF_SILU: y = v / (1.0 + exp(-v)); break;
+        case REF_SIGMOID: y = 1.0 / (1.0 + exp(-v)); break;
+        case REF_POW: y = pow(v, (double)c); break;
         }
         out[i] = (float)y;
     }
@@ -135,6 +139,39 @@ void ref_gelu_backward(const float *x, const float *dy, int64_t n, float *out)
 void ref_relu_backward(const float *x, const float *dy, int64_t n, float *out)
 {
     for (int64_t i = 0; i < n; i++) out[i] = x[i] > 0 ? dy[i] : 0.0f;
+}
+
+void ref_gelu_erf_backward(const float *x, const float *dy, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        double g = 0.5 * (1.0 + erf(v / sqrt(2.0))) + v * exp(-0.5 * v * v) / sqrt(2.0 * REF_PI);
+        out[i] = (float)(dy[i] * g);
+    }
+}
+
+void ref_silu_backward(const float *x, const float *dy, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i], s = 1.0 / (1.0 + exp(-v));
+        out[i] = (float)(dy[i] * (s + v * s * (1.0 - s)));
+    }
+}
+
+void ref_where(const float *cond, const int64_t *cd, int cr, const float *a, const int64_t *ad,
+               int ar, const float *b, const int64_t *bd, int br, float *out)
+{
+    int64_t ab[REF_MAX_RANK], od[REF_MAX_RANK], idx[REF_MAX_RANK];
+    int rab = ref_broadcast_shape(ad, ar, bd, br, ab);
+    if (rab < 0) return;
+    int r = ref_broadcast_shape(cd, cr, ab, rab, od);
+    if (r < 0) return;
+    int64_t n = ref_numel(od, r);
+    for (int64_t i = 0; i < n; i++) {
+        unflatten(i, od, r, idx);
+        out[i] = cond[bcast_source(idx, r, cd, cr)] != 0 ? a[bcast_source(idx, r, ad, ar)]
+                                                          : b[bcast_source(idx, r, bd, br)];
+    }
 }
 
 /* ---- Reductions ------------------------------------------------------------------ */

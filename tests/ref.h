@@ -39,7 +39,11 @@ typedef enum ref_unop {
     REF_GELU,  /* tanh form */
     REF_RELU,  /* NaN passes through */
     REF_SQRT,
-    REF_RSQRT
+    REF_RSQRT,
+    REF_GELU_ERF, /* 0.5 x (1 + erf(x / sqrt 2)) */
+    REF_SILU,     /* x sigmoid(x) */
+    REF_SIGMOID,
+    REF_POW       /* x^c */
 } ref_unop;
 
 void ref_fill(float *out, int64_t n, float value);
@@ -49,11 +53,18 @@ void ref_binary(ref_binop op, const float *a, const int64_t *ad, int ar, const f
 /* x broadcast to (od, orank). */
 void ref_expand(const float *x, const int64_t *xd, int xr, const int64_t *od, int orank,
                 float *out);
-/* out[i] = f(x[i]) for n elements; c is used by REF_SCALE only. */
+/* out[i] = f(x[i]) for n elements; c is used by REF_SCALE and REF_POW only. */
 void ref_unary(ref_unop op, const float *x, int64_t n, float c, float *out);
 /* dx = dy * gelu'(x), dy * (x > 0); n elements. */
 void ref_gelu_backward(const float *x, const float *dy, int64_t n, float *out);
 void ref_relu_backward(const float *x, const float *dy, int64_t n, float *out);
+/* dx = dy * gelu_erf'(x), dy * silu'(x); n elements. */
+void ref_gelu_erf_backward(const float *x, const float *dy, int64_t n, float *out);
+void ref_silu_backward(const float *x, const float *dy, int64_t n, float *out);
+/* out = cond != 0 ? a : b, numpy broadcasting over the three (out: their
+ * broadcast shape); cond's values as floats. */
+void ref_where(const float *cond, const int64_t *cd, int cr, const float *a, const int64_t *ad,
+               int ar, const float *b, const int64_t *bd, int br, float *out);
 
 /* ---- Reductions ---------------------------------------------------------- */
 

@@ -5,6 +5,7 @@
  * mesh; chains do fuse; a GPT trained with AdamW gives the same losses
  * and parameters fused and unfused, its update in a few passes.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,7 +46,7 @@ static spmd_graph *random_graph(test_rng *r, spmd_tensor **outs, int *n_outs, co
     for (int k = 0; k < NODES; k++) {
         spmd_tensor *a = pool[test_rng_int(r, 0, n - 1)], *b = pool[test_rng_int(r, 0, n - 1)];
         spmd_tensor *t = NULL;
-        switch (test_rng_int(r, 0, 13)) {
+        switch (test_rng_int(r, 0, 19)) {
         case 0: t = spmd_add(g, a, b); break;
         case 1: t = spmd_sub(g, a, b); break;
         case 2: t = spmd_mul(g, a, b); break;
@@ -59,6 +60,13 @@ static spmd_graph *random_graph(test_rng *r, spmd_tensor **outs, int *n_outs, co
         case 10: t = spmd_mul(g, a, scalar); break;
         case 11: t = spmd_sqrt(g, spmd_add(g, spmd_mul(g, a, a), scalar)); break;
         case 12: t = spmd_exp(g, spmd_scale(g, spmd_tanh(g, a), 0.5f)); break;
+        case 14: t = spmd_gelu_erf(g, a); break;
+        case 15: t = spmd_silu(g, a); break;
+        case 16: t = spmd_sigmoid(g, a); break;
+        case 17: t = spmd_pow_scalar(g, a, test_rng_chance(r, 0.5) ? 2.0f : 3.0f); break;
+        /* where over a computed mask, a bias or a scalar in any slot. */
+        case 18: t = spmd_where(g, spmd_relu(g, a), b, test_rng_chance(r, 0.5) ? bias : scalar); break;
+        case 19: t = spmd_where(g, spmd_relu(g, bias), scalar, a); break;
         default: t = spmd_log(g, spmd_add(g, spmd_exp(g, a), scalar)); break;
         }
         assert_non_null(t);
@@ -135,6 +143,58 @@ static void test_random_graphs_on_mesh(void **state)
     compare_random("3");
 }
 
+/* where's formula takes three operands: a masked fill (mask [COLS], fill
+ * a scalar) between two elementwise ops is one group, with the fused
+ * bits; with an i32 mask, which a group cannot read, where runs on its
+ * own (and so do its neighbours), with the same bits as unfused. */
+static void test_where_fuses(void **state)
+{
+    (void)state;
+    for (int i32 = 0; i32 <= 1; i32++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        int64_t dims[2] = {ROWS, COLS}, bd[1] = {COLS};
+        spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, dims);
+        spmd_tensor *m = spmd_input(g, "m", i32 ? SPMD_I32 : SPMD_F32, 1, bd);
+        spmd_tensor *fill = spmd_input(g, "s", SPMD_F32, 0, NULL);
+        spmd_tensor *w = spmd_where(g, m, spmd_scale(g, x, 0.5f), fill);
+        spmd_tensor *y = spmd_exp(g, w);
+        assert_non_null(y);
+        assert_int_equal(spmd_graph_mark_output(g, y), SPMD_OK);
+        spmd_program *fused = spmd_compile(g, &(spmd_compile_options){.threads = 3});
+        spmd_program *plain = spmd_compile(g, &(spmd_compile_options){.threads = 1, .unfused = true});
+        assert_non_null(fused);
+        assert_non_null(plain);
+        const fusion *f = &executor_compiled(fused)->fusion;
+        assert_int_equal(f->absorbed[w->id], !i32);
+        /* scale-where-exp; with an i32 mask no group of two is left. */
+        assert_int_equal(f->n_groups, !i32);
+        if (!i32) assert_int_equal(f->groups[0].n_steps, 3);
+        float xv[ROWS * COLS], fv = -1.5f, out[2][ROWS * COLS];
+        union { float f[COLS]; int32_t i[COLS]; } mv;
+        test_fill_by_name("x", xv, ROWS * COLS);
+        for (int k = 0; k < COLS; k++) {
+            if (i32) mv.i[k] = k % 3 == 0 ? 0 : k; /* any nonzero integer selects a */
+            else mv.f[k] = k % 3 == 0 ? 0.0f : 1.0f;
+        }
+        spmd_program *ps[2] = {fused, plain};
+        for (int v = 0; v < 2; v++) {
+            assert_int_equal(spmd_program_set_input(ps[v], x, xv, sizeof xv), SPMD_OK);
+            assert_int_equal(spmd_program_set_input(ps[v], m, &mv, sizeof mv), SPMD_OK);
+            assert_int_equal(spmd_program_set_input(ps[v], fill, &fv, sizeof fv), SPMD_OK);
+            assert_int_equal(spmd_program_run(ps[v]), SPMD_OK);
+            assert_int_equal(spmd_program_read(ps[v], y, out[v], sizeof out[v]), SPMD_OK);
+        }
+        assert_memory_equal(out[0], out[1], sizeof out[0]);
+        for (int k = 0; k < ROWS * COLS; k++) {
+            float want = k % COLS % 3 == 0 ? expf(fv) : expf(xv[k] * 0.5f);
+            assert_true(out[0][k] == want || fabsf(out[0][k] - want) <= 1e-6f * want);
+        }
+        spmd_program_free(fused);
+        spmd_program_free(plain);
+        spmd_graph_free(g);
+    }
+}
+
 /* A GPT with AdamW on 2x2 (data, fsdp), fused and unfused: the same
  * losses and parameters after 4 steps; each parameter's update takes at
  * most four passes. */
@@ -189,6 +249,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_graphs),
         cmocka_unit_test(test_random_graphs_on_mesh),
+        cmocka_unit_test(test_where_fuses),
         cmocka_unit_test(test_gpt_adamw_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

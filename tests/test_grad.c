@@ -281,6 +281,8 @@ static void test_unary(void **state)
         {"tanh", spmd_tanh, GEN_ANY},   {"gelu", spmd_gelu, GEN_ANY},
         {"relu", spmd_relu, GEN_AWAY0}, {"sqrt", spmd_sqrt, GEN_POS},
         {"rsqrt", spmd_rsqrt, GEN_POS},
+        {"gelu_erf", spmd_gelu_erf, GEN_WIDE}, {"silu", spmd_silu, GEN_WIDE},
+        {"sigmoid", spmd_sigmoid, GEN_WIDE},
     };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         gcheck c;
@@ -288,6 +290,59 @@ static void test_unary(void **state)
         spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 4), ops[i].kind);
         gc_run(&c, ops[i].fn(c.g, x));
     }
+}
+
+/* p x^(p-1), p = 0 and 1 included (their rules build no power). */
+static void test_pow_scalar(void **state)
+{
+    (void)state;
+    static const struct {
+        float p;
+        test_gen kind;
+    } cases[] = {{2.0f, GEN_ANY},  {3.0f, GEN_ANY},   {1.0f, GEN_ANY}, {0.0f, GEN_ANY},
+                 {0.5f, GEN_POS},  {-1.0f, GEN_POS},  {-2.0f, GEN_POS}, {1.5f, GEN_POS},
+                 {-0.5f, GEN_POS}, {2.5f, GEN_POS}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gcheck c;
+        gc_init(&c, "pow_scalar %g", (double)cases[i].p);
+        spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 4), cases[i].kind);
+        gc_run(&c, spmd_pow_scalar(c.g, x, cases[i].p));
+    }
+}
+
+/* where(cond, a, b) with a and b parameters broadcast against the
+ * condition: each gets dy where it was chosen, summed over its broadcast
+ * dims.  The condition is an f32 mask input, an i32 one, or computed from
+ * a parameter (relu of values away from 0, so the steps never cross a
+ * switch): that parameter's gradient is zero. */
+static void test_where(void **state)
+{
+    (void)state;
+    static const struct {
+        shape c, a, b;
+    } cases[] = {
+        {{3, {2, 3, 4}}, {3, {2, 3, 4}}, {3, {2, 3, 4}}},
+        {{3, {2, 1, 4}}, {2, {3, 1}}, {0, {0}}},
+        {{2, {3, 4}}, {3, {2, 3, 4}}, {1, {4}}},
+    };
+    for (int kind = 0; kind < 3; kind++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            gcheck c;
+            gc_init(&c, "where %s cond %zu", kind == 0 ? "f32" : kind == 1 ? "i32" : "computed", i);
+            spmd_tensor *cond;
+            if (kind == 0) {
+                cond = gc_input(&c, "cond", cases[i].c.rank, cases[i].c.dims, GEN_ANY);
+                float *m = c.iv[c.ni - 1];
+                for (int64_t k = 0; k < spmd_tensor_numel(cond); k++) m[k] = (float)test_rng_int(&rng, 0, 1);
+            } else if (kind == 1) {
+                cond = gc_ids(&c, "cond", cases[i].c.rank, cases[i].c.dims, 2, NULL);
+            } else {
+                cond = spmd_relu(c.g, gc_param(&c, "pc", cases[i].c.rank, cases[i].c.dims, GEN_AWAY0));
+            }
+            spmd_tensor *a = gc_param(&c, "a", cases[i].a.rank, cases[i].a.dims, GEN_ANY);
+            spmd_tensor *b = gc_param(&c, "b", cases[i].b.rank, cases[i].b.dims, GEN_ANY);
+            gc_run(&c, spmd_where(c.g, cond, a, b));
+        }
 }
 
 /* ---- Reductions and row normalisations ------------------------------------------- */
@@ -711,6 +766,8 @@ int main(void)
         cmocka_unit_test(test_div),
         cmocka_unit_test(test_expand),
         cmocka_unit_test(test_unary),
+        cmocka_unit_test(test_pow_scalar),
+        cmocka_unit_test(test_where),
         cmocka_unit_test(test_sum),
         cmocka_unit_test(test_mean),
         cmocka_unit_test(test_max),

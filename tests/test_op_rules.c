@@ -55,7 +55,7 @@
 
 /* ---- Samples ------------------------------------------------------------------------ */
 
-typedef enum value_kind { V_ANY, V_POS, V_IDS } value_kind;
+typedef enum value_kind { V_ANY, V_POS, V_IDS, V_MASK } value_kind;
 
 typedef struct sample {
     spmd_graph *g;
@@ -87,6 +87,7 @@ static spmd_tensor *ids(sample *s, int rank, const int64_t *dims, int32_t limit)
 static spmd_tensor *x46(sample *s) { return operand(s, V_ANY, 2, D(4, 6)); }
 static spmd_tensor *pos46(sample *s) { return operand(s, V_POS, 2, D(4, 6)); }
 static spmd_tensor *qkv(sample *s) { return operand(s, V_ANY, 3, D(2, 6, 8)); }
+static spmd_tensor *mask46(sample *s) { return operand(s, V_MASK, 2, D(4, 6)); }
 
 /* Builds a sample of `op` into s->g; false for ops that never appear in a
  * global graph (leaves and the partitioner's own ops). */
@@ -114,6 +115,7 @@ static bool build_sample(ir_op op, sample *s)
     case IR_MUL: o = spmd_mul(g, x46(s), x46(s)); break;
     case IR_DIV: o = spmd_div(g, x46(s), pos46(s)); break;
     case IR_EXPAND: o = spmd_expand(g, operand(s, V_ANY, 2, D(1, 6)), 2, D(4, 6)); break;
+    case IR_WHERE: o = spmd_where(g, mask46(s), x46(s), operand(s, V_ANY, 1, D(6))); break;
     case IR_SCALE: o = spmd_scale(g, x46(s), -0.75f); break;
     case IR_NEG: o = spmd_neg(g, x46(s)); break;
     case IR_EXP: o = spmd_exp(g, x46(s)); break;
@@ -123,6 +125,10 @@ static bool build_sample(ir_op op, sample *s)
     case IR_RELU: o = spmd_relu(g, x46(s)); break;
     case IR_SQRT: o = spmd_sqrt(g, pos46(s)); break;
     case IR_RSQRT: o = spmd_rsqrt(g, pos46(s)); break;
+    case IR_GELU_ERF: o = spmd_gelu_erf(g, x46(s)); break;
+    case IR_SILU: o = spmd_silu(g, x46(s)); break;
+    case IR_SIGMOID: o = spmd_sigmoid(g, x46(s)); break;
+    case IR_POW_SCALAR: o = spmd_pow_scalar(g, pos46(s), 1.5f); break;
     case IR_SUM: o = spmd_sum(g, x46(s), 1u << 1, false); break;
     case IR_MEAN: o = spmd_mean(g, x46(s), 1u << 1, false); break;
     case IR_MAX: o = spmd_max(g, x46(s), 1, false); break;
@@ -160,6 +166,8 @@ static bool build_sample(ir_op op, sample *s)
     case IR_PAD: o = ir_pad(g, operand(s, V_ANY, 2, D(4, 3)), 1, 1, 6); break;
     case IR_GELU_BACKWARD: o = ir_gelu_backward(g, x46(s), x46(s)); break;
     case IR_RELU_BACKWARD: o = ir_relu_backward(g, x46(s), x46(s)); break;
+    case IR_GELU_ERF_BACKWARD: o = ir_gelu_erf_backward(g, x46(s), x46(s)); break;
+    case IR_SILU_BACKWARD: o = ir_silu_backward(g, x46(s), x46(s)); break;
     case IR_MAX_BACKWARD: o = ir_max_backward(g, x46(s), operand(s, V_ANY, 1, D(4)), 1, false); break;
     case IR_LAYERNORM_XHAT: o = ir_layernorm_xhat(g, x46(s), 1e-5f); break;
     case IR_LAYERNORM_BACKWARD:
@@ -223,6 +231,7 @@ static void draw(const sample *s, test_rng *r, values *v)
         for (int64_t i = 0; i < n; i++) {
             if (s->kind[j] == V_IDS) ((int32_t *)v->in[j])[i] = test_rng_int(r, 0, s->limit[j] - 1);
             else if (s->kind[j] == V_POS) ((float *)v->in[j])[i] = test_rng_float(r, 0.5f, 2.0f);
+            else if (s->kind[j] == V_MASK) ((float *)v->in[j])[i] = (float)test_rng_int(r, 0, 1);
             else ((float *)v->in[j])[i] = test_rng_float(r, -1.0f, 1.0f);
         }
     }

@@ -385,6 +385,9 @@ static void test_unary(void **state)
         {"relu", spmd_relu, REF_RELU, GEN_ANY, 0},
         {"sqrt", spmd_sqrt, REF_SQRT, GEN_POS, 0},
         {"rsqrt", spmd_rsqrt, REF_RSQRT, GEN_POS, 0},
+        {"gelu_erf", spmd_gelu_erf, REF_GELU_ERF, GEN_WIDE, 0},
+        {"silu", spmd_silu, REF_SILU, GEN_WIDE, 0},
+        {"sigmoid", spmd_sigmoid, REF_SIGMOID, GEN_WIDE, 0},
     };
     static const shape shapes[] = {SH(3, 3, 5, 37), SH(0), SH(2, 1, 20)};
     for (size_t k = 0; k < ARRAY_LEN(ops); k++)
@@ -398,6 +401,176 @@ static void test_unary(void **state)
             ref_unary(ops[k].op, oc_f(&c, 0), spmd_tensor_numel(x), ops[k].c, oc_expect(&c, y));
             oc_check(&c);
         }
+}
+
+/* x^p: the exponents computed as products, sqrt and reciprocals (any sign
+ * where defined), and ones that go through powf (positive x). */
+static void test_pow_scalar(void **state)
+{
+    (void)state;
+    static const struct {
+        float p;
+        test_gen kind;
+    } cases[] = {
+        {2.0f, GEN_ANY},  {3.0f, GEN_ANY},   {1.0f, GEN_ANY},   {0.0f, GEN_ANY},
+        {-1.0f, GEN_ANY}, {-2.0f, GEN_POS},  {0.5f, GEN_POS},   {-0.5f, GEN_POS},
+        {1.5f, GEN_POS},  {-1.25f, GEN_POS}, {4.0f, GEN_ANY},
+    };
+    static const shape shapes[] = {SH(3, 3, 5, 37), SH(0)};
+    for (size_t k = 0; k < ARRAY_LEN(cases); k++)
+        for (size_t i = 0; i < ARRAY_LEN(shapes); i++) {
+            opcase c;
+            oc_init(&c, "pow_scalar %g #%zu", (double)cases[k].p, i);
+            spmd_tensor *x = oc_input(&c, &shapes[i], cases[k].kind);
+            ref_unary(REF_POW, oc_f(&c, 0), spmd_tensor_numel(x), cases[k].p,
+                      oc_expect(&c, spmd_pow_scalar(c.g, x, cases[k].p)));
+            oc_check(&c);
+        }
+}
+
+/* The activations and their backward helpers far out on both sides, where
+ * e^-x overflows or vanishes: finite values, no NaN. */
+static void test_activation_tails(void **state)
+{
+    (void)state;
+    static const float tails[] = {-1e30f, -1e4f, -100.0f, -88.8f, -87.0f, -20.0f, -6.0f, -1e-3f,
+                                  0.0f,   1e-3f, 6.0f,    20.0f,  87.0f,  88.8f,  100.0f, 1e4f,
+                                  1e30f};
+    const shape s = SH(1, (int64_t)ARRAY_LEN(tails));
+    static const struct {
+        const char *name;
+        spmd_tensor *(*fn)(spmd_graph *, spmd_tensor *);
+        ref_unop op;
+    } ops[] = {
+        {"gelu_erf", spmd_gelu_erf, REF_GELU_ERF},
+        {"silu", spmd_silu, REF_SILU},
+        {"sigmoid", spmd_sigmoid, REF_SIGMOID},
+    };
+    for (size_t k = 0; k < ARRAY_LEN(ops); k++) {
+        opcase c;
+        oc_init(&c, "%s tails", ops[k].name);
+        spmd_tensor *x = oc_leaf(&c, SPMD_F32, s.rank, s.dims);
+        memcpy(c.val[0], tails, sizeof tails);
+        ref_unary(ops[k].op, oc_f(&c, 0), s.dims[0], 0.0f, oc_expect(&c, ops[k].fn(c.g, x)));
+        oc_check(&c);
+    }
+    static const struct {
+        const char *name;
+        spmd_tensor *(*fn)(spmd_graph *, spmd_tensor *, spmd_tensor *);
+        void (*ref)(const float *, const float *, int64_t, float *);
+    } grads[] = {
+        {"gelu_erf_backward", ir_gelu_erf_backward, ref_gelu_erf_backward},
+        {"silu_backward", ir_silu_backward, ref_silu_backward},
+    };
+    for (size_t k = 0; k < ARRAY_LEN(grads); k++) {
+        opcase c;
+        oc_init(&c, "%s tails", grads[k].name);
+        spmd_tensor *x = oc_leaf(&c, SPMD_F32, s.rank, s.dims);
+        memcpy(c.val[0], tails, sizeof tails);
+        spmd_tensor *dy = oc_input(&c, &s, GEN_ANY);
+        grads[k].ref(oc_f(&c, 0), oc_f(&c, 1), s.dims[0], oc_expect(&c, grads[k].fn(c.g, x, dy)));
+        oc_check(&c);
+    }
+}
+
+/* The backward helpers of gelu_erf and silu (the ops autodiff emits) on
+ * drawn values against their derivatives in double. */
+static void test_activation_backward(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        spmd_tensor *(*fn)(spmd_graph *, spmd_tensor *, spmd_tensor *);
+        void (*ref)(const float *, const float *, int64_t, float *);
+    } grads[] = {
+        {"gelu_erf_backward", ir_gelu_erf_backward, ref_gelu_erf_backward},
+        {"silu_backward", ir_silu_backward, ref_silu_backward},
+        {"gelu_backward", ir_gelu_backward, ref_gelu_backward},
+        {"relu_backward", ir_relu_backward, ref_relu_backward},
+    };
+    static const shape shapes[] = {SH(3, 3, 5, 37), SH(0), SH(2, 1, 20)};
+    for (size_t k = 0; k < ARRAY_LEN(grads); k++)
+        for (size_t i = 0; i < ARRAY_LEN(shapes); i++) {
+            opcase c;
+            oc_init(&c, "%s #%zu", grads[k].name, i);
+            spmd_tensor *x = oc_input(&c, &shapes[i], GEN_WIDE);
+            spmd_tensor *dy = oc_input(&c, &shapes[i], GEN_ANY);
+            grads[k].ref(oc_f(&c, 0), oc_f(&c, 1), spmd_tensor_numel(x),
+                         oc_expect(&c, grads[k].fn(c.g, x, dy)));
+            oc_check(&c);
+        }
+}
+
+/* where(cond, a, b) over broadcast triples, the condition a 0/1 mask in
+ * f32 and in i32 (drawn ids below 2; some i32 values beyond 0 and 1 too). */
+static void test_where(void **state)
+{
+    (void)state;
+    static const struct {
+        shape c, a, b;
+    } cases[] = {
+        {SH(3, 2, 3, 4), SH(3, 2, 3, 4), SH(3, 2, 3, 4)},
+        {SH(2, 4, 5), SH(0), SH(2, 4, 5)},          /* masked_fill: a scalar fill */
+        {SH(2, 4, 5), SH(2, 4, 5), SH(0)},
+        {SH(2, 1, 5), SH(2, 4, 1), SH(1, 5)},       /* all three broadcast */
+        {SH(0), SH(2, 3, 7), SH(2, 3, 7)},
+        {SH(4, 1, 1, 9, 9), SH(4, 2, 3, 9, 9), SH(1, 9)}, /* a causal mask over heads */
+        {SH(3, 2, 37, 50), SH(3, 2, 37, 50), SH(2, 37, 1)},
+        {SH(0), SH(0), SH(0)},
+    };
+    for (int i32 = 0; i32 <= 1; i32++)
+        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+            opcase c;
+            oc_init(&c, "where %s cond #%zu", i32 ? "i32" : "f32", i);
+            spmd_tensor *cond;
+            if (i32) {
+                cond = oc_ids(&c, cases[i].c.rank, cases[i].c.dims, 3);
+            } else {
+                cond = oc_leaf(&c, SPMD_F32, cases[i].c.rank, cases[i].c.dims);
+                float *m = c.val[0];
+                for (int64_t k = 0; k < spmd_tensor_numel(cond); k++)
+                    m[k] = (float)test_rng_int(&rng, 0, 1);
+            }
+            spmd_tensor *a = oc_input(&c, &cases[i].a, GEN_ANY);
+            spmd_tensor *b = oc_input(&c, &cases[i].b, GEN_ANY);
+            ref_where(oc_f(&c, 0), cases[i].c.dims, cases[i].c.rank, oc_f(&c, 1), cases[i].a.dims,
+                      cases[i].a.rank, oc_f(&c, 2), cases[i].b.dims, cases[i].b.rank,
+                      oc_expect(&c, spmd_where(c.g, cond, a, b)));
+            oc_check(&c);
+        }
+}
+
+/* The builders' refusals name the op, the cause and the shapes. */
+static void test_new_op_errors(void **state)
+{
+    (void)state;
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, (const int64_t[]){4, 6});
+    spmd_tensor *y = spmd_input(g, "y", SPMD_F32, 2, (const int64_t[]){4, 5});
+    assert_null(spmd_where(g, x, x, y));
+    assert_int_equal(spmd_graph_status(g), SPMD_ERR_SHAPE);
+    if (!strstr(spmd_last_error(), "where: shapes do not broadcast: cond [4, 6], a [4, 6] and b [4, 5]"))
+        fail_msg("where's shape error: %s", spmd_last_error());
+    spmd_graph *h = spmd_graph_create(NULL);
+    spmd_tensor *hx = spmd_input(h, "x", SPMD_F32, 1, (const int64_t[]){6});
+    spmd_tensor *hi = spmd_input(h, "ids", SPMD_I32, 1, (const int64_t[]){6});
+    assert_null(spmd_where(h, hx, hi, hx));
+    if (!strstr(spmd_last_error(), "where: expects f32, got i32 [6]"))
+        fail_msg("where's dtype error: %s", spmd_last_error());
+    assert_null(spmd_silu(h, hi));
+    assert_null(spmd_pow_scalar(h, NULL, 2.0f));
+    assert_non_null(strstr(spmd_last_error(), "where")); /* the graph's first failure again */
+    spmd_graph_free(h);
+    /* An i32 condition is taken; NULL operands are named. */
+    spmd_graph *k = spmd_graph_create(NULL);
+    spmd_tensor *kx = spmd_input(k, "x", SPMD_F32, 2, (const int64_t[]){4, 6});
+    spmd_tensor *ki = spmd_input(k, "ids", SPMD_I32, 1, (const int64_t[]){6});
+    assert_non_null(spmd_where(k, ki, kx, kx));
+    assert_null(spmd_where(k, ki, kx, NULL));
+    if (!strstr(spmd_last_error(), "where: operand 2 is NULL"))
+        fail_msg("where's NULL operand: %s", spmd_last_error());
+    spmd_graph_free(k);
+    spmd_graph_free(g);
 }
 
 /* ---- Reductions and row normalisations ------------------------------------------ */
@@ -1114,6 +1287,11 @@ int main(void)
         cmocka_unit_test(test_binary),
         cmocka_unit_test(test_expand),
         cmocka_unit_test(test_unary),
+        cmocka_unit_test(test_pow_scalar),
+        cmocka_unit_test(test_activation_tails),
+        cmocka_unit_test(test_activation_backward),
+        cmocka_unit_test(test_where),
+        cmocka_unit_test(test_new_op_errors),
         cmocka_unit_test(test_sum_mean),
         cmocka_unit_test(test_max),
         cmocka_unit_test(test_nan),

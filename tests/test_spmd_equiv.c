@@ -5,7 +5,8 @@
  * Each random case draws, from its own seed, a mesh of 1 to 8 devices with
  * 1 to 3 randomly named axes (device ids sometimes permuted), then a small
  * training graph over the core ops (matmul in every transpose form, bmm,
- * broadcasting arithmetic, unary ops, reductions, max, softmax,
+ * broadcasting arithmetic, unary ops (the activations, pow_scalar), where
+ * over broadcast masks, reductions, max, softmax,
  * log_softmax, layernorm, attention, embedding, cross entropy, mse,
  * reshape, permute, slice, concat) with random partition specs on some
  * inputs, parameters, intermediates and gradients: None, one axis or a
@@ -73,7 +74,8 @@ typedef enum gen {
     GEN_POS,    /* [0.5, 2): denominators */
     GEN_GAMMA,  /* [0.5, 1.5): layernorm scales */
     GEN_IDS,    /* int32 in [0, limit) */
-    GEN_LR      /* [0.05, 0.2): a learning rate */
+    GEN_LR,     /* [0.05, 0.2): a learning rate */
+    GEN_MASK    /* f32 0 or 1: where's condition */
 } gen;
 
 typedef struct leaf {
@@ -277,7 +279,7 @@ static void maybe_split_vocab(eq_case *c, spmd_tensor *t, int dim, double p)
 
 static const char *gen_name(gen k)
 {
-    static const char *const names[] = {"any", "weight", "pos", "gamma", "ids", "lr"};
+    static const char *const names[] = {"any", "weight", "pos", "gamma", "ids", "lr", "mask"};
     return names[k];
 }
 
@@ -315,14 +317,19 @@ static spmd_tensor *param(eq_case *c, int rank, const int64_t *dims, gen kind, f
     return t;
 }
 
-static spmd_tensor *input(eq_case *c, int rank, const int64_t *dims)
+static spmd_tensor *input_of(eq_case *c, int rank, const int64_t *dims, gen kind)
 {
     if (c->build_failed) return NULL;
     char name[16];
     snprintf(name, sizeof name, "x%d", c->n_leaves);
-    spmd_tensor *t = add_leaf(c, spmd_input(c->g, name, SPMD_F32, rank, dims), GEN_ANY, 1, 0);
+    spmd_tensor *t = add_leaf(c, spmd_input(c->g, name, SPMD_F32, rank, dims), kind, 1, 0);
     maybe_mark(c, t, 0.6);
     return t;
+}
+
+static spmd_tensor *input(eq_case *c, int rank, const int64_t *dims)
+{
+    return input_of(c, rank, dims, GEN_ANY);
 }
 
 static spmd_tensor *ids_input(eq_case *c, int rank, const int64_t *dims, int32_t limit)
@@ -402,10 +409,12 @@ static float fan_scale(int64_t fan_in) { return 1.2f / sqrtf((float)fan_in); }
 
 static spmd_tensor *activate(eq_case *c, spmd_tensor *x)
 {
-    switch (test_rng_int(&c->r, 0, 4)) {
+    switch (test_rng_int(&c->r, 0, 6)) {
     case 0: return note(c, spmd_tanh(c->g, x), "tanh(%s)", name_of(x));
     case 1: return note(c, spmd_gelu(c->g, x), "gelu(%s)", name_of(x));
     case 2: return note(c, spmd_relu(c->g, x), "relu(%s)", name_of(x));
+    case 3: return note(c, spmd_gelu_erf(c->g, x), "gelu_erf(%s)", name_of(x));
+    case 4: return note(c, spmd_silu(c->g, x), "silu(%s)", name_of(x));
     default: return x;
     }
 }
@@ -493,7 +502,7 @@ static spmd_tensor *op_bmm(eq_case *c, spmd_tensor *x)
 
 static spmd_tensor *op_unary(eq_case *c, spmd_tensor *x)
 {
-    switch (test_rng_int(&c->r, 0, 6)) {
+    switch (test_rng_int(&c->r, 0, 10)) {
     case 6: { /* sqrt, rsqrt or log of exp(tanh(x)), in [0.37, 2.72] */
         spmd_tensor *t = note(c, spmd_exp(c->g, spmd_tanh(c->g, x)), "exp(tanh(%s))", name_of(x));
         switch (test_rng_int(&c->r, 0, 2)) {
@@ -510,11 +519,43 @@ static spmd_tensor *op_unary(eq_case *c, spmd_tensor *x)
         return note(c, spmd_scale(c->g, x, s), "scale(%s, %g)", name_of(x), (double)s);
     }
     case 4: return note(c, spmd_neg(c->g, x), "neg(%s)", name_of(x));
+    case 7: return note(c, spmd_gelu_erf(c->g, x), "gelu_erf(%s)", name_of(x));
+    case 8: return note(c, spmd_silu(c->g, x), "silu(%s)", name_of(x));
+    case 9: return note(c, spmd_sigmoid(c->g, x), "sigmoid(%s)", name_of(x));
+    case 10: { /* integer powers of x, fractional ones of exp(tanh(x)) */
+        static const float powers[] = {2.0f, 3.0f, 0.5f, -1.5f, 1.25f};
+        int k = test_rng_int(&c->r, 0, 4);
+        spmd_tensor *t = x;
+        if (k >= 2) t = note(c, spmd_exp(c->g, spmd_tanh(c->g, x)), "exp(tanh(%s))", name_of(x));
+        return note(c, spmd_pow_scalar(c->g, t, powers[k]), "pow_scalar(%s, %g)", name_of(t),
+                    (double)powers[k]);
+    }
     default: {
         spmd_tensor *t = note(c, spmd_tanh(c->g, x), "tanh(%s)", name_of(x));
         return note(c, spmd_exp(c->g, t), "exp(%s)", name_of(t));
     }
     }
+}
+
+/* where(mask, x, p) or where(mask, p, x): the mask an f32 0/1 or i32 0/1
+ * input and p a parameter, each of a shape that broadcasts to x's
+ * (trailing dims of x, some of them 1; maybe a scalar: masked_fill). */
+static spmd_tensor *op_where(eq_case *c, spmd_tensor *x)
+{
+    int r = rank_of(x);
+    int64_t md[SPMD_MAX_RANK], pd[SPMD_MAX_RANK];
+    int km = test_rng_int(&c->r, 0, r), kp = test_rng_int(&c->r, 0, r);
+    for (int i = 0; i < km; i++)
+        md[i] = test_rng_chance(&c->r, 0.3) ? 1 : dim_of(x, r - km + i);
+    for (int i = 0; i < kp; i++)
+        pd[i] = test_rng_chance(&c->r, 0.3) ? 1 : dim_of(x, r - kp + i);
+    spmd_tensor *m = test_rng_chance(&c->r, 0.3) ? ids_input(c, km, md, 2)
+                                                  : input_of(c, km, md, GEN_MASK);
+    spmd_tensor *p = param(c, kp, pd, GEN_WEIGHT, 0.5f);
+    bool left = test_rng_chance(&c->r, 0.5);
+    spmd_tensor *a = left ? p : x, *b = left ? x : p;
+    return note(c, spmd_where(c->g, m, a, b), "where(%s, %s, %s)", name_of(m), name_of(a),
+                name_of(b));
 }
 
 /* x op p with p a parameter of a broadcastable shape (trailing dims of x,
@@ -812,7 +853,7 @@ static const struct {
     {op_linear, 6},    {op_matmul_ta, 2}, {op_matmul_tt, 2}, {op_bmm, 3},      {op_unary, 4},
     {op_broadcast, 4}, {op_branch, 3},    {op_reduce, 3},    {op_max, 2},      {op_softmax, 2},
     {op_layernorm, 3}, {op_attention, 3}, {op_embed_add, 2}, {op_reshape, 3},  {op_permute, 3},
-    {op_slice, 2},     {op_concat, 2},
+    {op_slice, 2},     {op_concat, 2},    {op_where, 2},
 };
 
 static op_fn pick_op(eq_case *c)
@@ -1057,6 +1098,7 @@ static void draw_values(eq_case *c)
             case GEN_GAMMA: f[k] = test_rng_float(&r, 0.5f, 1.5f); break;
             case GEN_IDS: ids[k] = (int32_t)(test_rng_next(&r) % (uint64_t)l->limit); break;
             case GEN_LR: f[k] = test_rng_float(&r, 0.05f, 0.2f); break;
+            case GEN_MASK: f[k] = (float)(test_rng_next(&r) % 2u); break;
             }
         }
     }

@@ -131,6 +131,20 @@ SPMD_API spmd_tensor *spmd_gelu(spmd_graph *g, spmd_tensor *x); /* tanh form */
 SPMD_API spmd_tensor *spmd_relu(spmd_graph *g, spmd_tensor *x);
 SPMD_API spmd_tensor *spmd_sqrt(spmd_graph *g, spmd_tensor *x);
 SPMD_API spmd_tensor *spmd_rsqrt(spmd_graph *g, spmd_tensor *x);
+/* Exact GELU, x * 0.5 * (1 + erf(x / sqrt(2))): torch's nn.GELU(). */
+SPMD_API spmd_tensor *spmd_gelu_erf(spmd_graph *g, spmd_tensor *x);
+/* x * sigmoid(x) (SiLU, swish: Llama's SwiGLU). */
+SPMD_API spmd_tensor *spmd_silu(spmd_graph *g, spmd_tensor *x);
+SPMD_API spmd_tensor *spmd_sigmoid(spmd_graph *g, spmd_tensor *x);
+/* x^p elementwise for a constant p (torch.pow(x, p)); p = 2, 3, 0.5, -0.5,
+ * -1 and -2 are computed as products, sqrt and reciprocals, as torch does. */
+SPMD_API spmd_tensor *spmd_pow_scalar(spmd_graph *g, spmd_tensor *x, float p);
+/* cond != 0 ? a : b elementwise, numpy broadcasting over all three
+ * (torch.where; masked_fill(mask, v) is where(mask, v, x)).  cond is f32
+ * (a 0/1 mask; NaN counts as nonzero) or i32; a and b are f32.  No
+ * gradient flows into cond. */
+SPMD_API spmd_tensor *spmd_where(spmd_graph *g, spmd_tensor *cond, spmd_tensor *a,
+                                 spmd_tensor *b);
 /* Broadcast x to `dims` (numpy rules). */
 SPMD_API spmd_tensor *spmd_expand(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims);
 

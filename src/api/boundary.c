@@ -57,6 +57,11 @@ spmd_tensor *spmd_gelu_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_relu_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_sqrt_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_rsqrt_impl(spmd_graph *g, spmd_tensor *x);
+spmd_tensor *spmd_gelu_erf_impl(spmd_graph *g, spmd_tensor *x);
+spmd_tensor *spmd_silu_impl(spmd_graph *g, spmd_tensor *x);
+spmd_tensor *spmd_sigmoid_impl(spmd_graph *g, spmd_tensor *x);
+spmd_tensor *spmd_pow_scalar_impl(spmd_graph *g, spmd_tensor *x, float p);
+spmd_tensor *spmd_where_impl(spmd_graph *g, spmd_tensor *cond, spmd_tensor *a, spmd_tensor *b);
 spmd_tensor *spmd_expand_impl(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims);
 spmd_tensor *spmd_sum_impl(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
 spmd_tensor *spmd_mean_impl(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
@@ -434,6 +439,41 @@ spmd_tensor *spmd_sqrt(spmd_graph *g, spmd_tensor *x)
 spmd_tensor *spmd_rsqrt(spmd_graph *g, spmd_tensor *x)
 {
     spmd_tensor *r = spmd_rsqrt_impl(g, x);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_gelu_erf(spmd_graph *g, spmd_tensor *x)
+{
+    spmd_tensor *r = spmd_gelu_erf_impl(g, x);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_silu(spmd_graph *g, spmd_tensor *x)
+{
+    spmd_tensor *r = spmd_silu_impl(g, x);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_sigmoid(spmd_graph *g, spmd_tensor *x)
+{
+    spmd_tensor *r = spmd_sigmoid_impl(g, x);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_pow_scalar(spmd_graph *g, spmd_tensor *x, float p)
+{
+    spmd_tensor *r = spmd_pow_scalar_impl(g, x, p);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_where(spmd_graph *g, spmd_tensor *cond, spmd_tensor *a, spmd_tensor *b)
+{
+    spmd_tensor *r = spmd_where_impl(g, cond, a, b);
     if (r) spmd_clear_error();
     return r;
 }

@@ -51,6 +51,11 @@
 #define spmd_relu spmd_relu_impl
 #define spmd_sqrt spmd_sqrt_impl
 #define spmd_rsqrt spmd_rsqrt_impl
+#define spmd_gelu_erf spmd_gelu_erf_impl
+#define spmd_silu spmd_silu_impl
+#define spmd_sigmoid spmd_sigmoid_impl
+#define spmd_pow_scalar spmd_pow_scalar_impl
+#define spmd_where spmd_where_impl
 #define spmd_expand spmd_expand_impl
 #define spmd_sum spmd_sum_impl
 #define spmd_mean spmd_mean_impl

@@ -127,7 +127,7 @@ static int add_member(builder *b, const spmd_tensor *t)
 {
     b->pending++;
     b->taken[t->id] = true;
-    fuse_step s = {.op = t->op, .src = {0, 0}, .stored = -1,
+    fuse_step s = {.op = t->op, .src = {0, 0, 0}, .stored = -1,
                    .c = ir_op_formula_arity(t->op) == 1 ? t->attr.scale.c : 0.0f};
     for (int j = 0; j < t->n_in; j++) {
         const spmd_tensor *x = t->in[j];
@@ -246,5 +246,8 @@ const fuse_group *fusion_group(const fusion *f, const spmd_tensor *t)
 
 size_t fusion_scratch_bytes(const fuse_group *g)
 {
-    return (size_t)(g->n_steps + 2) * FUSE_BLOCK * sizeof(float);
+    int spare = 2;
+    for (int k = 0; k < g->n_steps; k++)
+        if (ir_op_formula_arity(g->steps[k].op) > spare) spare = ir_op_formula_arity(g->steps[k].op);
+    return (size_t)(g->n_steps + spare) * FUSE_BLOCK * sizeof(float);
 }

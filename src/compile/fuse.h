@@ -24,7 +24,7 @@ enum { FUSE_BLOCK = 256, FUSE_MAX_MEMBERS = 32, FUSE_MAX_STORED = 4 };
  * index) or the group's external inputs (-1 - k for input k). */
 typedef struct fuse_step {
     ir_op op;
-    int8_t src[2];
+    int8_t src[3];
     int8_t stored; /* also written to the group's stored member of this index; -1: not */
     float c;       /* a unary formula's constant: the node's attr.scale.c (ops.def) */
 } fuse_step;
@@ -56,8 +56,9 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
 void fusion_free(fusion *f);
 /* The group node t is the root of, or NULL. */
 const fuse_group *fusion_group(const fusion *f, const spmd_tensor *t);
-/* Scratch per thread a group's kernel needs: a block per member and two
- * for broadcast operands. */
+/* Scratch per thread a group's kernel needs: a block per member and one
+ * per operand of its widest formula for broadcast operands (two, or three
+ * with a where). */
 size_t fusion_scratch_bytes(const fuse_group *g);
 
 #endif

@@ -207,6 +207,62 @@ static spmd_status vjp_relu(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd
     return done(t, dx);
 }
 
+static spmd_status vjp_gelu_erf(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = ir_gelu_erf_backward(g, t->in[0], dy);
+    return done(t, dx);
+}
+
+static spmd_status vjp_silu(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = ir_silu_backward(g, t->in[0], dy);
+    return done(t, dx);
+}
+
+/* y = sigmoid(x): dx = dy y (1 - y), written as q - q y with q = dy y. */
+static spmd_status vjp_sigmoid(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *q = spmd_mul(g, dy, t);
+    dx[0] = spmd_sub(g, q, spmd_mul(g, q, t));
+    return done(t, dx);
+}
+
+/* y = x^p: dx = dy p x^(p-1); p = 0 gives zeros and p = 1 dy itself, as
+ * in torch, so no x^-1 is formed where it could be infinite. */
+static spmd_status vjp_pow_scalar(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *x = t->in[0];
+    float p = t->attr.scale.c;
+    if (p == 0.0f) {
+        dx[0] = spmd_scale(g, dy, 0.0f);
+    } else if (p == 1.0f) {
+        dx[0] = dy;
+    } else {
+        spmd_tensor *d = p == 2.0f ? x : spmd_pow_scalar(g, x, p - 1.0f);
+        dx[0] = spmd_mul(g, dy, spmd_scale(g, d, p));
+    }
+    return done(t, dx);
+}
+
+/* y = where(cond, a, b): da = where(cond, dy, 0) and db = where(cond, 0,
+ * dy), each summed over the dims its operand was broadcast on.  cond gets
+ * no adjoint (a step function: zero almost everywhere), wanted or not. */
+static spmd_status vjp_where(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *cond = t->in[0];
+    if (!wants(t, 1) && !wants(t, 2)) return SPMD_OK;
+    spmd_tensor *zero = spmd_fill(g, 0, NULL, 0.0f);
+    if (wants(t, 1)) {
+        dx[1] = ir_reduce_to_shape(g, spmd_where(g, cond, dy, zero), t->in[1]);
+        if (!dx[1]) return builder_failed(g);
+    }
+    if (wants(t, 2)) {
+        dx[2] = ir_reduce_to_shape(g, spmd_where(g, cond, zero, dy), t->in[2]);
+        if (!dx[2]) return builder_failed(g);
+    }
+    return SPMD_OK;
+}
+
 /* y = x^(1/2): dx = dy / (2 y). */
 static spmd_status vjp_sqrt(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
 {

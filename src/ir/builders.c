@@ -64,18 +64,27 @@ static bool want_i32(spmd_graph *g, const char *op, const spmd_tensor *t)
 
 /* ---- Elementwise ------------------------------------------------------------ */
 
+/* numpy broadcasting of shape (ar, ad) and b into (rank, dims); false if
+ * incompatible.  dims may be ad. */
+static bool broadcast_dims(int ar, const int64_t *ad, const spmd_tensor *b, int *rank, int64_t *dims)
+{
+    int r = ar > b->rank ? ar : b->rank;
+    int64_t out[SPMD_MAX_RANK];
+    for (int i = 0; i < r; i++) {
+        int ia = ar - r + i, ib = b->rank - r + i;
+        int64_t da = ia >= 0 ? ad[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
+        if (da != db && da != 1 && db != 1) return false;
+        out[i] = da > db ? da : db;
+    }
+    memcpy(dims, out, (size_t)r * sizeof *dims);
+    *rank = r;
+    return true;
+}
+
 /* numpy broadcasting of a and b into out; false if incompatible. */
 static bool broadcast_shape(const spmd_tensor *a, const spmd_tensor *b, int *rank, int64_t *dims)
 {
-    int r = a->rank > b->rank ? a->rank : b->rank;
-    for (int i = 0; i < r; i++) {
-        int ia = a->rank - r + i, ib = b->rank - r + i;
-        int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
-        if (da != db && da != 1 && db != 1) return false;
-        dims[i] = da > db ? da : db;
-    }
-    *rank = r;
-    return true;
+    return broadcast_dims(a->rank, a->dims, b, rank, dims);
 }
 
 static spmd_tensor *binary(spmd_graph *g, ir_op op, spmd_tensor *a, spmd_tensor *b)
@@ -116,6 +125,39 @@ spmd_tensor *spmd_gelu(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_GELU,
 spmd_tensor *spmd_relu(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_RELU, x); }
 spmd_tensor *spmd_sqrt(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_SQRT, x); }
 spmd_tensor *spmd_rsqrt(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_RSQRT, x); }
+spmd_tensor *spmd_gelu_erf(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_GELU_ERF, x); }
+spmd_tensor *spmd_silu(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_SILU, x); }
+spmd_tensor *spmd_sigmoid(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_SIGMOID, x); }
+
+spmd_tensor *spmd_pow_scalar(spmd_graph *g, spmd_tensor *x, float p)
+{
+    spmd_tensor *t = unary(g, IR_POW_SCALAR, x);
+    if (t) t->attr.scale.c = p;
+    return t;
+}
+
+spmd_tensor *spmd_where(spmd_graph *g, spmd_tensor *cond, spmd_tensor *a, spmd_tensor *b)
+{
+    spmd_tensor *in[3] = {cond, a, b};
+    if (any_null(g, "where", in, 3)) return NULL;
+    if (cond->dtype != SPMD_F32 && cond->dtype != SPMD_I32) {
+        char sc[SHAPE_BUF];
+        ir_error(g, SPMD_ERR_INVALID, "where: the condition must be f32 or i32, got %s %s",
+                 spmd_dtype_name(cond->dtype), ir_shape_str(cond, sc, sizeof sc));
+        return NULL;
+    }
+    if (!want_f32(g, "where", a) || !want_f32(g, "where", b)) return NULL;
+    int rank;
+    int64_t dims[SPMD_MAX_RANK];
+    if (!broadcast_shape(cond, a, &rank, dims) || !broadcast_dims(rank, dims, b, &rank, dims)) {
+        char sc[SHAPE_BUF], sa[SHAPE_BUF], sb[SHAPE_BUF];
+        ir_error(g, SPMD_ERR_SHAPE, "where: shapes do not broadcast: cond %s, a %s and b %s",
+                 ir_shape_str(cond, sc, sizeof sc), ir_shape_str(a, sa, sizeof sa),
+                 ir_shape_str(b, sb, sizeof sb));
+        return NULL;
+    }
+    return ir_node_new(g, IR_WHERE, SPMD_F32, rank, dims, in, 3);
+}
 
 spmd_tensor *spmd_expand(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims)
 {
@@ -143,20 +185,33 @@ spmd_tensor *ir_sharding_constraint(spmd_graph *g, spmd_tensor *x)
     return ir_node_new(g, IR_SHARDING_CONSTRAINT, x->dtype, x->rank, x->dims, &x, 1);
 }
 
-spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
+/* dx = dy * f'(x) of an elementwise activation f: x and dy of one shape. */
+static spmd_tensor *grad_helper(spmd_graph *g, ir_op op, spmd_tensor *x, spmd_tensor *dy)
 {
     spmd_tensor *in[2] = {x, dy};
-    if (any_null(g, "gelu_backward", in, 2)) return NULL;
-    if (!ir_same_shape(x, dy)) return fail_shape2(g, "gelu_backward", "shapes differ", x, dy);
-    return ir_node_new(g, IR_GELU_BACKWARD, SPMD_F32, x->rank, x->dims, in, 2);
+    if (any_null(g, ir_op_name(op), in, 2)) return NULL;
+    if (!ir_same_shape(x, dy)) return fail_shape2(g, ir_op_name(op), "shapes differ", x, dy);
+    return ir_node_new(g, op, SPMD_F32, x->rank, x->dims, in, 2);
+}
+
+spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
+{
+    return grad_helper(g, IR_GELU_BACKWARD, x, dy);
 }
 
 spmd_tensor *ir_relu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
 {
-    spmd_tensor *in[2] = {x, dy};
-    if (any_null(g, "relu_backward", in, 2)) return NULL;
-    if (!ir_same_shape(x, dy)) return fail_shape2(g, "relu_backward", "shapes differ", x, dy);
-    return ir_node_new(g, IR_RELU_BACKWARD, SPMD_F32, x->rank, x->dims, in, 2);
+    return grad_helper(g, IR_RELU_BACKWARD, x, dy);
+}
+
+spmd_tensor *ir_gelu_erf_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
+{
+    return grad_helper(g, IR_GELU_ERF_BACKWARD, x, dy);
+}
+
+spmd_tensor *ir_silu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy)
+{
+    return grad_helper(g, IR_SILU_BACKWARD, x, dy);
 }
 
 /* ---- Reductions ------------------------------------------------------------- */

@@ -480,6 +480,7 @@ static const bool op_carries_groups[] = {
 #define EW_NONE 0
 #define EW_UNARY(...) 1
 #define EW_BINARY(...) 2
+#define EW_TERNARY(...) 3
 static const int8_t op_formula_arity[] = {
 #define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) formula,
 #include "ir/ops.def"
@@ -488,6 +489,7 @@ static const int8_t op_formula_arity[] = {
 #undef EW_NONE
 #undef EW_UNARY
 #undef EW_BINARY
+#undef EW_TERNARY
 
 _Static_assert(sizeof op_names / sizeof op_names[0] == IR_OP_COUNT, "op table out of step");
 _Static_assert(sizeof op_arity / sizeof op_arity[0] == IR_OP_COUNT, "op table out of step");

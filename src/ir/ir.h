@@ -35,7 +35,7 @@ typedef union ir_attr {
     struct { int axis; } concat;
     struct { int perm[SPMD_MAX_RANK]; } permute; /* out dim i = in dim perm[i] */
     struct { int heads; } attention;         /* (CACHED_)ATTENTION(_BACKWARD) */
-    struct { float c; } scale;              /* SCALE; `c` of every unary formula (ops.def) */
+    struct { float c; } scale;              /* SCALE, POW_SCALAR; `c` of every unary formula (ops.def) */
     struct { float eps; } norm;              /* LAYERNORM* */
     struct { float value; } fill;
     /* EMBEDDING(_BACKWARD): `rows` is the backward's V and `table` the id
@@ -179,8 +179,8 @@ bool ir_op_has_vjp(ir_op op);
  * lie along the dim (ops.def's groups column; propagate.c). */
 bool ir_op_carries_groups(ir_op op);
 /* The operands the op's elementwise formula takes (ops.def's formula
- * column): 1 (x, and the constant c), 2 (x, y), or 0 for an op without
- * one.  The ops with a formula are the fusible ones (compile/fuse.c). */
+ * column): 1 (x, and the constant c), 2 (x, y), 3 (x, y, z: where), or 0
+ * for an op without one.  The ops with a formula are the fusible ones (compile/fuse.c). */
 int ir_op_formula_arity(ir_op op);
 
 /* Backward rule: given node t and the adjoint dy of its output, add each
@@ -241,6 +241,8 @@ bool ir_same_shape(const spmd_tensor *a, const spmd_tensor *b);
 spmd_tensor *ir_pad(spmd_graph *g, spmd_tensor *x, int axis, int64_t start, int64_t total);
 spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
 spmd_tensor *ir_relu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
+spmd_tensor *ir_gelu_erf_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
+spmd_tensor *ir_silu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
 /* x under a node of its own, for the caller to mark: a sharding
  * constraint.  Its value is x; the partitioner emits no op for it, only
  * x resharded to the mark (docs/DESIGN.md, "Partition"). */

@@ -1,7 +1,7 @@
 /*
  * Elementwise kernels: fill, the broadcasting binary ops (add, sub, mul,
- * div) and expand, the unary ops, and the backward helpers of gelu and
- * relu.  Every output element is a function of its own inputs only, so any
+ * div), expand and where, the unary ops, and the backward helpers of the
+ * activations (gelu, gelu_erf, silu, relu).  Every output element is a function of its own inputs only, so any
  * split over threads gives the same bits; the split is by contiguous runs
  * of 16 elements (64 bytes) so that threads never share a cache line.
  */
@@ -45,7 +45,7 @@ void kern_fill(const kern_args *a)
 typedef struct bc_plan {
     int rank; /* >= 1 */
     int64_t dims[SPMD_MAX_RANK];
-    int64_t sa[SPMD_MAX_RANK], sb[SPMD_MAX_RANK];
+    int64_t sa[SPMD_MAX_RANK], sb[SPMD_MAX_RANK], sc[SPMD_MAX_RANK];
 } bc_plan;
 
 /* Strides of operand x (x's dims right-aligned to the output's). */
@@ -60,50 +60,57 @@ static void bc_strides(const spmd_tensor *out, const spmd_tensor *x, int64_t *s)
     }
 }
 
-/* `y` may be NULL (expand): its strides are then all zero. */
+/* `y` and `z` may be NULL (expand, the binary ops): their strides are
+ * then all zero, which merges wherever the others do. */
 static void bc_plan_make(const spmd_tensor *out, const spmd_tensor *x, const spmd_tensor *y,
-                         bc_plan *p)
+                         const spmd_tensor *z, bc_plan *p)
 {
-    int64_t sx[SPMD_MAX_RANK], sy[SPMD_MAX_RANK] = {0};
+    int64_t sx[SPMD_MAX_RANK], sy[SPMD_MAX_RANK] = {0}, sz[SPMD_MAX_RANK] = {0};
     bc_strides(out, x, sx);
     if (y) bc_strides(out, y, sy);
+    if (z) bc_strides(out, z, sz);
     int n = 0;
     for (int i = 0; i < out->rank; i++) {
         int64_t d = out->dims[i];
         if (d == 1) continue;
-        if (n > 0 && sx[i] * d == p->sa[n - 1] && sy[i] * d == p->sb[n - 1]) {
-            /* Dim n-1 steps exactly over dim i for both: one dim. */
+        if (n > 0 && sx[i] * d == p->sa[n - 1] && sy[i] * d == p->sb[n - 1] &&
+            sz[i] * d == p->sc[n - 1]) {
+            /* Dim n-1 steps exactly over dim i for all: one dim. */
             p->dims[n - 1] *= d;
             p->sa[n - 1] = sx[i];
             p->sb[n - 1] = sy[i];
+            p->sc[n - 1] = sz[i];
             continue;
         }
         p->dims[n] = d;
         p->sa[n] = sx[i];
         p->sb[n] = sy[i];
+        p->sc[n] = sz[i];
         n++;
     }
     if (n == 0) {
         p->dims[0] = 1;
-        p->sa[0] = p->sb[0] = 0;
+        p->sa[0] = p->sb[0] = p->sc[0] = 0;
         n = 1;
     }
     p->rank = n;
 }
 
 /* Offsets of the operands at the start of output row `row` (a row being
- * the innermost plan dim). */
-static void bc_row_offsets(const bc_plan *p, int64_t row, int64_t *oa, int64_t *ob)
+ * the innermost plan dim); oc may be NULL. */
+static void bc_row_offsets(const bc_plan *p, int64_t row, int64_t *oa, int64_t *ob, int64_t *oc)
 {
-    int64_t xa = 0, xb = 0;
+    int64_t xa = 0, xb = 0, xc = 0;
     for (int d = p->rank - 2; d >= 0; d--) {
         int64_t i = row % p->dims[d];
         row /= p->dims[d];
         xa += i * p->sa[d];
         xb += i * p->sb[d];
+        xc += i * p->sc[d];
     }
     *oa = xa;
     *ob = xb;
+    if (oc) *oc = xc;
 }
 
 /* out[e0:e1) of a broadcast binary op, OPF its formula (ew_<ENUM>,
@@ -118,7 +125,7 @@ static void bc_row_offsets(const bc_plan *p, int64_t row, int64_t *oa, int64_t *
         for (int64_t e = e0; e < e1;) {                                              \
             int64_t row = e / len, col = e % len, oa, ob;                            \
             int64_t n = kn_min(len - col, e1 - e);                                   \
-            bc_row_offsets(p, row, &oa, &ob);                                        \
+            bc_row_offsets(p, row, &oa, &ob, NULL);                                  \
             const float *restrict pa = x + oa + col * ia;                            \
             const float *restrict pb = y + ob + col * ib;                            \
             float *restrict po = out + e;                                            \
@@ -148,7 +155,7 @@ DEFINE_BROADCAST(ew_DIV)
     {                                                                                \
         const spmd_tensor *t = a->node;                                              \
         bc_plan p;                                                                   \
-        bc_plan_make(t, t->in[0], t->in[1], &p);                                     \
+        bc_plan_make(t, t->in[0], t->in[1], NULL, &p);                               \
         int64_t b, e;                                                                \
         kern_split(kn_numel(t), a->ith, a->nth, EW_ALIGN, &b, &e);                   \
         bc_##OPF(&p, a->in[0], a->in[1], a->out, b, e);                              \
@@ -166,7 +173,7 @@ void kern_expand(const kern_args *a)
 {
     const spmd_tensor *t = a->node;
     bc_plan p;
-    bc_plan_make(t, t->in[0], NULL, &p);
+    bc_plan_make(t, t->in[0], NULL, NULL, &p);
     int64_t b, e;
     kern_split(kn_numel(t), a->ith, a->nth, EW_ALIGN, &b, &e);
     const uint32_t *x = a->in[0];
@@ -175,7 +182,7 @@ void kern_expand(const kern_args *a)
     for (int64_t i = b; i < e;) {
         int64_t row = i / len, col = i % len, oa, ob;
         int64_t n = kn_min(len - col, e - i);
-        bc_row_offsets(&p, row, &oa, &ob);
+        bc_row_offsets(&p, row, &oa, &ob, NULL);
         if (ia) {
             memcpy(out + i, x + oa + col, (size_t)n * sizeof *out);
         } else {
@@ -184,6 +191,52 @@ void kern_expand(const kern_args *a)
             for (int64_t j = 0; j < n; j++) po[j] = v;
         }
         i += n;
+    }
+}
+
+/* out = where(cond, a, b), numpy broadcasting over the three, by the
+ * formula ew_WHERE.  An i32 condition is read as the float it converts
+ * to, which is nonzero exactly when the integer is. */
+#define WHERE_ROWS(LOAD_COND)                                                        \
+    do {                                                                             \
+        for (int64_t e = e0; e < e1;) {                                              \
+            int64_t row = e / len, col = e % len, oc, oa, ob;                        \
+            int64_t n = kn_min(len - col, e1 - e);                                   \
+            bc_row_offsets(&p, row, &oc, &oa, &ob);                                  \
+            oc += col * ic, oa += col * ia, ob += col * ib;                          \
+            float *restrict po = out + e;                                            \
+            if (ic && ia && ib)                                                      \
+                for (int64_t i = 0; i < n; i++)                                      \
+                    po[i] = ew_WHERE(LOAD_COND(oc + i), xa[oa + i], xb[ob + i]);     \
+            else                                                                     \
+                for (int64_t i = 0; i < n; i++)                                      \
+                    po[i] = ew_WHERE(LOAD_COND(oc + i * ic), xa[oa + i * ia],        \
+                                     xb[ob + i * ib]);                               \
+            e += n;                                                                  \
+        }                                                                            \
+    } while (0)
+
+void kern_where(const kern_args *a)
+{
+    const spmd_tensor *t = a->node;
+    bc_plan p;
+    bc_plan_make(t, t->in[0], t->in[1], t->in[2], &p);
+    int64_t e0, e1;
+    kern_split(kn_numel(t), a->ith, a->nth, EW_ALIGN, &e0, &e1);
+    const int64_t len = p.dims[p.rank - 1];
+    const int64_t ic = p.sa[p.rank - 1], ia = p.sb[p.rank - 1], ib = p.sc[p.rank - 1];
+    const float *xa = a->in[1], *xb = a->in[2];
+    float *out = a->out;
+    if (t->in[0]->dtype == SPMD_I32) {
+        const int32_t *cond = a->in[0];
+#define COND_I32(k) ((float)cond[k])
+        WHERE_ROWS(COND_I32);
+#undef COND_I32
+    } else {
+        const float *cond = a->in[0];
+#define COND_F32(k) (cond[k])
+        WHERE_ROWS(COND_F32);
+#undef COND_F32
     }
 }
 
@@ -211,6 +264,10 @@ DEFINE_UNARY_KERNEL(kern_sqrt, ew_SQRT)
 DEFINE_UNARY_KERNEL(kern_rsqrt, ew_RSQRT)
 DEFINE_UNARY_KERNEL(kern_relu, ew_RELU)
 DEFINE_UNARY_KERNEL(kern_gelu, ew_GELU)
+DEFINE_UNARY_KERNEL(kern_gelu_erf, ew_GELU_ERF)
+DEFINE_UNARY_KERNEL(kern_silu, ew_SILU)
+DEFINE_UNARY_KERNEL(kern_sigmoid, ew_SIGMOID)
+DEFINE_UNARY_KERNEL(kern_pow_scalar, ew_POW_SCALAR)
 
 /* Backward helpers: (x [..], dy [..]) -> dx [..] = F(x, dy), F the op's
  * formula. */
@@ -227,3 +284,5 @@ DEFINE_UNARY_KERNEL(kern_gelu, ew_GELU)
 
 DEFINE_GRAD_KERNEL(kern_gelu_backward, ew_GELU_BACKWARD)
 DEFINE_GRAD_KERNEL(kern_relu_backward, ew_RELU_BACKWARD)
+DEFINE_GRAD_KERNEL(kern_gelu_erf_backward, ew_GELU_ERF_BACKWARD)
+DEFINE_GRAD_KERNEL(kern_silu_backward, ew_SILU_BACKWARD)

@@ -42,13 +42,13 @@ static const float *operand(const kern_args *a, const fuse_group *g, const float
 }
 
 /* One member over n elements: out[i] = its formula (ew_<ENUM>,
- * kernels_ops.h) of x[i] (and y[i]), a scalar operand broadcast as the
- * binary kernels broadcast it.  The cases come from ops.def's formula
+ * kernels_ops.h) of x[i] (and y[i], z[i]), a scalar operand broadcast as
+ * the binary kernels broadcast it.  The cases come from ops.def's formula
  * column; an op without one is a broken invariant (fusion_build admits
  * only ops with a formula), reported, not skipped.  False then. */
 static bool run_step(const kern_args *a, const fuse_step *s, const float *restrict x, bool xs,
-                     float xv, const float *restrict y, bool ys, float yv, float *restrict out,
-                     int64_t n)
+                     float xv, const float *restrict y, bool ys, float yv,
+                     const float *restrict z, bool zs, float zv, float *restrict out, int64_t n)
 {
 #define BINARY(F)                                                                              \
     do {                                                                                       \
@@ -61,6 +61,11 @@ static bool run_step(const kern_args *a, const fuse_step *s, const float *restri
         else                                                                                   \
             for (int64_t i = 0; i < n; i++) out[i] = F(xv, yv);                                \
     } while (0)
+#define TERNARY(F)                                                                             \
+    do {                                                                                       \
+        for (int64_t i = 0; i < n; i++)                                                        \
+            out[i] = F(xs ? xv : x[i], ys ? yv : y[i], zs ? zv : z[i]);                        \
+    } while (0)
 #define UNARY(F)                                                                               \
     do {                                                                                       \
         for (int64_t i = 0; i < n; i++) out[i] = F(xs ? xv : x[i], c);                         \
@@ -71,6 +76,8 @@ static bool run_step(const kern_args *a, const fuse_step *s, const float *restri
     case op: UNARY(fn); return true;
 #define FUSED_CASE_KN_EW_BINARY(op, fn)                                                        \
     case op: BINARY(fn); return true;
+#define FUSED_CASE_KN_EW_TERNARY(op, fn)                                                       \
+    case op: TERNARY(fn); return true;
     const float c = s->c;
     switch (s->op) {
 #define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch)                     \
@@ -82,11 +89,13 @@ static bool run_step(const kern_args *a, const fuse_step *s, const float *restri
                   ir_op_name(s->op));
         return false;
     }
+#undef FUSED_CASE_KN_EW_TERNARY
 #undef FUSED_CASE_KN_EW_BINARY
 #undef FUSED_CASE_KN_EW_UNARY
 #undef FUSED_CASE_KN_EW_NONE
 #undef FUSED_CASE
 #undef BINARY
+#undef TERNARY
 #undef UNARY
 }
 
@@ -102,14 +111,17 @@ void kern_fused(const kern_args *a)
         int64_t n = kn_min(FUSE_BLOCK, e - at);
         for (int k = 0; k < g->n_steps; k++) {
             const fuse_step *s = &g->steps[k];
-            bool xs = false, ys = false;
-            float xv = 0, yv = 0;
+            bool xs = false, ys = false, zs = false;
+            float xv = 0, yv = 0, zv = 0;
+            int arity = ir_op_formula_arity(s->op);
             const float *x = operand(a, g, slots, s->src[0], at, n, spare, &xs, &xv);
-            bool binary = ir_op_formula_arity(s->op) == 2;
-            const float *y = binary ? operand(a, g, slots, s->src[1], at, n, spare + FUSE_BLOCK, &ys, &yv)
-                                    : NULL;
+            const float *y = arity >= 2 ? operand(a, g, slots, s->src[1], at, n, spare + FUSE_BLOCK, &ys, &yv)
+                                        : NULL;
+            const float *z = arity >= 3 ? operand(a, g, slots, s->src[2], at, n,
+                                                  spare + 2 * FUSE_BLOCK, &zs, &zv)
+                                        : NULL;
             float *o = k == g->n_steps - 1 ? out + at : slots + (size_t)k * FUSE_BLOCK;
-            if (!run_step(a, s, x, xs, xv, y, ys, yv, o, n)) return;
+            if (!run_step(a, s, x, xs, xv, y, ys, yv, z, zs, zv, o, n)) return;
             if (s->stored >= 0) memcpy((float *)a->stored[s->stored] + at, o, (size_t)n * sizeof *o);
         }
     }

@@ -184,13 +184,55 @@ static inline float kn_gelu_grad(float x)
     return s + 2.0f * x * s * (1.0f - s) * du;
 }
 
+/* Exact gelu(x) = 0.5 x (1 + erf(x / sqrt 2)), the 1 + erf written as
+ * erfc(-x / sqrt 2) so that no cancellation loses the tail for x < 0. */
+#define KN_SQRT1_2 0.70710678118654752f
+#define KN_INV_SQRT_2PI 0.39894228040143268f
+
+static inline float kn_gelu_erf(float x) { return 0.5f * x * erfcf(-x * KN_SQRT1_2); }
+
+/* d gelu / dx = 0.5 (1 + erf(x / sqrt 2)) + x e^(-x^2/2) / sqrt(2 pi). */
+static inline float kn_gelu_erf_grad(float x)
+{
+    return 0.5f * erfcf(-x * KN_SQRT1_2) + x * kn_expf(-0.5f * x * x) * KN_INV_SQRT_2PI;
+}
+
+/* sigmoid(x) = 1 / (1 + e^-x): for x far below 0, e^-x is +inf and the
+ * result 0, never NaN; far above, e^-x is 0 and the result 1. */
+static inline float kn_sigmoid(float x) { return 1.0f / (1.0f + kn_expf(-x)); }
+
+/* silu(x) = x sigmoid(x), as x / (1 + e^-x) (torch's form): -0 for x far
+ * below 0, x far above. */
+static inline float kn_silu(float x) { return x / (1.0f + kn_expf(-x)); }
+
+/* d silu / dx = s (1 + x (1 - s)), s = sigmoid(x). */
+static inline float kn_silu_grad(float x)
+{
+    float s = kn_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+/* x^p, the exponents torch computes without pow (products, sqrt and
+ * reciprocals) computed as torch does, powf otherwise. */
+static inline float kn_pow(float x, float p)
+{
+    if (p == 2.0f) return x * x;
+    if (p == 3.0f) return x * x * x;
+    if (p == 1.0f) return x;
+    if (p == 0.5f) return sqrtf(x);
+    if (p == -0.5f) return 1.0f / sqrtf(x);
+    if (p == -1.0f) return 1.0f / x;
+    if (p == -2.0f) return 1.0f / (x * x);
+    return powf(x, p);
+}
+
 /* relu passes NaN through, as torch.relu does. */
 static inline float kn_relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
 static inline float kn_rsqrt(float x) { return 1.0f / sqrtf(x); }
 
 /* ops.def's formula column, one function per op that has a formula:
- * ew_<ENUM>(x, c) for EW_UNARY (c is the node's attr.scale.c) and
- * ew_<ENUM>(x, y) for EW_BINARY.  The op's own kernel
+ * ew_<ENUM>(x, c) for EW_UNARY (c is the node's attr.scale.c),
+ * ew_<ENUM>(x, y) for EW_BINARY and ew_<ENUM>(x, y, z) for EW_TERNARY.  The op's own kernel
  * (kernels_elementwise.c) and kern_fused (kernels_fused.c) both call it,
  * so the formula is written once and a fused member computes its
  * kernel's bits (the build does not contract a*b+c into FMAs: ISO C
@@ -199,6 +241,7 @@ static inline float kn_rsqrt(float x) { return 1.0f / sqrtf(x); }
 #define EW_NONE KN_EW_NONE, ()
 #define EW_UNARY(...) KN_EW_UNARY, (__VA_ARGS__)
 #define EW_BINARY(...) KN_EW_BINARY, (__VA_ARGS__)
+#define EW_TERNARY(...) KN_EW_TERNARY, (__VA_ARGS__)
 #define KN_EW_DEFINE(fn, kind, expr) KN_EW_DEFINE_##kind(fn, expr)
 #define KN_EW_DEFINE_KN_EW_NONE(fn, expr)
 #define KN_EW_DEFINE_KN_EW_UNARY(fn, expr)                                                         \
@@ -209,6 +252,8 @@ static inline float kn_rsqrt(float x) { return 1.0f / sqrtf(x); }
     }
 #define KN_EW_DEFINE_KN_EW_BINARY(fn, expr)                                                        \
     static inline float fn(float x, float y) { return expr; }
+#define KN_EW_DEFINE_KN_EW_TERNARY(fn, expr)                                                       \
+    static inline float fn(float x, float y, float z) { return expr; }
 #define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch)                     \
     KN_EW_DEFINE(ew_##e, formula)
 #include "ir/ops.def"
