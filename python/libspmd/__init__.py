@@ -28,9 +28,10 @@ OptimizerTensors = _core.OptimizerTensors
 visualize = _core.visualize
 lr_schedule = _core.lr_schedule
 blas_describe = _core.blas_describe
+blas_select = _core.blas_select
 
 __all__ = ["Mesh", "Graph", "Tensor", "Program", "OptimizerTensors", "mark_sharding",
-           "visualize", "lr_schedule", "blas_describe"]
+           "visualize", "lr_schedule", "blas_describe", "blas_select", "explain", "explain_text"]
 
 
 class Program(_core.Program):

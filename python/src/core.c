@@ -266,16 +266,15 @@ static int axes_mask(PyObject *o, int rank, uint32_t *mask)
     PyObject *seq = PyLong_Check(o) || PyIndex_Check(o) ? PyTuple_Pack(1, o) : PySequence_Tuple(o);
     if (!seq) return -1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(seq); i++) {
-        long a = PyLong_AsLong(PyTuple_GET_ITEM(seq, i));
-        if (a == -1 && PyErr_Occurred()) {
+        long given = PyLong_AsLong(PyTuple_GET_ITEM(seq, i)), a = given;
+        if (given == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
             return -1;
         }
         if (a < 0) a += rank;
         if (a < 0 || a >= rank) {
             Py_DECREF(seq);
-            PyErr_Format(PyExc_ValueError, "axis %ld is out of range for a tensor of rank %d",
-                         PyLong_AsLong(PyTuple_GET_ITEM(seq, i)), rank);
+            PyErr_Format(PyExc_ValueError, "axis %ld is out of range for a tensor of rank %d", given, rank);
             return -1;
         }
         *mask |= 1u << a;
@@ -2241,6 +2240,15 @@ static PyObject *mod_blas_describe(PyObject *mod, PyObject *unused)
     return s ? PyUnicode_FromString(s) : raise_last();
 }
 
+static PyObject *mod_blas_select(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    (void)mod;
+    static char *kwlist[] = {"library", "coretype", NULL};
+    const char *library = NULL, *coretype = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zz:blas_select", kwlist, &library, &coretype)) return NULL;
+    RETURN_STATUS(spmd_blas_select(library, coretype));
+}
+
 static PyMethodDef module_methods[] = {
     {"visualize", KW(mod_visualize),
      "visualize(mesh, spec, shape) -> text: which devices hold which block of a 1-D or 2-D tensor"},
@@ -2248,6 +2256,8 @@ static PyMethodDef module_methods[] = {
      "lr_schedule(step, warmup, total, peak, floor) -> linear warmup then cosine decay"},
     {"blas_describe", FN(mod_blas_describe), METH_NOARGS,
      "blas_describe() -> the GEMM library and kernel the runtime loads"},
+    {"blas_select", KW(mod_blas_select),
+     "blas_select(library=None, coretype=None): choose the GEMM library before the first run"},
     {NULL}};
 
 static PyStructSequence_Field optimizer_fields[] = {
