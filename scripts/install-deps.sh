@@ -27,14 +27,17 @@ declare -A why=(
   [zlib1g-dev]="crc32 checksums of checkpoint files"
   [libopenmpi-dev]="Open MPI: the collectives transport across processes and hosts"
   [openmpi-bin]="mpirun, which starts a run over several processes (and its tests)"
+  [python3-dev]="Python 3's headers: the Python package libspmd (its extension module libspmd._core)"
+  [python3-numpy]="NumPy: the Python package's arrays (and, in the tests, tests/read_export.py, the independent reader of spmd export files)"
 )
 packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev zlib1g-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin python3-dev python3-numpy)
 # Only for the tests: without them the checks that need them print a note
 # and are skipped.
-why[python3-numpy]="tests only: /usr/bin/python3 with numpy runs tests/read_export.py, the independent reader of spmd export files (test_cli_export)"
 why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot and docs/pipeline.svg to PNG and PDF (test_cli_plot, test_pipeline_svg)"
-test_packages=(python3-numpy librsvg2-bin)
+why[python3-pytest]="tests only: pytest runs the Python package's tests (tests/python, the CTest test python_tests)"
+why[python3-torch]="tests only: PyTorch, for the tests of libspmd.torch (tests/python)"
+test_packages=(librsvg2-bin python3-pytest python3-torch)
 if ((with_tests)); then
   packages+=("${test_packages[@]}")
 fi
@@ -53,7 +56,7 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
     exit 0
   fi
   say "please install the equivalents of: ${packages[*]}"
-  ((with_tests)) && say "(for the tests: python3 with numpy at /usr/bin/python3, and rsvg-convert)"
+  ((with_tests)) && say "(for the tests: pytest and torch for /usr/bin/python3, and rsvg-convert)"
   exit 1
 fi
 

@@ -51,6 +51,10 @@ typedef enum spmd_status {
  * So after a call that succeeded it is "", and after one that failed it
  * says why; spmd_clear_error() clears it by hand. */
 SPMD_API const char *spmd_last_error(void);
+/* The status of the failure spmd_last_error() describes (SPMD_OK when it
+ * is ""): how a caller that got a NULL handle or tensor learns the kind of
+ * failure (a binding raising the matching exception, say). */
+SPMD_API spmd_status spmd_last_status(void);
 SPMD_API const char *spmd_status_name(spmd_status status);
 SPMD_API void spmd_clear_error(void);
 

@@ -38,6 +38,7 @@ spmd_status spmd_gpt_build_impl(spmd_graph *g, const spmd_gpt_config *cfg, int b
 spmd_tensor *spmd_gpt_block_impl(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x);
 spmd_status spmd_gpt_shard_tensor_parallel_impl(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const spmd_gpt_parallel *how);
 spmd_status spmd_gpt_build_decode_impl(spmd_graph *g, const spmd_gpt_config *cfg, int batch, spmd_gpt_decode_tensors *out);
+spmd_status spmd_last_status_impl(void);
 spmd_status spmd_graph_status_impl(const struct spmd_graph *g);
 spmd_graph *spmd_graph_create_impl(const spmd_allocator *alloc);
 spmd_tensor *spmd_input_impl(spmd_graph *g, const char *name, spmd_dtype dtype, int rank, const int64_t *dims);
@@ -306,6 +307,13 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
 spmd_status spmd_gpt_build_decode(spmd_graph *g, const spmd_gpt_config *cfg, int batch, spmd_gpt_decode_tensors *out)
 {
     spmd_status r = spmd_gpt_build_decode_impl(g, cfg, batch, out);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_last_status(void)
+{
+    spmd_status r = spmd_last_status_impl();
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

@@ -27,6 +27,8 @@ spmd_status base_error_status(void) { return last_status; }
 
 const char *spmd_last_error(void) { return last_message; }
 
+spmd_status spmd_last_status(void) { return last_status; }
+
 void spmd_clear_error(void)
 {
     last_message[0] = '\0';

@@ -1,0 +1,72 @@
+"""libspmd from Python: build a training step for one logical device, mark
+a few tensors with partition specs over a named mesh, compile it into one
+program per device and run it, with NumPy arrays in and out.
+
+    import numpy as np, libspmd
+    mesh = libspmd.Mesh((4, 2), ("replica", "fsdp"))
+    g = libspmd.Graph()
+    x = g.input("x", (16, 8))
+    w = g.param("w", (4, 8), init="normal", scale=0.1)
+    y = g.matmul(x, w, trans_b=True)
+    ...
+    g.mark_sharding(w, mesh, ("fsdp", None))
+    g.mark_sharding(x, mesh, (("replica", "fsdp"), None))
+    p = g.compile(seed=1)
+    p.set_input(x, np.ones((16, 8), np.float32)); p.run(); p.read(loss)
+
+The classes wrap the C library's handles (libspmd._core, over the public
+C API); a failure raises ValueError (bad input), MemoryError, OSError
+(files) or RuntimeError with the library's message.  This package needs
+NumPy only; libspmd.torch (PyTorch models) is imported on its own.
+"""
+from . import _core
+from ._explain import explain, explain_text
+
+Mesh = _core.Mesh
+Tensor = _core.Tensor
+OptimizerTensors = _core.OptimizerTensors
+visualize = _core.visualize
+lr_schedule = _core.lr_schedule
+blas_describe = _core.blas_describe
+blas_select = _core.blas_select
+
+__all__ = ["Mesh", "Graph", "Tensor", "Program", "OptimizerTensors", "mark_sharding",
+           "visualize", "lr_schedule", "blas_describe", "blas_select", "explain", "explain_text"]
+
+
+class Program(_core.Program):
+    """A compiled program (made by Graph.compile): set_input, run, read,
+    write, save and load, its memory and collectives, and the report of
+    `spmd explain` for it."""
+
+    def explain(self):
+        """The plan as a dict: every named tensor's shape and sharding,
+        every collective (phase, kind, axes, bytes, estimated seconds, the
+        value it moves), memory per device and the fallbacks."""
+        return explain(self)
+
+    def explain_text(self):
+        """The same report as text, in the layout `spmd explain` prints."""
+        return explain_text(self.explain())
+
+
+class Graph(_core.Graph):
+    """A training step for one logical device: every builder of spmd.h is a
+    method named without the spmd_ prefix (input, param, add, matmul, ...),
+    returning Tensors; then mark_sharding, grad, optimizer_apply and
+    compile."""
+
+    _program_class = Program
+
+    def explain(self, **compile_options):
+        """explain() of a plan-only compile (nothing is allocated)."""
+        with self.compile(plan_only=True, **compile_options) as p:
+            return p.explain()
+
+
+def mark_sharding(t, mesh, spec):
+    """Mark tensor t of its graph: PyTorch/XLA's spelling of
+    t.graph.mark_sharding(t, mesh, spec)."""
+    if not isinstance(t, Tensor):
+        raise TypeError("mark_sharding: expected a libspmd Tensor, got %s" % type(t).__name__)
+    t.graph.mark_sharding(t, mesh, spec)

@@ -1,0 +1,122 @@
+"""Every Graph builder once, with the shape the C API gives; set_update,
+checkpointed gradients, the FSDP and batch wrappers, copies along an
+independent axis."""
+import numpy as np
+import pytest
+
+import libspmd
+
+
+def test_every_builder_gives_its_shape():
+    g = libspmd.Graph()
+    x = g.input("x", (2, 4, 8))
+    ids = g.input("ids", (2, 4), "int32")
+    pos = g.input("pos", (1,), np.int32)
+    table = g.param("table", (10, 8), init="normal", scale=0.02)
+    gamma = g.param("gamma", (8,), init="ones")
+    beta = g.param("beta", (8,))
+    st = g.state("cache", (2, 6, 8))
+    assert g.fill((2, 1), 3.0).shape == (2, 1)
+    for name in ["neg", "exp", "log", "tanh", "gelu", "relu", "sqrt", "rsqrt", "softmax", "log_softmax"]:
+        assert getattr(g, name)(x).shape == (2, 4, 8), name
+    for name in ["add", "sub", "mul", "div"]:
+        assert getattr(g, name)(x, gamma).shape == (2, 4, 8), name
+    assert g.scale(x, 0.5).op == "scale"
+    assert g.expand(gamma, (3, 8)).shape == (3, 8)
+    assert g.reshape(x, (8, 8)).shape == (8, 8)
+    assert g.sum(x, (0, 2)).shape == (4,) and g.mean(x, 1, keepdim=True).shape == (2, 1, 8)
+    assert g.max(x, 2).shape == (2, 4)
+    assert g.layernorm(x, gamma, beta).shape == (2, 4, 8)
+    w = g.param("w", (5, 8))
+    assert g.matmul(x, w, trans_b=True).shape == (2, 4, 5)
+    assert g.bmm(x, x, trans_b=True).shape == (2, 4, 4)
+    assert g.attention(x, x, x, 2).shape == (2, 4, 8)
+    emb = g.embedding(table, ids)
+    assert emb.shape == (2, 4, 8)
+    logits = g.matmul(emb, table, trans_b=True)
+    assert g.cross_entropy(logits, ids).shape == () and g.mse(x, x).shape == ()
+    assert g.permute(x, (2, 0, 1)).shape == (8, 2, 4) and g.transpose(x, 0, 2).shape == (8, 4, 2)
+    assert g.slice(x, 2, 2, 4).shape == (2, 4, 4) and g.concat([x, x], 1).shape == (2, 8, 8)
+    written = g.cache_write(st, x, pos)
+    assert written.shape == (2, 6, 8)
+    assert g.cached_attention(x, written, written, pos, 2).shape == (2, 4, 8)
+    g.set_update(st, written)
+    g.check()
+
+
+def test_set_update_and_a_cache_step():
+    g = libspmd.Graph()
+    rows = g.input("rows", (1, 1, 2))
+    pos = g.input("pos", (1,), "int32")
+    cache = g.state("cache", (1, 3, 2))
+    g.set_update(cache, g.cache_write(cache, rows, pos))
+    p = g.compile()
+    for i in range(3):
+        p.set_input(rows, np.full((1, 1, 2), i + 1, np.float32))
+        p.set_input(pos, np.array([i], np.int32))
+        p.run()
+    np.testing.assert_array_equal(p.read(cache)[0], [[1, 1], [2, 2], [3, 3]])
+
+
+def mlp_grads(checkpoints):
+    g = libspmd.Graph()
+    x = g.input("x", (4, 6))
+    h = x
+    outs = []
+    for i in range(3):
+        w = g.param("w%d" % i, (6, 6), init="normal", scale=0.3)
+        h = g.tanh(g.matmul(h, w, trans_b=True))
+        outs.append(h)
+    loss = g.mean(g.mul(h, h))
+    g.grad(loss, checkpoints=outs[:2] if checkpoints else None)
+    grads = [p.grad for p in g.params()]
+    for t in grads:
+        g.mark_output(t)
+    p = g.compile(seed=2)
+    p.set_input(x, np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6))
+    p.run()
+    return [p.read(t) for t in grads]
+
+
+def test_checkpointed_gradients_are_the_same_bits():
+    for a, b in zip(mlp_grads(False), mlp_grads(True)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fsdp_wrap_and_shard_batch_marks():
+    mesh = libspmd.Mesh((4, 2), ("replica", "fsdp"))
+    g = libspmd.Graph()
+    x = g.input("x", (16, 8))
+    y = g.input("y", (16, 4))
+    w = g.param("w", (4, 8))
+    b = g.param("b", (4,))
+    loss = g.mse(g.add(g.matmul(x, w, trans_b=True), b), y)
+    g.fsdp_wrap(mesh, "fsdp", [x], data_axes=("replica", "fsdp"))
+    g.shard_batch(mesh, [y], "replica")
+    assert w.sharding == "None, fsdp" or w.sharding == "fsdp, None"
+    assert x.sharding == "(replica, fsdp), None" and y.sharding == "replica, None"
+    assert g.mesh is mesh
+    g.clear_sharding(y)
+    assert y.sharding == ""
+
+
+def test_copies_along_an_independent_axis():
+    mesh = libspmd.Mesh((2, 2), ("copy", "data"))
+    mesh.set_axis_independent("copy")
+    assert mesh.is_axis_independent(0) and mesh.copies == 2
+    g = libspmd.Graph()
+    x = g.input("x", (4, 3))
+    w = g.param("w", (2, 3), init="normal", scale=1.0)
+    out = g.sum(g.matmul(x, w, trans_b=True))
+    g.mark_sharding(x, mesh, ("data", None))
+    g.mark_output(out)
+    with pytest.raises(ValueError, match="copy_seeds: 1 seeds for 2 copies"):
+        g.compile(copy_seeds=[1])
+    p = g.compile(copy_seeds=[1, 2])
+    assert p.copies == 2 and p.devices == 4
+    assert not np.array_equal(p.read(w, copy=0), p.read(w, copy=1))
+    p.write(w, np.ones((2, 3), np.float32), copy=1)
+    p.set_input(x, np.ones((4, 3), np.float32))
+    p.run()
+    np.testing.assert_array_equal(p.read(w, copy=1), np.ones((2, 3)))
+    assert float(p.read(out, copy=1)) == 24.0
