@@ -223,7 +223,7 @@ class Step:
             return
         values = self._values_now(entry)
         for name, value in values.items():
-            entry.program.write(name, np.ascontiguousarray(value, dtype=np.float32))
+            entry.program.write(name, np.array(value, dtype=np.float32, order="C"))  # 0-d stays 0-d
         self._active = entry
         if self._pending_load is not None:
             directory, self._pending_load = self._pending_load, None
