@@ -277,7 +277,8 @@ class Step:
         entry, prog = self._active, self._active.program
         plan = OptimizerPlan(self.optimizer, entry.traced.params)
         names = {t.name for t in entry.graph.tensors()}
-        step = float(prog.read(STEP_STATE)) if STEP_STATE in names else None
+        # SGD without clipping keeps no step count; the calls count then.
+        step = float(prog.read(STEP_STATE)) if STEP_STATE in names else float(self.steps)
         with torch.no_grad():
             for name, p in entry.traced.params.items():
                 p.copy_(torch.from_numpy(prog.read(name)).to(p.dtype))
