@@ -1119,6 +1119,9 @@ static PyObject *graph_fill(GraphObject *self, PyObject *args, PyObject *kw)
     X(relu, "relu(x)")                                                 \
     X(sqrt, "sqrt(x)")                                                 \
     X(rsqrt, "rsqrt(x): 1 / sqrt(x)")                                  \
+    X(gelu_erf, "gelu_erf(x): GELU, erf form (torch's nn.GELU())")      \
+    X(silu, "silu(x): x * sigmoid(x)")                                 \
+    X(sigmoid, "sigmoid(x): 1 / (1 + exp(-x))")                        \
     X(softmax, "softmax(x): over the last dim")                        \
     X(log_softmax, "log_softmax(x): over the last dim")
 #define BINARY_BUILDERS(X)                                                             \
@@ -1129,8 +1132,9 @@ static PyObject *graph_fill(GraphObject *self, PyObject *args, PyObject *kw)
     X(embedding, "embedding(table, ids): rows of table [V, D] at int32 ids -> [..., D]") \
     X(cross_entropy, "cross_entropy(logits, targets): mean over int32 targets [...]")  \
     X(mse, "mse(a, b): mean squared error, a scalar")
-#define TERNARY_BUILDERS(X) \
-    X(cache_write, "cache_write(cache, rows, pos): cache [B, S, C] with rows [B, T, C] at int32 pos [1]")
+#define TERNARY_BUILDERS(X)                                                                          \
+    X(cache_write, "cache_write(cache, rows, pos): cache [B, S, C] with rows [B, T, C] at int32 pos [1]") \
+    X(where, "where(cond, a, b): cond != 0 ? a : b, NumPy broadcasting; cond f32 or int32")
 
 static PyObject *build_unary(PyObject *self, PyObject *x, spmd_tensor *(*f)(spmd_graph *, spmd_tensor *))
 {
@@ -1182,6 +1186,17 @@ static PyObject *graph_scale(GraphObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Of:scale", kwlist, &x, &c) || tensor_arg(self, x, &t, true) < 0)
         return NULL;
     return wrap_tensor(self, spmd_scale(self->g, t, c));
+}
+
+static PyObject *graph_pow_scalar(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "p", NULL};
+    PyObject *x;
+    float e;
+    spmd_tensor *t;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Of:pow_scalar", kwlist, &x, &e) || tensor_arg(self, x, &t, true) < 0)
+        return NULL;
+    return wrap_tensor(self, spmd_pow_scalar(self->g, t, e));
 }
 
 typedef spmd_tensor *(*shape_op_fn)(spmd_graph *, spmd_tensor *, int, const int64_t *);
@@ -1512,6 +1527,35 @@ static PyObject *wrap_or_none(GraphObject *g, spmd_tensor *t)
     return wrap_tensor(g, t);
 }
 
+static int optimizer_kind_arg(const char *kind, spmd_optimizer_kind *out)
+{
+    if (!strcmp(kind, "adamw")) *out = SPMD_OPTIMIZER_ADAMW;
+    else if (!strcmp(kind, "adam")) *out = SPMD_OPTIMIZER_ADAM;
+    else if (!strcmp(kind, "sgd")) *out = SPMD_OPTIMIZER_SGD;
+    else {
+        PyErr_Format(PyExc_ValueError, "optimizer kind '%s': 'adamw', 'adam' or 'sgd'", kind);
+        return -1;
+    }
+    return 0;
+}
+
+/* Betas and eps left out (None) are 0, the C API's "default"; given ones
+ * go through as they are, so SGD refuses them with its own message. */
+static int betas_eps_args(PyObject *betas, PyObject *eps_o, float *beta1, float *beta2, float *eps)
+{
+    if (betas && betas != Py_None) {
+        PyObject *pair = PySequence_Tuple(betas);
+        int ok = pair && PyArg_ParseTuple(pair, "ff;betas is a pair of floats", beta1, beta2);
+        Py_XDECREF(pair);
+        if (!ok) return -1;
+    }
+    if (eps_o && eps_o != Py_None) {
+        *eps = (float)PyFloat_AsDouble(eps_o);
+        if (PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
 static PyObject *graph_optimizer_apply(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"kind",     "momentum",    "weight_decay",       "betas", "eps",
@@ -1522,26 +1566,9 @@ static PyObject *graph_optimizer_apply(GraphObject *self, PyObject *args, PyObje
     int shard = 0, wd_input = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|s$ffOOfpp:optimizer_apply", kwlist, &kind, &opt.momentum,
                                      &opt.weight_decay, &betas, &eps_o, &opt.clip_norm, &shard, &wd_input) ||
-        graph_open(self) < 0)
+        graph_open(self) < 0 || optimizer_kind_arg(kind, &opt.kind) < 0 ||
+        betas_eps_args(betas, eps_o, &opt.beta1, &opt.beta2, &opt.eps) < 0)
         return NULL;
-    if (!strcmp(kind, "adamw")) opt.kind = SPMD_OPTIMIZER_ADAMW;
-    else if (!strcmp(kind, "sgd")) opt.kind = SPMD_OPTIMIZER_SGD;
-    else {
-        PyErr_Format(PyExc_ValueError, "optimizer kind '%s': 'adamw' or 'sgd'", kind);
-        return NULL;
-    }
-    /* Betas and eps left out are 0, the C API's "default"; given ones go
-     * through as they are, so SGD refuses them with its own message. */
-    if (betas != Py_None) {
-        PyObject *pair = PySequence_Tuple(betas);
-        int ok = pair && PyArg_ParseTuple(pair, "ff;betas is a pair of floats", &opt.beta1, &opt.beta2);
-        Py_XDECREF(pair);
-        if (!ok) return NULL;
-    }
-    if (eps_o != Py_None) {
-        opt.eps = (float)PyFloat_AsDouble(eps_o);
-        if (PyErr_Occurred()) return NULL;
-    }
     opt.shard_state = shard;
     opt.weight_decay_input = wd_input;
     spmd_optimizer_tensors out = {0};
@@ -1557,6 +1584,123 @@ static PyObject *graph_optimizer_apply(GraphObject *self, PyObject *args, PyObje
         }
         PyStructSequence_SetItem(r, i, t);
     }
+    return r;
+}
+
+/* One group's dict ({params: [names], weight_decay, momentum, betas, eps})
+ * into `gr`; the names' UTF-8 stays valid while `keep` (a new list of the
+ * name strings) lives. */
+static int optimizer_group_arg(PyObject *d, int index, spmd_optimizer_group *gr, const char ***names,
+                               PyObject **keep)
+{
+    *names = NULL;
+    *keep = NULL;
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "groups[%d]: expected a dict, got %s", index, Py_TYPE(d)->tp_name);
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        if (!k || (strcmp(k, "params") && strcmp(k, "weight_decay") && strcmp(k, "momentum") &&
+                   strcmp(k, "betas") && strcmp(k, "eps"))) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError,
+                             "groups[%d]: key %R is not one of params, weight_decay, momentum, betas, eps",
+                             index, key);
+            return -1;
+        }
+    }
+    PyObject *params = PyDict_GetItemString(d, "params"); /* borrowed */
+    if (!params) {
+        PyErr_Format(PyExc_ValueError, "groups[%d] has no 'params' (a list of parameter names)", index);
+        return -1;
+    }
+    *keep = PySequence_List(params);
+    if (!*keep) return -1;
+    Py_ssize_t n = PyList_GET_SIZE(*keep);
+    if (n > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "groups[%d]: too many parameters", index);
+        return -1;
+    }
+    *names = PyMem_Calloc((size_t)(n ? n : 1), sizeof **names);
+    if (!*names) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyList_GET_ITEM(*keep, i);
+        (*names)[i] = PyUnicode_Check(s) ? PyUnicode_AsUTF8(s) : NULL;
+        if (!(*names)[i]) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "groups[%d]: parameter %zd is a %s, not a name", index, i,
+                             Py_TYPE(s)->tp_name);
+            return -1;
+        }
+    }
+    *gr = (spmd_optimizer_group){.params = *names, .n_params = (int)n};
+    float *floats[] = {&gr->weight_decay, &gr->momentum};
+    const char *float_keys[] = {"weight_decay", "momentum"};
+    for (int i = 0; i < 2; i++) {
+        PyObject *v = PyDict_GetItemString(d, float_keys[i]);
+        if (v && v != Py_None) {
+            *floats[i] = (float)PyFloat_AsDouble(v);
+            if (PyErr_Occurred()) return -1;
+        }
+    }
+    return betas_eps_args(PyDict_GetItemString(d, "betas"), PyDict_GetItemString(d, "eps"), &gr->beta1,
+                          &gr->beta2, &gr->eps);
+}
+
+static PyObject *graph_optimizer_apply_groups(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"kind", "groups", "clip_norm", "shard_state", NULL};
+    const char *kind = "adamw";
+    PyObject *groups_o;
+    spmd_optimizer opt = {0};
+    int shard = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$fp:optimizer_apply_groups", kwlist, &kind, &groups_o,
+                                     &opt.clip_norm, &shard) ||
+        graph_open(self) < 0 || optimizer_kind_arg(kind, &opt.kind) < 0)
+        return NULL;
+    opt.shard_state = shard;
+    PyObject *groups = PySequence_Tuple(groups_o);
+    if (!groups) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(groups);
+    if (n < 1 || n > INT_MAX) {
+        Py_DECREF(groups);
+        PyErr_SetString(PyExc_ValueError, "optimizer_apply_groups: groups must hold at least one group");
+        return NULL;
+    }
+    spmd_optimizer_group *gr = PyMem_Calloc((size_t)n, sizeof *gr);
+    const char ***names = PyMem_Calloc((size_t)n, sizeof *names);
+    PyObject **keep = PyMem_Calloc((size_t)n, sizeof *keep);
+    spmd_tensor **lrs = PyMem_Calloc((size_t)n, sizeof *lrs);
+    PyObject *r = NULL;
+    if (!gr || !names || !keep || !lrs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (optimizer_group_arg(PyTuple_GET_ITEM(groups, i), (int)i, &gr[i], &names[i], &keep[i]) < 0) goto done;
+    if (check(spmd_optimizer_apply_groups(self->g, &opt, gr, (int)n, NULL, lrs)) < 0) goto done;
+    r = PyList_New(n);
+    for (Py_ssize_t i = 0; r && i < n; i++) {
+        PyObject *t = wrap_tensor(self, lrs[i]);
+        if (!t) Py_CLEAR(r);
+        else PyList_SET_ITEM(r, i, t);
+    }
+done:
+    for (Py_ssize_t i = 0; names && keep && i < n; i++) {
+        PyMem_Free(names[i]);
+        Py_XDECREF(keep[i]);
+    }
+    PyMem_Free(gr);
+    PyMem_Free(names);
+    PyMem_Free(keep);
+    PyMem_Free(lrs);
+    Py_DECREF(groups);
     return r;
 }
 
@@ -1760,6 +1904,7 @@ static PyMethodDef graph_methods[] = {
     {"state", KW(graph_state), "state(name, shape, init='zeros', scale=0): persistent, not trained"},
     {"fill", KW(graph_fill), "fill(shape, value): a constant"},
     {"scale", KW(graph_scale), "scale(x, c): c * x"},
+    {"pow_scalar", KW(graph_pow_scalar), "pow_scalar(x, p): x ** p for a constant p"},
     {"expand", KW(graph_expand), "expand(x, shape): broadcast x to shape"},
     {"reshape", KW(graph_reshape), "reshape(x, shape)"},
     {"sum", KW(graph_sum), "sum(x, axes=None, keepdim=False): axes an int or a tuple; None is all"},
@@ -1790,8 +1935,12 @@ static PyMethodDef graph_methods[] = {
     {"grad", KW(graph_grad),
      "grad(loss, checkpoints=None): append the backward pass (recomputing between checkpoints)"},
     {"optimizer_apply", KW(graph_optimizer_apply),
-     "optimizer_apply(kind='adamw', *, momentum=0, weight_decay=0, betas=None, eps=None,\n"
+     "optimizer_apply(kind='adamw' (or 'adam', 'sgd'), *, momentum=0, weight_decay=0, betas=None, eps=None,\n"
      "clip_norm=0, shard_state=False, weight_decay_input=False) -> (lr, grad_norm, weight_decay)"},
+    {"optimizer_apply_groups", KW(graph_optimizer_apply_groups),
+     "optimizer_apply_groups(kind, groups, *, clip_norm=0, shard_state=False) -> each group's lr input:\n"
+     "groups a list of dicts {params: [names], weight_decay, momentum, betas, eps}; group i's lr is\n"
+     "the input 'lr' (i = 0) or 'lr.<i>'"},
     {"sgd", FN(graph_sgd), METH_O, "sgd(lr): plain SGD with lr an f32 scalar input"},
     {"fsdp_wrap", KW(graph_fsdp_wrap),
      "fsdp_wrap(mesh, axis='fsdp', inputs=(), data_axes=None): FSDPv2's marks"},

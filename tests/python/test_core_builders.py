@@ -17,11 +17,14 @@ def test_every_builder_gives_its_shape():
     beta = g.param("beta", (8,))
     st = g.state("cache", (2, 6, 8))
     assert g.fill((2, 1), 3.0).shape == (2, 1)
-    for name in ["neg", "exp", "log", "tanh", "gelu", "relu", "sqrt", "rsqrt", "softmax", "log_softmax"]:
+    for name in ["neg", "exp", "log", "tanh", "gelu", "relu", "sqrt", "rsqrt", "softmax", "log_softmax",
+                 "gelu_erf", "silu", "sigmoid"]:
         assert getattr(g, name)(x).shape == (2, 4, 8), name
     for name in ["add", "sub", "mul", "div"]:
         assert getattr(g, name)(x, gamma).shape == (2, 4, 8), name
     assert g.scale(x, 0.5).op == "scale"
+    assert g.pow_scalar(x, 3.0).shape == (2, 4, 8)
+    assert g.where(g.fill((4, 1), 1.0), x, gamma).shape == (2, 4, 8)
     assert g.expand(gamma, (3, 8)).shape == (3, 8)
     assert g.reshape(x, (8, 8)).shape == (8, 8)
     assert g.sum(x, (0, 2)).shape == (4,) and g.mean(x, 1, keepdim=True).shape == (2, 1, 8)
@@ -120,3 +123,64 @@ def test_copies_along_an_independent_axis():
     p.run()
     np.testing.assert_array_equal(p.read(w, copy=1), np.ones((2, 3)))
     assert float(p.read(out, copy=1)) == 24.0
+
+
+def test_new_elementwise_builders_compute_torch_formulas():
+    v = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    g = libspmd.Graph()
+    x = g.input("x", (3, 4))
+    cond = g.input("cond", (3, 1))
+    outs = {name: getattr(g, name)(x) for name in ("gelu_erf", "silu", "sigmoid")}
+    outs["pow"] = g.pow_scalar(x, 3.0)
+    outs["where"] = g.where(cond, x, g.fill((), -1.0))
+    for t in outs.values():
+        g.mark_output(t)
+    p = g.compile()
+    p.set_input(x, v)
+    p.set_input(cond, np.array([[1], [0], [1]], np.float32))
+    p.run()
+    from math import erf
+    want_gelu = np.array([0.5 * a * (1 + erf(a / np.sqrt(2))) for a in v.ravel()]).reshape(3, 4)
+    np.testing.assert_allclose(p.read(outs["gelu_erf"]), want_gelu, rtol=1e-5, atol=1e-6)
+    sig = 1 / (1 + np.exp(-v.astype(np.float64)))
+    np.testing.assert_allclose(p.read(outs["sigmoid"]), sig, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(p.read(outs["silu"]), v * sig, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(p.read(outs["pow"]), v.astype(np.float64) ** 3, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(p.read(outs["where"])[1], -1.0)
+    np.testing.assert_array_equal(p.read(outs["where"])[0], v[0])
+
+
+def test_optimizer_groups_give_each_group_its_lr_and_settings():
+    g = libspmd.Graph()
+    x = g.input("x", (4, 3))
+    w = g.param("w", (2, 3), init="normal", scale=0.5)
+    b = g.param("b", (2,), init="ones")
+    loss = g.mean(g.add(g.matmul(x, w, trans_b=True), b))
+    g.grad(loss)
+    lrs = g.optimizer_apply_groups("sgd", [{"params": ["w"], "momentum": 0.9},
+                                           {"params": ["b"], "weight_decay": 0.5}], clip_norm=0)
+    assert [t.name for t in lrs] == ["lr", "lr.1"]
+    assert g.find("w.momentum") is not None and g.find("b.momentum") is None
+    p = g.compile(seed=3)
+    w0, b0 = p.read(w), p.read(b)
+    p.set_input(x, np.ones((4, 3), np.float32))
+    p.set_input(lrs[0], np.array(0.0, np.float32))  # group 0 frozen by its lr
+    p.set_input(lrs[1], np.array(0.1, np.float32))
+    p.run()
+    np.testing.assert_array_equal(p.read(w), w0)
+    # d loss / d b = 1/2 each; plus the L2 decay 0.5 * b
+    np.testing.assert_allclose(p.read(b), b0 - 0.1 * (0.5 + 0.5 * b0), rtol=1e-6)
+
+
+def test_optimizer_groups_refuse_bad_groups():
+    g = libspmd.Graph()
+    w = g.param("w", (2,), init="ones")
+    g.grad(g.sum(g.mul(w, w)))
+    with pytest.raises(ValueError, match="key 'lr' is not one of"):
+        g.optimizer_apply_groups("adamw", [{"params": ["w"], "lr": 1.0}])
+    with pytest.raises(ValueError, match="no 'params'"):
+        g.optimizer_apply_groups("adamw", [{}])
+    with pytest.raises(ValueError, match="'adamw', 'adam' or 'sgd'"):
+        g.optimizer_apply_groups("lamb", [{"params": ["w"]}])
+    with pytest.raises(ValueError, match="nope"):
+        g.optimizer_apply_groups("adam", [{"params": ["w"]}, {"params": ["nope"]}])

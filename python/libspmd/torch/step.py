@@ -1,0 +1,330 @@
+"""compile(model, optimizer, loss_fn): a PyTorch model's training step as
+one libspmd program.
+
+    step = libspmd.torch.compile(model, optimizer, loss_fn, clip_grad_norm=1.0)
+    for batch in data:
+        loss = step(*batch)        # forward, backward and update on the mesh
+    step.sync()                    # trained values back into model and optimizer
+
+The step traces loss_fn(model, *batch) once per batch shape (trace()),
+replays the mapped calls on a libspmd.Graph through GraphBuilder, marks the
+leaves from mark_sharding, appends libspmd's backward and the optimizer
+`optimizer` describes, and compiles.  The parameters and the optimizer state
+live in the program between calls; sync() copies them back.
+"""
+import numpy as np
+import torch
+
+from .sharding import get_sharding
+from .trace import trace
+
+
+class GraphBuilder:
+    """The builder protocol of graph.py over a libspmd.Graph.  The protocol
+    passes everything positionally; the Graph takes `input` as (name, shape,
+    dtype) and the transposes of matmul and bmm as keywords.  Every other
+    builder is the Graph's own."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def input(self, name, dtype, shape):
+        return self.graph.input(name, tuple(shape), dtype)
+
+    def matmul(self, a, b, trans_a=False, trans_b=False):
+        return self.graph.matmul(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
+
+    def bmm(self, a, b, trans_a=False, trans_b=False):
+        return self.graph.bmm(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
+
+    def __getattr__(self, op):
+        return getattr(self.graph, op)
+
+
+# ---- the optimizer ----------------------------------------------------------
+
+# Option -> the value libspmd implements; anything else is refused by name.
+_REFUSED = {
+    "SGD": {"dampening": 0, "nesterov": False, "maximize": False},
+    "Adam": {"amsgrad": False, "maximize": False},
+    "AdamW": {"amsgrad": False, "maximize": False},
+}
+_KIND = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
+
+
+class OptimizerPlan:
+    """What a torch.optim optimizer means for libspmd: its kind, and per
+    param group the parameter names and settings (lr is fed each call)."""
+
+    def __init__(self, optimizer, param_names):
+        cls = type(optimizer).__name__
+        if cls not in _KIND or not isinstance(optimizer, torch.optim.Optimizer):
+            raise NotImplementedError(f"libspmd.torch.compile: optimizer {cls} is not supported "
+                                      f"(torch.optim.SGD, Adam and AdamW are)")
+        self.optimizer = optimizer
+        self.kind = _KIND[cls]
+        by_id = {id(t): name for name, t in param_names.items()}
+        seen = {}
+        self.groups = []
+        for i, group in enumerate(optimizer.param_groups):
+            for option, ok in _REFUSED[cls].items():
+                if group.get(option, ok) != ok:
+                    raise NotImplementedError(
+                        f"libspmd.torch.compile: {cls} with {option}={group[option]!r} (param group "
+                        f"{i}) is not supported; libspmd's {cls} has {option}={ok!r}")
+            names = []
+            for p in group["params"]:
+                name = by_id.get(id(p))
+                if name is None:
+                    raise ValueError(f"param group {i} holds a tensor of shape {list(p.shape)} that "
+                                     f"is not a parameter of the model")
+                if name in seen:
+                    if seen[name] != i:
+                        raise ValueError(f"parameter {name} is in param groups {seen[name]} and {i}")
+                    continue
+                seen[name] = i
+                names.append(name)
+            settings = {"params": names, "weight_decay": float(group.get("weight_decay", 0.0))}
+            if self.kind == "sgd":
+                settings["momentum"] = float(group.get("momentum", 0.0))
+            else:
+                b1, b2 = (float(b) for b in group["betas"])
+                if group["eps"] <= 0 or (b1 == 0 and b2 == 0):
+                    raise NotImplementedError(
+                        f"libspmd.torch.compile: {cls} with eps={group['eps']} betas={group['betas']} "
+                        f"(param group {i}): libspmd reads eps 0 and betas (0, 0) as its defaults")
+                settings["betas"], settings["eps"] = (b1, b2), float(group["eps"])
+            self.groups.append(settings)
+        missing = [n for n in param_names if n not in seen]
+        if missing:
+            raise ValueError(f"parameters {missing} are in no param group of the optimizer; "
+                             f"libspmd trains every parameter of the model")
+
+    def key(self):
+        """The settings compiled into the program (everything but lr)."""
+        return (self.kind, tuple((tuple(g["params"]),) + tuple(sorted((k, v) for k, v in g.items()
+                                                                       if k != "params"))
+                                 for g in self.groups))
+
+    def lrs(self):
+        """Each group's learning rate as the optimizer holds it now."""
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def state_names(self, name):
+        """libspmd state name -> torch.optim state key for parameter `name`."""
+        if self.kind == "sgd":
+            return {f"{name}.momentum": "momentum_buffer"}
+        return {f"{name}.exp_avg": "exp_avg", f"{name}.exp_avg_sq": "exp_avg_sq"}
+
+
+STEP_STATE = "opt.step"
+
+
+def _mark_key(t):
+    m = get_sharding(t)
+    return None if m is None else (m.mesh, m.spec_text())
+
+
+class _Compiled:
+    """One program: for one batch signature and one set of marks."""
+
+    def __init__(self, traced, graph, program, loss, lrs, batch_marks):
+        self.traced = traced
+        self.graph = graph
+        self.program = program
+        self.loss = loss
+        self.lrs = lrs
+        self.batch_marks = batch_marks
+        # What moves between programs: the parameters and the optimizer's state.
+        self.carried = list(traced.params) + [t.name for t in graph.tensors()
+                                              if t.op == "state" and t.name not in traced.states]
+
+
+class Step:
+    """The training step compile() returns: call it with a batch."""
+
+    def __init__(self, model, optimizer, loss_fn, clip_grad_norm=None, seed=0):
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.clip_grad_norm = float(clip_grad_norm) if clip_grad_norm else 0.0
+        if self.clip_grad_norm < 0:
+            raise ValueError(f"clip_grad_norm {clip_grad_norm} must be positive (or None)")
+        self.seed = seed
+        self.steps = 0
+        self._cache = {}
+        self._active = None
+        self._pending_load = None
+        self._meshes = {}
+
+    # ---- compiling
+
+    def _signature(self, batch, plan):
+        shapes = tuple((tuple(b.shape), str(b.dtype)) if isinstance(b, torch.Tensor) else type(b)
+                       for b in batch)
+        params = tuple((n, _mark_key(p)) for n, p in self.model.named_parameters())
+        return (shapes, params, plan.key())
+
+    def _libspmd_mesh(self, mesh):
+        import libspmd
+        if mesh not in self._meshes:
+            self._meshes[mesh] = libspmd.Mesh(mesh.mesh_shape, mesh.libspmd_axis_names(),
+                                              device_ids=[int(i) for i in mesh.device_ids])
+        return self._meshes[mesh]
+
+    def _compile(self, batch, batch_marks):
+        import libspmd
+        traced = trace(self.loss_fn, self.model, *batch)
+        plan = OptimizerPlan(self.optimizer, traced.params)
+        g = libspmd.Graph()
+        try:
+            loss, env = traced.build(GraphBuilder(g))
+            g.mark_output(loss)
+            for call in traced.calls:
+                if call.op in ("param", "state", "input") and call.args[0] in traced.marks:
+                    m = traced.marks[call.args[0]]
+                    g.mark_sharding(env[call.out.id], self._libspmd_mesh(m.mesh), m.spec_text())
+            g.grad(loss)
+            lrs = g.optimizer_apply_groups(plan.kind, plan.groups, clip_norm=self.clip_grad_norm)
+            program = g.compile(seed=self.seed)
+        except BaseException:
+            g.close()
+            raise
+        for name, value in traced.states.items():
+            program.write(name, value)
+        return _Compiled(traced, g, program, loss, lrs, batch_marks)
+
+    def _values_now(self, entry):
+        """The carried tensors' values: from the active program, else from
+        the model and the optimizer's state."""
+        if self._active is not None:
+            prog = self._active.program
+            names = set(self._active.carried)
+            return {n: prog.read(n) for n in entry.carried if n in names}
+        values = entry.traced.param_values()
+        plan = OptimizerPlan(self.optimizer, entry.traced.params)
+        steps = set()
+        for name, p in entry.traced.params.items():
+            state = self.optimizer.state.get(p, {})
+            for ours, theirs in plan.state_names(name).items():
+                if theirs in state and state[theirs] is not None:
+                    values[ours] = state[theirs].detach().cpu().float().numpy()
+            if "step" in state:
+                steps.add(float(state["step"]))
+        if len(steps) > 1:
+            raise ValueError(f"the optimizer's parameters have taken different step counts "
+                             f"{sorted(steps)}; libspmd keeps one count for all")
+        if steps:
+            values[STEP_STATE] = np.array(steps.pop(), np.float32)
+        return {n: v for n, v in values.items() if n in entry.carried}
+
+    def _activate(self, entry):
+        if entry is self._active:
+            return
+        values = self._values_now(entry)
+        for name, value in values.items():
+            entry.program.write(name, np.array(value, dtype=np.float32, order="C"))  # 0-d stays 0-d
+        self._active = entry
+        if self._pending_load is not None:
+            directory, self._pending_load = self._pending_load, None
+            self.load(directory)
+
+    def _entry(self, batch, plan):
+        sig = self._signature(batch, plan)
+        marks = tuple(_mark_key(b) if isinstance(b, torch.Tensor) else None for b in batch)
+        entries = self._cache.setdefault(sig, [])
+        if any(m is not None for m in marks):
+            found = next((e for e in entries if e.batch_marks == marks), None)
+        else:  # an unmarked batch runs as the first batch of its shape was marked
+            found = entries[-1] if entries else None
+        if found is None:
+            found = self._compile(batch, marks)
+            entries.append(found)
+        return found
+
+    # ---- running
+
+    def __call__(self, *batch):
+        plan = OptimizerPlan(self.optimizer, dict(self.model.named_parameters()))
+        entry = self._entry(batch, plan)
+        self._activate(entry)
+        prog = entry.program
+        for name, value in entry.traced.feeds(*batch).items():
+            prog.set_input(name, value)
+        for lr_input, lr in zip(entry.lrs, plan.lrs()):
+            prog.set_input(lr_input, np.array(lr, np.float32))
+        prog.run()
+        self.steps += 1
+        return float(prog.read(entry.loss))
+
+    @property
+    def program(self):
+        """The libspmd.Program of the last call (None before the first)."""
+        return self._active.program if self._active is not None else None
+
+    def _require(self, what):
+        if self._active is None:
+            raise RuntimeError(f"step.{what}(): nothing is compiled yet; call the step with a "
+                               f"batch first (the program is compiled for its shapes)")
+        return self._active
+
+    def sync(self):
+        """Write the trained parameters into the model and the optimizer's
+        state (exp_avg, exp_avg_sq, step; momentum_buffer) into
+        optimizer.state, so state_dict() and eager code see them."""
+        if self._active is None:
+            return
+        entry, prog = self._active, self._active.program
+        plan = OptimizerPlan(self.optimizer, entry.traced.params)
+        names = {t.name for t in entry.graph.tensors()}
+        # SGD without clipping keeps no step count; the calls count then.
+        step = float(prog.read(STEP_STATE)) if STEP_STATE in names else float(self.steps)
+        with torch.no_grad():
+            for name, p in entry.traced.params.items():
+                p.copy_(torch.from_numpy(prog.read(name)).to(p.dtype))
+                if not step:
+                    continue  # no update has run: torch keeps no state either
+                state = self.optimizer.state[p]
+                for ours, theirs in plan.state_names(name).items():
+                    if ours in names:
+                        state[theirs] = torch.from_numpy(prog.read(ours)).to(p.dtype)
+                if plan.kind != "sgd":
+                    state["step"] = torch.tensor(step)
+
+    def explain(self):
+        """The plan of the last call's program (libspmd.Program.explain)."""
+        return self._require("explain").program.explain()
+
+    def explain_text(self):
+        """The same plan as text, in the layout `spmd explain` prints."""
+        return self._require("explain_text").program.explain_text()
+
+    def save(self, directory):
+        """A sharded checkpoint of the parameters and optimizer state
+        (each device writes its own blocks)."""
+        self._require("save").program.save(directory, self.steps)
+
+    def load(self, directory):
+        """Read a checkpoint of save(); before the first call it is read
+        once the first program is compiled."""
+        if self._active is None:
+            self._pending_load = directory
+            return
+        step, _meta = self._active.program.load(directory)
+        self.steps = int(step)
+
+
+def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulation_steps=1):
+    """A training step for `model`: `loss = step(*batch)` runs forward,
+    backward and `optimizer`'s update (torch.optim.SGD, Adam or AdamW, every
+    param group with its own settings, lr read at each call) as one libspmd
+    program on the mesh of the marks (one device without marks), clipping
+    the gradients' global norm to clip_grad_norm when given."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
+    if gradient_accumulation_steps != 1:
+        raise NotImplementedError(
+            f"compile: gradient_accumulation_steps={gradient_accumulation_steps} waits for "
+            f"gradient accumulation in libspmd's training layer; pass the whole batch instead")
+    OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option
+    return Step(model, optimizer, loss_fn, clip_grad_norm)

@@ -1,0 +1,288 @@
+"""libspmd.torch.compile: the GPT-2-style, Llama-style and MLP models of
+test_torch_models train on libspmd meshes with the losses and parameters
+of eager PyTorch; lr schedules, other optimizers, recompiling, sync,
+explain, checkpoints and the refusals."""
+import copy
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_torch_models import CASES, GPT, MLP, gpt_batch, gpt_loss, mlp_batch, mlp_loss  # noqa: E402
+
+import libspmd.torch as xs  # noqa: E402 (test_torch_models puts the package on the path)
+
+LOSS_RTOL = 1e-4
+PARAM_ATOL = 1e-4
+STEPS = 10
+CLIP = 0.5
+
+
+def adamw(model, lr=1e-2):
+    """AdamW; the GPT gets nanoGPT's two groups (decay on matrices only)."""
+    if isinstance(model, GPT):
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        rest = [p for p in model.parameters() if p.dim() < 2]
+        return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                  {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+
+
+def batches(name, n, B=8):
+    _, _, make = CASES[name]
+    return [make(N=B, seed=s) if name == "mlp" else make(B=B, seed=s) for s in range(n)]
+
+
+def eager_losses(model, optimizer, loss_fn, data, clip=CLIP, schedule=None):
+    out = []
+    for i, b in enumerate(data):
+        if schedule:
+            schedule(optimizer, i)
+        optimizer.zero_grad()
+        loss = loss_fn(model, *b)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        out.append(loss.item())
+    return out
+
+
+def compiled_losses(step, optimizer, data, schedule=None):
+    out = []
+    for i, b in enumerate(data):
+        if schedule:
+            schedule(optimizer, i)
+        out.append(step(*b))
+    return out
+
+
+def assert_close_losses(got, want):
+    np.testing.assert_allclose(got, want, rtol=LOSS_RTOL)
+
+
+def assert_same_params(model, eager):
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=PARAM_ATOL,
+                                   err_msg=name)
+
+
+# ---- the marks of each mesh -------------------------------------------------
+
+
+def largest_dividing_dim(p, n):
+    dims = sorted(range(p.dim()), key=lambda d: -p.shape[d])
+    return next((d for d in dims if p.shape[d] % n == 0), None)
+
+
+def mark_batch(mesh, spec0, data):
+    for t in data[0]:
+        xs.mark_sharding(t, mesh, (spec0,) + (None,) * (t.dim() - 1))
+
+
+def mark_fsdp(model, mesh, data):
+    """The motivating case: every parameter's largest dim over 'fsdp' where
+    it divides, the batch over ('replica', 'fsdp')."""
+    for p in model.parameters():
+        d = largest_dividing_dim(p, 2)
+        if d is not None:
+            xs.mark_sharding(p, mesh, tuple("fsdp" if i == d else None for i in range(p.dim())))
+    mark_batch(mesh, ("replica", "fsdp"), data)
+
+
+MEGATRON = {  # parameter name suffix -> spec: column-parallel, then row-parallel
+    "c_attn.weight": ("tensor", "fsdp"), "c_attn.bias": ("tensor",), "c_proj.weight": (None, "tensor"),
+    "c_fc.weight": ("tensor", "fsdp"), "c_fc.bias": ("tensor",), "mlp_proj.weight": ("fsdp", "tensor"),
+    "wq.weight": ("tensor", None), "wk.weight": ("tensor", None), "wv.weight": ("tensor", None),
+    "wo.weight": (None, "tensor"), "w1.weight": ("tensor", "fsdp"), "w3.weight": ("tensor", "fsdp"),
+    "w2.weight": ("fsdp", "tensor"),
+    "fc1.weight": ("tensor", None), "fc1.bias": ("tensor",), "fc2.weight": (None, "tensor"),
+}
+
+
+def mark_megatron(model, mesh, data):
+    for name, p in model.named_parameters():
+        spec = next((s for k, s in MEGATRON.items() if name.endswith(k)), None)
+        if spec is not None:
+            xs.mark_sharding(p, mesh, spec)
+    mark_batch(mesh, ("data", "fsdp"), data)
+
+
+MESHES = {
+    "1": None,
+    "8": (lambda: xs.Mesh(range(8), (8,), ("data",)),
+          lambda model, mesh, data: mark_batch(mesh, "data", data)),
+    "4x2": (lambda: xs.Mesh(range(8), (4, 2), ("replica", "fsdp")), mark_fsdp),
+    "2x2x2": (lambda: xs.Mesh(range(8), (2, 2, 2), ("data", "fsdp", "tensor")), mark_megatron),
+}
+
+
+@pytest.mark.parametrize("mesh_name", sorted(MESHES))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_adamw_with_clipping_trains_like_eager(name, mesh_name):
+    model_cls, loss_fn, _ = CASES[name]
+    torch.manual_seed(1)
+    model = model_cls()
+    eager = copy.deepcopy(model)
+    data = batches(name, STEPS)
+    if MESHES[mesh_name] is not None:
+        make_mesh, mark = MESHES[mesh_name]
+        mark(model, make_mesh(), data)
+    opt, eager_opt = adamw(model), adamw(eager)
+    step = xs.compile(model, opt, loss_fn, clip_grad_norm=CLIP)
+    got = compiled_losses(step, opt, data)
+    want = eager_losses(eager, eager_opt, loss_fn, data)
+    assert_close_losses(got, want)
+    assert step.program.devices == (1 if mesh_name == "1" else 8)
+    step.sync()
+    assert_same_params(model, eager)
+    # The optimizer's state is torch's: the next update from it is eager's.
+    state, eager_state = opt.state_dict()["state"], eager_opt.state_dict()["state"]
+    assert sorted(state) == sorted(eager_state)
+    for k in state:
+        assert float(state[k]["step"]) == float(eager_state[k]["step"]) == STEPS
+        np.testing.assert_allclose(state[k]["exp_avg"].numpy(), eager_state[k]["exp_avg"].numpy(),
+                                   rtol=1e-3, atol=1e-6)
+
+
+def test_lr_schedule_in_param_groups_is_read_every_step():
+    def schedule(optimizer, i):
+        for g in optimizer.param_groups:
+            g["lr"] = 0.05 * (i + 1) / STEPS
+
+    torch.manual_seed(2)
+    model = MLP()
+    eager, constant = copy.deepcopy(model), copy.deepcopy(model)
+    data = batches("mlp", STEPS)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+    step = xs.compile(model, opt, mlp_loss)
+    got = compiled_losses(step, opt, data, schedule)
+    want = eager_losses(eager, torch.optim.AdamW(eager.parameters(), lr=0.0), mlp_loss, data,
+                        clip=None, schedule=schedule)
+    assert_close_losses(got, want)
+    flat = eager_losses(constant, torch.optim.AdamW(constant.parameters(), lr=0.05), mlp_loss, data,
+                        clip=None)
+    assert abs(got[-1] - flat[-1]) > 1e-3  # the schedule changed the run
+
+
+@pytest.mark.parametrize("make_opt,clip", [
+    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01), CLIP),
+    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), None),
+    (lambda ps: torch.optim.SGD(ps, lr=0.1), CLIP),
+    (lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.01, eps=1e-6), CLIP),
+], ids=["sgd-momentum", "sgd-momentum-unclipped", "sgd", "adam"])
+def test_sgd_and_adam_train_like_eager(make_opt, clip):
+    torch.manual_seed(3)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    data = batches("mlp", 6)
+    opt, eager_opt = make_opt(model.parameters()), make_opt(eager.parameters())
+    step = xs.compile(model, opt, mlp_loss, clip_grad_norm=clip)
+    assert_close_losses(compiled_losses(step, opt, data),
+                        eager_losses(eager, eager_opt, mlp_loss, data, clip=clip))
+    step.sync()
+    assert_same_params(model, eager)
+    # Synced state continues eagerly exactly as eager's own.
+    more = batches("mlp", 8)[6:]
+    assert_close_losses(eager_losses(model, opt, mlp_loss, more), eager_losses(eager, eager_opt, mlp_loss, more))
+
+
+def test_motivating_snippet_runs_as_written():
+    torch.manual_seed(4)
+    model = nn.Linear(16, 8)
+    inputs, targets = torch.randn(16, 16), torch.randn(16, 8)
+    eager = copy.deepcopy(model)
+
+    mesh = xs.Mesh(range(8), (4, 2), ('replica', 'fsdp'))
+    xs.mark_sharding(model.weight, mesh, ('fsdp', None))
+    xs.mark_sharding(inputs, mesh, (('replica', 'fsdp'), None))
+
+    def loss_fn(m, x, y):
+        return F.mse_loss(m(x), y)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step = xs.compile(model, optimizer, loss_fn)
+    got = [step(inputs, targets) for _ in range(3)]
+    want = eager_losses(eager, torch.optim.AdamW(eager.parameters(), lr=1e-2), loss_fn,
+                        [(inputs, targets)] * 3, clip=None)
+    assert_close_losses(got, want)
+    tensors = {t["name"]: t["sharding"] for t in step.explain()["tensors"]}
+    assert tensors["weight"] == "fsdp, None" and tensors["x"] == "(replica, fsdp), None"
+
+
+def test_explain_gpt_fsdp_in_replicas():
+    torch.manual_seed(1)
+    model = GPT()
+    data = batches("gpt", 1)
+    mark_fsdp(model, xs.Mesh(range(8), (4, 2), ("replica", "fsdp")), data)
+    opt = adamw(model)
+    step = xs.compile(model, opt, gpt_loss, clip_grad_norm=CLIP)
+    with pytest.raises(RuntimeError, match="call the step with a batch first"):
+        step.explain()
+    step(*data[0])
+    report = step.explain()
+    assert report["mesh"] == {"shape": [4, 2], "axes": ["replica", "fsdp"]}
+    kinds = {(c["kind"], tuple(c["axes"])) for c in report["collectives"]}
+    assert ("all-gather", ("fsdp",)) in kinds
+    assert ("reduce-scatter", ("fsdp",)) in kinds
+    assert ("all-reduce", ("replica",)) in kinds
+    gathered = {c["value"] for c in report["collectives"] if c["kind"] == "all-gather"}
+    assert "h.0.c_fc.weight" in gathered
+    text = step.explain_text()
+    assert text.startswith("spmd explain: graph") and "4x2 (replica, fsdp)" in text.splitlines()[0]
+
+
+def test_other_batch_shape_compiles_again_and_keeps_training():
+    torch.manual_seed(5)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    data = batches("mlp", 2, B=8) + batches("mlp", 2, B=4) + batches("mlp", 1, B=8)
+    opt = adamw(model)
+    step = xs.compile(model, opt, mlp_loss, clip_grad_norm=CLIP)
+    got = compiled_losses(step, opt, data)
+    assert len(step._cache) == 2  # B=8 is compiled once and reused
+    assert_close_losses(got, eager_losses(eager, adamw(eager), mlp_loss, data))
+    step.sync()
+    assert_same_params(model, eager)
+
+
+def test_save_and_load_resume_the_run(tmp_path):
+    torch.manual_seed(6)
+    model = MLP()
+    fresh = copy.deepcopy(model)
+    data = batches("mlp", 5)
+    opt = adamw(model)
+    step = xs.compile(model, opt, mlp_loss)
+    compiled_losses(step, opt, data[:3])
+    step.save(str(tmp_path))
+    after = compiled_losses(step, opt, data[3:])
+
+    opt2 = adamw(fresh)
+    resumed = xs.compile(fresh, opt2, mlp_loss)
+    resumed.load(str(tmp_path))  # read once the first call compiles
+    assert compiled_losses(resumed, opt2, data[3:]) == after
+    assert resumed.steps == 5
+
+
+def test_unsupported_options_are_refused_by_name():
+    model = MLP()
+    cases = [
+        (torch.optim.Adam(model.parameters(), amsgrad=True), "amsgrad"),
+        (torch.optim.AdamW(model.parameters(), maximize=True), "maximize"),
+        (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True), "nesterov"),
+        (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5), "dampening"),
+        (torch.optim.RMSprop(model.parameters()), "RMSprop"),
+    ]
+    for opt, word in cases:
+        with pytest.raises(NotImplementedError, match=word):
+            xs.compile(model, opt, mlp_loss)
+    with pytest.raises(NotImplementedError, match="accumulation"):
+        xs.compile(model, torch.optim.AdamW(model.parameters()), mlp_loss, gradient_accumulation_steps=4)
+    partial = torch.optim.AdamW(list(model.parameters())[:2])
+    with pytest.raises(ValueError, match="in no param group"):
+        xs.compile(model, partial, mlp_loss)
