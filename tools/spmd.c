@@ -8,6 +8,8 @@
  *   spmd sample [flags]     generate text from a checkpoint or GPT-2 weights
  *   spmd plot LOG.jsonl --out FILE.svg [--title TEXT]
  *                           a run's loss and learning rate (spmd train --log) as a chart
+ *   spmd tokenize TEXT... --out DIR
+ *                           text files as GPT-2 token shards for spmd train --data
  * The entry point, at the top of the tool's modules: it has no header.
  */
 #include "explain.h"
@@ -16,6 +18,7 @@
 #include "plot_cmd.h"
 #include "processes.h"
 #include "sample.h"
+#include "tokenize.h"
 #include "train.h"
 #include "visualize.h"
 
@@ -39,11 +42,13 @@ static int run_command(int argc, char **argv)
         int (*run)(int argc, char **argv);
     } runs[] = {{CMD_TRAIN, cmd_train},   {CMD_EXPLAIN, cmd_explain},
                 {CMD_VISUALIZE, cmd_visualize}, {CMD_EXPORT, cmd_export},
-                {CMD_SAMPLE, cmd_sample}, {CMD_PLOT, cmd_plot}};
+                {CMD_SAMPLE, cmd_sample}, {CMD_PLOT, cmd_plot},
+                {CMD_TOKENIZE, cmd_tokenize}};
     cli_command command = flags_command(cmd);
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++)
         if (runs[i].command == command) return runs[i].run(argc - 2, argv + 2);
-    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export, sample, plot)\n",
+    fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export, sample, plot, "
+            "tokenize)\n",
             cmd);
     return 2;
 }

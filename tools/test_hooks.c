@@ -47,6 +47,13 @@ void test_hooks_save_begin(int step)
 
 void test_hooks_save_end(void) { checkpoint_set_hook(NULL, NULL); }
 
+size_t test_hooks_shard_tokens(size_t max)
+{
+    const char *hook = getenv("SPMD_TEST_SHARD_TOKENS");
+    long n = hook ? atol(hook) : 0;
+    return n > 0 && (size_t)n < max ? (size_t)n : max;
+}
+
 #else
 
 bool test_hooks_bad_token(int step)
@@ -57,5 +64,6 @@ bool test_hooks_bad_token(int step)
 
 void test_hooks_save_begin(int step) { (void)step; }
 void test_hooks_save_end(void) {}
+size_t test_hooks_shard_tokens(size_t max) { return max; }
 
 #endif

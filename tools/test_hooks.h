@@ -12,16 +12,22 @@
  *       "latest"; see train/checkpoint_hook.h), says so on stderr and waits
  *       for a signal, so a test can kill -9 the tool there
  *       (test_cli_checkpoint).
+ *   SPMD_TEST_SHARD_TOKENS=N           spmd tokenize's shards hold at most N
+ *       tokens instead of 2^31 - 1, so the refusal of a shard too large runs
+ *       on a small text (test_cli_tokenize).
  */
 #ifndef SPMD_TOOLS_TEST_HOOKS_H
 #define SPMD_TOOLS_TEST_HOOKS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Whether this process feeds a bad token at step `step` (from 0). */
 bool test_hooks_bad_token(int step);
 /* Around the save of step `step`: arm the pause, then take it away. */
 void test_hooks_save_begin(int step);
 void test_hooks_save_end(void);
+/* The most tokens a shard of spmd tokenize holds: `max`, or the hook's. */
+size_t test_hooks_shard_tokens(size_t max);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * Text to token ids and back for `spmd sample` (vocab.h).  An llm.c
  * tokenizer file holds each token's bytes and nothing of GPT-2's merge
- * rules, so prompts are split greedily, longest token first.
+ * rules, so prompts are split greedily, longest token first; GPT-2's BPE
+ * (bpe.h) splits them as GPT-2 does.
  */
 #include "vocab.h"
 
@@ -35,8 +36,20 @@ void vocab_bytes(vocab *v)
     v->eot = -1;
 }
 
+int vocab_load_bpe(vocab *v, const char *dir)
+{
+    memset(v, 0, sizeof *v);
+    v->kind = VOCAB_BPE;
+    v->bpe = bpe_load(dir, "--encoder");
+    if (!v->bpe) return 2;
+    v->size = bpe_vocab_size(v->bpe);
+    v->eot = bpe_eot(v->bpe);
+    return 0;
+}
+
 void vocab_free(vocab *v)
 {
+    bpe_free(v->bpe);
     for (int i = 0; v->text && i < v->size; i++) free(v->text[i]);
     free(v->text);
     free(v->len);
@@ -141,8 +154,24 @@ int vocab_load_llmc(vocab *v, const char *path)
     return rc;
 }
 
+/* GPT-2's BPE ids of text into ids (room for strlen(text)). */
+static int encode_bpe(const vocab *v, const char *flag, const char *text, int32_t *ids)
+{
+    int32_t *got = NULL;
+    size_t n = 0, cap = 0;
+    if (bpe_encode(v->bpe, text, strlen(text), &got, &n, &cap)) {
+        free(got);
+        cli_fail("%s '%s': out of memory", flag, text);
+        return -1;
+    }
+    if (n) memcpy(ids, got, n * sizeof *ids);
+    free(got);
+    return (int)n;
+}
+
 int vocab_encode(const vocab *v, const char *flag, const char *text, int32_t *ids)
 {
+    if (v->kind == VOCAB_BPE) return encode_bpe(v, flag, text, ids);
     int n = 0;
     for (size_t i = 0, len = strlen(text); i < len;) {
         int id = -1;
@@ -185,6 +214,8 @@ void vocab_decode(const vocab *v, int32_t id, char *out, size_t size, size_t *n)
     } else if (v->kind == VOCAB_LLMC && id >= 0 && id < v->size) {
         s = v->text[id];
         len = v->len[id];
+    } else if (v->kind == VOCAB_BPE && id >= 0 && id < v->size) {
+        s = bpe_token(v->bpe, id, &len);
     } else {
         len = (size_t)snprintf(tmp, sizeof tmp, "<|%d|>", (int)id);
     }
