@@ -15,6 +15,7 @@ live in the program between calls; sync() copies them back.
 import numpy as np
 import torch
 
+from .fsdp import SpmdFullyShardedDataParallel
 from .sharding import get_sharding
 from .trace import trace
 
@@ -246,6 +247,8 @@ class Step:
 
     def __call__(self, *batch):
         plan = OptimizerPlan(self.optimizer, dict(self.model.named_parameters()))
+        if isinstance(self.model, SpmdFullyShardedDataParallel):
+            self.model.mark_batch(batch)  # FSDPv2: the batch over the data axes
         entry = self._entry(batch, plan)
         self._activate(entry)
         prog = entry.program
