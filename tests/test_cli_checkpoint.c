@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "support_files.h"
 #include "support_tool.h"
 
 #include <cJSON.h>
@@ -276,17 +277,8 @@ static void write_text(const char *path, const char *text)
 
 static char *read_text(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(fread(text, 1, (size_t)n, f), (size_t)n);
-    text[n] = '\0';
-    fclose(f);
-    return text;
+    size_t len;
+    return support_read_file(path, &len);
 }
 
 /* A fresh checkpoint of the default-shaped small GPT on 4x2, in `ck`. */

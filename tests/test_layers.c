@@ -29,6 +29,8 @@
 
 #include <cmocka.h>
 
+#include "support_files.h"
+
 #ifndef SPMD_SOURCE_DIR
 #error "SPMD_SOURCE_DIR must name the source tree"
 #endif
@@ -264,16 +266,8 @@ static size_t read_tool_files(source_text *files, size_t room)
         assert_true(n < room);
         char path[1536];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        FILE *f = fopen(path, "rb");
-        assert_non_null(f);
-        fseek(f, 0, SEEK_END);
-        long size = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        char *text = malloc((size_t)size + 1);
-        assert_non_null(text);
-        assert_int_equal(fread(text, 1, (size_t)size, f), (size_t)size);
-        text[size] = '\0';
-        fclose(f);
+        size_t size;
+        char *text = support_read_file(path, &size);
         char *name = malloc(strlen(e->d_name) + 1);
         assert_non_null(name);
         strcpy(name, e->d_name);
