@@ -195,29 +195,18 @@ static spmd_status vjp_tanh(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd
     return done(t, dx);
 }
 
-static spmd_status vjp_gelu(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
-{
-    dx[0] = ir_gelu_backward(g, t->in[0], dy);
-    return done(t, dx);
-}
+/* Activations whose gradient is a backward helper op of (x, dy). */
+#define DEFINE_HELPER_VJP(NAME, HELPER)                                                         \
+    static spmd_status NAME(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)   \
+    {                                                                                           \
+        dx[0] = HELPER(g, t->in[0], dy);                                                        \
+        return done(t, dx);                                                                     \
+    }
 
-static spmd_status vjp_relu(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
-{
-    dx[0] = ir_relu_backward(g, t->in[0], dy);
-    return done(t, dx);
-}
-
-static spmd_status vjp_gelu_erf(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
-{
-    dx[0] = ir_gelu_erf_backward(g, t->in[0], dy);
-    return done(t, dx);
-}
-
-static spmd_status vjp_silu(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
-{
-    dx[0] = ir_silu_backward(g, t->in[0], dy);
-    return done(t, dx);
-}
+DEFINE_HELPER_VJP(vjp_gelu, ir_gelu_backward)
+DEFINE_HELPER_VJP(vjp_relu, ir_relu_backward)
+DEFINE_HELPER_VJP(vjp_gelu_erf, ir_gelu_erf_backward)
+DEFINE_HELPER_VJP(vjp_silu, ir_silu_backward)
 
 /* y = sigmoid(x): dx = dy y (1 - y), written as q - q y with q = dy y. */
 static spmd_status vjp_sigmoid(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
