@@ -65,6 +65,7 @@ struct spmd_program {
      * set_input has filled that input of that copy since compile.  A run
      * refuses an input never set rather than compute on zeros. */
     bool *input_set;
+    bool inputs_checked; /* every read input was set once: an input stays set */
 };
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
@@ -562,8 +563,9 @@ static spmd_status check_runnable(const spmd_program *p, const char *what)
  * never set would run as zeros, and a loss on all-zero targets looks like
  * a real one (ln V).  An input no output or update depends on is not
  * read, and need not be set. */
-static spmd_status check_inputs_set(const spmd_program *p)
+static spmd_status check_inputs_set(spmd_program *p)
 {
+    if (p->inputs_checked) return SPMD_OK;
     const spmd_graph *g = p->c.g;
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
@@ -586,6 +588,7 @@ static spmd_status check_inputs_set(const spmd_program *p)
                               name);
         }
     }
+    p->inputs_checked = true;
     return SPMD_OK;
 }
 
