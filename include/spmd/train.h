@@ -47,7 +47,9 @@ typedef struct spmd_optimizer {
      * backward add its gradients into accumulators in their local form
      * (a pending sum or a shard, no collective); the cross-device
      * reduction and the update run once, on the mean of the micro-batches'
-     * gradients, as one step on their concatenated batch.  Run
+     * gradients, as one step on their concatenated batch.  The
+     * accumulators are states "<param>.grad_acc"; the program feeds its
+     * own input "accumulate.keep".  Run
      * spmd_program_accumulate once per micro-batch but the last, then
      * spmd_program_run (spmd_trainer_accumulate, spmd_trainer_step).  Here,
      * not on the trainer, because the optimizer is what reads the
