@@ -3,7 +3,9 @@ this build): examples/python/gpt_replicas.py prints, from process 0 only,
 what one process prints; its training (both variants and a HybridMesh)
 gives every process the one-process losses bit for bit, and after
 step.sync() every process holds the one-process run's full parameters and
-optimizer moments; mpi_checks.py checks the core package over processes."""
+optimizer moments; mpi_checks.py checks the core package over processes;
+an exception one process does not catch ends the job instead of leaving
+the other waiting."""
 import os
 import shutil
 import subprocess
@@ -81,3 +83,24 @@ def test_core_package_over_two_processes():
     out = run(os.path.join(HERE, "mpi_checks.py"), processes=2)
     # mpirun may interleave the two processes' lines.
     assert out.count("ok 0") == 1 and out.count("ok 1") == 1, out
+
+
+FAILS_ON_ONE = """
+import libspmd
+g = libspmd.Graph()
+x = g.input("x", (8, 4))
+g.mark_output(g.relu(x))
+g.mark_sharding(x, libspmd.Mesh((8,), ("data",)), ("data", None))
+if libspmd.process_index() == 1:
+    raise ValueError("process 1 fails before compiling")
+g.compile()  # process 0 waits here for process 1
+"""
+
+
+def test_an_uncaught_exception_ends_the_job_instead_of_hanging():
+    cmd = ["timeout", "-k", "10", "120", MPIEXEC, "-n", "2", "--oversubscribe", sys.executable,
+           "-c", FAILS_ON_ONE]
+    r = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode not in (0, 124, 137), f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert "process 1 fails before compiling" in r.stderr
+    assert "libspmd: process 1 of 2: ending the job" in r.stderr
