@@ -6,7 +6,11 @@ It learns to continue a repeating sequence of tokens.
     PYTHONPATH=build/python /usr/bin/python3 examples/python/gpt_replicas.py [--fsdp-wrapper]
 
 With --fsdp-wrapper the marks come from SpmdFullyShardedDataParallel
-(FSDPv2) instead of by hand.
+(FSDPv2) instead of by hand.  The same script under Open MPI runs the mesh
+over two processes of four devices each ('fsdp' inside a process,
+'replica' across), with the one-process losses bit for bit:
+
+    PYTHONPATH=build/python mpirun -n 2 /usr/bin/python3 examples/python/gpt_replicas.py
 """
 import math
 import sys
@@ -69,11 +73,13 @@ def batch(step, B=16, T=16, vocab=32):
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
-def main(argv):
+def train(fsdp_wrapper=False, steps=60, mesh=None, log=print):
+    """Train the GPT on `mesh` (the 4x2 one by default); the model after
+    step.sync(), the step and the losses."""
     torch.manual_seed(0)
     model = GPT()
-    mesh = xs.Mesh(range(8), (4, 2), ("replica", "fsdp"))
-    if "--fsdp-wrapper" in argv:
+    mesh = mesh or xs.Mesh(range(8), (4, 2), ("replica", "fsdp"))
+    if fsdp_wrapper:
         model = xs.SpmdFullyShardedDataParallel(model, mesh, extra_data_axis="replica")
     else:
         for p in model.parameters():  # each weight's largest dim over 'fsdp'
@@ -82,16 +88,24 @@ def main(argv):
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     step = xs.compile(model, optimizer, loss_fn, clip_grad_norm=1.0)
     losses = []
-    for i in range(60):
+    for i in range(steps):
         inputs, targets = batch(i)
-        if "--fsdp-wrapper" not in argv:
+        if not fsdp_wrapper:
             xs.mark_sharding(inputs, mesh, (("replica", "fsdp"), None))
             xs.mark_sharding(targets, mesh, (("replica", "fsdp"), None))
         losses.append(step(inputs, targets))
-        if i % 20 == 0 or i == 59:
-            print(f"step {i + 1:3d}  loss {losses[-1]:.4f}")
-    step.sync()  # the trained weights back into the torch model
-    print(step.explain_text().split("\n", 1)[0])
+        if i % 20 == 0 or i == steps - 1:
+            log(f"step {i + 1:3d}  loss {losses[-1]:.4f}")
+    step.sync()  # the trained weights back into the torch model (in every process)
+    return model, step, losses
+
+
+def main(argv):
+    # Under mpirun every process runs this script and gets the same losses;
+    # process 0 prints them.
+    log = print if xs.process_index() == 0 else (lambda *args: None)
+    model, step, losses = train("--fsdp-wrapper" in argv, log=log)
+    log(step.explain_text().split("\n", 1)[0])
     return 0 if losses[-1] < 0.5 * losses[0] else 1
 
 

@@ -18,9 +18,18 @@ The classes wrap the C library's handles (libspmd._core, over the public
 C API); a failure raises ValueError (bad input), MemoryError, OSError
 (files) or RuntimeError with the library's message.  This package needs
 NumPy only; libspmd.torch (PyTorch models) is imported on its own.
+
+Under `mpirun -n P python3 script.py` every process runs the same script;
+a graph with marks compiles to a program whose mesh is spread over the P
+processes, each running its run of devices (see _processes.py), with the
+one-process run's bits.  Every process reads whole values.
 """
 from . import _core
+from . import _processes
 from ._explain import explain, explain_text
+from ._processes import process_count, process_index
+
+_processes.start()
 
 Mesh = _core.Mesh
 Tensor = _core.Tensor
@@ -31,7 +40,8 @@ blas_describe = _core.blas_describe
 blas_select = _core.blas_select
 
 __all__ = ["Mesh", "Graph", "Tensor", "Program", "OptimizerTensors", "mark_sharding",
-           "visualize", "lr_schedule", "blas_describe", "blas_select", "explain", "explain_text"]
+           "visualize", "lr_schedule", "blas_describe", "blas_select", "explain", "explain_text",
+           "process_count", "process_index"]
 
 
 class Program(_core.Program):
@@ -57,6 +67,15 @@ class Graph(_core.Graph):
     compile."""
 
     _program_class = Program
+
+    def compile(self, **options):
+        """compile(*, seed=0, threads=0, plan_only=False, unfused=False,
+        copy_seeds=None, mpi=None) -> Program.  Under mpirun (several
+        processes) a graph with marks runs over them (mpi=None or True;
+        mpi=False runs every device in this process); compile, run and
+        read are then collective: every process makes the same calls in
+        the same order."""
+        return super().compile(**_processes.compile_options(self, options))
 
     def explain(self, **compile_options):
         """explain() of a plan-only compile (nothing is allocated)."""

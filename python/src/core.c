@@ -20,6 +20,11 @@
  *
  * The GIL is held during every call: the C handles are not thread-safe,
  * and holding it serialises the calls made on them from Python threads.
+ *
+ * Processes: built with the library's MPI, the module can start MPI
+ * itself (mpi_start, as a program that owns MPI does, finalising it when
+ * the interpreter exits) and compile a program over MPI_COMM_WORLD
+ * (compile(mpi=True)).  libspmd/__init__.py decides when.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -36,6 +41,10 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef SPMD_HAVE_MPI
+#include <mpi.h>
+#endif
 
 /* ---- Errors ------------------------------------------------------------ */
 
@@ -447,6 +456,106 @@ static int graph_keep_mesh(GraphObject *g, MeshObject *m)
     int has = PySequence_Contains(g->meshes, (PyObject *)m);
     if (has < 0) return -1;
     return has ? 0 : PyList_Append(g->meshes, (PyObject *)m);
+}
+
+/* ---- Processes (MPI) ------------------------------------------------------ */
+
+#define NO_MPI                                                                                     \
+    "this libspmd was built without MPI (install libopenmpi-dev and rebuild: CMake builds the "   \
+    "MPI transport when it finds MPI)"
+
+#ifdef SPMD_HAVE_MPI
+/* What mpi_start found: the processes of MPI_COMM_WORLD, this one's rank,
+ * and how many of them share this host (they share its cores). */
+static struct {
+    bool started; /* MPI is initialised with MPI_THREAD_MULTIPLE */
+    bool owned;   /* this module initialised it, so it finalises it */
+    int size, rank, here;
+} mpi = {.size = 1, .here = 1};
+
+/* Run by Py_FinalizeEx after the modules are torn down, so the programs
+ * (and their communicators) are gone first. */
+static void mpi_end(void)
+{
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (mpi.owned && !finalized) MPI_Finalize();
+}
+
+static const char *mpi_level_name(int level)
+{
+    switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    default: return "MPI_THREAD_MULTIPLE";
+    }
+}
+#endif
+
+static PyObject *mod_mpi_start(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+#ifdef SPMD_HAVE_MPI
+    if (!mpi.started) {
+        int initialized = 0, finalized = 0, level = MPI_THREAD_SINGLE;
+        MPI_Initialized(&initialized);
+        MPI_Finalized(&finalized);
+        if (finalized) {
+            PyErr_SetString(PyExc_RuntimeError, "mpi_start: MPI is already finalized");
+            return NULL;
+        }
+        if (!initialized) {
+            if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level) != MPI_SUCCESS) {
+                PyErr_SetString(PyExc_RuntimeError, "mpi_start: MPI_Init_thread failed");
+                return NULL;
+            }
+            mpi.owned = true;
+            if (Py_AtExit(mpi_end) < 0) {
+                PyErr_SetString(PyExc_RuntimeError, "mpi_start: cannot register MPI_Finalize at exit");
+                return NULL;
+            }
+        } else {
+            MPI_Query_thread(&level); /* started by another package (mpi4py) */
+        }
+        if (level != MPI_THREAD_MULTIPLE) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "mpi_start: MPI runs with %s, but the device threads call MPI at the same "
+                         "time: MPI_THREAD_MULTIPLE is needed",
+                         mpi_level_name(level));
+            return NULL;
+        }
+        MPI_Comm_size(MPI_COMM_WORLD, &mpi.size);
+        MPI_Comm_rank(MPI_COMM_WORLD, &mpi.rank);
+        MPI_Comm host;
+        if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mpi.rank, MPI_INFO_NULL, &host) ==
+            MPI_SUCCESS) {
+            MPI_Comm_size(host, &mpi.here);
+            MPI_Comm_free(&host);
+        }
+        mpi.started = true;
+    }
+    return Py_BuildValue("(iii)", mpi.size, mpi.rank, mpi.here);
+#else
+    PyErr_SetString(PyExc_ValueError, NO_MPI);
+    return NULL;
+#endif
+}
+
+static PyObject *mod_mpi_abort(PyObject *mod, PyObject *code_o)
+{
+    (void)mod;
+    long code = PyLong_AsLong(code_o);
+    if (code == -1 && PyErr_Occurred()) return NULL;
+#ifdef SPMD_HAVE_MPI
+    if (mpi.started) {
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, (int)code);
+    }
+#endif
+    Py_RETURN_NONE;
 }
 
 /* ---- Mesh ----------------------------------------------------------------- */
@@ -1829,14 +1938,31 @@ static PyObject *graph_gpt(GraphObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", NULL};
+    static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", "mpi", NULL};
     unsigned long long seed = 0;
-    int threads = 0, plan_only = 0, unfused = 0;
+    int threads = 0, plan_only = 0, unfused = 0, over_processes = 0;
     PyObject *seeds_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippO:compile", kwlist, &seed, &threads, &plan_only, &unfused,
-                                     &seeds_o) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippOp:compile", kwlist, &seed, &threads, &plan_only,
+                                     &unfused, &seeds_o, &over_processes) ||
         graph_open(self) < 0)
         return NULL;
+    /* Over processes: MPI_COMM_WORLD, which the world duplicates at compile. */
+    const void *comm = NULL;
+#ifdef SPMD_HAVE_MPI
+    MPI_Comm world = MPI_COMM_WORLD;
+    if (over_processes) {
+        if (!mpi.started) {
+            PyErr_SetString(PyExc_ValueError, "compile(mpi=True): MPI is not started (mpi_start() first)");
+            return NULL;
+        }
+        comm = &world;
+    }
+#else
+    if (over_processes) {
+        PyErr_SetString(PyExc_ValueError, NO_MPI);
+        return NULL;
+    }
+#endif
     /* The program's type: a subclass's _program_class (libspmd.Program
      * adds explain() in Python), else the core type. */
     PyObject *cls = PyObject_GetAttrString((PyObject *)Py_TYPE(self), "_program_class");
@@ -1875,7 +2001,7 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
         }
     }
     spmd_compile_options opts = {.threads = threads, .seed = seed, .plan_only = plan_only,
-                                 .copy_seeds = seeds, .unfused = unfused};
+                                 .copy_seeds = seeds, .unfused = unfused, .mpi_comm = comm};
     spmd_program *p = spmd_compile(self->g, &opts);
     PyMem_Free(seeds);
     if (!p) {
@@ -1954,7 +2080,8 @@ static PyMethodDef graph_methods[] = {
      "(spmd_mlp_build; loss 'mse' or 'cross_entropy' adds the targets and the loss)"},
     {"gpt", KW(graph_gpt), "gpt(vocab, seq, layers, heads, dim, batch, context=0) -> dict of tensors"},
     {"compile", KW(graph_compile),
-     "compile(*, seed=0, threads=0, plan_only=False, unfused=False, copy_seeds=None) -> Program"},
+     "compile(*, seed=0, threads=0, plan_only=False, unfused=False, copy_seeds=None, mpi=False) -> Program; "
+     "mpi=True: over the processes of MPI_COMM_WORLD (mpi_start), each running its run of devices"},
     {"close", FN(graph_close), METH_NOARGS, "close(): free the graph now (no program may be open)"},
     {"__enter__", FN(graph_enter), METH_NOARGS, NULL},
     {"__exit__", FN(graph_exit), METH_VARARGS, NULL},
@@ -2422,6 +2549,11 @@ static PyMethodDef module_methods[] = {
      "blas_describe() -> the GEMM library and kernel the runtime loads"},
     {"blas_select", KW(mod_blas_select),
      "blas_select(library=None, coretype=None): choose the GEMM library before the first run"},
+    {"mpi_start", FN(mod_mpi_start), METH_NOARGS,
+     "mpi_start() -> (processes, rank, processes on this host): initialise MPI (MPI_THREAD_MULTIPLE) "
+     "unless it is, finalising it at exit if it was not; ValueError when built without MPI"},
+    {"mpi_abort", FN(mod_mpi_abort), METH_O,
+     "mpi_abort(code): end every process of the job (MPI_Abort); nothing before mpi_start"},
     {NULL}};
 
 static PyStructSequence_Field optimizer_fields[] = {
@@ -2446,6 +2578,12 @@ static PyTypeObject *add_type(PyObject *mod, const char *name, int basicsize, un
     return t;
 }
 
+#ifdef SPMD_HAVE_MPI
+static const bool mpi_built = true;
+#else
+static const bool mpi_built = false;
+#endif
+
 PyMODINIT_FUNC PyInit__core(void);
 PyMODINIT_FUNC PyInit__core(void)
 {
@@ -2466,7 +2604,8 @@ PyMODINIT_FUNC PyInit__core(void)
                            base | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION, program_slots);
     OptimizerTensorsType = PyStructSequence_NewType(&optimizer_desc);
     if (!MeshType || !GraphType || !TensorType || !ProgramType || !OptimizerTensorsType ||
-        PyModule_AddObjectRef(mod, "OptimizerTensors", (PyObject *)OptimizerTensorsType) < 0) {
+        PyModule_AddObjectRef(mod, "OptimizerTensors", (PyObject *)OptimizerTensorsType) < 0 ||
+        PyModule_AddObjectRef(mod, "HAVE_MPI", mpi_built ? Py_True : Py_False) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

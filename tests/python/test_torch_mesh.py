@@ -61,7 +61,8 @@ def test_hybrid_mesh_lays_slices_as_torch_xla():
     assert mesh.shape() == OrderedDict([("data", 2), ("fsdp", 4)])
     assert mesh.get_logical_mesh().tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert mesh.dcn_axes() == (0,)
-    # dcn over the minor axis: each process's devices form a block.
+    # dcn over the minor axis: each slice's devices form a block (this
+    # runs in one process only: see the next test).
     mesh = xs.HybridMesh(ici_mesh_shape=(2, 2), dcn_mesh_shape=(1, 2), axis_names=("a", "b"))
     assert mesh.mesh_shape == (2, 4)
     assert mesh.get_logical_mesh().tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
@@ -69,6 +70,25 @@ def test_hybrid_mesh_lays_slices_as_torch_xla():
     assert xs.HybridMesh(ici_mesh_shape=(2, 2)).dcn_axes() == ()
     with pytest.raises(ValueError, match="different ranks"):
         xs.HybridMesh(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2,))
+
+
+def test_hybrid_mesh_slices_must_be_the_processes_of_a_run_over_several():
+    # In one process any shapes run (every device is a thread of it).
+    assert xs.process_count() == 1 and xs.process_index() == 0
+    major = xs.HybridMesh(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2, 1), axis_names=("r", "f"))
+    minor = xs.HybridMesh(ici_mesh_shape=(2, 1), dcn_mesh_shape=(1, 2))
+    # Over as many processes as slices, a dcn-major layout is what libspmd
+    # runs: process p holds row-major positions 4p .. 4p + 3, slice p.
+    major._check_processes(2)
+    assert major.get_logical_mesh().ravel().tolist() == list(range(8))
+    with pytest.raises(ValueError, match=r"HybridMesh\(ici_mesh_shape=\(2, 2\), dcn_mesh_shape="
+                       r"\(2, 1\)\): the dcn shape asks for 2 processes \(one per slice\), but "
+                       r"mpirun started 4"):
+        major._check_processes(4)
+    with pytest.raises(ValueError, match=r"dcn_mesh_shape=\(1, 2\)\) over 2 processes: process p "
+                       r"runs the devices at row-major mesh positions 2p \.\. 2p \+ 1, so the dcn "
+                       r"axes must be the major ones"):
+        minor._check_processes(2)
 
 
 def test_1d_and_global_mesh():

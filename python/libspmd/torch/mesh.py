@@ -4,6 +4,10 @@ A Mesh is a logical arrangement of libspmd devices: the device at mesh
 coordinate c is ``device_ids[row_major(c)]``, as libspmd's own meshes
 (docs/DESIGN.md, "Mesh").  A HybridMesh also records which axes cross
 processes (dcn) and which stay inside one (ici).
+
+Under ``mpirun -n P`` a mesh's devices are spread over the P processes by
+libspmd's layout rule: the device at row-major mesh position r runs in
+process r / (N / P), so the minor axes stay inside a process.
 """
 from collections import OrderedDict
 import os
@@ -21,6 +25,18 @@ def set_device_count(n):
         raise ValueError(f"device count must be positive, got {n}")
     global _device_count
     _device_count = n
+
+
+def process_count():
+    """The processes running this script (torch_xla.runtime's name): mpirun's -n, else 1."""
+    import libspmd
+    return libspmd.process_count()
+
+
+def process_index():
+    """This process's index, 0 .. process_count() - 1 (torch_xla.runtime's name)."""
+    import libspmd
+    return libspmd.process_index()
 
 
 def global_runtime_device_count():
@@ -107,8 +123,17 @@ class Mesh:
 class HybridMesh(Mesh):
     """torch_xla's HybridMesh: ici_mesh_shape inside each process (a slice),
     dcn_mesh_shape across processes; the mesh shape is their elementwise
-    product.  Process s holds devices s*k .. s*k + k-1 (k the ici size), laid
-    out as the ici mesh in its block of the mesh, as torch_xla lays slices."""
+    product, the dcn part of each axis the major one.  Slice s holds devices
+    s*k .. s*k + k-1 (k the ici size), laid out as the ici mesh in its block
+    of the mesh, as torch_xla lays slices.
+
+    Under mpirun -n P (P > 1) slice s is process s: P must be the number of
+    slices, and since process p runs the devices at row-major mesh positions
+    p*k .. p*k + k-1, the dcn axes must be the major ones (no axis before
+    the last one with dcn > 1 may have ici > 1), so that the axes with
+    dcn > 1 are exactly those that cross processes.  Otherwise ValueError,
+    naming both shapes.  In one process any shapes run: every device is a
+    thread of it, with the bits of the run over P processes."""
 
     def __init__(self, *, ici_mesh_shape, dcn_mesh_shape=None, axis_names=None):
         ici = tuple(int(d) for d in ici_mesh_shape)
@@ -126,6 +151,23 @@ class HybridMesh(Mesh):
         super().__init__(ids, shape, axis_names)
         self.ici_mesh_shape = ici
         self.dcn_mesh_shape = dcn
+        self._check_processes(process_count())
+
+    def _check_processes(self, processes):
+        """The slices must be the processes of a run over several."""
+        if processes == 1:
+            return
+        shapes = f"HybridMesh(ici_mesh_shape={self.ici_mesh_shape}, dcn_mesh_shape={self.dcn_mesh_shape})"
+        slices = int(np.prod(self.dcn_mesh_shape))
+        if slices != processes:
+            raise ValueError(f"{shapes}: the dcn shape asks for {slices} processes (one per slice), "
+                             f"but mpirun started {processes}")
+        if not np.array_equal(self.device_ids, np.arange(self.size())):
+            k = int(np.prod(self.ici_mesh_shape))
+            raise ValueError(f"{shapes} over {processes} processes: process p runs the devices at "
+                             f"row-major mesh positions {k}p .. {k}p + {k - 1}, so the dcn axes must "
+                             f"be the major ones (an axis before the last one with dcn > 1 must have "
+                             f"ici size 1)")
 
     def dcn_axes(self):
         return tuple(i for i, d in enumerate(self.dcn_mesh_shape) if d > 1)
