@@ -38,9 +38,7 @@ const char *gemm_class_name(int cls)
     return cls >= 0 && cls < GEMM_CLASSES ? names[cls] : "?";
 }
 
-/* A product typical of each class, as the executor's tiles are: the one
- * `measure` times. */
-static void class_shape(int cls, bool *ta, bool *tb, int64_t *m, int64_t *n, int64_t *k)
+void gemm_class_shape(int cls, bool *ta, bool *tb, int64_t *m, int64_t *n, int64_t *k)
 {
     *ta = (cls / 2) >= 2;
     *tb = (cls / 2) % 2 == 1;
@@ -351,17 +349,16 @@ done:
  * this much faster, so noise between two close backends does not flip
  * the choice from run to run. */
 #define MEASURE_MARGIN 1.05
-#define MEASURE_SECONDS 0.04
 
 static gemm_backend measure_class(gemm_type precision, int cls, gemm_backend dflt)
 {
     bool ta, tb;
     int64_t m, n, k;
-    class_shape(cls, &ta, &tb, &m, &n, &k);
+    gemm_class_shape(cls, &ta, &tb, &m, &n, &k);
     gemm_backend other = dflt == GEMM_ONEDNN ? (precision == GEMM_F32 ? GEMM_CBLAS : GEMM_CONVERT)
                                              : GEMM_ONEDNN;
-    double r_default = gemm_rate(precision, dflt, ta, tb, m, n, k, MEASURE_SECONDS);
-    double r_other = gemm_rate(precision, other, ta, tb, m, n, k, MEASURE_SECONDS);
+    double r_default = gemm_rate(precision, dflt, ta, tb, m, n, k, GEMM_MEASURE_SECONDS);
+    double r_other = gemm_rate(precision, other, ta, tb, m, n, k, GEMM_MEASURE_SECONDS);
     if (r_other > 0 && (r_default <= 0 || r_other > MEASURE_MARGIN * r_default)) return other;
     return dflt;
 }

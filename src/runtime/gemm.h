@@ -45,6 +45,10 @@ enum { GEMM_CLASSES = 8 };
 
 int gemm_class_of(bool ta, bool tb, int64_t m, int64_t n, int64_t k);
 const char *gemm_class_name(int cls); /* "nt-small" */
+/* A product typical of the class, as the executor's tiles are: the one
+ * `measure` times (for GEMM_MEASURE_SECONDS per backend). */
+void gemm_class_shape(int cls, bool *ta, bool *tb, int64_t *m, int64_t *n, int64_t *k);
+#define GEMM_MEASURE_SECONDS 0.04
 
 /* Row-major C = alpha * op(A) op(B) + beta * C in f32, by the backend
  * chosen for the product's class (blas_sgemm's contract otherwise; a
