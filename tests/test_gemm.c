@@ -20,6 +20,9 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <dlfcn.h>
+
 #include "base/bf16.h"
 #include "runtime/blas.h"
 #include "runtime/gemm.h"
@@ -355,9 +358,52 @@ static void test_empty_products(void **state)
                      SPMD_ERR_INVALID);
 }
 
+static int threads_in_process(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* oneDNN runs on the calling thread: its OpenMP runtime starts no team,
+ * so the executor's workers are never oversubscribed; and the calling
+ * thread's own OpenMP setting is as it was afterwards. */
+static void test_onednn_starts_no_threads(void **state)
+{
+    (void)state;
+    if (!onednn_available()) skip();
+    int before = threads_in_process();
+    if (before < 0) skip(); /* no /proc */
+    /* Debian's oneDNN brings GNU OpenMP: ask it for a team of 3 here. */
+    void *gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void (*set_threads)(int) = gomp ? (void (*)(int))dlsym(gomp, "omp_set_num_threads") : NULL;
+    int (*max_threads)(void) = gomp ? (int (*)(void))dlsym(gomp, "omp_get_max_threads") : NULL;
+    if (set_threads && max_threads) set_threads(3);
+    enum { M = 512, N = 512, K = 512 };
+    float *a = calloc(M * K, sizeof *a), *b = calloc(K * N, sizeof *b), *c = calloc(M * N, sizeof *c);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_int_equal(gemm_f32_on(GEMM_ONEDNN, false, false, M, N, K, 1.0f, a, K, b, N, 0.0f, c, N),
+                     SPMD_OK);
+    assert_int_equal(gemm_bf16_on(GEMM_ONEDNN, false, true, M, N, K, 1.0f, a, GEMM_F32, K, b,
+                                  GEMM_F32, K, 0.0f, c, GEMM_F32, N),
+                     SPMD_OK);
+    assert_int_equal(threads_in_process(), before);
+    if (set_threads && max_threads) assert_int_equal(max_threads(), 3);
+    else print_message("note: no GNU OpenMP in this oneDNN: its setting not checked\n");
+    if (gomp) dlclose(gomp);
+    free(a), free(b), free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        /* First: before any oneDNN call could have started a team. */
+        cmocka_unit_test(test_onednn_starts_no_threads),
         cmocka_unit_test(test_bf16_known_values),
         cmocka_unit_test(test_bf16_array_matches_scalar),
         cmocka_unit_test(test_defaults_described),

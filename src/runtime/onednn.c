@@ -83,7 +83,9 @@ const char *onednn_gemm_impl(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 #define DECLARE(fn) static __typeof__(fn) *p_##fn;
 ONEDNN_CALLS(DECLARE)
 #undef DECLARE
-static void (*p_omp_set_num_threads)(int n); /* from the OpenMP runtime oneDNN links */
+/* From the OpenMP runtime oneDNN links. */
+static void (*p_omp_set_num_threads)(int n);
+static int (*p_omp_get_max_threads)(void);
 
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool load_done;
@@ -131,6 +133,8 @@ static void do_load(void)
      * build); a build on another threading runtime has none, and then
      * nothing needs setting. */
     p_omp_set_num_threads = (void (*)(int))dlsym(h, "omp_set_num_threads");
+    p_omp_get_max_threads = (int (*)(void))dlsym(h, "omp_get_max_threads");
+    if (!p_omp_get_max_threads) p_omp_set_num_threads = NULL;
     if (p_dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
         snprintf(why_not, sizeof why_not, "%s: no CPU engine", ONEDNN_SONAME);
         dlclose(h);
@@ -184,15 +188,31 @@ static void state_free(void *p)
 
 static void state_key_make(void) { pthread_key_create(&state_key, state_free); }
 
-/* This thread's stream, made on its first call; the thread's OpenMP
- * team size is set to one at the same time (see onednn.h). */
+/* The calling thread's OpenMP team size held at one while oneDNN runs
+ * (see onednn.h), and then put back, so that a caller's own OpenMP work
+ * on the same thread (a host application, PyTorch) keeps its setting.
+ * Returns the size to put back, or 0 for nothing to do. */
+static int omp_hold_one(void)
+{
+    if (!p_omp_set_num_threads) return 0;
+    int before = p_omp_get_max_threads();
+    if (before == 1) return 0;
+    p_omp_set_num_threads(1);
+    return before;
+}
+
+static void omp_release(int before)
+{
+    if (before) p_omp_set_num_threads(before);
+}
+
+/* This thread's stream, made on its first call. */
 static thread_state *thread_get(void)
 {
     pthread_once(&state_once, state_key_make);
     thread_state *s = pthread_getspecific(state_key);
     if (s) return s;
     if (!(s = calloc(1, sizeof *s))) return NULL;
-    if (p_omp_set_num_threads) p_omp_set_num_threads(1);
     if (p_dnnl_stream_create(&s->stream, engine, dnnl_stream_default_flags) != dnnl_success ||
         pthread_setspecific(state_key, s) != 0) {
         state_free(s);
@@ -342,9 +362,9 @@ static bool types_ok(onednn_type in, onednn_type out)
     return in == ONEDNN_BF16 || out == ONEDNN_F32;
 }
 
-spmd_status onednn_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                        const void *a, int64_t lda, const void *b, int64_t ldb, float beta,
-                        void *c, int64_t ldc, onednn_type in, onednn_type out)
+static spmd_status gemm_held(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const void *a, int64_t lda, const void *b, int64_t ldb, float beta,
+                             void *c, int64_t ldc, onednn_type in, onednn_type out)
 {
     if (!onednn_available())
         return base_error(SPMD_ERR_UNSUPPORTED, "oneDNN: %s", why_not);
@@ -400,21 +420,40 @@ spmd_status onednn_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float
     return st;
 }
 
+spmd_status onednn_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                        const void *a, int64_t lda, const void *b, int64_t ldb, float beta,
+                        void *c, int64_t ldc, onednn_type in, onednn_type out)
+{
+    if (!onednn_available())
+        return base_error(SPMD_ERR_UNSUPPORTED, "oneDNN: %s", why_not);
+    /* Primitives are made under the same setting, so they plan for one
+     * thread. */
+    int before = omp_hold_one();
+    spmd_status st = gemm_held(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, in, out);
+    omp_release(before);
+    return st;
+}
+
 const char *onednn_gemm_impl(bool ta, bool tb, int64_t m, int64_t n, int64_t k, onednn_type in,
                              onednn_type out)
 {
     if (!onednn_available() || !types_ok(in, out) || !thread_get()) return NULL;
+    int before = omp_hold_one();
     prim_key key;
     prim_key_fill(&key, ta, tb, m, n, k, 1.0f, ta ? m : k, tb ? k : n, 0.0f, n, in, out);
     bool own;
     prim_entry *e = prim_get(&key, &own);
-    if (!e) return NULL;
+    if (!e) {
+        omp_release(before);
+        return NULL;
+    }
     static _Thread_local char impl[48];
     snprintf(impl, sizeof impl, "%s", e->impl);
     if (own) {
         p_dnnl_primitive_destroy(e->prim);
         free(e);
     }
+    omp_release(before);
     return impl;
 }
 

@@ -7,10 +7,11 @@
  * (libdnnl-dev absent) has no oneDNN backend and says so.
  *
  * Threads: Debian's oneDNN runs on OpenMP.  libspmd's device workers split
- * every GEMM themselves (kernels_matmul.c), so each worker that calls
- * oneDNN first sets its own OpenMP thread count to one: a call runs
- * entirely on the calling thread, and the cores are never oversubscribed
- * by OpenMP teams on top of the workers.  A primitive is made once per
+ * every GEMM themselves (kernels_matmul.c), so each call holds the calling
+ * thread's OpenMP thread count at one while oneDNN runs (and puts the
+ * caller's back after): a call runs entirely on the calling thread, and
+ * the cores are never oversubscribed by OpenMP teams on top of the
+ * workers.  A primitive is made once per
  * product shape (and alpha, beta, data types) and kept, since making one
  * costs far more than running it at the executor's tile sizes.
  */
