@@ -25,10 +25,10 @@ TSAN_BUILD := build-tsan
 NOMPI_BUILD := build-nompi
 # Fast tests that touch what MPI or oneDNN change: the collectives (the MPI
 # ones say they skip), the install (spmd.pc without ompi-c), the GEMM
-# backends (bf16 converted, the oneDNN checks skip), the benchmarks'
-# reports, an example, the fuzz corpora.
-NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_gemm test_bench \
-	example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus
+# backends (bf16 converted, the oneDNN checks skip, --blas onednn refused),
+# the benchmarks' reports, an example, the fuzz corpora.
+NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_gemm test_cli_gemm \
+	test_bench example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus
 # The tests whose threads share memory: device workers, collectives, the
 # optimizers on a mesh, big meshes.
 TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh

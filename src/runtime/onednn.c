@@ -22,7 +22,8 @@
 bool onednn_available(void) { return false; }
 const char *onednn_why_not(void)
 {
-    return "built without oneDNN (libdnnl-dev was not installed when libspmd was configured)";
+    return "libspmd was built without oneDNN (its headers, libdnnl-dev, not found, or "
+           "SPMD_ONEDNN=OFF)";
 }
 const char *onednn_name(void) { return "no oneDNN"; }
 bool onednn_bf16_native(void) { return false; }

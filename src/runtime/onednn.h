@@ -25,8 +25,8 @@ typedef enum onednn_type { ONEDNN_F32 = 0, ONEDNN_BF16 = 1 } onednn_type;
 /* Load libdnnl once (thread-safe); false if it cannot be, with the reason
  * in onednn_why_not(). */
 bool onednn_available(void);
-/* "built without oneDNN (...)" or "cannot load libdnnl.so.2: ..."; "" when
- * available. */
+/* "libspmd was built without oneDNN (...)" or "cannot load libdnnl.so.2:
+ * ..."; "" when available. */
 const char *onednn_why_not(void);
 /* "oneDNN 2.6.3 (avx512_core_bf16)": version and the instruction set its
  * kernels use here. */
