@@ -1,8 +1,8 @@
 /*
  * `spmd train --blas` and the GEMM backends end to end: the default runs
  * f32 on the CBLAS library; `--blas onednn` trains a GPT on oneDNN's matmul
- * to the default's losses within f32 rounding (or is refused with the
- * reason where there is no oneDNN); `--blas measure` prints its choice as
+ * to the default's losses within f32 rounding, with the same bits on 1 and
+ * 2 threads (or is refused with the reason where there is no oneDNN); `--blas measure` prints its choice as
  * a --blas value, and that value gives the measured run's bits again; a
  * spec with an unknown key or a backend of the wrong precision is refused
  * before the first step, naming what is wrong.
@@ -26,7 +26,7 @@
 #error "SPMD_TOOL_PATH must name the spmd binary"
 #endif
 
-#define GPT "train --model gpt --mesh 2 --axes data --steps 6 --eval 0 --threads 2"
+#define GPT "train --model gpt --mesh 2 --axes data --steps 6 --eval 0"
 
 static char out[1 << 16];
 
@@ -58,12 +58,18 @@ static void loss_fields(const char *text, char *buf, size_t size)
     }
 }
 
-static void train(const char *dir, const char *name, const char *blas)
+static void train_on(const char *dir, const char *name, const char *blas, int threads)
 {
     char log[SUPPORT_PATH];
     support_path_in(log, dir, name);
-    int rc = run_toolf(out, sizeof out, GPT " --log %s --blas '%s'", log, blas);
+    int rc = run_toolf(out, sizeof out, GPT " --threads %d --log %s --blas '%s'", threads, log,
+                       blas);
     if (rc != 0) fail_msg("spmd " GPT " --blas %s: exit %d:\n%s", blas, rc, out);
+}
+
+static void train(const char *dir, const char *name, const char *blas)
+{
+    train_on(dir, name, blas, 2);
 }
 
 static void test_onednn_trains_like_cblas(void **state)
@@ -71,7 +77,7 @@ static void test_onednn_trains_like_cblas(void **state)
     (void)state;
     char *dir = support_temp_dir("spmd-cli-gemm");
     if (!onednn_available()) {
-        int rc = run_toolf(out, sizeof out, GPT " --blas onednn");
+        int rc = run_toolf(out, sizeof out, GPT " --threads 2 --blas onednn");
         assert_int_not_equal(rc, 0);
         assert_non_null(strstr(out, onednn_why_not()));
         assert_null(strstr(out, "step    1/"));
@@ -93,8 +99,18 @@ static void test_onednn_trains_like_cblas(void **state)
         if (fabs(base[i] - dnnl[i]) > 1e-4 * fabs(base[i]))
             fail_msg("step %d: loss %.9g on the CBLAS library, %.9g on oneDNN", i + 1, base[i],
                      dnnl[i]);
+    /* Every tile is one oneDNN call whatever the thread count: the same
+     * bits on one thread. */
+    char *one_text;
+    train_on(dir, "onednn1.jsonl", "onednn", 1);
+    read_losses(support_path_in((char[SUPPORT_PATH]){0}, dir, "onednn1.jsonl"), dnnl, &one_text);
+    static char f2[4096], f1[4096];
+    loss_fields(dnnl_text, f2, sizeof f2);
+    loss_fields(one_text, f1, sizeof f1);
+    assert_string_equal(f1, f2);
     free(base_text);
     free(dnnl_text);
+    free(one_text);
     support_drop_dir(dir);
 }
 
@@ -129,7 +145,7 @@ static void test_measured_choice_repeats(void **state)
 
 static void expect_refused(const char *blas, const char *why)
 {
-    int rc = run_toolf(out, sizeof out, GPT " --blas '%s'", blas);
+    int rc = run_toolf(out, sizeof out, GPT " --threads 2 --blas '%s'", blas);
     if (rc == 0) fail_msg("--blas %s accepted:\n%s", blas, out);
     if (!strstr(out, why)) fail_msg("--blas %s: no \"%s\" in:\n%s", blas, why, out);
     assert_null(strstr(out, "step    1/"));
