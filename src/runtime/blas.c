@@ -1,7 +1,8 @@
 /*
- * The GEMM backend (see blas.h): OpenBLAS, or BLIS as a fallback, loaded
- * with dlopen at run time instead of linked, so that the OpenBLAS core type
- * can be chosen from CPUID before OpenBLAS's constructor runs.
+ * The CBLAS GEMM backend (see blas.h; gemm.c chooses it or oneDNN per
+ * product): OpenBLAS, or BLIS as a fallback, loaded with dlopen at run
+ * time instead of linked, so that the OpenBLAS core type can be chosen
+ * from CPUID before OpenBLAS's constructor runs.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* RTLD_NOLOAD, RTLD_DEFAULT, dladdr */
