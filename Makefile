@@ -5,8 +5,9 @@
 #   make test-asan  the same with ASan+UBSan in build-asan/
 #   make test-tsan  the threaded tests (runtime, collectives, training) under
 #                   ThreadSanitizer in build-tsan/
-#   make test-nompi build everything without MPI in build-nompi/ and run a few
-#                   fast tests there (CI does, with WERROR=ON)
+#   make test-nompi build everything without MPI and without oneDNN in
+#                   build-nompi/ and run a few fast tests there (CI does, with
+#                   WERROR=ON)
 #   make bench      build and run the benchmarks
 #   make clean      remove the build folders
 # Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=...
@@ -22,11 +23,12 @@ BUILD := build
 ASAN_BUILD := build-asan
 TSAN_BUILD := build-tsan
 NOMPI_BUILD := build-nompi
-# Fast tests that touch what MPI changes: the collectives (the MPI ones say
-# they skip), the install (spmd.pc without ompi-c), the benchmarks' reports,
-# an example, the fuzz corpora.
-NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_bench \
-	example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus
+# Fast tests that touch what MPI or oneDNN change: the collectives (the MPI
+# ones say they skip), the install (spmd.pc without ompi-c), the GEMM
+# backends (bf16 converted, the oneDNN checks skip, --blas onednn refused),
+# the benchmarks' reports, an example, the fuzz corpora.
+NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_gemm test_cli_gemm \
+	test_bench example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus
 # The tests whose threads share memory: device workers, collectives, the
 # optimizers on a mesh, big meshes.
 TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh
@@ -81,9 +83,9 @@ build-tsan: deps
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS)
 
 build-nompi: deps
-	@echo "==> configuring $(NOMPI_BUILD)/ ($(BUILD_TYPE), without MPI, werror=$(WERROR))"
+	@echo "==> configuring $(NOMPI_BUILD)/ ($(BUILD_TYPE), without MPI or oneDNN, werror=$(WERROR))"
 	@$(call configure,-S . -B $(NOMPI_BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPMD_NATIVE=$(NATIVE) \
-	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF -DSPMD_MPI=OFF $(CMAKE_ARGS))
+	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF -DSPMD_MPI=OFF -DSPMD_ONEDNN=OFF $(CMAKE_ARGS))
 	@echo "==> building $(NOMPI_BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(NOMPI_BUILD) -j $(JOBS)
 

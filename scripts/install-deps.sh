@@ -44,10 +44,11 @@ declare -A why=(
   [libopenmpi-dev]="Open MPI: the collectives transport across processes and hosts"
   [openmpi-bin]="mpirun, which starts a run over several processes (and its tests)"
   [python3-dev]="Python 3's headers: the Python package libspmd (its extension module libspmd._core)"
+  [libdnnl-dev]="oneDNN's headers (and libdnnl2): its matmul is the bf16 GEMM backend and an f32 one (libdnnl is loaded at run time)"
   [python3-numpy]="NumPy: the Python package's arrays (and, in the tests, tests/read_export.py, the independent reader of spmd export files)"
 )
 packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev zlib1g-dev
-          libopenmpi-dev openmpi-bin python3-dev python3-numpy)
+          libopenmpi-dev openmpi-bin python3-dev python3-numpy libdnnl-dev)
 # Only for the tests: without them the checks that need them print a note
 # and are skipped.
 why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot and docs/pipeline.svg to PNG and PDF (test_cli_plot, test_pipeline_svg)"

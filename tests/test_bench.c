@@ -2,7 +2,8 @@
  * What the benchmarks tell and leave behind (README "Benchmarks"):
  * bench_gemm reports the OpenBLAS core the library really loaded, the one
  * this process's own BLAS reports too, and says that an inherited
- * OPENBLAS_CORETYPE naming another is not used; bench_checkpoint writes
+ * OPENBLAS_CORETYPE naming another is not used, and times every GEMM
+ * backend in one run; bench_checkpoint writes
  * its checkpoint under $TMPDIR (a shrunken shape here) and leaves nothing
  * there or in its working directory, and refuses an unusable $TMPDIR with
  * the cause.  The benchmarks are built only where SPMD_BUILD_BENCH is on
@@ -70,6 +71,24 @@ static void test_gemm_reports_the_core_loaded(void **state)
 #endif
 }
 
+/* bench_gemm times every backend, the shape classes too, in one run. */
+static void test_gemm_bench_times_every_backend(void **state)
+{
+    (void)state;
+#ifndef SPMD_BENCH_DIR
+    print_message("note: benchmarks not built (SPMD_BUILD_BENCH=OFF)\n");
+    skip();
+#else
+    int rc = run_bench("", "bench_gemm", "--quick");
+    if (rc != 0) fail_msg("bench_gemm --quick failed (%d):\n%s", rc, out);
+    static const char *const want[] = {"BLIS: ", "oneDNN: ", "bf16 GEMMs by default: ",
+                                       "oneDNN f32", "oneDNN bf16", "bf16 convert",
+                                       "1 thread", "2 threads", "qkv        fwd", "nt-large"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i])) fail_msg("bench_gemm --quick: no \"%s\" in:\n%s", want[i], out);
+#endif
+}
+
 static void test_checkpoint_bench_leaves_nothing_behind(void **state)
 {
     (void)state;
@@ -105,6 +124,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_reports_the_core_loaded),
+        cmocka_unit_test(test_gemm_bench_times_every_backend),
         cmocka_unit_test(test_checkpoint_bench_leaves_nothing_behind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

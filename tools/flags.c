@@ -291,7 +291,10 @@ static const flag_spec flag_specs[] = {
      .value = "N", .help = "compute threads in all, per process under mpirun",
      .shown = "every core; under mpirun, the host's cores / its processes", .min = 1},
     {.name = "--blas", .commands = MODEL_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(blas),
-     .value = "NAME", .help = "GEMM library: auto, openblas, blis or a CBLAS .so path",
+     .value = "NAME", .help = "GEMM backends: auto, openblas, blis, a CBLAS .so path, onednn (f32 on "
+                             "oneDNN's matmul) or measure (each shape class timed, the fastest "
+                             "taken), each optionally with :KEY=BACKEND,... (f32=onednn, "
+                             "bf16=convert, f32-nt-small=cblas)",
      .shown = "auto"},
     {.name = "--blas-core", .commands = MODEL_COMMANDS, .kind = FLAG_TEXT,
      .offset = FIELD(blas_core), .value = "NAME", .help = "OpenBLAS core type, e.g. SkylakeX",

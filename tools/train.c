@@ -473,6 +473,9 @@ static int train(cli_opts *o_in, FILE *log)
     printf("spmd train: %s, %.2fM parameters, mesh %s, %s, %s, %s\n", o.model,
            (double)m.params / 1e6, mesh, batch,
            o.optimizer.kind == SPMD_OPTIMIZER_ADAMW ? "AdamW" : "SGD", spmd_blas_describe());
+    if (o.blas && !strncmp(o.blas, "measure", 7))
+        printf("GEMM backends measured: --blas '%s' repeats this choice (and these bits)\n",
+               spmd_blas_choice());
     printf("data: %s\n", spmd_dataset_describe(m.data));
     feed_cap_eval(&o, &m);
     printf("per device: %.1f MiB peak, %.1f MiB parameters + gradients + optimizer state, "

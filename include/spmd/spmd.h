@@ -350,14 +350,33 @@ SPMD_API spmd_status spmd_program_input_rows(const spmd_program *p, const spmd_t
 
 /* The GEMM library is loaded when a program first runs (compiling, even
  * for reports, needs none), or by the two calls below. */
-/* Which GEMM library and kernel the runtime loaded ("OpenBLAS 0.3.21
- * SkylakeX"); loads it on first call. NULL on failure. */
+/* Which GEMM library and kernel the runtime loaded for f32 products
+ * ("OpenBLAS 0.3.21 (SkylakeX)"; with oneDNN chosen for some shape
+ * classes, both and the classes); loads it on first call. NULL on
+ * failure. */
 SPMD_API const char *spmd_blas_describe(void);
-/* Choose the GEMM library ("auto", "openblas", "blis", or the path of a
- * CBLAS library file, recognised by a '/'; NULL is auto) and the OpenBLAS
- * core type ("SkylakeX"; NULL picks the one CPUID says fits, whatever
- * OPENBLAS_CORETYPE the environment holds).  Call before the first run;
- * loads the library now, and a failure stays: every later run reports it. */
+/* What runs bf16 GEMMs ("oneDNN 2.6.3 (avx512_core_bf16) bf16 matmul, f32
+ * accumulation", or "converted to f32 and run by ... (slow: ...; the
+ * reason)"); NULL when no BLAS loads. */
+SPMD_API const char *spmd_blas_describe_bf16(void);
+/* The backend choice as a string spmd_blas_select takes to make exactly
+ * that choice again ("openblas:f32-nn-small=cblas,...,bf16-tt-large=onednn");
+ * NULL when no BLAS loads. */
+SPMD_API const char *spmd_blas_choice(void);
+/* Choose the GEMM backends.  `library`: "auto" (NULL), "openblas", "blis"
+ * or the path of a CBLAS library file (recognised by a '/'): every f32
+ * product on that library; "onednn": every f32 product on oneDNN's
+ * matmul; "measure": each shape class timed now on the CBLAS library and
+ * on oneDNN and given the faster (the bits may then differ from the
+ * default's: spmd_blas_choice gives the choice to repeat it).  Any of
+ * these may end in ":KEY=BACKEND,..." choosing per precision and shape
+ * class (f32=onednn, bf16=convert, f32-nt-small=cblas; see DESIGN
+ * "Kernels and BLAS").  bf16 products run on oneDNN where its kernels
+ * compute bf16 natively, else converted to f32.  `coretype`: the
+ * OpenBLAS core type ("SkylakeX"; NULL picks the one CPUID says fits,
+ * whatever OPENBLAS_CORETYPE the environment holds).  Call before the
+ * first run; loads the library now, and a failure stays: every later run
+ * reports it. */
 SPMD_API spmd_status spmd_blas_select(const char *library, const char *coretype);
 /* The OpenBLAS core types spmd_blas_select takes, as one line
  * ("Prescott, Core2, ..., SkylakeX, ..."); it refuses any other, ignoring

@@ -1,7 +1,8 @@
 /*
- * The GEMM backend (see blas.h): OpenBLAS, or BLIS as a fallback, loaded
- * with dlopen at run time instead of linked, so that the OpenBLAS core type
- * can be chosen from CPUID before OpenBLAS's constructor runs.
+ * The CBLAS GEMM backend (see blas.h; gemm.c chooses it or oneDNN per
+ * product): OpenBLAS, or BLIS as a fallback, loaded with dlopen at run
+ * time instead of linked, so that the OpenBLAS core type can be chosen
+ * from CPUID before OpenBLAS's constructor runs.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* RTLD_NOLOAD, RTLD_DEFAULT, dladdr */
@@ -266,6 +267,7 @@ static spmd_status load_file(const char *file, const char *coretype, char *why, 
 }
 
 static char chosen_file[PATH_MAX]; /* BLAS_FILE: the library to load */
+static const char *loaded_key = "auto"; /* what loaded: openblas, blis or chosen_file */
 
 static spmd_status do_init(blas_library lib, const char *coretype)
 {
@@ -273,25 +275,25 @@ static spmd_status do_init(blas_library lib, const char *coretype)
     switch (lib) {
     case BLAS_OPENBLAS:
         if (load_openblas(coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
-            return SPMD_OK;
+            return loaded_key = "openblas", SPMD_OK;
         snprintf(init_message, sizeof init_message, "BLAS: %s; %s", why_openblas,
                  INSTALL_HINT);
         return SPMD_ERR_BACKEND;
     case BLAS_BLIS:
         if (load_blis(why_blis, sizeof why_blis) == SPMD_OK)
-            return SPMD_OK;
+            return loaded_key = "blis", SPMD_OK;
         snprintf(init_message, sizeof init_message, "BLAS: %s; %s", why_blis, INSTALL_HINT);
         return SPMD_ERR_BACKEND;
     case BLAS_FILE:
         if (load_file(chosen_file, coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
-            return SPMD_OK;
+            return loaded_key = chosen_file, SPMD_OK;
         snprintf(init_message, sizeof init_message, "BLAS: %s", why_openblas);
         return SPMD_ERR_BACKEND;
     case BLAS_AUTO:
         if (load_openblas(coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
-            return SPMD_OK;
+            return loaded_key = "openblas", SPMD_OK;
         if (load_blis(why_blis, sizeof why_blis) == SPMD_OK)
-            return SPMD_OK;
+            return loaded_key = "blis", SPMD_OK;
         snprintf(init_message, sizeof init_message, "BLAS: %s; %s; %s", why_openblas,
                  why_blis, INSTALL_HINT);
         return SPMD_ERR_BACKEND;
@@ -502,14 +504,14 @@ const char *blas_name(void)
     return lib_name;
 }
 
-const char *spmd_blas_describe(void)
+const char *blas_library_key(void)
 {
-    if (blas_init(BLAS_AUTO, NULL) != SPMD_OK)
-        return NULL;
-    return lib_name;
+    if (!atomic_load_explicit(&init_done, memory_order_acquire) || init_status != SPMD_OK)
+        return "auto";
+    return loaded_key;
 }
 
-spmd_status spmd_blas_select(const char *library, const char *coretype)
+spmd_status blas_select(const char *library, const char *coretype)
 {
     blas_library lib;
     if (!library || !strcmp(library, "auto")) lib = BLAS_AUTO;
@@ -518,8 +520,8 @@ spmd_status spmd_blas_select(const char *library, const char *coretype)
     else if (strchr(library, '/')) lib = BLAS_FILE;
     else
         return base_error(SPMD_ERR_INVALID,
-                          "BLAS: unknown library '%s' (auto, openblas, blis, or a file path "
-                          "such as ./libcblas.so)",
+                          "BLAS: unknown library '%s' (auto, openblas, blis, onednn, measure, "
+                          "or a file path such as ./libcblas.so)",
                           library);
     if (coretype && !*coretype) coretype = NULL;
     const char *cores = spmd_blas_core_names();

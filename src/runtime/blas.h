@@ -1,8 +1,9 @@
 /*
- * The GEMM backend: OpenBLAS (or BLIS, or any CBLAS library file) loaded
- * at run time, so the library can pick a kernel that fits the CPU before
- * the BLAS library initialises (Debian's OpenBLAS otherwise detects some
- * AVX-512 CPUs as older cores and runs several times slower).  Loaded when
+ * The CBLAS GEMM backend (gemm.h chooses between it and oneDNN):
+ * OpenBLAS (or BLIS, or any CBLAS library file) loaded at run time, so
+ * the library can pick a kernel that fits the CPU before the BLAS library
+ * initialises (Debian's OpenBLAS otherwise detects some AVX-512 CPUs as
+ * older cores and runs several times slower).  Loaded when
  * a program first runs (or the user chooses one), never to compile, so
  * plans and reports work on a machine without BLAS.
  */
@@ -33,5 +34,13 @@ spmd_status blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
 
 /* "OpenBLAS 0.3.21 (SkylakeX)" or "BLIS 0.9.0". */
 const char *blas_name(void);
+/* The library loaded as spmd_blas_select names it: "openblas", "blis" or
+ * the file's path ("auto" before any loaded). */
+const char *blas_library_key(void);
+
+/* Choose and load the CBLAS library by name ("auto", "openblas", "blis",
+ * or a path holding a '/'); refused once one is loaded.  gemm_select
+ * parses the rest of spmd_blas_select's choice. */
+spmd_status blas_select(const char *library, const char *coretype);
 
 #endif

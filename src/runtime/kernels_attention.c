@@ -3,7 +3,7 @@
  * the T x T probabilities between them: the backward pass recomputes them.
  *
  * Head h of q, k, v [B, T, C] is the strided view [T, D] at channel h*D
- * with row stride C, so every product is a blas_sgemm on views and no
+ * with row stride C, so every product is a gemm_f32 on views and no
  * head is ever copied out.  Query rows go in blocks of KN_ATTN_BLOCK: a
  * block [t0, t1) only needs keys [0, t1), which skips most of the masked
  * half of the scores, and bounds the scratch to KN_ATTN_BLOCK x T floats.
@@ -12,7 +12,7 @@
  */
 #include "runtime/kernels_ops.h"
 
-#include "runtime/blas.h"
+#include "runtime/gemm.h"
 
 #include <math.h>
 
@@ -52,8 +52,8 @@ static spmd_status attn_probs(const attn_dims *d, const float *qh, const float *
                               int64_t t1, float *p, int64_t ldp)
 {
     const int64_t rows = t1 - t0;
-    spmd_status st = blas_sgemm(false, true, rows, t1, d->D, d->scale, qh + t0 * d->C, d->C, kh,
-                                d->C, 0.0f, p, ldp);
+    spmd_status st = gemm_f32(false, true, rows, t1, d->D, d->scale, qh + t0 * d->C, d->C, kh,
+                              d->C, 0.0f, p, ldp);
     if (st != SPMD_OK) return st;
     for (int64_t i = 0; i < rows; i++) {
         float *pr = p + i * ldp;
@@ -83,8 +83,8 @@ void kern_attention(const kern_args *a)
         int64_t t0 = blk * KN_ATTN_BLOCK, t1 = kn_min(d.T, t0 + KN_ATTN_BLOCK);
         int64_t off = bi * d.T * d.C + h * d.D; /* head h of batch bi, row 0 */
         if (!gemm_ok(a, attn_probs(&d, q + off, k + off, t0, t1, p, d.T)) ||
-            !gemm_ok(a, blas_sgemm(false, false, t1 - t0, d.D, t1, 1.0f, p, d.T, v + off, d.C,
-                                   0.0f, out + off + t0 * d.C, d.C)))
+            !gemm_ok(a, gemm_f32(false, false, t1 - t0, d.D, t1, 1.0f, p, d.T, v + off, d.C,
+                                 0.0f, out + off + t0 * d.C, d.C)))
             return;
     }
 }
@@ -117,8 +117,8 @@ void kern_attention_backward(const kern_args *a)
             const float *qb = q + off + t0 * d.C, *dob = dout + off + t0 * d.C;
             /* dP [rows, t1] = dO_blk V^T, turned into dS row by row. */
             if (!gemm_ok(a, attn_probs(&d, q + off, k + off, t0, t1, p, d.T)) ||
-                !gemm_ok(a, blas_sgemm(false, true, rows, t1, d.D, 1.0f, dob, d.C, v + off, d.C,
-                                       0.0f, ds, d.T)))
+                !gemm_ok(a, gemm_f32(false, true, rows, t1, d.D, 1.0f, dob, d.C, v + off, d.C,
+                                     0.0f, ds, d.T)))
                 return;
             for (int64_t i = 0; i < rows; i++) {
                 const float *restrict pr = p + i * d.T;
@@ -134,12 +134,12 @@ void kern_attention_backward(const kern_args *a)
                 for (s = 0; s < cnt; s++) dr[s] = pr[s] * (dr[s] - c);
                 for (; s < t1; s++) dr[s] = 0.0f;
             }
-            if (!gemm_ok(a, blas_sgemm(true, false, t1, d.D, rows, 1.0f, p, d.T, dob, d.C, beta,
-                                       dv + off, d.C)) ||
-                !gemm_ok(a, blas_sgemm(true, false, t1, d.D, rows, d.scale, ds, d.T, qb, d.C,
-                                       beta, dk + off, d.C)) ||
-                !gemm_ok(a, blas_sgemm(false, false, rows, d.D, t1, d.scale, ds, d.T, k + off,
-                                       d.C, 0.0f, dq + off + t0 * d.C, d.C)))
+            if (!gemm_ok(a, gemm_f32(true, false, t1, d.D, rows, 1.0f, p, d.T, dob, d.C, beta,
+                                     dv + off, d.C)) ||
+                !gemm_ok(a, gemm_f32(true, false, t1, d.D, rows, d.scale, ds, d.T, qb, d.C,
+                                     beta, dk + off, d.C)) ||
+                !gemm_ok(a, gemm_f32(false, false, rows, d.D, t1, d.scale, ds, d.T, k + off,
+                                     d.C, 0.0f, dq + off + t0 * d.C, d.C)))
                 return;
         }
     }

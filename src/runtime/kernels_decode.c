@@ -12,7 +12,7 @@
  */
 #include "runtime/kernels_ops.h"
 
-#include "runtime/blas.h"
+#include "runtime/gemm.h"
 
 /* The position pos of the first of `rows` new rows, checked to fit with
  * them in a cache of `cap` rows; -1 (after kern_fail) when it does not. */
@@ -54,8 +54,8 @@ static spmd_status cached_probs(const float *qh, const float *kh, int64_t C, int
                                 int64_t ldp)
 {
     const int64_t rows = t1 - t0, keys = pos + t1;
-    spmd_status st = blas_sgemm(false, true, rows, keys, D, scale, qh + t0 * C, C, kh, C, 0.0f, p,
-                                ldp);
+    spmd_status st = gemm_f32(false, true, rows, keys, D, scale, qh + t0 * C, C, kh, C, 0.0f, p,
+                              ldp);
     if (st != SPMD_OK) return st;
     for (int64_t i = 0; i < rows; i++) {
         float *pr = p + i * ldp;
@@ -94,7 +94,7 @@ void kern_cached_attention(const kern_args *a)
                     *vh = v + bi * S * C + h * D;
         spmd_status st = cached_probs(qh, kh, C, D, scale, pos, t0, t1, p, S);
         if (st == SPMD_OK)
-            st = blas_sgemm(false, false, t1 - t0, D, pos + t1, 1.0f, p, S, vh, C, 0.0f, ob, C);
+            st = gemm_f32(false, false, t1 - t0, D, pos + t1, 1.0f, p, S, vh, C, 0.0f, ob, C);
         if (st != SPMD_OK) {
             kern_fail(a, st, "%s: %s", ir_op_name(t->op), spmd_last_error());
             return;

@@ -1,9 +1,9 @@
 /*
- * matmul and bmm on top of blas_sgemm (single-threaded BLAS; the threads
+ * matmul and bmm on top of gemm_f32 (single-threaded GEMMs; the threads
  * here split the output).
  *
  * The output is cut into tiles whose size depends only on the shapes, and
- * each tile is one blas_sgemm call; threads take contiguous runs of tiles.
+ * each tile is one gemm_f32 call; threads take contiguous runs of tiles.
  * Splitting "one block of rows per thread" instead would hand BLAS
  * different m for different nth, and BLAS libraries pick different code
  * paths (small-matrix kernels, edge kernels, K blocking) by size, which
@@ -13,7 +13,7 @@
 #include "runtime/kernels_ops.h"
 
 #include "base/error.h"
-#include "runtime/blas.h"
+#include "runtime/gemm.h"
 
 #include <string.h>
 
@@ -63,8 +63,8 @@ static spmd_status gemm_tile(const gemm_desc *g, int64_t bi, int64_t i0, int64_t
     /* op(A) row i0: A[i0, :] or, transposed, A[:, i0]; likewise for B. */
     const float *pa = g->a + bi * g->sa + (g->ta ? i0 : i0 * g->lda);
     const float *pb = g->b + bi * g->sb + (g->tb ? j0 * g->ldb : j0);
-    return blas_sgemm(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c,
-                      g->ldc);
+    return gemm_f32(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c,
+                    g->ldc);
 }
 
 /* A tile BLAS refuses fails the step (kern_fail: the first failing
