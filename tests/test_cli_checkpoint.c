@@ -108,7 +108,8 @@ static int report_losses(const char *path, double *loss, int n)
 }
 
 enum { STEPS = 12, HALF = 6 };
-#define SMALL "--steps 12 --eval 0 --dim 32 --heads 2 --seq 16 --batch 16"
+#define SHAPE "--steps 12 --eval 0 --dim 32 --heads 2 --seq 16"
+#define SMALL SHAPE " --batch 16"
 
 /* The losses of an uninterrupted run with `flags`, into full[STEPS]. */
 static void full_run(const char *flags, double *full)
@@ -364,6 +365,35 @@ static void test_changed_settings_warned(void **state)
     has(out, "will differ from one never interrupted");
 }
 
+/* ---- Gradient accumulation -------------------------------------------------------- */
+
+/* --accumulate 4 with --batch 16 trains as --batch 64 does (within 1e-5:
+ * the micro-batches' gradients add up in another order), says so, and a
+ * run saved halfway resumes bit for bit, with the data position counted
+ * in micro-batches. */
+static void test_accumulate(void **state)
+{
+    (void)state;
+    const char *mesh = "--mesh 4x2 --axes replica,fsdp";
+    char path[128], ck[128], from[160];
+    double whole[STEPS], acc[STEPS];
+    tool(0, "train " SHAPE " --batch 64 %s --json %s/whole.json", mesh, dir);
+    snprintf(path, sizeof path, "%s/whole.json", dir);
+    assert_int_equal(report_losses(path, whole, STEPS), STEPS);
+    char flags[128];
+    snprintf(flags, sizeof flags, "%s --accumulate 4", mesh);
+    full_run(flags, acc);
+    has(out, "batch 16 x 4 micro-batches");
+    for (int i = 0; i < STEPS; i++)
+        if (fabs(acc[i] - whole[i]) > 1e-5 * fabs(whole[i]))
+            fail_msg("step %d: loss %.9g with --accumulate 4, %.9g with --batch 64", i + 1, acc[i], whole[i]);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    tool(0, "train " SMALL " %s --save %s --save-every %d", flags, ck, HALF);
+    snprintf(from, sizeof from, "%s/step-%08d", ck, HALF);
+    expect_resumed(flags, from, HALF, acc, 0);
+    has(out, "data position 384 samples"); /* 6 steps of 4 x 16 */
+}
+
 /* ---- Optimizer flags -------------------------------------------------------------- */
 
 /* Every optimizer setting reaches the report (and so the checkpoint,
@@ -436,6 +466,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_interrupted_run_saved, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_checkpoints_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_changed_settings_warned, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_accumulate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_optimizer_flags, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -141,6 +141,13 @@ static void test_gpt_tp_sp_2x2x2(void **state)
     (void)state;
     same_bits_with("gpt", "2x2x2", "data,fsdp,tensor", 4, "--fsdp fsdp --tp tensor --sp on");
 }
+/* Gradient accumulation: the micro-batches and the step's one reduction
+ * over processes. */
+static void test_gpt_accumulate_4x2_p2(void **state)
+{
+    (void)state;
+    same_bits_with("gpt", "4x2", "replica,fsdp", 2, "--accumulate 3");
+}
 static void test_mlp_data_8(void **state) { (void)state; same_bits("mlp", "8", "data", 2); }
 static void test_mlp_4x2_p2(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 2); }
 static void test_mlp_4x2_p4(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 4); }
@@ -313,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_gpt_2x4),
         cmocka_unit_test(test_gpt_2x2x2),
         cmocka_unit_test(test_gpt_tp_sp_2x2x2),
+        cmocka_unit_test(test_gpt_accumulate_4x2_p2),
         cmocka_unit_test(test_mlp_data_8),
         cmocka_unit_test(test_mlp_4x2_p2),
         cmocka_unit_test(test_mlp_4x2_p4),

@@ -75,24 +75,37 @@ static void print_tensors(const cli_model *m, cJSON *list)
     }
 }
 
-static void print_collectives(const spmd_program *p)
+/* With --accumulate K the forward and backward collectives run once per
+ * micro-batch (column "x": K a step), the update's once a step. */
+static void print_collectives(const spmd_program *p, int micro)
 {
     int n = spmd_program_collective_count(p);
-    double total = 0;
+    double total = 0, per_micro = 0;
     printf("\ncollectives per step (%d):\n", n);
+    if (micro > 1 && n)
+        printf("  a step is %d micro-batches: the forward and backward ones run in each (x %d), "
+               "the update's (the gradients' reductions) once\n", micro, micro);
     double est = 0;
-    if (n) printf("  %-9s %-15s %-16s %12s %9s  %s\n", "phase", "kind", "axes", "bytes/device", "est. us", "moves");
+    if (n) printf("  %-9s %-15s %-16s %12s %9s  %s%s\n", "phase", "kind", "axes", "bytes/device",
+                  "est. us", micro > 1 ? "x   " : "", "moves");
     for (int i = 0; i < n; i++) {
         spmd_collective_info c;
-        char b[32];
+        char b[32], times[16] = "";
         spmd_program_collective(p, i, &c);
-        total += (double)c.bytes;
-        est += c.seconds;
-        printf("  %-9s %-15s %-16s %12s %9.1f  %s\n", c.phase, c.kind, c.axes, human((double)c.bytes, b, sizeof b),
-               c.seconds * 1e6, c.tensor);
+        total += (double)c.bytes * c.count;
+        if (c.count > 1) per_micro += (double)c.bytes;
+        est += c.seconds * c.count;
+        if (micro > 1) snprintf(times, sizeof times, "%-3d ", c.count);
+        printf("  %-9s %-15s %-16s %12s %9.1f  %s%s\n", c.phase, c.kind, c.axes,
+               human((double)c.bytes, b, sizeof b), c.seconds * 1e6, times, c.tensor);
     }
-    char b[32];
-    if (n)
+    char b[32], m[32], u[32];
+    if (n && micro > 1)
+        printf("  in all: %s per device per step (%s in each micro-batch, %s in the update), about "
+               "%.2f ms by the alpha-beta model\n",
+               human(total, b, sizeof b), human(per_micro, m, sizeof m),
+               human(total - per_micro * micro, u, sizeof u), est * 1e3);
+    else if (n)
         printf("  in all: %s per device per step, about %.2f ms by the alpha-beta model\n",
                human(total, b, sizeof b), est * 1e3);
 }
@@ -112,8 +125,10 @@ int cmd_explain(int argc, char **argv)
     }
     char mesh[128], a[32], b[32];
     model_mesh_text(&m, mesh, sizeof mesh);
-    printf("spmd explain: %s, %.2fM parameters, mesh %s, batch %d\n", o.model, (double)m.params / 1e6,
-           mesh, o.batch);
+    char batch[64];
+    model_batch_text(&o, batch, sizeof batch);
+    printf("spmd explain: %s, %.2fM parameters, mesh %s, %s\n", o.model, (double)m.params / 1e6,
+           mesh, batch);
     print_processes(&m);
     if (m.copies > 1)
         printf("copies: %d along '%s', independent: each group along it trains a model of its own "
@@ -133,7 +148,7 @@ int cmd_explain(int argc, char **argv)
         }
     }
     print_tensors(&m, root ? cJSON_AddArrayToObject(root, "tensors") : NULL);
-    print_collectives(p);
+    print_collectives(p, o.optimizer.accumulate_steps);
     printf("\nmemory per device: %s parameters + gradients + optimizer state, %s peak\n",
            human((double)model_param_bytes(p), a, sizeof a), human((double)spmd_program_peak_bytes(p), b, sizeof b));
     int nf = spmd_program_fallback_count(p);

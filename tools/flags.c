@@ -137,7 +137,13 @@ static const flag_spec flag_specs[] = {
 
     /* Training. */
     {.name = "--batch", .commands = RUN_COMMANDS, .kind = FLAG_INT, .offset = FIELD(batch),
-     .value = "N", .help = "global batch", .initial = "32", .min = 1},
+     .value = "N", .help = "global batch (of each micro-batch, with --accumulate)", .initial = "32",
+     .min = 1},
+    {.name = "--accumulate", .commands = RUN_COMMANDS, .kind = FLAG_INT,
+     .offset = FIELD(optimizer.accumulate_steps), .value = "K",
+     .help = "gradient accumulation: each step is K micro-batches of --batch samples, their "
+             "gradients summed where they are and reduced and applied once", .initial = "1",
+     .min = 1, .max = 1 << 20},
     {.name = "--steps", .commands = RUN_COMMANDS, .kind = FLAG_INT, .offset = FIELD(steps),
      .value = "N", .help = "training steps", .initial = "2000", .min = 1},
     {.name = "--optimizer", .commands = RUN_COMMANDS, .kind = FLAG_CUSTOM, .offset = 0,

@@ -208,7 +208,8 @@ int model_build(const cli_opts *o_in, cli_model *m)
     if (rc) return rc;
     bool gpt = !strcmp(o.model, "gpt");
     m->params = gpt ? spmd_gpt_param_count(&o.gpt) : spmd_graph_param_count(m->train.g);
-    m->tokens_per_step = (int64_t)o.batch * o.gpt.seq;
+    m->tokens_per_step = (int64_t)o.batch * o.gpt.seq *
+                         (o.optimizer.accumulate_steps > 1 ? o.optimizer.accumulate_steps : 1);
     /* Forward + backward: 6 flops per parameter per token for the weights
      * that multiply (not the position table, which is only added), plus
      * attention's 12 * layers * dim * seq per token (as nanoGPT counts). */
@@ -391,3 +392,9 @@ void model_mesh_text(const cli_model *m, char *buf, size_t size)
     snprintf(buf + n, size - n, ")");
 }
 
+void model_batch_text(const cli_opts *o, char *buf, size_t size)
+{
+    int k = o->optimizer.accumulate_steps;
+    if (k > 1) snprintf(buf, size, "batch %d x %d micro-batches", o->batch, k);
+    else snprintf(buf, size, "batch %d", o->batch);
+}

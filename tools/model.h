@@ -67,4 +67,8 @@ size_t model_param_bytes(const spmd_program *p);
 /* "4x2 (replica, fsdp)" or "1 device". */
 void model_mesh_text(const cli_model *m, char *buf, size_t size);
 
+/* "batch 32", or with --accumulate "batch 32 x 4 micro-batches": what a
+ * step trains on. */
+void model_batch_text(const cli_opts *o, char *buf, size_t size);
+
 #endif

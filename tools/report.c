@@ -33,7 +33,7 @@ cJSON *report_collectives(const spmd_program *p)
             if (!done[j] && !strcmp(c.kind, d.kind) && !strcmp(c.axes, d.axes) && c.bytes == d.bytes &&
                 !strcmp(c.phase, d.phase)) {
                 done[j] = true;
-                count++;
+                count += d.count; /* once per micro-batch with accumulation */
                 cJSON_AddItemToArray(moves, cJSON_CreateString(d.tensor));
             }
         }

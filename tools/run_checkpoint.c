@@ -74,6 +74,8 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
     snprintf(seed, sizeof seed, "%" PRIu64, o->seed);
     cJSON_AddStringToObject(data, "seed", seed);
     cJSON_AddNumberToObject(data, "batch", o->batch);
+    cJSON_AddNumberToObject(data, "accumulate",
+                            o->optimizer.accumulate_steps > 1 ? o->optimizer.accumulate_steps : 1);
     return root;
 }
 
@@ -201,6 +203,8 @@ static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *
     any |= differs_text("--data-order", item(data, "order"), item(ndata, "order")->valuestring);
     any |= differs_text("--seed", item(data, "seed"), item(ndata, "seed")->valuestring);
     any |= differs_number("--batch", item(data, "batch"), o->batch);
+    any |= differs_number("--accumulate", item(data, "accumulate"),
+                          item(ndata, "accumulate")->valuedouble);
     if (any)
         fprintf(stderr, "spmd: warning: the resumed run will differ from one never interrupted\n");
     cJSON_Delete(now);

@@ -468,8 +468,10 @@ static int train(cli_opts *o_in, FILE *log)
     }
     char mesh[128];
     model_mesh_text(&m, mesh, sizeof mesh);
-    printf("spmd train: %s, %.2fM parameters, mesh %s, batch %d, %s, %s\n", o.model,
-           (double)m.params / 1e6, mesh, o.batch,
+    char batch[64];
+    model_batch_text(&o, batch, sizeof batch);
+    printf("spmd train: %s, %.2fM parameters, mesh %s, %s, %s, %s\n", o.model,
+           (double)m.params / 1e6, mesh, batch,
            o.optimizer.kind == SPMD_OPTIMIZER_ADAMW ? "AdamW" : "SGD", spmd_blas_describe());
     if (o.blas && !strncmp(o.blas, "measure", 7))
         printf("GEMM backends measured: --blas '%s' repeats this choice (and these bits)\n",
@@ -523,19 +525,32 @@ static int train(cli_opts *o_in, FILE *log)
         printf("step %4d/%d  running the first step", first + 1, o.steps);
         fflush(stdout);
     }
+    const int micro = o.optimizer.accumulate_steps > 1 ? o.optimizer.accumulate_steps : 1;
     for (int s = first; s < o.steps && !rc && !stop.step; s++) {
         int i = s - first; /* records index */
         if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room, copies))) break;
         float *loss = &losses[(size_t)i * (size_t)copies];
         double t0 = now_ms();
-        rc = feed_step(&o, &m, p, s, sample);
+        /* A step is its micro-batches (one without --accumulate), each
+         * the next --batch samples; its loss their losses' mean, the loss
+         * of their concatenated batch. */
+        spmd_status st = SPMD_OK;
+        double sum[CLI_MAX_COPIES] = {0};
+        for (int k = 0; k < micro && !rc && st == SPMD_OK; k++) {
+            if ((rc = feed_step(&o, &m, p, s, sample))) break;
+            sample += o.batch;
+            st = k + 1 < micro ? spmd_program_accumulate(p) : spmd_program_run(p);
+            for (int c = 0; c < copies && st == SPMD_OK; c++) {
+                float l = 0.0f;
+                st = spmd_program_read_copy(p, c, m.train.loss, &l, sizeof l);
+                sum[c] += l;
+            }
+        }
         if (rc) break;
-        sample += o.batch;
-        spmd_status st = spmd_program_run(p);
         float norm[CLI_MAX_COPIES] = {0};
         for (int c = 0; c < copies && st == SPMD_OK; c++) {
-            st = spmd_program_read_copy(p, c, m.train.loss, &loss[c], sizeof *loss);
-            if (st == SPMD_OK && m.opt.grad_norm)
+            loss[c] = (float)(sum[c] / micro);
+            if (m.opt.grad_norm)
                 st = spmd_program_read_copy(p, c, m.opt.grad_norm, &norm[c], sizeof *norm);
         }
         if (st != SPMD_OK) {

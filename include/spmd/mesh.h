@@ -92,7 +92,8 @@ typedef struct spmd_collective_info {
     char axes[64];      /* mesh axes, comma-separated: "replica,fsdp" */
     int64_t bytes;      /* per device: the larger of its input and output */
     double seconds;     /* estimated by the per-axis alpha-beta cost model */
-    int count;          /* times per step */
+    int count;          /* times per step: 1, or with gradient accumulation the
+                         * micro-batches a step takes (forward and backward) */
     const char *phase;  /* "forward", "backward" or "update" */
     char tensor[96];    /* the value it moves (a pending sum: named by its source) */
 } spmd_collective_info;

@@ -282,6 +282,19 @@ SPMD_API spmd_status spmd_program_set_input(spmd_program *p, const spmd_tensor *
  * an update depends on was never set since compile (for a copy this
  * process runs): it would otherwise run as zeros. */
 SPMD_API spmd_status spmd_program_run(spmd_program *p);
+/* A program built with gradient accumulation (spmd_optimizer's
+ * accumulate_steps K > 1) runs a step as K micro-batches: this, K - 1
+ * times, each after setting that micro-batch's inputs, runs the forward
+ * and backward pass and adds the gradients into the accumulators (no
+ * update, and none of the update's collectives); spmd_program_run then
+ * runs the last micro-batch and the update.  Outputs of the forward pass
+ * (the loss) are that micro-batch's; the update's (the gradient norm)
+ * are read after spmd_program_run.  SPMD_ERR_INVALID for a program
+ * without accumulation, or called a K-th time; spmd_program_run is
+ * refused after fewer than K - 1.  A micro-batch that fails (or a step
+ * whose last one does) abandons the step's sums: the next call begins
+ * the step again, parameters and optimizer state as they were. */
+SPMD_API spmd_status spmd_program_accumulate(spmd_program *p);
 /* Read an output, input or persistent tensor (of copy 0: see below). */
 SPMD_API spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t,
                                        void *dst, size_t bytes);

@@ -42,6 +42,19 @@ typedef struct spmd_optimizer {
      * differently; weight_decay above only says whether the update decays
      * at all (non-zero).  The same bits as the compiled-in constant. */
     bool weight_decay_input;
+    /* Gradient accumulation: the optimizer step's batch is this many
+     * micro-batches (0 or 1: none).  Each micro-batch's forward and
+     * backward add its gradients into accumulators in their local form
+     * (a pending sum or a shard, no collective); the cross-device
+     * reduction and the update run once, on the mean of the micro-batches'
+     * gradients, as one step on their concatenated batch.  The
+     * accumulators are states "<param>.grad_acc"; the program feeds its
+     * own input "accumulate.keep".  Run
+     * spmd_program_accumulate once per micro-batch but the last, then
+     * spmd_program_run (spmd_trainer_accumulate, spmd_trainer_step).  Here,
+     * not on the trainer, because the optimizer is what reads the
+     * gradients: the accumulators sit between the two. */
+    int accumulate_steps;
 } spmd_optimizer;
 
 /* The scalar inputs and outputs an optimizer adds. */
@@ -185,8 +198,15 @@ SPMD_API void spmd_trainer_free(spmd_trainer *t);
 /* The compiled program: set inputs, read outputs and parameters here. */
 SPMD_API spmd_program *spmd_trainer_program(const spmd_trainer *t);
 /* One step at learning rate `lr`; the loss (and the gradient norm before
- * clipping) come back through the pointers when not NULL. */
+ * clipping) come back through the pointers when not NULL.  With
+ * accumulation the loss is the mean of the step's micro-batches' losses:
+ * the loss of their concatenated batch. */
 SPMD_API spmd_status spmd_trainer_step(spmd_trainer *t, float lr, float *loss, float *grad_norm);
+/* With optimizer.accumulate_steps K > 1: one micro-batch (its inputs set
+ * by the caller) of the K a step takes, all but the last, which
+ * spmd_trainer_step runs with the update; its loss when `loss` is not
+ * NULL. */
+SPMD_API spmd_status spmd_trainer_accumulate(spmd_trainer *t, float *loss);
 
 #ifdef __cplusplus
 }

@@ -74,16 +74,33 @@ def explain_text(report):
         shape = "[" + ", ".join(str(d) for d in t["shape"]) + "]"
         out.append("  %-34s %-18s %s" % (t["name"], shape, t["sharding"]))
     cs = report["collectives"]
+    # With gradient accumulation the forward and backward collectives run
+    # once per micro-batch (count), the update's once a step.
+    micro = max([c["count"] for c in cs] + [1])
     out.append("")
     out.append("collectives per step (%d):" % len(cs))
+    if cs and micro > 1:
+        out.append("  a step is %d micro-batches: the forward and backward ones run in each (x %d), "
+                   "the update's (the gradients' reductions) once" % (micro, micro))
+    times = "x   " if micro > 1 else ""
     if cs:
-        out.append("  %-9s %-15s %-16s %12s %9s  %s" % ("phase", "kind", "axes", "bytes/device", "est. us", "moves"))
+        out.append("  %-9s %-15s %-16s %12s %9s  %s%s" % ("phase", "kind", "axes", "bytes/device", "est. us",
+                                                         times, "moves"))
     for c in cs:
-        out.append("  %-9s %-15s %-16s %12s %9.1f  %s" % (c["phase"], c["kind"], ",".join(c["axes"]),
-                                                         _human(c["bytes"]), c["seconds"] * 1e6, c["value"]))
-    if cs:
+        n = "%-3d " % c["count"] if micro > 1 else ""
+        out.append("  %-9s %-15s %-16s %12s %9.1f  %s%s" % (c["phase"], c["kind"], ",".join(c["axes"]),
+                                                           _human(c["bytes"]), c["seconds"] * 1e6, n,
+                                                           c["value"]))
+    total = sum(c["bytes"] * c["count"] for c in cs)
+    seconds = sum(c["seconds"] * c["count"] for c in cs)
+    if cs and micro > 1:
+        per_micro = sum(c["bytes"] for c in cs if c["count"] > 1)
+        out.append("  in all: %s per device per step (%s in each micro-batch, %s in the update), about "
+                   "%.2f ms by the alpha-beta model"
+                   % (_human(total), _human(per_micro), _human(total - per_micro * micro), seconds * 1e3))
+    elif cs:
         out.append("  in all: %s per device per step, about %.2f ms by the alpha-beta model"
-                   % (_human(sum(c["bytes"] for c in cs)), sum(c["seconds"] for c in cs) * 1e3))
+                   % (_human(total), seconds * 1e3))
     mem = report["memory"]
     out.append("")
     out.append("memory per device: %s parameters + gradients + optimizer state, %s peak"

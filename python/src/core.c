@@ -1558,14 +1558,16 @@ static int betas_eps_args(PyObject *betas, PyObject *eps_o, float *beta1, float 
 
 static PyObject *graph_optimizer_apply(GraphObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"kind",     "momentum",    "weight_decay",       "betas", "eps",
-                             "clip_norm", "shard_state", "weight_decay_input", NULL};
+    static char *kwlist[] = {"kind",      "momentum",    "weight_decay",       "betas",
+                             "eps",       "clip_norm",   "shard_state",        "weight_decay_input",
+                             "accumulate_steps", NULL};
     const char *kind = "adamw";
     PyObject *betas = Py_None, *eps_o = Py_None;
     spmd_optimizer opt = {0};
     int shard = 0, wd_input = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s$ffOOfpp:optimizer_apply", kwlist, &kind, &opt.momentum,
-                                     &opt.weight_decay, &betas, &eps_o, &opt.clip_norm, &shard, &wd_input) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s$ffOOfppi:optimizer_apply", kwlist, &kind, &opt.momentum,
+                                     &opt.weight_decay, &betas, &eps_o, &opt.clip_norm, &shard, &wd_input,
+                                     &opt.accumulate_steps) ||
         graph_open(self) < 0 || optimizer_kind_arg(kind, &opt.kind) < 0 ||
         betas_eps_args(betas, eps_o, &opt.beta1, &opt.beta2, &opt.eps) < 0)
         return NULL;
@@ -1655,13 +1657,13 @@ static int optimizer_group_arg(PyObject *d, int index, spmd_optimizer_group *gr,
 
 static PyObject *graph_optimizer_apply_groups(GraphObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"kind", "groups", "clip_norm", "shard_state", NULL};
+    static char *kwlist[] = {"kind", "groups", "clip_norm", "shard_state", "accumulate_steps", NULL};
     const char *kind = "adamw";
     PyObject *groups_o;
     spmd_optimizer opt = {0};
     int shard = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$fp:optimizer_apply_groups", kwlist, &kind, &groups_o,
-                                     &opt.clip_norm, &shard) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$fpi:optimizer_apply_groups", kwlist, &kind, &groups_o,
+                                     &opt.clip_norm, &shard, &opt.accumulate_steps) ||
         graph_open(self) < 0 || optimizer_kind_arg(kind, &opt.kind) < 0)
         return NULL;
     opt.shard_state = shard;
@@ -1936,9 +1938,11 @@ static PyMethodDef graph_methods[] = {
      "grad(loss, checkpoints=None): append the backward pass (recomputing between checkpoints)"},
     {"optimizer_apply", KW(graph_optimizer_apply),
      "optimizer_apply(kind='adamw' (or 'adam', 'sgd'), *, momentum=0, weight_decay=0, betas=None, eps=None,\n"
-     "clip_norm=0, shard_state=False, weight_decay_input=False) -> (lr, grad_norm, weight_decay)"},
+     "clip_norm=0, shard_state=False, weight_decay_input=False, accumulate_steps=0)\n"
+     "-> (lr, grad_norm, weight_decay)"},
     {"optimizer_apply_groups", KW(graph_optimizer_apply_groups),
-     "optimizer_apply_groups(kind, groups, *, clip_norm=0, shard_state=False) -> each group's lr input:\n"
+     "optimizer_apply_groups(kind, groups, *, clip_norm=0, shard_state=False, accumulate_steps=0)\n"
+     "-> each group's lr input:\n"
      "groups a list of dicts {params: [names], weight_decay, momentum, betas, eps}; group i's lr is\n"
      "the input 'lr' (i = 0) or 'lr.<i>'"},
     {"sgd", FN(graph_sgd), METH_O, "sgd(lr): plain SGD with lr an f32 scalar input"},
@@ -2156,6 +2160,13 @@ static PyObject *program_run(ProgramObject *self, PyObject *unused)
     RETURN_STATUS(spmd_program_run(self->p));
 }
 
+static PyObject *program_accumulate(ProgramObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (program_open(self) < 0) return NULL;
+    RETURN_STATUS(spmd_program_accumulate(self->p));
+}
+
 /* The program's figures, one getter each: which function is the
  * getter's closure. */
 static PyObject *program_get_size(ProgramObject *self, void *f)
@@ -2287,7 +2298,11 @@ static PyObject *program_load(ProgramObject *self, PyObject *args, PyObject *kw)
 static PyMethodDef program_methods[] = {
     {"set_input", KW(program_set_input),
      "set_input(t, array, copy=None): fill input t (a Tensor or its name) of every copy, or of one"},
-    {"run", FN(program_run), METH_NOARGS, "run(): one step"},
+    {"run", FN(program_run), METH_NOARGS,
+     "run(): one step (with accumulate_steps K: the step's last micro-batch and the update)"},
+    {"accumulate", FN(program_accumulate), METH_NOARGS,
+     "accumulate(): with accumulate_steps K, one of a step's first K - 1 micro-batches: forward,\n"
+     "backward and the sum into the gradient accumulators, no update"},
     {"read", KW(program_read), "read(t, copy=None) -> a new ndarray of t's value (of copy 0, or of one)"},
     {"write", KW(program_write), "write(t, array, copy=None): overwrite a parameter or state tensor"},
     {"collectives", FN(program_collectives), METH_NOARGS,

@@ -94,6 +94,7 @@ spmd_status spmd_sgd_impl(spmd_graph *g, spmd_tensor *lr);
 spmd_program *spmd_compile_impl(spmd_graph *g, const spmd_compile_options *opts);
 spmd_status spmd_program_set_input_impl(spmd_program *p, const spmd_tensor *t, const void *data, size_t bytes);
 spmd_status spmd_program_run_impl(spmd_program *p);
+spmd_status spmd_program_accumulate_impl(spmd_program *p);
 spmd_status spmd_program_read_impl(const spmd_program *p, const spmd_tensor *t, void *dst, size_t bytes);
 spmd_status spmd_program_write_impl(spmd_program *p, const spmd_tensor *t, const void *src, size_t bytes);
 spmd_status spmd_program_set_input_copy_impl(spmd_program *p, int copy, const spmd_tensor *t, const void *data, size_t bytes);
@@ -109,6 +110,7 @@ spmd_status spmd_grad_checkpointed_impl(spmd_graph *g, spmd_tensor *loss, spmd_t
 spmd_trainer *spmd_trainer_create_impl(spmd_graph *g, spmd_tensor *loss, const spmd_trainer_options *opts);
 spmd_program *spmd_trainer_program_impl(const spmd_trainer *t);
 spmd_status spmd_trainer_step_impl(spmd_trainer *t, float lr, float *loss, float *grad_norm);
+spmd_status spmd_trainer_accumulate_impl(spmd_trainer *t, float *loss);
 spmd_status spmd_weights_inspect_impl(const char *path, spmd_weights_info *info);
 spmd_status spmd_weights_load_impl(spmd_program *p, const spmd_gpt_config *cfg, const char *path);
 spmd_status spmd_weights_save_impl(const spmd_program *p, const spmd_gpt_config *cfg, spmd_weights_format format, const char *path);
@@ -703,6 +705,13 @@ spmd_status spmd_program_run(spmd_program *p)
     return r;
 }
 
+spmd_status spmd_program_accumulate(spmd_program *p)
+{
+    spmd_status r = spmd_program_accumulate_impl(p);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
 spmd_status spmd_program_read(const spmd_program *p, const spmd_tensor *t, void *dst, size_t bytes)
 {
     spmd_status r = spmd_program_read_impl(p, t, dst, bytes);
@@ -804,6 +813,13 @@ spmd_program *spmd_trainer_program(const spmd_trainer *t)
 spmd_status spmd_trainer_step(spmd_trainer *t, float lr, float *loss, float *grad_norm)
 {
     spmd_status r = spmd_trainer_step_impl(t, lr, loss, grad_norm);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_trainer_accumulate(spmd_trainer *t, float *loss)
+{
+    spmd_status r = spmd_trainer_accumulate_impl(t, loss);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

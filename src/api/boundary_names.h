@@ -88,6 +88,7 @@
 #define spmd_compile spmd_compile_impl
 #define spmd_program_set_input spmd_program_set_input_impl
 #define spmd_program_run spmd_program_run_impl
+#define spmd_program_accumulate spmd_program_accumulate_impl
 #define spmd_program_read spmd_program_read_impl
 #define spmd_program_write spmd_program_write_impl
 #define spmd_program_set_input_copy spmd_program_set_input_copy_impl
@@ -103,6 +104,7 @@
 #define spmd_trainer_create spmd_trainer_create_impl
 #define spmd_trainer_program spmd_trainer_program_impl
 #define spmd_trainer_step spmd_trainer_step_impl
+#define spmd_trainer_accumulate spmd_trainer_accumulate_impl
 #define spmd_weights_inspect spmd_weights_inspect_impl
 #define spmd_weights_load spmd_weights_load_impl
 #define spmd_weights_save spmd_weights_save_impl

@@ -107,6 +107,26 @@ static spmd_status check_independent_axes(const spmd_graph *g)
     return SPMD_OK;
 }
 
+/* What a micro-batch runs: every node the forward and backward pass's
+ * outputs (the loss) and the accumulators' sums need.  The update's
+ * nodes (the reductions of the sums among them) wait for the step's
+ * last micro-batch. */
+static spmd_status mark_micro(compiled *c)
+{
+    const spmd_graph *g = c->g, *lg = c->local;
+    size_t nn = (size_t)(lg->n_nodes ? lg->n_nodes : 1);
+    c->micro = base_calloc(&c->alloc, nn * sizeof *c->micro, "the micro-batch schedule");
+    if (!c->micro) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *lt = g->nodes[i]->is_output ? compiled_local(c, g->nodes[i]) : NULL;
+        if (lt && partition_phase(g, i) != PART_UPDATE) c->micro[lt->id] = true;
+    }
+    for (int u = 0; u < lg->n_updates; u++)
+        if (lg->updates[u].target->accumulator) c->micro[lg->updates[u].value->id] = true;
+    ir_mark_inputs(lg, c->micro, lg->n_nodes - 1);
+    return SPMD_OK;
+}
+
 spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse)
 {
     memset(c, 0, sizeof *c);
@@ -138,12 +158,13 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
         if ((st = check_dtypes(c->local)) != SPMD_OK) return st;
         if ((st = record_shardings(c, g)) != SPMD_OK) return st;
     }
+    if (c->local->accumulate_steps > 1 && (st = mark_micro(c)) != SPMD_OK) return st;
     if (fuse) {
         size_t nn = (size_t)(c->local->n_nodes ? c->local->n_nodes : 1);
         bool *needed = base_calloc(&c->alloc, nn * sizeof *needed, "fusion");
         if (!needed) return SPMD_ERR_NOMEM;
         plan_mark_needed(c->local, needed);
-        st = fusion_build(&c->fusion, c->local, needed, &c->alloc);
+        st = fusion_build(&c->fusion, c->local, needed, c->micro, &c->alloc);
         base_free(&c->alloc, needed);
         if (st != SPMD_OK) return st;
     }
@@ -167,6 +188,7 @@ void compiled_free(compiled *c)
 {
     plan_free(&c->plan);
     fusion_free(&c->fusion);
+    base_free(&c->alloc, c->micro);
     if (c->partitioned) partition_free(&c->part);
     memset(c, 0, sizeof *c);
 }

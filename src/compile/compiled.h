@@ -34,6 +34,11 @@ typedef struct compiled {
     size_t scratch_each;      /* kernel scratch per thread, 64-byte multiple */
     size_t persistent_bytes;  /* per device: parameters and state */
     size_t input_bytes;       /* per device: input blocks */
+    /* Gradient accumulation (local->accumulate_steps > 1): per local node
+     * id, whether a micro-batch that is not a step's last runs it (the
+     * forward and backward pass and the sums into the accumulators, not
+     * the update); NULL without accumulation. */
+    bool *micro;
 } compiled;
 
 /* Partition (with a mesh), fuse elementwise chains (with `fuse`) and plan

@@ -37,6 +37,7 @@ static bool trailing_block(const spmd_tensor *x, const spmd_tensor *root)
 typedef struct builder {
     const spmd_graph *g;
     const bool *needed;
+    const bool *micro; /* NULL, or per node: run by micro-batches (fusion_build) */
     const int *uses;
     const int *updates; /* per node: updates it is the value of */
     bool *taken;       /* already a member or a root of a group */
@@ -47,12 +48,19 @@ typedef struct builder {
     bool share;        /* absorb nodes read several times, if all their readers join */
 } builder;
 
+/* Whether x runs when the group's root does: a micro-batch runs whole
+ * groups. */
+static bool same_run(const builder *b, const spmd_tensor *x)
+{
+    return !b->micro || b->micro[x->id] == b->micro[b->grp->root->id];
+}
+
 /* Whether x may be computed inside the group rather than read: an
  * elementwise f32 node of the root's shape that only this consumer reads. */
 static bool absorbable(const builder *b, const spmd_tensor *x)
 {
     return fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] && !b->taken[x->id] &&
-           b->uses[x->id] == 1 && same_dims(x, b->grp->root);
+           b->uses[x->id] == 1 && same_dims(x, b->grp->root) && same_run(b, x);
 }
 
 /* Whether x, read more than once, may be computed inside the group: the
@@ -62,7 +70,7 @@ static bool shareable(const builder *b, const spmd_tensor *x)
 {
     return b->share && fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] &&
            !b->taken[x->id] && b->uses[x->id] > 1 && b->uses[x->id] < PINNED &&
-           same_dims(x, b->grp->root);
+           same_dims(x, b->grp->root) && same_run(b, x);
 }
 
 /* x's step if it is a member already (a shared one met again), else -1. */
@@ -96,7 +104,7 @@ static bool storable(const builder *b, const spmd_tensor *x)
 {
     return fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] && !b->taken[x->id] &&
            !x->is_output && b->updates[x->id] == 1 && b->uses[x->id] == PINNED + 1 &&
-           same_dims(x, b->grp->root) && b->grp->n_stored < FUSE_MAX_STORED;
+           same_dims(x, b->grp->root) && b->grp->n_stored < FUSE_MAX_STORED && same_run(b, x);
 }
 
 /* Whether node t can be a member: each operand absorbable (checked again
@@ -155,7 +163,7 @@ static int add_member(builder *b, const spmd_tensor *t)
     return b->grp->n_steps++;
 }
 
-spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
+spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed, const bool *micro,
                          const spmd_allocator *alloc)
 {
     memset(f, 0, sizeof *f);
@@ -188,8 +196,8 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
         if (!needed[i] || taken[i] || ir_op_is_leaf(t->op)) continue;
         memset(&grp, 0, sizeof grp);
         grp.root = t;
-        builder b = {.g = g, .needed = needed, .uses = uses, .updates = updates, .taken = taken,
-                     .grp = &grp};
+        builder b = {.g = g, .needed = needed, .micro = micro, .uses = uses, .updates = updates,
+                     .taken = taken, .grp = &grp};
         if (!member_ok(&b, t)) continue;
         /* First with members read several times; if one of their readers
          * stays outside, again without. */
@@ -199,8 +207,8 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
             for (int k = 0; k < grp.n_steps; k++) taken[b.member_id[k]] = false;
             memset(&grp, 0, sizeof grp);
             grp.root = t;
-            b = (builder){.g = g, .needed = needed, .uses = uses, .updates = updates, .taken = taken,
-                          .grp = &grp};
+            b = (builder){.g = g, .needed = needed, .micro = micro, .uses = uses,
+                          .updates = updates, .taken = taken, .grp = &grp};
             add_member(&b, t);
         }
         if (b.full || grp.n_steps < 2) {

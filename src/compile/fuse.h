@@ -50,8 +50,11 @@ typedef struct fusion {
 } fusion;
 
 /* Find the groups of graph g among the `needed` nodes (plan_mark_needed);
- * groups of one member are not made.  Allocates; fusion_free frees. */
-spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed,
+ * groups of one member are not made.  With `micro` (per node, what a
+ * micro-batch runs: compiled.h; NULL: no accumulation) a group's members
+ * are all in it or all out, so a micro-batch runs whole groups.
+ * Allocates; fusion_free frees. */
+spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed, const bool *micro,
                          const spmd_allocator *alloc);
 void fusion_free(fusion *f);
 /* The group node t is the root of, or NULL. */

@@ -219,6 +219,23 @@ static int reads(const spmd_tensor *t, const fusion *fu, const spmd_tensor *cons
     return grp ? grp->n_in : t->n_in;
 }
 
+/* Gradient accumulators' new values, computed into the accumulators:
+ * the accumulator's only reader is this sum (acc * keep + grad / K, built
+ * by the optimizer), elementwise, its own storage, read by no view.  The
+ * update phase then reads the accumulator's buffer itself. */
+static void mark_in_place(plan *p, const spmd_graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) p->in_place[i] = -1;
+    for (int i = 0; i < g->n_updates; i++) {
+        const spmd_tensor *v = g->updates[i].value, *acc = g->updates[i].target;
+        if (acc->accumulator && p->needed[v->id] && ir_op_formula_arity(v->op) > 0 &&
+            p->storage[v->id] == v->id && !v->is_output && ir_nbytes(v) == ir_nbytes(acc))
+            p->in_place[v->id] = acc->id;
+    }
+    for (int i = 0; i < g->n_nodes; i++) /* a view of a value keeps it in the arena */
+        if (p->needed[i] && p->storage[i] != i) p->in_place[p->storage[i]] = -1;
+}
+
 /* Update values that can trade buffers with their targets: computed,
  * their own storage (no view shares it), not outputs (a read after the
  * run would find the swapped-out old value), one update each, of the
@@ -228,7 +245,8 @@ static void mark_swapped(plan *p, const spmd_graph *g)
     for (int i = 0; i < g->n_updates; i++) {
         const spmd_tensor *v = g->updates[i].value;
         p->swapped[v->id] = p->needed[v->id] && !ir_op_is_leaf(v->op) && p->storage[v->id] == v->id &&
-                            !v->is_output && ir_nbytes(v) == ir_nbytes(g->updates[i].target);
+                            !v->is_output && ir_nbytes(v) == ir_nbytes(g->updates[i].target) &&
+                            p->in_place[v->id] < 0;
     }
     for (int i = 0; i < g->n_nodes; i++) /* a view of a value keeps it in the arena */
         if (p->needed[i] && p->storage[i] != i) p->swapped[p->storage[i]] = false;
@@ -251,9 +269,11 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
     p->storage = base_alloc(&p->alloc, nn * sizeof *p->storage, "memory plan");
     p->offset = base_alloc(&p->alloc, nn * sizeof *p->offset, "memory plan");
     p->swapped = base_calloc(&p->alloc, nn * sizeof *p->swapped, "memory plan");
+    p->in_place = base_alloc(&p->alloc, nn * sizeof *p->in_place, "memory plan");
     int *last_use = base_alloc(&p->alloc, nn * sizeof *last_use, "memory plan");
     block *slots = base_alloc(&p->alloc, (nn + 1) * sizeof *slots, "memory plan");
-    if (!p->steps || !p->needed || !p->storage || !p->offset || !p->swapped || !last_use || !slots) {
+    if (!p->steps || !p->needed || !p->storage || !p->offset || !p->swapped || !p->in_place ||
+        !last_use || !slots) {
         base_free(&p->alloc, last_use);
         base_free(&p->alloc, slots);
         plan_free(p);
@@ -295,22 +315,26 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
         if (t->is_output) last_use[s] = forever;
     }
     for (int i = 0; i < g->n_updates; i++) last_use[p->storage[g->updates[i].value->id]] = forever;
+    mark_in_place(p, g);
     mark_swapped(p, g);
 
     /* Walk nodes in order: place each computed storage at its first
      * definition, release storages whose last reader is this node. */
     for (int i = 0; i < n; i++) {
         const spmd_tensor *t = g->nodes[i];
-        if (!p->needed[i] || ir_op_is_leaf(t->op) || p->swapped[i]) continue;
+        if (!p->needed[i] || ir_op_is_leaf(t->op)) continue;
         int s = p->storage[i];
-        if (s == i) p->offset[i] = take(&f, round_up((int64_t)ir_nbytes(t)));
-        else p->offset[i] = p->offset[s];
+        /* A value in a buffer of its own, or its target's, takes no
+         * arena, but its inputs die here all the same (a gradient, into
+         * its accumulator). */
+        if (!p->swapped[i] && p->in_place[i] < 0)
+            p->offset[i] = s == i ? take(&f, round_up((int64_t)ir_nbytes(t))) : p->offset[s];
         const spmd_tensor *const *in;
         int n_in = reads(t, fu, &in);
         for (int j = 0; j <= n_in; j++) {
             int src = j < n_in ? p->storage[in[j]->id] : s;
             if (last_use[src] != i || ir_op_is_leaf(g->nodes[src]->op) || p->offset[src] < 0 ||
-                p->swapped[src])
+                p->swapped[src] || p->in_place[src] >= 0)
                 continue;
             /* Release once, even when a node reads the same tensor twice. */
             bool seen = false;
@@ -332,5 +356,6 @@ void plan_free(plan *p)
     base_free(&p->alloc, p->storage);
     base_free(&p->alloc, p->offset);
     base_free(&p->alloc, p->swapped);
+    base_free(&p->alloc, p->in_place);
     memset(p, 0, sizeof *p);
 }

@@ -7,7 +7,8 @@
  * reader has run; a reshape of a computed tensor shares its input's buffer.
  * An update's value (not an output, for one update) lives outside the
  * arena in a buffer of its own: the executor swaps it with its target's
- * after a step instead of copying.
+ * after a step instead of copying; a gradient accumulator's is computed
+ * in place.
  */
 #ifndef SPMD_COMPILE_PLAN_H
 #define SPMD_COMPILE_PLAN_H
@@ -24,6 +25,11 @@ typedef struct plan {
     int *storage;         /* per node id: node whose bytes it uses (itself, or a reshape's source) */
     int64_t *offset;      /* per node id: arena offset of its storage, -1 for leaves */
     bool *swapped;        /* per node id: an update value in a buffer of its own (offset -1) */
+    /* Per node id: for a gradient accumulator's new value, computed into
+     * the accumulator's own buffer (an elementwise op: each element read
+     * before it is written), the accumulator's node id; else -1.  No
+     * arena, no second buffer, nothing to trade after a run. */
+    int *in_place;
     size_t arena_bytes;
     size_t swapped_bytes; /* the bytes of those buffers */
 } plan;

@@ -54,7 +54,9 @@ spmd_status compiled_collective(const compiled *prog, int i, spmd_collective_inf
                               p->m->names[c->axes.axis[a]]);
     out->bytes = c->bytes;
     out->seconds = c->seconds;
-    out->count = 1;
+    /* With accumulation the forward and backward pass run once per
+     * micro-batch; the update (the gradients' reductions) once a step. */
+    out->count = c->phase != PART_UPDATE && p->g->accumulate_steps > 1 ? p->g->accumulate_steps : 1;
     out->phase = partition_phase_name(c->phase);
     describe_tensor(p, c->tensor, out->tensor, sizeof out->tensor);
     return SPMD_OK;

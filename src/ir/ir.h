@@ -81,7 +81,11 @@ struct spmd_tensor {
     ir_attr attr;
     char *name;             /* NULL if unnamed; arena-owned */
     spmd_init init;         /* PARAM, STATE */
-    spmd_tensor *grad;      /* PARAM after spmd_grad */
+    /* PARAM after spmd_grad: its gradient.  An accumulator STATE (the
+     * optimizer's, with accumulate_steps > 1): the gradient it sums over
+     * micro-batches, whose sharding it takes, pending sums included. */
+    spmd_tensor *grad;
+    bool accumulator;       /* STATE: a gradient accumulator (above; kept in local graphs too) */
     spmd_graph *graph;
     struct sharding *mark;     /* the user's spmd_mark_sharding, arena-owned; NULL if none */
     /* What the last compile decided (shared copies, never written
@@ -121,8 +125,16 @@ struct spmd_graph {
     int n_updates, cap_updates;
     bool has_grad;
     /* Nodes [backward_begin, backward_end) are the backward pass; later
-     * ones (optimizer updates) the update phase.  0 before spmd_grad. */
+     * ones (optimizer updates) the update phase.  0 before spmd_grad.
+     * With gradient accumulation the sums into the accumulators end the
+     * backward pass. */
     int backward_begin, backward_end;
+    /* Gradient accumulation (spmd_optimizer.accumulate_steps): micro-batches
+     * per optimizer step (0: none), and the scalar input the program feeds
+     * itself, 0 on a step's first micro-batch (the sums start afresh) and
+     * 1 after. */
+    int accumulate_steps;
+    spmd_tensor *accumulate_keep;
     const struct spmd_mesh *mesh; /* the mesh of every mark; NULL when none */
     /* The first failure of a builder call on this graph: what a NULL that
      * a failed builder returned stands for when it reaches the next one. */

@@ -66,15 +66,23 @@ struct spmd_program {
      * refuses an input never set rather than compute on zeros. */
     bool *input_set;
     bool inputs_checked; /* every read input was set once: an input stays set */
+    /* Gradient accumulation: micro-batches run since the last step's
+     * update (spmd_program_accumulate), and whether the run under way is
+     * one of them. */
+    int micro_done;
+    bool micro_run;
 };
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
 
 static void *data_of(const device *d, const spmd_tensor *t)
 {
-    /* Leaves, and update values in buffers of their own (plan.swapped). */
-    if (ir_op_is_leaf(t->op) || d->prog->c.plan.swapped[t->id]) return d->leaf_data[t->id];
-    return d->arena + d->prog->c.plan.offset[t->id];
+    /* Leaves, update values in buffers of their own (plan.swapped), and
+     * accumulators' sums, in the accumulator's (plan.in_place). */
+    const plan *pl = &d->prog->c.plan;
+    if (ir_op_is_leaf(t->op) || pl->swapped[t->id]) return d->leaf_data[t->id];
+    if (pl->in_place[t->id] >= 0) return d->leaf_data[pl->in_place[t->id]];
+    return d->arena + pl->offset[t->id];
 }
 
 /* ---- Blocks: a device's part of a global tensor ------------------------------------ */
@@ -479,6 +487,7 @@ static void run_worker(void *ctx, int ith, int nth)
     a.dev = p->c.partitioned ? &d->kd : NULL;
     for (int s = 0; s < p->c.plan.n_steps; s++) {
         const spmd_tensor *t = p->c.plan.steps[s];
+        if (p->micro_run && !p->c.micro[t->id]) continue; /* the update waits for the last */
         /* A fused group's root reads the group's inputs. */
         const fuse_group *grp = fusion_group(&p->c.fusion, t);
         a.node = t;
@@ -516,6 +525,8 @@ static void update_worker(void *ctx, int ith, int nth)
     const bool *swapped = d->prog->c.plan.swapped;
     for (int u = 0; u < lg->n_updates; u++) {
         const ir_update *up = &lg->updates[u];
+        if (d->prog->micro_run && !up->target->accumulator) continue;
+        if (d->prog->c.plan.in_place[up->value->id] >= 0) continue; /* written where it goes */
         if (swapped[up->value->id]) {
             if (ith == 0) {
                 void *old = d->leaf_data[up->target->id];
@@ -571,7 +582,9 @@ static spmd_status check_inputs_set(spmd_program *p)
         const spmd_tensor *t = g->nodes[i];
         if (t->op != IR_INPUT) continue;
         const spmd_tensor *lt = compiled_local(&p->c, t);
-        if (!lt || !p->c.plan.needed[lt->id]) continue;
+        /* A micro-batch reads only its own part's inputs (not "lr"). */
+        const bool *reads = p->micro_run ? p->c.micro : p->c.plan.needed;
+        if (!lt || !reads[lt->id]) continue;
         for (int d = 0; d < p->n_local; d++) {
             int copy = p->dev[d].copy;
             if (p->input_set[(size_t)i * (size_t)p->copies + (size_t)copy]) continue;
@@ -588,14 +601,14 @@ static spmd_status check_inputs_set(spmd_program *p)
                               name);
         }
     }
-    p->inputs_checked = true;
+    p->inputs_checked = !p->micro_run;
     return SPMD_OK;
 }
 
-spmd_status spmd_program_run(spmd_program *p)
+/* One run: a whole step, or a micro-batch (p->micro_run). */
+static spmd_status execute(spmd_program *p)
 {
-    spmd_status ok = check_runnable(p, "run");
-    if (ok != SPMD_OK) return ok;
+    spmd_status ok;
     /* GEMM is loaded here, not at compile: plans need no BLAS. */
     if (!p->blas_loaded) {
         if ((ok = blas_init(BLAS_AUTO, NULL)) != SPMD_OK) return ok;
@@ -752,6 +765,16 @@ static void note_input_set(spmd_program *p, const spmd_tensor *t, int copy)
         if (copy < 0 || c == copy) set[c] = true;
 }
 
+/* An accumulator holds each device's own part of a sum in progress: no
+ * whole value to read or write. */
+static spmd_status accumulator_refused(const spmd_tensor *t, const char *what)
+{
+    return base_error(SPMD_ERR_INVALID,
+                      "%s: '%s' is a gradient accumulator, which holds each device's part of "
+                      "the sum of a step's micro-batches; read the gradient norm or the "
+                      "parameters instead", what, t->name);
+}
+
 /* What put() writes: a program input, or a parameter or state. */
 typedef enum put_kind { PUT_INPUT, PUT_PERSISTENT } put_kind;
 
@@ -764,6 +787,7 @@ static spmd_status put(spmd_program *p, put_kind kind, bool one_copy, int copy,
     spmd_status st = check_access(p, t, bytes, what);
     if (st == SPMD_OK && one_copy) st = check_copy(p, copy, what);
     if (st != SPMD_OK) return st;
+    if (t->accumulator) return accumulator_refused(t, what);
     if (kind == PUT_INPUT ? t->op != IR_INPUT : !is_persistent(t))
         return base_error(SPMD_ERR_INVALID, "%s: '%s' is a %s, not %s", what,
                           t->name ? t->name : "(unnamed)", ir_op_name(t->op),
@@ -797,12 +821,71 @@ spmd_status spmd_program_write_copy(spmd_program *p, int copy, const spmd_tensor
     return put(p, PUT_PERSISTENT, true, copy, t, src, bytes);
 }
 
+/* ---- Gradient accumulation ------------------------------------------------------------ */
+
+/* Gradient accumulation's bookkeeping before a run: the micro-batch count
+ * checked, and the accumulators' keep factor fed (0 on a step's first
+ * micro-batch: the sums start afresh). */
+static spmd_status begin_micro_batch(spmd_program *p, bool last, const char *what)
+{
+    const spmd_graph *g = p->c.g;
+    const int steps = g->accumulate_steps;
+    if (steps <= 1) {
+        if (!last)
+            return base_error(SPMD_ERR_INVALID,
+                              "accumulate: the program has no gradient accumulation "
+                              "(spmd_optimizer.accumulate_steps is %d): spmd_program_run "
+                              "runs each step", steps);
+        return SPMD_OK;
+    }
+    if (last && p->micro_done != steps - 1)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: %d of the step's %d micro-batches were accumulated; "
+                          "spmd_program_accumulate runs %d before spmd_program_run runs the last "
+                          "and the update",
+                          what, p->micro_done, steps, steps - 1);
+    if (!last && p->micro_done == steps - 1)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: %d of the step's %d micro-batches were accumulated already; "
+                          "spmd_program_run runs the last and the update",
+                          what, p->micro_done, steps);
+    float keep = p->micro_done == 0 ? 0.0f : 1.0f;
+    scatter(p, g->accumulate_keep, &keep, -1);
+    note_input_set(p, g->accumulate_keep, -1);
+    return SPMD_OK;
+}
+
+spmd_status spmd_program_accumulate(spmd_program *p)
+{
+    spmd_status ok = check_runnable(p, "accumulate");
+    if (ok == SPMD_OK) ok = begin_micro_batch(p, false, "accumulate");
+    if (ok != SPMD_OK) return ok;
+    p->micro_run = true;
+    ok = execute(p);
+    p->micro_run = false;
+    /* The sums are written in place: a failed micro-batch may have added
+     * to some, so the step starts over. */
+    p->micro_done = ok == SPMD_OK ? p->micro_done + 1 : 0;
+    return ok;
+}
+
+spmd_status spmd_program_run(spmd_program *p)
+{
+    spmd_status ok = check_runnable(p, "run");
+    if (ok == SPMD_OK) ok = begin_micro_batch(p, true, "run");
+    if (ok != SPMD_OK) return ok;
+    ok = execute(p);
+    p->micro_done = 0; /* done, or (failed) started over: see above */
+    return ok;
+}
+
 spmd_status spmd_program_read_copy(const spmd_program *p, int copy, const spmd_tensor *t,
                                    void *dst, size_t bytes)
 {
     spmd_status st = check_access(p, t, bytes, "read");
     if (st == SPMD_OK) st = check_copy(p, copy, "read");
     if (st != SPMD_OK) return st;
+    if (t->accumulator) return accumulator_refused(t, "read");
     if (!ir_op_is_leaf(t->op) && !t->is_output)
         return base_error(SPMD_ERR_INVALID,
                           "read: %s '%s' is not kept after a run; mark it with "

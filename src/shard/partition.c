@@ -672,13 +672,16 @@ static spmd_status emit_leaf(builder *b, const spmd_tensor *t)
 {
     partition *p = b->p;
     sharding s = p->prop.nodes[t->id].out;
-    s.partial = 0;
+    /* Leaves hold whole values, but for a gradient accumulator, which
+     * holds its gradient's pending sum (each device its addend). */
+    if (!t->accumulator) s.partial = 0;
     int64_t dims[SPMD_MAX_RANK];
     sharding_local_dims(&s, p->m, t->rank, t->dims, dims);
     spmd_tensor *lt = LOCAL(b, ir_node_new(p->local, t->op, t->dtype, t->rank, dims, NULL, 0));
     if (!lt) return failed(b);
     lt->name = base_arena_strdup(&p->local->arena, t->name);
     lt->init = t->init;
+    lt->accumulator = t->accumulator;
     if (!lt->name) fail_nomem(b, "a name");
     if (!lt->name || !add_variant(b, t->id, &s, lt)) return failed(b);
     p->local_of[t->id] = lt;
@@ -701,6 +704,8 @@ static spmd_status build(builder *b, const bool *needed)
         /* A marked value is held as marked, whatever its op produced. */
         if (t->mark && !ir_op_is_leaf(t->op) && !value(b, t, t->mark, t->id)) return failed(b);
     }
+    p->local->accumulate_steps = g->accumulate_steps;
+    if (g->accumulate_keep) p->local->accumulate_keep = p->local_of[g->accumulate_keep->id];
     /* Outputs are resolved: no pending sums when read. */
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];

@@ -331,10 +331,16 @@ static bool sweep_forward(shard_plan *p, const bool *needed)
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
         shard_node *n = &p->nodes[i];
-        if ((needed && !needed[i]) || ir_op_is_leaf(t->op)) continue;
+        if ((needed && !needed[i]) || (ir_op_is_leaf(t->op) && !t->accumulator)) continue;
         sharding before = n->out;
         uint8_t level_before = n->level;
-        if (t->mark) {
+        if (t->accumulator) {
+            /* A gradient accumulator is held as its gradient is produced,
+             * pending sums included: adding into it moves nothing. */
+            const shard_node *grad = &p->nodes[t->grad->id];
+            n->level = grad->level == SHARD_UNKNOWN ? SHARD_UNKNOWN : SHARD_DERIVED;
+            if (n->level) n->out = shard_produced(p, t->grad);
+        } else if (t->mark) {
             n->out = *t->mark;
             n->level = SHARD_MARKED;
             if (n->sig) choose(p, t);

@@ -145,6 +145,13 @@ static spmd_status assign_writers(ckpt_layout *l)
     return st;
 }
 
+/* What a checkpoint holds: what the program keeps, but for gradient
+ * accumulators (a sum in progress, started afresh by every step). */
+static bool saved(const spmd_program *p, const spmd_tensor *t)
+{
+    return executor_keeps(p, t) && !t->accumulator;
+}
+
 spmd_status ckpt_layout_build(const spmd_program *p, int copy, ckpt_layout *l, const char *what)
 {
     memset(l, 0, sizeof *l);
@@ -156,7 +163,7 @@ spmd_status ckpt_layout_build(const spmd_program *p, int copy, ckpt_layout *l, c
     spmd_status st = SPMD_OK;
     for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++) {
         int pieces = 0;
-        if (executor_keeps(p, g->nodes[i])) st = executor_block_pieces(p, g->nodes[i], &pieces);
+        if (saved(p, g->nodes[i])) st = executor_block_pieces(p, g->nodes[i], &pieces);
         l->n_tensors += pieces;
     }
     if (st != SPMD_OK) return st;
@@ -170,7 +177,7 @@ spmd_status ckpt_layout_build(const spmd_program *p, int copy, ckpt_layout *l, c
     int n = 0;
     for (int i = 0; st == SPMD_OK && i < g->n_nodes; i++) {
         int pieces = 0;
-        if (executor_keeps(p, g->nodes[i])) st = executor_block_pieces(p, g->nodes[i], &pieces);
+        if (saved(p, g->nodes[i])) st = executor_block_pieces(p, g->nodes[i], &pieces);
         for (int k = 0; k < pieces; k++, n++) {
             l->tensors[n] = g->nodes[i];
             l->piece[n] = k;

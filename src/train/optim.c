@@ -35,6 +35,9 @@
 #define WD_NAME "weight_decay"
 #define STEP_NAME "opt.step"
 #define NORM_NAME "opt.grad_norm"
+#define KEEP_NAME "accumulate.keep"
+#define ACC_SUFFIX ".grad_acc"
+#define MAX_ACCUMULATE (1 << 20)
 #define NAME_SIZE 256
 #define CLIP_EPS 1e-6f /* clip_grad_norm_'s guard against a zero norm */
 #define ADAM_BETA1 0.9f
@@ -84,6 +87,10 @@ static spmd_status resolve(const spmd_optimizer *opt, const char *who, spmd_opti
     if (!nonneg(opt->weight_decay))
         return base_error(SPMD_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", who,
                           (double)opt->weight_decay);
+    if (opt->accumulate_steps < 0 || opt->accumulate_steps > MAX_ACCUMULATE)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: accumulate_steps %d is outside 0 .. %d (0 or 1: no accumulation)",
+                          who, opt->accumulate_steps, MAX_ACCUMULATE);
     if (!nonneg(opt->clip_norm))
         return base_error(SPMD_ERR_INVALID,
                           "%s: clip_norm %g must be finite and >= 0 (0 turns clipping off)", who,
@@ -271,16 +278,22 @@ static spmd_status check_param(const spmd_graph *g, const spmd_tensor *p, const 
     return SPMD_OK;
 }
 
+static bool accumulates(const spmd_optimizer *o) { return o->accumulate_steps > 1; }
+
 static spmd_status check_state_names(const spmd_graph *g, const spmd_optimizer *o,
                                      const spmd_tensor *p, const char *who)
 {
     char name[NAME_SIZE];
-    for (int k = 0; k < state_count(o); k++) {
-        spmd_status st = state_name(p, state_suffix(o, k), name, who);
+    spmd_status st = SPMD_OK;
+    for (int k = 0; k < state_count(o) && st == SPMD_OK; k++) {
+        st = state_name(p, state_suffix(o, k), name, who);
         if (st == SPMD_OK) st = name_free(g, name, who);
-        if (st != SPMD_OK) return st;
     }
-    return SPMD_OK;
+    if (st == SPMD_OK && accumulates(o)) {
+        st = state_name(p, ACC_SUFFIX, name, who);
+        if (st == SPMD_OK) st = name_free(g, name, who);
+    }
+    return st;
 }
 
 static spmd_status check_graph(const spmd_graph *g, plan *pl,
@@ -296,11 +309,14 @@ static spmd_status check_graph(const spmd_graph *g, plan *pl,
     if (st == SPMD_OK) st = assign_groups(pl, groups, who);
     for (int k = 0; k < pl->n_params && st == SPMD_OK; k++)
         st = check_state_names(g, &pl->o[pl->group[k]], pl->params[k], who);
+    if (st == SPMD_OK && !bookkeeping && accumulates(&pl->o[0]))
+        st = BASE_INTERNAL("accumulation needs the optimizer's bookkeeping");
     if (st != SPMD_OK || !bookkeeping) return st;
     if (pl->n_params == 0)
         return base_error(SPMD_ERR_INVALID, "%s: the graph has no parameters", who);
     const spmd_optimizer *o = &pl->o[0];
     st = name_free(g, STEP_NAME, who);
+    if (st == SPMD_OK && accumulates(o)) st = name_free(g, KEEP_NAME, who);
     if (st == SPMD_OK && o->weight_decay_input && o->weight_decay != 0.0f) st = name_free(g, WD_NAME, who);
     return st != SPMD_OK ? st : name_free(g, NORM_NAME, who);
 }
@@ -485,10 +501,11 @@ static spmd_status adam_param(spmd_graph *g, const spmd_optimizer *o, spmd_tenso
  * reduce-scatter, and an all-reduce over the replica axes).  Unheld,
  * every consumer (the norm, each moment) would resolve the pending sum
  * again. */
-static spmd_tensor *held_grad(spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p)
+static spmd_tensor *held_grad(spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
+                              spmd_tensor *grad)
 {
-    if (!g->mesh) return p->grad;
-    spmd_tensor *held = ir_sharding_constraint(g, p->grad);
+    if (!grad || !g->mesh) return grad;
+    spmd_tensor *held = ir_sharding_constraint(g, grad);
     sharding mark;
     state_mark(g, o, p, &mark);
     if (held && copy_mark(g, held, &mark) != SPMD_OK) return NULL;
@@ -524,14 +541,49 @@ static spmd_tensor *squares_total(spmd_graph *g, spmd_tensor **params, spmd_tens
     return total;
 }
 
+/* Gradient accumulation: each parameter's gradient is added into its
+ * accumulator "<param>.grad_acc", a state in the gradient's own sharding
+ * (pending sums included: propagation gives it the gradient's, and it is
+ * never resolved), as acc * keep + grad / K, keep being 0 on a step's
+ * first micro-batch so the sum starts afresh without a pass to zero it,
+ * one fused pass per micro-batch.  Dividing each addend rather than the
+ * sum lets the update read the accumulator's new value itself, with no
+ * scaled copy beside it.  The sums end the backward pass (what
+ * micro-batches run); the update reads them, grads[k].  Only allocation
+ * can fail. */
+static spmd_status accumulate(spmd_graph *g, plan *pl, const char *who)
+{
+    const int steps = pl->o[0].accumulate_steps;
+    spmd_tensor *keep = spmd_input(g, KEEP_NAME, SPMD_F32, 0, NULL);
+    if (!keep) return builder_failed(g, who);
+    for (int k = 0; k < pl->n_params; k++) {
+        spmd_tensor *p = pl->params[k];
+        char name[NAME_SIZE];
+        snprintf(name, sizeof name, "%s%s", p->name, ACC_SUFFIX); /* length checked up front */
+        spmd_tensor *acc = spmd_state(g, name, p->rank, p->dims, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
+        if (!acc) return builder_failed(g, who);
+        acc->accumulator = true;
+        acc->grad = p->grad;
+        spmd_tensor *mean = spmd_add(g, spmd_mul(g, acc, keep), spmd_scale(g, p->grad, 1.0f / (float)steps));
+        spmd_status st = update(g, acc, mean, who);
+        if (st != SPMD_OK) return st;
+        pl->grads[k] = mean;
+    }
+    g->backward_end = g->n_nodes;
+    g->accumulate_steps = steps;
+    g->accumulate_keep = keep;
+    return SPMD_OK;
+}
+
 /* Append the updates once everything is checked: only allocation can fail. */
 static spmd_status append(spmd_graph *g, plan *pl, bool bookkeeping, const char *who,
                           spmd_optimizer_tensors *out, spmd_tensor **lrs)
 {
     spmd_status st;
-    for (int k = 0; k < pl->n_params; k++)
-        if (!(pl->grads[k] = bookkeeping ? held_grad(g, &pl->o[pl->group[k]], pl->params[k])
-                                         : pl->params[k]->grad))
+    for (int k = 0; k < pl->n_params; k++) pl->grads[k] = pl->params[k]->grad;
+    if (accumulates(&pl->o[0]) && (st = accumulate(g, pl, who)) != SPMD_OK) return st;
+    for (int k = 0; k < pl->n_params && bookkeeping; k++)
+        if (!(pl->grads[k] = held_grad(g, &pl->o[pl->group[k]], pl->params[k], pl->grads[k])))
             return builder_failed(g, who);
 
     const spmd_optimizer *o0 = &pl->o[0]; /* the settings every group shares are here too */

@@ -12,6 +12,8 @@ struct spmd_trainer {
     spmd_program *program;
     spmd_tensor *loss;
     spmd_optimizer_tensors opt;
+    double micro_loss; /* sum of the losses of the step's micro-batches so far */
+    int micros;        /* micro-batches accumulated in the step so far */
 };
 
 spmd_trainer *spmd_trainer_create(spmd_graph *g, spmd_tensor *loss,
@@ -51,13 +53,32 @@ void spmd_trainer_free(spmd_trainer *t)
 
 spmd_program *spmd_trainer_program(const spmd_trainer *t) { return t ? t->program : NULL; }
 
+spmd_status spmd_trainer_accumulate(spmd_trainer *t, float *loss)
+{
+    if (!t) return base_error(SPMD_ERR_INVALID, "trainer: NULL");
+    float l = 0.0f;
+    spmd_status st = spmd_program_accumulate(t->program);
+    if (st == SPMD_OK) st = spmd_program_read(t->program, t->loss, &l, sizeof l);
+    if (st != SPMD_OK) return st;
+    t->micro_loss += l;
+    t->micros++;
+    if (loss) *loss = l;
+    return SPMD_OK;
+}
+
 spmd_status spmd_trainer_step(spmd_trainer *t, float lr, float *loss, float *grad_norm)
 {
     if (!t) return base_error(SPMD_ERR_INVALID, "trainer: NULL");
+    float l = 0.0f;
     spmd_status st = spmd_program_set_input(t->program, t->opt.lr, &lr, sizeof lr);
     if (st == SPMD_OK) st = spmd_program_run(t->program);
-    if (st == SPMD_OK && loss) st = spmd_program_read(t->program, t->loss, loss, sizeof *loss);
+    if (st == SPMD_OK) st = spmd_program_read(t->program, t->loss, &l, sizeof l);
     if (st == SPMD_OK && grad_norm)
         st = spmd_program_read(t->program, t->opt.grad_norm, grad_norm, sizeof *grad_norm);
-    return st;
+    if (st != SPMD_OK) return st;
+    /* The mean of equal micro-batches' means: the whole batch's mean. */
+    if (loss) *loss = t->micros ? (float)((t->micro_loss + l) / (t->micros + 1)) : l;
+    t->micro_loss = 0.0;
+    t->micros = 0;
+    return SPMD_OK;
 }

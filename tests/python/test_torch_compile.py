@@ -53,6 +53,25 @@ def eager_losses(model, optimizer, loss_fn, data, clip=CLIP, schedule=None):
     return out
 
 
+def eager_accumulated_losses(model, optimizer, loss_fn, data, k, clip=CLIP):
+    """PyTorch's gradient accumulation loop (nanoGPT's, Hugging Face's):
+    each of k micro-batches' loss / k backward, then clip and step; the
+    step's loss is the micro-batches' mean."""
+    out = []
+    for b in data:
+        optimizer.zero_grad()
+        total = 0.0
+        for part in zip(*(t.chunk(k) for t in b)):
+            loss = loss_fn(model, *part)
+            (loss / k).backward()
+            total += loss.item()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        out.append(total / k)
+    return out
+
+
 def compiled_losses(step, optimizer, data, schedule=None):
     out = []
     for i, b in enumerate(data):
@@ -148,6 +167,42 @@ def test_adamw_with_clipping_trains_like_eager(name, mesh_name):
         assert float(state[k]["step"]) == float(eager_state[k]["step"]) == STEPS
         np.testing.assert_allclose(state[k]["exp_avg"].numpy(), eager_state[k]["exp_avg"].numpy(),
                                    rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "8", "4x2"])
+@pytest.mark.parametrize("name", ["gpt", "mlp"])
+def test_gradient_accumulation_trains_as_the_whole_batch(name, mesh_name):
+    """gradient_accumulation_steps=4 on a batch of 32: four micro-batches of
+    8 add up their gradients; the losses and parameters are eager
+    PyTorch's accumulation loop's, and (the MLP: every micro-batch scores
+    as many values) its whole batch of 32's.  The GPT's first rows ignore
+    some targets, so there the mean of the micro-batches' means is not the
+    whole batch's mean, in PyTorch as here."""
+    model_cls, loss_fn, _ = CASES[name]
+    torch.manual_seed(4)
+    model = model_cls()
+    eager, whole = copy.deepcopy(model), copy.deepcopy(model)
+    data = batches(name, 4, B=32)
+    if MESHES[mesh_name] is not None:
+        make_mesh, mark = MESHES[mesh_name]
+        mark(model, make_mesh(), data)
+    opt, eager_opt = adamw(model), adamw(eager)
+    step = xs.compile(model, opt, loss_fn, clip_grad_norm=CLIP, gradient_accumulation_steps=4)
+    got = compiled_losses(step, opt, data)
+    want = eager_accumulated_losses(eager, eager_opt, loss_fn, data, 4)
+    assert_close_losses(got, want)
+    if name == "mlp":
+        assert_close_losses(got, eager_losses(whole, adamw(whole), loss_fn, data))
+    assert step.steps == 4
+    step.sync()
+    assert_same_params(model, eager)
+    plan = step.explain()
+    reductions = [c for c in plan["collectives"] if c["kind"] in ("all-reduce", "reduce-scatter")
+                  and c["phase"] != "update"] if mesh_name != "1" else []
+    assert all(c["count"] == 4 for c in plan["collectives"] if c["phase"] != "update")
+    # The loss's scalars (its sum, the count of scored targets); no
+    # gradient is reduced per micro-batch.
+    assert all(c["bytes"] == 4 for c in reductions)
 
 
 def test_lr_schedule_in_param_groups_is_read_every_step():
@@ -281,8 +336,12 @@ def test_unsupported_options_are_refused_by_name():
     for opt, word in cases:
         with pytest.raises(NotImplementedError, match=word):
             xs.compile(model, opt, mlp_loss)
-    with pytest.raises(NotImplementedError, match="accumulation"):
-        xs.compile(model, torch.optim.AdamW(model.parameters()), mlp_loss, gradient_accumulation_steps=4)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be an int >= 1"):
+        xs.compile(model, torch.optim.AdamW(model.parameters()), mlp_loss, gradient_accumulation_steps=0)
+    step = xs.compile(model, torch.optim.AdamW(model.parameters()), mlp_loss, gradient_accumulation_steps=3)
+    with pytest.raises(ValueError, match=r"batch argument 0 of shape \(8, 12\) does not split into "
+                                         r"gradient_accumulation_steps=3"):
+        step(*batches("mlp", 1)[0])
     partial = torch.optim.AdamW(list(model.parameters())[:2])
     with pytest.raises(ValueError, match="in no param group"):
         xs.compile(model, partial, mlp_loss)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .fsdp import SpmdFullyShardedDataParallel
-from .sharding import get_sharding
+from .sharding import get_sharding, mark_sharding
 from .trace import trace
 
 
@@ -119,6 +119,7 @@ class OptimizerPlan:
 
 
 STEP_STATE = "opt.step"
+ACCUMULATOR_SUFFIX = ".grad_acc"  # the accumulator of parameter p is state p + this
 
 
 def _mark_key(t):
@@ -136,15 +137,19 @@ class _Compiled:
         self.loss = loss
         self.lrs = lrs
         self.batch_marks = batch_marks
-        # What moves between programs: the parameters and the optimizer's state.
-        self.carried = list(traced.params) + [t.name for t in graph.tensors()
-                                              if t.op == "state" and t.name not in traced.states]
+        # What moves between programs: the parameters and the optimizer's
+        # state (not the gradient accumulators, a sum within a step).
+        accumulators = {name + ACCUMULATOR_SUFFIX for name in traced.params}
+        self.carried = list(traced.params) + [
+            t.name for t in graph.tensors()
+            if t.op == "state" and t.name not in traced.states and t.name not in accumulators]
 
 
 class Step:
     """The training step compile() returns: call it with a batch."""
 
-    def __init__(self, model, optimizer, loss_fn, clip_grad_norm=None, seed=0):
+    def __init__(self, model, optimizer, loss_fn, clip_grad_norm=None, seed=0,
+                 gradient_accumulation_steps=1):
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -152,6 +157,11 @@ class Step:
         if self.clip_grad_norm < 0:
             raise ValueError(f"clip_grad_norm {clip_grad_norm} must be positive (or None)")
         self.seed = seed
+        if (not isinstance(gradient_accumulation_steps, int) or isinstance(gradient_accumulation_steps, bool)
+                or gradient_accumulation_steps < 1):
+            raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got "
+                             f"{gradient_accumulation_steps!r}")
+        self.accumulation = gradient_accumulation_steps
         self.steps = 0
         self._cache = {}
         self._active = None
@@ -186,7 +196,8 @@ class Step:
                     m = traced.marks[call.args[0]]
                     g.mark_sharding(env[call.out.id], self._libspmd_mesh(m.mesh), m.spec_text())
             g.grad(loss)
-            lrs = g.optimizer_apply_groups(plan.kind, plan.groups, clip_norm=self.clip_grad_norm)
+            lrs = g.optimizer_apply_groups(plan.kind, plan.groups, clip_norm=self.clip_grad_norm,
+                                           accumulate_steps=self.accumulation)
             program = g.compile(seed=self.seed)
         except BaseException:
             g.close()
@@ -245,20 +256,53 @@ class Step:
 
     # ---- running
 
+    def _micro_batches(self, batch):
+        """The batch as gradient_accumulation_steps micro-batches: each
+        tensor cut along its first dim into equal parts, each part marked as
+        the tensor is; anything else goes to every micro-batch."""
+        k = self.accumulation
+        if k == 1:
+            return [batch]
+        parts = []
+        for i, b in enumerate(batch):
+            if not isinstance(b, torch.Tensor):
+                parts.append([b] * k)
+                continue
+            if b.dim() == 0 or b.shape[0] % k:
+                raise ValueError(f"step: batch argument {i} of shape {tuple(b.shape)} does not split "
+                                 f"into gradient_accumulation_steps={k} micro-batches along its "
+                                 f"first dim")
+            pieces = list(torch.chunk(b, k, dim=0))
+            mark = get_sharding(b)
+            if mark is not None:
+                for piece in pieces:
+                    mark_sharding(piece, mark.mesh, mark.partition_spec)
+            parts.append(pieces)
+        return [tuple(p[j] for p in parts) for j in range(k)]
+
     def __call__(self, *batch):
         plan = OptimizerPlan(self.optimizer, dict(self.model.named_parameters()))
         if isinstance(self.model, SpmdFullyShardedDataParallel):
             self.model.mark_batch(batch)  # FSDPv2: the batch over the data axes
-        entry = self._entry(batch, plan)
+        micro = self._micro_batches(batch)
+        entry = self._entry(micro[0], plan)
         self._activate(entry)
         prog = entry.program
-        for name, value in entry.traced.feeds(*batch).items():
-            prog.set_input(name, value)
         for lr_input, lr in zip(entry.lrs, plan.lrs()):
             prog.set_input(lr_input, np.array(lr, np.float32))
-        prog.run()
+        # K - 1 micro-batches add up their gradients; the last one updates.
+        # The loss is their mean: the whole batch's.
+        total = 0.0
+        for k, part in enumerate(micro):
+            for name, value in entry.traced.feeds(*part).items():
+                prog.set_input(name, value)
+            if k + 1 < len(micro):
+                prog.accumulate()
+            else:
+                prog.run()
+            total += float(prog.read(entry.loss))
         self.steps += 1
-        return float(prog.read(entry.loss))
+        return total / len(micro) if len(micro) > 1 else total
 
     @property
     def program(self):
@@ -322,12 +366,14 @@ def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulatio
     backward and `optimizer`'s update (torch.optim.SGD, Adam or AdamW, every
     param group with its own settings, lr read at each call) as one libspmd
     program on the mesh of the marks (one device without marks), clipping
-    the gradients' global norm to clip_grad_norm when given."""
+    the gradients' global norm to clip_grad_norm when given.  With
+    gradient_accumulation_steps K > 1 each call's batch is cut along its
+    first dim into K micro-batches (marked as the batch is): each runs
+    forward and backward, their gradients add up where they are, and the
+    reduction and update run once, on their mean, as for the whole batch;
+    the loss returned is the whole batch's."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
-    if gradient_accumulation_steps != 1:
-        raise NotImplementedError(
-            f"compile: gradient_accumulation_steps={gradient_accumulation_steps} waits for "
-            f"gradient accumulation in libspmd's training layer; pass the whole batch instead")
     OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option
-    return Step(model, optimizer, loss_fn, clip_grad_norm)
+    return Step(model, optimizer, loss_fn, clip_grad_norm,
+                gradient_accumulation_steps=gradient_accumulation_steps)
