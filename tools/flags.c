@@ -177,6 +177,11 @@ static const flag_spec flag_specs[] = {
      .offset = FIELD(optimizer.shard_state), .value = "on|off",
      .help = "shard the optimizer state and the update over the axes each parameter is replicated "
              "over (ZeRO-1/2)", .initial = "off", .choices = "off|on"},
+    {.name = "--precision", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE, .offset = FIELD(bf16),
+     .value = "fp32|bf16",
+     .help = "bf16: mixed precision, every matmul on bf16 copies of its operands summed in f32 "
+             "(weights gathered in bf16); parameters, gradients, optimizer and the other ops f32",
+     .initial = "fp32", .choices = "fp32|bf16"},
     {.name = "--checkpoint", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE,
      .offset = FIELD(checkpoint), .value = "on|off",
      .help = "recompute GPT block activations in backward", .initial = "off", .choices = "off|on"},

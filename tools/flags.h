@@ -75,6 +75,7 @@ typedef struct cli_opts {
     const char *resume; /* --resume DIR: continue from its latest checkpoint */
     const char *init;  /* --init FILE: GPT-2 weights to start from (weights.h) */
     bool checkpoint;   /* recompute each GPT block's activations in backward */
+    bool bf16;         /* --precision bf16: matmuls on bf16 copies, summed in f32 */
     int eval_samples;  /* held-out samples scored at the end */
     const char *val_data; /* --val-data: validation source; NULL: --data's held-out split */
     int val_every;     /* validate every N steps (and at the last); 0: only at the last, if asked */

@@ -83,7 +83,7 @@ typedef struct spmd_allocator {
 typedef enum spmd_dtype {
     SPMD_F32 = 0,
     SPMD_I32 = 1,  /* token ids and class targets */
-    SPMD_BF16 = 2  /* reserved: not computed with yet */
+    SPMD_BF16 = 2  /* bfloat16: matmul operands under mixed precision (below) */
 } spmd_dtype;
 
 SPMD_API size_t spmd_dtype_size(spmd_dtype dtype);
@@ -166,11 +166,25 @@ SPMD_API spmd_tensor *spmd_layernorm(spmd_graph *g, spmd_tensor *x, spmd_tensor 
 /* Linear algebra.  matmul: a [..., M, K] times b [K, N] (b [N, K] with
  * trans_b); with trans_a, a [L..., K'] and b [L..., N] contract over all
  * leading dims (the weight-gradient form) and give [K', N].
- * bmm: a [B..., M, K] times b [B..., K, N], transposes on the last two. */
+ * bmm: a [B..., M, K] times b [B..., K, N], transposes on the last two.
+ * Operands are f32 or bf16 (each its own); products are summed in f32 and
+ * the result is f32. */
 SPMD_API spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b,
                                   bool trans_a, bool trans_b);
 SPMD_API spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b,
                                bool trans_a, bool trans_b);
+
+/* Mixed precision, as torch.autocast(dtype=torch.bfloat16) does for
+ * matmuls: with SPMD_BF16, every matmul and bmm built from now on (the
+ * backward pass's too) reads bf16 copies of its f32 operands (one
+ * spmd_convert per tensor, shared by all its matmuls) and sums in f32.
+ * Parameters, their gradients, the optimizer and every other op stay f32;
+ * a parameter's copy is what FSDP gathers, in half the bytes.  SPMD_F32
+ * (the default) builds f32 matmuls again. */
+SPMD_API spmd_status spmd_graph_set_matmul_precision(spmd_graph *g, spmd_dtype dtype);
+/* x as f32 or bf16 (rounded to nearest even); x itself when it has that
+ * type already.  Its gradient is the f32 adjoint of the result. */
+SPMD_API spmd_tensor *spmd_convert(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);
 
 /* Causal multi-head self-attention: q, k, v [B, T, C], C = heads * head_dim;
  * returns softmax(q k^T / sqrt(head_dim), causal) v as [B, T, C]. */

@@ -1308,6 +1308,25 @@ static PyObject *graph_pow_scalar(GraphObject *self, PyObject *args, PyObject *k
     return wrap_tensor(self, spmd_pow_scalar(self->g, t, e));
 }
 
+static PyObject *graph_convert(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "dtype", NULL};
+    PyObject *x, *d;
+    spmd_tensor *t;
+    spmd_dtype dtype;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:convert", kwlist, &x, &d) || tensor_arg(self, x, &t, true) < 0 ||
+        dtype_arg(d, &dtype) < 0)
+        return NULL;
+    return wrap_tensor(self, spmd_convert(self->g, t, dtype));
+}
+
+static PyObject *graph_set_matmul_precision(GraphObject *self, PyObject *d)
+{
+    spmd_dtype dtype;
+    if (graph_open(self) < 0 || dtype_arg(d, &dtype) < 0) return NULL;
+    RETURN_STATUS(spmd_graph_set_matmul_precision(self->g, dtype));
+}
+
 typedef spmd_tensor *(*shape_op_fn)(spmd_graph *, spmd_tensor *, int, const int64_t *);
 
 static PyObject *graph_shape_op(GraphObject *self, PyObject *args, PyObject *kw, const char *fmt,
@@ -2033,6 +2052,10 @@ static PyMethodDef graph_methods[] = {
     {"fill", KW(graph_fill), "fill(shape, value): a constant"},
     {"scale", KW(graph_scale), "scale(x, c): c * x"},
     {"pow_scalar", KW(graph_pow_scalar), "pow_scalar(x, p): x ** p for a constant p"},
+    {"convert", KW(graph_convert), "convert(x, dtype): x as 'f32' or 'bf16' (rounded to nearest even)"},
+    {"set_matmul_precision", FN(graph_set_matmul_precision), METH_O,
+     "set_matmul_precision(dtype): 'bf16': the matmuls built from now on read bf16 copies of their\n"
+     "f32 operands and sum in f32 (mixed precision); 'f32' (the default): f32 matmuls"},
     {"expand", KW(graph_expand), "expand(x, shape): broadcast x to shape"},
     {"reshape", KW(graph_reshape), "reshape(x, shape)"},
     {"sum", KW(graph_sum), "sum(x, axes=None, keepdim=False): axes an int or a tuple; None is all"},

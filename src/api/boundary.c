@@ -72,6 +72,8 @@ spmd_tensor *spmd_log_softmax_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_layernorm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma, spmd_tensor *beta, float eps);
 spmd_tensor *spmd_matmul_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_bmm_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
+spmd_status spmd_graph_set_matmul_precision_impl(spmd_graph *g, spmd_dtype dtype);
+spmd_tensor *spmd_convert_impl(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);
 spmd_tensor *spmd_attention_impl(spmd_graph *g, spmd_tensor *q, spmd_tensor *k, spmd_tensor *v, int heads);
 spmd_tensor *spmd_cache_write_impl(spmd_graph *g, spmd_tensor *cache, spmd_tensor *rows, spmd_tensor *pos);
 spmd_tensor *spmd_cached_attention_impl(spmd_graph *g, spmd_tensor *q, spmd_tensor *k_cache, spmd_tensor *v_cache, spmd_tensor *pos, int heads);
@@ -547,6 +549,20 @@ spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool tra
 spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b)
 {
     spmd_tensor *r = spmd_bmm_impl(g, a, b, trans_a, trans_b);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_graph_set_matmul_precision(spmd_graph *g, spmd_dtype dtype)
+{
+    spmd_status r = spmd_graph_set_matmul_precision_impl(g, dtype);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_convert(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype)
+{
+    spmd_tensor *r = spmd_convert_impl(g, x, dtype);
     if (r) spmd_clear_error();
     return r;
 }

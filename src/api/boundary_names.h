@@ -66,6 +66,8 @@
 #define spmd_layernorm spmd_layernorm_impl
 #define spmd_matmul spmd_matmul_impl
 #define spmd_bmm spmd_bmm_impl
+#define spmd_graph_set_matmul_precision spmd_graph_set_matmul_precision_impl
+#define spmd_convert spmd_convert_impl
 #define spmd_attention spmd_attention_impl
 #define spmd_cache_write spmd_cache_write_impl
 #define spmd_cached_attention spmd_cached_attention_impl

@@ -11,12 +11,45 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The ops whose kernels move bf16 values as they are (layout, gathers,
+ * slices: bytes), besides convert, which makes them. */
+static bool moves_bf16(ir_op op)
+{
+    switch (op) {
+    case IR_CONVERT:
+    case IR_RESHAPE:
+    case IR_SHARDING_CONSTRAINT:
+    case IR_SLICE:
+    case IR_PAD:
+    case IR_CONCAT:
+    case IR_PERMUTE:
+    case IR_ALL_GATHER:
+    case IR_ALL_TO_ALL:
+    case IR_SHARD_SLICE:
+    case IR_MASK_PADDING: return true;
+    default: return false;
+    }
+}
+
+/* bf16 only where a kernel takes it: made by convert, moved by the ops
+ * above, read by matmul and bmm (summed in f32).  Everything else
+ * computes f32: a bf16 value elsewhere (a sum over bf16 addends, a
+ * user's bf16 input) is refused, naming the op. */
 static spmd_status check_dtypes(const spmd_graph *g)
 {
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
-        if (t->dtype == SPMD_BF16)
-            return base_error(SPMD_ERR_UNSUPPORTED, "compile: %s node %d is bf16, not computed yet",
+        bool reads = t->op == IR_MATMUL || t->op == IR_BMM || moves_bf16(t->op);
+        for (int j = 0; j < t->n_in; j++)
+            if (t->in[j]->dtype == SPMD_BF16 && !reads)
+                return base_error(SPMD_ERR_UNSUPPORTED,
+                                  "compile: %s node %d reads bf16; only convert, matmul, bmm and "
+                                  "the ops that move values take bf16",
+                                  ir_op_name(t->op), i);
+        if (t->dtype == SPMD_BF16 && !moves_bf16(t->op))
+            return base_error(SPMD_ERR_UNSUPPORTED,
+                              "compile: %s node %d is bf16; only convert makes bf16 values "
+                              "(inputs, parameters and state are f32 or i32)",
                               ir_op_name(t->op), i);
     }
     return SPMD_OK;

@@ -45,7 +45,7 @@ typedef struct compiled {
  * graph g for `threads` compute threads in all (0: every core), shared by
  * the `devices_here` devices this process runs (0: every device of the
  * mesh).  Records every tensor's sharding on g, for
- * spmd_get_sharding.  Errors: bf16 tensors, marks on another mesh, and
+ * spmd_get_sharding.  Errors: bf16 where no kernel takes it, marks on another mesh, and
  * whatever partitioning and planning report. */
 spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse);
 void compiled_free(compiled *c);

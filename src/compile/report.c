@@ -11,7 +11,8 @@
 #include <string.h>
 
 /* The value a collective moves, named after where it comes from: a pending
- * sum passed through linear ops (lr * gradient) is named by its source. */
+ * sum passed through linear ops (lr * gradient) is named by its source, a
+ * bf16 copy by what it copies. */
 static void describe_tensor(const partition *p, int id, char *buf, size_t size)
 {
     const spmd_graph *g = p->g;
@@ -23,7 +24,10 @@ static void describe_tensor(const partition *p, int id, char *buf, size_t size)
         if (j == t->n_in) break;
         t = t->in[j];
     }
-    if (t->name) snprintf(buf, size, "%s", t->name);
+    /* A bf16 copy (mixed precision) by what it copies: "wte.weight as bf16". */
+    if (!t->name && t->op == IR_CONVERT && t->in[0]->name)
+        snprintf(buf, size, "%s as %s", t->in[0]->name, spmd_dtype_name(t->dtype));
+    else if (t->name) snprintf(buf, size, "%s", t->name);
     else snprintf(buf, size, "%s#%d", ir_op_name(t->op), t->id);
 }
 

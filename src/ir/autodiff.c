@@ -32,7 +32,7 @@ static _Thread_local int want_count;
 static bool wants(const spmd_tensor *t, int i)
 {
     const spmd_tensor *x = t->in[i];
-    if (x->dtype != SPMD_F32) return false; /* ids, targets */
+    if (x->dtype == SPMD_I32) return false; /* ids, targets; f32 and bf16 have adjoints (f32) */
     if (want_set && x->id < want_count) return want_set[x->id];
     return true;
 }
@@ -164,6 +164,15 @@ static spmd_status vjp_scale(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spm
  * constraint). */
 static spmd_status vjp_sharding_constraint(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
                                            spmd_tensor **dx)
+{
+    (void)g;
+    if (wants(t, 0)) dx[0] = dy;
+    return done(t, dx);
+}
+
+/* Adjoints are f32 whatever the value's type: a bf16 copy's passes back
+ * as it came. */
+static spmd_status vjp_convert(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
 {
     (void)g;
     if (wants(t, 0)) dx[0] = dy;
@@ -570,13 +579,13 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
     }
 
     /* need = depends on a param (forward sweep) and reaches the loss
-     * (backward sweep), f32 only. */
+     * (backward sweep), floating types only (not ids). */
     int last = loss->id;
     for (int i = 0; i <= last; i++) {
         const spmd_tensor *t = g->nodes[i];
         bool f = t->op == IR_PARAM;
         for (int j = 0; j < t->n_in && !f; j++) f = from_param[t->in[j]->id];
-        from_param[i] = f && t->dtype == SPMD_F32;
+        from_param[i] = f && t->dtype != SPMD_I32;
     }
     need[last] = true;
     ir_mark_inputs(g, need, last);

@@ -53,6 +53,15 @@ static bool want_f32(spmd_graph *g, const char *op, const spmd_tensor *t)
     return false;
 }
 
+static bool want_float(spmd_graph *g, const char *op, const spmd_tensor *t)
+{
+    if (t->dtype == SPMD_F32 || t->dtype == SPMD_BF16) return true;
+    char s[SHAPE_BUF];
+    ir_error(g, SPMD_ERR_INVALID, "%s: expects f32 or bf16, got %s %s", op,
+             spmd_dtype_name(t->dtype), ir_shape_str(t, s, sizeof s));
+    return false;
+}
+
 static bool want_i32(spmd_graph *g, const char *op, const spmd_tensor *t)
 {
     if (t->dtype == SPMD_I32) return true;
@@ -348,12 +357,45 @@ spmd_tensor *ir_layernorm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *g
 
 /* ---- Linear algebra ----------------------------------------------------------- */
 
+spmd_tensor *spmd_convert(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype)
+{
+    if (!x) return ir_null_operand(g, "convert", 0);
+    if (!want_float(g, "convert", x)) return NULL;
+    if (dtype != SPMD_F32 && dtype != SPMD_BF16) {
+        ir_error(g, SPMD_ERR_INVALID, "convert: to %s; only f32 and bf16 convert",
+                 spmd_dtype_name(dtype));
+        return NULL;
+    }
+    if (x->dtype == dtype) return x;
+    return ir_node_new(g, IR_CONVERT, dtype, x->rank, x->dims, &x, 1);
+}
+
+spmd_status spmd_graph_set_matmul_precision(spmd_graph *g, spmd_dtype dtype)
+{
+    if (!g) return base_error(SPMD_ERR_INVALID, "set_matmul_precision: graph is NULL");
+    if (dtype != SPMD_F32 && dtype != SPMD_BF16)
+        return base_error(SPMD_ERR_INVALID,
+                          "set_matmul_precision: %s; matmuls take f32 or bf16 operands",
+                          spmd_dtype_name(dtype));
+    g->matmul_precision = dtype;
+    return SPMD_OK;
+}
+
+/* A matmul operand in the graph's matmul precision: under bf16 an f32
+ * operand's bf16 copy, made once per tensor. */
+static spmd_tensor *matmul_operand(spmd_graph *g, spmd_tensor *x)
+{
+    if (g->matmul_precision != SPMD_BF16 || x->dtype != SPMD_F32) return x;
+    if (!x->bf16) x->bf16 = spmd_convert(g, x, SPMD_BF16);
+    return x->bf16;
+}
+
 spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a,
                          bool trans_b)
 {
     spmd_tensor *in[2] = {a, b};
     if (any_null(g, "matmul", in, 2)) return NULL;
-    if (!want_f32(g, "matmul", a) || !want_f32(g, "matmul", b)) return NULL;
+    if (!want_float(g, "matmul", a) || !want_float(g, "matmul", b)) return NULL;
     if (a->rank < 2 || b->rank < 2)
         return fail_shape2(g, "matmul", "operands need rank >= 2", a, b);
     int64_t dims[SPMD_MAX_RANK];
@@ -391,6 +433,7 @@ spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool tra
         dims[0] = a->dims[a->rank - 1];
         dims[1] = b->dims[b->rank - 1];
     }
+    if (!(in[0] = matmul_operand(g, a)) || !(in[1] = matmul_operand(g, b))) return NULL;
     spmd_tensor *t = ir_node_new(g, IR_MATMUL, SPMD_F32, rank, dims, in, 2);
     if (t) {
         t->attr.matmul.ta = trans_a;
@@ -403,7 +446,7 @@ spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_
 {
     spmd_tensor *in[2] = {a, b};
     if (any_null(g, "bmm", in, 2)) return NULL;
-    if (!want_f32(g, "bmm", a) || !want_f32(g, "bmm", b)) return NULL;
+    if (!want_float(g, "bmm", a) || !want_float(g, "bmm", b)) return NULL;
     if (a->rank < 3 || a->rank != b->rank)
         return fail_shape2(g, "bmm", "operands need the same rank >= 3", a, b);
     int r = a->rank;
@@ -418,6 +461,7 @@ spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_
     for (int i = 0; i < r - 2; i++) dims[i] = a->dims[i];
     dims[r - 2] = m;
     dims[r - 1] = n;
+    if (!(in[0] = matmul_operand(g, a)) || !(in[1] = matmul_operand(g, b))) return NULL;
     spmd_tensor *t = ir_node_new(g, IR_BMM, SPMD_F32, r, dims, in, 2);
     if (t) {
         t->attr.matmul.ta = trans_a;

@@ -300,7 +300,9 @@ static spmd_tensor *leaf(spmd_graph *g, ir_op op, const char *name, spmd_dtype d
         return NULL;
     }
     if (dtype != SPMD_F32 && dtype != SPMD_I32) {
-        ir_error(g, SPMD_ERR_UNSUPPORTED, "%s '%s': dtype %s is not computed with yet",
+        ir_error(g, SPMD_ERR_UNSUPPORTED,
+                 "%s '%s': dtype %s; inputs, parameters and state are f32 or i32 (spmd_convert "
+                 "makes bf16 copies, spmd_graph_set_matmul_precision the matmuls' own)",
                  ir_op_name(op), name, spmd_dtype_name(dtype));
         return NULL;
     }

@@ -85,6 +85,9 @@ struct spmd_tensor {
      * optimizer's, with accumulate_steps > 1): the gradient it sums over
      * micro-batches, whose sharding it takes, pending sums included. */
     spmd_tensor *grad;
+    /* Mixed precision: this f32 tensor's bf16 copy, made once for every
+     * matmul that reads it (spmd_graph_set_matmul_precision). */
+    spmd_tensor *bf16;
     bool accumulator;       /* STATE: a gradient accumulator (above; kept in local graphs too) */
     spmd_graph *graph;
     struct sharding *mark;     /* the user's spmd_mark_sharding, arena-owned; NULL if none */
@@ -135,6 +138,9 @@ struct spmd_graph {
      * 1 after. */
     int accumulate_steps;
     spmd_tensor *accumulate_keep;
+    /* The operands' type matmul and bmm are built with: SPMD_F32, or
+     * SPMD_BF16 (f32 operands converted, products summed in f32). */
+    spmd_dtype matmul_precision;
     const struct spmd_mesh *mesh; /* the mesh of every mark; NULL when none */
     /* The first failure of a builder call on this graph: what a NULL that
      * a failed builder returned stands for when it reaches the next one. */

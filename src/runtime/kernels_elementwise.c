@@ -7,6 +7,8 @@
  */
 #include "runtime/kernels_ops.h"
 
+#include "base/bf16.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -286,3 +288,18 @@ DEFINE_GRAD_KERNEL(kern_gelu_backward, ew_GELU_BACKWARD)
 DEFINE_GRAD_KERNEL(kern_relu_backward, ew_RELU_BACKWARD)
 DEFINE_GRAD_KERNEL(kern_gelu_erf_backward, ew_GELU_ERF_BACKWARD)
 DEFINE_GRAD_KERNEL(kern_silu_backward, ew_SILU_BACKWARD)
+
+/* x in the node's type: f32 -> bf16 rounded to nearest even, bf16 -> f32
+ * exactly (base/bf16.h, the one rounding every part of libspmd uses). */
+void kern_convert(const kern_args *a)
+{
+    const spmd_tensor *t = a->node;
+    int64_t b, e;
+    /* Runs of 64 bytes of bf16 too: no two threads write one cache line. */
+    kern_split(kn_numel(t), a->ith, a->nth, t->dtype == SPMD_BF16 ? 2 * EW_ALIGN : EW_ALIGN, &b, &e);
+    if (e <= b) return;
+    if (t->dtype == SPMD_BF16)
+        bf16_from_f32_n((bf16_bits *)a->out + b, (const float *)a->in[0] + b, (size_t)(e - b));
+    else
+        bf16_to_f32_n((float *)a->out + b, (const bf16_bits *)a->in[0] + b, (size_t)(e - b));
+}

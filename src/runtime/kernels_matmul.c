@@ -1,6 +1,6 @@
 /*
- * matmul and bmm on top of gemm_f32 (single-threaded GEMMs; the threads
- * here split the output).
+ * matmul and bmm on top of gemm_f32, or gemm_bf16 when an operand is bf16
+ * (single-threaded GEMMs; the threads here split the output).
  *
  * The output is cut into tiles whose size depends only on the shapes, and
  * each tile is one gemm_f32 call; threads take contiguous runs of tiles.
@@ -41,15 +41,25 @@ static void gemm_tiles(int64_t batch, int64_t m, int64_t n, int64_t *tm, int64_t
     *tn = bn;
 }
 
-/* One product C[m, n] = op(A) op(B), given by its row-major operands. */
+/* One product C[m, n] = op(A) op(B), given by its row-major operands, each
+ * f32 or bf16 (then the bf16 GEMM sums in f32); C is f32. */
 typedef struct gemm_desc {
     bool ta, tb;
     int64_t m, n, k;
-    const float *a, *b;
+    const void *a, *b;
+    gemm_type a_type, b_type;
     float *c;
     int64_t lda, ldb, ldc;
-    int64_t sa, sb, sc; /* batch strides */
+    int64_t sa, sb, sc; /* batch strides, in elements */
 } gemm_desc;
+
+static gemm_type gemm_type_of(const spmd_tensor *t) { return t->dtype == SPMD_BF16 ? GEMM_BF16 : GEMM_F32; }
+
+/* Element `i` of an operand of type `type`. */
+static const void *element(const void *base, gemm_type type, int64_t i)
+{
+    return (const char *)base + (size_t)i * (type == GEMM_BF16 ? 2 : 4);
+}
 
 /* Tile (i0, j0) of size (mm, nn) of batch entry `bi`. */
 static spmd_status gemm_tile(const gemm_desc *g, int64_t bi, int64_t i0, int64_t j0, int64_t mm,
@@ -61,10 +71,13 @@ static spmd_status gemm_tile(const gemm_desc *g, int64_t bi, int64_t i0, int64_t
         return SPMD_OK;
     }
     /* op(A) row i0: A[i0, :] or, transposed, A[:, i0]; likewise for B. */
-    const float *pa = g->a + bi * g->sa + (g->ta ? i0 : i0 * g->lda);
-    const float *pb = g->b + bi * g->sb + (g->tb ? j0 * g->ldb : j0);
-    return gemm_f32(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c,
-                    g->ldc);
+    const void *pa = element(g->a, g->a_type, bi * g->sa + (g->ta ? i0 : i0 * g->lda));
+    const void *pb = element(g->b, g->b_type, bi * g->sb + (g->tb ? j0 * g->ldb : j0));
+    if (g->a_type == GEMM_F32 && g->b_type == GEMM_F32)
+        return gemm_f32(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c,
+                        g->ldc);
+    return gemm_bf16(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->a_type, g->lda, pb, g->b_type,
+                     g->ldb, 0.0f, c, GEMM_F32, g->ldc);
 }
 
 /* A tile BLAS refuses fails the step (kern_fail: the first failing
@@ -119,6 +132,8 @@ void kern_matmul(const kern_args *a)
     g.ldc = g.n;
     g.a = a->in[0];
     g.b = a->in[1];
+    g.a_type = gemm_type_of(t->in[0]);
+    g.b_type = gemm_type_of(t->in[1]);
     g.c = a->out;
     gemm_run(a, &g, 1);
 }
@@ -145,6 +160,8 @@ void kern_bmm(const kern_args *a)
     g.sc = g.m * g.n;
     g.a = a->in[0];
     g.b = a->in[1];
+    g.a_type = gemm_type_of(t->in[0]);
+    g.b_type = gemm_type_of(t->in[1]);
     g.c = a->out;
     const int64_t batch = kn_numel_dims(t->dims, r - 2);
     gemm_run(a, &g, batch);

@@ -391,8 +391,14 @@ static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const shar
     return reshard_in_groups(b, x, &cur, want, want, gdims, gid, consumer);
 }
 
+/* A parameter, or its bf16 copy (mixed precision): what FSDP gathers. */
+static bool is_weight(const spmd_tensor *x)
+{
+    return x->op == IR_PARAM || (x->op == IR_CONVERT && x->in[0]->op == IR_PARAM);
+}
+
 /* The local value of global node `gid` with sharding `want`.  A
- * parameter resharded for one phase is resharded again for another, as
+ * weight resharded for one phase is resharded again for another, as
  * FSDP (ZeRO-3) gathers a weight again in the backward pass instead of
  * keeping the forward pass's copy alive in between. */
 static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want, int consumer)
@@ -400,7 +406,7 @@ static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want
     variant *first = b->variants[x->id];
     int phase = (int)partition_phase(b->p->g, consumer >= 0 ? consumer : x->id);
     for (variant *v = first; v; v = v->next)
-        if (sharding_equal(v->s, want) && (v->phase < 0 || v->phase == phase || x->op != IR_PARAM))
+        if (sharding_equal(v->s, want) && (v->phase < 0 || v->phase == phase || !is_weight(x)))
             return v->t;
     if (!first) {
         record(b, SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned", x->id);
@@ -640,7 +646,7 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
                 continue;
             for (int j = 0; j < t->n_in; j++)
                 for (int i = 0; i < t->in[j]->rank; i++) {
-                    if (n->sig->in[j][i] != it || in[j]->dtype != SPMD_F32) continue;
+                    if (n->sig->in[j][i] != it || in[j]->dtype == SPMD_I32) continue;
                     int64_t dims[SPMD_MAX_RANK];
                     dims_of(in[j], dims);
                     in[j] = emit_coll(b, IR_MASK_PADDING, in[j], ax, i, 0, n->sig->size[it], dims,

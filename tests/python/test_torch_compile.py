@@ -205,6 +205,31 @@ def test_gradient_accumulation_trains_as_the_whole_batch(name, mesh_name):
     assert all(c["bytes"] == 4 for c in reductions)
 
 
+@pytest.mark.parametrize("mesh_name", ["1", "4x2"])
+def test_bf16_mixed_precision_trains_close_to_eager_f32(mesh_name):
+    """mixed_precision="bf16": the GPT's matmuls on bf16 copies follow eager
+    f32 PyTorch within bf16's rounding, and on 4x2 FSDP gathers the
+    weights' bf16 copies."""
+    torch.manual_seed(5)
+    model = GPT()
+    eager = copy.deepcopy(model)
+    data = batches("gpt", 6)
+    if MESHES[mesh_name] is not None:
+        make_mesh, mark = MESHES[mesh_name]
+        mark(model, make_mesh(), data)
+    opt, eager_opt = adamw(model), adamw(eager)
+    step = xs.compile(model, opt, gpt_loss, clip_grad_norm=CLIP, mixed_precision=torch.bfloat16)
+    got = compiled_losses(step, opt, data)
+    want = eager_losses(eager, eager_opt, gpt_loss, data)
+    np.testing.assert_allclose(got, want, rtol=1e-2)
+    assert max(abs(a - b) / b for a, b in zip(got, want)) > 1e-7  # bf16 did round
+    if mesh_name == "4x2":
+        gathers = [c["value"] for c in step.explain()["collectives"] if c["kind"] == "all-gather"]
+        assert any(v.endswith(" as bf16") for v in gathers)
+    with pytest.raises(ValueError, match="mixed_precision 'fp16': None"):
+        xs.compile(model, opt, gpt_loss, mixed_precision="fp16")
+
+
 def test_lr_schedule_in_param_groups_is_read_every_step():
     def schedule(optimizer, i):
         for g in optimizer.param_groups:

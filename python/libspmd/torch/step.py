@@ -149,7 +149,7 @@ class Step:
     """The training step compile() returns: call it with a batch."""
 
     def __init__(self, model, optimizer, loss_fn, clip_grad_norm=None, seed=0,
-                 gradient_accumulation_steps=1):
+                 gradient_accumulation_steps=1, mixed_precision=None):
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -162,6 +162,7 @@ class Step:
             raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got "
                              f"{gradient_accumulation_steps!r}")
         self.accumulation = gradient_accumulation_steps
+        self.matmul_precision = _matmul_precision(mixed_precision)
         self.steps = 0
         self._cache = {}
         self._active = None
@@ -189,6 +190,7 @@ class Step:
         plan = OptimizerPlan(self.optimizer, traced.params)
         g = libspmd.Graph()
         try:
+            g.set_matmul_precision(self.matmul_precision)
             loss, env = traced.build(GraphBuilder(g))
             g.mark_output(loss)
             for call in traced.calls:
@@ -361,7 +363,19 @@ class Step:
         self.steps = int(step)
 
 
-def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulation_steps=1):
+def _matmul_precision(mixed_precision):
+    """libspmd's matmul precision for compile's mixed_precision: None (or
+    "fp32", torch.float32) for f32 matmuls, "bf16" (or torch.bfloat16) for
+    bf16 copies of the operands summed in f32."""
+    if mixed_precision in (None, "fp32", "f32", torch.float32):
+        return "f32"
+    if mixed_precision in ("bf16", "bfloat16", torch.bfloat16):
+        return "bf16"
+    raise ValueError(f"mixed_precision {mixed_precision!r}: None (f32) or 'bf16'")
+
+
+def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulation_steps=1,
+            mixed_precision=None):
     """A training step for `model`: `loss = step(*batch)` runs forward,
     backward and `optimizer`'s update (torch.optim.SGD, Adam or AdamW, every
     param group with its own settings, lr read at each call) as one libspmd
@@ -371,9 +385,14 @@ def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulatio
     first dim into K micro-batches (marked as the batch is): each runs
     forward and backward, their gradients add up where they are, and the
     reduction and update run once, on their mean, as for the whole batch;
-    the loss returned is the whole batch's."""
+    the loss returned is the whole batch's.  With mixed_precision="bf16"
+    every matmul (forward and backward) reads bf16 copies of its operands
+    and sums in f32, as torch.autocast(dtype=torch.bfloat16) runs linear
+    layers; parameters, gradients and the optimizer stay f32, and FSDP
+    gathers the weights' bf16 copies."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
     OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option
     return Step(model, optimizer, loss_fn, clip_grad_norm,
-                gradient_accumulation_steps=gradient_accumulation_steps)
+                gradient_accumulation_steps=gradient_accumulation_steps,
+                mixed_precision=mixed_precision)

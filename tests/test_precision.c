@@ -1,0 +1,184 @@
+/*
+ * bf16 mixed precision (spmd_graph_set_matmul_precision, spmd_convert):
+ * the conversion rounds to nearest even both ways exactly; a GPT trained
+ * with bf16 matmuls follows the f32 run within bf16's rounding, and on
+ * meshes 8 and 4x2 (FSDP) follows its own one-device run about as closely
+ * as f32 runs follow each other across meshes; FSDP gathers the bf16
+ * copies of the weights, half the bytes; bf16 where no kernel takes it is
+ * refused, naming the op.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/bf16.h"
+#include "spmd/data.h"
+#include "spmd/mesh.h"
+#include "spmd/models.h"
+#include "spmd/train.h"
+
+enum { STEPS = 8, BATCH = 8, SEQ = 16, VOCAB = 32 };
+
+static const spmd_gpt_config CFG = {.vocab = VOCAB, .seq = SEQ, .layers = 2, .heads = 2, .dim = 32};
+
+/* Losses of STEPS AdamW steps of the GPT on `shape` ("" for one device),
+ * FSDP-wrapped over "fsdp" when the mesh has it, else the batch split. */
+static void train(const char *shape, const char *axes, spmd_dtype precision, float *loss,
+                  int64_t *gather_bytes)
+{
+    spmd_mesh *mesh = *shape ? spmd_mesh_parse(shape, axes) : NULL;
+    spmd_graph *g = spmd_graph_create(NULL);
+    assert_int_equal(spmd_graph_set_matmul_precision(g, precision), SPMD_OK);
+    spmd_gpt_tensors t;
+    assert_int_equal(spmd_gpt_build(g, &CFG, BATCH, &t), SPMD_OK);
+    spmd_tensor *in[2] = {t.input, t.targets};
+    if (mesh)
+        assert_int_equal(strstr(axes, "fsdp") ? spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL)
+                                              : spmd_shard_batch(g, mesh, in, 2, NULL),
+                         SPMD_OK);
+    spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f};
+    spmd_trainer *tr = spmd_trainer_create(
+        g, t.loss, &(spmd_trainer_options){.optimizer = opt, .compile = {.seed = 9, .threads = 2}});
+    if (!tr) fail_msg("trainer: %s", spmd_last_error());
+    spmd_program *p = spmd_trainer_program(tr);
+    int32_t ids[BATCH * SEQ], tg[BATCH * SEQ];
+    for (int s = 0; s < STEPS; s++) {
+        assert_int_equal(spmd_data_sequences(5, (int64_t)s * BATCH, BATCH, SEQ, VOCAB, ids, tg), SPMD_OK);
+        assert_int_equal(spmd_program_set_input(p, t.input, ids, sizeof ids), SPMD_OK);
+        assert_int_equal(spmd_program_set_input(p, t.targets, tg, sizeof tg), SPMD_OK);
+        if (spmd_trainer_step(tr, 3e-3f, &loss[s], NULL) != SPMD_OK)
+            fail_msg("step %d: %s", s, spmd_last_error());
+    }
+    if (gather_bytes) {
+        *gather_bytes = 0;
+        for (int i = 0; i < spmd_program_collective_count(p); i++) {
+            spmd_collective_info c;
+            assert_int_equal(spmd_program_collective(p, i, &c), SPMD_OK);
+            if (!strcmp(c.kind, "all-gather") && strstr(c.tensor, "c_fc.weight"))
+                *gather_bytes += c.bytes;
+        }
+    }
+    spmd_trainer_free(tr);
+    spmd_graph_free(g);
+    spmd_mesh_free(mesh);
+}
+
+static double max_rel(const float *a, const float *b)
+{
+    double m = 0;
+    for (int s = 0; s < STEPS; s++) m = fmax(m, fabs((double)a[s] - b[s]) / fabs((double)b[s]));
+    return m;
+}
+
+/* Round to nearest even, both ways exact: ties, the largest finite
+ * values, subnormals, infinities and NaN, through a program's convert ops. */
+static void test_convert_rounds_to_nearest_even(void **state)
+{
+    (void)state;
+    const float x[] = {1.0f, 1.00390625f /* 1 + 2^-8: a tie, to even (1) */,
+                       1.01171875f /* 1 + 3 * 2^-8: a tie, to even (1 + 2^-6) */,
+                       -2.5f, 3.0e38f, 3.4e38f /* past bf16's largest: infinity */,
+                       1e-40f /* subnormal */, INFINITY, -INFINITY, NAN, 0.0f, -0.0f};
+    enum { N = sizeof x / sizeof *x };
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *in = spmd_input(g, "x", SPMD_F32, 1, (const int64_t[]){N});
+    spmd_tensor *h = spmd_convert(g, in, SPMD_BF16), *back = spmd_convert(g, h, SPMD_F32);
+    assert_ptr_equal(spmd_convert(g, h, SPMD_BF16), h); /* already bf16 */
+    assert_int_equal(spmd_graph_mark_output(g, h), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(g, back), SPMD_OK);
+    spmd_program *p = spmd_compile(g, &(spmd_compile_options){.threads = 1});
+    assert_non_null(p);
+    assert_int_equal(spmd_program_set_input(p, in, x, sizeof x), SPMD_OK);
+    assert_int_equal(spmd_program_run(p), SPMD_OK);
+    uint16_t bits[N];
+    float y[N];
+    assert_int_equal(spmd_program_read(p, h, bits, sizeof bits), SPMD_OK);
+    assert_int_equal(spmd_program_read(p, back, y, sizeof y), SPMD_OK);
+    const uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0xc020, 0x7f62, 0x7f80,
+                             0x0001, 0x7f80, 0xff80, 0,      0x0000, 0x8000};
+    for (int i = 0; i < N; i++) {
+        if (i == 9) {
+            assert_true((bits[i] & 0x7f80) == 0x7f80 && (bits[i] & 0x7f)); /* a NaN */
+            assert_true(isnan(y[i]));
+            continue;
+        }
+        if (bits[i] != want[i]) fail_msg("x[%d] = %g: bf16 0x%04x, want 0x%04x", i, (double)x[i], bits[i], want[i]);
+        assert_true(y[i] == bf16_to_f32(want[i]) || (isinf(y[i]) && isinf(bf16_to_f32(want[i]))));
+    }
+    spmd_program_free(p);
+    spmd_graph_free(g);
+}
+
+/* bf16 matmuls change each step's loss by bf16's rounding (operands to 8
+ * bits of mantissa, about 4e-3 relative each; the loss moves much less),
+ * and not by more: the run is the f32 run, rounded. */
+static void test_bf16_follows_f32(void **state)
+{
+    (void)state;
+    float f32[STEPS], bf16[STEPS];
+    train("", "", SPMD_F32, f32, NULL);
+    train("", "", SPMD_BF16, bf16, NULL);
+    double d = max_rel(bf16, f32);
+    if (!(d > 0 && d < 1e-2)) fail_msg("bf16 differs from f32 by %.3g relative", d);
+}
+
+/* Across meshes the bf16 copies round the same values the same way; only
+ * the f32 sums go in another order, as in f32 runs: the f32 tolerance
+ * (1e-5), scaled by the 2^16 between f32's and bf16's mantissa where a
+ * changed sum meets a rounding, bounded at 1e-3. */
+static void test_bf16_meshes_follow_one_device(void **state)
+{
+    (void)state;
+    float one[STEPS], data[STEPS], fsdp[STEPS], f32_one[STEPS], f32_fsdp[STEPS];
+    int64_t bytes_bf16 = 0, bytes_f32 = 0;
+    train("", "", SPMD_BF16, one, NULL);
+    train("8", "data", SPMD_BF16, data, NULL);
+    train("4x2", "replica,fsdp", SPMD_BF16, fsdp, &bytes_bf16);
+    train("", "", SPMD_F32, f32_one, NULL);
+    train("4x2", "replica,fsdp", SPMD_F32, f32_fsdp, &bytes_f32);
+    double d8 = max_rel(data, one), d42 = max_rel(fsdp, one), f = max_rel(f32_fsdp, f32_one);
+    if (d8 > 1e-3 || d42 > 1e-3)
+        fail_msg("bf16 on 8: %.3g, on 4x2: %.3g from one device (f32 on 4x2: %.3g)", d8, d42, f);
+    /* The weights' copies are gathered: half the bytes. */
+    assert_true(bytes_f32 > 0);
+    assert_int_equal(bytes_bf16 * 2, bytes_f32);
+}
+
+/* bf16 where no kernel computes it is refused, naming the op. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, (const int64_t[]){4, 4});
+    spmd_tensor *h = spmd_convert(g, x, SPMD_BF16);
+    assert_null(spmd_add(g, h, h));
+    assert_non_null(strstr(spmd_last_error(), "add: expects f32, got bf16"));
+    assert_null(spmd_convert(g, x, SPMD_I32));
+    assert_non_null(strstr(spmd_last_error(), "only f32 and bf16 convert"));
+    assert_int_equal(spmd_graph_set_matmul_precision(g, SPMD_I32), SPMD_ERR_INVALID);
+    spmd_graph_free(g);
+
+    g = spmd_graph_create(NULL);
+    assert_null(spmd_input(g, "b", SPMD_BF16, 2, (const int64_t[]){4, 4}));
+    assert_non_null(strstr(spmd_last_error(), "input 'b': dtype bf16; inputs, parameters and state are f32 or i32"));
+    spmd_graph_free(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_convert_rounds_to_nearest_even),
+        cmocka_unit_test(test_bf16_follows_f32),
+        cmocka_unit_test(test_bf16_meshes_follow_one_device),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
