@@ -10,7 +10,9 @@
  *     meshes 1, 2 'data', 4x2 'replica,fsdp', 8 'data';
  *
  * the replicated meshes also with the optimizer's state sharded (ZeRO,
- * spmd_optimizer.shard_state).
+ * spmd_optimizer.shard_state), and the GPTs on one device (and the small
+ * one on 4x2) also with bf16 matmuls (spmd_graph_set_matmul_precision:
+ * mixed precision, --precision bf16).
  *
  * GFLOP/s counts 6 x multiplying parameters x tokens per step (plus
  * attention's 12 x layers x dim x seq per token); ratios compare with the
@@ -42,6 +44,7 @@ typedef struct workload {
 typedef struct mesh_case {
     const char *shape, *axes, *fsdp; /* fsdp: the axis parameters are sharded over, or NULL */
     bool zero;                       /* the optimizer's state sharded too (ZeRO) */
+    bool bf16;                       /* matmuls on bf16 copies (mixed precision) */
 } mesh_case;
 
 static double flops_per_step(const workload *w, int64_t params)
@@ -61,8 +64,10 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
     spmd_graph *g = spmd_graph_create(NULL);
     spmd_mesh *mesh = mc->shape ? spmd_mesh_parse(mc->shape, mc->axes) : NULL;
     spmd_tensor *input, *targets, *loss;
-    spmd_status st;
-    if (w->gpt) {
+    spmd_status st = spmd_graph_set_matmul_precision(g, mc->bf16 ? SPMD_BF16 : SPMD_F32);
+    if (st != SPMD_OK) {
+        input = targets = loss = NULL;
+    } else if (w->gpt) {
         spmd_gpt_tensors t;
         st = spmd_gpt_build(g, &w->cfg, w->batch, &t);
         input = t.input, targets = t.targets, loss = t.loss;
@@ -139,20 +144,23 @@ int main(int argc, char **argv)
         {"GPT 4 x 256, vocab 512, seq 128, batch 8", true,
          {.vocab = 512, .seq = 128, .layers = 4, .heads = 4, .dim = 256}, 8},
     };
-    static const mesh_case one[] = {{NULL, NULL, NULL, false}};
+    static const mesh_case one[] = {{NULL, NULL, NULL, false, false}, {NULL, NULL, NULL, false, true}};
     static const mesh_case mlp_meshes[] = {
-        {NULL, NULL, NULL, false},         {"2", "fsdp", "fsdp", false},
-        {"2", "data", NULL, false},        {"2", "data", NULL, true},
-        {"4x2", "replica,fsdp", "fsdp", false}, {"4x2", "replica,fsdp", "fsdp", true},
-        {"8", "data", NULL, false},        {"8", "data", NULL, true}};
+        {NULL, NULL, NULL, false, false},         {"2", "fsdp", "fsdp", false, false},
+        {"2", "data", NULL, false, false},        {"2", "data", NULL, true, false},
+        {"4x2", "replica,fsdp", "fsdp", false, false}, {"4x2", "replica,fsdp", "fsdp", true, false},
+        {"8", "data", NULL, false, false},        {"8", "data", NULL, true, false}};
     static const mesh_case gpt_meshes[] = {
-        {NULL, NULL, NULL, false}, {"2", "data", NULL, false}, {"2", "data", NULL, true},
-        {"4x2", "replica,fsdp", "fsdp", false}, {"4x2", "replica,fsdp", "fsdp", true},
-        {"8", "data", NULL, false}, {"8", "data", NULL, true}};
+        {NULL, NULL, NULL, false, false}, {NULL, NULL, NULL, false, true},
+        {"2", "data", NULL, false, false}, {"2", "data", NULL, true, false},
+        {"4x2", "replica,fsdp", "fsdp", false, false}, {"4x2", "replica,fsdp", "fsdp", false, true},
+        {"4x2", "replica,fsdp", "fsdp", true, false}, {"8", "data", NULL, false, false},
+        {"8", "data", NULL, true, false}};
     const mesh_case *meshes[] = {one, mlp_meshes, gpt_meshes};
-    const int n_meshes[] = {1, 8, 7};
+    const int n_meshes[] = {2, 8, 9};
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
+    printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
     printf("%-42s %-22s %10s %10s %8s %8s\n", "workload", "mesh", "ms/step", "GFLOP/s", "/sgemm",
            "/mesh 1");
     for (int l = quick ? 1 : 0; l < 3; l++) {
@@ -172,8 +180,8 @@ int main(int argc, char **argv)
             if (k == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
             char mesh[32];
-            snprintf(mesh, sizeof mesh, "%s %s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
-                     mc->zero ? " zero" : "");
+            snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
+                     mc->zero ? " zero" : "", mc->bf16 ? " bf16" : "");
             printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f\n", k ? "" : w->name, mesh, ms, rate,
                    rate / peak, ms / base);
             fflush(stdout);
