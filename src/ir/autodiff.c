@@ -340,10 +340,23 @@ static spmd_status vjp_layernorm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
  *   B  ta, !tb: a [L..., K'], b [L..., N], y [K', N] (sum over L...)
  *   C  ta, tb:  a [K, M], b [N, K], y [M, N]
  */
+/* A matmul operand as the backward pass reads it: a parameter's bf16
+ * copy (mixed precision) made again, once, rather than the forward's, so
+ * that the forward's dies after its last forward use instead of living
+ * through the pass, as FSDP gathers a weight again (a pass over the
+ * weights, against the bf16 weights' bytes held from the forward pass to
+ * the backward). */
+static spmd_tensor *backward_operand(spmd_graph *g, spmd_tensor *x)
+{
+    if (x->op != IR_CONVERT || x->in[0]->op != IR_PARAM) return x;
+    if (!x->bf16) x->bf16 = ir_node_new(g, IR_CONVERT, x->dtype, x->rank, x->dims, x->in, 1);
+    return x->bf16 ? x->bf16 : x;
+}
+
 static spmd_status vjp_matmul(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
                               spmd_tensor **dx)
 {
-    spmd_tensor *a = t->in[0], *b = t->in[1];
+    spmd_tensor *a = backward_operand(g, t->in[0]), *b = backward_operand(g, t->in[1]);
     bool ta = t->attr.matmul.ta, tb = t->attr.matmul.tb;
     bool wa = wants(t, 0), wb = wants(t, 1);
     if (!ta && !tb) {
@@ -371,7 +384,7 @@ static spmd_status vjp_matmul(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
  * sums over batch dims that an operand broadcast, if the builder allows it. */
 static spmd_status vjp_bmm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
 {
-    spmd_tensor *a = t->in[0], *b = t->in[1];
+    spmd_tensor *a = backward_operand(g, t->in[0]), *b = backward_operand(g, t->in[1]);
     bool ta = t->attr.matmul.ta, tb = t->attr.matmul.tb;
     spmd_tensor *da = NULL, *db = NULL;
     bool wa = wants(t, 0), wb = wants(t, 1);

@@ -86,7 +86,9 @@ struct spmd_tensor {
      * micro-batches, whose sharding it takes, pending sums included. */
     spmd_tensor *grad;
     /* Mixed precision: this f32 tensor's bf16 copy, made once for every
-     * matmul that reads it (spmd_graph_set_matmul_precision). */
+     * matmul that reads it (spmd_graph_set_matmul_precision); for a
+     * parameter's copy, the backward pass's copy of the same parameter
+     * (autodiff.c, backward_operand). */
     spmd_tensor *bf16;
     bool accumulator;       /* STATE: a gradient accumulator (above; kept in local graphs too) */
     spmd_graph *graph;
