@@ -172,3 +172,53 @@ def test_bad_loss_and_batch_refused():
         xs.trace(lambda m, x, k: m(x).sum() * k, Lin(), x46(), 3)
     with pytest.raises(TypeError, match="batch item 0 has dtype torch.bool"):
         xs.trace(lambda m, x: m.w.sum(), Lin(), torch.ones(2, dtype=torch.bool))
+
+
+class Attn(nn.Module):
+    """Self-attention over 2 heads of 4 written as PyTorch users write it:
+    `scale`, `mask` ('tril' from a buffer, 'bias' added, None) and `fill`
+    vary the pattern the lowering recognises."""
+
+    def __init__(self, scale=0.5, mask="tril", fill=float("-inf"), T=5):
+        super().__init__()
+        self.scale, self.mask, self.fill = scale, mask, fill
+        self.qkv = nn.Linear(8, 24)
+        self.register_buffer("tri", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+        self.register_buffer("bias", torch.full((1, 1, T, T), fill).triu(1))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, 2, 4).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        att = (q @ k.transpose(-2, -1)) * self.scale
+        if self.mask == "tril":
+            att = att.masked_fill(self.tri[:, :, :T, :T] == 0, self.fill)
+        elif self.mask == "triu":
+            att = att.masked_fill(self.tri[:, :, :T, :T] == 1, self.fill)
+        elif self.mask == "bias":
+            att = att + self.bias
+        y = F.softmax(att, dim=-1) @ v
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+@pytest.mark.parametrize("kw, fused", [
+    ({}, True), ({"mask": "bias"}, True), ({"fill": -1e10}, True),
+    ({"mask": None}, False),        # not causal
+    ({"mask": "triu", "fill": -1e10}, False),  # the other triangle
+    ({"scale": 1.0}, False),        # not 1 / sqrt(head dim)
+    ({"fill": -5.0}, False),        # a mask that still attends
+])
+def test_causal_attention_becomes_one_op(kw, fused):
+    torch.manual_seed(3)
+    model = Attn(**kw)
+    x = torch.randn(2, 5, 8)
+
+    def loss(m, x):
+        return (m(x) ** 2).mean()
+
+    traced = xs.trace(loss, model, x)
+    ops = traced.ops()
+    assert ("attention" in ops) == fused
+    assert ("softmax" in ops) != fused and ("bmm" in ops) != fused
+    with torch.no_grad():
+        want = loss(model, x).item()
+    assert abs(evaluate(traced, x) - want) <= 1e-5 * max(1.0, abs(want))

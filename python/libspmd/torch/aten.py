@@ -12,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from . import attention
 from .graph import Ref
 from .trace import Unavailable
 
@@ -158,6 +159,9 @@ def addmm(cx, bias, a, b, beta=1, alpha=1):
 @aten("bmm.default")
 def bmm(cx, a, b):
     a, b = cx.ref(a), cx.ref(b)
+    fused = attention.match(cx, a, b)  # softmax(q k^T / sqrt(hd), causal) @ v
+    if fused is not None:
+        return fused
     return cx.emit("bmm", a, b, False, False, shape=a.shape[:-1] + b.shape[-1:])
 
 
@@ -178,6 +182,9 @@ def transpose(cx, x, d0, d1):
     d0, d1 = _dim(d0, x.rank), _dim(d1, x.rank)
     if d0 == d1:
         return x
+    src = cx.producer.get(x.id)
+    if src is not None and src.op == "transpose" and sorted(src.args[1:3]) == sorted((d0, d1)):
+        return src.args[0]  # a transpose undone
     shape = list(x.shape)
     shape[d0], shape[d1] = shape[d1], shape[d0]
     return cx.emit("transpose", x, d0, d1, shape=tuple(shape), dtype=x.dtype)

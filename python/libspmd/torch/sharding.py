@@ -16,26 +16,36 @@ from .mesh import Mesh, get_global_mesh
 
 class ShardingMark:
     """A tensor's mark: its mesh, the spec as tuples of axis indices (None
-    for a whole dim) and the spec as given."""
+    for a whole dim), the spec as given, and per dim the number of groups
+    its split is cut in (1: a plain split; docs/DESIGN.md, "Grouped splits")."""
 
-    __slots__ = ("mesh", "axes", "partition_spec")
+    __slots__ = ("mesh", "axes", "partition_spec", "groups")
 
-    def __init__(self, mesh, axes, partition_spec):
+    def __init__(self, mesh, axes, partition_spec, groups=None):
         self.mesh = mesh
         self.axes = axes
         self.partition_spec = partition_spec
+        self.groups = tuple(groups) if groups is not None else (1,) * len(axes)
+
+    def grouped(self, dim, n):
+        """This mark with dim's split taken in n groups (each group split
+        over the same axes): a fused q | k | v weight split by heads."""
+        groups = list(self.groups)
+        groups[dim] = n
+        return ShardingMark(self.mesh, self.axes, self.partition_spec, groups)
 
     def spec_text(self):
-        """libspmd's text form of the spec: ``(replica, fsdp), None``."""
+        """libspmd's text form of the spec: ``(replica, fsdp), None``,
+        ``3*tensor, fsdp``."""
         names = self.mesh.libspmd_axis_names()
         parts = []
-        for entry in self.axes:
+        for entry, n in zip(self.axes, self.groups):
             if entry is None:
                 parts.append("None")
-            elif len(entry) == 1:
-                parts.append(names[entry[0]])
-            else:
-                parts.append("(" + ", ".join(names[a] for a in entry) + ")")
+                continue
+            text = names[entry[0]] if len(entry) == 1 else \
+                "(" + ", ".join(names[a] for a in entry) + ")"
+            parts.append(f"{n}*{text}" if n > 1 else text)
         return ", ".join(parts)
 
     def __repr__(self):
