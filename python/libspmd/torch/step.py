@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .fsdp import SpmdFullyShardedDataParallel
-from .sharding import get_sharding
+from .sharding import get_sharding, libspmd_mesh
 from .trace import trace
 
 
@@ -167,10 +167,8 @@ class Step:
         return (shapes, params, plan.key())
 
     def _libspmd_mesh(self, mesh):
-        import libspmd
         if mesh not in self._meshes:
-            self._meshes[mesh] = libspmd.Mesh(mesh.mesh_shape, mesh.libspmd_axis_names(),
-                                              device_ids=[int(i) for i in mesh.device_ids])
+            self._meshes[mesh] = libspmd_mesh(mesh)
         return self._meshes[mesh]
 
     def _compile(self, batch, batch_marks):
