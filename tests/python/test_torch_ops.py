@@ -222,3 +222,6 @@ def test_causal_attention_becomes_one_op(kw, fused):
     with torch.no_grad():
         want = loss(model, x).item()
     assert abs(evaluate(traced, x) - want) <= 1e-5 * max(1.0, abs(want))
+    if not fused:  # q @ k^T reads k with bmm's transpose flag, not a transposed copy
+        scores = next(c for c in traced.calls if c.op == "bmm")
+        assert scores.args[2:] == (False, True)

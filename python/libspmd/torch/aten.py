@@ -156,13 +156,35 @@ def addmm(cx, bias, a, b, beta=1, alpha=1):
     return cx.emit("add", y, bias, shape=_bcast(y.shape, bias.shape))
 
 
+def _batched_transpose(cx, x):
+    """x's untransposed form when x [N, K, M] is a transpose of its last two
+    dims, directly or as the [N, ...] view of a [B, H, M, K] -> [B, H, K, M]
+    transpose (k.transpose(-2, -1) before torch's matmul flattens it): a
+    value to read with bmm's transpose flag instead of copying, else None."""
+    call = cx.producer.get(x.id)
+    if call is None:
+        return None
+    if call.op == "reshape" and call.args[0].rank == 4:
+        src = cx.producer.get(call.args[0].id)
+        if src is not None and src.op == "transpose" and sorted(src.args[1:3]) == [2, 3]:
+            inner = src.args[0]
+            return _reshape(cx, inner, (x.shape[0], x.shape[2], x.shape[1]))
+        return None
+    if call.op == "transpose" and x.rank == 3 and sorted(call.args[1:3]) == [1, 2]:
+        return call.args[0]
+    return None
+
+
 @aten("bmm.default")
 def bmm(cx, a, b):
     a, b = cx.ref(a), cx.ref(b)
     fused = attention.match(cx, a, b)  # softmax(q k^T / sqrt(hd), causal) @ v
     if fused is not None:
         return fused
-    return cx.emit("bmm", a, b, False, False, shape=a.shape[:-1] + b.shape[-1:])
+    shape = a.shape[:-1] + b.shape[-1:]
+    ta, tb = _batched_transpose(cx, a), _batched_transpose(cx, b)
+    return cx.emit("bmm", ta if ta is not None else a, tb if tb is not None else b,
+                   ta is not None, tb is not None, shape=shape)
 
 
 # ---- layout ----------------------------------------------------------------

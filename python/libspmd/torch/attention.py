@@ -185,16 +185,20 @@ def match(cx, p, v):
     prod = _call(cx, scores)
     if prod is not None and prod.op == "reshape":  # bmm's [B*H, T, T] viewed as [B, H, T, T]
         prod = _call(cx, prod.args[0])
-    if prod is None or prod.op != "bmm" or prod.args[2] or prod.args[3]:
+    if prod is None or prod.op != "bmm" or prod.args[2]:
         return None
     if not math.isclose(scale, 1.0 / math.sqrt(hd), rel_tol=1e-6):
         return None
     q4 = _heads_form(cx, prod.args[0], (b, h, t, hd))
-    kt4 = _heads_form(cx, prod.args[1], (b, h, hd, t))
+    if prod.args[3]:  # k read transposed by bmm's flag
+        k4 = _heads_form(cx, prod.args[1], (b, h, t, hd))
+    else:
+        kt4 = _heads_form(cx, prod.args[1], (b, h, hd, t))
+        k4 = _transposed_last(cx, kt4) if kt4 is not None else None
     v4 = _heads_form(cx, v, (b, h, t, hd))
-    if q4 is None or kt4 is None or v4 is None:
+    if q4 is None or k4 is None or v4 is None:
         return None
-    q, k, vv = _parts_view(cx, [_rows(cx, x) for x in (q4, _transposed_last(cx, kt4), v4)])
+    q, k, vv = _parts_view(cx, [_rows(cx, x) for x in (q4, k4, v4)])
     y = cx.emit("attention", q, k, vv, h, shape=(b, t, h * hd))
     y4 = cx.emit("reshape", y, (b, t, h, hd), shape=(b, t, h, hd))
     heads = cx.emit("transpose", y4, 1, 2, shape=(b, h, t, hd))
