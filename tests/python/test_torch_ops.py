@@ -176,8 +176,9 @@ def test_bad_loss_and_batch_refused():
 
 class Attn(nn.Module):
     """Self-attention over 2 heads of 4 written as PyTorch users write it:
-    `scale`, `mask` ('tril' from a buffer, 'bias' added, None) and `fill`
-    vary the pattern the lowering recognises."""
+    `scale`, `mask` ('tril' from a buffer, 'triu' the other triangle, 'bias'
+    added, 'where' kept by torch.where, None) and `fill` vary the pattern
+    the lowering recognises."""
 
     def __init__(self, scale=0.5, mask="tril", fill=float("-inf"), T=5):
         super().__init__()
@@ -196,12 +197,14 @@ class Attn(nn.Module):
             att = att.masked_fill(self.tri[:, :, :T, :T] == 1, self.fill)
         elif self.mask == "bias":
             att = att + self.bias
+        elif self.mask == "where":
+            att = torch.where(self.tri[:, :, :T, :T] == 1, att, torch.tensor(self.fill))
         y = F.softmax(att, dim=-1) @ v
         return y.transpose(1, 2).contiguous().view(B, T, C)
 
 
 @pytest.mark.parametrize("kw, fused", [
-    ({}, True), ({"mask": "bias"}, True), ({"fill": -1e10}, True),
+    ({}, True), ({"mask": "bias"}, True), ({"fill": -1e10}, True), ({"mask": "where"}, True),
     ({"mask": None}, False),        # not causal
     ({"mask": "triu", "fill": -1e10}, False),  # the other triangle
     ({"scale": 1.0}, False),        # not 1 / sqrt(head dim)

@@ -53,10 +53,17 @@ def _state_values(cx, ref):
 
 
 def _fill_value(cx, ref):
+    """The value of a scalar fill or of a one-element constant, else None."""
     call = _call(cx, ref)
-    if call is None or call.op != "fill" or call.out.shape != ():
-        return None
-    return call.args[1]
+    if call is not None and call.op == "fill" and call.out.shape == ():
+        return call.args[1]
+    values = _state_values(cx, ref)
+    return float(values.reshape(-1)[0]) if values is not None and values.size == 1 else None
+
+
+def _masked_fill(cx, fill):
+    v = _fill_value(cx, fill)
+    return v is not None and v <= _MASKED
 
 
 def _square(values, t):
@@ -69,10 +76,12 @@ def _square(values, t):
     return values.reshape(t, t)
 
 
-def _causal_condition(values, t):
-    """A masked_fill condition true exactly after the diagonal."""
+def _causal_condition(values, t, masked):
+    """A condition true exactly after the diagonal (masked) or exactly on
+    and below it (kept)."""
     m = _square(values, t)
-    return m is not None and bool(np.array_equal(m != 0, np.triu(np.ones((t, t), bool), 1)))
+    want = np.triu(np.ones((t, t), bool), 1)
+    return m is not None and bool(np.array_equal(m != 0, want if masked else ~want))
 
 
 def _causal_bias(values, t):
@@ -96,12 +105,15 @@ def _peel_scale_and_mask(cx, x, t):
             scale *= call.args[1]
             x = call.args[0]
         elif call.op == "where" and not masked:
-            # where(cond, fill, scores): masked_fill(scores, cond, fill)
-            cond, fill, scores = call.args
-            v = _fill_value(cx, fill)
-            if v is None or v > _MASKED or not _causal_condition(_state_values(cx, cond), t):
+            cond, a, b = call.args
+            values = _state_values(cx, cond)
+            if _masked_fill(cx, a) and _causal_condition(values, t, True):
+                x = b  # masked_fill(scores, after_diagonal, -inf)
+            elif _masked_fill(cx, b) and _causal_condition(values, t, False):
+                x = a  # where(tril, scores, -inf)
+            else:
                 return None
-            masked, x = True, scores
+            masked = True
         elif call.op == "add" and not masked:
             # scores + mask, the mask 0 on and below the diagonal
             a, b = call.args
