@@ -187,6 +187,26 @@ def bmm(cx, a, b):
                    ta is not None, tb is not None, shape=shape)
 
 
+@aten("scaled_dot_product_attention.default")
+def scaled_dot_product_attention(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    if enable_gqa:
+        raise cx.unsupported("with enable_gqa; expand k and v to the query heads")
+    return attention.scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+
+@aten("_scaled_dot_product_flash_attention_for_cpu.default")
+def sdpa_flash_cpu(cx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    out = attention.scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale)
+    return out, Unavailable("flash attention's logsumexp")
+
+
+@aten("_scaled_dot_product_flash_attention.default")
+def sdpa_flash(cx, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+    out = attention.scaled_dot_product(cx, q, k, v, None, dropout_p, is_causal, scale)
+    return (out,) + tuple(Unavailable("flash attention's statistics") for _ in range(8))
+
+
 # ---- layout ----------------------------------------------------------------
 
 

@@ -8,6 +8,9 @@ and its softmax, each written and read again, with transposes around them;
 libspmd's `attention` op computes the same in one kernel (and its backward
 in another) and knows how to split heads over a mesh axis.
 
+torch 2's F.scaled_dot_product_attention reaches the table as one aten op
+(`scaled_dot_product`): causal, it is libspmd's attention at once.
+
 `match(cx, p, v)` is called when the lowering maps a bmm: when `p` is that
 softmax and `v` the values, it emits `attention` on q, k and v in [B, T, C]
 form and returns the product in the [B*H, T, hd] layout the bmm would have
@@ -17,6 +20,7 @@ bypasses are left to the dead-call pass.
 import math
 
 import numpy as np
+import torch
 
 from .graph import Ref
 
@@ -210,10 +214,67 @@ def match(cx, p, v):
     v4 = _heads_form(cx, v, (b, h, t, hd))
     if q4 is None or k4 is None or v4 is None:
         return None
-    q, k, vv = _parts_view(cx, [_rows(cx, x) for x in (q4, k4, v4)])
-    y = cx.emit("attention", q, k, vv, h, shape=(b, t, h * hd))
-    y4 = cx.emit("reshape", y, (b, t, h, hd), shape=(b, t, h, hd))
-    heads = cx.emit("transpose", y4, 1, 2, shape=(b, h, t, hd))
+    heads = _fused(cx, q4, k4, v4)
     if p.rank == 4:
         return heads
     return cx.emit("reshape", heads, (b * h, t, hd), shape=(b * h, t, hd))
+
+
+def _fused(cx, q4, k4, v4):
+    """libspmd's attention of q, k, v [B, H, T, hd], as [B, H, T, hd]."""
+    b, h, t, hd = q4.shape
+    q, k, v = _parts_view(cx, [_rows(cx, x) for x in (q4, k4, v4)])
+    y = cx.emit("attention", q, k, v, h, shape=(b, t, h * hd))
+    y4 = cx.emit("reshape", y, (b, t, h, hd), shape=(b, t, h, hd))
+    return cx.emit("transpose", y4, 1, 2, shape=(b, h, t, hd))
+
+
+def scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale):
+    """F.scaled_dot_product_attention (torch 2) on q [..., T, E], k [..., S, E],
+    v [..., S, Ev]: libspmd's attention when it is causal (is_causal, or a
+    constant mask that is) with the default scale over heads [B, H, T, hd];
+    otherwise the product, scale, mask and softmax composed as written."""
+    q, k, v = cx.ref(q), cx.ref(k), cx.ref(v)
+    if dropout_p:
+        raise cx.unsupported(f"with dropout_p = {dropout_p}; libspmd maps attention without "
+                             f"dropout")
+    if not (q.rank == k.rank == v.rank >= 3) or not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) \
+            or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise cx.unsupported(f"on q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}; "
+                             f"libspmd maps q, k and v with the same heads")
+    t, s_len = q.shape[-2], k.shape[-2]
+    default = 1.0 / math.sqrt(q.shape[-1])
+    scale = default if scale is None else float(scale)
+    if attn_mask is not None and is_causal:
+        raise cx.unsupported("with both attn_mask and is_causal (PyTorch refuses them too)")
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise cx.unsupported("with an attn_mask computed at run time; libspmd maps constant "
+                             "masks (built from buffers)")
+    # mask: additive (float) or which positions take part (bool), as PyTorch reads it.
+    mask = torch.ones(t, s_len, dtype=torch.bool).tril() if is_causal else attn_mask
+    causal = False
+    if mask is not None and t == s_len:
+        values = mask.detach().cpu().numpy()
+        causal = _causal_bias(values.astype(np.float32), t) if mask.is_floating_point() \
+            else _causal_condition(values, t, False)
+    if causal and q.rank == 4 and q.shape == v.shape and math.isclose(scale, default,
+                                                                      rel_tol=1e-6):
+        return _fused(cx, q, k, v)
+    # Composed, the leading dims as bmm's batch.
+    lead = q.shape[:-2]
+    n = int(np.prod(lead, dtype=np.int64))
+    q3, k3, v3 = (cx.emit("reshape", x, (n,) + x.shape[-2:], shape=(n,) + x.shape[-2:])
+                  for x in (q, k, v))
+    scores = cx.emit("bmm", q3, k3, False, True, shape=(n, t, s_len))
+    scores = cx.emit("reshape", scores, lead + (t, s_len), shape=lead + (t, s_len))
+    if scale != 1:
+        scores = cx.emit("scale", scores, scale, shape=scores.shape)
+    if mask is not None and mask.is_floating_point():
+        scores = cx.emit("add", scores, cx.const_state(mask), shape=scores.shape)
+    elif mask is not None:
+        dropped = cx.const_state((~mask.bool()).float())
+        scores = cx.emit("where", dropped, cx.ref(float("-inf")), scores, shape=scores.shape)
+    probs = cx.emit("softmax", scores, shape=scores.shape)
+    probs = cx.emit("reshape", probs, (n, t, s_len), shape=(n, t, s_len))
+    out = cx.emit("bmm", probs, v3, False, False, shape=(n, t, v.shape[-1]))
+    return cx.emit("reshape", out, lead + (t, v.shape[-1]), shape=lead + (t, v.shape[-1]))
