@@ -123,7 +123,7 @@ STEP_STATE = "opt.step"
 
 def _mark_key(t):
     m = get_sharding(t)
-    return None if m is None else (m.mesh, m.spec_text())
+    return None if m is None else (m.mesh, m.axes, m.groups)
 
 
 class _Compiled:
@@ -160,10 +160,10 @@ class Step:
 
     # ---- compiling
 
-    def _signature(self, batch, plan):
+    def _signature(self, batch, plan, params):
         shapes = tuple((tuple(b.shape), str(b.dtype)) if isinstance(b, torch.Tensor) else type(b)
                        for b in batch)
-        params = tuple((n, _mark_key(p)) for n, p in self.model.named_parameters())
+        params = tuple((n, _mark_key(p)) for n, p in params.items())
         return (shapes, params, plan.key())
 
     def _libspmd_mesh(self, mesh):
@@ -228,8 +228,8 @@ class Step:
             directory, self._pending_load = self._pending_load, None
             self.load(directory)
 
-    def _entry(self, batch, plan):
-        sig = self._signature(batch, plan)
+    def _entry(self, batch, plan, params):
+        sig = self._signature(batch, plan, params)
         marks = tuple(_mark_key(b) if isinstance(b, torch.Tensor) else None for b in batch)
         entries = self._cache.setdefault(sig, [])
         if any(m is not None for m in marks):
@@ -244,10 +244,11 @@ class Step:
     # ---- running
 
     def __call__(self, *batch):
-        plan = OptimizerPlan(self.optimizer, dict(self.model.named_parameters()))
+        params = dict(self.model.named_parameters())
+        plan = OptimizerPlan(self.optimizer, params)
         if isinstance(self.model, SpmdFullyShardedDataParallel):
             self.model.mark_batch(batch)  # FSDPv2: the batch over the data axes
-        entry = self._entry(batch, plan)
+        entry = self._entry(batch, plan, params)
         self._activate(entry)
         prog = entry.program
         for name, value in entry.traced.feeds(*batch).items():
