@@ -10,7 +10,7 @@
 #                   WERROR=ON)
 #   make bench      build and run the benchmarks
 #   make clean      remove the build folders
-# Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=...
+# Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=... PYTHON=/usr/bin/python3
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD_TYPE ?= Release
@@ -18,6 +18,7 @@ NATIVE ?= ON
 WERROR ?= OFF
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
+PYTHON ?= /usr/bin/python3
 
 BUILD := build
 ASAN_BUILD := build-asan
@@ -124,6 +125,10 @@ bench: build
 	    [ -f "$$b" ] && [ -x "$$b" ] || continue; found=1; \
 	    echo "==> running $$b"; "$$b"; \
 	done; [ $$found = 1 ] || echo "==> no benchmarks built"
+	@if [ -d $(BUILD)/python/libspmd ] && $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	    echo "==> running bench/bench_torch_gpt.py"; \
+	    PYTHONPATH=$(BUILD)/python $(PYTHON) bench/bench_torch_gpt.py; \
+	else echo "==> bench/bench_torch_gpt.py skipped: no Python package in $(BUILD)/ or no torch for $(PYTHON)"; fi
 
 clean:
 	@echo "==> removing $(BUILD)/, $(ASAN_BUILD)/, $(TSAN_BUILD)/ and $(NOMPI_BUILD)/"

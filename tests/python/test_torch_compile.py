@@ -317,6 +317,28 @@ def test_explain_gpt_fsdp_in_replicas():
     assert text.startswith("spmd explain: graph") and "4x2 (replica, fsdp)" in text.splitlines()[0]
 
 
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_megatron_marks_split_heads_without_gathers(name):
+    """On 2x2x2 with Megatron's marks the traced attention is libspmd's
+    attention op split by heads over 'tensor', c_attn's stacked q | k | v
+    split a third at a time, and no op forces a whole-tensor gather."""
+    model_cls, loss_fn, _ = CASES[name]
+    torch.manual_seed(1)
+    model = model_cls()
+    data = batches(name, 1)
+    mark_megatron(model, xs.Mesh(range(8), (2, 2, 2), ("data", "fsdp", "tensor")), data)
+    step = xs.compile(model, adamw(model), loss_fn, clip_grad_norm=CLIP)
+    step(*data[0])
+    report = step.explain()
+    assert report["fallbacks"] == []
+    assert "attention" in {t.op for t in step._active.graph.tensors()}
+    tensors = {t["name"]: t["sharding"] for t in report["tensors"]}
+    if name == "gpt":
+        assert tensors["h.0.c_attn.weight"] == "3*tensor, fsdp"
+        assert tensors["h.0.c_attn.bias"] == "3*tensor"
+        assert tensors["h.0.c_fc.weight"] == "tensor, fsdp"  # not stacked: as marked
+
+
 def test_other_batch_shape_compiles_again_and_keeps_training():
     torch.manual_seed(5)
     model = MLP()

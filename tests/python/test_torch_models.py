@@ -183,11 +183,21 @@ def test_gpt_program_shape():
     wte = next(c.out for c in traced.calls if c.op == "param" and c.args[0] == "wte.weight")
     readers = {c.op for c in traced.calls if any(r.id == wte.id for r in c.refs())}
     assert readers == {"embedding", "matmul"}
-    # The causal mask is one folded constant shared by the layers; the
-    # position embedding of arange(T) is a slice of the table.
-    assert list(traced.states) == ["const.eq"]
-    assert traced.states["const.eq"].shape == (1, 1, 8, 8)
-    assert sum(c.op == "where" for c in traced.calls) == 2
+    # Each block's masked, scaled softmax(q k^T) v is one attention op over
+    # q, k and v sliced from c_attn's [B, T, 3, C] view (no score tensor, no
+    # mask state); the position embedding of arange(T) is a slice of the table.
+    assert sum(c.op == "attention" for c in traced.calls) == 2
+    for op in ("where", "softmax", "bmm", "transpose"):
+        assert op not in traced.ops()
+    by_id = {c.out.id: c for c in traced.calls}
+    attn = [c for c in traced.calls if c.op == "attention"]
+    assert all(c.args[3] == 2 for c in attn)
+    for c in attn:
+        parts = [by_id[by_id[r.id].args[0].id] for r in c.refs()]
+        assert [p.op for p in parts] == ["slice"] * 3 and [p.args[1:3] for p in parts] == \
+            [(2, 0), (2, 1), (2, 2)]
+        assert parts[0].args[0].shape == (2, 8, 3, 16)
+    assert traced.states == {}
     assert "gelu_erf" in traced.ops() and "gelu" not in traced.ops()
     assert [s.name for s in traced.inputs] == ["idx", "targets.ignore-1.targets",
                                                "targets.ignore-1.kept"]
@@ -199,10 +209,14 @@ def test_gpt_program_shape():
 def test_llama_program_shape():
     torch.manual_seed(1)
     traced = xs.trace(llama_loss, Llama(), *llama_batch())
-    # RoPE tables and the additive mask are buffers: states by their names.
-    assert sorted(traced.states) == ["cos", "mask", "sin"]
-    for op in ("silu", "rsqrt", "mean", "expand", "concat", "bmm"):
+    # RoPE tables are buffers: states by their names; the additive mask is
+    # taken into the attention op, its keys and values expanded to the
+    # query heads (grouped-query attention).
+    assert sorted(traced.states) == ["cos", "sin"]
+    for op in ("silu", "rsqrt", "mean", "expand", "concat", "attention"):
         assert op in traced.ops()
+    assert "bmm" not in traced.ops() and "softmax" not in traced.ops()
+    assert [c.args[3] for c in traced.calls if c.op == "attention"] == [4, 4]
 
 
 def test_marks_follow_parameters_and_inputs_to_their_names():

@@ -3,7 +3,9 @@ NumPy evaluation gives eager PyTorch's value; each op without a mapping
 raises NotImplementedError naming the op and the user's source line."""
 import os
 import sys
+import types
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -172,3 +174,114 @@ def test_bad_loss_and_batch_refused():
         xs.trace(lambda m, x, k: m(x).sum() * k, Lin(), x46(), 3)
     with pytest.raises(TypeError, match="batch item 0 has dtype torch.bool"):
         xs.trace(lambda m, x: m.w.sum(), Lin(), torch.ones(2, dtype=torch.bool))
+
+
+class Attn(nn.Module):
+    """Self-attention over 2 heads of 4 written as PyTorch users write it:
+    `scale`, `mask` ('tril' from a buffer, 'triu' the other triangle, 'bias'
+    added, 'where' kept by torch.where, None) and `fill` vary the pattern
+    the lowering recognises."""
+
+    def __init__(self, scale=0.5, mask="tril", fill=float("-inf"), T=5):
+        super().__init__()
+        self.scale, self.mask, self.fill = scale, mask, fill
+        self.qkv = nn.Linear(8, 24)
+        self.register_buffer("tri", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+        self.register_buffer("bias", torch.full((1, 1, T, T), fill).triu(1))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, 2, 4).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        att = (q @ k.transpose(-2, -1)) * self.scale
+        if self.mask == "tril":
+            att = att.masked_fill(self.tri[:, :, :T, :T] == 0, self.fill)
+        elif self.mask == "triu":
+            att = att.masked_fill(self.tri[:, :, :T, :T] == 1, self.fill)
+        elif self.mask == "bias":
+            att = att + self.bias
+        elif self.mask == "where":
+            att = torch.where(self.tri[:, :, :T, :T] == 1, att, torch.tensor(self.fill))
+        y = F.softmax(att, dim=-1) @ v
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+@pytest.mark.parametrize("kw, fused", [
+    ({}, True), ({"mask": "bias"}, True), ({"fill": -1e10}, True), ({"mask": "where"}, True),
+    ({"mask": None}, False),        # not causal
+    ({"mask": "triu", "fill": -1e10}, False),  # the other triangle
+    ({"scale": 1.0}, False),        # not 1 / sqrt(head dim)
+    ({"fill": -5.0}, False),        # a mask that still attends
+])
+def test_causal_attention_becomes_one_op(kw, fused):
+    torch.manual_seed(3)
+    model = Attn(**kw)
+    x = torch.randn(2, 5, 8)
+
+    def loss(m, x):
+        return (m(x) ** 2).mean()
+
+    traced = xs.trace(loss, model, x)
+    ops = traced.ops()
+    assert ("attention" in ops) == fused
+    assert ("softmax" in ops) != fused and ("bmm" in ops) != fused
+    with torch.no_grad():
+        want = loss(model, x).item()
+    assert abs(evaluate(traced, x) - want) <= 1e-5 * max(1.0, abs(want))
+    if not fused:  # q @ k^T reads k with bmm's transpose flag, not a transposed copy
+        scores = next(c for c in traced.calls if c.op == "bmm")
+        assert scores.args[2:] == (False, True)
+
+
+def _sdpa_program(name, q, k, v, **kw):
+    """A TracedGraph of sum(op(q, k, v)^2) over q, k, v as inputs: torch 2's
+    scaled_dot_product_attention ops, which torch 1.13 cannot trace, through
+    the table as the trace would call them."""
+    from libspmd.torch.graph import TracedGraph
+    from libspmd.torch.trace import Lowering
+    cx = Lowering()
+    cx.node = types.SimpleNamespace(name="sdpa", target=name, meta={})  # the FX node's stand-in
+    refs = [cx.add_input(n, "f32", tuple(x.shape), i, lambda b, i=i: np.asarray(b[i], np.float32))
+            for i, (n, x) in enumerate(zip("qkv", (q, k, v)))]
+    out = TABLE[name](cx, *refs, **kw)
+    out = out[0] if isinstance(out, tuple) else out
+    sq = cx.emit("mul", out, out, shape=out.shape)
+    loss = cx.emit("sum", sq, tuple(range(out.rank)), False, shape=())
+    return TracedGraph(cx.calls, loss, {}, {}, cx.states, cx.inputs, {})
+
+
+def _eager_attention(q, k, v, mask=None, scale=None):
+    s = q @ k.transpose(-2, -1) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if mask is not None:
+        s = s + mask if mask.is_floating_point() else s.masked_fill(~mask, float("-inf"))
+    return F.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.parametrize("name, kw, fused", [
+    ("aten.scaled_dot_product_attention.default", {"is_causal": True}, True),
+    ("aten._scaled_dot_product_flash_attention_for_cpu.default", {"is_causal": True}, True),
+    ("aten._scaled_dot_product_flash_attention.default", {"is_causal": True}, True),
+    ("aten.scaled_dot_product_attention.default",
+     {"attn_mask": torch.ones(5, 5, dtype=torch.bool).tril()}, True),
+    ("aten.scaled_dot_product_attention.default", {}, False),  # not causal
+    ("aten.scaled_dot_product_attention.default", {"is_causal": True, "scale": 0.3}, False),
+    ("aten.scaled_dot_product_attention.default",
+     {"attn_mask": torch.randn(5, 5)}, False),  # an additive mask of any values
+])
+def test_scaled_dot_product_attention(name, kw, fused):
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
+    traced = _sdpa_program(name, q, k, v, **kw)
+    assert ("attention" in traced.ops()) == fused
+    mask = kw.get("attn_mask")
+    if kw.get("is_causal"):
+        mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    want = (_eager_attention(q, k, v, mask, kw.get("scale")) ** 2).sum().item()
+    assert abs(evaluate(traced, q, k, v) - want) <= 1e-5 * max(1.0, abs(want))
+
+
+def test_scaled_dot_product_attention_refusals():
+    q = torch.randn(2, 3, 5, 4)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        _sdpa_program("aten.scaled_dot_product_attention.default", q, q, q, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="enable_gqa"):
+        _sdpa_program("aten.scaled_dot_product_attention.default", q, q, q, enable_gqa=True)

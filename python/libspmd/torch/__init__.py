@@ -14,7 +14,8 @@ extension is loaded when a step first compiles, not at import.
 from .mesh import (HybridMesh, Mesh, get_1d_mesh, get_global_mesh, global_runtime_device_count,
                    process_count, process_index, set_device_count, set_global_mesh)
 from .fsdp import SpmdFullyShardedDataParallel
-from .sharding import ShardingMark, clear_sharding, get_sharding, mark_sharding
+from .sharding import (ShardingMark, clear_sharding, get_sharding, mark_sharding,
+                       visualize_tensor_sharding)
 from .graph import Call, InputSpec, Ref, TracedGraph
 from .trace import trace
 from .step import GraphBuilder, Step, compile
@@ -22,7 +23,8 @@ from .step import GraphBuilder, Step, compile
 __all__ = [
     "Mesh", "HybridMesh", "get_1d_mesh", "set_global_mesh", "get_global_mesh",
     "global_runtime_device_count", "set_device_count", "process_count", "process_index",
-    "mark_sharding", "clear_sharding", "SpmdFullyShardedDataParallel", "get_sharding", "ShardingMark",
+    "mark_sharding", "clear_sharding", "visualize_tensor_sharding", "SpmdFullyShardedDataParallel",
+    "get_sharding", "ShardingMark",
     "trace", "TracedGraph", "Call", "Ref", "InputSpec",
     "compile", "Step", "GraphBuilder",
 ]

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from . import attention
 from .graph import Ref
 from .trace import Unavailable
 
@@ -155,10 +156,55 @@ def addmm(cx, bias, a, b, beta=1, alpha=1):
     return cx.emit("add", y, bias, shape=_bcast(y.shape, bias.shape))
 
 
+def _batched_transpose(cx, x):
+    """x's untransposed form when x [N, K, M] is a transpose of its last two
+    dims, directly or as the [N, ...] view of a [B, H, M, K] -> [B, H, K, M]
+    transpose (k.transpose(-2, -1) before torch's matmul flattens it): a
+    value to read with bmm's transpose flag instead of copying, else None."""
+    call = cx.producer.get(x.id)
+    if call is None:
+        return None
+    if call.op == "reshape" and call.args[0].rank == 4:
+        src = cx.producer.get(call.args[0].id)
+        if src is not None and src.op == "transpose" and sorted(src.args[1:3]) == [2, 3]:
+            inner = src.args[0]
+            return _reshape(cx, inner, (x.shape[0], x.shape[2], x.shape[1]))
+        return None
+    if call.op == "transpose" and x.rank == 3 and sorted(call.args[1:3]) == [1, 2]:
+        return call.args[0]
+    return None
+
+
 @aten("bmm.default")
 def bmm(cx, a, b):
     a, b = cx.ref(a), cx.ref(b)
-    return cx.emit("bmm", a, b, False, False, shape=a.shape[:-1] + b.shape[-1:])
+    fused = attention.match(cx, a, b)  # softmax(q k^T / sqrt(hd), causal) @ v
+    if fused is not None:
+        return fused
+    shape = a.shape[:-1] + b.shape[-1:]
+    ta, tb = _batched_transpose(cx, a), _batched_transpose(cx, b)
+    return cx.emit("bmm", ta if ta is not None else a, tb if tb is not None else b,
+                   ta is not None, tb is not None, shape=shape)
+
+
+@aten("scaled_dot_product_attention.default")
+def scaled_dot_product_attention(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    if enable_gqa:
+        raise cx.unsupported("with enable_gqa; expand k and v to the query heads")
+    return attention.scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+
+@aten("_scaled_dot_product_flash_attention_for_cpu.default")
+def sdpa_flash_cpu(cx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    out = attention.scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale)
+    return out, Unavailable("flash attention's logsumexp")
+
+
+@aten("_scaled_dot_product_flash_attention.default")
+def sdpa_flash(cx, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+    out = attention.scaled_dot_product(cx, q, k, v, None, dropout_p, is_causal, scale)
+    return (out,) + tuple(Unavailable("flash attention's statistics") for _ in range(8))
 
 
 # ---- layout ----------------------------------------------------------------
@@ -178,6 +224,9 @@ def transpose(cx, x, d0, d1):
     d0, d1 = _dim(d0, x.rank), _dim(d1, x.rank)
     if d0 == d1:
         return x
+    src = cx.producer.get(x.id)
+    if src is not None and src.op == "transpose" and sorted(src.args[1:3]) == sorted((d0, d1)):
+        return src.args[0]  # a transpose undone
     shape = list(x.shape)
     shape[d0], shape[d1] = shape[d1], shape[d0]
     return cx.emit("transpose", x, d0, d1, shape=tuple(shape), dtype=x.dtype)

@@ -16,26 +16,36 @@ from .mesh import Mesh, get_global_mesh
 
 class ShardingMark:
     """A tensor's mark: its mesh, the spec as tuples of axis indices (None
-    for a whole dim) and the spec as given."""
+    for a whole dim), the spec as given, and per dim the number of groups
+    its split is cut in (1: a plain split; docs/DESIGN.md, "Grouped splits")."""
 
-    __slots__ = ("mesh", "axes", "partition_spec")
+    __slots__ = ("mesh", "axes", "partition_spec", "groups")
 
-    def __init__(self, mesh, axes, partition_spec):
+    def __init__(self, mesh, axes, partition_spec, groups=None):
         self.mesh = mesh
         self.axes = axes
         self.partition_spec = partition_spec
+        self.groups = tuple(groups) if groups is not None else (1,) * len(axes)
+
+    def grouped(self, dim, n):
+        """This mark with dim's split taken in n groups (each group split
+        over the same axes): a fused q | k | v weight split by heads."""
+        groups = list(self.groups)
+        groups[dim] = n
+        return ShardingMark(self.mesh, self.axes, self.partition_spec, groups)
 
     def spec_text(self):
-        """libspmd's text form of the spec: ``(replica, fsdp), None``."""
+        """libspmd's text form of the spec: ``(replica, fsdp), None``,
+        ``3*tensor, fsdp``."""
         names = self.mesh.libspmd_axis_names()
         parts = []
-        for entry in self.axes:
+        for entry, n in zip(self.axes, self.groups):
             if entry is None:
                 parts.append("None")
-            elif len(entry) == 1:
-                parts.append(names[entry[0]])
-            else:
-                parts.append("(" + ", ".join(names[a] for a in entry) + ")")
+                continue
+            text = names[entry[0]] if len(entry) == 1 else \
+                "(" + ", ".join(names[a] for a in entry) + ")"
+            parts.append(f"{n}*{text}" if n > 1 else text)
         return ", ".join(parts)
 
     def __repr__(self):
@@ -146,3 +156,37 @@ def clear_sharding(t):
 def get_sharding(t):
     """t's ShardingMark, None when it has none."""
     return _marks.get(t)
+
+
+def libspmd_mesh(mesh):
+    """The libspmd.Mesh of a torch_xla-style Mesh (same shape, axis names
+    and device ids); loads the C extension."""
+    import libspmd
+    return libspmd.Mesh(mesh.mesh_shape, mesh.libspmd_axis_names(),
+                        device_ids=[int(i) for i in mesh.device_ids])
+
+
+def visualize_tensor_sharding(t, use_color=True, scale=1.0, min_width=9, max_width=80):
+    """Print and return a text grid of which devices hold which block of a
+    1-D or 2-D tensor t as mark_sharding marked it (an unmarked tensor: one
+    block, on every device of the global mesh).  torch_xla's drawing
+    options (use_color, scale, min_width, max_width) are accepted and the
+    grid is drawn in plain text."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"visualize_tensor_sharding takes a torch.Tensor, got {type(t).__name__}")
+    mark = get_sharding(t)
+    if mark is not None:
+        mesh, spec = mark.mesh, mark.spec_text()
+    else:
+        mesh = get_global_mesh()
+        if mesh is None:
+            raise ValueError("visualize_tensor_sharding: the tensor has no mark and no global mesh "
+                             "is set (mark_sharding it, or set_global_mesh)")
+        spec = ", ".join(["None"] * t.dim())
+    if t.dim() not in (1, 2):
+        raise ValueError(f"visualize_tensor_sharding draws 1-D and 2-D tensors, got shape "
+                         f"{list(t.shape)} (its mark: {spec})")
+    import libspmd
+    text = libspmd.visualize(libspmd_mesh(mesh), spec, tuple(int(d) for d in t.shape))
+    print(text)
+    return text

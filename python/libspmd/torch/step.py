@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .fsdp import SpmdFullyShardedDataParallel
-from .sharding import get_sharding, mark_sharding
+from .sharding import get_sharding, libspmd_mesh, mark_sharding
 from .trace import trace
 
 
@@ -124,7 +124,7 @@ ACCUMULATOR_SUFFIX = ".grad_acc"  # the accumulator of parameter p is state p + 
 
 def _mark_key(t):
     m = get_sharding(t)
-    return None if m is None else (m.mesh, m.spec_text())
+    return None if m is None else (m.mesh, m.axes, m.groups)
 
 
 class _Compiled:
@@ -171,17 +171,15 @@ class Step:
 
     # ---- compiling
 
-    def _signature(self, batch, plan):
+    def _signature(self, batch, plan, params):
         shapes = tuple((tuple(b.shape), str(b.dtype)) if isinstance(b, torch.Tensor) else type(b)
                        for b in batch)
-        params = tuple((n, _mark_key(p)) for n, p in self.model.named_parameters())
+        params = tuple((n, _mark_key(p)) for n, p in params.items())
         return (shapes, params, plan.key())
 
     def _libspmd_mesh(self, mesh):
-        import libspmd
         if mesh not in self._meshes:
-            self._meshes[mesh] = libspmd.Mesh(mesh.mesh_shape, mesh.libspmd_axis_names(),
-                                              device_ids=[int(i) for i in mesh.device_ids])
+            self._meshes[mesh] = libspmd_mesh(mesh)
         return self._meshes[mesh]
 
     def _compile(self, batch, batch_marks):
@@ -243,8 +241,8 @@ class Step:
             directory, self._pending_load = self._pending_load, None
             self.load(directory)
 
-    def _entry(self, batch, plan):
-        sig = self._signature(batch, plan)
+    def _entry(self, batch, plan, params):
+        sig = self._signature(batch, plan, params)
         marks = tuple(_mark_key(b) if isinstance(b, torch.Tensor) else None for b in batch)
         entries = self._cache.setdefault(sig, [])
         if any(m is not None for m in marks):
@@ -283,11 +281,12 @@ class Step:
         return [tuple(p[j] for p in parts) for j in range(k)]
 
     def __call__(self, *batch):
-        plan = OptimizerPlan(self.optimizer, dict(self.model.named_parameters()))
+        params = dict(self.model.named_parameters())
+        plan = OptimizerPlan(self.optimizer, params)
         if isinstance(self.model, SpmdFullyShardedDataParallel):
             self.model.mark_batch(batch)  # FSDPv2: the batch over the data axes
         micro = self._micro_batches(batch)
-        entry = self._entry(micro[0], plan)
+        entry = self._entry(micro[0], plan, params)
         self._activate(entry)
         prog = entry.program
         for lr_input, lr in zip(entry.lrs, plan.lrs()):

@@ -100,6 +100,7 @@ class Lowering:
         self.folded = {}
         self.inputs = []
         self.derived = {}
+        self.fused_heads = []  # (a [.., n*C] tensor, n) whose n parts are q, k, v of attention
         self.node = None
 
     # ---- messages
@@ -405,6 +406,7 @@ def trace(loss_fn, model, *batch):
     if out.shape != () or out.dtype != "f32":
         raise ValueError(f"the loss must be a float scalar, got {out!r}")
 
+    _group_fused_heads(cx, marks, names)
     calls = _live_calls(cx.calls, out)
     live_leaves = {c.args[0] for c in calls if c.op in ("input", "state")}
     states = {n: a for n, a in cx.states.items() if n in live_leaves}
@@ -414,6 +416,62 @@ def trace(loss_fn, model, *batch):
             marks[spec.name] = marks[names[spec.arg]]
     marks = {n: m for n, m in marks.items() if n in live_leaves or n in params}
     return TracedGraph(calls, out, params, aliases, states, inputs, marks)
+
+
+def _column_weights(cx, ref):
+    """(parameter name, dim) of the weights and biases whose dim becomes the
+    last dim of ref through a linear layer (matmul, bias add, reshapes)."""
+    found = []
+    n = ref.shape[-1]
+    while True:
+        call = cx.producer.get(ref.id)
+        if call is None:
+            return found
+        if call.op == "reshape" and call.args[0].shape[-1:] == (n,):
+            ref = call.args[0]
+        elif call.op == "add":
+            a, b = call.args
+            bias = [x for x in (a, b) if _param_name(cx, x) and x.shape == (n,)]
+            rest = [x for x in (a, b) if x.shape[-1:] == (n,) and x.rank > 1]
+            if len(bias) != 1 or len(rest) != 1:
+                return found
+            found.append((_param_name(cx, bias[0]), 0))
+            ref = rest[0]
+        elif call.op == "matmul" and not call.args[2]:
+            w, trans_b = call.args[1], call.args[3]
+            if _param_name(cx, w):
+                found.append((_param_name(cx, w), 0 if trans_b else 1))
+            return found
+        else:
+            return found
+
+
+def _param_name(cx, ref):
+    call = cx.producer.get(ref.id) if isinstance(ref, Ref) else None
+    return call.args[0] if call is not None and call.op == "param" else None
+
+
+def _group_fused_heads(cx, marks, batch_names):
+    """A weight whose output dim stacks q | k | v (GPT-2's c_attn) split over
+    an axis the batch is not split over (Megatron's column parallelism) is
+    split by heads: each third over the axis (`3*tensor`), as libspmd's GPT
+    marks it.  A plain split of the stacked dim would give a device q and
+    half of k, and every slice of it would be gathered whole.  Splits over a
+    batch axis (FSDP) are gathered before use and stay as they are."""
+    batch_axes = set()
+    for name in batch_names:
+        m = marks.get(name)
+        for entry in (m.axes if m is not None else ()):
+            batch_axes.update(entry or ())
+    for src, n in cx.fused_heads:
+        for name, dim in _column_weights(cx, src):
+            m = marks.get(name)
+            if m is None or m.axes[dim] is None or m.groups[dim] != 1 or \
+                    set(m.axes[dim]) & batch_axes:
+                continue
+            blocks = int(np.prod([m.mesh.mesh_shape[a] for a in m.axes[dim]]))
+            if (src.shape[-1] // n) % blocks == 0:
+                marks[name] = m.grouped(dim, n)
 
 
 def _live_calls(calls, loss):

@@ -1,0 +1,47 @@
+"""bench/bench_torch_gpt.py (README "Benchmarks"): in one run it reports
+the PyTorch GPT's step eagerly, through libspmd.torch on meshes 1 and 4x2
+and built with the C API on the same meshes, names the machine, starts
+libspmd.torch from eager's loss, and gives the ratios of its times."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+BENCH = os.path.join(ROOT, "bench", "bench_torch_gpt.py")
+
+
+def test_quick_run_reports_every_case_and_its_ratios():
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, BENCH, "--quick"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    out = r.stdout
+    machine = next(line for line in out.splitlines() if line.startswith("machine: "))
+    assert f"{os.cpu_count()} cores" in machine and "torch " in machine
+    # Same model, same initial values, same batch: the first losses agree.
+    losses = [float(x) for x in re.findall(r"(\d+\.\d+)", out.split("first-step loss:")[1]
+                                           .splitlines()[0])]
+    assert len(losses) == 3 and max(losses) - min(losses) <= 1e-4 * losses[0]
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"(eager PyTorch|libspmd\.torch|libspmd C API)\s+(\S+(?: \S+)*?)\s+"
+                     r"(\d+\.\d)\s+(\d+\.\d)\s+(\d+\.\d\d)(?:\s+(\d+\.\d\d))?$", line)
+        if m:
+            rows[(m.group(1), m.group(2))] = [float(x) if x else None for x in m.groups()[2:]]
+    cores = os.cpu_count()
+    threads = {f"{cores} threads", "1 thread"} if cores > 1 else {"1 thread"}
+    assert set(rows) == {("eager PyTorch", t) for t in threads} | {
+        ("libspmd.torch", "1"), ("libspmd.torch", "4x2 replica,fsdp"), ("libspmd C API", "1"),
+        ("libspmd C API", "4x2 replica,fsdp")}
+    eager = min(ms for (what, _), (ms, *_rest) in rows.items() if what == "eager PyTorch")
+    for (what, mesh), (ms, best, vs_eager, vs_c) in rows.items():
+        assert 0 < best <= ms and abs(vs_eager - eager / ms) <= 0.01 + 0.01 * vs_eager
+        if what == "libspmd.torch":
+            c_ms = rows[("libspmd C API", mesh)][0]
+            assert abs(vs_c - ms / c_ms) <= 0.01 + 0.01 * vs_c
+        else:
+            assert vs_c is None
