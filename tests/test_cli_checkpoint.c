@@ -359,8 +359,9 @@ static void test_changed_settings_warned(void **state)
     (void)state;
     char ck[128];
     fresh_checkpoint(ck, sizeof ck, "warn");
-    tool(0, "train " SMALL " --resume %s --lr 0.001 --seed 5", ck);
+    tool(0, "train " SMALL " --resume %s --lr 0.001 --seed 5 --precision bf16", ck);
     has(out, "warning: resuming with --lr 0.001 where the checkpoint trained with 0.003");
+    has(out, "warning: resuming with --precision bf16 where the checkpoint trained with fp32");
     has(out, "warning: resuming with --seed 5 where the checkpoint trained with 1");
     has(out, "will differ from one never interrupted");
 }

@@ -52,6 +52,8 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
         cJSON_AddNumberToObject(config, "layers", o->mlp.layers);
         cJSON_AddNumberToObject(config, "hidden", o->mlp.hidden);
     }
+    /* The matmuls' precision; the checkpoint's values are f32 either way. */
+    cJSON_AddStringToObject(config, "precision", o->bf16 ? "bf16" : "fp32");
     const spmd_optimizer *opt = &o->optimizer;
     cJSON *optim = cJSON_AddObjectToObject(root, "optimizer");
     cJSON_AddStringToObject(optim, "kind", opt->kind == SPMD_OPTIMIZER_ADAMW ? "adamw" : "sgd");
@@ -199,6 +201,8 @@ static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *
         if (n) any |= differs_number(numbers[i][0], item(opt, numbers[i][1]), n->valuedouble);
     }
     any |= differs_text("--schedule", item(opt, "schedule"), item(nopt, "schedule")->valuestring);
+    any |= differs_text("--precision", item(cfg, "precision"),
+                        item(item(now, "config"), "precision")->valuestring);
     any |= differs_text("--data", item(data, "source"), item(ndata, "source")->valuestring);
     any |= differs_text("--data-order", item(data, "order"), item(ndata, "order")->valuestring);
     any |= differs_text("--seed", item(data, "seed"), item(ndata, "seed")->valuestring);

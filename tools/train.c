@@ -476,6 +476,7 @@ static int train(cli_opts *o_in, FILE *log)
     if (o.blas && !strncmp(o.blas, "measure", 7))
         printf("GEMM backends measured: --blas '%s' repeats this choice (and these bits)\n",
                spmd_blas_choice());
+    if (o.bf16) printf("bf16 matmuls: %s\n", spmd_blas_describe_bf16());
     printf("data: %s\n", spmd_dataset_describe(m.data));
     feed_cap_eval(&o, &m);
     printf("per device: %.1f MiB peak, %.1f MiB parameters + gradients + optimizer state, "
