@@ -7,12 +7,15 @@
  *   - the steps asked for, and only those (the default: 3 after the first;
  *     --trace-steps A-B), each a "step N" event on every track, inside
  *     which the device's nodes (compute, collectives, the update) add up
- *     to the step within 10% (the step is timed around the run by the
+ *     to the step within 10% with the wake box before them (the device's
+ *     thread being scheduled; the step is timed around the run by the
  *     caller's thread; test_spmd_runtime checks the same against a clock
  *     read around spmd_program_run);
  *   - every collective carries its kind, axes, bytes and the value it moves;
  *   - the SVG has a lane per device and renders with rsvg-convert (skipped
  *     with a note without it);
+ *   - README shows docs/trace.svg, the default run's picture, which has a
+ *     lane per device and renders too;
  *   - under mpirun (2 processes; skipped without MPI) the tracks are
  *     (process, device) pairs, every device once, each process's own;
  *   - refusals: --trace-steps that is not A-B or a count, or past the last
@@ -137,7 +140,9 @@ static checked check_trace(const char *path)
                 (int)number(n, "tid") != tid)
                 continue;
             const char *cat = text(n, "cat");
-            if (strcmp(cat, "compute") && strcmp(cat, "collective") && strcmp(cat, "update")) continue;
+            if (strcmp(cat, "compute") && strcmp(cat, "collective") && strcmp(cat, "update") &&
+                strcmp(cat, "wake"))
+                continue;
             double nts = number(n, "ts"), ndur = number(n, "dur");
             assert_true(ndur >= 0);
             if (nts < ts || nts >= ts + dur) continue;
@@ -168,6 +173,45 @@ static checked check_trace(const char *path)
     return c;
 }
 
+/* The picture at svg has a lane per device and both kinds of box, and
+ * rsvg-convert renders it as a PNG, to png. */
+static void check_picture(const char *svg, const char *png)
+{
+    size_t len;
+    char *picture = support_read_file(svg, &len);
+    assert_non_null(picture);
+    int lanes = 0;
+    for (const char *at = picture; (at = strstr(at, "<g class=\"lane\"")); at++) lanes++;
+    assert_int_equal(lanes, DEVICES);
+    assert_non_null(strstr(picture, "class=\"collective\""));
+    assert_non_null(strstr(picture, "class=\"compute\""));
+    free(picture);
+    if (system("command -v rsvg-convert >/dev/null 2>&1") != 0) {
+        print_message("note: no rsvg-convert (librsvg2-bin): %s is not rendered\n", svg);
+        return;
+    }
+    char cmd[3 * SUPPORT_PATH];
+    snprintf(cmd, sizeof cmd, "rsvg-convert -f png -o '%s' '%s'", png, svg);
+    assert_int_equal(system(cmd), 0);
+    unsigned char *image = (unsigned char *)support_read_file(png, &len);
+    assert_true(len > 1024);
+    assert_memory_equal(image, "\x89PNG\r\n\x1a\n", 8);
+    free(image);
+}
+
+static void test_readme_picture(void **state)
+{
+    (void)state;
+    char path[SUPPORT_PATH], png[SUPPORT_PATH];
+    size_t len;
+    char *readme = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "README.md"), &len);
+    assert_non_null(readme);
+    assert_non_null(strstr(readme, "](docs/trace.svg)"));
+    free(readme);
+    check_picture(support_path_in(path, SPMD_SOURCE_DIR, "docs/trace.svg"),
+                  support_path_in(png, dir, "readme.png"));
+}
+
 static void test_default_run(void **state)
 {
     (void)state;
@@ -184,26 +228,7 @@ static void test_default_run(void **state)
     assert_int_equal(c.steps, 3);
     for (int i = 0; i < 3; i++) assert_int_equal(c.step[i], 2 + i);
 
-    size_t len;
-    char *picture = support_read_file(svg, &len);
-    assert_non_null(picture);
-    int lanes = 0;
-    for (const char *at = picture; (at = strstr(at, "<g class=\"lane\"")); at++) lanes++;
-    assert_int_equal(lanes, DEVICES);
-    assert_non_null(strstr(picture, "class=\"collective\""));
-    assert_non_null(strstr(picture, "class=\"compute\""));
-    free(picture);
-    if (system("command -v rsvg-convert >/dev/null 2>&1") != 0) {
-        print_message("note: no rsvg-convert (librsvg2-bin): the trace's SVG is not rendered\n");
-        return;
-    }
-    char cmd[3 * SUPPORT_PATH];
-    snprintf(cmd, sizeof cmd, "rsvg-convert -f png -o '%s' '%s'", png, svg);
-    assert_int_equal(system(cmd), 0);
-    unsigned char *image = (unsigned char *)support_read_file(png, &len);
-    assert_true(len > 1024);
-    assert_memory_equal(image, "\x89PNG\r\n\x1a\n", 8);
-    free(image);
+    check_picture(svg, png);
 }
 
 static void test_steps_asked(void **state)
@@ -270,6 +295,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_run),
+        cmocka_unit_test(test_readme_picture),
         cmocka_unit_test(test_steps_asked),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_over_processes),

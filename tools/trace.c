@@ -185,6 +185,8 @@ static int process_events(const cli_opts *o, const spmd_program *p, const trace_
         metadata(list, "thread_name", pid, ids[k], name, 0);
         metadata(list, "thread_sort_index", pid, ids[k], NULL, ids[k]);
     }
+    double run_begin = 0;
+    int device = -1; /* whose events come now */
     for (int i = 0, n = spmd_program_trace_count(p); i < n; i++) {
         spmd_trace_event e;
         if (spmd_program_trace_event(p, i, &e) != SPMD_OK) {
@@ -192,9 +194,15 @@ static int process_events(const cli_opts *o, const spmd_program *p, const trace_
             return 1;
         }
         if (e.kind != SPMD_TRACE_RUN) {
+            /* Before its first node, the device waited for its thread to wake. */
+            if (e.device != device && e.start_us > run_begin)
+                complete(list, "wake", "wake", run_begin + shift, e.start_us - run_begin, pid, e.device);
+            device = e.device;
             add_device_event(list, p, &e, pid, shift);
             continue;
         }
+        run_begin = e.start_us;
+        device = -1;
         /* Every device's track gets the step around its events. */
         run_name(o, t, e.run, name, sizeof name);
         for (int k = 0; k < n_ids; k++) {
