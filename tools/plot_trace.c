@@ -75,7 +75,7 @@ static void draw(FILE *f, const char *title, const spmd_trace_event *ev, const c
             int c = colour_of(&ev[i], kinds[i]);
             double x = LEFT + (ev[i].start_us - t0) / span * plot_w, w = ev[i].dur_us / span * plot_w;
             fprintf(f, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" "
-                       "fill=\"%s\"><title>", c ? "collective" : "compute", x, y,
+                       "fill=\"%s\"><title>", c == 0 ? "compute" : c == N_COLOURS - 1 ? "update" : "collective", x, y,
                     w > 0.3 ? w : 0.3, LANE, COLOURS[c].colour);
             plot_xml(f, ev[i].kind == SPMD_TRACE_UPDATE ? "update" : kinds[i] ? kinds[i] : ev[i].op);
             fprintf(f, " ");

@@ -54,7 +54,7 @@ typedef struct device {
 } device;
 
 /* The timeline (spmd_program_trace_begin): per traced run and device a
- * row of TRACE_STRIDE clock readings (nanoseconds since `origin`):
+ * row of trace_stride() clock readings (nanoseconds since `origin`):
  * thread 0's start of the schedule, then per step the end of its share
  * and the end of the step's barrier, then the update's start and end. */
 typedef struct trace {
