@@ -45,7 +45,9 @@ int trace_prepare(const cli_opts *o, trace_steps *t)
     int rc;
     if (o->trace && (rc = json_file_check_path(o->trace))) return rc;
     if (o->trace_plot && (rc = plot_check_path("--trace-plot", o->trace_plot))) return rc;
-    const char *spec = o->trace_steps ? o->trace_steps : "3";
+    char fallback[16];
+    snprintf(fallback, sizeof fallback, "%d", DEFAULT_STEPS);
+    const char *spec = o->trace_steps ? o->trace_steps : fallback;
     const char *dash = strchr(spec, '-');
     if (dash) {
         char a[16];
@@ -255,9 +257,8 @@ static int merge_part(const char *path, cJSON *list)
 }
 
 /* The first traced step's device events, drawn. */
-static int plot_first_step(const cli_opts *o, const cli_model *m, const spmd_program *p)
+static int plot_first_step(const cli_opts *o, const spmd_program *p)
 {
-    (void)m;
     int n = spmd_program_trace_count(p), kept = 0;
     spmd_trace_event *events = calloc((size_t)(n ? n : 1), sizeof *events);
     const char **kinds = calloc((size_t)(n ? n : 1), sizeof *kinds);
@@ -292,7 +293,7 @@ int trace_write(const cli_opts *o, const cli_model *m, const spmd_program *p, co
         return 0;
     }
     int procs = processes_count(), rank = processes_rank(), rc = 0;
-    if (o->trace_plot && rank == 0 && (rc = plot_first_step(o, m, p))) return rc;
+    if (o->trace_plot && rank == 0 && (rc = plot_first_step(o, p))) return rc;
     if (!o->trace) return 0;
     double *origins = calloc((size_t)procs, sizeof *origins);
     if (!origins) return cli_fail("--trace: out of memory"), 1;
