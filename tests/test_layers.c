@@ -140,10 +140,10 @@ static const char *const tool_groups[] = {
     "message unicode_class",                          /* cli_fail; code point classes */
     "processes bpe",                                  /* MPI; GPT-2's BPE */
     "test_hooks json_file plot vocab weights",        /* leaves */
-    "flags plot_curves",                              /* the flag table; training curves */
+    "flags plot_curves plot_trace",                   /* the flag table; training curves, a trace's step */
     "copies",                                         /* per-copy settings */
     "model",                                          /* build, marks, compile */
-    "feed report run_checkpoint",                     /* pieces of a run */
+    "feed report run_checkpoint trace",               /* pieces of a run */
     "train explain sample export visualize plot_cmd tokenize", /* the commands */
     "spmd",                                           /* main */
 };

@@ -2,7 +2,9 @@
  * The multi-device runtime: a device that fails makes every device return
  * the error (nothing hangs) and the program runs again afterwards; many
  * more device workers than cores (64 on a mesh 8x8); a permuted device-id
- * list; the same seed and mesh give the same bits.
+ * list; the same seed and mesh give the same bits; a traced run
+ * (spmd_program_trace_begin) computes the same bits, and its timeline
+ * accounts for the measured run on every device.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +13,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <time.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +24,9 @@
 #include "spmd/spmd.h"
 
 enum { BATCH = 8, SEQ = 8, VOCAB = 32 };
+
+/* The tiny GPT's width and depth (the trace test wants steps of a few ms). */
+static int gpt_dim = 16, gpt_layers = 1;
 
 typedef struct gpt_run {
     spmd_graph *g;
@@ -36,7 +42,7 @@ static void gpt_setup(gpt_run *r, const char *shape, const char *axes, const cha
 {
     memset(r, 0, sizeof *r);
     r->g = spmd_graph_create(NULL);
-    spmd_gpt_config cfg = {.vocab = VOCAB, .seq = SEQ, .layers = 1, .heads = 2, .dim = 16};
+    spmd_gpt_config cfg = {.vocab = VOCAB, .seq = SEQ, .layers = gpt_layers, .heads = 2, .dim = gpt_dim};
     assert_int_equal(spmd_gpt_build(r->g, &cfg, BATCH, &r->t), SPMD_OK);
     if (shape) {
         r->m = ids ? spmd_mesh_create(2, (const int[]){4, 2}, (const char *const[]){"a", "b"}, ids)
@@ -188,6 +194,87 @@ static void test_plan_only(void **state)
     spmd_mesh_free(m);
 }
 
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+/* Tracing: the same bits as untraced; per run and device the nodes follow
+ * one another and add up to the run's time, as measured here around
+ * spmd_program_run, within 10%; collectives are named; only the runs
+ * asked for are recorded. */
+static void test_trace_timeline(void **state)
+{
+    (void)state;
+    enum { RUNS = 3 };
+    gpt_run a, b;
+    gpt_dim = 128, gpt_layers = 4;
+    gpt_setup(&a, "2x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None", NULL);
+    gpt_setup(&b, "2x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None", NULL);
+    assert_int_equal(spmd_program_trace_count(a.p), 0);
+    assert_int_equal(spmd_program_trace_begin(a.p, 0), SPMD_ERR_INVALID);
+    float x = step_loss(&a, 0), y = step_loss(&b, 0);
+    assert_memory_equal(&x, &y, sizeof x);
+    assert_int_equal(spmd_program_trace_begin(a.p, RUNS), SPMD_OK);
+    double measured[RUNS + 1];
+    for (int s = 1; s <= RUNS + 1; s++) {
+        feed(&a, s, -1);
+        double t0 = now_us();
+        assert_int_equal(spmd_program_run(a.p), SPMD_OK);
+        measured[s - 1] = now_us() - t0;
+        assert_int_equal(spmd_program_read(a.p, a.t.loss, &x, sizeof x), SPMD_OK);
+        y = step_loss(&b, s);
+        assert_memory_equal(&x, &y, sizeof x); /* traced or not, the same bits */
+    }
+    assert_int_equal(spmd_program_trace_end(a.p), SPMD_OK);
+    int n = spmd_program_trace_count(a.p), devices = spmd_program_devices(a.p);
+    assert_true(n > RUNS * devices * 2);
+    double sum[RUNS][8] = {{0}}, end[RUNS][8];
+    int runs = 0, collectives = 0;
+    for (int i = 0; i < n; i++) {
+        spmd_trace_event e;
+        assert_int_equal(spmd_program_trace_event(a.p, i, &e), SPMD_OK);
+        assert_true(e.run >= 0 && e.run < RUNS); /* the fourth run is not recorded */
+        assert_true(e.dur_us >= 0 && e.wait_us >= 0 && e.wait_us <= e.dur_us + 1e-3);
+        if (e.kind == SPMD_TRACE_RUN) {
+            assert_int_equal(e.device, -1);
+            assert_string_equal(e.name, "step");
+            runs++;
+            continue;
+        }
+        assert_true(e.device >= 0 && e.device < devices);
+        /* Each node begins where the one before it on its device ended. */
+        if (sum[e.run][e.device] > 0) assert_true(fabs(e.start_us - end[e.run][e.device]) < 1e-3 ||
+                                                  e.kind == SPMD_TRACE_UPDATE);
+        sum[e.run][e.device] += e.dur_us;
+        end[e.run][e.device] = e.start_us + e.dur_us;
+        if (e.kind == SPMD_TRACE_COLLECTIVE) {
+            spmd_collective_info c;
+            assert_int_equal(spmd_program_collective(a.p, e.collective, &c), SPMD_OK);
+            assert_true(c.bytes > 0 && c.axes[0] && c.kind);
+            collectives++;
+        } else if (e.kind == SPMD_TRACE_COMPUTE) {
+            assert_non_null(e.op);
+            assert_true(e.name[0] && e.shape[0]);
+        }
+    }
+    assert_int_equal(runs, RUNS);
+    assert_int_equal(collectives, RUNS * devices * spmd_program_collective_count(a.p));
+    for (int r = 0; r < RUNS; r++)
+        for (int d = 0; d < devices; d++) {
+            double ratio = sum[r][d] / measured[r];
+            print_message("run %d device %d: nodes %.0f us of %.0f us measured (%.3f)\n", r, d,
+                          sum[r][d], measured[r], ratio);
+            assert_true(ratio > 0.9 && ratio <= 1.0);
+        }
+    gpt_teardown(&a);
+    gpt_teardown(&b);
+    gpt_dim = 16, gpt_layers = 1;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -195,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_many_workers_and_permuted_ids),
         cmocka_unit_test(test_same_mesh_same_bits),
         cmocka_unit_test(test_plan_only),
+        cmocka_unit_test(test_trace_timeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -238,6 +238,15 @@ static const flag_spec flag_specs[] = {
      .value = "FILE.svg",
      .help = "draw the loss (and validation loss) and learning rate by step at the end (as spmd "
              "plot draws a --log file)"},
+    {.name = "--trace", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace),
+     .value = "FILE.json", .help = "write a timeline of the --trace-steps steps (every op and "
+     "collective on every device) as trace events for Perfetto or chrome://tracing"},
+    {.name = "--trace-steps", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace_steps),
+     .value = "A-B|N", .help = "the steps --trace records: A to B, or N after the first",
+     .shown = "3"},
+    {.name = "--trace-plot", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace_plot),
+     .value = "FILE.svg", .help = "draw the first traced step: devices as lanes, compute and "
+     "collectives coloured"},
     {.name = "--log-every", .commands = RUN_COMMANDS, .kind = FLAG_INT, .offset = FIELD(log_every),
      .value = "N",
      .help = "output that is not a terminal gets a line every N steps (and the first and last); a "

@@ -96,6 +96,7 @@ typedef struct cli_opts {
     int log_every;     /* output not a terminal: a line every N steps; 0: steps / 20 */
     const char *log;   /* --log FILE.jsonl: one JSON object per step, appended */
     const char *plot;  /* --plot FILE.svg: the loss chart, written at the end */
+    const char *trace, *trace_steps, *trace_plot; /* --trace FILE.json (trace.h) */
     const char *blas, *blas_core;
 
     /* sample */

@@ -493,3 +493,7 @@ int plot_write_svg(const char *path, const plot_chart *chart, const plot_series 
     free(svg);
     return rc;
 }
+
+void plot_xml(FILE *f, const char *text) { xml_text(f, text); }
+
+int plot_write_file(const char *path, const char *svg, size_t n) { return replace_file(path, svg, n); }

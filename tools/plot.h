@@ -7,6 +7,8 @@
 #define SPMD_TOOLS_PLOT_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
 
 /* A point whose x or y is not finite (a null in a log) or beyond
  * +-1e300 is not drawn, and the line breaks there. */
@@ -56,5 +58,9 @@ int plot_write_svg(const char *path, const plot_chart *chart, const plot_series 
  * directory, a device, a place where no file can be created): 0, or 2
  * with "spmd: FLAG PATH: why". */
 int plot_check_path(const char *flag, const char *path);
+/* For other pictures (plot_trace.h): `text` as XML character data, and
+ * an SVG of n bytes written whole, as plot_write_svg writes its own. */
+void plot_xml(FILE *f, const char *text);
+int plot_write_file(const char *path, const char *svg, size_t n);
 
 #endif

@@ -15,6 +15,7 @@
 #include "processes.h"
 #include "report.h"
 #include "run_checkpoint.h"
+#include "trace.h"
 #include "weights.h"
 
 #include <cJSON.h>
@@ -456,6 +457,8 @@ static int train(cli_opts *o_in, FILE *log)
      * is checked before it. */
     if (o.json && (rc = json_file_check_path(o.json))) return rc;
     if (o.plot && (rc = plot_check_path("--plot", o.plot))) return rc;
+    trace_steps traced;
+    if ((rc = trace_prepare(&o, &traced))) return rc;
     cli_model m;
     double build_start = now_ms();
     rc = model_build(&o, &m);
@@ -531,6 +534,7 @@ static int train(cli_opts *o_in, FILE *log)
         int i = s - first; /* records index */
         if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room, copies))) break;
         float *loss = &losses[(size_t)i * (size_t)copies];
+        if ((rc = trace_before_step(&o, &traced, p, s + 1))) break;
         double t0 = now_ms();
         /* A step is its micro-batches (one without --accumulate), each
          * the next --batch samples; its loss their losses' mean, the loss
@@ -562,6 +566,7 @@ static int train(cli_opts *o_in, FILE *log)
             break;
         }
         ms[i] = now_ms() - t0;
+        trace_after_step(&traced, p, s + 1);
         double elapsed = (now_ms() - start) / 1e3;
         double eta = elapsed / (i + 1) * (o.steps - s - 1);
         double tok_s = (double)m.tokens_per_step / (ms[i] / 1e3);
@@ -666,6 +671,7 @@ static int train(cli_opts *o_in, FILE *log)
             fprintf(stderr, "spmd: interrupted by %s after step %d%s%s\n", stop.reason, stop.step,
                     !o.json ? "" : rc ? "; the report could not be written" : "; report written to ",
                     o.json && !rc ? o.json : "");
+        if (!rc) rc = trace_write(&o, &m, p, &traced);
         if (o.plot && !rc) {
             char title[192];
             snprintf(title, sizeof title, "spmd train: %s on %s", o.model, mesh);

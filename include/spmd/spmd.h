@@ -338,6 +338,49 @@ SPMD_API int spmd_program_devices(const spmd_program *p);
  * parameters and state, activation arenas and kernel scratch. */
 SPMD_API size_t spmd_program_allocated_bytes(const spmd_program *p);
 
+/* ---- Timeline --------------------------------------------------------------- *
+ *
+ * While tracing is on, each run (spmd_program_run or _accumulate) records,
+ * on every device this process runs, when each node of the schedule (an
+ * op, a fused chain or a collective) began and ended: thread 0 of the
+ * device reads the clock after its share of the node and again after the
+ * barrier that ends it.  Nothing is recorded, nor allocated, while tracing
+ * is off, and the computed bits are the same either way. */
+
+typedef enum spmd_trace_kind {
+    SPMD_TRACE_RUN,        /* a whole run, timed by the caller's thread (device -1) */
+    SPMD_TRACE_COMPUTE,    /* an op or a fused chain */
+    SPMD_TRACE_COLLECTIVE, /* a collective: spmd_program_collective(collective) */
+    SPMD_TRACE_UPDATE      /* new values into parameters and state, after the schedule */
+} spmd_trace_kind;
+
+typedef struct spmd_trace_event {
+    spmd_trace_kind kind;
+    int run;            /* the traced run, from 0 */
+    int device;         /* mesh device id; -1 for SPMD_TRACE_RUN */
+    double start_us;    /* microseconds since spmd_program_trace_begin */
+    double dur_us;
+    /* Of dur_us, how long thread 0 waited at the node's closing barrier
+     * for the device's other threads (0 for a run or an update). */
+    double wait_us;
+    const char *op;     /* "matmul", "fused" for a fused chain; NULL for a run or an update */
+    char name[96];      /* the node's name, else op#id; a run: "step", or "micro-batch" */
+    char shape[64];     /* the node's (per-device) shape: "f32[64,1024]" */
+    int collective;     /* index for spmd_program_collective; -1 if not one */
+} spmd_trace_event;
+
+/* Record the next `runs` runs (more are run but not recorded); forgets
+ * the events of an earlier trace.  SPMD_ERR_INVALID for a program
+ * compiled with plan_only or runs < 1; SPMD_ERR_NOMEM. */
+SPMD_API spmd_status spmd_program_trace_begin(spmd_program *p, int runs);
+/* Stop recording; the events stay readable until the next begin. */
+SPMD_API spmd_status spmd_program_trace_end(spmd_program *p);
+/* Events recorded (this process's devices), in order of run, then
+ * device, then schedule: each run's SPMD_TRACE_RUN event first. */
+SPMD_API int spmd_program_trace_count(const spmd_program *p);
+SPMD_API spmd_status spmd_program_trace_event(const spmd_program *p, int i,
+                                              spmd_trace_event *out);
+
 /* ---- Over processes (spmd_compile_options.mpi_comm) --------------------- *
  *
  * Every process builds the same graph and makes the same calls.  Compile,

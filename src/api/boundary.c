@@ -102,6 +102,9 @@ spmd_status spmd_program_write_impl(spmd_program *p, const spmd_tensor *t, const
 spmd_status spmd_program_set_input_copy_impl(spmd_program *p, int copy, const spmd_tensor *t, const void *data, size_t bytes);
 spmd_status spmd_program_write_copy_impl(spmd_program *p, int copy, const spmd_tensor *t, const void *src, size_t bytes);
 spmd_status spmd_program_read_copy_impl(const spmd_program *p, int copy, const spmd_tensor *t, void *dst, size_t bytes);
+spmd_status spmd_program_trace_begin_impl(spmd_program *p, int runs);
+spmd_status spmd_program_trace_end_impl(spmd_program *p);
+spmd_status spmd_program_trace_event_impl(const spmd_program *p, int i, spmd_trace_event *out);
 spmd_status spmd_program_input_rows_impl(const spmd_program *p, const spmd_tensor *t, int64_t *begin, int64_t *end);
 spmd_status spmd_blas_select_impl(const char *library, const char *coretype);
 spmd_status spmd_optimizer_apply_impl(spmd_graph *g, const spmd_optimizer *opt, spmd_optimizer_tensors *out);
@@ -759,6 +762,27 @@ spmd_status spmd_program_write_copy(spmd_program *p, int copy, const spmd_tensor
 spmd_status spmd_program_read_copy(const spmd_program *p, int copy, const spmd_tensor *t, void *dst, size_t bytes)
 {
     spmd_status r = spmd_program_read_copy_impl(p, copy, t, dst, bytes);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_program_trace_begin(spmd_program *p, int runs)
+{
+    spmd_status r = spmd_program_trace_begin_impl(p, runs);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_program_trace_end(spmd_program *p)
+{
+    spmd_status r = spmd_program_trace_end_impl(p);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_program_trace_event(const spmd_program *p, int i, spmd_trace_event *out)
+{
+    spmd_status r = spmd_program_trace_event_impl(p, i, out);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

@@ -96,6 +96,9 @@
 #define spmd_program_set_input_copy spmd_program_set_input_copy_impl
 #define spmd_program_write_copy spmd_program_write_copy_impl
 #define spmd_program_read_copy spmd_program_read_copy_impl
+#define spmd_program_trace_begin spmd_program_trace_begin_impl
+#define spmd_program_trace_end spmd_program_trace_end_impl
+#define spmd_program_trace_event spmd_program_trace_event_impl
 #define spmd_program_input_rows spmd_program_input_rows_impl
 #define spmd_blas_select spmd_blas_select_impl
 #define spmd_optimizer_apply spmd_optimizer_apply_impl

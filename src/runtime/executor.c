@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct device {
@@ -47,7 +48,25 @@ typedef struct device {
      * run_worker); at most one of them is set in a run. */
     _Atomic int status[2];
     char message[512];
+    /* While tracing: this run's row of trace.times, written by thread 0
+     * only (see run_worker); NULL otherwise. */
+    int64_t *trace_row;
 } device;
+
+/* The timeline (spmd_program_trace_begin): per traced run and device a
+ * row of trace_stride() clock readings (nanoseconds since `origin`):
+ * thread 0's start of the schedule, then per step the end of its share
+ * and the end of the step's barrier, then the update's start and end. */
+typedef struct trace {
+    bool on;
+    int room, runs;           /* rows for `room` runs; `runs` recorded */
+    int64_t origin;
+    int64_t *times;           /* [run][local device][stride] */
+    int64_t *run_begin, *run_end; /* per run, the caller's thread */
+    bool *micro;              /* per run: a micro-batch */
+    int *micro_steps, n_micro_steps; /* the steps a micro-batch runs */
+    int *collective;          /* per local node id: its collective's index, or -1 */
+} trace;
 
 struct spmd_program {
     spmd_allocator alloc;
@@ -71,6 +90,7 @@ struct spmd_program {
      * one of them. */
     int micro_done;
     bool micro_run;
+    trace trace;
 };
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
@@ -449,6 +469,8 @@ fail:
     return NULL;
 }
 
+static void trace_free(spmd_program *p);
+
 void spmd_program_free(spmd_program *p)
 {
     if (!p) return;
@@ -466,6 +488,7 @@ void spmd_program_free(spmd_program *p)
     }
     base_free(&p->alloc, p->dev);
     base_free(&p->alloc, p->input_set);
+    trace_free(p);
     if (p->world) coll_world_free(p->world);
     compiled_free(&p->c);
     spmd_allocator a = p->alloc;
@@ -473,6 +496,17 @@ void spmd_program_free(spmd_program *p)
 }
 
 /* ---- Run ------------------------------------------------------------------------------ */
+
+static int64_t clock_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static int64_t trace_clock(const spmd_program *p) { return clock_ns() - p->trace.origin; }
+
+static size_t trace_stride(const spmd_program *p) { return 2 * (size_t)p->c.plan.n_steps + 3; }
 
 static void run_worker(void *ctx, int ith, int nth)
 {
@@ -485,6 +519,8 @@ static void run_worker(void *ctx, int ith, int nth)
     a.message_size = sizeof d->message;
     a.scratch = d->scratch ? d->scratch + (size_t)ith * p->c.scratch_each : NULL;
     a.dev = p->c.partitioned ? &d->kd : NULL;
+    int64_t *tr = ith == 0 ? d->trace_row : NULL; /* NULL: not tracing */
+    if (tr) tr[0] = trace_clock(p);
     for (int s = 0; s < p->c.plan.n_steps; s++) {
         const spmd_tensor *t = p->c.plan.steps[s];
         if (p->micro_run && !p->c.micro[t->id]) continue; /* the update waits for the last */
@@ -504,7 +540,9 @@ static void run_worker(void *ctx, int ith, int nth)
         a.status = &d->status[s & 1];
         if (grp) kern_fused(&a);
         else kern_for(t->op)(&a);
+        if (tr) tr[1 + 2 * s] = trace_clock(p);
         rt_pool_barrier(d->pool);
+        if (tr) tr[2 + 2 * s] = trace_clock(p);
         if (atomic_load(a.status) != SPMD_OK) {
             /* Peers may be waiting for this device in a collective. */
             if (ith == 0 && p->world) coll_world_abort(p->world, d->message);
@@ -549,11 +587,21 @@ static void device_run(void *ctx, int ith, int nth)
     rt_pool_run(p->dev[ith].pool, run_worker, &p->dev[ith]);
 }
 
+/* The update of device k, timed when traced (its pool's threads have all
+ * returned when rt_pool_run does). */
+static void update_device(spmd_program *p, int k)
+{
+    device *d = &p->dev[k];
+    size_t n = trace_stride(p);
+    if (d->trace_row) d->trace_row[n - 2] = trace_clock(p);
+    rt_pool_run(d->pool, update_worker, d);
+    if (d->trace_row) d->trace_row[n - 1] = trace_clock(p);
+}
+
 static void device_update(void *ctx, int ith, int nth)
 {
     (void)nth;
-    spmd_program *p = ctx;
-    rt_pool_run(p->dev[ith].pool, update_worker, &p->dev[ith]);
+    update_device(ctx, ith);
 }
 
 static int device_status(const device *d)
@@ -615,10 +663,16 @@ static spmd_status execute(spmd_program *p)
         p->blas_loaded = true;
     }
     if ((ok = check_inputs_set(p)) != SPMD_OK) return ok;
+    trace *tr = &p->trace;
+    bool traced = tr->on && tr->runs < tr->room;
+    if (traced) tr->run_begin[tr->runs] = trace_clock(p);
     for (int d = 0; d < p->n_local; d++) {
         atomic_store(&p->dev[d].status[0], SPMD_OK);
         atomic_store(&p->dev[d].status[1], SPMD_OK);
         p->dev[d].message[0] = '\0';
+        p->dev[d].trace_row = traced ? tr->times + ((size_t)tr->runs * (size_t)p->n_local +
+                                                    (size_t)d) * trace_stride(p)
+                                     : NULL;
     }
     if (p->n_local > 1) rt_pool_run(p->outer, device_run, p);
     else rt_pool_run(p->dev[0].pool, run_worker, &p->dev[0]);
@@ -637,7 +691,11 @@ static spmd_status execute(spmd_program *p)
     if (p->world) coll_world_reset(p->world);
     if (failed < 0) {
         if (p->n_local > 1) rt_pool_run(p->outer, device_update, p);
-        else rt_pool_run(p->dev[0].pool, update_worker, &p->dev[0]);
+        else update_device(p, 0);
+        if (traced) {
+            tr->run_end[tr->runs] = trace_clock(p);
+            tr->micro[tr->runs++] = p->micro_run;
+        }
         return SPMD_OK;
     }
     const device *dv = &p->dev[failed];
@@ -1072,4 +1130,122 @@ spmd_status executor_gather_processes(const spmd_program *p, const void *in, voi
 spmd_status executor_check_runnable(const spmd_program *p, const char *what)
 {
     return check_runnable(p, what);
+}
+
+/* ---- Timeline ---------------------------------------------------------------------------- */
+
+static void trace_free(spmd_program *p)
+{
+    trace *tr = &p->trace;
+    base_free(&p->alloc, tr->times);
+    base_free(&p->alloc, tr->run_begin);
+    base_free(&p->alloc, tr->run_end);
+    base_free(&p->alloc, tr->micro);
+    base_free(&p->alloc, tr->micro_steps);
+    base_free(&p->alloc, tr->collective);
+    *tr = (trace){0};
+}
+
+spmd_status spmd_program_trace_begin(spmd_program *p, int runs)
+{
+    spmd_status st = check_runnable(p, "trace_begin");
+    if (st != SPMD_OK) return st;
+    if (runs < 1) return base_error(SPMD_ERR_INVALID, "trace_begin: runs %d is not positive", runs);
+    trace_free(p);
+    trace *tr = &p->trace;
+    const spmd_graph *lg = p->c.local;
+    size_t rows = (size_t)runs * (size_t)p->n_local, nodes = (size_t)(lg->n_nodes ? lg->n_nodes : 1);
+    size_t steps = (size_t)(p->c.plan.n_steps ? p->c.plan.n_steps : 1);
+    tr->times = base_alloc(&p->alloc, rows * trace_stride(p) * sizeof *tr->times, "trace");
+    tr->run_begin = base_alloc(&p->alloc, (size_t)runs * sizeof *tr->run_begin, "trace");
+    tr->run_end = base_alloc(&p->alloc, (size_t)runs * sizeof *tr->run_end, "trace");
+    tr->micro = base_alloc(&p->alloc, (size_t)runs * sizeof *tr->micro, "trace");
+    tr->micro_steps = base_alloc(&p->alloc, steps * sizeof *tr->micro_steps, "trace");
+    tr->collective = base_alloc(&p->alloc, nodes * sizeof *tr->collective, "trace");
+    if (!tr->times || !tr->run_begin || !tr->run_end || !tr->micro || !tr->micro_steps ||
+        !tr->collective) {
+        trace_free(p);
+        return SPMD_ERR_NOMEM;
+    }
+    for (int s = 0; s < p->c.plan.n_steps; s++)
+        if (!p->c.micro || p->c.micro[p->c.plan.steps[s]->id]) tr->micro_steps[tr->n_micro_steps++] = s;
+    for (size_t i = 0; i < nodes; i++) tr->collective[i] = -1;
+    for (int i = 0; p->c.partitioned && i < p->c.part.n_colls; i++)
+        tr->collective[p->c.part.colls[i].node] = i;
+    tr->room = runs;
+    tr->origin = clock_ns();
+    tr->on = true;
+    return SPMD_OK;
+}
+
+spmd_status spmd_program_trace_end(spmd_program *p)
+{
+    spmd_status st = check_runnable(p, "trace_end");
+    if (st == SPMD_OK) p->trace.on = false;
+    return st;
+}
+
+/* Events of one traced run: the run, then per device its steps and its update. */
+static int trace_run_events(const spmd_program *p, int run)
+{
+    int steps = p->trace.micro[run] ? p->trace.n_micro_steps : p->c.plan.n_steps;
+    return 1 + p->n_local * (steps + 1);
+}
+
+int spmd_program_trace_count(const spmd_program *p)
+{
+    int n = 0;
+    for (int r = 0; p && r < p->trace.runs; r++) n += trace_run_events(p, r);
+    return n;
+}
+
+static double to_us(int64_t ns) { return (double)ns / 1e3; }
+
+spmd_status spmd_program_trace_event(const spmd_program *p, int i, spmd_trace_event *out)
+{
+    if (!out) return base_error(SPMD_ERR_INVALID, "trace_event: out is NULL");
+    int total = spmd_program_trace_count(p), run = 0;
+    if (!p || i < 0 || i >= total)
+        return base_error(SPMD_ERR_INVALID, "trace_event: index %d outside 0..%d", i, total - 1);
+    const trace *tr = &p->trace;
+    while (i >= trace_run_events(p, run)) i -= trace_run_events(p, run++);
+    memset(out, 0, sizeof *out);
+    out->run = run;
+    out->collective = -1;
+    if (i == 0) {
+        out->kind = SPMD_TRACE_RUN;
+        out->device = -1;
+        out->start_us = to_us(tr->run_begin[run]);
+        out->dur_us = to_us(tr->run_end[run] - tr->run_begin[run]);
+        snprintf(out->name, sizeof out->name, "%s", tr->micro[run] ? "micro-batch" : "step");
+        return SPMD_OK;
+    }
+    i--;
+    bool micro = tr->micro[run];
+    int per_device = (micro ? tr->n_micro_steps : p->c.plan.n_steps) + 1, k = i / per_device;
+    int j = i % per_device;
+    size_t stride = trace_stride(p);
+    const int64_t *row = tr->times + ((size_t)run * (size_t)p->n_local + (size_t)k) * stride;
+    out->device = p->dev[k].id;
+    if (j == per_device - 1) {
+        out->kind = SPMD_TRACE_UPDATE;
+        out->start_us = to_us(row[stride - 2]);
+        out->dur_us = to_us(row[stride - 1] - row[stride - 2]);
+        snprintf(out->name, sizeof out->name, "update");
+        return SPMD_OK;
+    }
+    /* A step begins where the one before it (of those this run ran) ended. */
+    int s = micro ? tr->micro_steps[j] : j;
+    int64_t begin = j == 0 ? row[0] : row[2 + 2 * (micro ? tr->micro_steps[j - 1] : j - 1)];
+    const spmd_tensor *t = p->c.plan.steps[s];
+    out->start_us = to_us(begin);
+    out->dur_us = to_us(row[2 + 2 * s] - begin);
+    out->wait_us = to_us(row[2 + 2 * s] - row[1 + 2 * s]);
+    out->collective = tr->collective[t->id];
+    out->kind = out->collective >= 0 ? SPMD_TRACE_COLLECTIVE : SPMD_TRACE_COMPUTE;
+    out->op = fusion_group(&p->c.fusion, t) ? "fused" : ir_op_name(t->op);
+    if (t->name) snprintf(out->name, sizeof out->name, "%s", t->name);
+    else snprintf(out->name, sizeof out->name, "%s#%d", ir_op_name(t->op), t->id);
+    ir_shape_str(t, out->shape, sizeof out->shape);
+    return SPMD_OK;
 }

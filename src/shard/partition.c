@@ -183,7 +183,7 @@ static spmd_tensor *emit_coll(builder *b, ir_op kind, spmd_tensor *x, const mesh
     size_t bytes = ir_nbytes(t) > ir_nbytes(x) ? ir_nbytes(t) : ir_nbytes(x);
     p->colls[p->n_colls++] = (part_collective){
         kind, *axes, (int64_t)bytes, cost_collective(p->m, kind, axes, (int64_t)bytes),
-        partition_phase(p->g, consumer >= 0 ? consumer : gid), gid, consumer};
+        partition_phase(p->g, consumer >= 0 ? consumer : gid), gid, consumer, t->id};
     return t;
 }
 

@@ -22,6 +22,7 @@ typedef struct part_collective {
     part_phase phase;
     int tensor;          /* global node id of the value moved */
     int consumer;        /* global node id of the op that needed it (-1: output) */
+    int node;            /* local node id of the collective (the executor's trace) */
 } part_collective;
 
 /* A whole-tensor gather forced by an op that cannot use a sharding. */

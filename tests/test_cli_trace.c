@@ -1,0 +1,304 @@
+/*
+ * `spmd train --trace FILE.json --trace-plot FILE.svg`:
+ *   - the file parses (cJSON) as trace events: an object with traceEvents,
+ *     complete events ("ph":"X") with name, cat, ts, dur, pid and tid,
+ *     metadata events ("ph":"M") naming the process and each device's
+ *     thread: a track per device of the default mesh (2x2x2);
+ *   - the steps asked for, and only those (the default: 3 after the first;
+ *     --trace-steps A-B), each a "step N" event on every track, inside
+ *     which the device's nodes (compute, collectives, the update) add up
+ *     to the step within 10% with the wake box before them (the device's
+ *     thread being scheduled; the step is timed around the run by the
+ *     caller's thread; test_spmd_runtime checks the same against a clock
+ *     read around spmd_program_run);
+ *   - every collective carries its kind, axes, bytes and the value it moves;
+ *   - the SVG has a lane per device and renders with rsvg-convert (skipped
+ *     with a note without it);
+ *   - README shows docs/trace.svg, the default run's picture, which has a
+ *     lane per device and renders too;
+ *   - under mpirun (2 processes; skipped without MPI) the tracks are
+ *     (process, device) pairs, every device once, each process's own;
+ *   - refusals: --trace-steps that is not A-B or a count, or past the last
+ *     step, or without --trace (exit 2, nothing run).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "support_files.h"
+#include "support_tool.h"
+
+#ifndef SPMD_TOOL_PATH
+#error "SPMD_TOOL_PATH must name the spmd binary"
+#endif
+
+enum { OUT = 1 << 16, DEVICES = 8, MOST_STEPS = 16 };
+
+static char *dir;
+static char out[OUT];
+
+static int setup(void **state)
+{
+    (void)state;
+    dir = support_temp_dir("test_cli_trace");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    support_drop_dir(dir);
+    return 0;
+}
+
+static cJSON *load(const char *path)
+{
+    size_t len;
+    char *text = support_read_file(path, &len);
+    assert_non_null(text);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) fail_msg("%s does not parse as JSON", path);
+    return root;
+}
+
+static double number(const cJSON *e, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, key);
+    if (!cJSON_IsNumber(v)) fail_msg("an event without a number \"%s\"", key);
+    return v->valuedouble;
+}
+
+static const char *text(const cJSON *e, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, key);
+    if (!cJSON_IsString(v)) fail_msg("an event without a string \"%s\"", key);
+    return v->valuestring;
+}
+
+typedef struct track {
+    int pid, tid;
+} track;
+
+typedef struct checked {
+    int tracks, steps;
+    int step[MOST_STEPS];
+    track track[2 * DEVICES];
+} checked;
+
+static int track_of(const checked *c, int pid, int tid)
+{
+    for (int i = 0; i < c->tracks; i++)
+        if (c->track[i].pid == pid && c->track[i].tid == tid) return i;
+    return -1;
+}
+
+/* Every property the header lists of the trace at `path`. */
+static checked check_trace(const char *path)
+{
+    checked c = {0};
+    cJSON *root = load(path);
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
+    assert_true(cJSON_IsArray(events));
+    const cJSON *e;
+    /* The tracks, named by metadata. */
+    cJSON_ArrayForEach(e, events) {
+        const char *ph = text(e, "ph");
+        assert_true(!strcmp(ph, "X") || !strcmp(ph, "M"));
+        if (strcmp(ph, "M") || strcmp(text(e, "name"), "thread_name")) continue;
+        int pid = (int)number(e, "pid"), tid = (int)number(e, "tid");
+        assert_true(track_of(&c, pid, tid) < 0 && c.tracks < 2 * DEVICES);
+        char want[32];
+        snprintf(want, sizeof want, "device %d", tid);
+        assert_string_equal(text(cJSON_GetObjectItemCaseSensitive(e, "args"), "name"), want);
+        c.track[c.tracks++] = (track){pid, tid};
+    }
+    /* The steps: on every track, the nodes inside each step add up to it. */
+    cJSON_ArrayForEach(e, events) {
+        if (strcmp(text(e, "ph"), "X") || strcmp(text(e, "cat"), "step")) continue;
+        int pid = (int)number(e, "pid"), tid = (int)number(e, "tid");
+        double ts = number(e, "ts"), dur = number(e, "dur"), sum = 0;
+        assert_true(track_of(&c, pid, tid) >= 0);
+        int step = (int)number(cJSON_GetObjectItemCaseSensitive(e, "args"), "step");
+        bool seen = false;
+        for (int i = 0; i < c.steps; i++) seen |= c.step[i] == step;
+        if (!seen && c.steps < MOST_STEPS) c.step[c.steps++] = step;
+        const cJSON *n;
+        int nodes = 0;
+        cJSON_ArrayForEach(n, events) {
+            if (strcmp(text(n, "ph"), "X") || (int)number(n, "pid") != pid ||
+                (int)number(n, "tid") != tid)
+                continue;
+            const char *cat = text(n, "cat");
+            if (strcmp(cat, "compute") && strcmp(cat, "collective") && strcmp(cat, "update") &&
+                strcmp(cat, "wake"))
+                continue;
+            double nts = number(n, "ts"), ndur = number(n, "dur");
+            assert_true(ndur >= 0);
+            if (nts < ts || nts >= ts + dur) continue;
+            assert_true(nts + ndur <= ts + dur + 1); /* inside the step (1 us of rounding) */
+            sum += ndur;
+            nodes++;
+        }
+        assert_true(nodes > 10);
+        if (sum < 0.9 * dur || sum > dur + 1)
+            fail_msg("step %d on track %d/%d: its nodes add up to %.0f us of %.0f us", step, pid,
+                     tid, sum, dur);
+    }
+    /* Collectives say what they move. */
+    int collectives = 0;
+    cJSON_ArrayForEach(e, events) {
+        if (strcmp(text(e, "ph"), "X") || strcmp(text(e, "cat"), "collective")) continue;
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+        const char *kind = text(args, "kind");
+        assert_true(!strcmp(kind, "all-gather") || !strcmp(kind, "reduce-scatter") ||
+                    !strcmp(kind, "all-reduce") || !strcmp(kind, "all-to-all"));
+        assert_string_equal(text(e, "name"), kind);
+        assert_true(text(args, "axes")[0] && text(args, "value")[0]);
+        assert_true(number(args, "bytes") > 0);
+        collectives++;
+    }
+    assert_true(collectives > 0);
+    cJSON_Delete(root);
+    return c;
+}
+
+/* The picture at svg has a lane per device and both kinds of box, and
+ * rsvg-convert renders it as a PNG, to png. */
+static void check_picture(const char *svg, const char *png)
+{
+    size_t len;
+    char *picture = support_read_file(svg, &len);
+    assert_non_null(picture);
+    int lanes = 0;
+    for (const char *at = picture; (at = strstr(at, "<g class=\"lane\"")); at++) lanes++;
+    assert_int_equal(lanes, DEVICES);
+    assert_non_null(strstr(picture, "class=\"collective\""));
+    assert_non_null(strstr(picture, "class=\"compute\""));
+    free(picture);
+    if (system("command -v rsvg-convert >/dev/null 2>&1") != 0) {
+        print_message("note: no rsvg-convert (librsvg2-bin): %s is not rendered\n", svg);
+        return;
+    }
+    char cmd[3 * SUPPORT_PATH];
+    snprintf(cmd, sizeof cmd, "rsvg-convert -f png -o '%s' '%s'", png, svg);
+    assert_int_equal(system(cmd), 0);
+    unsigned char *image = (unsigned char *)support_read_file(png, &len);
+    assert_true(len > 1024);
+    assert_memory_equal(image, "\x89PNG\r\n\x1a\n", 8);
+    free(image);
+}
+
+static void test_readme_picture(void **state)
+{
+    (void)state;
+    char path[SUPPORT_PATH], png[SUPPORT_PATH];
+    size_t len;
+    char *readme = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "README.md"), &len);
+    assert_non_null(readme);
+    assert_non_null(strstr(readme, "](docs/trace.svg)"));
+    free(readme);
+    check_picture(support_path_in(path, SPMD_SOURCE_DIR, "docs/trace.svg"),
+                  support_path_in(png, dir, "readme.png"));
+}
+
+static void test_default_run(void **state)
+{
+    (void)state;
+    char trace[SUPPORT_PATH], svg[SUPPORT_PATH], png[SUPPORT_PATH];
+    support_path_in(trace, dir, "default.json");
+    support_path_in(svg, dir, "default.svg");
+    support_path_in(png, dir, "default.png");
+    int rc = run_toolf(out, sizeof out, "train --steps 5 --eval 0 --trace %s --trace-plot %s",
+                       trace, svg);
+    if (rc) fail_msg("spmd train --trace failed (%d):\n%s", rc, out);
+    checked c = check_trace(trace);
+    assert_int_equal(c.tracks, DEVICES);
+    for (int d = 0; d < DEVICES; d++) assert_true(track_of(&c, 0, d) >= 0);
+    assert_int_equal(c.steps, 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(c.step[i], 2 + i);
+
+    check_picture(svg, png);
+}
+
+static void test_steps_asked(void **state)
+{
+    (void)state;
+    char trace[SUPPORT_PATH];
+    support_path_in(trace, dir, "steps.json");
+    int rc = run_toolf(out, sizeof out,
+                       "train --model mlp --steps 4 --eval 0 --trace %s --trace-steps 3-4", trace);
+    if (rc) fail_msg("spmd train --trace-steps 3-4 failed (%d):\n%s", rc, out);
+    checked c = check_trace(trace);
+    assert_int_equal(c.steps, 2);
+    assert_int_equal(c.step[0], 3);
+    assert_int_equal(c.step[1], 4);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    char trace[SUPPORT_PATH];
+    support_path_in(trace, dir, "refused.json");
+    static const char *const bad[] = {"0", "4-3", "x", "2-9", "-3"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = run_toolf(out, sizeof out, "train --steps 5 --trace %s --trace-steps %s", trace, bad[i]);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, "--trace-steps"));
+        assert_int_not_equal(access(trace, F_OK), 0);
+    }
+    assert_int_equal(run_tool("train --steps 5 --trace-steps 2", out, sizeof out), 2);
+    assert_non_null(strstr(out, "needs --trace"));
+}
+
+#ifdef SPMD_MPIEXEC
+static void test_over_processes(void **state)
+{
+    (void)state;
+    char trace[SUPPORT_PATH], cmd[4 * SUPPORT_PATH];
+    support_path_in(trace, dir, "mpi.json");
+    snprintf(cmd, sizeof cmd,
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=^openib "
+             "ASAN_OPTIONS=detect_leaks=0 timeout 120 '%s' -n 2 --oversubscribe '%s' train "
+             "--steps 3 --eval 0 --trace %s",
+             SPMD_MPIEXEC, SPMD_TOOL_PATH, trace);
+    int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+    if (rc) fail_msg("spmd train --trace under mpirun failed (%d):\n%s", rc, out);
+    checked c = check_trace(trace);
+    assert_int_equal(c.tracks, DEVICES);
+    /* Devices 0-3 in process 0, 4-7 in process 1. */
+    for (int d = 0; d < DEVICES; d++) assert_true(track_of(&c, d / 4, d) >= 0);
+    char part[SUPPORT_PATH + 16];
+    snprintf(part, sizeof part, "%s.part-1", trace);
+    assert_int_not_equal(access(part, F_OK), 0);
+}
+#else
+static void test_over_processes(void **state)
+{
+    (void)state;
+    print_message("note: built without MPI: --trace under mpirun is not tested\n");
+    skip();
+}
+#endif
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_run),
+        cmocka_unit_test(test_readme_picture),
+        cmocka_unit_test(test_steps_asked),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_over_processes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,345 @@
+/* `spmd train --trace` (see trace.h). */
+#include "trace.h"
+
+#include "json_file.h"
+#include "message.h"
+#include "plot.h"
+#include "plot_trace.h"
+#include "processes.h"
+
+#include <cJSON.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { DEFAULT_STEPS = 3 };
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+/* A whole number from 1 that fills `text`. */
+static bool whole(const char *text, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < 1 || v > 1000000000) return false;
+    *out = (int)v;
+    return true;
+}
+
+int trace_prepare(const cli_opts *o, trace_steps *t)
+{
+    *t = (trace_steps){0};
+    if (!o->trace && !o->trace_plot) {
+        if (o->trace_steps) return cli_fail("--trace-steps needs --trace FILE.json or --trace-plot FILE.svg");
+        return 0;
+    }
+    int rc;
+    if (o->trace && (rc = json_file_check_path(o->trace))) return rc;
+    if (o->trace_plot && (rc = plot_check_path("--trace-plot", o->trace_plot))) return rc;
+    char fallback[16];
+    snprintf(fallback, sizeof fallback, "%d", DEFAULT_STEPS);
+    const char *spec = o->trace_steps ? o->trace_steps : fallback;
+    const char *dash = strchr(spec, '-');
+    if (dash) {
+        char a[16];
+        snprintf(a, sizeof a, "%.*s", (int)(dash - spec < 15 ? dash - spec : 15), spec);
+        if (!whole(a, &t->first) || !whole(dash + 1, &t->last) || t->last < t->first)
+            return cli_fail("--trace-steps %s: expected A-B, steps from 1 with A <= B, or a count",
+                            spec);
+        if (t->last > o->steps)
+            return cli_fail("--trace-steps %s: the run has %d steps", spec, o->steps);
+        return 0;
+    }
+    int count;
+    if (!whole(spec, &count))
+        return cli_fail("--trace-steps %s: expected A-B, steps from 1 with A <= B, or a count", spec);
+    /* The first step touches every page for the first time: the ones after it. */
+    t->first = o->steps > 1 ? 2 : 1;
+    t->last = t->first + count - 1 < o->steps ? t->first + count - 1 : o->steps;
+    return 0;
+}
+
+static int micro_batches(const cli_opts *o)
+{
+    return o->optimizer.accumulate_steps > 1 ? o->optimizer.accumulate_steps : 1;
+}
+
+int trace_before_step(const cli_opts *o, trace_steps *t, spmd_program *p, int step)
+{
+    if (!t->first || step != t->first) return 0;
+    t->origin_us = now_us();
+    if (spmd_program_trace_begin(p, (t->last - t->first + 1) * micro_batches(o)) != SPMD_OK) {
+        cli_fail("--trace: %s", spmd_last_error());
+        return 1;
+    }
+    t->started = true;
+    return 0;
+}
+
+void trace_after_step(trace_steps *t, spmd_program *p, int step)
+{
+    if (t->started && step == t->last) spmd_program_trace_end(p);
+}
+
+/* One complete event ("ph":"X") on track (pid, tid). */
+static cJSON *complete(cJSON *list, const char *name, const char *cat, double ts, double dur, int pid,
+                       int tid)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", name);
+    cJSON_AddStringToObject(e, "cat", cat);
+    cJSON_AddStringToObject(e, "ph", "X");
+    cJSON_AddNumberToObject(e, "ts", ts);
+    cJSON_AddNumberToObject(e, "dur", dur);
+    cJSON_AddNumberToObject(e, "pid", pid);
+    cJSON_AddNumberToObject(e, "tid", tid);
+    cJSON_AddItemToArray(list, e);
+    return cJSON_AddObjectToObject(e, "args");
+}
+
+static void metadata(cJSON *list, const char *what, int pid, int tid, const char *name, int sort)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", what);
+    cJSON_AddStringToObject(e, "ph", "M");
+    cJSON_AddNumberToObject(e, "pid", pid);
+    if (tid >= 0) cJSON_AddNumberToObject(e, "tid", tid);
+    cJSON *args = cJSON_AddObjectToObject(e, "args");
+    if (name) cJSON_AddStringToObject(args, "name", name);
+    else cJSON_AddNumberToObject(args, "sort_index", sort);
+    cJSON_AddItemToArray(list, e);
+}
+
+/* The name of traced run r: "step 4", "step 4 micro-batch 2". */
+static void run_name(const cli_opts *o, const trace_steps *t, int run, char *buf, size_t size)
+{
+    int k = micro_batches(o);
+    if (k > 1) snprintf(buf, size, "step %d micro-batch %d", t->first + run / k, run % k + 1);
+    else snprintf(buf, size, "step %d", t->first + run);
+}
+
+/* The devices (thread ids) of this process's events, into ids; their count. */
+static int traced_devices(const spmd_program *p, int *ids, int room)
+{
+    int n = 0;
+    for (int i = 0, total = spmd_program_trace_count(p); i < total; i++) {
+        spmd_trace_event e;
+        if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.kind == SPMD_TRACE_RUN) continue;
+        bool seen = false;
+        for (int k = 0; k < n; k++) seen |= ids[k] == e.device;
+        if (!seen && n < room) ids[n++] = e.device;
+    }
+    return n;
+}
+
+static void add_device_event(cJSON *list, const spmd_program *p, const spmd_trace_event *e, int pid,
+                             double shift)
+{
+    double ts = e->start_us + shift;
+    if (e->kind == SPMD_TRACE_UPDATE) {
+        complete(list, "update", "update", ts, e->dur_us, pid, e->device);
+        return;
+    }
+    spmd_collective_info c;
+    bool coll = e->kind == SPMD_TRACE_COLLECTIVE &&
+                spmd_program_collective(p, e->collective, &c) == SPMD_OK;
+    cJSON *args = complete(list, coll ? c.kind : e->op, coll ? "collective" : "compute", ts,
+                           e->dur_us, pid, e->device);
+    cJSON_AddStringToObject(args, "node", e->name);
+    cJSON_AddStringToObject(args, "shape", e->shape);
+    cJSON_AddStringToObject(args, "op", e->op);
+    cJSON_AddNumberToObject(args, "wait_us", e->wait_us);
+    if (coll) {
+        cJSON_AddStringToObject(args, "kind", c.kind);
+        cJSON_AddStringToObject(args, "axes", c.axes);
+        cJSON_AddNumberToObject(args, "bytes", (double)c.bytes);
+        cJSON_AddStringToObject(args, "value", c.tensor);
+        cJSON_AddStringToObject(args, "phase", c.phase);
+        cJSON_AddNumberToObject(args, "estimate_us", c.seconds * 1e6);
+    }
+    /* Thread 0 waiting for the device's other threads to end the node. */
+    if (e->wait_us >= 1.0)
+        complete(list, "wait", "wait", ts + e->dur_us - e->wait_us, e->wait_us, pid, e->device);
+}
+
+/* This process's events, shifted by `shift` microseconds, into list. */
+static int process_events(const cli_opts *o, const spmd_program *p, const trace_steps *t,
+                          double shift, cJSON *list)
+{
+    enum { MOST = 4096 };
+    static int ids[MOST];
+    int pid = spmd_program_process(p), n_ids = traced_devices(p, ids, MOST);
+    char name[64];
+    snprintf(name, sizeof name, "process %d", pid);
+    metadata(list, "process_name", pid, -1, name, 0);
+    metadata(list, "process_sort_index", pid, -1, NULL, pid);
+    for (int k = 0; k < n_ids; k++) {
+        snprintf(name, sizeof name, "device %d", ids[k]);
+        metadata(list, "thread_name", pid, ids[k], name, 0);
+        metadata(list, "thread_sort_index", pid, ids[k], NULL, ids[k]);
+    }
+    double run_begin = 0;
+    int device = -1; /* whose events come now */
+    for (int i = 0, n = spmd_program_trace_count(p); i < n; i++) {
+        spmd_trace_event e;
+        if (spmd_program_trace_event(p, i, &e) != SPMD_OK) {
+            cli_fail("--trace: %s", spmd_last_error());
+            return 1;
+        }
+        if (e.kind != SPMD_TRACE_RUN) {
+            /* Before its first node, the device waited for its thread to wake. */
+            if (e.device != device && e.start_us > run_begin)
+                complete(list, "wake", "wake", run_begin + shift, e.start_us - run_begin, pid, e.device);
+            device = e.device;
+            add_device_event(list, p, &e, pid, shift);
+            continue;
+        }
+        run_begin = e.start_us;
+        device = -1;
+        /* Every device's track gets the step around its events. */
+        run_name(o, t, e.run, name, sizeof name);
+        for (int k = 0; k < n_ids; k++) {
+            cJSON *args = complete(list, name, "step", e.start_us + shift, e.dur_us, pid, ids[k]);
+            cJSON_AddNumberToObject(args, "step", t->first + e.run / micro_batches(o));
+        }
+    }
+    return 0;
+}
+
+/* Over several processes, each one's events pass through a file beside
+ * the trace ("FILE.json.part-R"), which process 0 merges and removes. */
+static void part_path(const char *trace, int rank, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s.part-%d", trace, rank);
+}
+
+static int write_part(const char *path, cJSON *list)
+{
+    char *text = cJSON_PrintUnformatted(list);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    bool ok = f && fputs(text, f) >= 0;
+    if (f && fclose(f) != 0) ok = false;
+    free(text);
+    if (!ok) cli_fail("--trace: cannot write %s: %s", path, strerror(errno));
+    return ok ? 0 : 1;
+}
+
+static int merge_part(const char *path, cJSON *list)
+{
+    FILE *f = fopen(path, "r");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = f ? open_memstream(&text, &len) : NULL;
+    char buf[65536];
+    size_t got;
+    while (m && (got = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, got, m);
+    if (m) fclose(m);
+    if (f) fclose(f);
+    cJSON *part = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    remove(path);
+    if (!cJSON_IsArray(part)) {
+        cJSON_Delete(part);
+        return cli_fail("--trace: cannot read another process's events from %s", path), 1;
+    }
+    while (cJSON_GetArraySize(part) > 0) cJSON_AddItemToArray(list, cJSON_DetachItemFromArray(part, 0));
+    cJSON_Delete(part);
+    return 0;
+}
+
+/* The first traced step's device events, drawn. */
+static int plot_first_step(const cli_opts *o, const spmd_program *p)
+{
+    int n = spmd_program_trace_count(p), kept = 0;
+    spmd_trace_event *events = calloc((size_t)(n ? n : 1), sizeof *events);
+    const char **kinds = calloc((size_t)(n ? n : 1), sizeof *kinds);
+    if (!events || !kinds) {
+        free(events), free(kinds);
+        return cli_fail("--trace-plot: out of memory"), 1;
+    }
+    for (int i = 0; i < n; i++) {
+        spmd_trace_event e;
+        spmd_collective_info c;
+        if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.run >= micro_batches(o)) continue;
+        kinds[kept] = e.kind == SPMD_TRACE_COLLECTIVE && spmd_program_collective(p, e.collective, &c) == SPMD_OK
+                          ? c.kind : NULL;
+        events[kept++] = e;
+    }
+    char title[192];
+    snprintf(title, sizeof title, "spmd train: %s, one step%s", o->model,
+             spmd_program_processes(p) > 1 ? " (process 0's devices)" : "");
+    int rc = plot_write_trace_svg(o->trace_plot, title, events, kinds, kept);
+    free(events), free(kinds);
+    return rc;
+}
+
+int trace_write(const cli_opts *o, const cli_model *m, const spmd_program *p, const trace_steps *t)
+{
+    if (!t->first) return 0;
+    if (!t->started) {
+        /* A run resumed past them (every process alike). */
+        if (processes_rank() == 0)
+            fprintf(stderr, "spmd: warning: --trace-steps %d-%d: none of these steps ran; no "
+                    "trace written\n", t->first, t->last);
+        return 0;
+    }
+    int procs = processes_count(), rank = processes_rank(), rc = 0;
+    if (o->trace_plot && rank == 0 && (rc = plot_first_step(o, p))) return rc;
+    if (!o->trace) return 0;
+    double *origins = calloc((size_t)procs, sizeof *origins);
+    if (!origins) return cli_fail("--trace: out of memory"), 1;
+    /* One clock for all: processes on one host share CLOCK_MONOTONIC. */
+    rc = processes_gather_double(t->origin_us, origins);
+    double base = origins[0];
+    for (int r = 1; r < procs; r++) base = origins[r] < base ? origins[r] : base;
+    free(origins);
+    if (rc) return rc;
+    cJSON *list = cJSON_CreateArray();
+    rc = process_events(o, p, t, t->origin_us - base, list);
+    char part[4096];
+    if (!rc && rank > 0) {
+        part_path(o->trace, rank, part, sizeof part);
+        rc = write_part(part, list);
+    }
+    /* Every part is written before process 0 reads them. */
+    double ready = rc, *all = calloc((size_t)procs, sizeof *all);
+    if (!all || processes_gather_double(ready, all)) rc = 1;
+    for (int r = 1; all && r < procs; r++)
+        if (all[r] != 0) rc = 1;
+    free(all);
+    if (rank > 0) {
+        cJSON_Delete(list);
+        return rc;
+    }
+    for (int r = 1; !rc && r < procs; r++) {
+        part_path(o->trace, r, part, sizeof part);
+        rc = merge_part(part, list);
+    }
+    if (rc) {
+        cJSON_Delete(list);
+        return rc;
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "traceEvents", list);
+    cJSON_AddStringToObject(root, "displayTimeUnit", "ms");
+    cJSON *about = cJSON_AddObjectToObject(root, "otherData");
+    cJSON_AddStringToObject(about, "model", o->model);
+    char mesh[128];
+    model_mesh_text(m, mesh, sizeof mesh);
+    cJSON_AddStringToObject(about, "mesh", mesh);
+    cJSON_AddNumberToObject(about, "first_step", t->first);
+    cJSON_AddNumberToObject(about, "last_step", t->last);
+    cJSON_AddNumberToObject(about, "processes", procs);
+    cJSON_AddStringToObject(about, "clock", "CLOCK_MONOTONIC, microseconds from the first "
+                            "process's start of the trace");
+    return json_file_write(o->trace, root);
+}
