@@ -187,23 +187,32 @@ static int process_events(const cli_opts *o, const spmd_program *p, const trace_
         metadata(list, "thread_name", pid, ids[k], name, 0);
         metadata(list, "thread_sort_index", pid, ids[k], NULL, ids[k]);
     }
-    double run_begin = 0;
+    double run_begin = 0, run_end = 0, last_end = 0;
     int device = -1; /* whose events come now */
-    for (int i = 0, n = spmd_program_trace_count(p); i < n; i++) {
-        spmd_trace_event e;
-        if (spmd_program_trace_event(p, i, &e) != SPMD_OK) {
+    for (int i = 0, n = spmd_program_trace_count(p); i <= n; i++) {
+        spmd_trace_event e = {.kind = SPMD_TRACE_RUN};
+        if (i < n && spmd_program_trace_event(p, i, &e) != SPMD_OK) {
             cli_fail("--trace: %s", spmd_last_error());
             return 1;
         }
+        /* After a device's last event, it waited for the other devices
+         * and the caller to end the run (a wake-up under load). */
+        if (device >= 0 && (e.kind == SPMD_TRACE_RUN || e.device != device) && run_end > last_end)
+            complete(list, "join", "wake", last_end + shift, run_end - last_end, pid, device);
+        if (i == n) break;
         if (e.kind != SPMD_TRACE_RUN) {
-            /* Before its first node, the device waited for its thread to wake. */
-            if (e.device != device && e.start_us > run_begin)
-                complete(list, "wake", "wake", run_begin + shift, e.start_us - run_begin, pid, e.device);
+            /* Before its first node, the device waited for its thread to
+             * wake; before the update, for its threads to wake again. */
+            double from = e.device != device ? run_begin : last_end;
+            if (e.start_us > from && (e.device != device || e.kind == SPMD_TRACE_UPDATE))
+                complete(list, "wake", "wake", from + shift, e.start_us - from, pid, e.device);
             device = e.device;
+            last_end = e.start_us + e.dur_us;
             add_device_event(list, p, &e, pid, shift);
             continue;
         }
         run_begin = e.start_us;
+        run_end = e.start_us + e.dur_us;
         device = -1;
         /* Every device's track gets the step around its events. */
         run_name(o, t, e.run, name, sizeof name);
