@@ -185,7 +185,8 @@ static void test_outputs_apart_from_inputs_and_each_other(void **state)
             (const char *[]){"--log", "--save", NULL});
 }
 
-/* --save that cannot be a directory: refused before the first step. */
+/* --save that cannot be a directory, or has no room for a checkpoint:
+ * refused before the first step. */
 static void test_save_checked_before_the_first_step(void **state)
 {
     (void)state;
@@ -201,6 +202,12 @@ static void test_save_checked_before_the_first_step(void **state)
     int rc = tool(SPMD_TOOL_PATH, MLP " --save %s", fresh);
     if (rc != 0) fail_msg("exit %d\n%s", rc, out);
     has("checkpoint: step 3 saved");
+    /* A file system without room for one checkpoint (spmd-test's
+     * SPMD_TEST_FREE_BYTES stands for a full disk). */
+    setenv("SPMD_TEST_FREE_BYTES", "4096", 1);
+    rc = tool(SPMD_TEST_TOOL_PATH, MLP " --save %s", fresh);
+    unsetenv("SPMD_TEST_FREE_BYTES");
+    refused(rc, 1, (const char *[]){"--save", fresh, "a checkpoint of this run takes", "MiB free", NULL});
 }
 
 /* spmd-test TRAIN-ARGS in the background, paused in its first save (the

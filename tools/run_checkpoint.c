@@ -26,6 +26,7 @@
 #include "test_hooks.h"
 
 #include "spmd/checkpoint.h"
+#include "train/checkpoint.h"
 #include "train/checkpoint_fs.h"
 
 #include <cJSON.h>
@@ -36,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -159,6 +161,33 @@ static double now_ms(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+/* The bytes of one checkpoint of p: every saved block's, of every copy;
+ * -1 when the layout cannot be had. */
+static double checkpoint_bytes(const cli_model *m, const spmd_program *p)
+{
+    double bytes = 0;
+    for (int c = 0; c < m->copies; c++) {
+        ckpt_layout l;
+        if (ckpt_layout_build(p, c, &l, "--save") != SPMD_OK) return -1;
+        for (int b = 0; b < l.n_blocks; b++) bytes += (double)l.blocks[b].bytes;
+        ckpt_layout_free(&l);
+    }
+    return bytes;
+}
+
+int run_checkpoint_check_room(const cli_opts *o, const cli_model *m, const spmd_program *p)
+{
+    struct statvfs vfs;
+    if (!o->save || processes_rank() != 0 || statvfs(o->save, &vfs) != 0) return 0;
+    double avail = test_hooks_free_bytes((double)vfs.f_bavail * (double)vfs.f_frsize);
+    double need = checkpoint_bytes(m, p);
+    /* The files' headers and the index: a few KiB a tensor at most. */
+    if (need < 0 || avail >= need * 1.01 + (1 << 20)) return 0;
+    cli_fail("--save %s: a checkpoint of this run takes %.1f MiB and its file system has %.1f MiB "
+             "free: make room, or --save elsewhere", o->save, need / 1048576.0, avail / 1048576.0);
+    return 1;
 }
 
 /* The run's settings as copy c trains: its seed, learning rate, warmup,

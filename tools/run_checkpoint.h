@@ -22,6 +22,11 @@ struct cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m);
  * message. */
 int run_checkpoint_prepare(const cli_opts *o);
 
+/* Once p is compiled, before the first step: a checkpoint of p (every
+ * copy's) fits in what --save's file system has free; 0, or 1 with a
+ * message giving both figures.  Process 0 checks for the run. */
+int run_checkpoint_check_room(const cli_opts *o, const cli_model *m, const spmd_program *p);
+
 /* Save program p at `step` to --save (with copies, DIR/copy-C each), with
  * the data position `samples`; 0, or 1 with a message. */
 int run_checkpoint_save(const cli_opts *o, const cli_model *m, const spmd_program *p, int step,

@@ -496,6 +496,7 @@ static int train(cli_opts *o_in, FILE *log)
            spmd_program_collective_count(p));
     warn_plan(&o, &m, p);
     if (o.init) rc = weights_init_apply(o.init, &m.gpt, p);
+    if (!rc) rc = run_checkpoint_check_room(&o, &m, p);
     /* Saved state last: it replaces what the flags set up. */
     int first = 0;      /* steps already run (a resumed run's saved step) */
     int64_t sample = 0; /* the data position: training samples consumed */
