@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "train/checkpoint_fs.h"
 #include "base/rng.h"
+#include "train/checkpoint_fs.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
