@@ -150,7 +150,7 @@ static void test_outputs_apart_from_inputs_and_each_other(void **state)
     free(text);
 
     support_path_in(x, dir, "x");
-    const char *pairs[][2] = {{"--log", "--json"}, {"--log", "--plot"}, {"--json", "--plot"}};
+    const char *pairs[][2] = {{"--log", "--json"}, {"--log", "--plot"}, {"--json", "--plot"}, {"--log", "--save"}};
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
         refused(tool(SPMD_TOOL_PATH, MLP " %s %s %s %s", pairs[i][0], x, pairs[i][1], x), 2,
                 (const char *[]){pairs[i][0], pairs[i][1], "name one file", NULL});

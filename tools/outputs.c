@@ -99,14 +99,15 @@ int outputs_check_outside(const outputs_file *out, int n_out, const outputs_file
 
 int outputs_check_train(const cli_opts *o)
 {
-    const outputs_file out[] = {{"--log", o->log}, {"--json", o->json}, {"--plot", o->plot}};
+    /* --save last: a directory, so not a file target, but no file's path. */
+    const outputs_file out[] = {{"--log", o->log}, {"--json", o->json}, {"--plot", o->plot}, {"--save", o->save}};
     const outputs_file in[] = {{"--data", o->data}, {"--val-data", o->val_data}, {"--init", o->init}};
-    enum { N_OUT = sizeof out / sizeof *out, N_IN = sizeof in / sizeof *in };
+    enum { N_FILES = sizeof out / sizeof *out - 1, N_IN = sizeof in / sizeof *in };
     int rc = 0;
-    for (int i = 0; i < N_OUT && !rc; i++) rc = outputs_check_target(out[i].flag, out[i].path);
-    if (!rc) rc = outputs_check_apart(out, N_OUT, in, N_IN);
+    for (int i = 0; i < N_FILES && !rc; i++) rc = outputs_check_target(out[i].flag, out[i].path);
+    if (!rc) rc = outputs_check_apart(out, N_FILES + 1, in, N_IN);
     const outputs_file resume = {"--resume", o->resume}, save = {"--save", o->save};
-    if (!rc) rc = outputs_check_outside(out, N_OUT, &resume, false);
-    if (!rc) rc = outputs_check_outside(out, N_OUT, &save, false);
+    if (!rc) rc = outputs_check_outside(out, N_FILES, &resume, false);
+    if (!rc) rc = outputs_check_outside(out, N_FILES, &save, false);
     return rc;
 }
