@@ -455,7 +455,7 @@ static void test_plain_progress_and_jsonl_log(void **state)
 
     snprintf(args, sizeof args, "train --steps 1 --log %s", dir); /* a directory */
     assert_int_equal(run_tool(args, out, sizeof out), 2);
-    assert_non_null(strstr(out, "cannot open it for appending"));
+    assert_non_null(strstr(out, "it is a directory, not a file"));
 }
 
 /* ---- Warnings ----------------------------------------------------------------------- */

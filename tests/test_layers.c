@@ -141,7 +141,7 @@ static const char *const tool_groups[] = {
     "processes bpe",                                  /* MPI; GPT-2's BPE */
     "test_hooks json_file plot vocab weights",        /* leaves */
     "flags plot_curves plot_trace",                   /* the flag table; training curves, a trace's step */
-    "copies",                                         /* per-copy settings */
+    "copies outputs",                                 /* per-copy settings; the files a command writes */
     "model",                                          /* build, marks, compile */
     "feed report run_checkpoint trace",               /* pieces of a run */
     "train explain sample export visualize plot_cmd tokenize", /* the commands */

@@ -9,6 +9,7 @@
 
 #include "flags.h"
 #include "message.h"
+#include "outputs.h"
 #include "plot.h"
 #include "plot_curves.h"
 
@@ -136,7 +137,8 @@ int cmd_plot(int argc, char **argv)
         flags_usage(stderr, CMD_PLOT);
         return cli_fail("plot needs a log (spmd train --log FILE.jsonl) and --out FILE.svg");
     }
-    if ((rc = plot_check_path("--out", a.out))) return rc;
+    const outputs_file outs[] = {{"--out", a.out}}, in[] = {{"LOG", a.log}};
+    if ((rc = plot_check_path("--out", a.out)) || (rc = outputs_check_apart(outs, 1, in, 1))) return rc;
     plot_training t = {0};
     rc = read_log(a.log, &t);
     if (!rc) {

@@ -22,16 +22,24 @@
 
 #include "copies.h"
 #include "message.h"
+#include "processes.h"
 #include "test_hooks.h"
 
 #include "spmd/checkpoint.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_fs.h"
 
 #include <cJSON.h>
 
+#include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *data_source(const cli_opts *o) { return o->data ? o->data : "arith"; }
 
@@ -83,11 +91,105 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
 
 /* ---- Save ------------------------------------------------------------------------ */
 
+/* The lock of --save DIR: held until the process ends (closing it would
+ * drop it). */
+static int save_lock = -1;
+
+/* A file made, written and synced in `dir`, then removed: a read-only,
+ * full or foreign directory fails here rather than at the first save. */
+static int check_writable(const char *dir)
+{
+    char probe[CLI_PATH_MAX];
+    snprintf(probe, sizeof probe, "%s/.write-test-XXXXXX", dir);
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        cli_fail("--save %s: cannot create a file there: %s", dir, strerror(errno));
+        return 1;
+    }
+    int err = write(fd, "\n", 1) == 1 ? 0 : errno ? errno : EIO;
+    if (!err && fsync(fd) != 0) err = errno;
+    close(fd);
+    unlink(probe);
+    if (!err) return 0;
+    cli_fail("--save %s: cannot write a file there: %s", dir, strerror(err));
+    return 1;
+}
+
+/* The temporaries in dir and its copy-C directories; the count removed. */
+static int remove_temporaries(const char *dir, int *removed)
+{
+    int n = 0;
+    if (ckpt_remove_temporaries(dir, &n, "--save") != SPMD_OK) return cli_fail("%s", spmd_last_error());
+    *removed += n;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char sub[CLI_PATH_MAX];
+        if (strncmp(e->d_name, "copy-", 5) || snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name) >= (int)sizeof sub)
+            continue;
+        if (ckpt_remove_temporaries(sub, &n, "--save") != SPMD_OK) {
+            closedir(d);
+            return cli_fail("%s", spmd_last_error());
+        }
+        *removed += n;
+    }
+    if (d) closedir(d);
+    return 0;
+}
+
+int run_checkpoint_prepare(const cli_opts *o)
+{
+    if (!o->save || processes_rank() != 0) return 0;
+    if (ckpt_mkdirs(o->save, "--save") != SPMD_OK) {
+        cli_fail("%s", spmd_last_error());
+        return 1;
+    }
+    int rc = check_writable(o->save), removed = 0;
+    if (!rc && ckpt_lock_dir(o->save, &save_lock, "--save") != SPMD_OK) {
+        cli_fail("%s", spmd_last_error());
+        rc = 1;
+    }
+    /* Under the lock no other run writes here: every temporary is a
+     * killed save's.  Without locks (a file system that has none) they
+     * stay, since another writer may own them. */
+    if (!rc && save_lock >= 0) rc = remove_temporaries(o->save, &removed) ? 1 : 0;
+    if (!rc && removed)
+        printf("checkpoint: removed %d unfinished save%s a killed run left in %s\n", removed,
+               removed > 1 ? "s" : "", o->save);
+    return rc;
+}
+
 static double now_ms(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+/* The bytes of one checkpoint of p: every saved block's, of every copy;
+ * -1 when the layout cannot be had. */
+static double checkpoint_bytes(const cli_model *m, const spmd_program *p)
+{
+    double bytes = 0;
+    for (int c = 0; c < m->copies; c++) {
+        ckpt_layout l;
+        if (ckpt_layout_build(p, c, &l, "--save") != SPMD_OK) return -1;
+        for (int b = 0; b < l.n_blocks; b++) bytes += (double)l.blocks[b].bytes;
+        ckpt_layout_free(&l);
+    }
+    return bytes;
+}
+
+int run_checkpoint_check_room(const cli_opts *o, const cli_model *m, const spmd_program *p)
+{
+    struct statvfs vfs;
+    if (!o->save || processes_rank() != 0 || statvfs(o->save, &vfs) != 0) return 0;
+    double avail = test_hooks_free_bytes((double)vfs.f_bavail * (double)vfs.f_frsize);
+    double need = checkpoint_bytes(m, p);
+    /* The files' headers and the index: a few KiB a tensor at most. */
+    if (need < 0 || avail >= need * 1.01 + (1 << 20)) return 0;
+    cli_fail("--save %s: a checkpoint of this run takes %.1f MiB and its file system has %.1f MiB "
+             "free: make room, or --save elsewhere", o->save, need / 1048576.0, avail / 1048576.0);
+    return 1;
 }
 
 /* The run's settings as copy c trains: its seed, learning rate, warmup,

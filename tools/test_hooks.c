@@ -54,6 +54,12 @@ size_t test_hooks_shard_tokens(size_t max)
     return n > 0 && (size_t)n < max ? (size_t)n : max;
 }
 
+double test_hooks_free_bytes(double real)
+{
+    const char *hook = getenv("SPMD_TEST_FREE_BYTES");
+    return hook ? atof(hook) : real;
+}
+
 #else
 
 bool test_hooks_bad_token(int step)
@@ -65,5 +71,6 @@ bool test_hooks_bad_token(int step)
 void test_hooks_save_begin(int step) { (void)step; }
 void test_hooks_save_end(void) {}
 size_t test_hooks_shard_tokens(size_t max) { return max; }
+double test_hooks_free_bytes(double real) { return real; }
 
 #endif

@@ -15,6 +15,9 @@
  *   SPMD_TEST_SHARD_TOKENS=N           spmd tokenize's shards hold at most N
  *       tokens instead of 2^31 - 1, so the refusal of a shard too large runs
  *       on a small text (test_cli_tokenize).
+ *   SPMD_TEST_FREE_BYTES=N             the --save directory's file system has
+ *       N bytes free, so the refusal of a run whose checkpoint cannot fit
+ *       runs without filling a disk (test_cli_files).
  */
 #ifndef SPMD_TOOLS_TEST_HOOKS_H
 #define SPMD_TOOLS_TEST_HOOKS_H
@@ -29,5 +32,7 @@ void test_hooks_save_begin(int step);
 void test_hooks_save_end(void);
 /* The most tokens a shard of spmd tokenize holds: `max`, or the hook's. */
 size_t test_hooks_shard_tokens(size_t max);
+/* The bytes free where --save writes: `real`, or the hook's. */
+double test_hooks_free_bytes(double real);
 
 #endif

@@ -10,6 +10,7 @@
 #include "json_file.h"
 #include "message.h"
 #include "model.h"
+#include "outputs.h"
 #include "plot.h"
 #include "plot_curves.h"
 #include "processes.h"
@@ -270,6 +271,17 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     return json_file_write(o->json, root);
 }
 
+/* A log line that could not be written (a full disk, a quota) stops the
+ * run: a log with holes would pass for a whole one.  0, or 1 with a
+ * message. */
+static int log_written(FILE *log, const char *path, int step)
+{
+    if (fflush(log) == 0 && !ferror(log)) return 0;
+    cli_fail("--log %s: cannot write the line of step %d: %s; the run stops", path, step,
+             strerror(errno ? errno : EIO));
+    return 1;
+}
+
 /* The validation loss of every copy after step `done`: printed, logged
  * (copy 0's as val_loss, every copy's as copy_val_loss), recorded. */
 static int validate(const cli_opts *o, const cli_model *m, const spmd_program *p,
@@ -293,15 +305,15 @@ static int validate(const cli_opts *o, const cli_model *m, const spmd_program *p
         for (int c = 0; m->copies > 1 && c < m->copies; c++)
             fprintf(log, "%s%s", c ? "," : ",\"copy_val_loss\":[", json_number(loss[c], x, sizeof x));
         fprintf(log, "%s}\n", m->copies > 1 ? "]" : "");
-        fflush(log);
+        return log_written(log, o->log, done);
     }
     return 0;
 }
 
 /* One object per step, as JSON Lines; a non-finite value is null.  The
  * figures are copy 0's; with copies, copy_loss lists every copy's loss. */
-static void log_step(FILE *log, int step, const float *loss, int copies, float lr, float norm,
-                     double ms, double tok_s)
+static int log_step(FILE *log, const char *path, int step, const float *loss, int copies, float lr,
+                    float norm, double ms, double tok_s)
 {
     char l[32], n[32], x[32];
     fprintf(log, "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"ms\":%.3f,\"tokens_per_s\":%.1f",
@@ -310,7 +322,7 @@ static void log_step(FILE *log, int step, const float *loss, int copies, float l
     for (int c = 0; copies > 1 && c < copies; c++)
         fprintf(log, "%s%s", c ? "," : ",\"copy_loss\":[", json_number(loss[c], x, sizeof x));
     fprintf(log, "%s}\n", copies > 1 ? "]" : "");
-    fflush(log);
+    return log_written(log, path, step);
 }
 
 /* The loss and learning rate of the `steps` steps run after step `first`,
@@ -488,6 +500,7 @@ static int train(cli_opts *o_in, FILE *log)
            spmd_program_collective_count(p));
     warn_plan(&o, &m, p);
     if (o.init) rc = weights_init_apply(o.init, &m.gpt, p);
+    if (!rc) rc = run_checkpoint_check_room(&o, &m, p);
     /* Saved state last: it replaces what the flags set up. */
     int first = 0;      /* steps already run (a resumed run's saved step) */
     int64_t sample = 0; /* the data position: training samples consumed */
@@ -581,7 +594,8 @@ static int train(cli_opts *o_in, FILE *log)
             printf("step %4d/%d  loss %s  %.0f tok/s  %.1f ms/step  eta %.0fs\n", done, o.steps,
                    text, tok_s, ms[i], eta);
         fflush(stdout);
-        if (log) log_step(log, done, loss, copies, feed_lr(&o, s), norm[0], ms[i], tok_s);
+        if (log && (rc = log_step(log, o.log, done, loss, copies, feed_lr(&o, s), norm[0], ms[i], tok_s)))
+            break;
         /* Copies share nothing: one that diverges is named and the others
          * train on, until none is left. */
         for (int c = 0; copies > 1 && !o.keep_nonfinite && c < copies; c++) {
@@ -697,6 +711,8 @@ int cmd_train(int argc, char **argv)
     if (o.processes > 1 && processes_count() == 1)
         return cli_fail("--processes plans a run over several processes (spmd explain); to train "
                         "over %d processes, start spmd with mpirun -n %d", o.processes, o.processes);
+    /* The files of the run, before any work. */
+    if ((rc = outputs_check_train(&o)) || (rc = run_checkpoint_prepare(&o))) return rc;
     FILE *log = NULL;
     /* Process 0 logs for the run. */
     if (o.log && processes_rank() == 0 && !(log = fopen(o.log, "a")))

@@ -138,11 +138,105 @@ bool ckpt_exists(const char *path)
     return lstat(path, &st) == 0;
 }
 
+int ckpt_open_input(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    return fd;
+}
+
+/* The holder a lock file names, "process 123 on host": what it wrote,
+ * else the pid fcntl reports. */
+static void lock_holder(int fd, char *buf, size_t size)
+{
+    char text[160] = "";
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    text[n > 0 ? n : 0] = '\0';
+    long pid = 0;
+    char host[128] = "";
+    if (sscanf(text, "%ld %127s", &pid, host) >= 1 && pid > 0) {
+        snprintf(buf, size, "process %ld%s%s", pid, host[0] ? " on " : "", host);
+        return;
+    }
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK && q.l_pid > 0)
+        snprintf(buf, size, "process %ld", (long)q.l_pid);
+    else
+        snprintf(buf, size, "another process");
+}
+
+spmd_status ckpt_lock_dir(const char *dir, int *out, const char *what)
+{
+    char path[CKPT_PATH_MAX];
+    *out = -1;
+    spmd_status st = ckpt_join(path, dir, CKPT_LOCK, what);
+    if (st != SPMD_OK) return st;
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return base_error(SPMD_ERR_IO, "%s: cannot create the lock %s: %s", what, path,
+                          strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return base_error(SPMD_ERR_IO, "%s: the lock %s is not a regular file", what, path);
+    }
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_SETLK, &fl) != 0) {
+        int err = errno;
+        if (err == ENOLCK || err == ENOTSUP || err == EINVAL) {
+            close(fd); /* a file system without locks: writers are not kept apart */
+            return SPMD_OK;
+        }
+        char holder[192];
+        lock_holder(fd, holder, sizeof holder);
+        close(fd);
+        if (err == EACCES || err == EAGAIN)
+            return base_error(SPMD_ERR_IO,
+                              "%s: %s is in use: %s is writing checkpoints there (its lock %s); "
+                              "two runs saving into one directory would mix their steps",
+                              what, dir, holder, path);
+        return base_error(SPMD_ERR_IO, "%s: cannot lock %s: %s", what, path, strerror(err));
+    }
+    char host[128] = "", text[192];
+    gethostname(host, sizeof host - 1);
+    int n = snprintf(text, sizeof text, "%ld %s\n", (long)getpid(), host[0] ? host : "-");
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) {
+        int err = errno;
+        close(fd);
+        return base_error(SPMD_ERR_IO, "%s: cannot write the lock %s: %s", what, path,
+                          strerror(err));
+    }
+    *out = fd;
+    return SPMD_OK;
+}
+
+spmd_status ckpt_remove_temporaries(const char *dir, int *removed, const char *what)
+{
+    *removed = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return SPMD_OK;
+        return base_error(SPMD_ERR_IO, "%s: cannot list %s: %s", what, dir, strerror(errno));
+    }
+    spmd_status st = SPMD_OK;
+    for (struct dirent *e; st == SPMD_OK && (e = readdir(d));) {
+        if (strncmp(e->d_name, ".tmp-step-", 10) && strncmp(e->d_name, ".del-step-", 10)) continue;
+        char path[CKPT_PATH_MAX];
+        st = ckpt_join(path, dir, e->d_name, what);
+        if (st == SPMD_OK) st = ckpt_remove_tree(path, what);
+        if (st == SPMD_OK) ++*removed;
+    }
+    closedir(d);
+    return st;
+}
+
 spmd_status ckpt_read_file(const spmd_allocator *alloc, const char *path, size_t max, char **out,
                            size_t *len, const char *what)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = ckpt_open_input(path);
     if (fd < 0)
         return base_error(SPMD_ERR_IO, "%s: cannot open %s: %s", what, path, strerror(errno));
     struct stat st;

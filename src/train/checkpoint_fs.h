@@ -19,6 +19,8 @@
 
 /* Room for any path a checkpoint builds. */
 enum { CKPT_PATH_MAX = 4096 };
+/* The writers' lock in a checkpoint directory (ckpt_lock_dir). */
+#define CKPT_LOCK ".lock"
 
 /* dir + "/" + name into buf; a path too long for CKPT_PATH_MAX is an error. */
 spmd_status ckpt_join(char *buf, const char *dir, const char *name, const char *what);
@@ -35,6 +37,24 @@ spmd_status ckpt_fsync_dir(const char *path, const char *what);
 /* Remove `path` and everything under it; a missing path is no error. */
 spmd_status ckpt_remove_tree(const char *path, const char *what);
 bool ckpt_exists(const char *path);
+
+/* `path` opened for reading without blocking: a FIFO or a device with no
+ * writer would hang open() forever, so it is opened O_NONBLOCK (cleared
+ * once open) and the caller's fstat then refuses what is not a regular
+ * file.  The descriptor, or -1 with errno. */
+int ckpt_open_input(const char *path);
+
+/* The writers' lock of a checkpoint directory, DIR/.lock: an fcntl write
+ * lock held by the writing run until it ends (the kernel drops it when the
+ * process dies, so a dead writer's lock file holds nothing).  The file
+ * records the holder as "PID HOST" for the message a second writer gets.
+ * *fd is the descriptor to keep open while writing, -1 where the file
+ * system has no locks (no error then). */
+spmd_status ckpt_lock_dir(const char *dir, int *fd, const char *what);
+/* Remove the temporaries a killed save left in `dir` (.tmp-step-* and
+ * .del-step-* directories); only for the holder of the lock.  How many
+ * were removed goes to *removed. */
+spmd_status ckpt_remove_temporaries(const char *dir, int *removed, const char *what);
 
 /* A whole file of at most `max` bytes, NUL-terminated, allocated from
  * `alloc`; its size in *len. */

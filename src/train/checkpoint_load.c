@@ -184,7 +184,7 @@ static spmd_status open_file(loader *L, const cJSON *item, saved_file *f)
     f->bytes = (uint64_t)bytes;
     spmd_status st = ckpt_join(f->path, L->dir, f->name, WHAT);
     if (st != SPMD_OK) return st;
-    f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    f->fd = ckpt_open_input(f->path);
     if (f->fd < 0) {
         int err = errno;
         return base_error(SPMD_ERR_IO, WHAT ": %s: %s%s", f->path, strerror(err),
@@ -193,6 +193,8 @@ static spmd_status open_file(loader *L, const cJSON *item, saved_file *f)
     struct stat sb;
     if (fstat(f->fd, &sb) != 0)
         return base_error(SPMD_ERR_IO, WHAT ": cannot stat %s: %s", f->path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return base_error(SPMD_ERR_IO, WHAT ": %s is not a regular file", f->path);
     if ((uint64_t)sb.st_size != f->bytes)
         return base_error(SPMD_ERR_IO,
                           WHAT ": %s is %lld bytes, %s says %lld (truncated or overwritten)",

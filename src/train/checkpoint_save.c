@@ -432,7 +432,9 @@ static int by_step_descending(const void *a, const void *b)
 }
 
 /* Delete the step directories below `step` but the newest keep - 1, each
- * renamed out of the step-* names first, so none is ever half there. */
+ * renamed out of the step-* names first, so none is ever half there.  Only
+ * checkpoints count and go: a step-* directory without an index.json is
+ * not one (a user's, say) and is left alone. */
 static spmd_status prune(const spmd_allocator *alloc, const char *dir, int64_t step, int keep)
 {
     if (keep <= 0) return SPMD_OK;
@@ -444,7 +446,11 @@ static spmd_status prune(const spmd_allocator *alloc, const char *dir, int64_t s
     struct dirent *e;
     while ((e = readdir(d))) {
         int64_t s;
+        char index[CKPT_PATH_MAX];
         if (!ckpt_parse_step_name(e->d_name, &s) || s >= step) continue;
+        if (snprintf(index, sizeof index, "%s/%s/" CKPT_INDEX, dir, e->d_name) >= (int)sizeof index ||
+            !ckpt_exists(index))
+            continue;
         if (!base_grow(alloc, (void **)&older, &cap, n + 1, sizeof *older, 16, "checkpoint list")) {
             st = SPMD_ERR_NOMEM;
             break;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "train/checkpoint_fs.h"
 
 int64_t dataset_tail_len(int64_t n, int seq)
 {
@@ -20,7 +21,7 @@ int64_t dataset_tail_len(int64_t n, int seq)
 
 spmd_status dataset_open_file(const char *who, const char *path, int *fd, int64_t *size)
 {
-    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    *fd = ckpt_open_input(path);
     if (*fd < 0)
         return base_error(SPMD_ERR_IO, "%s: cannot open %s: %s", who, path, strerror(errno));
     struct stat st;

@@ -27,6 +27,7 @@
 
 #include "base/error.h"
 #include "base/rng.h"
+#include "train/checkpoint_fs.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
@@ -105,11 +106,11 @@ static spmd_status read_tokens(const shard_file *f, int fd, int64_t first, int64
     int own = -1;
     if (fd < 0) {
         struct stat st;
-        own = fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        own = fd = ckpt_open_input(f->path);
         if (fd < 0)
             return base_error(SPMD_ERR_IO, "shards: cannot open %s again: %s", f->path,
                               strerror(errno));
-        if (fstat(fd, &st) == 0 && st.st_size != file_bytes(f)) {
+        if (fstat(fd, &st) == 0 && (!S_ISREG(st.st_mode) || st.st_size != file_bytes(f))) {
             close(fd);
             return base_error(SPMD_ERR_IO,
                               "shards: %s changed while in use: it has %lld bytes, %lld when "

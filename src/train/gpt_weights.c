@@ -589,7 +589,7 @@ static spmd_status wfile_open(const char *path, wfile *f)
     if (!st_host_little_endian())
         return base_error(SPMD_ERR_UNSUPPORTED, WHAT ": %s: weights files are little-endian and "
                           "this host is not", path);
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    f->fd = ckpt_open_input(path);
     if (f->fd < 0)
         return base_error(SPMD_ERR_IO, WHAT ": cannot open %s: %s", path, strerror(errno));
     struct stat sb;

@@ -47,6 +47,9 @@ static spmd_status writer_open(writer *w, const char *path)
     struct stat sb;
     if (!*base || (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)))
         return base_error(SPMD_ERR_INVALID, WHAT_SAVE ": %s names a directory, not a file", path);
+    /* Renaming over a FIFO or a device would replace it: never meant. */
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return base_error(SPMD_ERR_INVALID, WHAT_SAVE ": %s is not a regular file", path);
     int n = slash ? snprintf(w->dir, sizeof w->dir, "%.*s", (int)(slash - path), path)
                   : snprintf(w->dir, sizeof w->dir, ".");
     if (slash == path) snprintf(w->dir, sizeof w->dir, "/");
