@@ -35,6 +35,28 @@ static int spec_entries(const char *spec)
     return any ? n + 1 : 0;
 }
 
+/* The column of an empty top-level entry of a spec (a comma first, last or
+ * after another: "fsdp,None,"), or 0.  Counted as an entry it would make
+ * the rule fit no tensor, which would hide the typing error. */
+static int spec_empty_entry(const char *spec)
+{
+    bool seen = false; /* something in the current entry */
+    int depth = 0, column = 0;
+    const char *c = spec;
+    for (; *c && *c != '|'; c++) {
+        if (*c == '(') depth++;
+        else if (*c == ')') depth--;
+        if (*c == ',' && depth == 0) {
+            if (!seen) return (int)(c - spec) + 1;
+            seen = false;
+            column = (int)(c - spec) + 2;
+        } else if (*c != ' ') {
+            seen = true;
+        }
+    }
+    return column && !seen ? column : 0;
+}
+
 static bool rule_fits(const cli_shard *r, const spmd_tensor *t)
 {
     const char *name = spmd_tensor_name(t);
@@ -43,6 +65,12 @@ static bool rule_fits(const cli_shard *r, const spmd_tensor *t)
 
 int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
 {
+    for (int r = 0; r < o->n_shards; r++) {
+        int column = spec_empty_entry(o->shards[r].spec);
+        if (column)
+            return cli_fail("--shard '%s=%s': the spec has an empty entry at column %d (a "
+                            "comma too many)", o->shards[r].pattern, o->shards[r].spec, column);
+    }
     for (int i = 0; i < spmd_graph_tensor_count(c->g); i++) {
         spmd_tensor *t = spmd_graph_tensor(c->g, i);
         int rule = -1;
@@ -187,8 +215,9 @@ static const char *mem_text(double bytes, char *buf, size_t size);
 static int check_model_size(const cli_opts *o, int copies)
 {
     double avail = proc_bytes("/proc/meminfo", "MemAvailable");
-    if (!o->memory_check || avail < 0) return 0;
     bool gpt = !strcmp(o->model, "gpt");
+    /* A shape the model refuses is named by the build. */
+    if (!o->memory_check || avail < 0 || (gpt && spmd_gpt_validate(&o->gpt) != SPMD_OK)) return 0;
     double params = 0;
     if (o->command == CMD_TRAIN) {
         params = gpt ? (double)spmd_gpt_param_count(&o->gpt)
@@ -308,9 +337,12 @@ int model_select_blas(const cli_opts *o)
 {
     static bool chosen;
     if (chosen) return 0;
-    if (spmd_blas_select(o->blas, o->blas_core) != SPMD_OK) {
+    spmd_status st = spmd_blas_select(o->blas, o->blas_core);
+    if (st != SPMD_OK) {
+        /* A --blas that names no library, or a file that is none, is a
+         * usage error; a library missing from this host is not. */
         cli_fail("%s", spmd_last_error());
-        return 1;
+        return st == SPMD_ERR_INVALID || (o->blas && strchr(o->blas, '/')) ? 2 : 1;
     }
     chosen = true;
     return 0;
@@ -417,7 +449,8 @@ int model_check_memory(const cli_opts *o, const cli_model *m)
     double tokens = (double)o->batch * o->gpt.seq;
     double vocab = (double)spmd_tensor_dim(m->train.logits, spmd_tensor_rank(m->train.logits) - 1);
     return model_check_programs(o, m->train.g, m->eval.g, tokens * (9.0 + 8.0 * vocab),
-                                "try a bigger mesh, --checkpoint on, or a smaller --batch or --seq "
+                                "try sharding more of the model over the mesh (--fsdp, --shard, "
+                                "--zero on), --checkpoint on, or a smaller --batch or --seq "
                                 "(--memory-check off runs it anyway)");
 }
 

@@ -1,0 +1,86 @@
+/*
+ * Messages that name their cause: a spec's syntax error (a comma too
+ * many, partial(...) as an entry, torch_xla's integer axes), the
+ * 31-character limit of an axis name, a --blas that names no library
+ * (exit 2, a usage error), and a memory refusal's advice at 4096
+ * replicating devices (shard more, not "a bigger mesh").
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "support_tool.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static char out[1 << 16];
+
+/* `spmd args` exits `rc` and says `text`. */
+static void expect(const char *args, int rc, const char *text)
+{
+    int got = run_tool(args, out, sizeof out);
+    if (got != rc || !strstr(out, text))
+        fail_msg("spmd %s: exit %d (want %d), no '%s' in:\n%s", args, got, rc, text, out);
+}
+
+static void test_spec_syntax_named(void **state)
+{
+    (void)state;
+    expect("explain --shard '*.weight=fsdp,None,'", 2,
+           "--shard '*.weight=fsdp,None,': the spec has an empty entry at column 11 (a comma too "
+           "many)");
+    expect("explain --shard '*.weight=fsdp,,None'", 2, "empty entry at column 6");
+    expect("explain --shard '*.weight=partial(fsdp),None'", 2,
+           "partial(...) at column 1 is not an entry: it goes last, after a '|'");
+    expect("explain --shard '*.weight=0, None'", 2,
+           "an axis index '0' at column 1: axes go by name here, not by torch_xla's mesh index "
+           "(mesh axes: replica, fsdp");
+    /* A grouped split still reads as one. */
+    expect("explain --shard '*.weight=2*fsdp,None'", 2, "into 2 groups");
+}
+
+static void test_axis_name_limit_stated(void **state)
+{
+    (void)state;
+    char args[256], name[40];
+    memset(name, 'a', 32);
+    name[32] = '\0';
+    snprintf(args, sizeof args, "explain --mesh 4x2 --axes %s,b", name);
+    expect(args, 2, "too long (at most 31 characters)");
+    name[31] = '\0'; /* 31 is taken */
+    snprintf(args, sizeof args, "explain --mesh 4x2 --axes %s,b", name);
+    expect(args, 0, name);
+}
+
+static void test_blas_not_a_library(void **state)
+{
+    (void)state;
+    expect("train --blas /etc/hostname --steps 1 --eval 0", 2, "BLAS: cannot load /etc/hostname");
+    expect("train --blas nosuchlib --steps 1 --eval 0", 2, "BLAS: unknown library 'nosuchlib'");
+}
+
+static void test_memory_advice_at_4096_devices(void **state)
+{
+    (void)state;
+    int rc = run_tool("train --devices 4096 --dim 512 --heads 8 --layers 8 --steps 1 --eval 0 "
+                      "--seq 64",
+                      out, sizeof out);
+    if (rc != 2 || !strstr(out, "not enough")) fail_msg("exit %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "x 4096 devices"));
+    assert_non_null(strstr(out, "sharding more of the model over the mesh (--fsdp, --shard"));
+    assert_null(strstr(out, "bigger mesh"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spec_syntax_named),
+        cmocka_unit_test(test_axis_name_limit_stated),
+        cmocka_unit_test(test_blas_not_a_library),
+        cmocka_unit_test(test_memory_advice_at_4096_devices),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
