@@ -217,17 +217,15 @@ static spmd_status parse_entry(parser *p, mesh_axes *dst)
             mesh_axes all = mesh_axes_from_mask(p->m, ~0u);
             mesh_text_axes(&list, p->m, &all);
             return fail(p, num.pos, "an axis index '%.*s' at column %d: axes go by name here, not "
-                        "by torch_xla's mesh index (mesh axes: %s; N*axis splits in N groups)",
+                        "by torch_xla's mesh index (mesh axes: %s); a group count wants '*' and "
+                        "the axes after it (as in 2*%s)",
                         num.len < QUOTE_MAX ? num.len : QUOTE_MAX, p->text + num.pos, num.pos + 1,
-                        axes);
+                        axes, p->m->names[0]);
         }
         if (groups < 1 || groups > INT16_MAX)
             return fail(p, num.pos, "groups '%.*s' at column %d must be 1 to 32767",
                         num.len < QUOTE_MAX ? num.len : QUOTE_MAX, p->text + num.pos, num.pos + 1);
-        advance(p);
-        if (p->tok.kind != TOK_STAR)
-            return fail(p, num.pos, "the group count %ld at column %d wants '*' and the axes "
-                        "after it (as in %ld*tensor)", groups, num.pos + 1, groups);
+        advance(p); /* onto the '*' */
         int star = p->tok.pos + 1;
         advance(p);
         if (p->tok.kind == TOK_END || p->tok.kind == TOK_BAR)
