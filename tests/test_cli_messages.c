@@ -2,8 +2,9 @@
  * Messages that name their cause: a spec's syntax error (a comma too
  * many, partial(...) as an entry, torch_xla's integer axes), the
  * 31-character limit of an axis name, a --blas that names no library
- * (exit 2, a usage error), and a memory refusal's advice at 4096
- * replicating devices (shard more, not "a bigger mesh").
+ * (exit 2, a usage error), a memory refusal's advice at 4096
+ * replicating devices (shard more, not "a bigger mesh"), a message cut at
+ * 4 KiB saying so, and a visualize --shape past 2^62 refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include "support_tool.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static char out[1 << 16];
@@ -74,6 +76,28 @@ static void test_memory_advice_at_4096_devices(void **state)
     assert_null(strstr(out, "bigger mesh"));
 }
 
+/* A 6000-byte --mesh: its message is cut, and says so with its length. */
+static void test_long_message_cut_saying_so(void **state)
+{
+    (void)state;
+    int rc = run_tool("train --mesh \"$(head -c 6000 /dev/zero | tr '\\0' x)\"", out, sizeof out);
+    assert_int_equal(rc, 2);
+    const char *cut = strstr(out, "... (message cut: ");
+    if (!cut || strlen(out) > 4096) fail_msg("no cut named in %zu bytes:\n%.300s", strlen(out), out);
+    assert_true(strtol(cut + strlen("... (message cut: "), NULL, 10) > 6000);
+}
+
+static void test_visualize_shape_past_2_62(void **state)
+{
+    (void)state;
+    expect("visualize --shape 9223372036854775807,6 --spec fsdp,None --mesh 2 --axes fsdp", 2,
+           "--shape: size 9223372036854775807 is more than 2^62");
+    expect("visualize --shape 99999999999999999999,6 --spec fsdp,None --mesh 2 --axes fsdp", 2,
+           "is more than 2^62");
+    expect("visualize --shape 4611686018427387904,6 --spec fsdp,None --mesh 2 --axes fsdp", 0,
+           "blocks of [2305843009213693952, 6]");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -81,6 +105,8 @@ int main(void)
         cmocka_unit_test(test_axis_name_limit_stated),
         cmocka_unit_test(test_blas_not_a_library),
         cmocka_unit_test(test_memory_advice_at_4096_devices),
+        cmocka_unit_test(test_long_message_cut_saying_so),
+        cmocka_unit_test(test_visualize_shape_past_2_62),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 
 #include "spmd/mesh.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -27,9 +28,14 @@ int cmd_visualize(int argc, char **argv)
     int rank = 0;
     for (const char *s = shape; *s;) {
         char *end;
+        errno = 0;
         long long v = strtoll(s, &end, 10);
         if (end == s || v <= 0 || rank == SPMD_MAX_RANK)
             return cli_fail("--shape wants positive sizes like 8,6, got '%s'", shape);
+        /* Block sizes are rounded up: a size near 2^63 would overflow. */
+        if (errno == ERANGE || v > (1LL << 62))
+            return cli_fail("--shape: size %.*s is more than 2^62, got '%s'", (int)(end - s), s,
+                            shape);
         dims[rank++] = v;
         s = *end == ',' ? end + 1 : end;
         if (*end && *end != ',') return cli_fail("--shape wants positive sizes like 8,6, got '%s'", shape);
