@@ -4,7 +4,8 @@
  * 31-character limit of an axis name, a --blas that names no library
  * (exit 2, a usage error), a memory refusal's advice at 4096
  * replicating devices (shard more, not "a bigger mesh"), a message cut at
- * 4 KiB saying so, and a visualize --shape past 2^62 refused.
+ * 4 KiB saying so, a visualize --shape past 2^62 refused and a
+ * 4096-device picture drawn whole.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -98,6 +99,19 @@ static void test_visualize_shape_past_2_62(void **state)
            "blocks of [2305843009213693952, 6]");
 }
 
+/* A 4096-device picture (74 KB) whole: it ends with the last device. */
+static void test_visualize_4096_devices_whole(void **state)
+{
+    (void)state;
+    static char big[1 << 18];
+    int rc = run_tool("visualize --mesh 4096 --axes d --shape 4096,2 --spec d,None", big, sizeof big);
+    assert_int_equal(rc, 0);
+    size_t n = strlen(big);
+    const char *last = "| 4095 |\n+------+\n";
+    assert_true(n > 1 << 16);
+    assert_string_equal(big + n - strlen(last), last);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -107,6 +121,7 @@ int main(void)
         cmocka_unit_test(test_memory_advice_at_4096_devices),
         cmocka_unit_test(test_long_message_cut_saying_so),
         cmocka_unit_test(test_visualize_shape_past_2_62),
+        cmocka_unit_test(test_visualize_4096_devices_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
