@@ -133,10 +133,21 @@ static int copy_params(const cli_model *m, const spmd_program *train, spmd_progr
 void feed_cap_eval(cli_opts *o, const cli_model *m)
 {
     int64_t size = spmd_dataset_heldout_size(m->data);
-    if (!m->accuracy || o->eval_samples <= size) return;
-    printf("--eval %d: the held-out set has %lld samples; scoring all of them\n", o->eval_samples,
-           (long long)size);
-    o->eval_samples = (int)size;
+    if (m->accuracy && o->eval_samples > size) {
+        printf("--eval %d: the held-out set has %lld samples; scoring all of them\n",
+               o->eval_samples, (long long)size);
+        o->eval_samples = (int)size;
+    }
+    /* Validation reads the held-out split's first batches: past its end,
+     * the same samples again. */
+    int64_t held = spmd_dataset_heldout_size(m->val_data ? m->val_data : m->data);
+    int64_t batches = held > o->batch ? (held + o->batch - 1) / o->batch : 1;
+    if (model_validates(o) && o->val_batches > batches) {
+        printf("--val-batches %d: the held-out split has %lld samples, %lld batches of %d; "
+               "validating on those\n", o->val_batches, (long long)held, (long long)batches,
+               o->batch);
+        o->val_batches = (int)batches;
+    }
 }
 
 double feed_accuracy(const cli_opts *o, const cli_model *m, const spmd_program *train,

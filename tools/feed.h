@@ -16,8 +16,9 @@ float feed_lr(const cli_opts *o, int step);
 /* The global batch of the training split from sample `first` on, and the
  * learning rate of `step` (from 0), for every copy; 0, or an exit code. */
 int feed_step(const cli_opts *o, const cli_model *m, spmd_program *p, int step, int64_t first);
-/* Cap --eval at the held-out set's size, saying so on stdout: past it,
- * evaluation only scores the same problems again, for as long as asked. */
+/* Cap --eval at the held-out set's size and --val-batches at its batches,
+ * saying so on stdout: past it, evaluation only scores the same problems
+ * again, for as long as asked. */
 void feed_cap_eval(cli_opts *o, const cli_model *m);
 /* Called after each batch the accuracy scores, with the samples scored so far. */
 typedef void (*feed_progress)(void *ctx, int64_t scored);

@@ -32,8 +32,14 @@ int cli_fail(const char *fmt, ...)
                    : (size_t)snprintf(line, sizeof line, "spmd: ");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
+    int len = vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
     va_end(ap);
+    if (len >= 0 && (size_t)len >= sizeof line - n - 1) {
+        /* A long value in the message (a 100 KB --prompt): cut, saying so. */
+        char tail[64];
+        int t = snprintf(tail, sizeof tail, "... (message cut: %zu bytes in all)", n + (size_t)len);
+        memcpy(line + sizeof line - 2 - t, tail, (size_t)t + 1);
+    }
     strcat(line, "\n");
     fputs(line, stderr);
     fflush(stderr);

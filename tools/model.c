@@ -35,6 +35,28 @@ static int spec_entries(const char *spec)
     return any ? n + 1 : 0;
 }
 
+/* The column of an empty top-level entry of a spec (a comma first, last or
+ * after another: "fsdp,None,"), or 0.  Counted as an entry it would make
+ * the rule fit no tensor, which would hide the typing error. */
+static int spec_empty_entry(const char *spec)
+{
+    bool seen = false; /* something in the current entry */
+    int depth = 0, column = 0;
+    const char *c = spec;
+    for (; *c && *c != '|'; c++) {
+        if (*c == '(') depth++;
+        else if (*c == ')') depth--;
+        if (*c == ',' && depth == 0) {
+            if (!seen) return (int)(c - spec) + 1;
+            seen = false;
+            column = (int)(c - spec) + 2;
+        } else if (*c != ' ') {
+            seen = true;
+        }
+    }
+    return column && !seen ? column : 0;
+}
+
 static bool rule_fits(const cli_shard *r, const spmd_tensor *t)
 {
     const char *name = spmd_tensor_name(t);
@@ -43,6 +65,12 @@ static bool rule_fits(const cli_shard *r, const spmd_tensor *t)
 
 int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
 {
+    for (int r = 0; r < o->n_shards; r++) {
+        int column = spec_empty_entry(o->shards[r].spec);
+        if (column)
+            return cli_fail("--shard '%s=%s': the spec has an empty entry at column %d (a "
+                            "comma too many)", o->shards[r].pattern, o->shards[r].spec, column);
+    }
     for (int i = 0; i < spmd_graph_tensor_count(c->g); i++) {
         spmd_tensor *t = spmd_graph_tensor(c->g, i);
         int rule = -1;
@@ -171,6 +199,48 @@ static int set_network(const cli_opts *o, cli_model *m)
     return 0;
 }
 
+static double proc_bytes(const char *file, const char *key);
+static const char *mem_text(double bytes, char *buf, size_t size);
+
+/* Graph bytes each GPT block or MLP layer takes at least while the step
+ * is built and planned (measured: about 100 KiB a block at --dim 8, its
+ * nodes, gradient and plan on one device). */
+#define GRAPH_BYTES_PER_LAYER (64.0 * 1024)
+
+/* The model's size against the memory, before its graph is built (which
+ * grows with --layers for as long as the memory lasts): the graph's
+ * nodes and, for a run, the parameters with their gradients and the
+ * optimizer's moments, which fill at least this many bytes over this
+ * process's devices however they are sharded.  0, or 2 naming the flags. */
+static int check_model_size(const cli_opts *o, int copies)
+{
+    double avail = proc_bytes("/proc/meminfo", "MemAvailable");
+    bool gpt = !strcmp(o->model, "gpt");
+    /* A shape the model refuses is named by the build. */
+    if (!o->memory_check || avail < 0 || (gpt && spmd_gpt_validate(&o->gpt) != SPMD_OK)) return 0;
+    double params = 0;
+    if (o->command == CMD_TRAIN) {
+        params = gpt ? (double)spmd_gpt_param_count(&o->gpt)
+                     : (double)o->mlp.layers * o->mlp.hidden * o->mlp.hidden;
+        params *= copies / (o->processes > 1 ? (double)o->processes : 1.0);
+    }
+    double per_param = o->optimizer.kind == SPMD_OPTIMIZER_ADAMW ? 16 : 8;
+    double need = (double)o->gpt.layers * GRAPH_BYTES_PER_LAYER + params * per_param;
+    if (need <= avail) return 0;
+    char a[32], b[32], shape[96];
+    if (gpt)
+        snprintf(shape, sizeof shape, "--layers %d --dim %d --vocab %d", o->gpt.layers, o->gpt.dim,
+                 o->gpt.vocab);
+    else
+        snprintf(shape, sizeof shape, "--layers %d --hidden %d", o->gpt.layers, o->mlp.hidden);
+    return cli_fail("not enough memory: %s needs at least %s (%s) and this machine has %s "
+                    "available; a smaller model (--memory-check off builds it anyway)", shape,
+                    mem_text(need, a, sizeof a),
+                    params ? "its parameters, gradients and optimizer state, and its graph"
+                           : "its graph",
+                    mem_text(avail, b, sizeof b));
+}
+
 int model_build(const cli_opts *o_in, cli_model *m)
 {
     memset(m, 0, sizeof *m);
@@ -194,6 +264,7 @@ int model_build(const cli_opts *o_in, cli_model *m)
         return cli_fail("--devices %d but the mesh %s has %d devices", o.devices, o.mesh,
                         spmd_mesh_devices(m->mesh));
     int rc = copies_setup(&o, m->mesh, &m->copies, m->copy_data);
+    if (!rc) rc = check_model_size(&o, m->copies);
     if (rc) return rc;
     if (o.processes > 1 && spmd_mesh_place_processes(m->mesh, o.processes) != SPMD_OK)
         return cli_fail("%s %d: %s", processes_count() > 1 ? "mpirun -n" : "--processes",
@@ -266,9 +337,12 @@ int model_select_blas(const cli_opts *o)
 {
     static bool chosen;
     if (chosen) return 0;
-    if (spmd_blas_select(o->blas, o->blas_core) != SPMD_OK) {
+    spmd_status st = spmd_blas_select(o->blas, o->blas_core);
+    if (st != SPMD_OK) {
+        /* A --blas that names no library, or a file that is none, is a
+         * usage error; a library missing from this host is not. */
         cli_fail("%s", spmd_last_error());
-        return 1;
+        return st == SPMD_ERR_INVALID || (o->blas && strchr(o->blas, '/')) ? 2 : 1;
     }
     chosen = true;
     return 0;
@@ -313,42 +387,42 @@ static const char *mem_text(double bytes, char *buf, size_t size)
     return buf;
 }
 
-/* Address space a run maps beyond its plan: a stack per compute thread
- * and OpenBLAS's GEMM buffer.  Little of it is touched, but RLIMIT_AS
- * counts it all. */
+/* Address space a run maps beyond its plan: a stack per compute thread,
+ * the BLAS library and OpenBLAS's GEMM buffers.  Little of it is touched,
+ * but RLIMIT_AS counts it all.  Measured with Debian's OpenBLAS 0.3.21:
+ * dlopen maps 39 MiB (the library and libgfortran), and its first GEMM
+ * call maps a 128 MiB buffer; the library's gate has OpenBLAS make that
+ * buffer only where a mapping of twice its size fits (so that the rest of
+ * the process keeps room), so the first call needs 256 MiB free. */
 #define THREAD_STACK_BYTES (8.0 * 1024 * 1024)
-#define GEMM_BUFFER_BYTES (128.0 * 1024 * 1024)
+#define BLAS_LIBRARY_BYTES (40.0 * 1024 * 1024)
+#define GEMM_BUFFER_BYTES (2 * 128.0 * 1024 * 1024)
 
-int model_check_memory(const cli_opts *o, const cli_model *m)
+int model_check_programs(const cli_opts *o, spmd_graph *first, spmd_graph *second,
+                         double tool_bytes, const char *advice)
 {
     /* Plan-only programs allocate nothing: the figure comes before the
      * memory, not after the kernel has killed the run. */
-    spmd_program *train = model_compile(o, m->train.g, true);
-    spmd_program *eval = train && m->eval.g ? model_compile(o, m->eval.g, true) : NULL;
-    if (!train || (m->eval.g && !eval)) {
-        spmd_program_free(train);
+    spmd_program *a = model_compile(o, first, true);
+    spmd_program *b = a && second ? model_compile(o, second, true) : NULL;
+    if (!a || (second && !b)) {
+        spmd_program_free(a);
         return 1;
     }
     /* This process runs its share of the devices. */
-    int devices = spmd_program_devices(train) / (o->processes > 1 ? o->processes : 1);
-    double per_device = (double)spmd_program_peak_bytes(train) + (eval ? (double)spmd_program_peak_bytes(eval) : 0);
-    spmd_program_free(train);
-    spmd_program_free(eval);
-    /* The tool's own buffers: token ids, targets and score mask, and the
-     * one-hot inputs and held-out logits of batch x seq x vocab floats. */
-    double tokens = (double)o->batch * o->gpt.seq;
-    double vocab = (double)spmd_tensor_dim(m->train.logits, spmd_tensor_rank(m->train.logits) - 1);
-    double need = per_device * devices + tokens * (9.0 + 8.0 * vocab);
-    char a[32], b[32], c[32];
+    int devices = spmd_program_devices(a) / (o->processes > 1 ? o->processes : 1);
+    double per_device = (double)spmd_program_peak_bytes(a) + (b ? (double)spmd_program_peak_bytes(b) : 0);
+    spmd_program_free(a);
+    spmd_program_free(b);
+    double need = per_device * devices + tool_bytes;
+    char x[32], y[32], z[32];
 
     double avail = proc_bytes("/proc/meminfo", "MemAvailable");
     if (avail >= 0 && need > avail)
         return cli_fail("not enough memory: this run needs about %s (%s per device x %d devices, plus "
-                        "input buffers) and this machine has %s available; try a bigger mesh, "
-                        "--checkpoint on, or a smaller --batch or --seq (--memory-check off runs it "
-                        "anyway)",
-                        mem_text(need, a, sizeof a), mem_text(per_device, b, sizeof b), devices,
-                        mem_text(avail, c, sizeof c));
+                        "input buffers) and this machine has %s available; %s",
+                        mem_text(need, x, sizeof x), mem_text(per_device, y, sizeof y), devices,
+                        mem_text(avail, z, sizeof z), advice);
 
     struct rlimit limit;
     if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
@@ -357,17 +431,27 @@ int model_check_memory(const cli_opts *o, const cli_model *m)
     long threads = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
     long per = threads / devices < 1 ? 1 : threads / devices > 256 ? 256 : threads / devices;
     double workers = (double)per * devices;
-    double mapped = need + workers * THREAD_STACK_BYTES + GEMM_BUFFER_BYTES;
+    double mapped = need + workers * THREAD_STACK_BYTES + BLAS_LIBRARY_BYTES + GEMM_BUFFER_BYTES;
     /* What is mapped already counts against the limit too. */
     double room = fmax(0, (double)limit.rlim_cur - fmax(0, proc_bytes("/proc/self/status", "VmSize")));
     if (mapped <= room) return 0;
     return cli_fail("not enough address space: this run maps about %s (%s per device x %d devices, "
-                    "plus input buffers, %.0f thread stacks and a GEMM buffer) and the address-space "
-                    "limit (ulimit -v) leaves %s; raise the limit, or try a bigger mesh, "
-                    "--checkpoint on, or a smaller --batch or --seq (--memory-check off runs it "
-                    "anyway)",
-                    mem_text(mapped, a, sizeof a), mem_text(per_device, b, sizeof b), devices, workers,
-                    mem_text(room, c, sizeof c));
+                    "plus input buffers, %.0f thread stacks, the BLAS library and its GEMM buffer) "
+                    "and the address-space limit (ulimit -v) leaves %s; raise the limit, or %s",
+                    mem_text(mapped, x, sizeof x), mem_text(per_device, y, sizeof y), devices, workers,
+                    mem_text(room, z, sizeof z), advice);
+}
+
+int model_check_memory(const cli_opts *o, const cli_model *m)
+{
+    /* The tool's own buffers: token ids, targets and score mask, and the
+     * one-hot inputs and held-out logits of batch x seq x vocab floats. */
+    double tokens = (double)o->batch * o->gpt.seq;
+    double vocab = (double)spmd_tensor_dim(m->train.logits, spmd_tensor_rank(m->train.logits) - 1);
+    return model_check_programs(o, m->train.g, m->eval.g, tokens * (9.0 + 8.0 * vocab),
+                                "try sharding more of the model over the mesh (--fsdp, --shard, "
+                                "--zero on), --checkpoint on, or a smaller --batch or --seq "
+                                "(--memory-check off runs it anyway)");
 }
 
 size_t model_param_bytes(const spmd_program *p)

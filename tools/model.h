@@ -62,6 +62,10 @@ spmd_program *model_compile(const cli_opts *o, spmd_graph *g, bool plan_only);
 /* Refuse (message, exit code) a run whose programs need more memory than
  * this process can get: MemAvailable, and the room RLIMIT_AS leaves. */
 int model_check_memory(const cli_opts *o, const cli_model *m);
+/* The same for any one or two graphs (second may be NULL) and the tool's
+ * own buffers of `tool_bytes`; `advice` ends the refusal ("try ..."). */
+int model_check_programs(const cli_opts *o, spmd_graph *first, spmd_graph *second,
+                         double tool_bytes, const char *advice);
 /* Per-device parameter + gradient + optimizer bytes. */
 size_t model_param_bytes(const spmd_program *p);
 /* "4x2 (replica, fsdp)" or "1 device". */

@@ -3,9 +3,53 @@
 
 #include "message.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A value as a message shows it: whole when short, else its start and
+ * its length (a --prompt may be 100 KB). */
+static void shown_value(const char *v, char *buf, size_t size)
+{
+    enum { SHOWN = 60 };
+    size_t n = strlen(v);
+    if (n <= SHOWN + 20) snprintf(buf, size, "%s", v);
+    else snprintf(buf, size, "%.*s... (%zu bytes)", SHOWN, v, n);
+}
+
+/* The first setting where `a` (process 0's) and `b` (process `r`'s)
+ * differ, refused: the pairs are name, value, in one order. */
+static int refuse_difference(const char *a, size_t a_len, const char *b, size_t b_len, int r)
+{
+    const char *ea = a + a_len, *eb = b + b_len;
+    while (a < ea && b < eb) {
+        const char *va = a + strlen(a) + 1, *vb = b + strlen(b) + 1;
+        if (va >= ea || vb >= eb) break;
+        if (strcmp(a, b) || strcmp(va, vb)) {
+            char x[160], y[160];
+            shown_value(va, x, sizeof x);
+            shown_value(vb, y, sizeof y);
+            if (strcmp(a, b))
+                return cli_fail("process %d runs with %s %s, process 0 with %s %s: every process "
+                                "must be started with the same settings", r, b, y, a, x);
+            return cli_fail("process %d was started with %s %s, process 0 with %s %s: every "
+                            "process must be started with the same settings", r, b, y, a, x);
+        }
+        a = va + strlen(va) + 1;
+        b = vb + strlen(vb) + 1;
+    }
+    return cli_fail("process %d's settings differ from process 0's (%zu bytes against %zu)", r,
+                    b_len, a_len);
+}
+
+/* FNV-1a, 64 bits: the settings' digest. */
+static uint64_t digest(const char *s, size_t n)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
 
 /* A launcher's environment: Open MPI's mpirun, PMIx and PMI (MPICH's
  * Hydra) each name the job's size. */
@@ -24,6 +68,9 @@ static int launcher_size(void)
 
 static int procs = 1, rank = 0, here = 1;
 static bool started;
+/* Every process refused the run together (processes_agree): each ends on
+ * its own, none needs MPI_Abort to end the others. */
+static bool refused_together;
 static MPI_Comm world = MPI_COMM_NULL;
 
 int processes_start(int *argc, char ***argv)
@@ -64,7 +111,7 @@ int processes_end(int rc)
     fflush(stderr);
     /* Peers may be waiting for this process in a collective: only the
      * launcher can end them. */
-    if (rc != 0 && procs > 1) MPI_Abort(world, rc);
+    if (rc != 0 && procs > 1 && !refused_together) MPI_Abort(world, rc);
     MPI_Finalize();
     started = false;
     return rc;
@@ -149,6 +196,52 @@ int processes_measure_network(double *latency_s, double *bytes_per_s)
     return 0;
 }
 
+/* Process `root`'s text on every process (allocated; NULL when out of
+ * memory, then the caller fails and MPI_Abort ends the others). */
+static char *broadcast_text(const char *mine, size_t mine_len, int root, size_t *len)
+{
+    unsigned long long n = mine_len;
+    MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, world);
+    char *buf = n < INT32_MAX ? malloc(n + 1) : NULL;
+    if (!buf) return NULL;
+    if (rank == root) memcpy(buf, mine, n);
+    MPI_Bcast(buf, (int)n, MPI_CHAR, root, world);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+int processes_agree(const char *settings, size_t len)
+{
+    if (procs == 1) return 0;
+    uint64_t mine = digest(settings, len);
+    uint64_t *all = malloc((size_t)procs * sizeof *all);
+    if (!all) return cli_fail("out of memory comparing the processes' settings"), 1;
+    if (MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, world) != MPI_SUCCESS) {
+        free(all);
+        return cli_fail("MPI_Allgather of the processes' settings failed"), 1;
+    }
+    int other = 0;
+    for (int r = 1; r < procs && !other; r++)
+        if (all[r] != all[0]) other = r;
+    free(all);
+    if (!other) return 0;
+    /* Every process names the first process that differs from process 0. */
+    size_t a_len = 0, b_len = 0;
+    char *a = broadcast_text(settings, len, 0, &a_len);
+    char *b = a ? broadcast_text(settings, len, other, &b_len) : NULL;
+    if (!a || !b) {
+        free(a);
+        return cli_fail("out of memory comparing the processes' settings"), 1;
+    }
+    int rc = refuse_difference(a, a_len, b, b_len, other);
+    free(a), free(b);
+    fflush(stderr);
+    MPI_Barrier(world);
+    refused_together = true;
+    return rc;
+}
+
 #else
 
 int processes_start(int *argc, char ***argv)
@@ -179,6 +272,12 @@ int processes_measure_network(double *latency_s, double *bytes_per_s)
 {
     *latency_s = 0;
     *bytes_per_s = 0;
+    return 0;
+}
+
+int processes_agree(const char *settings, size_t len)
+{
+    (void)settings, (void)len, (void)refuse_difference, (void)digest;
     return 0;
 }
 

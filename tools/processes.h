@@ -9,6 +9,7 @@
 #define SPMD_TOOLS_PROCESSES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Initialise MPI when a launcher started this process; other processes
  * than 0 get their standard output sent to /dev/null.  0, or an exit code
@@ -33,5 +34,13 @@ int processes_gather_double(double mine, double *all);
  * small and large messages): latency per message and bandwidth.  Every
  * process calls it; 0, or 1 with a message. */
 int processes_measure_network(double *latency_s, double *bytes_per_s);
+/* Whether every process was started with process 0's settings: `settings`
+ * is `len` bytes of NUL-terminated name and value pairs in one order
+ * (flags_settings).  Every process calls it; a 64-bit digest of each is
+ * compared first, and only on a difference the texts travel.  0 when they
+ * agree (or one process), else 2 after every process has printed the
+ * first setting that differs with both values; processes_end then ends
+ * each process on its own, without MPI_Abort. */
+int processes_agree(const char *settings, size_t len);
 
 #endif

@@ -185,6 +185,10 @@ static int build_programs(sampler *sp)
     int rc = 0;
     if (marks) rc = model_apply_marks(o, sp->mesh, &sp->fwd);
     if (!rc && marks) rc = model_apply_marks(o, sp->mesh, &dec);
+    /* --mesh, --samples and --tokens scale the programs: planned first. */
+    double logits = (double)sp->rows * sp->cfg.vocab * sizeof(float) * (o->cache ? 1 : sp->context);
+    if (!rc) rc = model_check_programs(o, sp->fwd.g, o->cache ? sp->dec_g : NULL, logits,
+                                       "try a smaller --mesh or fewer --samples");
     if (rc) return rc;
     sp->fwd_p = model_compile(o, sp->fwd.g, false);
     if (!sp->fwd_p) return 1;

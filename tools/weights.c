@@ -116,7 +116,9 @@ int weights_init_apply(const char *init, const spmd_gpt_config *gpt, spmd_progra
     if (st == SPMD_OK) st = spmd_weights_load(p, gpt, init);
     if (st != SPMD_OK) {
         cli_fail("--init: %s", spmd_last_error());
-        return 1;
+        /* Weights the model cannot take (an untied lm_head): the file the
+         * user named, as a shape it refuses. */
+        return st == SPMD_ERR_UNSUPPORTED || st == SPMD_ERR_INVALID || st == SPMD_ERR_SHAPE ? 2 : 1;
     }
     const spmd_gpt_config *c = gpt; /* the model built: vocabulary resolved */
     printf("init: %s (%s): vocab %d, context %d, %d layers, %d heads (%s), dim %d; optimizer "

@@ -246,8 +246,9 @@ static spmd_status split_list(const char *text, const char *seps, const char *wh
             return base_error(SPMD_ERR_INVALID, "%s \"%s\": more than %d axes", what, quoted,
                               MESH_MAX_AXES);
         if ((size_t)(end - start) >= MESH_MAX_NAME)
-            return base_error(SPMD_ERR_INVALID, "%s \"%s\": %s at column %d is too long", what,
-                              quoted, item, column);
+            return base_error(SPMD_ERR_INVALID,
+                              "%s \"%s\": %s at column %d is too long (at most %d characters)",
+                              what, quoted, item, column, MESH_MAX_NAME - 1);
         memcpy(items[*n], start, (size_t)(end - start));
         items[(*n)++][end - start] = '\0';
         if (!p[len]) return SPMD_OK;

@@ -209,13 +209,23 @@ static spmd_status parse_entry(parser *p, mesh_axes *dst)
         /* N*axis or N*(axes): a grouped split. */
         token num = p->tok;
         long groups = num.len <= 5 ? strtol(p->text + num.pos, NULL, 10) : 0;
+        /* torch_xla's specs name mesh axes by index: here they go by name. */
+        if (lex(p->text, num.pos + num.len).kind != TOK_STAR) {
+            char axes[MESH_MAX_AXES * (MESH_MAX_NAME + 2)];
+            mesh_text list;
+            mesh_text_init(&list, axes, sizeof axes);
+            mesh_axes all = mesh_axes_from_mask(p->m, ~0u);
+            mesh_text_axes(&list, p->m, &all);
+            return fail(p, num.pos, "an axis index '%.*s' at column %d: axes go by name here, not "
+                        "by torch_xla's mesh index (mesh axes: %s); a group count wants '*' and "
+                        "the axes after it (as in 2*%s)",
+                        num.len < QUOTE_MAX ? num.len : QUOTE_MAX, p->text + num.pos, num.pos + 1,
+                        axes, p->m->names[0]);
+        }
         if (groups < 1 || groups > INT16_MAX)
             return fail(p, num.pos, "groups '%.*s' at column %d must be 1 to 32767",
                         num.len < QUOTE_MAX ? num.len : QUOTE_MAX, p->text + num.pos, num.pos + 1);
-        advance(p);
-        if (p->tok.kind != TOK_STAR)
-            return fail(p, num.pos, "the group count %ld at column %d wants '*' and the axes "
-                        "after it (as in %ld*tensor)", groups, num.pos + 1, groups);
+        advance(p); /* onto the '*' */
         int star = p->tok.pos + 1;
         advance(p);
         if (p->tok.kind == TOK_END || p->tok.kind == TOK_BAR)
@@ -234,6 +244,9 @@ static spmd_status parse_entry(parser *p, mesh_axes *dst)
         advance(p);
         return SPMD_OK;
     }
+    if (tok_is(p->text, p->tok, "partial") && lex(p->text, p->tok.pos + p->tok.len).kind == TOK_LPAREN)
+        return fail(p, p->tok.pos, "partial(...) at column %d is not an entry: it goes last, "
+                    "after a '|' (as in 'fsdp, None | partial(tensor)')", p->tok.pos + 1);
     if (p->tok.kind == TOK_NAME) return parse_axis(p, dst);
     if (p->tok.kind == TOK_LPAREN) return parse_axis_list(p, dst, "tuple");
     return fail(p, p->tok.pos, "empty entry at column %d", p->tok.pos + 1);

@@ -1,0 +1,125 @@
+/*
+ * Processes that must agree: an MPMD launch (`mpirun -n 1 spmd A : -n 1
+ * spmd B`) whose two command lines differ in a setting is refused by
+ * every process, before anything is compiled or measured, naming the
+ * setting and both values, exit 2; settings that are each process's own
+ * (--threads) may differ.
+ *
+ * Every mpirun runs under `timeout`, oversubscribed and allowed to run as
+ * root.  Without MPI at build time the tests are skipped, saying why.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "support_tool.h"
+
+#if defined(SPMD_MPIEXEC) && defined(SPMD_TOOL_PATH)
+
+#define MPI_ENV                                                                            \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=^openib "      \
+    "ASAN_OPTIONS=detect_leaks=0"
+
+enum { TIMEOUT_S = 60 };
+
+static char out[1 << 16];
+
+/* `spmd A` as process 0 and `spmd B` as process 1; the job's exit status. */
+static int run_mpmd(const char *a, const char *b)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s timeout %d '%s' --oversubscribe -n 1 '%s' %s : -n 1 '%s' %s",
+             MPI_ENV, TIMEOUT_S, SPMD_MPIEXEC, SPMD_TOOL_PATH, a, SPMD_TOOL_PATH, b);
+    int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+    if (rc == 124) fail_msg("timed out after %d s: spmd %s : spmd %s\n%s", TIMEOUT_S, a, b, out);
+    return rc;
+}
+
+/* `extra` on process 1 only: refused by both processes, naming the flag
+ * with process 1's value `theirs` and process 0's `ours`. */
+static void refused(const char *command, const char *extra, const char *flag, const char *theirs,
+                    const char *ours)
+{
+    char b[1024], said[512];
+    snprintf(b, sizeof b, "%s %s", command, extra);
+    int rc = run_mpmd(command, b);
+    snprintf(said, sizeof said, "process 1 was started with %s %s, process 0 with %s %s", flag,
+             theirs, flag, ours);
+    for (int p = 0; p < 2; p++) {
+        char line[640];
+        snprintf(line, sizeof line, "spmd: process %d: %s", p, said);
+        if (!strstr(out, line)) fail_msg("no '%s' in:\n%s", line, out);
+    }
+    assert_int_equal(rc, 2);
+    /* Refused before the step was compiled or the network measured. */
+    assert_null(strstr(out, "done: loss"));
+    assert_null(strstr(out, "free()"));
+}
+
+static const char *const train = "train --steps 3 --eval 0";
+
+static void test_batch(void **state) { (void)state; refused(train, "--batch 8", "--batch", "8", "32"); }
+static void test_lr(void **state) { (void)state; refused(train, "--lr 0.01", "--lr", "0.01", "0.003"); }
+static void test_steps(void **state)
+{
+    (void)state;
+    refused(train, "--steps 4", "--steps", "4", "3");
+}
+static void test_dim(void **state) { (void)state; refused(train, "--dim 64", "--dim", "64", "96"); }
+static void test_prompt(void **state)
+{
+    (void)state;
+    refused("sample --tokens 3 --prompt 1+2", "--prompt 4+4", "--prompt", "'1+2' '4+4'", "'1+2'");
+}
+/* A different command: named as the first setting. */
+static void test_command(void **state)
+{
+    (void)state;
+    int rc = run_mpmd("explain", "train");
+    if (!strstr(out, "process 1 was started with command spmd train, process 0 with command spmd "
+                     "explain"))
+        fail_msg("no command named in:\n%s", out);
+    assert_int_equal(rc, 2);
+}
+/* Each process's own thread count may differ: the plan is printed. */
+static void test_threads_may_differ(void **state)
+{
+    (void)state;
+    int rc = run_mpmd("explain --threads 2", "explain --threads 1");
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "processes: 2 x 4 devices"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch),     cmocka_unit_test(test_lr),
+        cmocka_unit_test(test_steps),     cmocka_unit_test(test_dim),
+        cmocka_unit_test(test_prompt),    cmocka_unit_test(test_command),
+        cmocka_unit_test(test_threads_may_differ),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else
+
+static void test_skipped(void **state)
+{
+    (void)state;
+    print_message("built without MPI (or without the tool): an MPMD launch is not tested\n");
+    skip();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_skipped)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#endif

@@ -1,0 +1,127 @@
+/*
+ * Messages that name their cause: a spec's syntax error (a comma too
+ * many, partial(...) as an entry, torch_xla's integer axes), the
+ * 31-character limit of an axis name, a --blas that names no library
+ * (exit 2, a usage error), a memory refusal's advice at 4096
+ * replicating devices (shard more, not "a bigger mesh"), a message cut at
+ * 4 KiB saying so, a visualize --shape past 2^62 refused and a
+ * 4096-device picture drawn whole.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "support_tool.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char out[1 << 16];
+
+/* `spmd args` exits `rc` and says `text`. */
+static void expect(const char *args, int rc, const char *text)
+{
+    int got = run_tool(args, out, sizeof out);
+    if (got != rc || !strstr(out, text))
+        fail_msg("spmd %s: exit %d (want %d), no '%s' in:\n%s", args, got, rc, text, out);
+}
+
+static void test_spec_syntax_named(void **state)
+{
+    (void)state;
+    expect("explain --shard '*.weight=fsdp,None,'", 2,
+           "--shard '*.weight=fsdp,None,': the spec has an empty entry at column 11 (a comma too "
+           "many)");
+    expect("explain --shard '*.weight=fsdp,,None'", 2, "empty entry at column 6");
+    expect("explain --shard '*.weight=partial(fsdp),None'", 2,
+           "partial(...) at column 1 is not an entry: it goes last, after a '|'");
+    expect("explain --shard '*.weight=0, None'", 2,
+           "an axis index '0' at column 1: axes go by name here, not by torch_xla's mesh index "
+           "(mesh axes: replica, fsdp");
+    /* A grouped split still reads as one. */
+    expect("explain --shard '*.weight=2*fsdp,None'", 2, "into 2 groups");
+}
+
+static void test_axis_name_limit_stated(void **state)
+{
+    (void)state;
+    char args[256], name[40];
+    memset(name, 'a', 32);
+    name[32] = '\0';
+    snprintf(args, sizeof args, "explain --mesh 4x2 --axes %s,b", name);
+    expect(args, 2, "too long (at most 31 characters)");
+    name[31] = '\0'; /* 31 is taken */
+    snprintf(args, sizeof args, "explain --mesh 4x2 --axes %s,b", name);
+    expect(args, 0, name);
+}
+
+static void test_blas_not_a_library(void **state)
+{
+    (void)state;
+    expect("train --blas /etc/hostname --steps 1 --eval 0", 2, "BLAS: cannot load /etc/hostname");
+    expect("train --blas nosuchlib --steps 1 --eval 0", 2, "BLAS: unknown library 'nosuchlib'");
+}
+
+static void test_memory_advice_at_4096_devices(void **state)
+{
+    (void)state;
+    int rc = run_tool("train --devices 4096 --dim 512 --heads 8 --layers 8 --steps 1 --eval 0 "
+                      "--seq 64",
+                      out, sizeof out);
+    if (rc != 2 || !strstr(out, "not enough")) fail_msg("exit %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "x 4096 devices"));
+    assert_non_null(strstr(out, "sharding more of the model over the mesh (--fsdp, --shard"));
+    assert_null(strstr(out, "bigger mesh"));
+}
+
+/* A 6000-byte --mesh: its message is cut, and says so with its length. */
+static void test_long_message_cut_saying_so(void **state)
+{
+    (void)state;
+    int rc = run_tool("train --mesh \"$(head -c 6000 /dev/zero | tr '\\0' x)\"", out, sizeof out);
+    assert_int_equal(rc, 2);
+    const char *cut = strstr(out, "... (message cut: ");
+    if (!cut || strlen(out) > 4096) fail_msg("no cut named in %zu bytes:\n%.300s", strlen(out), out);
+    assert_true(strtol(cut + strlen("... (message cut: "), NULL, 10) > 6000);
+}
+
+static void test_visualize_shape_past_2_62(void **state)
+{
+    (void)state;
+    expect("visualize --shape 9223372036854775807,6 --spec fsdp,None --mesh 2 --axes fsdp", 2,
+           "--shape: size 9223372036854775807 is more than 2^62");
+    expect("visualize --shape 99999999999999999999,6 --spec fsdp,None --mesh 2 --axes fsdp", 2,
+           "is more than 2^62");
+    expect("visualize --shape 4611686018427387904,6 --spec fsdp,None --mesh 2 --axes fsdp", 0,
+           "blocks of [2305843009213693952, 6]");
+}
+
+/* A 4096-device picture (74 KB) whole: it ends with the last device. */
+static void test_visualize_4096_devices_whole(void **state)
+{
+    (void)state;
+    static char big[1 << 18];
+    int rc = run_tool("visualize --mesh 4096 --axes d --shape 4096,2 --spec d,None", big, sizeof big);
+    assert_int_equal(rc, 0);
+    size_t n = strlen(big);
+    const char *last = "| 4095 |\n+------+\n";
+    assert_true(n > 1 << 16);
+    assert_string_equal(big + n - strlen(last), last);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spec_syntax_named),
+        cmocka_unit_test(test_axis_name_limit_stated),
+        cmocka_unit_test(test_blas_not_a_library),
+        cmocka_unit_test(test_memory_advice_at_4096_devices),
+        cmocka_unit_test(test_long_message_cut_saying_so),
+        cmocka_unit_test(test_visualize_shape_past_2_62),
+        cmocka_unit_test(test_visualize_4096_devices_whole),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
