@@ -58,6 +58,23 @@ static void loss_fields(const char *text, char *buf, size_t size)
     }
 }
 
+/* The logs `a` and `b` in dir hold the same losses, bit for bit (as
+ * printed: every digit the log writes). */
+static void assert_same_losses(const char *dir, const char *a, const char *b)
+{
+    char pa[SUPPORT_PATH], pb[SUPPORT_PATH];
+    double la[STEPS], lb[STEPS];
+    char *ta, *tb;
+    read_losses(support_path_in(pa, dir, a), la, &ta);
+    read_losses(support_path_in(pb, dir, b), lb, &tb);
+    static char fa[4096], fb[4096];
+    loss_fields(ta, fa, sizeof fa);
+    loss_fields(tb, fb, sizeof fb);
+    assert_string_equal(fa, fb);
+    free(ta);
+    free(tb);
+}
+
 static void train_on(const char *dir, const char *name, const char *blas, int threads)
 {
     char log[SUPPORT_PATH];
@@ -101,16 +118,10 @@ static void test_onednn_trains_like_cblas(void **state)
                      dnnl[i]);
     /* Every tile is one oneDNN call whatever the thread count: the same
      * bits on one thread. */
-    char *one_text;
     train_on(dir, "onednn1.jsonl", "onednn", 1);
-    read_losses(support_path_in((char[SUPPORT_PATH]){0}, dir, "onednn1.jsonl"), dnnl, &one_text);
-    static char f2[4096], f1[4096];
-    loss_fields(dnnl_text, f2, sizeof f2);
-    loss_fields(one_text, f1, sizeof f1);
-    assert_string_equal(f1, f2);
+    assert_same_losses(dir, "onednn.jsonl", "onednn1.jsonl");
     free(base_text);
     free(dnnl_text);
-    free(one_text);
     support_drop_dir(dir);
 }
 
@@ -130,16 +141,7 @@ static void test_measured_choice_repeats(void **state)
     assert_non_null(strstr(spec, "bf16-tt-large="));
     train(dir, "repeated.jsonl", spec);
     assert_null(strstr(out, "GEMM backends measured"));
-    double a[STEPS], b[STEPS];
-    char *ta, *tb;
-    read_losses(support_path_in((char[SUPPORT_PATH]){0}, dir, "measured.jsonl"), a, &ta);
-    read_losses(support_path_in((char[SUPPORT_PATH]){0}, dir, "repeated.jsonl"), b, &tb);
-    static char fa[4096], fb[4096];
-    loss_fields(ta, fa, sizeof fa);
-    loss_fields(tb, fb, sizeof fb);
-    assert_string_equal(fa, fb);
-    free(ta);
-    free(tb);
+    assert_same_losses(dir, "measured.jsonl", "repeated.jsonl");
     support_drop_dir(dir);
 }
 

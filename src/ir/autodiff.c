@@ -348,7 +348,7 @@ static spmd_status vjp_layernorm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
  * the backward). */
 static spmd_tensor *backward_operand(spmd_graph *g, spmd_tensor *x)
 {
-    if (x->op != IR_CONVERT || x->in[0]->op != IR_PARAM) return x;
+    if (!ir_is_param_copy(x)) return x;
     if (!x->bf16) x->bf16 = ir_node_new(g, IR_CONVERT, x->dtype, x->rank, x->dims, x->in, 1);
     return x->bf16 ? x->bf16 : x;
 }

@@ -505,3 +505,5 @@ int ir_op_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_arity[op] : 0
 bool ir_op_carries_groups(ir_op op) { return (unsigned)op < IR_OP_COUNT && op_carries_groups[op]; }
 int ir_op_formula_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_formula_arity[op] : 0; }
 bool ir_op_is_leaf(ir_op op) { return op == IR_INPUT || op == IR_PARAM || op == IR_STATE; }
+
+bool ir_is_param_copy(const spmd_tensor *t) { return t->op == IR_CONVERT && t->in[0]->op == IR_PARAM; }

@@ -193,6 +193,9 @@ void ir_signature_format(const ir_dimsig *sig, char *buf, size_t size);
 const char *ir_op_name(ir_op op);
 int ir_op_arity(ir_op op);
 bool ir_op_is_leaf(ir_op op);
+/* A parameter's bf16 copy (mixed precision): what FSDP gathers like the
+ * parameter, and what the backward pass makes again (autodiff.c). */
+bool ir_is_param_copy(const spmd_tensor *t);
 bool ir_op_has_vjp(ir_op op);
 /* Whether the op passes a grouped split of an operand dim through like a
  * plain one: its local form does not depend on where a device's elements

@@ -391,22 +391,17 @@ static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const shar
     return reshard_in_groups(b, x, &cur, want, want, gdims, gid, consumer);
 }
 
-/* A parameter, or its bf16 copy (mixed precision): what FSDP gathers. */
-static bool is_weight(const spmd_tensor *x)
-{
-    return x->op == IR_PARAM || (x->op == IR_CONVERT && x->in[0]->op == IR_PARAM);
-}
-
 /* The local value of global node `gid` with sharding `want`.  A
- * weight resharded for one phase is resharded again for another, as
- * FSDP (ZeRO-3) gathers a weight again in the backward pass instead of
- * keeping the forward pass's copy alive in between. */
+ * parameter (or its bf16 copy) resharded for one phase is resharded
+ * again for another, as FSDP (ZeRO-3) gathers a weight again in the
+ * backward pass instead of keeping the forward pass's copy alive in
+ * between. */
 static spmd_tensor *value(builder *b, const spmd_tensor *x, const sharding *want, int consumer)
 {
     variant *first = b->variants[x->id];
     int phase = (int)partition_phase(b->p->g, consumer >= 0 ? consumer : x->id);
     for (variant *v = first; v; v = v->next)
-        if (sharding_equal(v->s, want) && (v->phase < 0 || v->phase == phase || !is_weight(x)))
+        if (sharding_equal(v->s, want) && (v->phase < 0 || v->phase == phase || !(x->op == IR_PARAM || ir_is_param_copy(x))))
             return v->t;
     if (!first) {
         record(b, SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned", x->id);
