@@ -7,9 +7,11 @@
 
 #include "train/checkpoint_hook.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 bool test_hooks_bad_token(int step)
@@ -18,6 +20,24 @@ bool test_hooks_bad_token(int step)
     int proc = -1, at = -1;
     if (!hook || sscanf(hook, "%d:%d", &proc, &at) != 2) return false;
     return proc == processes_rank() && at == step + 1;
+}
+
+void test_hooks_step_begin(int step)
+{
+    const char *stop = getenv("SPMD_TEST_STOP"), *delay = getenv("SPMD_TEST_DELAY");
+    int proc = -1, at = -1;
+    double seconds = 0;
+    if (stop && sscanf(stop, "%d:%d", &proc, &at) == 2 && proc == processes_rank() &&
+        at == step + 1) {
+        fprintf(stderr, "spmd: test: process %d stops at step %d\n", proc, at);
+        fflush(stderr);
+        raise(SIGSTOP);
+    }
+    if (delay && sscanf(delay, "%d:%lf", &proc, &seconds) == 2 && proc == processes_rank() &&
+        seconds > 0) {
+        struct timespec nap = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+        while (nanosleep(&nap, &nap) != 0) {}
+    }
 }
 
 typedef struct pause_at {
@@ -68,6 +88,7 @@ bool test_hooks_bad_token(int step)
     return false;
 }
 
+void test_hooks_step_begin(int step) { (void)step; }
 void test_hooks_save_begin(int step) { (void)step; }
 void test_hooks_save_end(void) {}
 size_t test_hooks_shard_tokens(size_t max) { return max; }
