@@ -314,6 +314,39 @@ static void test_slow_process_runs(void **state)
     assert_non_null(strstr(out, "step    4/4"));
 }
 
+/* The network measurement takes several rounds (spmd-test's hook
+ * SPMD_TEST_NET_ROUNDS prints each) and prices with the least disturbed:
+ * the lowest latency and the highest bandwidth of them. */
+static void test_network_rounds(void **state)
+{
+    (void)state;
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s SPMD_TEST_NET_ROUNDS=1 timeout %d '%s' -n 2 --oversubscribe -x SPMD_TEST_NET_ROUNDS "
+             "'%s' explain",
+             MPI_ENV, TIMEOUT_S, SPMD_MPIEXEC, SPMD_TEST_TOOL_PATH);
+    int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    int rounds = 0;
+    double least_us = 0, most_gbps = 0;
+    for (const char *at = out; (at = strstr(at, "network round ")); at++) {
+        int r = -1;
+        double us = 0, gbps = 0;
+        if (sscanf(at, "network round %d: %lf us per message, %lf GB/s", &r, &us, &gbps) != 3)
+            fail_msg("a round's line does not parse:\n%s", out);
+        assert_int_equal(r, rounds);
+        if (!rounds || us < least_us) least_us = us;
+        if (gbps > most_gbps) most_gbps = gbps;
+        rounds++;
+    }
+    assert_int_equal(rounds, 5);
+    /* Rounding is monotonic: the least of the rounded figures is the
+     * rounded least. */
+    char want[128];
+    snprintf(want, sizeof want, ": %.1f us per message, %.2f GB/s (measured)", least_us, most_gbps);
+    if (!strstr(out, want)) fail_msg("no '%s' in:\n%s", want, out);
+}
+
 /* A process killed with SIGKILL mid-run: mpirun ends the others and says
  * which process died. */
 static void test_killed_process_ends_job(void **state)
@@ -374,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_copies_over_processes),
         cmocka_unit_test(test_stopped_process_ends_job),
         cmocka_unit_test(test_slow_process_runs),
+        cmocka_unit_test(test_network_rounds),
         cmocka_unit_test(test_checkpoint_over_processes),
         cmocka_unit_test(test_explain_marks_crossing_axes),
         cmocka_unit_test(test_failing_process_ends_job),

@@ -40,6 +40,13 @@ void test_hooks_step_begin(int step)
     }
 }
 
+void test_hooks_network_round(int round, double latency_s, double bytes_per_s)
+{
+    if (!getenv("SPMD_TEST_NET_ROUNDS")) return;
+    fprintf(stderr, "spmd: test: network round %d: %.1f us per message, %.2f GB/s\n", round,
+            latency_s * 1e6, bytes_per_s / 1e9);
+}
+
 typedef struct pause_at {
     long step;
     const char *stage;
@@ -89,6 +96,10 @@ bool test_hooks_bad_token(int step)
 }
 
 void test_hooks_step_begin(int step) { (void)step; }
+void test_hooks_network_round(int round, double latency_s, double bytes_per_s)
+{
+    (void)round, (void)latency_s, (void)bytes_per_s;
+}
 void test_hooks_save_begin(int step) { (void)step; }
 void test_hooks_save_end(void) {}
 size_t test_hooks_shard_tokens(size_t max) { return max; }
