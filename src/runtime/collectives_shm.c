@@ -121,6 +121,22 @@ struct coll_world {
 
 /* ---- The barrier ------------------------------------------------------------ */
 
+static uint32_t gen_of(uint32_t word) { return word & GEN_MASK; }
+
+/* Under w->mu: the first abort names the cause (later ones are its
+ * consequences); every barrier's word gets the abort bit. */
+static void abort_locked(coll_world *w, const char *message)
+{
+    if (!atomic_load(&w->aborted)) {
+        snprintf(w->message, sizeof w->message, "%s", message ? message : "(no reason given)");
+        atomic_store(&w->aborted, true);
+    }
+    for (coll_shm_group *g = w->groups; g; g = g->next) {
+        atomic_fetch_or(&g->bar.word.value, ABORT_BIT);
+        rt_wait_wake(&w->wait, &g->bar.word);
+    }
+}
+
 typedef enum bar_result { BAR_OPEN, BAR_ABORTED, BAR_TIMEOUT } bar_result;
 
 static void set_waiting(coll_world *w, int rank, int64_t since, int on)
@@ -142,20 +158,24 @@ static bar_result barrier_expired(coll_shm_group *g, int member, uint32_t cur, i
 {
     coll_world *w = g->world;
     coll_barrier *b = &g->bar;
-    if (!atomic_compare_exchange_strong(&b->word.value, &cur, cur | ABORT_BIT))
-        return (cur & GEN_MASK) != (atomic_load(&b->word.value) & GEN_MASK) ? BAR_OPEN
-                                                                              : BAR_ABORTED;
-    rt_wait_wake(&w->wait, &b->word);
     int op = atomic_load_explicit(&g->slots[member].op, memory_order_relaxed);
-    base_error(SPMD_ERR_TIMEOUT,
-               "collective timeout: %s: device %d (member %d of %d) waited %.1f s without "
-               "progress for device %d (member %d)%s, which had not arrived",
-               coll_op_names[op], world_rank(w, g->ranks[member]), member, g->pub.size,
-               (double)waited_ns * 1e-9, world_rank(w, g->ranks[blame]), blame,
-               blamed_waits ? ", itself waiting in a collective with no progress" : "");
     char msg[ABORT_MESSAGE];
-    snprintf(msg, sizeof msg, "%s", spmd_last_error());
-    coll_world_abort(w, msg);
+    snprintf(msg, sizeof msg,
+             "collective timeout: %s: device %d (member %d of %d) waited %.1f s without "
+             "progress for device %d (member %d)%s, which had not arrived",
+             coll_op_names[op], world_rank(w, g->ranks[member]), member, g->pub.size,
+             (double)waited_ns * 1e-9, world_rank(w, g->ranks[blame]), blame,
+             blamed_waits ? ", itself waiting in a collective with no progress" : "");
+    /* Closing this barrier and aborting the world are one step under the
+     * world's mutex, so a member that finds the barrier closed reads this
+     * message as the abort's cause. */
+    pthread_mutex_lock(&w->mu);
+    bool closed = atomic_compare_exchange_strong(&b->word.value, &cur, cur | ABORT_BIT);
+    if (closed) abort_locked(w, msg);
+    pthread_mutex_unlock(&w->mu);
+    if (!closed)
+        return (cur & GEN_MASK) != gen_of(atomic_load(&b->word.value)) ? BAR_OPEN : BAR_ABORTED;
+    if (w->ext) w->ext->abort(w->ext_state, msg);
     base_error(SPMD_ERR_TIMEOUT, "%s", msg);
     return BAR_TIMEOUT;
 }
@@ -725,15 +745,7 @@ void coll_world_local(const coll_world *w, int *first, int *count, int *size)
 void coll_world_abort(coll_world *w, const char *message)
 {
     pthread_mutex_lock(&w->mu);
-    /* The first abort names the cause; later ones are its consequences. */
-    if (!atomic_load(&w->aborted)) {
-        snprintf(w->message, sizeof w->message, "%s", message ? message : "(no reason given)");
-        atomic_store(&w->aborted, true);
-    }
-    for (coll_shm_group *g = w->groups; g; g = g->next) {
-        atomic_fetch_or(&g->bar.word.value, ABORT_BIT);
-        rt_wait_wake(&w->wait, &g->bar.word);
-    }
+    abort_locked(w, message);
     pthread_mutex_unlock(&w->mu);
     if (w->ext) w->ext->abort(w->ext_state, message ? message : "(no reason given)");
 }
