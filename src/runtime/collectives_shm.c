@@ -318,9 +318,13 @@ int64_t coll_world_tick_ns(int64_t timeout_ns)
 
 void coll_world_set_timeout(coll_world *w, double seconds)
 {
-    if (seconds == 0) seconds = SPMD_COLLECTIVE_TIMEOUT_S;
-    int64_t ns = seconds < 0 ? 0 : seconds > 1e9 ? (int64_t)1e18 : (int64_t)(seconds * 1e9);
-    atomic_store(&w->timeout_ns, ns > 0 || seconds < 0 ? ns : 1);
+    if (seconds == 0 || seconds != seconds) seconds = SPMD_COLLECTIVE_TIMEOUT_S; /* 0, NaN */
+    int64_t ns = 0; /* negative: off */
+    if (seconds > 0) {
+        ns = seconds >= 1e9 ? (int64_t)1e18 : (int64_t)(seconds * 1e9);
+        if (ns < 1) ns = 1;
+    }
+    atomic_store(&w->timeout_ns, ns);
 }
 
 /* ---- Entry and exit ---------------------------------------------------------- */
