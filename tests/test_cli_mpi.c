@@ -298,7 +298,7 @@ static void test_stopped_process_ends_job(void **state)
 }
 
 /* A slow process is not a dead one: process 1 sleeps 1 s before each of
- * 4 steps (SPMD_TEST_DELAY), 4 s of waiting in all under a 3 s watchdog,
+ * 6 steps (SPMD_TEST_DELAY), 6 s of waiting in all under a 5 s watchdog,
  * and the run finishes. */
 static void test_slow_process_runs(void **state)
 {
@@ -306,12 +306,12 @@ static void test_slow_process_runs(void **state)
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
              "%s SPMD_TEST_DELAY=1:1 timeout %d '%s' -n 2 --oversubscribe -x SPMD_TEST_DELAY '%s' "
-             "train --steps 4 --collective-timeout 3",
+             "train --steps 6 --collective-timeout 5",
              MPI_ENV, TIMEOUT_S, SPMD_MPIEXEC, SPMD_TEST_TOOL_PATH);
     int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
     if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
     assert_null(strstr(out, "collective timeout"));
-    assert_non_null(strstr(out, "step    4/4"));
+    assert_non_null(strstr(out, "step    6/6"));
 }
 
 /* The network measurement takes several rounds (spmd-test's hook
