@@ -8,6 +8,7 @@
 #include "copies.h"
 #include "message.h"
 #include "processes.h"
+#include "test_hooks.h"
 
 #include <fnmatch.h>
 #include <limits.h>
@@ -186,6 +187,10 @@ static int set_network(const cli_opts *o, cli_model *m)
     if (processes_count() > 1) {
         if (processes_measure_network(&latency, &bandwidth)) return 1;
         m->network_source = "measured";
+        const double *round_latency, *round_bandwidth;
+        int rounds = processes_network_rounds(&round_latency, &round_bandwidth);
+        for (int r = 0; r < rounds; r++)
+            test_hooks_network_round(r, round_latency[r], round_bandwidth[r]);
     }
     if (o->net_latency_us || o->net_gbps) m->network_source = "given";
     if (o->net_latency_us) latency = o->net_latency_us * 1e-6;

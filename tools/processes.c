@@ -2,7 +2,6 @@
 #include "processes.h"
 
 #include "message.h"
-#include "test_hooks.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -179,9 +178,20 @@ static int wait_quietly(MPI_Request *req)
     }
 }
 
+enum { NET_ROUNDS = 5 };
+static double round_latency[NET_ROUNDS], round_bandwidth[NET_ROUNDS];
+static int rounds_done;
+
+int processes_network_rounds(const double **latency_s, const double **bytes_per_s)
+{
+    *latency_s = round_latency;
+    *bytes_per_s = round_bandwidth;
+    return rounds_done;
+}
+
 int processes_measure_network(double *latency_s, double *bytes_per_s)
 {
-    enum { SMALL = 8, LARGE = 4 << 20, ROUNDS = 5 };
+    enum { SMALL = 8, LARGE = 4 << 20, ROUNDS = NET_ROUNDS };
     double fig[2] = {0, 0};
     *latency_s = *bytes_per_s = 0;
     if (!started) return 0;
@@ -208,7 +218,11 @@ int processes_measure_network(double *latency_s, double *bytes_per_s)
             double one_way = large / 2 - latency;
             if (one_way <= 0) one_way = large / 2;
             double bandwidth = one_way > 0 ? LARGE / one_way : 0;
-            if (rank == 0) test_hooks_network_round(r, latency, bandwidth);
+            if (rank == 0) {
+                round_latency[r] = latency;
+                round_bandwidth[r] = bandwidth;
+                rounds_done = r + 1;
+            }
             if (r == 0 || latency < fig[0]) fig[0] = latency;
             if (bandwidth > fig[1]) fig[1] = bandwidth;
         }
@@ -301,6 +315,12 @@ int processes_measure_network(double *latency_s, double *bytes_per_s)
 {
     *latency_s = 0;
     *bytes_per_s = 0;
+    return 0;
+}
+
+int processes_network_rounds(const double **latency_s, const double **bytes_per_s)
+{
+    *latency_s = *bytes_per_s = NULL;
     return 0;
 }
 
