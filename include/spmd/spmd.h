@@ -284,6 +284,10 @@ typedef struct spmd_compile_options {
     /* Run every elementwise op as its own pass instead of fusing chains of
      * them into one (the same bits either way): for comparisons. */
     bool unfused;
+    /* Run every collective as a blocking step of its device's schedule
+     * instead of in flight on the device's communication thread while it
+     * computes (the same bits either way): for comparisons. */
+    bool no_overlap;
 } spmd_compile_options;
 
 SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);
@@ -351,7 +355,13 @@ typedef enum spmd_trace_kind {
     SPMD_TRACE_RUN,        /* a whole run, timed by the caller's thread (device -1) */
     SPMD_TRACE_COMPUTE,    /* an op or a fused chain */
     SPMD_TRACE_COLLECTIVE, /* a collective: spmd_program_collective(collective) */
-    SPMD_TRACE_UPDATE      /* new values into parameters and state, after the schedule */
+    SPMD_TRACE_UPDATE,     /* new values into parameters and state, after the schedule */
+    /* A collective in flight (spmd_compile_options.no_overlap unset): its
+     * run on the device's communication thread, while the device computes;
+     * wait_us is how long thread 0 waited for its result.  Its place in
+     * the schedule is a SPMD_TRACE_COLLECTIVE event too, of next to no
+     * time: the device's steps still add up to the run. */
+    SPMD_TRACE_IN_FLIGHT
 } spmd_trace_kind;
 
 typedef struct spmd_trace_event {
@@ -376,7 +386,8 @@ SPMD_API spmd_status spmd_program_trace_begin(spmd_program *p, int runs);
 /* Stop recording; the events stay readable until the next begin. */
 SPMD_API spmd_status spmd_program_trace_end(spmd_program *p);
 /* Events recorded (this process's devices), in order of run, then
- * device, then schedule: each run's SPMD_TRACE_RUN event first. */
+ * device, then schedule: each run's SPMD_TRACE_RUN event first; a
+ * device's SPMD_TRACE_IN_FLIGHT events follow its update. */
 SPMD_API int spmd_program_trace_count(const spmd_program *p);
 SPMD_API spmd_status spmd_program_trace_event(const spmd_program *p, int i,
                                               spmd_trace_event *out);

@@ -257,7 +257,116 @@ static void mark_swapped(plan *p, const spmd_graph *g)
         if (p->swapped[i]) p->swapped_bytes += ir_nbytes(g->nodes[i]);
 }
 
-spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu)
+/* ---- Collectives in flight ---------------------------------------------------------- */
+
+/* The collectives a communication thread can run while the device computes:
+ * they read only their operand and write only their result (an all-to-all
+ * packs through its thread's kernel scratch, so it stays a step). */
+static bool may_fly(ir_op op)
+{
+    return op == IR_ALL_REDUCE || op == IR_ALL_GATHER || op == IR_REDUCE_SCATTER;
+}
+
+static bool is_collective(ir_op op) { return may_fly(op) || op == IR_ALL_TO_ALL; }
+
+/* When each collective is handed over and waited for (plan.h).  Collectives
+ * keep their schedule order, the order every device issues them in.  A
+ * collective may start once its operand is written (the step after its
+ * producer), no earlier than the one before it, and only when the one
+ * `depth` places before it has been waited for; it starts at its own step
+ * at the latest, and the one `depth` before it is then waited for there.
+ * It is waited for where its result is first read.  A collective that
+ * cannot gain (its operand written just before it, its result read just
+ * after) stays a step of its own; every collective before it is waited for
+ * by then, and none after it starts before it. */
+static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu, int depth,
+                                  const bool *written_in_place)
+{
+    int n = g->n_nodes, ns = p->n_steps;
+    size_t nn = (size_t)(n ? n : 1), nsz = (size_t)(ns ? ns : 1);
+    int *prod = base_alloc(&p->alloc, nn * sizeof *prod, "memory plan");
+    int *first_read = base_alloc(&p->alloc, nn * sizeof *first_read, "memory plan");
+    p->async_of = base_alloc(&p->alloc, nsz * sizeof *p->async_of, "memory plan");
+    p->async_step = base_alloc(&p->alloc, nsz * sizeof *p->async_step, "memory plan");
+    p->start_at = base_alloc(&p->alloc, nsz * sizeof *p->start_at, "memory plan");
+    p->wait_at = base_alloc(&p->alloc, nsz * sizeof *p->wait_at, "memory plan");
+    if (!prod || !first_read || !p->async_of || !p->async_step || !p->start_at || !p->wait_at) {
+        base_free(&p->alloc, prod);
+        base_free(&p->alloc, first_read);
+        return SPMD_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++) prod[i] = first_read[i] = -1;
+    for (int s = 0; s < ns; s++) {
+        const spmd_tensor *t = p->steps[s];
+        prod[t->id] = s;
+        const fuse_group *grp = fusion_group(fu, t);
+        for (int j = 0; grp && j < grp->n_stored; j++) prod[grp->stored[j]->id] = s;
+        p->async_of[s] = -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (p->storage[i] != i) prod[i] = prod[p->storage[i]];
+    for (int s = 0; s < ns; s++) {
+        const spmd_tensor *const *in;
+        int n_in = reads(p->steps[s], fu, &in);
+        for (int j = 0; j < n_in; j++) {
+            int src = p->storage[in[j]->id];
+            if (first_read[src] < 0) first_read[src] = s;
+        }
+    }
+    int k = 0, not_before = 0, last_start = 0;
+    for (int s = 0; s < ns; s++) {
+        const spmd_tensor *t = p->steps[s];
+        if (!is_collective(t->op)) continue;
+        const spmd_tensor *x = t->in[0];
+        int ready = prod[p->storage[x->id]] + 1; /* 0 for a leaf */
+        int read = first_read[t->id] < 0 ? ns : first_read[t->id];
+        bool fly = may_fly(t->op) && !written_in_place[x->id] && (ready < s || read > s + 1);
+        if (!fly) {
+            for (int j = 0; j < k; j++)
+                if (p->wait_at[j] > s) p->wait_at[j] = s;
+            not_before = s + 1;
+            continue;
+        }
+        int start = ready > last_start ? ready : last_start;
+        if (start < not_before) start = not_before;
+        if (k >= depth && start < p->wait_at[k - depth]) start = p->wait_at[k - depth];
+        if (start > s) start = s;
+        if (k >= depth && p->wait_at[k - depth] > start) p->wait_at[k - depth] = start;
+        p->async_step[k] = s;
+        p->start_at[k] = start;
+        p->wait_at[k] = read;
+        p->async_of[s] = k;
+        last_start = start;
+        k++;
+    }
+    p->n_async = k;
+    p->overlap_depth = depth;
+    base_free(&p->alloc, prod);
+    base_free(&p->alloc, first_read);
+    /* The most operand and result bytes in flight at once. */
+    int64_t *delta = base_calloc(&p->alloc, (nsz + 1) * sizeof *delta, "memory plan");
+    if (!delta) return SPMD_ERR_NOMEM;
+    for (int j = 0; j < k; j++) {
+        const spmd_tensor *t = p->steps[p->async_step[j]];
+        if (p->start_at[j] >= p->wait_at[j])
+            return base_error(SPMD_ERR_INTERNAL, "plan: collective %s#%d waited for at step %d, "
+                              "before it starts at %d", ir_op_name(t->op), t->id, p->wait_at[j],
+                              p->start_at[j]);
+        int64_t bytes = (int64_t)(ir_nbytes(t) + ir_nbytes(t->in[0]));
+        delta[p->start_at[j]] += bytes;
+        delta[p->wait_at[j]] -= bytes;
+    }
+    int64_t now = 0;
+    for (int s = 0; s <= ns; s++) {
+        now += delta[s];
+        if ((size_t)now > p->inflight_bytes) p->inflight_bytes = (size_t)now;
+    }
+    base_free(&p->alloc, delta);
+    return SPMD_OK;
+}
+
+static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu,
+                         int depth)
 {
     memset(p, 0, sizeof *p);
     p->alloc = base_allocator_or_default(alloc);
@@ -318,34 +427,111 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
     mark_in_place(p, g);
     mark_swapped(p, g);
 
+    /* Collectives in flight: each result is placed when its collective
+     * starts, and each operand released only after the wait (not at its
+     * last reader), so that no step's buffer overlaps either while the
+     * communication thread reads and writes them.  place_next and
+     * release_next chain, per node, what is placed or released there. */
+    int *place_head = NULL, *place_next = NULL, *release_head = NULL, *release_next = NULL;
+    bool *extended = NULL, *written_in_place = NULL;
+    spmd_status st = SPMD_OK;
+    if (depth > 0) {
+        place_head = base_alloc(&p->alloc, nn * sizeof *place_head, "memory plan");
+        place_next = base_alloc(&p->alloc, nn * sizeof *place_next, "memory plan");
+        release_head = base_alloc(&p->alloc, nn * sizeof *release_head, "memory plan");
+        release_next = base_alloc(&p->alloc, nn * sizeof *release_next, "memory plan");
+        extended = base_calloc(&p->alloc, nn * sizeof *extended, "memory plan");
+        written_in_place = base_calloc(&p->alloc, nn * sizeof *written_in_place, "memory plan");
+        st = place_head && place_next && release_head && release_next && extended && written_in_place
+                 ? SPMD_OK : SPMD_ERR_NOMEM;
+        for (int i = 0; st == SPMD_OK && i < n; i++) {
+            place_head[i] = release_head[i] = -1;
+            if (p->in_place[i] >= 0) written_in_place[p->in_place[i]] = true;
+        }
+        if (st == SPMD_OK) st = schedule_async(p, g, fu, depth, written_in_place);
+        for (int k = 0; st == SPMD_OK && k < p->n_async; k++) {
+            const spmd_tensor *t = p->steps[p->async_step[k]];
+            int at = p->steps[p->start_at[k]]->id;
+            place_next[t->id] = place_head[at];
+            place_head[at] = t->id;
+            int src = p->storage[t->in[0]->id];
+            if (ir_op_is_leaf(g->nodes[src]->op) || p->swapped[src] || p->in_place[src] >= 0) continue;
+            int until = p->wait_at[k] < p->n_steps ? p->steps[p->wait_at[k]]->id : forever;
+            if (until > last_use[src]) {
+                last_use[src] = until;
+                extended[src] = true;
+            }
+        }
+        for (int i = 0; st == SPMD_OK && i < n; i++)
+            if (extended[i] && last_use[i] < forever) {
+                release_next[i] = release_head[last_use[i]];
+                release_head[last_use[i]] = i;
+            }
+    }
+
     /* Walk nodes in order: place each computed storage at its first
      * definition, release storages whose last reader is this node. */
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; st == SPMD_OK && i < n; i++) {
         const spmd_tensor *t = g->nodes[i];
         if (!p->needed[i] || ir_op_is_leaf(t->op)) continue;
         int s = p->storage[i];
+        for (int c = place_head ? place_head[i] : -1; c >= 0; c = place_next[c])
+            if (!p->swapped[c])
+                p->offset[c] = take(&f, round_up((int64_t)ir_nbytes(g->nodes[c])));
+        bool placed = p->async_of && p->offset[i] >= 0;
         /* A value in a buffer of its own, or its target's, takes no
          * arena, but its inputs die here all the same (a gradient, into
          * its accumulator). */
-        if (!p->swapped[i] && p->in_place[i] < 0)
+        if (!p->swapped[i] && p->in_place[i] < 0 && !placed)
             p->offset[i] = s == i ? take(&f, round_up((int64_t)ir_nbytes(t))) : p->offset[s];
         const spmd_tensor *const *in;
         int n_in = reads(t, fu, &in);
         for (int j = 0; j <= n_in; j++) {
             int src = j < n_in ? p->storage[in[j]->id] : s;
             if (last_use[src] != i || ir_op_is_leaf(g->nodes[src]->op) || p->offset[src] < 0 ||
-                p->swapped[src] || p->in_place[src] >= 0)
+                p->swapped[src] || p->in_place[src] >= 0 || (extended && extended[src]))
                 continue;
             /* Release once, even when a node reads the same tensor twice. */
             bool seen = false;
             for (int k = 0; k < j && !seen; k++) seen = p->storage[in[k]->id] == src;
             if (!seen) give(&f, p->offset[src], round_up((int64_t)ir_nbytes(g->nodes[src])));
         }
+        for (int r = release_head ? release_head[i] : -1; r >= 0; r = release_next[r])
+            give(&f, p->offset[r], round_up((int64_t)ir_nbytes(g->nodes[r])));
     }
     p->arena_bytes = (size_t)f.end;
+    p->serial_arena_bytes = p->arena_bytes;
     visits_done += f.visits;
     base_free(&p->alloc, last_use);
     base_free(&p->alloc, slots);
+    base_free(&p->alloc, place_head);
+    base_free(&p->alloc, place_next);
+    base_free(&p->alloc, release_head);
+    base_free(&p->alloc, release_next);
+    base_free(&p->alloc, extended);
+    base_free(&p->alloc, written_in_place);
+    if (st != SPMD_OK) plan_free(p);
+    return st;
+}
+
+spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu)
+{
+    return build(p, g, alloc, fu, 0);
+}
+
+spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
+                               const fusion *fu, int depth)
+{
+    bool any = false;
+    for (int i = 0; depth > 0 && i < g->n_nodes && !any; i++) any = may_fly(g->nodes[i]->op);
+    if (!any) return build(p, g, alloc, fu, 0);
+    /* The arena without overlap first, for explain's extra bytes. */
+    spmd_status st = build(p, g, alloc, fu, 0);
+    if (st != SPMD_OK) return st;
+    size_t serial = p->arena_bytes;
+    plan_free(p);
+    if ((st = build(p, g, alloc, fu, depth)) != SPMD_OK) return st;
+    p->serial_arena_bytes = serial;
     return SPMD_OK;
 }
 
@@ -357,5 +543,9 @@ void plan_free(plan *p)
     base_free(&p->alloc, p->offset);
     base_free(&p->alloc, p->swapped);
     base_free(&p->alloc, p->in_place);
+    base_free(&p->alloc, p->async_of);
+    base_free(&p->alloc, p->async_step);
+    base_free(&p->alloc, p->start_at);
+    base_free(&p->alloc, p->wait_at);
     memset(p, 0, sizeof *p);
 }
