@@ -50,7 +50,7 @@ typedef struct plan {
 /* Collectives in flight at once, by default: the next layer's all-gather
  * while this one computes, or a gradient's reduction while the next
  * gradient is computed. */
-enum { PLAN_OVERLAP_DEPTH = 2 };
+enum { PLAN_OVERLAP_DEPTH = 4 };
 
 /* Set needed[i] (n_nodes entries, false on entry) for every node that an
  * output or an update reads, directly or not: the schedule's nodes and

@@ -103,6 +103,11 @@ void coll_world_local(const coll_world *w, int *first, int *count, int *size);
  * calls it, as for connect.  A plain copy in a shared-memory world. */
 spmd_status coll_world_gather_processes(coll_world *w, const void *in, void *out,
                                         const int64_t *bytes_of);
+/* A test hook for a slow transport: from now on every member's call of
+ * every collective, in every world, sleeps `us` microseconds before it
+ * meets its peers (0, the default: not at all). */
+void coll_set_delay_us(int64_t us);
+
 /* Make every waiting and later collective fail with `message`.  It does
  * not reach other processes: the caller ends the job (MPI_Abort) so that
  * their collectives do not wait for this one. */
