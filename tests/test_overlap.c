@@ -24,7 +24,13 @@
 #include "spmd/mesh.h"
 #include "spmd/spmd.h"
 
-enum { LAYERS = 8, ROWS = 2048, WIDTH = 256, TRIES = 5 };
+/* Under ThreadSanitizer compute is many times slower and the timing says
+ * little: the runs check the bits and the threads, not the ratio. */
+#if defined(__SANITIZE_THREAD__)
+enum { LAYERS = 8, ROWS = 256, WIDTH = 64, TRIES = 1, TIMED = 0 };
+#else
+enum { LAYERS = 8, ROWS = 2048, WIDTH = 256, TRIES = 5, TIMED = 1 };
+#endif
 
 typedef struct stack {
     spmd_graph *g;
@@ -190,8 +196,11 @@ static void test_step_takes_the_larger(void **state)
     float a, b;
     step(&on, &a), step(&off, &b); /* pages touched */
     double best = 1e30, fastest = 1e30;
-    for (int r = 0; r < 3 && best >= 0.8; r++) best = min2(best, round_ratio(&on, &off, &fastest));
-    assert_true(best < 0.8);
+    for (int r = 0; r < 3 && best >= 0.8; r++) {
+        best = min2(best, round_ratio(&on, &off, &fastest));
+        if (!TIMED) break;
+    }
+    if (TIMED) assert_true(best < 0.8);
     alarm(0);
     stack_free(&on);
     stack_free(&off);
