@@ -305,7 +305,14 @@ static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu
     }
     for (int i = 0; i < n; i++)
         if (p->storage[i] != i) prod[i] = prod[p->storage[i]];
+    /* The first step that reads each storage on the device's threads.  A
+     * collective that may fly reads on the communication thread, after
+     * every collective before it: a reduce-scatter read only by the
+     * all-reduce after it (a 2D mesh's gradient) need not be waited for
+     * by the device (if that reader stays a step of its own, it is
+     * waited for there, as every collective before one is). */
     for (int s = 0; s < ns; s++) {
+        if (may_fly(p->steps[s]->op)) continue;
         const spmd_tensor *const *in;
         int n_in = reads(p->steps[s], fu, &in);
         for (int j = 0; j < n_in; j++) {
@@ -341,6 +348,15 @@ static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu
     }
     p->n_async = k;
     p->overlap_depth = depth;
+    /* A collective whose result another one in flight reads is done by
+     * the time that one is (the thread runs them in order): waited for no
+     * later, so that its operand is not kept longer. */
+    for (int j = k - 1; j >= 0; j--) {
+        const spmd_tensor *t = p->steps[p->async_step[j]];
+        int q = prod[p->storage[t->in[0]->id]];
+        int c = q >= 0 ? p->async_of[q] : -1;
+        if (c >= 0 && p->wait_at[c] > p->wait_at[j]) p->wait_at[c] = p->wait_at[j];
+    }
     base_free(&p->alloc, prod);
     base_free(&p->alloc, first_read);
     /* The most operand and result bytes in flight at once. */

@@ -1300,6 +1300,16 @@ spmd_status spmd_program_collective(const spmd_program *p, int i, spmd_collectiv
     return compiled_collective(p ? &p->c : NULL, i, out);
 }
 
+int spmd_program_overlap(const spmd_program *p, size_t *bytes, size_t *arena_extra)
+{
+    const plan *pl = p ? &p->c.plan : NULL;
+    if (bytes) *bytes = pl ? pl->inflight_bytes : 0;
+    if (arena_extra)
+        *arena_extra = pl && pl->arena_bytes > pl->serial_arena_bytes
+                           ? pl->arena_bytes - pl->serial_arena_bytes : 0;
+    return pl ? pl->n_async : 0;
+}
+
 int spmd_program_fallback_count(const spmd_program *p)
 {
     return p ? compiled_fallback_count(&p->c) : 0;
