@@ -371,7 +371,9 @@ typedef struct spmd_trace_event {
     double start_us;    /* microseconds since spmd_program_trace_begin */
     double dur_us;
     /* Of dur_us, how long thread 0 waited at the node's closing barrier
-     * for the device's other threads (0 for a run or an update). */
+     * for the device's other threads (0 for a run or an update); the
+     * schedule's last node adds the wait for collectives still in flight
+     * at its end. */
     double wait_us;
     const char *op;     /* "matmul", "fused" for a fused chain; NULL for a run or an update */
     char name[96];      /* the node's name, else op#id; a run: "step", or "micro-batch" */

@@ -785,6 +785,7 @@ static void run_worker(void *ctx, int ith, int nth)
     int next_start = 0;  /* the next async collective to hand over */
     int run = 0;         /* steps run, for the status word's parity */
     bool comm_ok = true; /* until a collective in flight fails */
+    int last = -1;       /* the last step run (traced) */
     for (int s = 0; s <= pl->n_steps; s++) {
         /* Alternate status words: a fast thread failing step s+1 cannot be
          * seen by a slow thread still checking step s, so every thread of
@@ -797,6 +798,10 @@ static void run_worker(void *ctx, int ith, int nth)
         }
         if (s == pl->n_steps) {
             if (!comm_ok && ith == 0) coll_world_abort(p->world, d->message);
+            /* The wait for what is still in flight at the end (results
+             * the update or the caller reads) ends the last step, so the
+             * steps still cover the schedule. */
+            if (tr && last >= 0) tr[2 + 2 * last] = trace_clock(p);
             break;
         }
         const spmd_tensor *t = pl->steps[s];
@@ -804,6 +809,7 @@ static void run_worker(void *ctx, int ith, int nth)
         if (c && pl->async_of[s] >= 0) {
             /* In flight on the communication thread: nothing to run here. */
             if (tr) tr[1 + 2 * s] = tr[2 + 2 * s] = trace_clock(p);
+            last = s;
             continue;
         }
         /* A fused group's root reads the group's inputs. */
@@ -824,6 +830,7 @@ static void run_worker(void *ctx, int ith, int nth)
         if (tr) tr[1 + 2 * s] = trace_clock(p);
         rt_pool_barrier(d->pool);
         if (tr) tr[2 + 2 * s] = trace_clock(p);
+        last = s;
         run++;
         if (atomic_load(a.status) != SPMD_OK) {
             /* Peers may be waiting for this device in a collective. */
