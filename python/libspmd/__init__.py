@@ -70,7 +70,9 @@ class Graph(_core.Graph):
 
     def compile(self, **options):
         """compile(*, seed=0, threads=0, plan_only=False, unfused=False,
-        copy_seeds=None, mpi=None) -> Program.  Under mpirun (several
+        copy_seeds=None, mpi=None, overlap=True) -> Program.  overlap=False
+        runs every collective as a blocking step instead of in flight while
+        the devices compute (the same bits).  Under mpirun (several
         processes) a graph with marks runs over them (mpi=None or True;
         mpi=False runs every device in this process); compile, run and
         read are then collective: every process makes the same calls in

@@ -1957,12 +1957,13 @@ static PyObject *graph_gpt(GraphObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", "mpi", NULL};
+    static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", "mpi",
+                             "overlap", NULL};
     unsigned long long seed = 0;
-    int threads = 0, plan_only = 0, unfused = 0, over_processes = 0;
+    int threads = 0, plan_only = 0, unfused = 0, over_processes = 0, overlap = 1;
     PyObject *seeds_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippOp:compile", kwlist, &seed, &threads, &plan_only,
-                                     &unfused, &seeds_o, &over_processes) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippOpp:compile", kwlist, &seed, &threads, &plan_only,
+                                     &unfused, &seeds_o, &over_processes, &overlap) ||
         graph_open(self) < 0)
         return NULL;
     /* Over processes: MPI_COMM_WORLD, which the world duplicates at compile. */
@@ -2020,7 +2021,8 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
         }
     }
     spmd_compile_options opts = {.threads = threads, .seed = seed, .plan_only = plan_only,
-                                 .copy_seeds = seeds, .unfused = unfused, .mpi_comm = comm};
+                                 .copy_seeds = seeds, .unfused = unfused, .mpi_comm = comm,
+                                 .no_overlap = !overlap};
     spmd_program *p = spmd_compile(self->g, &opts);
     PyMem_Free(seeds);
     if (!p) {
@@ -2103,8 +2105,9 @@ static PyMethodDef graph_methods[] = {
      "(spmd_mlp_build; loss 'mse' or 'cross_entropy' adds the targets and the loss)"},
     {"gpt", KW(graph_gpt), "gpt(vocab, seq, layers, heads, dim, batch, context=0) -> dict of tensors"},
     {"compile", KW(graph_compile),
-     "compile(*, seed=0, threads=0, plan_only=False, unfused=False, copy_seeds=None, mpi=False) -> Program; "
-     "mpi=True: over the processes of MPI_COMM_WORLD (mpi_start), each running its run of devices"},
+     "compile(*, seed=0, threads=0, plan_only=False, unfused=False, copy_seeds=None, mpi=False, "
+     "overlap=True) -> Program; mpi=True: over the processes of MPI_COMM_WORLD (mpi_start), each "
+     "running its run of devices; overlap=False: every collective a blocking step (the same bits)"},
     {"close", FN(graph_close), METH_NOARGS, "close(): free the graph now (no program may be open)"},
     {"__enter__", FN(graph_enter), METH_NOARGS, NULL},
     {"__exit__", FN(graph_exit), METH_VARARGS, NULL},
