@@ -32,7 +32,7 @@ NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_ge
 	test_bench example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus
 # The tests whose threads share memory: device workers, collectives, the
 # optimizers on a mesh, big meshes.
-TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh
+TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh test_overlap
 empty :=
 space := $(empty) $(empty)
 # Configure quietly but show the project's own status lines ("-- libspmd:

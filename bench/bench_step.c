@@ -19,7 +19,10 @@
  * bare sgemm rate on all threads and with the workload's one-device step.
  * Medians of --reps steps after one unmeasured.
  *
- *   bench_step [--reps N] [--threads N] [--quick]   (--quick: no 124M)
+ *   bench_step [--reps N] [--threads N] [--quick] [--overlap-compare]
+ *   (--quick: no 124M; --overlap-compare: each mesh row three times with
+ *   collectives in flight and three times without, in turn, the medians
+ *   side by side)
  */
 #include "spmd/data.h"
 #include "spmd/mesh.h"
@@ -58,6 +61,9 @@ static double flops_per_step(const workload *w, int64_t params)
     return (6.0 * mults + attn) * tokens;
 }
 
+/* Every collective a blocking step (spmd_compile_options.no_overlap). */
+static bool no_overlap;
+
 /* Build, mark, compile and time `reps` steps; ms per step (median) or < 0. */
 static double time_step(const workload *w, const mesh_case *mc, int threads, int reps, int64_t *params)
 {
@@ -87,7 +93,7 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
     spmd_trainer_options opts = {
         .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f,
                       .shard_state = mc->zero},
-        .compile = {.threads = threads, .seed = 1}};
+        .compile = {.threads = threads, .seed = 1, .no_overlap = no_overlap}};
     spmd_trainer *tr = st == SPMD_OK ? spmd_trainer_create(g, loss, &opts) : NULL;
     double ms = -1;
     if (tr) {
@@ -121,13 +127,14 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
 int main(int argc, char **argv)
 {
     int reps = 5, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool quick = false;
+    bool quick = false, compare = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--overlap-compare")) compare = true;
         else {
-            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick]\n");
+            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--overlap-compare]\n");
             return 2;
         }
     }
@@ -161,8 +168,8 @@ int main(int argc, char **argv)
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
     printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
-    printf("%-42s %-22s %10s %10s %8s %8s\n", "workload", "mesh", "ms/step", "GFLOP/s", "/sgemm",
-           "/mesh 1");
+    printf("%-42s %-22s %10s %10s %8s %8s%s\n", "workload", "mesh", "ms/step", "GFLOP/s", "/sgemm",
+           "/mesh 1", compare ? "  no overlap" : "");
     for (int l = quick ? 1 : 0; l < 3; l++) {
         const workload *w = &loads[l];
         /* The bare rate: the better of a product of the workload's own
@@ -175,15 +182,33 @@ int main(int argc, char **argv)
         for (int k = 0; k < n_meshes[l]; k++) {
             const mesh_case *mc = &meshes[l][k];
             int64_t params = 0;
-            double ms = time_step(w, mc, threads, l == 0 ? (reps < 3 ? reps : 3) : reps, &params);
+            int n_reps = l == 0 ? (reps < 3 ? reps : 3) : reps;
+            double ms, off = 0;
+            if (compare && mc->shape) {
+                /* In turn, so that the machine's load falls on both alike. */
+                double on_ms[3], off_ms[3];
+                for (int r = 0; r < 3; r++) {
+                    no_overlap = false;
+                    on_ms[r] = time_step(w, mc, threads, n_reps, &params);
+                    no_overlap = true;
+                    off_ms[r] = time_step(w, mc, threads, n_reps, &params);
+                    if (on_ms[r] < 0 || off_ms[r] < 0) return 1;
+                }
+                no_overlap = false;
+                ms = median(on_ms, 3), off = median(off_ms, 3);
+            } else {
+                ms = time_step(w, mc, threads, n_reps, &params);
+            }
             if (ms < 0) return 1;
             if (k == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
             char mesh[32];
             snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
                      mc->zero ? " zero" : "", mc->bf16 ? " bf16" : "");
-            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f\n", k ? "" : w->name, mesh, ms, rate,
+            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f", k ? "" : w->name, mesh, ms, rate,
                    rate / peak, ms / base);
+            if (off > 0) printf("  %10.1f", off);
+            printf("\n");
             fflush(stdout);
         }
         printf("%-42s %-22s %10s %10.1f\n", "", "(bare sgemm)", "", peak);

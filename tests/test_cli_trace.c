@@ -12,6 +12,8 @@
  *     caller's thread; test_spmd_runtime checks the same against a clock
  *     read around spmd_program_run);
  *   - every collective carries its kind, axes, bytes and the value it moves;
+ *     those in flight (the default) sit on a track per device's
+ *     communication thread ("device N comm"), none with --overlap off;
  *   - the SVG has a lane per device and renders with rsvg-convert (skipped
  *     with a note without it);
  *   - README shows docs/trace.svg, the default run's picture, which has a
@@ -90,10 +92,14 @@ typedef struct track {
     int pid, tid;
 } track;
 
+/* A device's communication thread's track: tid COMM_TID + device. */
+enum { COMM_TID = 1 << 20 };
+
 typedef struct checked {
     int tracks, steps;
     int step[MOST_STEPS];
     track track[2 * DEVICES];
+    int comm_tracks, flying; /* communication tracks; collectives in flight on them */
 } checked;
 
 static int track_of(const checked *c, int pid, int tid)
@@ -117,8 +123,14 @@ static checked check_trace(const char *path)
         assert_true(!strcmp(ph, "X") || !strcmp(ph, "M"));
         if (strcmp(ph, "M") || strcmp(text(e, "name"), "thread_name")) continue;
         int pid = (int)number(e, "pid"), tid = (int)number(e, "tid");
-        assert_true(track_of(&c, pid, tid) < 0 && c.tracks < 2 * DEVICES);
         char want[32];
+        if (tid >= COMM_TID) {
+            snprintf(want, sizeof want, "device %d comm", tid - COMM_TID);
+            assert_string_equal(text(cJSON_GetObjectItemCaseSensitive(e, "args"), "name"), want);
+            c.comm_tracks++;
+            continue;
+        }
+        assert_true(track_of(&c, pid, tid) < 0 && c.tracks < 2 * DEVICES);
         snprintf(want, sizeof want, "device %d", tid);
         assert_string_equal(text(cJSON_GetObjectItemCaseSensitive(e, "args"), "name"), want);
         c.track[c.tracks++] = (track){pid, tid};
@@ -167,6 +179,14 @@ static checked check_trace(const char *path)
         assert_true(text(args, "axes")[0] && text(args, "value")[0]);
         assert_true(number(args, "bytes") > 0);
         collectives++;
+        /* In flight: on its device's communication track. */
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(args, "in_flight"))) {
+            assert_true((int)number(e, "tid") >= COMM_TID);
+            assert_true(number(args, "device_wait_us") >= 0 && number(e, "dur") >= 0);
+            c.flying++;
+        } else {
+            assert_true((int)number(e, "tid") < COMM_TID);
+        }
     }
     assert_true(collectives > 0);
     cJSON_Delete(root);
@@ -225,6 +245,9 @@ static void test_default_run(void **state)
     checked c = check_trace(trace);
     assert_int_equal(c.tracks, DEVICES);
     for (int d = 0; d < DEVICES; d++) assert_true(track_of(&c, 0, d) >= 0);
+    /* Collectives in flight by default, each device's on a track of its own. */
+    assert_int_equal(c.comm_tracks, DEVICES);
+    assert_true(c.flying > 0);
     assert_int_equal(c.steps, 3);
     for (int i = 0; i < 3; i++) assert_int_equal(c.step[i], 2 + i);
 
@@ -237,9 +260,13 @@ static void test_steps_asked(void **state)
     char trace[SUPPORT_PATH];
     support_path_in(trace, dir, "steps.json");
     int rc = run_toolf(out, sizeof out,
-                       "train --model mlp --steps 4 --eval 0 --trace %s --trace-steps 3-4", trace);
+                       "train --model mlp --steps 4 --eval 0 --trace %s --trace-steps 3-4 "
+                       "--overlap off", trace);
     if (rc) fail_msg("spmd train --trace-steps 3-4 failed (%d):\n%s", rc, out);
     checked c = check_trace(trace);
+    /* Without overlap every collective is a step of its device's track. */
+    assert_int_equal(c.comm_tracks, 0);
+    assert_int_equal(c.flying, 0);
     assert_int_equal(c.steps, 2);
     assert_int_equal(c.step[0], 3);
     assert_int_equal(c.step[1], 4);

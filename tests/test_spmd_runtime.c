@@ -25,8 +25,10 @@
 
 enum { BATCH = 8, SEQ = 8, VOCAB = 32 };
 
-/* The tiny GPT's width and depth (the trace test wants steps of a few ms). */
+/* The tiny GPT's width and depth (the trace test wants steps of a few ms),
+ * and whether collectives run as blocking steps (no overlap). */
 static int gpt_dim = 16, gpt_layers = 1;
+static bool gpt_no_overlap;
 
 typedef struct gpt_run {
     spmd_graph *g;
@@ -60,7 +62,8 @@ static void gpt_setup(gpt_run *r, const char *shape, const char *axes, const cha
     assert_int_equal(spmd_grad(r->g, r->t.loss), SPMD_OK);
     spmd_tensor *lr = spmd_input(r->g, "lr", SPMD_F32, 0, NULL);
     assert_int_equal(spmd_sgd(r->g, lr), SPMD_OK);
-    r->p = spmd_compile(r->g, &(spmd_compile_options){.threads = 2, .seed = 7});
+    r->p = spmd_compile(r->g, &(spmd_compile_options){.threads = 2, .seed = 7,
+                                                      .no_overlap = gpt_no_overlap});
     if (!r->p) fail_msg("compile: %s", spmd_last_error());
     float lrv = 0.05f;
     assert_int_equal(spmd_program_set_input(r->p, lr, &lrv, sizeof lrv), SPMD_OK);
@@ -167,6 +170,56 @@ static void test_same_mesh_same_bits(void **state)
     gpt_teardown(&b);
 }
 
+/* Collectives in flight or as blocking steps: the same bits on every mesh
+ * these tests use, and a device that fails still fails every device. */
+static void test_overlap_same_bits(void **state)
+{
+    (void)state;
+    signal(SIGALRM, on_alarm);
+    alarm(120);
+    static const char *const meshes[][4] = {
+        {"2x4", "replica,fsdp", "(replica, fsdp), None", "fsdp, None"},
+        {"2x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None"},
+        {"4x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None"},
+        {"8x8", "data,model", "data, None", "model, None"},
+    };
+    for (size_t m = 0; m < sizeof meshes / sizeof *meshes; m++) {
+        gpt_run on, off;
+        gpt_no_overlap = false;
+        gpt_setup(&on, meshes[m][0], meshes[m][1], meshes[m][2], meshes[m][3], NULL);
+        gpt_no_overlap = true;
+        gpt_setup(&off, meshes[m][0], meshes[m][1], meshes[m][2], meshes[m][3], NULL);
+        gpt_no_overlap = false;
+        /* The overlapped program has collectives in flight. */
+        assert_int_equal(spmd_program_trace_begin(on.p, 1), SPMD_OK);
+        for (int s = 0; s < 3; s++) {
+            float x = step_loss(&on, s), y = step_loss(&off, s);
+            assert_memory_equal(&x, &y, sizeof x);
+        }
+        int flying = 0;
+        for (int i = 0; i < spmd_program_trace_count(on.p); i++) {
+            spmd_trace_event e;
+            assert_int_equal(spmd_program_trace_event(on.p, i, &e), SPMD_OK);
+            flying += e.kind == SPMD_TRACE_IN_FLIGHT;
+        }
+        print_message("mesh %s: %d collectives in flight per step\n", meshes[m][0], flying);
+        assert_true(flying > 0);
+        gpt_teardown(&on);
+        gpt_teardown(&off);
+    }
+    /* A bad id on some devices, collectives in flight on all of them. */
+    gpt_run r;
+    gpt_setup(&r, "4x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None", NULL);
+    for (int k = 0; k < 3; k++) {
+        feed(&r, k, BATCH * SEQ - 1 - k);
+        assert_int_not_equal(spmd_program_run(r.p), SPMD_OK);
+        assert_non_null(strstr(spmd_last_error(), "embedding"));
+        assert_true(isfinite(step_loss(&r, k)));
+    }
+    gpt_teardown(&r);
+    alarm(0);
+}
+
 /* A plan-only program reports its plan and refuses to run. */
 static void test_plan_only(void **state)
 {
@@ -213,7 +266,9 @@ static void test_trace_timeline(void **state)
     gpt_run a, b;
     gpt_dim = 128, gpt_layers = 4;
     gpt_setup(&a, "2x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None", NULL);
+    gpt_no_overlap = true; /* traced and in flight, or neither: the same bits */
     gpt_setup(&b, "2x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None", NULL);
+    gpt_no_overlap = false;
     assert_int_equal(spmd_program_trace_count(a.p), 0);
     assert_int_equal(spmd_program_trace_begin(a.p, 0), SPMD_ERR_INVALID);
     float x = step_loss(&a, 0), y = step_loss(&b, 0);
@@ -233,15 +288,27 @@ static void test_trace_timeline(void **state)
     int n = spmd_program_trace_count(a.p), devices = spmd_program_devices(a.p);
     assert_true(n > RUNS * devices * 2);
     double sum[RUNS][8] = {{0}}, end[RUNS][8];
-    int runs = 0, collectives = 0;
+    int runs = 0, collectives = 0, flying = 0;
+    double run_start[RUNS] = {0};
     for (int i = 0; i < n; i++) {
         spmd_trace_event e;
         assert_int_equal(spmd_program_trace_event(a.p, i, &e), SPMD_OK);
         assert_true(e.run >= 0 && e.run < RUNS); /* the fourth run is not recorded */
+        if (e.kind == SPMD_TRACE_IN_FLIGHT) {
+            /* On the communication thread, inside the run, beside the
+             * device's steps; thread 0 may wait longer than it runs. */
+            spmd_collective_info c;
+            assert_int_equal(spmd_program_collective(a.p, e.collective, &c), SPMD_OK);
+            assert_true(e.dur_us >= 0 && e.wait_us >= 0 && e.start_us >= run_start[e.run]);
+            assert_true(e.device >= 0 && e.device < devices);
+            flying++;
+            continue;
+        }
         assert_true(e.dur_us >= 0 && e.wait_us >= 0 && e.wait_us <= e.dur_us + 1e-3);
         if (e.kind == SPMD_TRACE_RUN) {
             assert_int_equal(e.device, -1);
             assert_string_equal(e.name, "step");
+            run_start[e.run] = e.start_us;
             runs++;
             continue;
         }
@@ -263,6 +330,7 @@ static void test_trace_timeline(void **state)
     }
     assert_int_equal(runs, RUNS);
     assert_int_equal(collectives, RUNS * devices * spmd_program_collective_count(a.p));
+    assert_true(flying > 0 && flying % (RUNS * devices) == 0);
     for (int r = 0; r < RUNS; r++)
         for (int d = 0; d < devices; d++) {
             double ratio = sum[r][d] / measured[r];
@@ -281,6 +349,7 @@ int main(void)
         cmocka_unit_test(test_failing_device_fails_all),
         cmocka_unit_test(test_many_workers_and_permuted_ids),
         cmocka_unit_test(test_same_mesh_same_bits),
+        cmocka_unit_test(test_overlap_same_bits),
         cmocka_unit_test(test_plan_only),
         cmocka_unit_test(test_trace_timeline),
     };

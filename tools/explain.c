@@ -86,8 +86,10 @@ static void print_collectives(const spmd_program *p, int micro)
         printf("  a step is %d micro-batches: the forward and backward ones run in each (x %d), "
                "the update's (the gradients' reductions) once\n", micro, micro);
     double est = 0;
-    if (n) printf("  %-9s %-15s %-16s %12s %9s  %s%s\n", "phase", "kind", "axes", "bytes/device",
-                  "est. us", micro > 1 ? "x   " : "", "moves");
+    size_t fly_bytes, fly_extra;
+    int flying = spmd_program_overlap(p, &fly_bytes, &fly_extra);
+    if (n) printf("  %-9s %-15s %-16s %12s %9s  %s%s%s\n", "phase", "kind", "axes", "bytes/device",
+                  "est. us", micro > 1 ? "x   " : "", flying ? "in flight  " : "", "moves");
     for (int i = 0; i < n; i++) {
         spmd_collective_info c;
         char b[32], times[16] = "";
@@ -96,8 +98,12 @@ static void print_collectives(const spmd_program *p, int micro)
         if (c.count > 1) per_micro += (double)c.bytes;
         est += c.seconds * c.count;
         if (micro > 1) snprintf(times, sizeof times, "%-3d ", c.count);
-        printf("  %-9s %-15s %-16s %12s %9.1f  %s%s\n", c.phase, c.kind, c.axes,
-               human((double)c.bytes, b, sizeof b), c.seconds * 1e6, times, c.tensor);
+        /* In flight: over how many of the device's steps. */
+        char fly[24] = "";
+        if (flying && c.in_flight_steps) snprintf(fly, sizeof fly, "%-5d      ", c.in_flight_steps);
+        else if (flying) snprintf(fly, sizeof fly, "%-11s", "-");
+        printf("  %-9s %-15s %-16s %12s %9.1f  %s%s%s\n", c.phase, c.kind, c.axes,
+               human((double)c.bytes, b, sizeof b), c.seconds * 1e6, times, fly, c.tensor);
     }
     char b[32], m[32], u[32];
     if (n && micro > 1)
@@ -108,6 +114,11 @@ static void print_collectives(const spmd_program *p, int micro)
     else if (n)
         printf("  in all: %s per device per step, about %.2f ms by the alpha-beta model\n",
                human(total, b, sizeof b), est * 1e3);
+    if (flying)
+        printf("  in flight: %d of %d on each device's communication thread while it computes "
+               "(column: the steps they span; -: a blocking step), %s of operands and results "
+               "at most at once, the arena %s larger\n",
+               flying, n, human((double)fly_bytes, b, sizeof b), human((double)fly_extra, m, sizeof m));
 }
 
 int cmd_explain(int argc, char **argv)
@@ -168,6 +179,11 @@ int cmd_explain(int argc, char **argv)
     if (root) {
         if (unsettled) cJSON_AddNumberToObject(root, "propagation_unsettled_rounds", unsettled);
         cJSON_AddItemToObject(root, "collectives", report_collectives(p));
+        size_t fly_bytes, fly_extra;
+        cJSON *fly = cJSON_AddObjectToObject(root, "in_flight");
+        cJSON_AddNumberToObject(fly, "collectives", spmd_program_overlap(p, &fly_bytes, &fly_extra));
+        cJSON_AddNumberToObject(fly, "bytes", (double)fly_bytes);
+        cJSON_AddNumberToObject(fly, "arena_extra_bytes", (double)fly_extra);
         cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));
         cJSON_AddItemToObject(root, "peak_bytes_per_device", report_per_device(p, (double)spmd_program_peak_bytes(p)));
         cJSON_AddItemToObject(root, "fallbacks", fb);

@@ -263,6 +263,10 @@ static const flag_spec flag_specs[] = {
      .offset = FIELD(memory_check), .value = "on|off",
      .help = "refuse a run whose memory need exceeds what the machine has available",
      .initial = "on", .choices = "off|on"},
+    {.name = "--overlap", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE, .offset = FIELD(overlap),
+     .value = "on|off",
+     .help = "on a mesh, run collectives on each device's communication thread while it computes "
+             "(off: each a blocking step; the same bits)", .initial = "on", .choices = "off|on"},
 
     /* sample */
     {.name = "--resume", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(resume),

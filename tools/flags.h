@@ -83,6 +83,7 @@ typedef struct cli_opts {
     int val_batches;   /* batches per validation (0: validation off unless asked for) */
     bool keep_nonfinite; /* --on-nonfinite continue: train on past a NaN/inf loss */
     bool memory_check;   /* --memory-check on: refuse a run that cannot fit */
+    bool overlap;        /* --overlap on: collectives in flight while devices compute */
     const char *copies; /* --copies AXIS: an independent mesh axis, one model per group */
     bool same_data;    /* --same-data: every copy reads copy 0's batches */
     /* Values in each per-copy list: more than one gives each copy its own. */

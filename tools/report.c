@@ -24,7 +24,7 @@ cJSON *report_collectives(const spmd_program *p)
         if (done[i]) continue;
         spmd_collective_info c, d;
         spmd_program_collective(p, i, &c);
-        int count = 0;
+        int count = 0, flying = 0;
         /* The values each one moves, so a script can tell a weight's
          * gather from an activation's. */
         cJSON *moves = cJSON_CreateArray();
@@ -34,6 +34,7 @@ cJSON *report_collectives(const spmd_program *p)
                 !strcmp(c.phase, d.phase)) {
                 done[j] = true;
                 count += d.count; /* once per micro-batch with accumulation */
+                flying += d.in_flight_steps > 0;
                 cJSON_AddItemToArray(moves, cJSON_CreateString(d.tensor));
             }
         }
@@ -48,6 +49,7 @@ cJSON *report_collectives(const spmd_program *p)
         cJSON_AddNumberToObject(o, "count", count);
         cJSON_AddStringToObject(o, "phase", c.phase);
         cJSON_AddNumberToObject(o, "seconds", c.seconds * count);
+        cJSON_AddNumberToObject(o, "in_flight", flying);
         cJSON_AddItemToObject(o, "moves", moves);
         cJSON_AddItemToArray(list, o);
     }

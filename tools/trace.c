@@ -17,6 +17,9 @@
 
 enum { DEFAULT_STEPS = 3 };
 
+/* A device's communication thread's track: its collectives in flight. */
+enum { COMM_TID = 1 << 20 };
+
 static double now_us(void)
 {
     struct timespec t;
@@ -127,18 +130,43 @@ static void run_name(const cli_opts *o, const trace_steps *t, int run, char *buf
     else snprintf(buf, size, "step %d", t->first + run);
 }
 
-/* The devices (thread ids) of this process's events, into ids; their count. */
-static int traced_devices(const spmd_program *p, int *ids, int room)
+/* The devices (thread ids) of this process's events, into ids; their
+ * count.  *flying: whether any has collectives in flight. */
+static int traced_devices(const spmd_program *p, int *ids, int room, bool *flying)
 {
     int n = 0;
+    *flying = false;
     for (int i = 0, total = spmd_program_trace_count(p); i < total; i++) {
         spmd_trace_event e;
         if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.kind == SPMD_TRACE_RUN) continue;
+        *flying |= e.kind == SPMD_TRACE_IN_FLIGHT;
         bool seen = false;
         for (int k = 0; k < n; k++) seen |= ids[k] == e.device;
         if (!seen && n < room) ids[n++] = e.device;
     }
     return n;
+}
+
+/* A collective in flight, on the device's communication track: when the
+ * thread ran it, and how long the device's thread 0 waited for it. */
+static void add_inflight_event(cJSON *list, const spmd_program *p, const spmd_trace_event *e,
+                               int pid, double shift)
+{
+    spmd_collective_info c;
+    if (spmd_program_collective(p, e->collective, &c) != SPMD_OK) return;
+    cJSON *args = complete(list, c.kind, "collective", e->start_us + shift, e->dur_us, pid,
+                           COMM_TID + e->device);
+    cJSON_AddStringToObject(args, "node", e->name);
+    cJSON_AddStringToObject(args, "shape", e->shape);
+    cJSON_AddStringToObject(args, "op", e->op);
+    cJSON_AddBoolToObject(args, "in_flight", true);
+    cJSON_AddNumberToObject(args, "device_wait_us", e->wait_us);
+    cJSON_AddStringToObject(args, "kind", c.kind);
+    cJSON_AddStringToObject(args, "axes", c.axes);
+    cJSON_AddNumberToObject(args, "bytes", (double)c.bytes);
+    cJSON_AddStringToObject(args, "value", c.tensor);
+    cJSON_AddStringToObject(args, "phase", c.phase);
+    cJSON_AddNumberToObject(args, "estimate_us", c.seconds * 1e6);
 }
 
 static void add_device_event(cJSON *list, const spmd_program *p, const spmd_trace_event *e, int pid,
@@ -177,7 +205,8 @@ static int process_events(const cli_opts *o, const spmd_program *p, const trace_
 {
     enum { MOST = 4096 };
     static int ids[MOST];
-    int pid = spmd_program_process(p), n_ids = traced_devices(p, ids, MOST);
+    bool flying;
+    int pid = spmd_program_process(p), n_ids = traced_devices(p, ids, MOST, &flying);
     char name[64];
     snprintf(name, sizeof name, "process %d", pid);
     metadata(list, "process_name", pid, -1, name, 0);
@@ -185,7 +214,12 @@ static int process_events(const cli_opts *o, const spmd_program *p, const trace_
     for (int k = 0; k < n_ids; k++) {
         snprintf(name, sizeof name, "device %d", ids[k]);
         metadata(list, "thread_name", pid, ids[k], name, 0);
-        metadata(list, "thread_sort_index", pid, ids[k], NULL, ids[k]);
+        metadata(list, "thread_sort_index", pid, ids[k], NULL, 2 * ids[k]);
+        if (!flying) continue;
+        /* Below each device, its communication thread. */
+        snprintf(name, sizeof name, "device %d comm", ids[k]);
+        metadata(list, "thread_name", pid, COMM_TID + ids[k], name, 0);
+        metadata(list, "thread_sort_index", pid, COMM_TID + ids[k], NULL, 2 * ids[k] + 1);
     }
     double run_begin = 0, run_end = 0, last_end = 0;
     int device = -1; /* whose events come now */
@@ -200,6 +234,10 @@ static int process_events(const cli_opts *o, const spmd_program *p, const trace_
         if (device >= 0 && (e.kind == SPMD_TRACE_RUN || e.device != device) && run_end > last_end)
             complete(list, "join", "wake", last_end + shift, run_end - last_end, pid, device);
         if (i == n) break;
+        if (e.kind == SPMD_TRACE_IN_FLIGHT) {
+            add_inflight_event(list, p, &e, pid, shift);
+            continue;
+        }
         if (e.kind != SPMD_TRACE_RUN) {
             /* Before its first node, the device waited for its thread to
              * wake; before the update, for its threads to wake again. */
@@ -278,7 +316,11 @@ static int plot_first_step(const cli_opts *o, const spmd_program *p)
     for (int i = 0; i < n; i++) {
         spmd_trace_event e;
         spmd_collective_info c;
-        if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.run >= micro_batches(o)) continue;
+        /* The picture draws each device's steps; collectives in flight
+         * are in the JSON trace only. */
+        if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.run >= micro_batches(o) ||
+            e.kind == SPMD_TRACE_IN_FLIGHT)
+            continue;
         kinds[kept] = e.kind == SPMD_TRACE_COLLECTIVE && spmd_program_collective(p, e.collective, &c) == SPMD_OK
                           ? c.kind : NULL;
         events[kept++] = e;

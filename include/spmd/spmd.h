@@ -293,6 +293,10 @@ typedef struct spmd_compile_options {
      * this process ends.  0: the default, SPMD_COLLECTIVE_TIMEOUT_S;
      * negative: no watchdog (a dead peer is waited for forever). */
     double collective_timeout_s;
+    /* Run every collective as a blocking step of its device's schedule
+     * instead of in flight on the device's communication thread while it
+     * computes (the same bits either way): for comparisons. */
+    bool no_overlap;
 } spmd_compile_options;
 
 /* The watchdog's default: a dead link ends a job within two minutes,
@@ -364,7 +368,13 @@ typedef enum spmd_trace_kind {
     SPMD_TRACE_RUN,        /* a whole run, timed by the caller's thread (device -1) */
     SPMD_TRACE_COMPUTE,    /* an op or a fused chain */
     SPMD_TRACE_COLLECTIVE, /* a collective: spmd_program_collective(collective) */
-    SPMD_TRACE_UPDATE      /* new values into parameters and state, after the schedule */
+    SPMD_TRACE_UPDATE,     /* new values into parameters and state, after the schedule */
+    /* A collective in flight (spmd_compile_options.no_overlap unset): its
+     * run on the device's communication thread, while the device computes;
+     * wait_us is how long thread 0 waited for its result.  Its place in
+     * the schedule is a SPMD_TRACE_COLLECTIVE event too, of next to no
+     * time: the device's steps still add up to the run. */
+    SPMD_TRACE_IN_FLIGHT
 } spmd_trace_kind;
 
 typedef struct spmd_trace_event {
@@ -374,7 +384,9 @@ typedef struct spmd_trace_event {
     double start_us;    /* microseconds since spmd_program_trace_begin */
     double dur_us;
     /* Of dur_us, how long thread 0 waited at the node's closing barrier
-     * for the device's other threads (0 for a run or an update). */
+     * for the device's other threads (0 for a run or an update); the
+     * schedule's last node adds the wait for collectives still in flight
+     * at its end. */
     double wait_us;
     const char *op;     /* "matmul", "fused" for a fused chain; NULL for a run or an update */
     char name[96];      /* the node's name, else op#id; a run: "step", or "micro-batch" */
@@ -389,7 +401,8 @@ SPMD_API spmd_status spmd_program_trace_begin(spmd_program *p, int runs);
 /* Stop recording; the events stay readable until the next begin. */
 SPMD_API spmd_status spmd_program_trace_end(spmd_program *p);
 /* Events recorded (this process's devices), in order of run, then
- * device, then schedule: each run's SPMD_TRACE_RUN event first. */
+ * device, then schedule: each run's SPMD_TRACE_RUN event first; a
+ * device's SPMD_TRACE_IN_FLIGHT events follow its update. */
 SPMD_API int spmd_program_trace_count(const spmd_program *p);
 SPMD_API spmd_status spmd_program_trace_event(const spmd_program *p, int i,
                                               spmd_trace_event *out);

@@ -160,7 +160,8 @@ static spmd_status mark_micro(compiled *c)
     return SPMD_OK;
 }
 
-spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse)
+spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse,
+                          bool overlap)
 {
     memset(c, 0, sizeof *c);
     c->alloc = g->alloc;
@@ -201,7 +202,9 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
         base_free(&c->alloc, needed);
         if (st != SPMD_OK) return st;
     }
-    if ((st = plan_build(&c->plan, c->local, &c->alloc, &c->fusion)) != SPMD_OK) return st;
+    int depth = overlap && c->partitioned && c->n_dev > 1 ? PLAN_OVERLAP_DEPTH : 0;
+    if ((st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth)) != SPMD_OK)
+        return st;
     for (int s = 0; s < c->plan.n_steps; s++) {
         const fuse_group *grp = fusion_group(&c->fusion, c->plan.steps[s]);
         size_t need = grp ? fusion_scratch_bytes(grp) : compile_scratch_bytes(c->plan.steps[s]);

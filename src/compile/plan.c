@@ -257,7 +257,392 @@ static void mark_swapped(plan *p, const spmd_graph *g)
         if (p->swapped[i]) p->swapped_bytes += ir_nbytes(g->nodes[i]);
 }
 
-spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu)
+/* ---- Collectives in flight ---------------------------------------------------------- */
+
+/* The collectives a communication thread can run while the device computes:
+ * they read only their operand and write only their result (an all-to-all
+ * packs through its thread's kernel scratch, so it stays a step). */
+static bool may_fly(ir_op op)
+{
+    return op == IR_ALL_REDUCE || op == IR_ALL_GATHER || op == IR_REDUCE_SCATTER;
+}
+
+static bool is_collective(ir_op op) { return may_fly(op) || op == IR_ALL_TO_ALL; }
+
+/* When each collective is handed over and waited for (plan.h).  Collectives
+ * keep their schedule order, the order every device issues them in.  A
+ * collective may start once its operand is written (the step after its
+ * producer), no earlier than the one before it, and only when the one
+ * `depth` places before it has been waited for; it starts at its own step
+ * at the latest, and the one `depth` before it is then waited for there.
+ * It is waited for where its result is first read.  A collective that
+ * cannot gain (its operand written just before it, its result read just
+ * after) stays a step of its own; every collective before it is waited for
+ * by then, and none after it starts before it. */
+static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu, int depth,
+                                  const bool *written_in_place)
+{
+    int n = g->n_nodes, ns = p->n_steps;
+    size_t nn = (size_t)(n ? n : 1), nsz = (size_t)(ns ? ns : 1);
+    int *prod = base_alloc(&p->alloc, nn * sizeof *prod, "memory plan");
+    int *first_read = base_alloc(&p->alloc, nn * sizeof *first_read, "memory plan");
+    p->async_of = base_alloc(&p->alloc, nsz * sizeof *p->async_of, "memory plan");
+    p->async_step = base_alloc(&p->alloc, nsz * sizeof *p->async_step, "memory plan");
+    p->start_at = base_alloc(&p->alloc, nsz * sizeof *p->start_at, "memory plan");
+    p->wait_at = base_alloc(&p->alloc, nsz * sizeof *p->wait_at, "memory plan");
+    if (!prod || !first_read || !p->async_of || !p->async_step || !p->start_at || !p->wait_at) {
+        base_free(&p->alloc, prod);
+        base_free(&p->alloc, first_read);
+        return SPMD_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++) prod[i] = first_read[i] = -1;
+    for (int s = 0; s < ns; s++) {
+        const spmd_tensor *t = p->steps[s];
+        prod[t->id] = s;
+        const fuse_group *grp = fusion_group(fu, t);
+        for (int j = 0; grp && j < grp->n_stored; j++) prod[grp->stored[j]->id] = s;
+        p->async_of[s] = -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (p->storage[i] != i) prod[i] = prod[p->storage[i]];
+    /* The first step that reads each storage on the device's threads.  A
+     * collective that may fly reads on the communication thread, after
+     * every collective before it: a reduce-scatter read only by the
+     * all-reduce after it (a 2D mesh's gradient) need not be waited for
+     * by the device (if that reader stays a step of its own, it is
+     * waited for there, as every collective before one is). */
+    for (int s = 0; s < ns; s++) {
+        if (may_fly(p->steps[s]->op)) continue;
+        const spmd_tensor *const *in;
+        int n_in = reads(p->steps[s], fu, &in);
+        for (int j = 0; j < n_in; j++) {
+            int src = p->storage[in[j]->id];
+            if (first_read[src] < 0) first_read[src] = s;
+        }
+    }
+    int k = 0, not_before = 0, last_start = 0;
+    for (int s = 0; s < ns; s++) {
+        const spmd_tensor *t = p->steps[s];
+        if (!is_collective(t->op)) continue;
+        const spmd_tensor *x = t->in[0];
+        int ready = prod[p->storage[x->id]] + 1; /* 0 for a leaf */
+        int read = first_read[t->id] < 0 ? ns : first_read[t->id];
+        bool fly = may_fly(t->op) && !written_in_place[x->id] && (ready < s || read > s + 1);
+        if (!fly) {
+            for (int j = 0; j < k; j++)
+                if (p->wait_at[j] > s) p->wait_at[j] = s;
+            not_before = s + 1;
+            continue;
+        }
+        int start = ready > last_start ? ready : last_start;
+        if (start < not_before) start = not_before;
+        if (k >= depth && start < p->wait_at[k - depth]) start = p->wait_at[k - depth];
+        if (start > s) start = s;
+        if (k >= depth && p->wait_at[k - depth] > start) p->wait_at[k - depth] = start;
+        p->async_step[k] = s;
+        p->start_at[k] = start;
+        p->wait_at[k] = read;
+        p->async_of[s] = k;
+        last_start = start;
+        k++;
+    }
+    p->n_async = k;
+    p->overlap_depth = depth;
+    /* A collective whose result another one in flight reads is done by
+     * the time that one is (the thread runs them in order): waited for no
+     * later, so that its operand is not kept longer. */
+    for (int j = k - 1; j >= 0; j--) {
+        const spmd_tensor *t = p->steps[p->async_step[j]];
+        int q = prod[p->storage[t->in[0]->id]];
+        int c = q >= 0 ? p->async_of[q] : -1;
+        if (c >= 0 && p->wait_at[c] > p->wait_at[j]) p->wait_at[c] = p->wait_at[j];
+    }
+    base_free(&p->alloc, prod);
+    base_free(&p->alloc, first_read);
+    /* The most operand and result bytes in flight at once. */
+    int64_t *delta = base_calloc(&p->alloc, (nsz + 1) * sizeof *delta, "memory plan");
+    if (!delta) return SPMD_ERR_NOMEM;
+    for (int j = 0; j < k; j++) {
+        const spmd_tensor *t = p->steps[p->async_step[j]];
+        if (p->start_at[j] >= p->wait_at[j])
+            return base_error(SPMD_ERR_INTERNAL, "plan: collective %s#%d waited for at step %d, "
+                              "before it starts at %d", ir_op_name(t->op), t->id, p->wait_at[j],
+                              p->start_at[j]);
+        int64_t bytes = (int64_t)(ir_nbytes(t) + ir_nbytes(t->in[0]));
+        delta[p->start_at[j]] += bytes;
+        delta[p->wait_at[j]] -= bytes;
+    }
+    int64_t now = 0;
+    for (int s = 0; s <= ns; s++) {
+        now += delta[s];
+        if ((size_t)now > p->inflight_bytes) p->inflight_bytes = (size_t)now;
+    }
+    base_free(&p->alloc, delta);
+    return SPMD_OK;
+}
+
+/* Heap of step indices, smallest key first: urgent steps before the
+ * others, each kind in creation order. */
+typedef struct heap {
+    int *at, n;
+    const bool *urgent;
+} heap;
+
+static bool heap_less(const heap *h, int a, int b)
+{
+    if (h->urgent[a] != h->urgent[b]) return h->urgent[a];
+    return a < b;
+}
+
+static void heap_push(heap *h, int x)
+{
+    int i = h->n++;
+    while (i > 0 && heap_less(h, x, h->at[(i - 1) / 2])) {
+        h->at[i] = h->at[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->at[i] = x;
+}
+
+static int heap_pop(heap *h)
+{
+    int top = h->at[0], x = h->at[--h->n], i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && heap_less(h, h->at[c + 1], h->at[c])) c++;
+        if (!heap_less(h, h->at[c], x)) break;
+        h->at[i] = h->at[c];
+        i = c;
+    }
+    if (h->n) h->at[i] = x;
+    return top;
+}
+
+static bool elementwise(const spmd_tensor *t, const fusion *fu)
+{
+    return ir_op_formula_arity(t->op) > 0 || fusion_group(fu, t);
+}
+
+/* With collectives in flight the schedule is no longer the creation order
+ * alone: a collective whose operand comes out of a computation (a
+ * gradient, through the optimizer's elementwise steps on it) is moved up,
+ * with those elementwise steps, to just after that computation, so that
+ * it runs while the rest of the pass computes (the optimizer's steps that
+ * read its result stay where they were).  Every other step keeps its
+ * place: a list schedule that takes the urgent steps first and the others
+ * in creation order, which with no urgent step is the creation order.
+ * Only the order changes, never what a step computes: the same bits. */
+static spmd_status reorder(plan *p, const spmd_graph *g, const fusion *fu)
+{
+    int n = g->n_nodes, ns = p->n_steps;
+    size_t nn = (size_t)(n ? n : 1), nsz = (size_t)(ns ? ns : 1);
+    int *prod = base_alloc(&p->alloc, nn * sizeof *prod, "schedule");
+    int *deg = base_calloc(&p->alloc, (nsz + 1) * sizeof *deg, "schedule");
+    int *off = base_calloc(&p->alloc, (nsz + 2) * sizeof *off, "schedule");
+    bool *urgent = base_calloc(&p->alloc, nsz * sizeof *urgent, "schedule");
+    int *stack = base_alloc(&p->alloc, nsz * sizeof *stack, "schedule");
+    spmd_tensor **order = base_alloc(&p->alloc, nsz * sizeof *order, "schedule");
+    int *succ = NULL, *heap_at = NULL;
+    spmd_status st = prod && deg && off && urgent && stack && order ? SPMD_OK : SPMD_ERR_NOMEM;
+    for (int i = 0; st == SPMD_OK && i < n; i++) prod[i] = -1;
+    for (int s = 0; st == SPMD_OK && s < ns; s++) {
+        const spmd_tensor *t = p->steps[s];
+        prod[t->id] = s;
+        const fuse_group *grp = fusion_group(fu, t);
+        for (int j = 0; grp && j < grp->n_stored; j++) prod[grp->stored[j]->id] = s;
+    }
+    for (int i = 0; st == SPMD_OK && i < n; i++)
+        if (p->storage[i] != i) prod[i] = prod[p->storage[i]];
+    /* Edges producer -> reader, counted, then listed (CSR). */
+    for (int s = 0; st == SPMD_OK && s < ns; s++) {
+        const spmd_tensor *const *in;
+        int n_in = reads(p->steps[s], fu, &in);
+        for (int j = 0; j < n_in; j++) {
+            int q = prod[p->storage[in[j]->id]];
+            if (q >= 0 && q != s) off[q + 1]++, deg[s]++;
+        }
+    }
+    if (st == SPMD_OK) {
+        for (int s = 0; s < ns; s++) off[s + 1] += off[s];
+        succ = base_alloc(&p->alloc, (size_t)(off[ns] ? off[ns] : 1) * sizeof *succ, "schedule");
+        heap_at = base_alloc(&p->alloc, nsz * sizeof *heap_at, "schedule");
+        if (!succ || !heap_at) st = SPMD_ERR_NOMEM;
+    }
+    if (st == SPMD_OK) {
+        int *fill = stack; /* borrowed as each list's fill point */
+        for (int s = 0; s < ns; s++) fill[s] = off[s];
+        for (int s = 0; s < ns; s++) {
+            const spmd_tensor *const *in;
+            int n_in = reads(p->steps[s], fu, &in);
+            for (int j = 0; j < n_in; j++) {
+                int q = prod[p->storage[in[j]->id]];
+                if (q >= 0 && q != s) succ[fill[q]++] = s;
+            }
+        }
+        /* Urgent: a collective in flight and the elementwise steps
+         * between it and a computation (not a leaf: a parameter's
+         * gather is prefetched by the plan instead). */
+        for (int c = 0; c < ns; c++) {
+            const spmd_tensor *t = p->steps[c];
+            if (!may_fly(t->op)) continue;
+            int x = prod[p->storage[t->in[0]->id]];
+            if (x < 0 || urgent[x]) {
+                urgent[c] = x >= 0;
+                continue;
+            }
+            int top = 0, chain = 0;
+            bool computed = false;
+            stack[top++] = x;
+            while (top > 0 && chain < 64) {
+                int y = stack[--top];
+                const spmd_tensor *u = p->steps[y];
+                if (!elementwise(u, fu) || is_collective(u->op)) {
+                    computed = true;
+                    continue;
+                }
+                chain++;
+                const spmd_tensor *const *in;
+                int n_in = reads(u, fu, &in);
+                for (int j = 0; j < n_in && top < ns; j++) {
+                    int q = prod[p->storage[in[j]->id]];
+                    if (q >= 0) stack[top++] = q;
+                }
+            }
+            if (!computed) continue;
+            urgent[c] = true;
+            /* Mark the chain (walked again, now that it qualifies). */
+            top = 0;
+            stack[top++] = x;
+            while (top > 0) {
+                int y = stack[--top];
+                const spmd_tensor *u = p->steps[y];
+                if (urgent[y] || !elementwise(u, fu) || is_collective(u->op)) continue;
+                urgent[y] = true;
+                const spmd_tensor *const *in;
+                int n_in = reads(u, fu, &in);
+                for (int j = 0; j < n_in && top < ns; j++) {
+                    int q = prod[p->storage[in[j]->id]];
+                    if (q >= 0) stack[top++] = q;
+                }
+            }
+        }
+        heap h = {heap_at, 0, urgent};
+        for (int s = 0; s < ns; s++)
+            if (deg[s] == 0) heap_push(&h, s);
+        int done = 0;
+        while (h.n > 0) {
+            int s = heap_pop(&h);
+            order[done++] = p->steps[s];
+            for (int e = off[s]; e < off[s + 1]; e++)
+                if (--deg[succ[e]] == 0) heap_push(&h, succ[e]);
+        }
+        if (done != ns)
+            st = base_error(SPMD_ERR_INTERNAL, "plan: %d of %d steps could be ordered", done, ns);
+        else
+            memcpy(p->steps, order, nsz * sizeof *order);
+    }
+    base_free(&p->alloc, prod);
+    base_free(&p->alloc, deg);
+    base_free(&p->alloc, off);
+    base_free(&p->alloc, urgent);
+    base_free(&p->alloc, stack);
+    base_free(&p->alloc, order);
+    base_free(&p->alloc, succ);
+    base_free(&p->alloc, heap_at);
+    return st;
+}
+
+/* The memory plan with collectives in flight, in schedule order (which
+ * reorder made other than the creation order): each storage is placed at
+ * the step that writes it and released after the last step that reads
+ * it; a collective's result is placed when it is handed over, and its
+ * operand released only after the step it is waited for at, so that no
+ * step's buffer overlaps either while the communication thread reads and
+ * writes them. */
+static spmd_status place_overlapped(plan *p, const spmd_graph *g, const fusion *fu, int depth,
+                                    freelist *f)
+{
+    int n = g->n_nodes, ns = p->n_steps;
+    size_t nn = (size_t)(n ? n : 1);
+    bool *written_in_place = base_calloc(&p->alloc, nn * sizeof *written_in_place, "memory plan");
+    int *pos = base_alloc(&p->alloc, nn * sizeof *pos, "memory plan");
+    int *last = base_alloc(&p->alloc, nn * sizeof *last, "memory plan");
+    int *head = base_alloc(&p->alloc, (size_t)(ns + 1) * sizeof *head, "memory plan");
+    int *next = base_alloc(&p->alloc, nn * sizeof *next, "memory plan");
+    spmd_status st = written_in_place && pos && last && head && next ? SPMD_OK : SPMD_ERR_NOMEM;
+    for (int i = 0; st == SPMD_OK && i < n; i++)
+        if (p->in_place[i] >= 0) written_in_place[p->in_place[i]] = true;
+    if (st == SPMD_OK) st = schedule_async(p, g, fu, depth, written_in_place);
+    if (st == SPMD_OK) {
+        for (int i = 0; i < n; i++) pos[i] = last[i] = -1;
+        for (int s = 0; s <= ns; s++) head[s] = -1;
+        for (int s = 0; s < ns; s++) {
+            const spmd_tensor *t = p->steps[s];
+            pos[t->id] = s;
+            const fuse_group *grp = fusion_group(fu, t);
+            for (int j = 0; grp && j < grp->n_stored; j++) pos[grp->stored[j]->id] = s;
+        }
+        for (int i = 0; i < n; i++)
+            if (p->storage[i] != i) pos[i] = pos[p->storage[i]];
+        /* The last step reading each storage; ns: to the end. */
+        for (int i = 0; i < n; i++) {
+            const spmd_tensor *t = g->nodes[i];
+            if (!p->needed[i] || ir_op_is_leaf(t->op) || pos[i] < 0) continue;
+            int s = p->storage[i];
+            if (last[s] < pos[i]) last[s] = pos[i];
+            const spmd_tensor *const *in;
+            int n_in = reads(t, fu, &in);
+            for (int j = 0; j < n_in; j++) {
+                int src = p->storage[in[j]->id];
+                if (last[src] < pos[i]) last[src] = pos[i];
+            }
+            if (t->is_output) last[s] = ns;
+        }
+        for (int i = 0; i < g->n_updates; i++) last[p->storage[g->updates[i].value->id]] = ns;
+        for (int k = 0; k < p->n_async; k++) {
+            int src = p->storage[p->steps[p->async_step[k]]->in[0]->id];
+            if (last[src] >= 0 && last[src] < p->wait_at[k]) last[src] = p->wait_at[k];
+        }
+        for (int i = 0; i < n; i++) {
+            const spmd_tensor *t = g->nodes[i];
+            if (!p->needed[i] || ir_op_is_leaf(t->op) || p->storage[i] != i || p->swapped[i] ||
+                p->in_place[i] >= 0 || last[i] < 0 || last[i] >= ns)
+                continue;
+            next[i] = head[last[i]];
+            head[last[i]] = i;
+        }
+        int k = 0;
+        for (int s = 0; s < ns; s++) {
+            for (; k < p->n_async && p->start_at[k] == s; k++) {
+                const spmd_tensor *c = p->steps[p->async_step[k]];
+                if (!p->swapped[c->id]) p->offset[c->id] = take(f, round_up((int64_t)ir_nbytes(c)));
+            }
+            const spmd_tensor *t = p->steps[s];
+            const fuse_group *grp = fusion_group(fu, t);
+            for (int j = 0; grp && j < grp->n_stored; j++) {
+                const spmd_tensor *m = grp->stored[j];
+                if (!p->swapped[m->id] && p->in_place[m->id] < 0 && p->offset[m->id] < 0)
+                    p->offset[m->id] = take(f, round_up((int64_t)ir_nbytes(m)));
+            }
+            if (!p->swapped[t->id] && p->in_place[t->id] < 0 && p->offset[t->id] < 0)
+                p->offset[t->id] = take(f, round_up((int64_t)ir_nbytes(t)));
+            for (int r = head[s]; r >= 0; r = next[r])
+                if (p->offset[r] >= 0) give(f, p->offset[r], round_up((int64_t)ir_nbytes(g->nodes[r])));
+        }
+        for (int i = 0; i < n; i++)
+            if (p->needed[i] && p->storage[i] != i) p->offset[i] = p->offset[p->storage[i]];
+    }
+    base_free(&p->alloc, written_in_place);
+    base_free(&p->alloc, pos);
+    base_free(&p->alloc, last);
+    base_free(&p->alloc, head);
+    base_free(&p->alloc, next);
+    return st;
+}
+
+static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu,
+                         int depth)
 {
     memset(p, 0, sizeof *p);
     p->alloc = base_allocator_or_default(alloc);
@@ -296,6 +681,13 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
         if (p->needed[i] && !ir_op_is_leaf(t->op) && !(t->op == IR_RESHAPE && p->storage[i] != i) && !inside)
             p->steps[p->n_steps++] = (spmd_tensor *)t;
     }
+    spmd_status ordered = depth > 0 ? reorder(p, g, fu) : SPMD_OK;
+    if (ordered != SPMD_OK) {
+        base_free(&p->alloc, last_use);
+        base_free(&p->alloc, slots);
+        plan_free(p);
+        return ordered;
+    }
 
     /* Last step at which each storage is read; outputs and update values
      * live to the end. */
@@ -318,34 +710,62 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
     mark_in_place(p, g);
     mark_swapped(p, g);
 
-    /* Walk nodes in order: place each computed storage at its first
-     * definition, release storages whose last reader is this node. */
-    for (int i = 0; i < n; i++) {
-        const spmd_tensor *t = g->nodes[i];
-        if (!p->needed[i] || ir_op_is_leaf(t->op)) continue;
-        int s = p->storage[i];
-        /* A value in a buffer of its own, or its target's, takes no
-         * arena, but its inputs die here all the same (a gradient, into
-         * its accumulator). */
-        if (!p->swapped[i] && p->in_place[i] < 0)
-            p->offset[i] = s == i ? take(&f, round_up((int64_t)ir_nbytes(t))) : p->offset[s];
-        const spmd_tensor *const *in;
-        int n_in = reads(t, fu, &in);
-        for (int j = 0; j <= n_in; j++) {
-            int src = j < n_in ? p->storage[in[j]->id] : s;
-            if (last_use[src] != i || ir_op_is_leaf(g->nodes[src]->op) || p->offset[src] < 0 ||
-                p->swapped[src] || p->in_place[src] >= 0)
-                continue;
-            /* Release once, even when a node reads the same tensor twice. */
-            bool seen = false;
-            for (int k = 0; k < j && !seen; k++) seen = p->storage[in[k]->id] == src;
-            if (!seen) give(&f, p->offset[src], round_up((int64_t)ir_nbytes(g->nodes[src])));
+    spmd_status st = SPMD_OK;
+    if (depth > 0) {
+        st = place_overlapped(p, g, fu, depth, &f);
+    } else {
+        /* Walk nodes in order: place each computed storage at its first
+         * definition, release storages whose last reader is this node. */
+        for (int i = 0; i < n; i++) {
+            const spmd_tensor *t = g->nodes[i];
+            if (!p->needed[i] || ir_op_is_leaf(t->op)) continue;
+            int s = p->storage[i];
+            /* A value in a buffer of its own, or its target's, takes no
+             * arena, but its inputs die here all the same (a gradient, into
+             * its accumulator). */
+            if (!p->swapped[i] && p->in_place[i] < 0)
+                p->offset[i] = s == i ? take(&f, round_up((int64_t)ir_nbytes(t))) : p->offset[s];
+            const spmd_tensor *const *in;
+            int n_in = reads(t, fu, &in);
+            for (int j = 0; j <= n_in; j++) {
+                int src = j < n_in ? p->storage[in[j]->id] : s;
+                if (last_use[src] != i || ir_op_is_leaf(g->nodes[src]->op) || p->offset[src] < 0 ||
+                    p->swapped[src] || p->in_place[src] >= 0)
+                    continue;
+                /* Release once, even when a node reads the same tensor twice. */
+                bool seen = false;
+                for (int k = 0; k < j && !seen; k++) seen = p->storage[in[k]->id] == src;
+                if (!seen) give(&f, p->offset[src], round_up((int64_t)ir_nbytes(g->nodes[src])));
+            }
         }
     }
     p->arena_bytes = (size_t)f.end;
+    p->serial_arena_bytes = p->arena_bytes;
     visits_done += f.visits;
     base_free(&p->alloc, last_use);
     base_free(&p->alloc, slots);
+    if (st != SPMD_OK) plan_free(p);
+    return st;
+}
+
+spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu)
+{
+    return build(p, g, alloc, fu, 0);
+}
+
+spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
+                               const fusion *fu, int depth)
+{
+    bool any = false;
+    for (int i = 0; depth > 0 && i < g->n_nodes && !any; i++) any = may_fly(g->nodes[i]->op);
+    if (!any) return build(p, g, alloc, fu, 0);
+    /* The arena without overlap first, for explain's extra bytes. */
+    spmd_status st = build(p, g, alloc, fu, 0);
+    if (st != SPMD_OK) return st;
+    size_t serial = p->arena_bytes;
+    plan_free(p);
+    if ((st = build(p, g, alloc, fu, depth)) != SPMD_OK) return st;
+    p->serial_arena_bytes = serial;
     return SPMD_OK;
 }
 
@@ -357,5 +777,9 @@ void plan_free(plan *p)
     base_free(&p->alloc, p->offset);
     base_free(&p->alloc, p->swapped);
     base_free(&p->alloc, p->in_place);
+    base_free(&p->alloc, p->async_of);
+    base_free(&p->alloc, p->async_step);
+    base_free(&p->alloc, p->start_at);
+    base_free(&p->alloc, p->wait_at);
     memset(p, 0, sizeof *p);
 }

@@ -2,7 +2,9 @@
  * Schedule and memory plan for one device's program.
  *
  * The schedule is the creation order (a topological order) restricted to
- * the nodes that outputs and updates need.  The memory plan gives every
+ * the nodes that outputs and updates need; with collectives in flight
+ * (plan_build_overlap) a gradient's reduction and the elementwise steps
+ * feeding it move up to just after the gradient.  The memory plan gives every
  * computed tensor an offset in one arena, reusing a buffer once its last
  * reader has run; a reshape of a computed tensor shares its input's buffer.
  * An update's value (not an output, for one update) lives outside the
@@ -32,7 +34,25 @@ typedef struct plan {
     int *in_place;
     size_t arena_bytes;
     size_t swapped_bytes; /* the bytes of those buffers */
+    /* Collectives in flight (docs/DESIGN.md, "Schedule and memory plan"):
+     * n_async collectives run on the device's communication thread, in
+     * schedule order; async k is step async_step[k], handed over before
+     * step start_at[k] runs and waited for before step wait_at[k] runs
+     * (n_steps: at the schedule's end), start_at[k] < wait_at[k].  Per
+     * step, its index k or -1 (a step of its own).  The arena keeps each
+     * one's operand and result from start to wait. */
+    int n_async;
+    int *async_step, *start_at, *wait_at;
+    int *async_of;         /* per step */
+    int overlap_depth;     /* at most this many in flight at once; 0: none */
+    size_t serial_arena_bytes; /* the arena with every collective a step of its own */
+    size_t inflight_bytes; /* most operand and result bytes in flight at once */
 } plan;
+
+/* Collectives in flight at once, by default: the next layer's all-gather
+ * while this one computes, or a gradient's reduction while the next
+ * gradient is computed. */
+enum { PLAN_OVERLAP_DEPTH = 4 };
 
 /* Set needed[i] (n_nodes entries, false on entry) for every node that an
  * output or an update reads, directly or not: the schedule's nodes and
@@ -42,6 +62,10 @@ void plan_mark_needed(const spmd_graph *g, bool *needed);
  * and no memory, and a group's root reads the group's inputs.  SPMD_OK
  * or an error with a message. */
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *f);
+/* The same, with up to `depth` collectives in flight (0: every
+ * collective a step of its own, as plan_build). */
+spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
+                               const fusion *f, int depth);
 void plan_free(plan *p);
 /* Free blocks the memory planner looked at on this thread, in all (a test
  * hook: per step placed it grows with the log of the free list's length,

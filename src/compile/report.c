@@ -63,6 +63,10 @@ spmd_status compiled_collective(const compiled *prog, int i, spmd_collective_inf
     out->count = c->phase != PART_UPDATE && p->g->accumulate_steps > 1 ? p->g->accumulate_steps : 1;
     out->phase = partition_phase_name(c->phase);
     describe_tensor(p, c->tensor, out->tensor, sizeof out->tensor);
+    const plan *pl = &prog->plan;
+    for (int k = 0; k < pl->n_async; k++)
+        if (pl->steps[pl->async_step[k]]->id == c->node)
+            out->in_flight_steps = pl->wait_at[k] - pl->start_at[k];
     return SPMD_OK;
 }
 

@@ -110,6 +110,11 @@ spmd_status coll_world_gather_processes(coll_world *w, const void *in, void *out
  * (SPMD_COLLECTIVE_TIMEOUT_S), negative: never.  Set before any
  * collective runs; a world starts with the default. */
 void coll_world_set_timeout(coll_world *w, double seconds);
+/* A test hook for a slow transport: from now on every member's call of
+ * every collective, in every world, sleeps `us` microseconds before it
+ * meets its peers (0, the default: not at all). */
+void coll_set_delay_us(int64_t us);
+
 /* Make every waiting and later collective fail with `message`.  It does
  * not reach other processes: the caller ends the job (MPI_Abort) so that
  * their collectives do not wait for this one. */

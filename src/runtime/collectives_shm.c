@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 /* Pauses before yielding, as in the thread pool: some 10-50 microseconds
  * when every device thread has a core, almost none when they share cores
@@ -357,6 +358,21 @@ static bool same_call(const coll_slot *x, const coll_slot *y)
     return true;
 }
 
+/* coll_set_delay_us: how long each member's call waits before it is
+ * published (0: not at all). */
+static _Atomic int64_t delay_us;
+
+void coll_set_delay_us(int64_t us) { atomic_store(&delay_us, us > 0 ? us : 0); }
+
+static void delay(void)
+{
+    int64_t us = atomic_load_explicit(&delay_us, memory_order_relaxed);
+    if (us <= 0) return;
+    struct timespec t = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    while (nanosleep(&t, &t) != 0) {
+    }
+}
+
 /* Publish this member's call and wait for every member.  Then check that
  * all of them called the same collective with the same sizes: a mismatch
  * is a bug in the program, and reading peers' buffers with the wrong sizes
@@ -364,6 +380,7 @@ static bool same_call(const coll_slot *x, const coll_slot *y)
 static spmd_status enter_call(coll_shm_group *g, int member, coll_op op, const void *in,
                               void *out, int64_t a, int64_t b, int root, const int *src, int src_n)
 {
+    delay();
     coll_slot *s = &g->slots[member];
     s->in = in;
     s->out = out;

@@ -23,6 +23,7 @@
 #include "runtime/executor.h"
 #include "runtime/kernels.h"
 #include "runtime/pool.h"
+#include "runtime/wait.h"
 #include "spmd/mesh.h"
 
 #include <pthread.h>
@@ -32,7 +33,30 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct device {
+typedef struct device device;
+
+/* A device's communication thread (docs/DESIGN.md, "Runtime"): it runs the
+ * collectives the plan puts in flight (plan.n_async), one at a time, in
+ * the order thread 0 hands them over, which is the schedule's on every
+ * device.  `issued` and `done` count hand-overs and completions since
+ * the program began; a run's k-th collective is number base + k. */
+typedef struct dev_comm {
+    _Alignas(64) rt_wait_word issued; /* bumped by thread 0 per hand-over (and to stop) */
+    _Alignas(64) rt_wait_word done;   /* bumped by the thread per collective run */
+    _Alignas(64) _Atomic bool quit;
+    rt_waiter idle;                   /* the thread waiting for work */
+    rt_waiter busy;                   /* compute threads waiting for a result */
+    device *d;
+    int *queue;                       /* [n_async]: async index of number seq, at seq % n_async */
+    _Atomic int *status;              /* [n_async]: each one's outcome in the latest run */
+    _Atomic bool failed;              /* a collective failed this run: `message` says why */
+    char message[512];
+    uint32_t base;                    /* `done` when the run began (set before it) */
+    pthread_t thread;
+    bool started;
+} dev_comm;
+
+struct device {
     struct spmd_program *prog;
     int id;                   /* device id in the mesh */
     int copy;                 /* its copy (independent mesh axes), 0 without */
@@ -49,14 +73,17 @@ typedef struct device {
     _Atomic int status[2];
     char message[512];
     /* While tracing: this run's row of trace.times, written by thread 0
-     * only (see run_worker); NULL otherwise. */
+     * (see run_worker) and, for collectives in flight, the communication
+     * thread; NULL otherwise. */
     int64_t *trace_row;
-} device;
+    dev_comm *comm;             /* NULL when no collective runs in flight */
+};
 
 /* The timeline (spmd_program_trace_begin): per traced run and device a
  * row of trace_stride() clock readings (nanoseconds since `origin`):
  * thread 0's start of the schedule, then per step the end of its share
- * and the end of the step's barrier, then the update's start and end. */
+ * and the end of the step's barrier, then the update's start and end,
+ * then per collective in flight four (inflight_slot). */
 typedef struct trace {
     bool on;
     int room, runs;           /* rows for `room` runs; `runs` recorded */
@@ -67,6 +94,16 @@ typedef struct trace {
     int *micro_steps, n_micro_steps; /* the steps a micro-batch runs */
     int *collective;          /* per local node id: its collective's index, or -1 */
 } trace;
+
+/* Where the plan's collectives in flight are handed over and waited for,
+ * shared by the devices: waits at step s are wait_list[wait_off[s] ..
+ * wait_off[s + 1]) (s = n_steps: at the end); a micro-batch runs only
+ * some, and micro_rank[k] numbers those. */
+typedef struct inflight {
+    int *wait_off, *wait_list;
+    int *micro_rank;
+    int n_micro;
+} inflight;
 
 struct spmd_program {
     spmd_allocator alloc;
@@ -91,6 +128,7 @@ struct spmd_program {
     int micro_done;
     bool micro_run;
     trace trace;
+    inflight fly;
 };
 
 static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
@@ -304,6 +342,165 @@ static void device_init(void *ctx, int ith, int nth)
     rt_pool_run(p->dev[ith].pool, init_worker, &p->dev[ith]);
 }
 
+/* ---- Collectives in flight --------------------------------------------------------- */
+
+/* The communication thread mostly sleeps: it spins briefly for the next
+ * hand-over.  A compute thread waiting for a result spins as the pool's
+ * threads do, since the result is often a moment away. */
+static const rt_wait_spin COMM_IDLE_SPIN = {.pauses = 256, .yields = 0};
+static const rt_wait_spin COMM_IDLE_SPIN_CROWDED = {.pauses = 16, .yields = 0};
+static const rt_wait_spin COMM_BUSY_SPIN = {.pauses = 2048, .yields = 0};
+static const rt_wait_spin COMM_BUSY_SPIN_CROWDED = {.pauses = 16, .yields = 2};
+
+static int64_t clock_ns(void);
+static int64_t trace_clock(const spmd_program *p);
+
+/* The trace slots of async collective k in a device's row: the thread's
+ * start and end, thread 0's wait's start and end. */
+static size_t inflight_slot(const spmd_program *p, int k)
+{
+    return 2 * (size_t)p->c.plan.n_steps + 3 + 4 * (size_t)k;
+}
+
+/* Run the collective of number `seq` on the communication thread: the
+ * same kernel thread 0 runs for a step of its own. */
+static void comm_run(dev_comm *c, uint32_t seq)
+{
+    device *d = c->d;
+    spmd_program *p = d->prog;
+    const plan *pl = &p->c.plan;
+    int k = c->queue[seq % (uint32_t)pl->n_async];
+    const spmd_tensor *t = pl->steps[pl->async_step[k]];
+    char message[sizeof c->message];
+    message[0] = '\0';
+    _Atomic int st = SPMD_OK;
+    kern_args a = {0};
+    a.node = t;
+    a.in[0] = data_of(d, t->in[0]);
+    a.out = data_of(d, t);
+    a.nth = 1;
+    a.status = &st;
+    a.message = message;
+    a.message_size = sizeof message;
+    a.dev = &d->kd;
+    int64_t *tr = d->trace_row;
+    if (tr) tr[inflight_slot(p, k)] = trace_clock(p);
+    kern_for(t->op)(&a);
+    if (tr) tr[inflight_slot(p, k) + 1] = trace_clock(p);
+    int outcome = atomic_load(&st);
+    if (outcome != SPMD_OK) {
+        bool first = false;
+        if (atomic_compare_exchange_strong(&c->failed, &first, true)) {
+            snprintf(c->message, sizeof c->message, "%s", message);
+            /* Peers may wait in later collectives for this device. */
+            coll_world_abort(p->world, message);
+        }
+    }
+    atomic_store(&c->status[k], outcome);
+}
+
+static void *comm_main(void *arg)
+{
+    dev_comm *c = arg;
+    uint32_t next = atomic_load(&c->done.value);
+    for (;;) {
+        uint32_t issued = atomic_load(&c->issued.value);
+        if (issued == next) issued = rt_wait_while(&c->idle, &c->issued, next);
+        if (atomic_load(&c->quit)) break;
+        for (; next != issued; next++) {
+            comm_run(c, next);
+            atomic_store(&c->done.value, next + 1);
+            rt_wait_notify(&c->busy, &c->done);
+        }
+    }
+    return NULL;
+}
+
+static spmd_status comm_start(spmd_program *p, device *d)
+{
+    int n = p->c.plan.n_async;
+    dev_comm *c = base_calloc(&p->alloc, sizeof *c, "communication thread");
+    if (!c) return SPMD_ERR_NOMEM;
+    d->comm = c;
+    c->d = d;
+    c->queue = base_calloc(&p->alloc, (size_t)n * sizeof *c->queue, "communication thread");
+    c->status = base_calloc(&p->alloc, (size_t)n * sizeof *c->status, "communication thread");
+    if (!c->queue || !c->status) return SPMD_ERR_NOMEM;
+    rt_wait_word_init(&c->issued, 0);
+    rt_wait_word_init(&c->done, 0);
+    atomic_init(&c->quit, false);
+    atomic_init(&c->failed, false);
+    /* Every thread of the process that takes part: compute and communication. */
+    int threads = p->n_local * (p->c.nth + 1);
+    rt_wait_init(&c->idle, threads, COMM_IDLE_SPIN, COMM_IDLE_SPIN_CROWDED);
+    rt_wait_init(&c->busy, threads, COMM_BUSY_SPIN, COMM_BUSY_SPIN_CROWDED);
+    if (pthread_create(&c->thread, NULL, comm_main, c) != 0) {
+        rt_wait_destroy(&c->idle);
+        rt_wait_destroy(&c->busy);
+        return base_error(SPMD_ERR_NOMEM, "compile: cannot start device %d's communication thread",
+                          d->id);
+    }
+    c->started = true;
+    return SPMD_OK;
+}
+
+static void comm_stop(spmd_program *p, device *d)
+{
+    dev_comm *c = d->comm;
+    if (!c) return;
+    if (c->started) {
+        atomic_store(&c->quit, true);
+        atomic_fetch_add(&c->issued.value, 1);
+        rt_wait_wake(&c->idle, &c->issued);
+        pthread_join(c->thread, NULL);
+        rt_wait_destroy(&c->idle);
+        rt_wait_destroy(&c->busy);
+    }
+    base_free(&p->alloc, c->queue);
+    base_free(&p->alloc, (void *)c->status);
+    base_free(&p->alloc, c);
+    d->comm = NULL;
+}
+
+/* The wait lists by step, and the micro-batch's numbering. */
+static spmd_status inflight_build(spmd_program *p)
+{
+    const plan *pl = &p->c.plan;
+    inflight *f = &p->fly;
+    int n = pl->n_async, ns = pl->n_steps;
+    f->wait_off = base_calloc(&p->alloc, (size_t)(ns + 2) * sizeof *f->wait_off, "schedule");
+    f->wait_list = base_alloc(&p->alloc, (size_t)n * sizeof *f->wait_list, "schedule");
+    f->micro_rank = base_alloc(&p->alloc, (size_t)n * sizeof *f->micro_rank, "schedule");
+    int *at = base_alloc(&p->alloc, (size_t)(ns + 1) * sizeof *at, "schedule");
+    if (!f->wait_off || !f->wait_list || !f->micro_rank || !at) {
+        base_free(&p->alloc, at);
+        return SPMD_ERR_NOMEM;
+    }
+    for (int k = 0; k < n; k++) f->wait_off[pl->wait_at[k] + 1]++;
+    for (int s = 0; s <= ns; s++) f->wait_off[s + 1] += f->wait_off[s];
+    memcpy(at, f->wait_off, (size_t)(ns + 1) * sizeof *at);
+    for (int k = 0; k < n; k++) f->wait_list[at[pl->wait_at[k]]++] = k;
+    base_free(&p->alloc, at);
+    for (int k = 0; k < n; k++) {
+        const spmd_tensor *t = pl->steps[pl->async_step[k]];
+        f->micro_rank[k] = !p->c.micro || p->c.micro[t->id] ? f->n_micro++ : -1;
+    }
+    return SPMD_OK;
+}
+
+static void inflight_free(spmd_program *p)
+{
+    base_free(&p->alloc, p->fly.wait_off);
+    base_free(&p->alloc, p->fly.wait_list);
+    base_free(&p->alloc, p->fly.micro_rank);
+}
+
+/* Async collective k's number in this run, or -1 when the run skips it. */
+static int inflight_rank(const spmd_program *p, int k)
+{
+    return p->micro_run ? p->fly.micro_rank[k] : k;
+}
+
 /* ---- Compile and set up devices --------------------------------------------------- */
 
 /* Every op of the local program has a kernel (a leaf has none: the
@@ -387,10 +584,10 @@ static spmd_status check_address_space(const spmd_program *p)
         pthread_attr_getstacksize(&attr, &stack);
         pthread_attr_destroy(&attr);
     }
-    /* Started threads: one per device here but the caller's, and each
-     * device's pool but its first. */
+    /* Started threads: one per device here but the caller's, each
+     * device's pool but its first, and its communication thread. */
     int n = p->n_local;
-    long threads = (n > 1 ? n - 1 : 0) + (long)n * (p->c.nth - 1);
+    long threads = (n > 1 ? n - 1 : 0) + (long)n * (p->c.nth - 1) + (p->c.plan.n_async ? n : 0);
     double per_device = (double)compiled_peak_bytes(&p->c);
     double need = (double)threads * (double)stack + n * per_device;
     double mapped = 0;
@@ -437,7 +634,8 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         p->processes = n_dev / p->n_local;
         p->process = p->first / p->n_local;
     }
-    if (compile_graph(&p->c, g, opts ? opts->threads : 0, p->n_local, !(opts && opts->unfused)) != SPMD_OK)
+    if (compile_graph(&p->c, g, opts ? opts->threads : 0, p->n_local, !(opts && opts->unfused),
+                      !(opts && opts->no_overlap)) != SPMD_OK)
         goto fail;
     /* A plan-only program (explain) stops here: no devices, no BLAS. */
     if (plan_only) return p;
@@ -456,6 +654,11 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
     /* Groups that cross processes get their communicators (every process
      * asked for all of its groups above). */
     if (p->world && coll_world_connect(p->world) != SPMD_OK) goto fail;
+    if (p->c.plan.n_async) {
+        if (inflight_build(p) != SPMD_OK) goto fail;
+        for (int d = 0; d < p->n_local; d++)
+            if (comm_start(p, &p->dev[d]) != SPMD_OK) goto fail;
+    }
     if (p->n_local > 1) {
         p->outer = rt_pool_create(p->n_local, &p->alloc);
         if (!p->outer) goto fail;
@@ -478,6 +681,7 @@ void spmd_program_free(spmd_program *p)
     if (p->outer) rt_pool_free(p->outer);
     for (int d = 0; p->dev && d < p->n_local; d++) {
         device *dv = &p->dev[d];
+        comm_stop(p, dv);
         if (dv->pool) rt_pool_free(dv->pool);
         for (int i = 0; dv->leaf_data && i < p->c.local->n_nodes; i++)
             base_free(&p->alloc, dv->leaf_data[i]);
@@ -489,6 +693,7 @@ void spmd_program_free(spmd_program *p)
     }
     base_free(&p->alloc, p->dev);
     base_free(&p->alloc, p->input_set);
+    inflight_free(p);
     trace_free(p);
     if (p->world) coll_world_free(p->world);
     compiled_free(&p->c);
@@ -507,12 +712,66 @@ static int64_t clock_ns(void)
 
 static int64_t trace_clock(const spmd_program *p) { return clock_ns() - p->trace.origin; }
 
-static size_t trace_stride(const spmd_program *p) { return 2 * (size_t)p->c.plan.n_steps + 3; }
+static size_t trace_stride(const spmd_program *p)
+{
+    return 2 * (size_t)p->c.plan.n_steps + 3 + 4 * (size_t)p->c.plan.n_async;
+}
+
+/* Every thread of device d before step s (n_steps: the end): wait for the
+ * collectives in flight whose results step s is the first to read.
+ * False when one of them failed (thread 0 then holds its message in the
+ * status word `status`, for the step to fail). */
+static bool inflight_wait(device *d, int s, int ith, _Atomic int *status)
+{
+    spmd_program *p = d->prog;
+    dev_comm *c = d->comm;
+    bool ok = true;
+    for (int i = p->fly.wait_off[s]; i < p->fly.wait_off[s + 1]; i++) {
+        int k = p->fly.wait_list[i], rank = inflight_rank(p, k);
+        if (rank < 0) continue;
+        int64_t *tr = ith == 0 ? d->trace_row : NULL;
+        if (tr) tr[inflight_slot(p, k) + 2] = trace_clock(p);
+        uint32_t want = c->base + (uint32_t)rank + 1, v = atomic_load(&c->done.value);
+        while ((int32_t)(v - want) < 0) v = rt_wait_while(&c->busy, &c->done, v);
+        if (tr) tr[inflight_slot(p, k) + 3] = trace_clock(p);
+        if (atomic_load(&c->status[k]) == SPMD_OK) continue;
+        ok = false;
+        int expected = SPMD_OK;
+        if (ith == 0 && atomic_compare_exchange_strong(status, &expected, atomic_load(&c->status[k])))
+            snprintf(d->message, sizeof d->message, "%s", c->message);
+    }
+    return ok;
+}
+
+/* Thread 0: hand over async collective k (its operand is written). */
+static void inflight_issue(device *d, int k, uint32_t *issued)
+{
+    spmd_program *p = d->prog;
+    dev_comm *c = d->comm;
+    int rank = inflight_rank(p, k);
+    if (rank < 0) return;
+    uint32_t seq = c->base + (uint32_t)rank;
+    c->queue[seq % (uint32_t)p->c.plan.n_async] = k;
+    atomic_store(&c->issued.value, seq + 1);
+    rt_wait_notify(&c->idle, &c->issued);
+    (*issued)++;
+}
+
+/* Thread 0, before the device's schedule returns: every collective it
+ * handed over has finished, so no peer reads a buffer of this device
+ * after the run (after an abort they fail at once). */
+static void inflight_drain(device *d, uint32_t issued)
+{
+    dev_comm *c = d->comm;
+    uint32_t want = c->base + issued, v = atomic_load(&c->done.value);
+    while ((int32_t)(v - want) < 0) v = rt_wait_while(&c->busy, &c->done, v);
+}
 
 static void run_worker(void *ctx, int ith, int nth)
 {
     device *d = ctx;
     spmd_program *p = d->prog;
+    const plan *pl = &p->c.plan;
     kern_args a = {0};
     a.ith = ith;
     a.nth = nth;
@@ -522,9 +781,38 @@ static void run_worker(void *ctx, int ith, int nth)
     a.dev = p->c.partitioned ? &d->kd : NULL;
     int64_t *tr = ith == 0 ? d->trace_row : NULL; /* NULL: not tracing */
     if (tr) tr[0] = trace_clock(p);
-    for (int s = 0; s < p->c.plan.n_steps; s++) {
-        const spmd_tensor *t = p->c.plan.steps[s];
+    dev_comm *c = d->comm;
+    uint32_t issued = 0; /* hand-overs this run (thread 0) */
+    int next_start = 0;  /* the next async collective to hand over */
+    int run = 0;         /* steps run, for the status word's parity */
+    bool comm_ok = true; /* until a collective in flight fails */
+    int last = -1;       /* the last step run (traced) */
+    for (int s = 0; s <= pl->n_steps; s++) {
+        /* Alternate status words: a fast thread failing step s+1 cannot be
+         * seen by a slow thread still checking step s, so every thread of
+         * the device stops at the same node. */
+        a.status = &d->status[run & 1];
+        if (c) {
+            comm_ok = inflight_wait(d, s, ith, a.status) && comm_ok;
+            for (; ith == 0 && next_start < pl->n_async && pl->start_at[next_start] == s; next_start++)
+                inflight_issue(d, next_start, &issued);
+        }
+        if (s == pl->n_steps) {
+            if (!comm_ok && ith == 0) coll_world_abort(p->world, d->message);
+            /* The wait for what is still in flight at the end (results
+             * the update or the caller reads) ends the last step, so the
+             * steps still cover the schedule. */
+            if (tr && last >= 0) tr[2 + 2 * last] = trace_clock(p);
+            break;
+        }
+        const spmd_tensor *t = pl->steps[s];
         if (p->micro_run && !p->c.micro[t->id]) continue; /* the update waits for the last */
+        if (c && pl->async_of[s] >= 0) {
+            /* In flight on the communication thread: nothing to run here. */
+            if (tr) tr[1 + 2 * s] = tr[2 + 2 * s] = trace_clock(p);
+            last = s;
+            continue;
+        }
         /* A fused group's root reads the group's inputs. */
         const fuse_group *grp = fusion_group(&p->c.fusion, t);
         a.node = t;
@@ -535,21 +823,23 @@ static void run_worker(void *ctx, int ith, int nth)
         } else
             for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
         a.out = data_of(d, t);
-        /* Alternate status words: a fast thread failing step s+1 cannot be
-         * seen by a slow thread still checking step s, so every thread of
-         * the device stops at the same node. */
-        a.status = &d->status[s & 1];
-        if (grp) kern_fused(&a);
-        else kern_for(t->op)(&a);
+        /* A result that failed to arrive is not computed on. */
+        if (comm_ok) {
+            if (grp) kern_fused(&a);
+            else kern_for(t->op)(&a);
+        }
         if (tr) tr[1 + 2 * s] = trace_clock(p);
         rt_pool_barrier(d->pool);
         if (tr) tr[2 + 2 * s] = trace_clock(p);
+        last = s;
+        run++;
         if (atomic_load(a.status) != SPMD_OK) {
             /* Peers may be waiting for this device in a collective. */
             if (ith == 0 && p->world) coll_world_abort(p->world, d->message);
-            return;
+            break;
         }
     }
+    if (c && ith == 0) inflight_drain(d, issued);
 }
 
 /* Updates: new values into parameters and state.  A second phase, run
@@ -593,10 +883,10 @@ static void device_run(void *ctx, int ith, int nth)
 static void update_device(spmd_program *p, int k)
 {
     device *d = &p->dev[k];
-    size_t n = trace_stride(p);
-    if (d->trace_row) d->trace_row[n - 2] = trace_clock(p);
+    size_t n = 2 * (size_t)p->c.plan.n_steps + 1; /* after the steps' readings */
+    if (d->trace_row) d->trace_row[n] = trace_clock(p);
     rt_pool_run(d->pool, update_worker, d);
-    if (d->trace_row) d->trace_row[n - 1] = trace_clock(p);
+    if (d->trace_row) d->trace_row[n + 1] = trace_clock(p);
 }
 
 static void device_update(void *ctx, int ith, int nth)
@@ -671,6 +961,12 @@ static spmd_status execute(spmd_program *p)
         atomic_store(&p->dev[d].status[0], SPMD_OK);
         atomic_store(&p->dev[d].status[1], SPMD_OK);
         p->dev[d].message[0] = '\0';
+        if (p->dev[d].comm) {
+            dev_comm *c = p->dev[d].comm;
+            c->base = atomic_load(&c->done.value);
+            atomic_store(&c->failed, false);
+            c->message[0] = '\0';
+        }
         p->dev[d].trace_row = traced ? tr->times + ((size_t)tr->runs * (size_t)p->n_local +
                                                     (size_t)d) * trace_stride(p)
                                      : NULL;
@@ -1012,6 +1308,16 @@ spmd_status spmd_program_collective(const spmd_program *p, int i, spmd_collectiv
     return compiled_collective(p ? &p->c : NULL, i, out);
 }
 
+int spmd_program_overlap(const spmd_program *p, size_t *bytes, size_t *arena_extra)
+{
+    const plan *pl = p ? &p->c.plan : NULL;
+    if (bytes) *bytes = pl ? pl->inflight_bytes : 0;
+    if (arena_extra)
+        *arena_extra = pl && pl->arena_bytes > pl->serial_arena_bytes
+                           ? pl->arena_bytes - pl->serial_arena_bytes : 0;
+    return pl ? pl->n_async : 0;
+}
+
 int spmd_program_fallback_count(const spmd_program *p)
 {
     return p ? compiled_fallback_count(&p->c) : 0;
@@ -1186,11 +1492,19 @@ spmd_status spmd_program_trace_end(spmd_program *p)
     return st;
 }
 
-/* Events of one traced run: the run, then per device its steps and its update. */
+/* Collectives in flight that traced run `run` ran on each device. */
+static int trace_run_inflight(const spmd_program *p, int run)
+{
+    if (!p->c.plan.n_async) return 0;
+    return p->trace.micro[run] ? p->fly.n_micro : p->c.plan.n_async;
+}
+
+/* Events of one traced run: the run, then per device its steps, its
+ * update and its collectives in flight. */
 static int trace_run_events(const spmd_program *p, int run)
 {
     int steps = p->trace.micro[run] ? p->trace.n_micro_steps : p->c.plan.n_steps;
-    return 1 + p->n_local * (steps + 1);
+    return 1 + p->n_local * (steps + 1 + trace_run_inflight(p, run));
 }
 
 int spmd_program_trace_count(const spmd_program *p)
@@ -1223,27 +1537,46 @@ spmd_status spmd_program_trace_event(const spmd_program *p, int i, spmd_trace_ev
     }
     i--;
     bool micro = tr->micro[run];
-    int per_device = (micro ? tr->n_micro_steps : p->c.plan.n_steps) + 1, k = i / per_device;
+    int steps = micro ? tr->n_micro_steps : p->c.plan.n_steps;
+    int per_device = steps + 1 + trace_run_inflight(p, run), k = i / per_device;
     int j = i % per_device;
     size_t stride = trace_stride(p);
     const int64_t *row = tr->times + ((size_t)run * (size_t)p->n_local + (size_t)k) * stride;
+    const size_t update = 2 * (size_t)p->c.plan.n_steps + 1;
     out->device = p->dev[k].id;
-    if (j == per_device - 1) {
+    if (j == steps) {
         out->kind = SPMD_TRACE_UPDATE;
-        out->start_us = to_us(row[stride - 2]);
-        out->dur_us = to_us(row[stride - 1] - row[stride - 2]);
+        out->start_us = to_us(row[update]);
+        out->dur_us = to_us(row[update + 1] - row[update]);
         snprintf(out->name, sizeof out->name, "update");
         return SPMD_OK;
     }
-    /* A step begins where the one before it (of those this run ran) ended. */
-    int s = micro ? tr->micro_steps[j] : j;
-    int64_t begin = j == 0 ? row[0] : row[2 + 2 * (micro ? tr->micro_steps[j - 1] : j - 1)];
-    const spmd_tensor *t = p->c.plan.steps[s];
-    out->start_us = to_us(begin);
-    out->dur_us = to_us(row[2 + 2 * s] - begin);
-    out->wait_us = to_us(row[2 + 2 * s] - row[1 + 2 * s]);
-    out->collective = tr->collective[t->id];
-    out->kind = out->collective >= 0 ? SPMD_TRACE_COLLECTIVE : SPMD_TRACE_COMPUTE;
+    const spmd_tensor *t;
+    if (j > steps) {
+        /* The run's (j - steps)-th collective in flight, on the device's
+         * communication thread; wait_us: thread 0's wait for its result. */
+        int f = j - steps - 1, a = 0;
+        for (a = 0; micro && a < p->c.plan.n_async; a++)
+            if (p->fly.micro_rank[a] == f) break;
+        if (!micro) a = f;
+        size_t slot = inflight_slot(p, a);
+        t = p->c.plan.steps[p->c.plan.async_step[a]];
+        out->kind = SPMD_TRACE_IN_FLIGHT;
+        out->start_us = to_us(row[slot]);
+        out->dur_us = to_us(row[slot + 1] - row[slot]);
+        out->wait_us = to_us(row[slot + 3] - row[slot + 2]);
+        out->collective = tr->collective[t->id];
+    } else {
+        /* A step begins where the one before it (of those this run ran) ended. */
+        int s = micro ? tr->micro_steps[j] : j;
+        int64_t begin = j == 0 ? row[0] : row[2 + 2 * (micro ? tr->micro_steps[j - 1] : j - 1)];
+        t = p->c.plan.steps[s];
+        out->start_us = to_us(begin);
+        out->dur_us = to_us(row[2 + 2 * s] - begin);
+        out->wait_us = to_us(row[2 + 2 * s] - row[1 + 2 * s]);
+        out->collective = tr->collective[t->id];
+        out->kind = out->collective >= 0 ? SPMD_TRACE_COLLECTIVE : SPMD_TRACE_COMPUTE;
+    }
     out->op = fusion_group(&p->c.fusion, t) ? "fused" : ir_op_name(t->op);
     if (t->name) snprintf(out->name, sizeof out->name, "%s", t->name);
     else snprintf(out->name, sizeof out->name, "%s#%d", ir_op_name(t->op), t->id);

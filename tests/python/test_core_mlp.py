@@ -57,8 +57,8 @@ def batches():
                rng.integers(0, OUT, BATCH).astype(np.int32))
 
 
-def losses(g, x, targets, loss, opt):
-    p = g.compile(seed=3, threads=2)
+def losses(g, x, targets, loss, opt, **options):
+    p = g.compile(seed=3, threads=2, **options)
     out = []
     xb, tb = next(batches())  # one batch again and again: the loss must fall
     for _ in range(STEPS):
@@ -125,6 +125,14 @@ def test_mesh_4x2_equals_one_device():
     text = libspmd.Mesh("4x2", "replica,fsdp")
     assert text.shape == (4, 2) and text.axis_names == ("replica", "fsdp") and text.devices() == 8
     assert losses(*train_step_graph(build_mlp, text)) == many
+
+
+def test_mesh_4x2_overlap_off_same_bits():
+    """Collectives in flight (the default) or each a blocking step: the same bits."""
+    mesh = libspmd.Mesh((4, 2), ("replica", "fsdp"))
+    on = losses(*train_step_graph(build_mlp, mesh))
+    off = losses(*train_step_graph(build_mlp, mesh), overlap=False)
+    assert on == off
 
 
 def test_read_write_round_trip():
