@@ -29,7 +29,8 @@
 #      bit for bit, removing what the killed save left;
 #   4. a link taken down mid-run (the bridge's end of a host's veth): the
 #      collective watchdog (--collective-timeout) ends the job with its
-#      message; skipped, saying so, by a tool without that flag.
+#      message, and the host cut off ends its own processes; skipped,
+#      saying so, by a tool without that flag.
 # Each case prints what it measured (seconds from the kill or the link
 # going down to the job's end).
 #
@@ -394,6 +395,12 @@ case_link_down() {
   if [ -z "$fired" ]; then
     say "  no 'collective timeout' message:"
     show "$log"
+    return 1
+  fi
+  # Process 0 (host 0) waited for host 1: its message names that host.
+  if ! grep 'collective timeout' "$log" | grep -q -- "${HOSTS[1]}"; then
+    say "  the 'collective timeout' message does not name ${HOSTS[1]}:"
+    grep 'collective timeout' "$log" | sed 's/^/    | /'
     return 1
   fi
   local took=$((ENDED_MS - t0))
