@@ -27,10 +27,11 @@
 #      hook on that host, after one of its files): `latest` still names
 #      step 4, and --resume continues with the uninterrupted run's losses,
 #      bit for bit, removing what the killed save left;
-#   4. a link taken down mid-run (the bridge's end of a host's veth): the
-#      collective watchdog (--collective-timeout) ends the job with its
-#      message, and the host cut off ends its own processes; skipped,
-#      saying so, by a tool without that flag.
+#   4. a link taken down mid-run (the bridge's end of a host's veth, of 4):
+#      the collective watchdog (--collective-timeout) ends the job with its
+#      message naming the host, the other hosts' processes end with it, and
+#      the host cut off ends its own; skipped, saying so, by a tool without
+#      that flag.
 # Each case prints what it measured (seconds from the kill or the link
 # going down to the job's end).
 #
@@ -366,13 +367,26 @@ case_killed_save() {
 
 # ---- 4. A link down mid-run: the collective watchdog --------------------------------------
 WATCHDOG_S=3
+# empty_within HOST SECONDS: until no process runs in HOST (0), or SECONDS
+# have passed (1, the processes left in LEFT).
+empty_within() {
+  local i
+  for ((i = 0; i < $2 * 10; i++)); do
+    LEFT=$(ip netns pids "$1")
+    [ -z "$LEFT" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
 case_link_down() {
   if ! "$SPMD" train --help 2>&1 | grep -q -- '--collective-timeout'; then
     SKIPPED="this spmd has no --collective-timeout (the collective watchdog is not built)"
     return 0
   fi
+  # Four hosts, one process each: besides the host cut off, two that the
+  # abort must reach through their daemons.
   local log=$TMP/link-down.txt
-  mpi "$TMP/hosts2" 2 "$SPMD" train "${FLAGS[@]}" --steps 1000000 --log-every 1 --threads 4 \
+  mpi "$TMP/hosts4" 4 "$SPMD" train "${FLAGS[@]}" --steps 1000000 --log-every 1 --threads 2 \
     --collective-timeout $WATCHDOG_S >"$log" 2>&1 &
   local job=$!
   if ! wait_for 'ms/step' "$log" $job 60; then
@@ -397,9 +411,9 @@ case_link_down() {
     show "$log"
     return 1
   fi
-  # Process 0 (host 0) waited for host 1: its message names that host.
+  # A process that waited for host 1 names that host.
   if ! grep 'collective timeout' "$log" | grep -q -- "${HOSTS[1]}"; then
-    say "  the 'collective timeout' message does not name ${HOSTS[1]}:"
+    say "  no 'collective timeout' message names ${HOSTS[1]}:"
     grep 'collective timeout' "$log" | sed 's/^/    | /'
     return 1
   fi
@@ -407,20 +421,26 @@ case_link_down() {
   say "  host 1's link down mid-run: 'collective timeout' $(seconds $((fired - t0))) s later" \
     "(--collective-timeout $WATCHDOG_S), the job ended $(seconds $took) s after the link went down, exit $RC"
   ((took <= (WATCHDOG_S + BOUND) * 1000)) || { say "  that is past the bound of $((WATCHDOG_S + BOUND)) s"; return 1; }
-  # Nothing stays behind on the host cut off: its process's watchdog fired
-  # too, and its daemon, unable to reach mpirun, ends it and itself.
-  local i left
-  for ((i = 0; i < BOUND * 10; i++)); do
-    left=$(ip netns pids "${HOSTS[1]}")
-    [ -z "$left" ] && break
-    sleep 0.1
+  # The abort reached the hosts still connected: their daemons ended their
+  # processes and themselves as mpirun ended (a moment's grace for exits).
+  local h
+  for h in "${HOSTS[2]}" "${HOSTS[3]}"; do
+    if ! empty_within "$h" 5; then
+      say "  processes still on $h 5 s after the job ended:"
+      ps -o pid,args -p "$(echo "$LEFT" | tr '\n' ',' | sed 's/,$//')" | sed 's/^/    | /'
+      return 1
+    fi
   done
-  if [ -n "$left" ]; then
+  local others=$(($(now_ms) - ENDED_MS))
+  # Nothing stays behind on the host cut off either: its process's watchdog
+  # fired too, and its daemon, unable to reach mpirun, ends it and itself.
+  if ! empty_within "${HOSTS[1]}" $BOUND; then
     say "  processes still on host 1 $BOUND s after the job ended:"
-    ps -o pid,args -p "$(echo $left | tr ' ' ',')" | sed 's/^/    | /'
+    ps -o pid,args -p "$(echo "$LEFT" | tr '\n' ',' | sed 's/,$//')" | sed 's/^/    | /'
     return 1
   fi
-  say "  host 1's processes ended on their own $(seconds $(($(now_ms) - ENDED_MS))) s after the job"
+  say "  hosts 2 and 3 empty $(seconds $others) s after the job ended; host 1's processes" \
+    "ended on their own $(seconds $(($(now_ms) - ENDED_MS))) s after it"
 }
 
 # ---- Run them all --------------------------------------------------------------------------
