@@ -139,7 +139,7 @@ for i in "${!HOSTS[@]}"; do
   setup ip -n "$h" addr add "10.123.0.$((i + 1))/24" dev eth0
   setup ip -n "$h" link set eth0 up
   # A connection whose peer stopped answering fails after 5 retransmissions
-  # (about 12 s) instead of Linux's default 15 (about 15 minutes).  Open
+  # (12.6 s of backoff) instead of Linux's default 15 (about 15 minutes).  Open
   # MPI's daemons cannot act over a dead link: after an MPI_Abort mpirun
   # waits to hear from every daemon, so with the default a job cut off from
   # a host would end only a quarter of an hour later (case 4; see DESIGN's
@@ -157,7 +157,7 @@ printf '%s slots=1\n' "${HOSTS[@]}" >"$TMP/hosts4"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 
-LIMIT=120 # seconds any one mpirun may take; a case that needs them all has failed
+LIMIT=120 # seconds any one mpirun may take (each here takes a few to about 20)
 
 # mpi HOSTFILE NPROCS ARGS...: mpirun inside the first host, under a
 # timeout (and a kill 5 s later if the timeout's SIGTERM is not enough).
@@ -191,8 +191,9 @@ wait_for() {
   return 1
 }
 
-# The losses of report $1, one a line, as cJSON printed them: the shortest
-# text that reads back as the same double, so equal text is equal bits.
+# The losses of report $1, one a line, as cJSON printed them: text that
+# reads back as the same double (15 digits, else 17), so equal text is
+# equal bits.
 losses() {
   sed -n 's/^\t"loss":\t\[\(.*\)\],\{0,1\}$/\1/p' "$1" | tr -d ' ' | tr ',' '\n'
 }
