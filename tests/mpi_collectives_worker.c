@@ -22,6 +22,11 @@
  * also after coll_world_reset, while groups inside the process work again.
  * Also: processes that disagree about a group fail connect alike.
  *
+ * --stall, --slow: the watchdog (see test_stall and test_slow below): a
+ * process that never joins is named, with its host, within the limit; a
+ * collective that takes longer than the limit in all but makes progress
+ * is not ended.
+ *
  * Rank 0 prints one line per failure and then PASS or FAIL; the exit
  * status is 0 only on PASS.
  */
@@ -482,6 +487,112 @@ static int test_disagree(void)
     return 0;
 }
 
+/* ---- The watchdog ------------------------------------------------------------------- */
+
+enum { STALL_S = 2 };
+
+/* --stall (process 0 of 2 devices): device 0 leads a group across
+ * processes that no other process joins ({0, N-1}); device 1 waits for
+ * device 0 in the group of the two ({0, 1}), where device 0 never comes.
+ * Device 0's watchdog must fire within the limit (and the slack of a
+ * loaded machine) naming a process that had not delivered, and its host;
+ * device 1's, which waits on a live wait, must leave the blame to it and
+ * end with the abort device 0's timeout caused. */
+static grp stall_groups[2];
+static coll_group *stall_handles[2];
+static double stall_began;
+
+static void *stalled_device(void *p)
+{
+    int rank = (int)(intptr_t)p;
+    const grp *gr = &stall_groups[rank == 0 ? 0 : 1];
+    coll_group *g = stall_handles[rank == 0 ? 0 : 1];
+    int m = member_of(gr, rank);
+    float buf[1000] = {0};
+    spmd_status st = g->ops->all_reduce(g, m, buf, 1000);
+    double dt = now_s() - stall_began;
+    const char *msg = spmd_last_error();
+    char host[MPI_MAX_PROCESSOR_NAME] = "";
+    int len = 0;
+    MPI_Get_processor_name(host, &len);
+    char want[512];
+    snprintf(want, sizeof want, "waited %d.", STALL_S);
+    fprintf(stderr, "process %d device %d after %.2f s: %s: %s\n", RANK, rank, dt,
+            spmd_status_name(st), msg);
+    atomic_fetch_add(&checks, 1);
+    if (dt < STALL_S * 0.99 || dt > STALL_S + 60) fail("device %d returned after %.2f s", rank, dt);
+    if (!strstr(msg, "collective timeout: all_reduce: device 0 (process 0 on ") ||
+        !strstr(msg, "without progress for process 1 on ") || !strstr(msg, host) ||
+        !strstr(msg, "whose message had not arrived"))
+        fail("device %d's message does not name the process waited for: %s", rank, msg);
+    if (rank == 0 && st != SPMD_ERR_TIMEOUT)
+        fail("device 0 gave %s, not a timeout", spmd_status_name(st));
+    if (rank == 1 && (st != SPMD_ERR_BACKEND || strncmp(msg, "collective aborted: ", 20)))
+        fail("device 1 gave %s (%s), not the abort", spmd_status_name(st), msg);
+    return NULL;
+}
+
+static int test_stall(void)
+{
+    if (P != 2 || L != 2) {
+        fail("--stall runs on 2 processes of 2 devices");
+        return 1;
+    }
+    coll_world_set_timeout(W, STALL_S);
+    stall_groups[0] = (grp){.size = 2, .ranks = {0, N - 1}};
+    stall_groups[1] = (grp){.size = 2, .ranks = {0, 1}};
+    for (int k = 0; k < 2; k++) {
+        bool here = false;
+        for (int i = 0; i < stall_groups[k].size; i++) here |= stall_groups[k].ranks[i] / L == RANK;
+        if (here) stall_handles[k] = coll_world_group(W, stall_groups[k].size, stall_groups[k].ranks);
+        if (here && !stall_handles[k]) fail("group: %s", spmd_last_error());
+    }
+    if (coll_world_connect(W) != SPMD_OK) {
+        fail("connect: %s", spmd_last_error());
+        return 1;
+    }
+    if (RANK == 0) {
+        stall_began = now_s();
+        run_devices(stalled_device);
+    }
+    return 0;
+}
+
+/* --slow (P processes of one device): process r joins an all-gather and
+ * an all-reduce over the whole world 1.5 r seconds after the others'
+ * start, under a limit of 3 s: process 0 waits 1.5 (P - 1) seconds in
+ * all, but a message completes every 1.5 s, so nobody's watchdog fires. */
+static int test_slow(void)
+{
+    grp gr = {.size = N};
+    for (int i = 0; i < N; i++) gr.ranks[i] = i;
+    coll_group *g = coll_world_group(W, N, gr.ranks);
+    if (!g || coll_world_connect(W) != SPMD_OK) {
+        fail("group: %s", spmd_last_error());
+        return 1;
+    }
+    enum { LIMIT_S = 3 };
+    coll_world_set_timeout(W, LIMIT_S);
+    /* A common start: after a barrier, each process waits its turn. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    double began = now_s();
+    struct timespec nap = {(time_t)(1.5 * RANK), RANK % 2 ? 500 * 1000 * 1000 : 0};
+    nanosleep(&nap, NULL);
+    check_all_gather(g, &gr, RANK, 3, 100, false, 1);
+    double waited = now_s() - began;
+    MPI_Barrier(MPI_COMM_WORLD);
+    nanosleep(&nap, NULL);
+    check_all_reduce(g, &gr, RANK, 100000, 2);
+    if (RANK == 0) {
+        fprintf(stderr, "process 0 waited %.2f s in one all_gather under a %d s limit\n", waited,
+                LIMIT_S);
+        atomic_fetch_add(&checks, 1);
+        if (P >= 4 && waited <= LIMIT_S)
+            fail("the all_gather took %.2f s, not longer than the limit", waited);
+    }
+    return 0;
+}
+
 /* ---- Main ---------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -491,15 +602,20 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     MPI_Comm_rank(MPI_COMM_WORLD, &RANK);
     L = 1;
-    bool abort_mode = false;
+    bool abort_mode = false, stall_mode = false, slow_mode = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--devices") && i + 1 < argc)
             L = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--abort"))
             abort_mode = true;
+        else if (!strcmp(argv[i], "--stall"))
+            stall_mode = true;
+        else if (!strcmp(argv[i], "--slow"))
+            slow_mode = true;
         else {
             if (RANK == 0)
-                fprintf(stderr, "usage: mpi_collectives_worker [--devices L] [--abort]\n");
+                fprintf(stderr, "usage: mpi_collectives_worker [--devices L] "
+                                "[--abort | --stall | --slow]\n");
             MPI_Finalize();
             return 2;
         }
@@ -522,6 +638,10 @@ int main(int argc, char **argv)
         if (abort_mode) {
             test_abort();
             test_disagree();
+        } else if (stall_mode) {
+            test_stall();
+        } else if (slow_mode) {
+            test_slow();
         } else {
             test_collectives();
         }
@@ -533,7 +653,8 @@ int main(int argc, char **argv)
     if (RANK == 0) {
         printf("mpi_collectives_worker: %d processes x %d devices%s: %d groups, %ld checks, "
                "%ld failed, %.1f s\n%s\n",
-               P, L, abort_mode ? " (abort)" : "", n_groups, all[1], all[0], now_s() - t0,
+               P, L, abort_mode ? " (abort)" : stall_mode ? " (stall)" : slow_mode ? " (slow)" : "",
+               n_groups, all[1], all[0], now_s() - t0,
                all[0] ? "FAIL" : "PASS");
         fflush(stdout);
     }

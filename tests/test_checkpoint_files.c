@@ -657,8 +657,8 @@ static void test_refusals(void **state)
         &b, (model_opts){
                 .mesh = "2x4", .axes = "replica,fsdp", .fsdp = "fsdp", .hidden = 31, .seed = 99});
 
-    const char *cases[] = {"missing", "truncated", "flipped", "version"};
-    for (int i = 0; i < 4; i++) {
+    const char *cases[] = {"missing", "truncated", "flipped", "version", "negative"};
+    for (int i = 0; i < 5; i++) {
         support_path_in(case_dir, dir, cases[i]);
         save_ok(a.p, case_dir, 1, NULL, 0);
         support_path_in(step_dir, case_dir, "step-00000001");
@@ -691,6 +691,25 @@ static void test_refusals(void **state)
     cJSON_Delete(index);
     expect_refused(&b, support_path_in(case_dir, dir, "version"), SPMD_ERR_UNSUPPORTED, "index.json",
                    "version 2", "version 1");
+
+    /* A negative block start is named as such, not as a missing key. */
+    support_path_in(step_dir, dir, "negative/step-00000001");
+    text = read_text(support_path_in(p, step_dir, "index.json"));
+    index = cJSON_Parse(text);
+    free(text);
+    cJSON *blocks = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(index, "tensors"),
+                                         "fc.0.weight"),
+        "blocks");
+    cJSON *start = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(blocks, 0), "start");
+    assert_non_null(start);
+    cJSON_SetNumberValue(cJSON_GetArrayItem(start, 0), -3);
+    text = cJSON_Print(index);
+    write_text(p, text);
+    cJSON_free(text);
+    cJSON_Delete(index);
+    expect_refused(&b, support_path_in(case_dir, dir, "negative"), SPMD_ERR_IO, "'fc.0.weight'",
+                   "start[0] = -3", "which is negative");
 
     /* A checkpoint that loads, into programs it does not fit. */
     support_path_in(case_dir, dir, "good");

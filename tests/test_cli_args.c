@@ -140,6 +140,30 @@ static void test_flag_equals_value(void **state)
     assert_non_null(strstr(out, "data, None"));
 }
 
+/* --collective-timeout takes seconds, 0 (the default) and any negative
+ * value (no watchdog); the losses are the same either way; a value that
+ * is not a number is refused. */
+static void test_collective_timeout_values(void **state)
+{
+    (void)state;
+    char first[256] = "";
+    const char *values[] = {"0", "2.5", "-1", "-100"};
+    for (int i = 0; i < 4; i++) {
+        char args[512];
+        snprintf(args, sizeof args,
+                 "train --mesh 2 --axes data --model mlp --hidden 16 --batch 4 --threads 2 "
+                 "--steps 2 --eval 0 --collective-timeout %s", values[i]);
+        expect_ok(args);
+        const char *done = strstr(out, "done: ");
+        assert_non_null(done);
+        const char *end = strchr(done, ',');
+        assert_non_null(end);
+        if (i == 0) snprintf(first, sizeof first, "%.*s", (int)(end - done), done);
+        else if (strncmp(done, first, strlen(first))) fail_msg("%s, then %.*s", first, (int)(end - done), done);
+    }
+    expect_refused("train --collective-timeout soon", "--collective-timeout", "soon", NULL);
+}
+
 /* A mesh over the device limit names its real size and the limit, for one
  * axis too large to count and for a product of axes. */
 static void test_mesh_size_in_message(void **state)
@@ -261,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_flag_of_another_command),
         cmocka_unit_test(test_stray_word_and_unknown_flag),
         cmocka_unit_test(test_flag_equals_value),
+        cmocka_unit_test(test_collective_timeout_values),
         cmocka_unit_test(test_mesh_size_in_message),
         cmocka_unit_test(test_int_flags_state_their_range),
         cmocka_unit_test(test_seed_is_64_bit),

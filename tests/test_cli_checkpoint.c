@@ -337,6 +337,23 @@ static void test_damaged_checkpoints_refused(void **state)
     cJSON_Delete(index);
     expect_refused(ck, "", (const char *[]){"index.json", "version 7", NULL});
 
+    /* A negative data position is named as such, not as a missing key. */
+    fresh_checkpoint(ck, sizeof ck, "position");
+    snprintf(path, sizeof path, "%s/step-00000002/index.json", ck);
+    text = read_text(path);
+    index = cJSON_Parse(text);
+    free(text);
+    cJSON *data = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(index, "meta"),
+                                                   "data");
+    assert_non_null(data);
+    cJSON_ReplaceItemInObjectCaseSensitive(data, "samples", cJSON_CreateNumber(-64));
+    text = cJSON_Print(index);
+    write_text(path, text);
+    free(text);
+    cJSON_Delete(index);
+    expect_refused(ck, "", (const char *[]){"data position (data.samples) is -64",
+                                            "which is negative", NULL});
+
     /* The model flags disagree with the saved tensors: named with both shapes. */
     fresh_checkpoint(ck, sizeof ck, "shape");
     expect_refused(ck, "--dim 48", (const char *[]){"wte.weight", "[13, 48]", "[13, 32]", NULL});

@@ -2,7 +2,8 @@
  * `spmd` over several processes, through mpirun: the same run over P
  * processes gives the one-process losses bit for bit, each process holds
  * 1/P of the bytes, a failing or killed process ends the job with its
- * cause, and explain marks the axes that cross processes.
+ * cause, a stopped one through the collective watchdog (a slow one does
+ * not), and explain marks the axes that cross processes.
  *
  * Every mpirun runs under `timeout`, oversubscribed (this machine may have
  * fewer cores than processes) and allowed to run as root.  Without MPI at
@@ -270,6 +271,82 @@ static void test_failing_process_ends_job(void **state)
     assert_null(fopen(report, "r"));
 }
 
+/* A process that stops (SIGSTOP, through spmd-test's hook SPMD_TEST_STOP,
+ * as a hung host or a dead link leaves it) mid-run: the other process's
+ * watchdog (--collective-timeout 5) ends the job well inside the timeout,
+ * non-zero, naming the collective, its axis, the process and host waited
+ * for and the step, with no report. */
+static void test_stopped_process_ends_job(void **state)
+{
+    (void)state;
+    char report[SUPPORT_PATH], cmd[8192];
+    support_path_in(report, dir, "stopped.json");
+    snprintf(cmd, sizeof cmd,
+             "%s SPMD_TEST_STOP=1:3 timeout %d '%s' -n 2 --oversubscribe -x SPMD_TEST_STOP '%s' "
+             "train --steps 50 --collective-timeout 5 --json %s",
+             MPI_ENV, TIMEOUT_S, SPMD_MPIEXEC, SPMD_TEST_TOOL_PATH, report);
+    int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+    if (rc == 124) fail_msg("the job hung: %s", out);
+    assert_int_not_equal(rc, 0);
+    const char *why = strstr(out, "collective timeout: ");
+    if (!why) fail_msg("no collective timeout in:\n%s", out);
+    if (!strstr(out, "process 0: step 3 failed: device ") ||
+        !strstr(why, "over axis 'replica'") || !strstr(why, "waited 5.") ||
+        !strstr(why, "without progress for process 1 on "))
+        fail_msg("the timeout does not name the collective, the process or the step:\n%s", out);
+    assert_null(fopen(report, "r"));
+}
+
+/* A slow process is not a dead one: process 1 sleeps 1 s before each of
+ * 6 steps (SPMD_TEST_DELAY), 6 s of waiting in all under a 5 s watchdog,
+ * and the run finishes. */
+static void test_slow_process_runs(void **state)
+{
+    (void)state;
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s SPMD_TEST_DELAY=1:1 timeout %d '%s' -n 2 --oversubscribe -x SPMD_TEST_DELAY '%s' "
+             "train --steps 6 --collective-timeout 5",
+             MPI_ENV, TIMEOUT_S, SPMD_MPIEXEC, SPMD_TEST_TOOL_PATH);
+    int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    assert_null(strstr(out, "collective timeout"));
+    assert_non_null(strstr(out, "step    6/6"));
+}
+
+/* The network measurement takes several rounds (spmd-test's hook
+ * SPMD_TEST_NET_ROUNDS prints each) and prices with the least disturbed:
+ * the lowest latency and the highest bandwidth of them. */
+static void test_network_rounds(void **state)
+{
+    (void)state;
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s SPMD_TEST_NET_ROUNDS=1 timeout %d '%s' -n 2 --oversubscribe -x SPMD_TEST_NET_ROUNDS "
+             "'%s' explain",
+             MPI_ENV, TIMEOUT_S, SPMD_MPIEXEC, SPMD_TEST_TOOL_PATH);
+    int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    int rounds = 0;
+    double least_us = 0, most_gbps = 0;
+    for (const char *at = out; (at = strstr(at, "network round ")); at++) {
+        int r = -1;
+        double us = 0, gbps = 0;
+        if (sscanf(at, "network round %d: %lf us per message, %lf GB/s", &r, &us, &gbps) != 3)
+            fail_msg("a round's line does not parse:\n%s", out);
+        assert_int_equal(r, rounds);
+        if (!rounds || us < least_us) least_us = us;
+        if (gbps > most_gbps) most_gbps = gbps;
+        rounds++;
+    }
+    assert_int_equal(rounds, 5);
+    /* Rounding is monotonic: the least of the rounded figures is the
+     * rounded least. */
+    char want[128];
+    snprintf(want, sizeof want, ": %.1f us per message, %.2f GB/s (measured)", least_us, most_gbps);
+    if (!strstr(out, want)) fail_msg("no '%s' in:\n%s", want, out);
+}
+
 /* A process killed with SIGKILL mid-run: mpirun ends the others and says
  * which process died. */
 static void test_killed_process_ends_job(void **state)
@@ -328,6 +405,9 @@ int main(void)
         cmocka_unit_test(test_mlp_2x4),
         cmocka_unit_test(test_mlp_2x2x2),
         cmocka_unit_test(test_copies_over_processes),
+        cmocka_unit_test(test_stopped_process_ends_job),
+        cmocka_unit_test(test_slow_process_runs),
+        cmocka_unit_test(test_network_rounds),
         cmocka_unit_test(test_checkpoint_over_processes),
         cmocka_unit_test(test_explain_marks_crossing_axes),
         cmocka_unit_test(test_failing_process_ends_job),

@@ -9,7 +9,10 @@
  * back to back), mismatched calls, allocation through the hook, and abort:
  * members blocked in a collective must wake with an error, every member
  * must stop after the same collective, and the world must work again
- * after a reset.  Every test runs under an alarm so that a hang fails
+ * after a reset.  The watchdog: a member that never arrives is named by
+ * the waits that end within the limit (and no wait blames a peer that is
+ * itself waiting, live), and arrivals a second apart under a 3 s limit are
+ * progress however long the call takes in all.  Every test runs under an alarm so that a hang fails
  * instead of blocking CI.
  *
  * Member threads cannot use cmocka's asserts (they jump out of the test on
@@ -729,6 +732,122 @@ static void test_abort_wakes_blocked(void **state)
     coll_world_free(w);
 }
 
+/* After a reset the world works again, the watchdog still on. */
+static void body_after_watch(team *t, int rank)
+{
+    grp gw = whole_world(t->n);
+    run_suite(t, &gw, rank);
+}
+/* ---- The watchdog ------------------------------------------------------------------- */
+
+enum { WATCH_S = 1 };
+
+typedef struct watch_state {
+    double began, returned_at[MAX_THREADS];
+    spmd_status st[MAX_THREADS];
+    char message[MAX_THREADS][512];
+} watch_state;
+
+/* Device 3 never arrives (as if stuck computing): devices 1 and 2 wait
+ * for it in {1, 2, 3}; device 0 waits in {0, 1} for device 1, which is
+ * itself waiting, live: device 0's watchdog leaves the blame to theirs. */
+static void body_stalled(team *t, int rank)
+{
+    watch_state *ws = t->arg;
+    grp a = {.size = 2, .ranks = {0, 1}}, b = {.size = 3, .ranks = {1, 2, 3}};
+    coll_group *ga = get_group(t, &a), *gb = get_group(t, &b);
+    if (!ga || !gb || rank == 3) return;
+    float buf[64] = {0};
+    spmd_status st = rank == 0 ? ga->ops->all_reduce(ga, 0, buf, 64)
+                               : gb->ops->all_reduce(gb, rank - 1, buf, 64);
+    ws->returned_at[rank] = now_s();
+    ws->st[rank] = st;
+    snprintf(ws->message[rank], sizeof ws->message[rank], "%s", spmd_last_error());
+    /* Device 1 then owes device 0 the call on {0, 1}: it fails at once. */
+    if (rank == 1) {
+        st = ga->ops->all_reduce(ga, 1, buf, 64);
+        CHECK(t, st == SPMD_ERR_BACKEND, "a call after the timeout gave %s",
+              spmd_status_name(st));
+    }
+}
+
+static void test_watchdog_names_missing(void **state)
+{
+    (void)state;
+    coll_world *w = coll_shm_world_create(4, NULL);
+    assert_non_null(w);
+    assert_int_equal(coll_world_timeout_ns(w), (int64_t)SPMD_COLLECTIVE_TIMEOUT_S * 1000000000);
+    coll_world_set_timeout(w, -1);
+    assert_int_equal(coll_world_timeout_ns(w), 0);
+    coll_world_set_timeout(w, WATCH_S);
+    watch_state ws;
+    memset(&ws, 0, sizeof ws);
+    ws.began = now_s();
+    run_team(4, w, body_stalled, &ws);
+    /* Every waiting thread came back: the one whose watchdog fired with
+     * the timeout, the others with the abort it caused. */
+    int fired = -1;
+    for (int r = 0; r < 3; r++) {
+        double dt = ws.returned_at[r] - ws.began;
+        print_message("device %d after %.2f s: %s: %s\n", r, dt, spmd_status_name(ws.st[r]),
+                      ws.message[r]);
+        assert_true(dt >= WATCH_S * 0.99);
+        assert_true(dt < WATCH_S + 60); /* the bound, with a loaded machine's slack */
+        /* Whoever reports, the device waited for is device 3. */
+        if (!strstr(ws.message[r], "for device 3 (member 2), which had not arrived"))
+            fail_msg("device %d does not name device 3: %s", r, ws.message[r]);
+        if (ws.st[r] == SPMD_ERR_TIMEOUT) {
+            assert_int_equal(fired, -1);
+            fired = r;
+            assert_true(r == 1 || r == 2);
+            assert_non_null(strstr(ws.message[r], "collective timeout: all_reduce: device "));
+            assert_non_null(strstr(ws.message[r], " of 3) waited "));
+        } else {
+            assert_int_equal(ws.st[r], SPMD_ERR_BACKEND);
+            assert_non_null(strstr(ws.message[r], "collective aborted: collective timeout: "));
+        }
+    }
+    assert_int_not_equal(fired, -1);
+    assert_true(coll_world_aborted(w));
+    coll_world_reset(w);
+    run_team(4, w, body_after_watch, NULL);
+    coll_world_free(w);
+}
+
+/* Members arrive a second apart, 4 s in all, under a 3 s limit: every
+ * arrival is progress, so nobody's watchdog fires. */
+static void body_staggered(team *t, int rank)
+{
+    watch_state *ws = t->arg;
+    grp gw = whole_world(t->n);
+    coll_group *g = get_group(t, &gw);
+    if (!g) return;
+    struct timespec until;
+    double at = ws->began + rank * 1.0;
+    until.tv_sec = (time_t)at;
+    until.tv_nsec = (long)((at - (double)until.tv_sec) * 1e9);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) != 0) {}
+    check_all_reduce(t, g, &gw, rank, 1001, 7);
+    ws->returned_at[rank] = now_s();
+}
+
+static void test_watchdog_counts_progress(void **state)
+{
+    (void)state;
+    coll_world *w = coll_shm_world_create(5, NULL);
+    assert_non_null(w);
+    coll_world_set_timeout(w, 3);
+    watch_state ws;
+    memset(&ws, 0, sizeof ws);
+    ws.began = now_s();
+    run_team(5, w, body_staggered, &ws);
+    double waited = ws.returned_at[0] - ws.began;
+    print_message("device 0 waited %.2f s in one all_reduce under a 3 s limit\n", waited);
+    assert_true(waited > 3); /* longer than the limit in all */
+    assert_false(coll_world_aborted(w));
+    coll_world_free(w);
+}
+
 /* Abort at an arbitrary moment while every device loops over collectives:
  * each barrier either opened before the abort, for every member, or never
  * opens, so every device must complete the same number of calls, and no
@@ -849,6 +968,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_mismatch, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_abort_wakes_blocked, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_abort_storm, arm_alarm, disarm_alarm),
+        cmocka_unit_test_setup_teardown(test_watchdog_names_missing, arm_alarm, disarm_alarm),
+        cmocka_unit_test_setup_teardown(test_watchdog_counts_progress, arm_alarm, disarm_alarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

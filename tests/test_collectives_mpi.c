@@ -6,7 +6,9 @@
  * runs.  P = 2, 3, 4 with one device each (pure MPI), 2 x 4 and 4 x 2
  * (hierarchical: each process's members are aligned power-of-two runs, so
  * processes exchange partial sums), 2 x 3 and 3 x 2 (non-power-of-two:
- * raw members where a subtree spans processes), and aborts.
+ * raw members where a subtree spans processes), aborts, and the watchdog
+ * (a process that never joins is named; a slow but moving collective is
+ * not ended: 4.5 s in all under a 3 s limit).
  *
  * Every mpirun runs under `timeout 120`, oversubscribed (this machine may
  * have fewer cores than processes) and allowed to run as root.  Without
@@ -59,6 +61,8 @@ static void test_p2_uneven(void **state) { (void)state; run_worker(2, 3, ""); }
 static void test_p3_uneven(void **state) { (void)state; run_worker(3, 2, ""); }
 static void test_abort(void **state) { (void)state; run_worker(2, 1, "--abort"); }
 static void test_abort_hierarchical(void **state) { (void)state; run_worker(3, 2, "--abort"); }
+static void test_watchdog_stall(void **state) { (void)state; run_worker(2, 2, "--stall"); }
+static void test_watchdog_slow(void **state) { (void)state; run_worker(4, 1, "--slow"); }
 
 int main(void)
 {
@@ -72,6 +76,8 @@ int main(void)
         cmocka_unit_test(test_p3_uneven),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_abort_hierarchical),
+        cmocka_unit_test(test_watchdog_stall),
+        cmocka_unit_test(test_watchdog_slow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

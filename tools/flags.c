@@ -54,6 +54,9 @@ struct flag_spec {
 };
 
 #define FIELD(f) offsetof(cli_opts, f)
+/* A macro's value as the usage shows it. */
+#define STRING_(x) #x
+#define STRING(x) STRING_(x)
 
 static int set_model(const flag_spec *fs, char *v, cli_opts *o);
 static int set_optimizer(const flag_spec *fs, char *v, cli_opts *o);
@@ -305,6 +308,12 @@ static const flag_spec flag_specs[] = {
     {.name = "--threads", .commands = MODEL_COMMANDS, .kind = FLAG_INT, .offset = FIELD(threads),
      .value = "N", .help = "compute threads in all, per process under mpirun",
      .shown = "every core; under mpirun, the host's cores / its processes", .min = 1},
+    {.name = "--collective-timeout", .commands = CMD_TRAIN | CMD_SAMPLE, .kind = FLAG_FLOAT,
+     .offset = FIELD(collective_timeout_s), .value = "S",
+     .help = "end the job when a device waits S seconds in a collective without progress (no "
+             "peer arriving, no message completing), naming the collective, its axes, the "
+             "process and host waited for; 0: the default, negative: never",
+     .shown = STRING(SPMD_COLLECTIVE_TIMEOUT_S), .min = -1e7, .max = 1e7, .max_included = true},
     {.name = "--blas", .commands = MODEL_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(blas),
      .value = "NAME", .help = "GEMM backends: auto, openblas, blis, a CBLAS .so path, onednn (f32 on "
                              "oneDNN's matmul) or measure (each shape class timed, the fastest "

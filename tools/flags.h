@@ -57,6 +57,7 @@ typedef struct cli_opts {
     int batch, steps, threads, devices;
     int processes;     /* explain: plan for this many processes; under mpirun, its -n */
     float net_latency_us, net_gbps; /* the network's figures; 0: measured under mpirun, or assumed */
+    float collective_timeout_s; /* the collective watchdog (spmd_compile_options): 0 default, < 0 off */
     float lr;          /* peak learning rate: the flag's, else the optimizer's default */
     uint64_t seed;     /* copy 0's, as lr and warmup: the lists below give each copy's */
     const char *mesh;  /* "4x2" */

@@ -8,6 +8,7 @@
 #include "copies.h"
 #include "message.h"
 #include "processes.h"
+#include "test_hooks.h"
 
 #include <fnmatch.h>
 #include <limits.h>
@@ -186,6 +187,10 @@ static int set_network(const cli_opts *o, cli_model *m)
     if (processes_count() > 1) {
         if (processes_measure_network(&latency, &bandwidth)) return 1;
         m->network_source = "measured";
+        const double *round_latency, *round_bandwidth;
+        int rounds = processes_network_rounds(&round_latency, &round_bandwidth);
+        for (int r = 0; r < rounds; r++)
+            test_hooks_network_round(r, round_latency[r], round_bandwidth[r]);
     }
     if (o->net_latency_us || o->net_gbps) m->network_source = "given";
     if (o->net_latency_us) latency = o->net_latency_us * 1e-6;
@@ -360,7 +365,8 @@ spmd_program *model_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
     }
     spmd_compile_options copt = {.threads = threads, .seed = o->seed, .plan_only = plan_only,
                                  .mpi_comm = plan_only ? NULL : processes_mpi_comm(),
-                                 .copy_seeds = copies_seeds(o)};
+                                 .copy_seeds = copies_seeds(o),
+                                 .collective_timeout_s = o->collective_timeout_s};
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());
     return p;

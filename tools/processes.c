@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* A value as a message shows it: whole when short, else its start and
  * its length (a --prompt may be 100 KB). */
@@ -163,9 +164,34 @@ static double round_trip(char *buf, int bytes, int peer, int trips)
     return t[trips / 2];
 }
 
+/* Until `req` completes, without spinning: the processes that wait for
+ * the two that measure would otherwise take their cores on a shared host
+ * (MPI's own waits busy-poll) and slow the very trips being timed. */
+static int wait_quietly(MPI_Request *req)
+{
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return 1;
+        if (done) return 0;
+        struct timespec nap = {0, 200 * 1000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+enum { NET_ROUNDS = 5 };
+static double round_latency[NET_ROUNDS], round_bandwidth[NET_ROUNDS];
+static int rounds_done;
+
+int processes_network_rounds(const double **latency_s, const double **bytes_per_s)
+{
+    *latency_s = round_latency;
+    *bytes_per_s = round_bandwidth;
+    return rounds_done;
+}
+
 int processes_measure_network(double *latency_s, double *bytes_per_s)
 {
-    enum { SMALL = 8, LARGE = 4 << 20 };
+    enum { SMALL = 8, LARGE = 4 << 20, ROUNDS = NET_ROUNDS };
     double fig[2] = {0, 0};
     *latency_s = *bytes_per_s = 0;
     if (!started) return 0;
@@ -178,19 +204,36 @@ int processes_measure_network(double *latency_s, double *bytes_per_s)
             cli_fail("out of memory for the network measurement");
             return 1;
         }
+        /* Several rounds, each the median of its trips, and the least
+         * disturbed round's figures: noise (a process descheduled on a
+         * shared host) only ever adds time, so the lowest latency and the
+         * highest bandwidth are the nearest to the link's. */
         int peer = procs - 1;
-        double small = round_trip(buf, SMALL, peer, 50);
-        double large = round_trip(buf, LARGE, peer, 8);
+        for (int r = 0; r < ROUNDS && (rank == 0 || rank == peer); r++) {
+            double small = round_trip(buf, SMALL, peer, 20);
+            double large = round_trip(buf, LARGE, peer, 4);
+            double latency = small / 2;
+            /* Noise can make the small trip look as long as the large one:
+             * then the large one's time is taken whole. */
+            double one_way = large / 2 - latency;
+            if (one_way <= 0) one_way = large / 2;
+            double bandwidth = one_way > 0 ? LARGE / one_way : 0;
+            if (rank == 0) {
+                round_latency[r] = latency;
+                round_bandwidth[r] = bandwidth;
+                rounds_done = r + 1;
+            }
+            if (r == 0 || latency < fig[0]) fig[0] = latency;
+            if (bandwidth > fig[1]) fig[1] = bandwidth;
+        }
         free(buf);
-        fig[0] = small / 2;
-        /* Noise can make the small trip look as long as the large one:
-         * then the large one's time is taken whole. */
-        double one_way = large / 2 - fig[0];
-        if (one_way <= 0) one_way = large / 2;
-        fig[1] = one_way > 0 ? LARGE / one_way : 0;
     }
     /* Process 0 measured; everyone prices with its figures. */
-    MPI_Bcast(fig, 2, MPI_DOUBLE, 0, world);
+    MPI_Request req;
+    if (MPI_Ibcast(fig, 2, MPI_DOUBLE, 0, world, &req) != MPI_SUCCESS || wait_quietly(&req)) {
+        cli_fail("MPI_Ibcast of the network's figures failed");
+        return 1;
+    }
     *latency_s = fig[0];
     *bytes_per_s = fig[1];
     return 0;
@@ -272,6 +315,12 @@ int processes_measure_network(double *latency_s, double *bytes_per_s)
 {
     *latency_s = 0;
     *bytes_per_s = 0;
+    return 0;
+}
+
+int processes_network_rounds(const double **latency_s, const double **bytes_per_s)
+{
+    *latency_s = *bytes_per_s = NULL;
     return 0;
 }
 

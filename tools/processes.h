@@ -31,9 +31,14 @@ const void *processes_mpi_comm(void);
  * a copy with one process.  0, or 1 with a message. */
 int processes_gather_double(double mine, double *all);
 /* Measure the network between process 0 and the last one (ping-pong of
- * small and large messages): latency per message and bandwidth.  Every
+ * small and large messages, in rounds): latency per message and
+ * bandwidth.  Every
  * process calls it; 0, or 1 with a message. */
 int processes_measure_network(double *latency_s, double *bytes_per_s);
+/* The rounds of the last measurement, on process 0 (0 rounds elsewhere):
+ * each round's latency and bandwidth; the figures are the least disturbed
+ * of them. */
+int processes_network_rounds(const double **latency_s, const double **bytes_per_s);
 /* Whether every process was started with process 0's settings: `settings`
  * is `len` bytes of NUL-terminated name and value pairs in one order
  * (flags_settings).  Every process calls it; a 64-bit digest of each is

@@ -330,8 +330,13 @@ static int resume_copy(const cli_opts *o, const cli_model *m, spmd_program *p, i
     int rc = meta ? compare_settings(o, m, meta)
                   : cli_fail("--resume %s: cannot parse its meta", o->resume);
     const cJSON *pos = item(item(meta, "data"), "samples");
-    if (!rc && (!cJSON_IsNumber(pos) || pos->valuedouble < 0 || pos->valuedouble > 9e15))
+    if (!rc && !cJSON_IsNumber(pos))
         rc = cli_fail("--resume %s: its meta lacks the data position (data.samples)", o->resume);
+    else if (!rc && (pos->valuedouble < 0 || pos->valuedouble > 9e15 ||
+                     pos->valuedouble != (double)(int64_t)pos->valuedouble))
+        rc = cli_fail("--resume %s: its data position (data.samples) is %g, %s", o->resume,
+                      pos->valuedouble,
+                      pos->valuedouble < 0 ? "which is negative" : "not a count of samples");
     if (!rc && saved >= o->steps)
         rc = cli_fail("--resume %s: the checkpoint is at step %lld and --steps is %d: nothing is "
                       "left to train (a larger --steps continues it)",

@@ -7,9 +7,11 @@
 
 #include "train/checkpoint_hook.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 bool test_hooks_bad_token(int step)
@@ -18,6 +20,31 @@ bool test_hooks_bad_token(int step)
     int proc = -1, at = -1;
     if (!hook || sscanf(hook, "%d:%d", &proc, &at) != 2) return false;
     return proc == processes_rank() && at == step + 1;
+}
+
+void test_hooks_step_begin(int step)
+{
+    const char *stop = getenv("SPMD_TEST_STOP"), *delay = getenv("SPMD_TEST_DELAY");
+    int proc = -1, at = -1;
+    double seconds = 0;
+    if (stop && sscanf(stop, "%d:%d", &proc, &at) == 2 && proc == processes_rank() &&
+        at == step + 1) {
+        fprintf(stderr, "spmd: test: process %d stops at step %d\n", proc, at);
+        fflush(stderr);
+        raise(SIGSTOP);
+    }
+    if (delay && sscanf(delay, "%d:%lf", &proc, &seconds) == 2 && proc == processes_rank() &&
+        seconds > 0) {
+        struct timespec nap = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+        while (nanosleep(&nap, &nap) != 0) {}
+    }
+}
+
+void test_hooks_network_round(int round, double latency_s, double bytes_per_s)
+{
+    if (!getenv("SPMD_TEST_NET_ROUNDS")) return;
+    fprintf(stderr, "spmd: test: network round %d: %.1f us per message, %.2f GB/s\n", round,
+            latency_s * 1e6, bytes_per_s / 1e9);
 }
 
 typedef struct pause_at {
@@ -68,6 +95,11 @@ bool test_hooks_bad_token(int step)
     return false;
 }
 
+void test_hooks_step_begin(int step) { (void)step; }
+void test_hooks_network_round(int round, double latency_s, double bytes_per_s)
+{
+    (void)round, (void)latency_s, (void)bytes_per_s;
+}
 void test_hooks_save_begin(int step) { (void)step; }
 void test_hooks_save_end(void) {}
 size_t test_hooks_shard_tokens(size_t max) { return max; }

@@ -7,6 +7,17 @@
  *       outside the vocabulary at step STEP (from 1): its step fails in the
  *       embedding, as a corrupt shard would make it, while the other
  *       processes wait in a collective (test_cli_mpi).
+ *   SPMD_TEST_STOP=PROCESS:STEP        process PROCESS stops itself (SIGSTOP)
+ *       as step STEP (from 1) begins, as a hung host or a dead link would
+ *       leave it: the others wait in a collective until the watchdog
+ *       (--collective-timeout) ends the job (test_cli_mpi).
+ *   SPMD_TEST_DELAY=PROCESS:SECONDS    process PROCESS sleeps SECONDS before
+ *       every step, so its peers wait that long in a collective each step:
+ *       a slow process, which the watchdog must not end (test_cli_mpi).
+ *   SPMD_TEST_NET_ROUNDS=1             process 0 prints each round of the
+ *       network measurement ("spmd: test: network round R: X us per
+ *       message, Y GB/s"), so a test can check which round's figures the
+ *       run took (test_cli_mpi).
  *   SPMD_TEST_SAVE_PAUSE=STEP:STAGE    the save of step STEP stops after
  *       STAGE (a file of the save, "index.json", "step-NNNNNNNN" or
  *       "latest"; see train/checkpoint_hook.h), says so on stderr and waits
@@ -27,6 +38,10 @@
 
 /* Whether this process feeds a bad token at step `step` (from 0). */
 bool test_hooks_bad_token(int step);
+/* As step `step` (from 0) begins: the stop or the delay, if asked for. */
+void test_hooks_step_begin(int step);
+/* One round of the network measurement, seconds and bytes per second. */
+void test_hooks_network_round(int round, double latency_s, double bytes_per_s);
 /* Around the save of step `step`: arm the pause, then take it away. */
 void test_hooks_save_begin(int step);
 void test_hooks_save_end(void);

@@ -16,6 +16,7 @@
 #include "processes.h"
 #include "report.h"
 #include "run_checkpoint.h"
+#include "test_hooks.h"
 #include "trace.h"
 #include "weights.h"
 
@@ -548,6 +549,7 @@ static int train(cli_opts *o_in, FILE *log)
         if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room, copies))) break;
         float *loss = &losses[(size_t)i * (size_t)copies];
         if ((rc = trace_before_step(&o, &traced, p, s + 1))) break;
+        test_hooks_step_begin(s);
         double t0 = now_ms();
         /* A step is its micro-batches (one without --accumulate), each
          * the next --batch samples; its loss their losses' mean, the loss

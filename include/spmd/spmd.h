@@ -37,7 +37,8 @@ typedef enum spmd_status {
     SPMD_ERR_IO,          /* a file could not be read or written */
     SPMD_ERR_UNSUPPORTED, /* valid request the library cannot do (yet) */
     SPMD_ERR_BACKEND,     /* BLAS or another backend is missing or failed */
-    SPMD_ERR_INTERNAL     /* a broken invariant: a libspmd bug */
+    SPMD_ERR_INTERNAL,    /* a broken invariant: a libspmd bug */
+    SPMD_ERR_TIMEOUT      /* a collective made no progress for its timeout */
 } spmd_status;
 
 /* The message of the last failure on this thread, "" when none.  A call
@@ -284,7 +285,19 @@ typedef struct spmd_compile_options {
     /* Run every elementwise op as its own pass instead of fusing chains of
      * them into one (the same bits either way): for comparisons. */
     bool unfused;
+    /* The collective watchdog: a device that waits this many seconds in a
+     * collective without progress (no peer arriving, no message of the
+     * collective completing) fails its step with SPMD_ERR_TIMEOUT,
+     * "collective timeout: ...", naming the collective, its axes and the
+     * device or process (and host) it waited for, and every other wait of
+     * this process ends.  0: the default, SPMD_COLLECTIVE_TIMEOUT_S;
+     * negative: no watchdog (a dead peer is waited for forever). */
+    double collective_timeout_s;
 } spmd_compile_options;
+
+/* The watchdog's default: a dead link ends a job within two minutes,
+ * while no collective of a healthy run goes this long without progress. */
+#define SPMD_COLLECTIVE_TIMEOUT_S 100
 
 SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);
 SPMD_API void spmd_program_free(spmd_program *p);

@@ -70,11 +70,14 @@ class Graph(_core.Graph):
 
     def compile(self, **options):
         """compile(*, seed=0, threads=0, plan_only=False, unfused=False,
-        copy_seeds=None, mpi=None) -> Program.  Under mpirun (several
-        processes) a graph with marks runs over them (mpi=None or True;
-        mpi=False runs every device in this process); compile, run and
-        read are then collective: every process makes the same calls in
-        the same order."""
+        copy_seeds=None, mpi=None, collective_timeout=0) -> Program.  Under
+        mpirun (several processes) a graph with marks runs over them
+        (mpi=None or True; mpi=False runs every device in this process);
+        compile, run and read are then collective: every process makes the
+        same calls in the same order.  collective_timeout: the watchdog's
+        seconds without progress in a collective before a run raises
+        TimeoutError ("collective timeout: ..."); 0 the default (100),
+        negative never."""
         return super().compile(**_processes.compile_options(self, options))
 
     def explain(self, **compile_options):

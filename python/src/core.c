@@ -62,6 +62,7 @@ static PyObject *raise_status(spmd_status st)
     case SPMD_ERR_UNSUPPORTED: type = PyExc_ValueError; break;
     case SPMD_ERR_NOMEM: type = PyExc_MemoryError; break;
     case SPMD_ERR_IO: type = PyExc_OSError; break;
+    case SPMD_ERR_TIMEOUT: type = PyExc_TimeoutError; break;
     default: type = PyExc_RuntimeError; break;
     }
     const char *msg = spmd_last_error();
@@ -1957,12 +1958,14 @@ static PyObject *graph_gpt(GraphObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", "mpi", NULL};
+    static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", "mpi",
+                             "collective_timeout", NULL};
     unsigned long long seed = 0;
     int threads = 0, plan_only = 0, unfused = 0, over_processes = 0;
+    double collective_timeout = 0;
     PyObject *seeds_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippOp:compile", kwlist, &seed, &threads, &plan_only,
-                                     &unfused, &seeds_o, &over_processes) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippOpd:compile", kwlist, &seed, &threads, &plan_only,
+                                     &unfused, &seeds_o, &over_processes, &collective_timeout) ||
         graph_open(self) < 0)
         return NULL;
     /* Over processes: MPI_COMM_WORLD, which the world duplicates at compile. */
@@ -2020,7 +2023,8 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
         }
     }
     spmd_compile_options opts = {.threads = threads, .seed = seed, .plan_only = plan_only,
-                                 .copy_seeds = seeds, .unfused = unfused, .mpi_comm = comm};
+                                 .copy_seeds = seeds, .unfused = unfused, .mpi_comm = comm,
+                                 .collective_timeout_s = collective_timeout};
     spmd_program *p = spmd_compile(self->g, &opts);
     PyMem_Free(seeds);
     if (!p) {
@@ -2103,8 +2107,11 @@ static PyMethodDef graph_methods[] = {
      "(spmd_mlp_build; loss 'mse' or 'cross_entropy' adds the targets and the loss)"},
     {"gpt", KW(graph_gpt), "gpt(vocab, seq, layers, heads, dim, batch, context=0) -> dict of tensors"},
     {"compile", KW(graph_compile),
-     "compile(*, seed=0, threads=0, plan_only=False, unfused=False, copy_seeds=None, mpi=False) -> Program; "
-     "mpi=True: over the processes of MPI_COMM_WORLD (mpi_start), each running its run of devices"},
+     "compile(*, seed=0, threads=0, plan_only=False, unfused=False, copy_seeds=None, mpi=False, "
+     "collective_timeout=0) -> Program; "
+     "mpi=True: over the processes of MPI_COMM_WORLD (mpi_start), each running its run of devices; "
+     "collective_timeout: seconds a device may wait in a collective without progress before its "
+     "run raises TimeoutError (0: the default, 100; negative: never)"},
     {"close", FN(graph_close), METH_NOARGS, "close(): free the graph now (no program may be open)"},
     {"__enter__", FN(graph_enter), METH_NOARGS, NULL},
     {"__exit__", FN(graph_exit), METH_VARARGS, NULL},

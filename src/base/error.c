@@ -46,6 +46,7 @@ const char *spmd_status_name(spmd_status status)
     case SPMD_ERR_UNSUPPORTED: return "unsupported";
     case SPMD_ERR_BACKEND: return "backend error";
     case SPMD_ERR_INTERNAL: return "internal error";
+    case SPMD_ERR_TIMEOUT: return "timed out";
     }
     return "unknown status";
 }

@@ -103,6 +103,13 @@ void coll_world_local(const coll_world *w, int *first, int *count, int *size);
  * calls it, as for connect.  A plain copy in a shared-memory world. */
 spmd_status coll_world_gather_processes(coll_world *w, const void *in, void *out,
                                         const int64_t *bytes_of);
+/* The watchdog (spmd_compile_options.collective_timeout_s): a member
+ * that waits `seconds` in a collective without progress fails it with
+ * SPMD_ERR_TIMEOUT, "collective timeout: OP: ...", naming whom it waited
+ * for, and aborts the world with that message.  0: the default
+ * (SPMD_COLLECTIVE_TIMEOUT_S), negative: never.  Set before any
+ * collective runs; a world starts with the default. */
+void coll_world_set_timeout(coll_world *w, double seconds);
 /* Make every waiting and later collective fail with `message`.  It does
  * not reach other processes: the caller ends the job (MPI_Abort) so that
  * their collectives do not wait for this one. */

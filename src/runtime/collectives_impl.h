@@ -81,6 +81,23 @@ coll_group *coll_shm_world_group(coll_world *w, int size, const int *ranks);
 /* The error every collective returns after an abort, with its first cause. */
 spmd_status coll_shm_aborted_error(coll_world *w);
 
+/* The watchdog's limit in nanoseconds (0: off), and how often a wait
+ * looks at the clock while it sleeps: an eighth of the limit, so a stall
+ * is seen between the limit and 9/8 of it after the last progress. */
+int64_t coll_world_timeout_ns(const coll_world *w);
+int64_t coll_world_tick_ns(int64_t timeout_ns);
+/* What a wait of this process's device `rank` (its shared-memory world
+ * rank) tells the other waits: since when it has made no progress
+ * (rt_wait_now_ns; 0: not waiting) and, when it only waits because the
+ * device it waits for is itself waiting, that device (else -1).  A wait
+ * whose limit passes while the device it waits for waits on, live, in
+ * another collective leaves the blame to that one (collectives_shm.c). */
+void coll_shm_waiting(coll_world *w, int rank, int64_t since, int on);
+/* Whether device `rank` waits in a collective that is live: the chain of
+ * waits it waits on ends in one that made progress within 3/2 of the
+ * limit, without coming back to `me`. */
+bool coll_shm_wait_live(coll_world *w, int rank, int me, int64_t now, int64_t timeout_ns);
+
 /* A group of this process's devices that only its owner uses (never
  * returned by a lookup), freed and aborted with the world. */
 typedef struct coll_shm_group coll_shm_group;
@@ -90,8 +107,9 @@ coll_shm_group *coll_shm_group_private(coll_world *w, int size, const int *ranks
  * when members made different calls, as every shared-memory collective. */
 spmd_status coll_shm_enter(coll_shm_group *g, int member, coll_op op, const void *in, void *out,
                            int64_t a, int64_t b, int root, const int *src, int src_n);
-/* A barrier that waits through an abort: between phases and to leave. */
-void coll_shm_sync(coll_shm_group *g);
+/* A barrier that waits through an abort: between phases and to leave
+ * (`member`: the caller's rank in the group). */
+void coll_shm_sync(coll_shm_group *g, int member);
 /* What member `member` published for the current call. */
 const void *coll_shm_in(const coll_shm_group *g, int member);
 void *coll_shm_out(const coll_shm_group *g, int member);

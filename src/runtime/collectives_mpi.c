@@ -56,8 +56,12 @@
 
 enum {
     MESSAGE = 256,
-    /* MPI counts are ints: longer messages go in pieces of 1 GiB. */
-    PIECE_BYTES = 1 << 30,
+    /* MPI counts are ints: longer messages go in pieces of 64 MiB (small
+     * enough that the watchdog sees a slow link's progress piece by piece:
+     * 64 MiB in 100 s is 0.7 MB/s). */
+    PIECE_BYTES = 1 << 26,
+    /* Polls between two looks at the clock, once a wait yields. */
+    CLOCK_POLLS = 16,
     /* Polls of a wait before each further poll yields the core, as Open
      * MPI's own waits do when oversubscribed: device threads and processes
      * often outnumber cores. */
@@ -84,6 +88,9 @@ typedef struct xfer {
     MPI_Request *req;
     MPI_Status *st;
     int64_t *expect; /* bytes a receive must get; -1 for a send */
+    int *peer;       /* the process (index in procs[]) at the other end */
+    int *idx;        /* MPI_Testsome's completed indices and statuses */
+    MPI_Status *got;
     int n, cap;
     spmd_status err; /* a post that failed (its message recorded); the wait reports it */
 } xfer;
@@ -109,6 +116,8 @@ typedef struct mpi_group {
     int n_local_units, n_inner_units, n_remote_units;
     coll_term *terms;  /* [k][n]: each local member's terms for a sum */
     coll_shm_group *shm; /* the local members' barrier and slots */
+    int lead;          /* the leader's rank in this process's shared-memory world */
+    coll_op op;        /* the leader's current call, for the watchdog's message */
     MPI_Comm comm;     /* MPI_COMM_NULL until coll_world_connect */
     /* The leader's: requests, staging memory, and the outcome of its parts,
      * which the local members read after the next barrier.  Two records,
@@ -133,6 +142,8 @@ struct mpi_world {
     spmd_allocator alloc;
     pthread_mutex_t mu; /* the group list, and connect */
     mpi_group *groups;
+    /* Every process's host (MPI_Get_processor_name), for messages. */
+    char (*hosts)[MPI_MAX_PROCESSOR_NAME];
     /* An abort: every group that crosses processes fails from then on. */
     _Atomic bool failed;
     pthread_mutex_t fail_mu;
@@ -158,22 +169,35 @@ static bool xfer_room(mpi_group *g, xfer *x)
     MPI_Request *req = base_alloc(a, sizeof *req * (size_t)cap, "MPI requests");
     MPI_Status *st = base_alloc(a, sizeof *st * (size_t)cap, "MPI requests");
     int64_t *expect = base_alloc(a, sizeof *expect * (size_t)cap, "MPI requests");
-    if (!req || !st || !expect) {
+    int *peer = base_alloc(a, sizeof *peer * (size_t)cap, "MPI requests");
+    int *idx = base_alloc(a, sizeof *idx * (size_t)cap, "MPI requests");
+    MPI_Status *got = base_alloc(a, sizeof *got * (size_t)cap, "MPI requests");
+    if (!req || !st || !expect || !peer || !idx || !got) {
         base_free(a, req);
         base_free(a, st);
         base_free(a, expect);
+        base_free(a, peer);
+        base_free(a, idx);
+        base_free(a, got);
         return false;
     }
     if (x->n) {
         memcpy(req, x->req, sizeof *req * (size_t)x->n);
         memcpy(expect, x->expect, sizeof *expect * (size_t)x->n);
+        memcpy(peer, x->peer, sizeof *peer * (size_t)x->n);
     }
     base_free(a, x->req);
     base_free(a, x->st);
     base_free(a, x->expect);
+    base_free(a, x->peer);
+    base_free(a, x->idx);
+    base_free(a, x->got);
     x->req = req;
     x->st = st;
     x->expect = expect;
+    x->peer = peer;
+    x->idx = idx;
+    x->got = got;
     x->cap = cap;
     return true;
 }
@@ -200,6 +224,7 @@ static void post(mpi_group *g, bool recv, const void *buf, int64_t bytes, int pe
             x->err = mpi_error(rc, recv ? "MPI_Irecv" : "MPI_Isend");
             return;
         }
+        x->peer[x->n] = peer;
         x->expect[x->n++] = recv ? piece : -1;
         at += piece;
     } while (at < bytes);
@@ -260,28 +285,89 @@ static spmd_status break_group(mpi_group *g, spmd_status st)
     return st;
 }
 
+/* The watchdog fired in the leader's wait: name the process the first
+ * pending message is with (a receive first: that peer has not delivered),
+ * give up on the group and abort the world, so every local wait ends. */
+static spmd_status xfer_expired(mpi_group *g, int64_t waited_ns)
+{
+    xfer *x = &g->x;
+    mpi_world *w = g->world;
+    int pending = 0, recv = -1, send = -1;
+    for (int i = 0; i < x->n; i++) {
+        if (x->req[i] == MPI_REQUEST_NULL) continue;
+        pending++;
+        if (x->expect[i] >= 0 && recv < 0) recv = i;
+        if (x->expect[i] < 0 && send < 0) send = i;
+    }
+    int at = recv >= 0 ? recv : send;
+    int proc = at >= 0 ? g->procs[x->peer[at]] : -1;
+    base_error(SPMD_ERR_TIMEOUT,
+               "collective timeout: %s: device %d (process %d on %s) waited %.1f s without "
+               "progress for process %d on %s, %s (%d of the call's %d messages pending)",
+               coll_op_names[g->op], g->ranks[g->local[0]], w->rank, w->hosts[w->rank],
+               (double)waited_ns * 1e-9, proc, proc >= 0 ? w->hosts[proc] : "?",
+               recv >= 0 ? "whose message had not arrived" : "which had not taken its message",
+               pending, x->n);
+    char msg[MESSAGE];
+    snprintf(msg, sizeof msg, "%s", spmd_last_error());
+    break_group(g, SPMD_ERR_TIMEOUT);
+    coll_world_abort(w->shm, msg);
+    return base_error(SPMD_ERR_TIMEOUT, "%s", msg);
+}
+
 /* Wait for every posted request, polling, so that an abort of the world
  * ends the wait.  Then check that each receive got the bytes it expected:
- * fewer mean the processes made different calls. */
+ * fewer mean the processes made different calls.
+ *
+ * The watchdog: once the wait yields, it reads the clock every
+ * CLOCK_POLLS polls; a message that completed since the last reading is
+ * progress, and the limit without any fires it (xfer_expired).  The
+ * leader's device tells the local waits how long it has waited
+ * (coll_shm_waiting), so that they leave the blame to this wait. */
 static spmd_status xfer_wait(mpi_group *g)
 {
     xfer *x = &g->x;
     if (x->err) return break_group(g, x->err);
-    for (int spins = 0;; spins++) {
+    coll_world *shm = g->world->shm;
+    int64_t limit = coll_world_timeout_ns(shm), since = 0;
+    bool moved = false;
+    spmd_status st = SPMD_OK;
+    for (int spins = 0, left = x->n; left > 0; spins++) {
         int done = 0;
-        int rc = MPI_Testall(x->n, x->req, &done, x->st);
+        int rc = MPI_Testsome(x->n, x->req, &done, x->idx, x->got);
         if (rc != MPI_SUCCESS) {
-            for (int i = 0; i < x->n; i++)
-                if (x->st[i].MPI_ERROR != MPI_SUCCESS && x->st[i].MPI_ERROR != MPI_ERR_PENDING) {
-                    rc = x->st[i].MPI_ERROR;
+            for (int j = 0; j < done && done != MPI_UNDEFINED; j++)
+                if (x->got[j].MPI_ERROR != MPI_SUCCESS && x->got[j].MPI_ERROR != MPI_ERR_PENDING) {
+                    rc = x->got[j].MPI_ERROR;
                     break;
                 }
-            return break_group(g, mpi_error(rc, "a collective's message (MPI_Testall)"));
+            st = break_group(g, mpi_error(rc, "a collective's message (MPI_Testsome)"));
+            break;
         }
-        if (done) break;
-        if (atomic_load(&g->world->failed)) return break_group(g, failure_error(g->world));
-        if (spins >= POLL_SPINS) sched_yield();
+        if (done == MPI_UNDEFINED) break;
+        for (int j = 0; j < done; j++) x->st[x->idx[j]] = x->got[j];
+        left -= done;
+        moved |= done > 0;
+        if (left == 0) break;
+        if (atomic_load(&g->world->failed)) {
+            st = break_group(g, failure_error(g->world));
+            break;
+        }
+        if (spins < POLL_SPINS) continue;
+        sched_yield();
+        if (limit <= 0 || spins % CLOCK_POLLS) continue;
+        int64_t now = rt_wait_now_ns();
+        if (!since || moved) {
+            since = now;
+            moved = false;
+            coll_shm_waiting(shm, g->lead, since, -1);
+        } else if (now - since >= limit) {
+            st = xfer_expired(g, now - since);
+            break;
+        }
     }
+    if (since) coll_shm_waiting(shm, g->lead, 0, -1);
+    if (st) return st;
     for (int i = 0; i < x->n; i++) {
         if (x->expect[i] < 0) continue;
         int got = 0;
@@ -359,11 +445,14 @@ static spmd_status usable(mpi_group *g)
 static spmd_status enter(mpi_group *g, int l, coll_op op, const void *in, void *out, int64_t a,
                          int64_t b, int root, const int *src, spmd_status prepared)
 {
-    if (l == 0) record(prepared, &g->entry_status, g->entry_message);
+    if (l == 0) {
+        record(prepared, &g->entry_status, g->entry_message);
+        g->op = op;
+    }
     spmd_status st = coll_shm_enter(g->shm, l, op, in, out, a, b, root, src, src ? g->n : 0);
     if (st) return st;
     st = replay(g->entry_status, g->entry_message);
-    if (st) coll_shm_sync(g->shm);
+    if (st) coll_shm_sync(g->shm, l);
     return st;
 }
 
@@ -372,7 +461,7 @@ static spmd_status enter(mpi_group *g, int l, coll_op op, const void *in, void *
 static spmd_status exchanged(mpi_group *g, int l, spmd_status st)
 {
     if (l == 0) record(st, &g->status, g->message);
-    coll_shm_sync(g->shm);
+    coll_shm_sync(g->shm, l);
     return l == 0 ? st : replay(g->status, g->message);
 }
 
@@ -492,11 +581,11 @@ static spmd_status mpi_all_reduce(coll_group *pub, int member, float *buf, int64
         int64_t from, to;
         chunk_of(count, g->k, l, &from, &to);
         sum_local_units(g, l, NULL, 0, from, to);
-        coll_shm_sync(g->shm);
+        coll_shm_sync(g->shm, l);
     }
     st = exchanged(g, l, l == 0 ? all_reduce_exchange(g, buf, count) : SPMD_OK);
     if (!st && l != 0) copy(buf, in_f(g, 0), sizeof *buf * (size_t)count);
-    coll_shm_sync(g->shm);
+    coll_shm_sync(g->shm, l);
     return st;
 }
 
@@ -586,7 +675,7 @@ static spmd_status mpi_reduce_scatter(coll_group *pub, int member, const float *
         int64_t from, to;
         chunk_of(outer * inner * g->n, g->k, l, &from, &to);
         sum_local_units(g, l, s.sums, outer * inner * g->n, from, to);
-        coll_shm_sync(g->shm);
+        coll_shm_sync(g->shm, l);
     }
     st = exchanged(g, l, l == 0 ? reduce_scatter_exchange(g, outer, inner) : SPMD_OK);
     if (!st) {
@@ -604,7 +693,7 @@ static spmd_status mpi_reduce_scatter(coll_group *pub, int member, const float *
         }
         for (int64_t r = 0; r < outer; r++) coll_tree_sum(t, 0, g->n, r, 0, out + inner * r, inner);
     }
-    coll_shm_sync(g->shm);
+    coll_shm_sync(g->shm, l);
     return st;
 }
 
@@ -670,7 +759,7 @@ static spmd_status mpi_all_gather(coll_group *pub, int member, const void *in, v
                     copy(o + row * (size_t)r + (size_t)(inner_bytes * j),
                          lead + row * (size_t)r + (size_t)(inner_bytes * j), (size_t)inner_bytes);
     }
-    coll_shm_sync(g->shm);
+    coll_shm_sync(g->shm, l);
     return st;
 }
 
@@ -749,7 +838,7 @@ static spmd_status mpi_broadcast(coll_group *pub, int member, void *buf, int64_t
     st = exchanged(g, l, l == 0 ? broadcast_exchange(g, root, bytes) : SPMD_OK);
     int source = g->proc_of[root] == g->me ? g->local_of[root] : 0;
     if (!st && l != source) copy(buf, coll_shm_out(g->shm, source), (size_t)bytes);
-    coll_shm_sync(g->shm);
+    coll_shm_sync(g->shm, l);
     return st;
 }
 
@@ -815,6 +904,9 @@ static void group_free(mpi_world *w, mpi_group *g)
     base_free(a, g->x.req);
     base_free(a, g->x.st);
     base_free(a, g->x.expect);
+    base_free(a, g->x.peer);
+    base_free(a, g->x.idx);
+    base_free(a, g->x.got);
     base_free(a, g->stage);
     base_free(a, g);
 }
@@ -901,6 +993,7 @@ static mpi_group *group_create(mpi_world *w, int size, const int *ranks)
     g->terms = array(w, g->k * size, sizeof *g->terms, &ok);
     int local_ranks[COLL_MAX_MEMBERS];
     for (int i = 0; i < g->k; i++) local_ranks[i] = ranks[g->local[i]] - w->rank * w->local;
+    g->lead = local_ranks[0];
     g->shm = ok ? coll_shm_group_private(w->shm, g->k, local_ranks) : NULL;
     if (!g->shm) {
         group_free(w, g);
@@ -1150,9 +1243,45 @@ static spmd_status mpi_world_gather(void *state, const void *in, void *out, cons
         displs[q] = at;
         at += counts[q];
     }
-    int rc = MPI_Allgatherv(in, counts[w->rank], MPI_BYTE, out, counts, displs, MPI_BYTE, w->comm);
+    /* Polled, as every wait of the world: the watchdog watches it too. */
+    MPI_Request req;
+    int rc = MPI_Iallgatherv(in, counts[w->rank], MPI_BYTE, out, counts, displs, MPI_BYTE,
+                             w->comm, &req);
+    if (rc != MPI_SUCCESS) {
+        base_free(&w->alloc, counts);
+        return mpi_error(rc, "MPI_Iallgatherv");
+    }
+    int64_t limit = coll_world_timeout_ns(w->shm), since = 0;
+    spmd_status st = SPMD_OK;
+    for (int spins = 0;; spins++) {
+        int done = 0;
+        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            st = mpi_error(rc, "MPI_Iallgatherv");
+            break;
+        }
+        if (done) break;
+        if (spins < POLL_SPINS) continue;
+        sched_yield();
+        if (limit <= 0 || spins % CLOCK_POLLS) continue;
+        int64_t now = rt_wait_now_ns();
+        if (!since) since = now;
+        if (now - since < limit) continue;
+        /* A collective over every process cannot say which is missing. */
+        st = base_error(SPMD_ERR_TIMEOUT,
+                        "collective timeout: a gather over the %d processes: process %d on %s "
+                        "waited %.1f s for the others",
+                        w->procs, w->rank, w->hosts[w->rank], (double)(now - since) * 1e-9);
+        char msg[MESSAGE];
+        snprintf(msg, sizeof msg, "%s", spmd_last_error());
+        coll_world_abort(w->shm, msg);
+        base_error(SPMD_ERR_TIMEOUT, "%s", msg);
+        /* MPI can neither cancel nor free a collective's request: it is
+         * left behind, and the caller ends the job (MPI_Abort). */
+        break;
+    }
     base_free(&w->alloc, counts);
-    return rc == MPI_SUCCESS ? SPMD_OK : mpi_error(rc, "MPI_Allgatherv");
+    return st;
 }
 
 /* ---- The world --------------------------------------------------------------------- */
@@ -1181,6 +1310,7 @@ static void mpi_world_free(void *state)
     pthread_mutex_destroy(&w->mu);
     pthread_mutex_destroy(&w->fail_mu);
     spmd_allocator a = w->alloc;
+    base_free(&a, w->hosts);
     base_free(&a, w);
 }
 
@@ -1252,6 +1382,28 @@ coll_world *coll_mpi_world_create(MPI_Comm comm, int local_devices, const spmd_a
         return NULL;
     }
     MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
+    /* Every process's host, once, so that the watchdog can name the host
+     * of the process a collective waited for. */
+    w->hosts = base_calloc(&a, sizeof *w->hosts * (size_t)procs, "collectives world");
+    char name[MPI_MAX_PROCESSOR_NAME] = {0};
+    int name_len = 0;
+    if (MPI_Get_processor_name(name, &name_len) != MPI_SUCCESS || name_len <= 0)
+        snprintf(name, sizeof name, "(unknown host)");
+    int hosts_ok = w->hosts != NULL, all_ok = 0;
+    rc = MPI_Allreduce(&hosts_ok, &all_ok, 1, MPI_INT, MPI_MIN, w->comm);
+    if (rc == MPI_SUCCESS && all_ok)
+        rc = MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, w->hosts,
+                           MPI_MAX_PROCESSOR_NAME, MPI_CHAR, w->comm);
+    if (rc != MPI_SUCCESS || !all_ok) {
+        if (rc != MPI_SUCCESS) mpi_error(rc, "MPI_Allgather of the hosts");
+        else base_error(SPMD_ERR_NOMEM, "collectives: out of memory for the processes' hosts");
+        base_free(&a, w->hosts);
+        MPI_Comm_free(&w->comm);
+        coll_world_free(w->shm);
+        base_free(&a, w);
+        return NULL;
+    }
+    for (int q = 0; q < procs; q++) w->hosts[q][MPI_MAX_PROCESSOR_NAME - 1] = '\0';
     w->procs = procs;
     w->rank = rank;
     w->local = local_devices;

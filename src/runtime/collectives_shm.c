@@ -70,9 +70,12 @@ typedef struct coll_slot {
     void *out;
     const int *src;   /* permute's source table, of src_n entries */
     int64_t a, b;     /* sizes, compared across members */
-    int op;
+    _Atomic int op;   /* read by a peer's watchdog message too */
     int root;
     int src_n;
+    /* The generation of the last entry barrier this member arrived at: a
+     * peer's watchdog sees who has not arrived. */
+    _Atomic uint32_t arrived;
 } coll_slot;
 
 /* The word waited on (abort bit | generation) and the arrival count, on
@@ -93,8 +96,16 @@ struct coll_shm_group {
     bool hidden;       /* another transport's private group: never looked up */
 };
 
+/* What a device's current wait tells the others (coll_shm_waiting). */
+typedef struct coll_waiting {
+    _Alignas(64) _Atomic int64_t since;
+    _Atomic int on;
+} coll_waiting;
+
 struct coll_world {
     int n;
+    _Atomic int64_t timeout_ns; /* the watchdog's limit; 0: off */
+    coll_waiting *waiting;      /* [n] */
     rt_waiter wait; /* for every barrier of the world */
     spmd_allocator alloc;
     /* Guards the group list and the abort message; groups are never freed
@@ -110,36 +121,210 @@ struct coll_world {
 
 /* ---- The barrier ------------------------------------------------------------ */
 
-/* Wait for every member of the group.  True once the barrier opened;
- * false only when `may_abort` and the world was aborted before it could
+static uint32_t gen_of(uint32_t word) { return word & GEN_MASK; }
+
+/* Under w->mu: the first abort names the cause (later ones are its
+ * consequences); every barrier's word gets the abort bit. */
+static void abort_locked(coll_world *w, const char *message)
+{
+    if (!atomic_load(&w->aborted)) {
+        snprintf(w->message, sizeof w->message, "%s", message ? message : "(no reason given)");
+        atomic_store(&w->aborted, true);
+    }
+    for (coll_shm_group *g = w->groups; g; g = g->next) {
+        atomic_fetch_or(&g->bar.word.value, ABORT_BIT);
+        rt_wait_wake(&w->wait, &g->bar.word);
+    }
+}
+
+typedef enum bar_result { BAR_OPEN, BAR_ABORTED, BAR_TIMEOUT } bar_result;
+
+static void set_waiting(coll_world *w, int rank, int64_t since, int on)
+{
+    atomic_store_explicit(&w->waiting[rank].since, since, memory_order_relaxed);
+    atomic_store_explicit(&w->waiting[rank].on, on, memory_order_relaxed);
+}
+
+/* The world rank of this process's device `rank` (in an MPI world, this
+ * process's ranks start at ext->first). */
+static int world_rank(const coll_world *w, int rank) { return (w->ext ? w->ext->first : 0) + rank; }
+
+/* The watchdog fired at the entry barrier of `g` for `member`: the
+ * barrier is closed for good (the abort bit set, unless it opened or was
+ * aborted meanwhile), the world aborted with the message naming the
+ * member waited for. */
+static bar_result barrier_expired(coll_shm_group *g, int member, uint32_t cur, int blame,
+                                  bool blamed_waits, int64_t waited_ns)
+{
+    coll_world *w = g->world;
+    coll_barrier *b = &g->bar;
+    int op = atomic_load_explicit(&g->slots[member].op, memory_order_relaxed);
+    char msg[ABORT_MESSAGE];
+    snprintf(msg, sizeof msg,
+             "collective timeout: %s: device %d (member %d of %d) waited %.1f s without "
+             "progress for device %d (member %d)%s, which had not arrived",
+             coll_op_names[op], world_rank(w, g->ranks[member]), member, g->pub.size,
+             (double)waited_ns * 1e-9, world_rank(w, g->ranks[blame]), blame,
+             blamed_waits ? ", itself waiting in a collective with no progress" : "");
+    /* Closing this barrier and aborting the world are one step under the
+     * world's mutex, so a member that finds the barrier closed reads this
+     * message as the abort's cause. */
+    pthread_mutex_lock(&w->mu);
+    bool closed = atomic_compare_exchange_strong(&b->word.value, &cur, cur | ABORT_BIT);
+    if (closed) abort_locked(w, msg);
+    pthread_mutex_unlock(&w->mu);
+    if (!closed)
+        return (cur & GEN_MASK) != gen_of(atomic_load(&b->word.value)) ? BAR_OPEN : BAR_ABORTED;
+    if (w->ext) w->ext->abort(w->ext_state, msg);
+    base_error(SPMD_ERR_TIMEOUT, "%s", msg);
+    return BAR_TIMEOUT;
+}
+
+/* Wait for every member of the group.  BAR_OPEN once the barrier opened;
+ * otherwise only when `may_abort` (entry barriers; `member` is the
+ * caller's rank): BAR_ABORTED when the world was aborted before it could
  * open, in which case it never opens (opening checks the abort bit in the
- * same compare-and-swap), so every member of this barrier fails alike. */
-static bool barrier_wait(coll_shm_group *g, bool may_abort)
+ * same compare-and-swap), so every member of this barrier fails alike;
+ * BAR_TIMEOUT, its message recorded, when the watchdog fired here.
+ *
+ * The watchdog: past the spin, the waiter wakes every tick (an eighth of
+ * the limit) and counts a peer's arrival as progress; when none came for
+ * the limit, it looks at the members that have not arrived.  If each of
+ * them waits, live, in another collective (coll_shm_wait_live), that
+ * wait's watchdog names the cause, and this one waits on; else it fires,
+ * naming the first that is not waiting live. */
+static bar_result barrier_wait(coll_shm_group *g, int member, bool may_abort)
 {
     coll_barrier *b = &g->bar;
+    coll_world *w = g->world;
     /* Read before arriving: the barrier cannot open until this thread
      * arrives, so this is the current generation. */
     uint32_t cur = atomic_load(&b->word.value);
-    if (may_abort && (cur & ABORT_BIT)) return false;
-    if (atomic_fetch_add(&b->count, 1) == (uint32_t)(g->pub.size - 1)) {
+    if (may_abort && (cur & ABORT_BIT)) return BAR_ABORTED;
+    uint32_t gen = cur & GEN_MASK;
+    if (may_abort) atomic_store_explicit(&g->slots[member].arrived, gen, memory_order_relaxed);
+    uint32_t seen = atomic_fetch_add(&b->count, 1) + 1; /* arrivals, this one's included */
+    if (seen == (uint32_t)g->pub.size) {
         /* Last to arrive: reset the count before opening, so that nobody
          * can arrive at the next barrier early and miscount. */
         atomic_store(&b->count, 0);
         cur = atomic_load(&b->word.value);
         for (;;) {
-            if (may_abort && (cur & ABORT_BIT)) return false;
+            if (may_abort && (cur & ABORT_BIT)) return BAR_ABORTED;
             uint32_t next = (cur & ABORT_BIT) | ((cur + 1) & GEN_MASK);
             if (atomic_compare_exchange_weak(&b->word.value, &cur, next)) break;
         }
-        rt_wait_notify(&g->world->wait, &b->word);
-        return true;
+        rt_wait_notify(&w->wait, &b->word);
+        return BAR_OPEN;
     }
-    uint32_t gen = cur & GEN_MASK;
+    int64_t limit = coll_world_timeout_ns(w);
+    if (limit <= 0) {
+        for (;;) {
+            cur = rt_wait_while(&w->wait, &b->word, cur);
+            if ((cur & GEN_MASK) != gen) return BAR_OPEN;
+            if (may_abort && (cur & ABORT_BIT)) return BAR_ABORTED;
+        }
+    }
+    int rank = g->ranks[member];
+    _Atomic int64_t *since = &w->waiting[rank].since;
+    int64_t tick = coll_world_tick_ns(limit);
+    bar_result r;
     for (;;) {
-        cur = rt_wait_while(&g->world->wait, &b->word, cur);
-        if ((cur & GEN_MASK) != gen) return true;
-        if (may_abort && (cur & ABORT_BIT)) return false;
+        uint32_t v = rt_wait_while_for(&w->wait, &b->word, cur, tick, since);
+        if (v != cur) {
+            cur = v;
+            if ((cur & GEN_MASK) != gen) {
+                r = BAR_OPEN;
+                break;
+            }
+            if (may_abort && (cur & ABORT_BIT)) {
+                r = BAR_ABORTED;
+                break;
+            }
+            continue;
+        }
+        int64_t now = rt_wait_now_ns();
+        if (!may_abort) {
+            /* Past an entry, members only copy memory or wait for their
+             * leader's exchange, which has a watchdog of its own: this wait
+             * is never the cause, so it shows itself live. */
+            set_waiting(w, rank, now, -1);
+            continue;
+        }
+        uint32_t count = atomic_load(&b->count);
+        if (count != seen) { /* a peer arrived: progress */
+            seen = count;
+            set_waiting(w, rank, now, -1);
+            continue;
+        }
+        int64_t from = atomic_load_explicit(since, memory_order_relaxed);
+        if (from && now - from < limit) continue;
+        /* The limit passed: whom is this member waiting for? */
+        int blame = -1, live = -1;
+        for (int m = 0; m < g->pub.size; m++) {
+            if (m == member ||
+                atomic_load_explicit(&g->slots[m].arrived, memory_order_relaxed) == gen)
+                continue;
+            if (coll_shm_wait_live(w, g->ranks[m], rank, now, limit)) {
+                if (live < 0) live = m;
+            } else if (blame < 0) {
+                blame = m;
+            }
+        }
+        if (blame < 0 && live >= 0) {
+            /* Waiting on a live wait: keep this wait fresh, so that waits on
+             * it wait on too. */
+            set_waiting(w, rank, now, g->ranks[live]);
+            continue;
+        }
+        if (blame < 0) continue; /* everyone arrived: the barrier opens now */
+        bool blamed_waits =
+            atomic_load_explicit(&w->waiting[g->ranks[blame]].since, memory_order_relaxed) != 0;
+        r = barrier_expired(g, member, cur, blame, blamed_waits, from ? now - from : limit);
+        break;
     }
+    if (atomic_load_explicit(since, memory_order_relaxed)) set_waiting(w, rank, 0, -1);
+    return r;
+}
+
+bool coll_shm_wait_live(coll_world *w, int rank, int me, int64_t now, int64_t timeout_ns)
+{
+    for (int hops = 0; hops <= w->n; hops++) {
+        int64_t since = atomic_load_explicit(&w->waiting[rank].since, memory_order_relaxed);
+        int on = atomic_load_explicit(&w->waiting[rank].on, memory_order_relaxed);
+        if (!since) return false;
+        if (on < 0) return now - since < timeout_ns + timeout_ns / 2;
+        if (on == me) return false; /* a cycle: nobody else will fire */
+        rank = on;
+    }
+    return false;
+}
+
+void coll_shm_waiting(coll_world *w, int rank, int64_t since, int on)
+{
+    set_waiting(w, rank, since, on);
+}
+
+int64_t coll_world_timeout_ns(const coll_world *w)
+{
+    return atomic_load_explicit(&w->timeout_ns, memory_order_relaxed);
+}
+
+int64_t coll_world_tick_ns(int64_t timeout_ns)
+{
+    int64_t tick = timeout_ns / 8;
+    return tick > 1000000 ? tick : 1000000;
+}
+
+void coll_world_set_timeout(coll_world *w, double seconds)
+{
+    if (seconds == 0 || seconds != seconds) seconds = SPMD_COLLECTIVE_TIMEOUT_S; /* 0, NaN */
+    int64_t ns = 0; /* negative: off */
+    if (seconds > 0) {
+        ns = seconds >= 1e9 ? (int64_t)1e18 : (int64_t)(seconds * 1e9);
+        if (ns < 1) ns = 1;
+    }
+    atomic_store(&w->timeout_ns, ns);
 }
 
 /* ---- Entry and exit ---------------------------------------------------------- */
@@ -163,8 +348,10 @@ static spmd_status check_member(const coll_group *pub, int member, coll_op op)
 
 static bool same_call(const coll_slot *x, const coll_slot *y)
 {
-    if (x->op != y->op || x->a != y->a || x->b != y->b || x->root != y->root) return false;
-    if (x->op == COLL_OP_PERMUTE &&
+    if (atomic_load_explicit(&x->op, memory_order_relaxed) !=
+            atomic_load_explicit(&y->op, memory_order_relaxed) ||
+        x->a != y->a || x->b != y->b || x->root != y->root) return false;
+    if (atomic_load_explicit(&x->op, memory_order_relaxed) == COLL_OP_PERMUTE &&
         (x->src_n != y->src_n || memcmp(x->src, y->src, sizeof *x->src * (size_t)x->src_n) != 0))
         return false;
     return true;
@@ -184,9 +371,11 @@ static spmd_status enter_call(coll_shm_group *g, int member, coll_op op, const v
     s->src_n = src_n;
     s->a = a;
     s->b = b;
-    s->op = (int)op;
+    atomic_store_explicit(&s->op, (int)op, memory_order_relaxed);
     s->root = root;
-    if (!barrier_wait(g, true)) return aborted_error(g->world);
+    bar_result r = barrier_wait(g, member, true);
+    if (r == BAR_TIMEOUT) return SPMD_ERR_TIMEOUT;
+    if (r == BAR_ABORTED) return aborted_error(g->world);
     int n = g->pub.size;
     for (int i = 1; i < n; i++) {
         const coll_slot *s0 = &g->slots[0], *si = &g->slots[i];
@@ -200,7 +389,7 @@ static spmd_status enter_call(coll_shm_group *g, int member, coll_op op, const v
                 n, coll_op_names[s0->op], (long long)s0->a, (long long)s0->b, s0->root, i,
                 coll_op_names[si->op], (long long)si->a, (long long)si->b, si->root);
             /* Keep the slots unchanged until every member has checked them. */
-            barrier_wait(g, false);
+            barrier_wait(g, member, false);
             return st;
         }
     }
@@ -215,7 +404,7 @@ static spmd_status enter(coll_shm_group *g, int member, coll_op op, const void *
 
 /* After the last read of a peer's buffer: nobody returns (and lets its
  * caller reuse the buffer) until every peer is done with it. */
-static void leave(coll_shm_group *g) { barrier_wait(g, false); }
+static void leave(coll_shm_group *g, int member) { barrier_wait(g, member, false); }
 
 /* A group of one has nobody to wait for, but still fails after an abort. */
 static spmd_status alone(coll_shm_group *g)
@@ -261,13 +450,13 @@ static spmd_status shm_all_reduce(coll_group *pub, int member, float *buf, int64
     chunk_of(count, n, member, &lo, &hi);
     coll_tree_sum(g->terms, 0, n, 0, lo, buf + lo, hi - lo);
     /* Every chunk is reduced, and nobody reads peers' inputs any more. */
-    barrier_wait(g, false);
+    barrier_wait(g, member, false);
     for (int k = 1; k < n; k++) {
         int i = (member + k) % n; /* staggered, so members start on different peers */
         chunk_of(count, n, i, &lo, &hi);
         copy(buf + lo, (const float *)g->slots[i].in + lo, sizeof *buf * (size_t)(hi - lo));
     }
-    leave(g);
+    leave(g, member);
     return SPMD_OK;
 }
 
@@ -303,7 +492,7 @@ static spmd_status shm_all_gather(coll_group *pub, int member, const void *in, v
                 copy(o + row * (size_t)r + inner * (size_t)j,
                      (const unsigned char *)g->slots[j].in + inner * (size_t)r, inner);
     }
-    leave(g);
+    leave(g, member);
     return SPMD_OK;
 }
 
@@ -329,7 +518,7 @@ static spmd_status shm_reduce_scatter(coll_group *pub, int member, const float *
      * block of `in` (outer == 1). */
     for (int64_t r = 0; r < outer; r++)
         coll_tree_sum(g->terms, 0, n, r, inner * member, out + inner * r, inner);
-    leave(g);
+    leave(g, member);
     return SPMD_OK;
 }
 
@@ -358,7 +547,7 @@ static spmd_status shm_all_to_all(coll_group *pub, int member, const void *in, v
         copy((unsigned char *)out + b * (size_t)i,
              (const unsigned char *)g->slots[i].in + b * (size_t)member, b);
     }
-    leave(g);
+    leave(g, member);
     return SPMD_OK;
 }
 
@@ -376,7 +565,7 @@ static spmd_status shm_broadcast(coll_group *pub, int member, void *buf, int64_t
     st = enter(g, member, COLL_OP_BROADCAST, buf, bytes, 0, root, NULL);
     if (st) return st;
     if (member != root) copy(buf, g->slots[root].in, (size_t)bytes);
-    leave(g);
+    leave(g, member);
     return SPMD_OK;
 }
 
@@ -404,7 +593,7 @@ static spmd_status shm_permute(coll_group *pub, int member, const void *in, void
     st = enter(g, member, COLL_OP_PERMUTE, in, bytes, 0, 0, src);
     if (st) return st;
     if (src[member] >= 0) copy(out, g->slots[src[member]].in, (size_t)bytes);
-    leave(g);
+    leave(g, member);
     return SPMD_OK;
 }
 
@@ -431,6 +620,17 @@ coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc)
     if (!w) return NULL;
     w->n = n;
     w->alloc = a;
+    w->waiting = base_calloc(&a, sizeof *w->waiting * (size_t)n, "collectives world");
+    if (!w->waiting) {
+        base_free(&a, w);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        atomic_init(&w->waiting[i].since, 0);
+        atomic_init(&w->waiting[i].on, -1);
+    }
+    atomic_init(&w->timeout_ns, 0);
+    coll_world_set_timeout(w, 0);
     rt_wait_init(&w->wait, n, COLL_SPIN, COLL_SPIN_OVERSUBSCRIBED);
     pthread_mutex_init(&w->mu, NULL);
     atomic_init(&w->aborted, false);
@@ -456,6 +656,7 @@ void coll_world_free(coll_world *w)
     }
     pthread_mutex_destroy(&w->mu);
     rt_wait_destroy(&w->wait);
+    base_free(&w->alloc, w->waiting);
     base_free(&w->alloc, w);
 }
 
@@ -492,6 +693,7 @@ static coll_shm_group *group_create(coll_world *w, int size, const int *ranks, b
         return NULL;
     }
     memcpy(g->ranks, ranks, sizeof *ranks * (size_t)size);
+    for (int i = 0; i < size; i++) atomic_init(&g->slots[i].arrived, UINT32_MAX);
     g->world = w;
     g->hidden = hidden;
     g->pub = (coll_group){&shm_ops, size, g};
@@ -547,15 +749,7 @@ void coll_world_local(const coll_world *w, int *first, int *count, int *size)
 void coll_world_abort(coll_world *w, const char *message)
 {
     pthread_mutex_lock(&w->mu);
-    /* The first abort names the cause; later ones are its consequences. */
-    if (!atomic_load(&w->aborted)) {
-        snprintf(w->message, sizeof w->message, "%s", message ? message : "(no reason given)");
-        atomic_store(&w->aborted, true);
-    }
-    for (coll_shm_group *g = w->groups; g; g = g->next) {
-        atomic_fetch_or(&g->bar.word.value, ABORT_BIT);
-        rt_wait_wake(&w->wait, &g->bar.word);
-    }
+    abort_locked(w, message);
     pthread_mutex_unlock(&w->mu);
     if (w->ext) w->ext->abort(w->ext_state, message ? message : "(no reason given)");
 }
@@ -570,7 +764,10 @@ void coll_world_reset(coll_world *w)
     for (coll_shm_group *g = w->groups; g; g = g->next) {
         atomic_store(&g->bar.count, 0);
         atomic_fetch_and(&g->bar.word.value, GEN_MASK);
+        /* The aborted barrier never opened, so its generation comes again. */
+        for (int i = 0; i < g->pub.size; i++) atomic_store(&g->slots[i].arrived, UINT32_MAX);
     }
+    for (int i = 0; i < w->n; i++) set_waiting(w, i, 0, -1);
     w->message[0] = '\0';
     atomic_store(&w->aborted, false);
     pthread_mutex_unlock(&w->mu);
@@ -601,7 +798,7 @@ spmd_status coll_shm_enter(coll_shm_group *g, int member, coll_op op, const void
     return enter_call(g, member, op, in, out, a, b, root, src, src_n);
 }
 
-void coll_shm_sync(coll_shm_group *g) { barrier_wait(g, false); }
+void coll_shm_sync(coll_shm_group *g, int member) { barrier_wait(g, member, false); }
 
 const void *coll_shm_in(const coll_shm_group *g, int member) { return g->slots[member].in; }
 

@@ -368,7 +368,7 @@ static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64
             if (!d->groups[s]) return SPMD_ERR_NOMEM;
             d->member[s] = mesh_group_rank(p->c.mesh, id, &p->c.part.specs[s]);
         }
-        d->kd = (kern_device){id, d->groups, d->member, p->world};
+        d->kd = (kern_device){id, d->groups, d->member, p->world, p->c.mesh, p->c.part.specs};
     }
     return SPMD_OK;
 }
@@ -432,6 +432,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
     if (!plan_only && (g->mesh || comm)) {
         p->world = coll_world_create(n_dev, comm, &p->alloc);
         if (!p->world) goto fail;
+        coll_world_set_timeout(p->world, opts ? opts->collective_timeout_s : 0);
         coll_world_local(p->world, &p->first, &p->n_local, NULL);
         p->processes = n_dev / p->n_local;
         p->process = p->first / p->n_local;

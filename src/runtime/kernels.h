@@ -23,6 +23,8 @@ typedef struct kern_device {
     struct coll_group *const *groups;
     const int *member;
     struct coll_world *world;
+    const struct spmd_mesh *mesh;    /* for messages: a collective's axes */
+    const struct mesh_axes *specs;   /* the collectives' axes, by attr.coll.spec */
 } kern_device;
 
 typedef struct kern_args {

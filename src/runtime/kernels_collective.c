@@ -8,6 +8,8 @@
 #include "runtime/kernels.h"
 #include "runtime/kernels_ops.h"
 
+#include "mesh/mesh.h"
+
 #include <string.h>
 
 /* Product of dims [from, to). */
@@ -23,8 +25,26 @@ static int member_of(const kern_args *a) { return a->dev->member[a->node->attr.c
 
 static void check(const kern_args *a, spmd_status st)
 {
-    if (st != SPMD_OK)
+    if (st == SPMD_OK) return;
+    if (st != SPMD_ERR_TIMEOUT) {
         kern_fail(a, st, "%s: %s", ir_op_name(a->node->op), spmd_last_error());
+        return;
+    }
+    /* The watchdog's "collective timeout: OP: whom it waited for", with the
+     * collective's axes put in: "collective timeout: OP over AXES: ...". */
+    const char *why = spmd_last_error(), *prefix = "collective timeout: ";
+    if (!strncmp(why, prefix, strlen(prefix))) {
+        why += strlen(prefix);
+        const char *colon = strstr(why, ": ");
+        if (colon) why = colon + 2;
+    }
+    char axes[128];
+    mesh_text t;
+    mesh_text_init(&t, axes, sizeof axes);
+    const mesh_axes *spec = &a->dev->specs[a->node->attr.coll.spec];
+    mesh_text_axes(&t, a->dev->mesh, spec);
+    kern_fail(a, st, "collective timeout: %s over %s '%s': %s", ir_op_name(a->node->op),
+              spec->n == 1 ? "axis" : "axes", axes, why);
 }
 
 /* out = sum over the group of in. */

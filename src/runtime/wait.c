@@ -3,6 +3,7 @@
 
 #include <limits.h>
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #if RT_WAIT_FUTEX
@@ -40,12 +41,23 @@ static int usable_cpus(void)
     return n > 0 ? n : 1;
 }
 
+int64_t rt_wait_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + 1;
+}
+
 void rt_wait_init(rt_waiter *w, int threads, rt_wait_spin fits, rt_wait_spin crowded)
 {
     w->spin = threads <= usable_cpus() ? fits : crowded;
 #if !RT_WAIT_FUTEX
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &attr);
+    pthread_condattr_destroy(&attr);
 #endif
 }
 
@@ -65,13 +77,23 @@ void rt_wait_word_init(rt_wait_word *word, uint32_t value)
     atomic_init(&word->sleepers, 0);
 }
 
+/* Sleep until woken, or at most until `deadline` (rt_wait_now_ns; 0: no
+ * limit). */
 #if RT_WAIT_FUTEX
-static void word_sleep(rt_waiter *w, rt_wait_word *word, uint32_t old)
+static void word_sleep(rt_waiter *w, rt_wait_word *word, uint32_t old, int64_t deadline)
 {
     (void)w;
-    /* Returns at once (EAGAIN) if the word already moved; spurious wakeups
-     * and EINTR are handled by the caller's loop. */
-    syscall(SYS_futex, (uint32_t *)&word->value, FUTEX_WAIT_PRIVATE, old, NULL, NULL, 0);
+    struct timespec rel, *limit = NULL;
+    if (deadline) {
+        int64_t left = deadline - rt_wait_now_ns();
+        if (left <= 0) return;
+        rel.tv_sec = (time_t)(left / 1000000000);
+        rel.tv_nsec = (long)(left % 1000000000);
+        limit = &rel;
+    }
+    /* Returns at once (EAGAIN) if the word already moved; spurious wakeups,
+     * EINTR and the timeout are handled by the caller's loop. */
+    syscall(SYS_futex, (uint32_t *)&word->value, FUTEX_WAIT_PRIVATE, old, limit, NULL, 0);
 }
 
 void rt_wait_wake(rt_waiter *w, rt_wait_word *word)
@@ -80,10 +102,14 @@ void rt_wait_wake(rt_waiter *w, rt_wait_word *word)
     syscall(SYS_futex, (uint32_t *)&word->value, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 #else
-static void word_sleep(rt_waiter *w, rt_wait_word *word, uint32_t old)
+static void word_sleep(rt_waiter *w, rt_wait_word *word, uint32_t old, int64_t deadline)
 {
+    struct timespec abs = {(time_t)((deadline - 1) / 1000000000), (long)((deadline - 1) % 1000000000)};
     pthread_mutex_lock(&w->mu);
-    while (atomic_load(&word->value) == old) pthread_cond_wait(&w->cv, &w->mu);
+    while (atomic_load(&word->value) == old) {
+        if (!deadline) pthread_cond_wait(&w->cv, &w->mu);
+        else if (pthread_cond_timedwait(&w->cv, &w->mu, &abs) != 0) break;
+    }
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -99,6 +125,12 @@ void rt_wait_wake(rt_waiter *w, rt_wait_word *word)
 
 uint32_t rt_wait_while(rt_waiter *w, rt_wait_word *word, uint32_t old)
 {
+    return rt_wait_while_for(w, word, old, 0, NULL);
+}
+
+uint32_t rt_wait_while_for(rt_waiter *w, rt_wait_word *word, uint32_t old, int64_t timeout_ns,
+                           _Atomic int64_t *asleep)
+{
     uint32_t v;
     for (int i = 0; i < w->spin.pauses; i++) {
         v = atomic_load_explicit(&word->value, memory_order_acquire);
@@ -110,8 +142,19 @@ uint32_t rt_wait_while(rt_waiter *w, rt_wait_word *word, uint32_t old)
         if (v != old) return v;
         sched_yield();
     }
+    /* The clock is read only from here on: the spin stays as cheap as it was. */
+    int64_t deadline = 0;
+    if (timeout_ns > 0 || asleep) {
+        int64_t now = rt_wait_now_ns();
+        if (asleep && atomic_load_explicit(asleep, memory_order_relaxed) == 0)
+            atomic_store_explicit(asleep, now, memory_order_relaxed);
+        if (timeout_ns > 0) deadline = now + timeout_ns;
+    }
     atomic_fetch_add(&word->sleepers, 1);
-    while ((v = atomic_load(&word->value)) == old) word_sleep(w, word, old);
+    while ((v = atomic_load(&word->value)) == old) {
+        if (deadline && rt_wait_now_ns() >= deadline) break;
+        word_sleep(w, word, old, deadline);
+    }
     atomic_fetch_sub(&word->sleepers, 1);
     return v;
 }

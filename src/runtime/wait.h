@@ -63,6 +63,15 @@ void rt_wait_word_init(rt_wait_word *word, uint32_t value);
 
 /* Wait until word->value differs from `old`; returns it (acquire). */
 uint32_t rt_wait_while(rt_waiter *w, rt_wait_word *word, uint32_t old);
+/* rt_wait_while that gives up once it has slept `timeout_ns` (counted from
+ * the end of its spin, so the spin reads no clock): then it returns `old`.
+ * timeout_ns <= 0 waits for good.  When it goes to sleep and `asleep` is
+ * set and holds 0, it stores the clock there (rt_wait_now_ns), so others
+ * can see how long this thread has waited. */
+uint32_t rt_wait_while_for(rt_waiter *w, rt_wait_word *word, uint32_t old, int64_t timeout_ns,
+                           _Atomic int64_t *asleep);
+/* CLOCK_MONOTONIC in nanoseconds (never 0). */
+int64_t rt_wait_now_ns(void);
 /* After changing word->value with a seq_cst operation: wake its sleepers,
  * if it has any. */
 void rt_wait_notify(rt_waiter *w, rt_wait_word *word);

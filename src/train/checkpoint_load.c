@@ -298,16 +298,54 @@ static bool overlap(int rank, const saved_block *a, const saved_block *b)
     return true;
 }
 
+/* A block's `key` ("start" or "shape"): `rank` whole numbers >= 0.  The
+ * refusal says which it is: absent, not such a list, or a value that is
+ * negative or not whole (naming the value). */
+static spmd_status block_dims(const loader *L, const spmd_tensor *t, const cJSON *item,
+                              const char *key, int64_t *out)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(item, key);
+    if (parse_dims(a, t->rank, out)) return SPMD_OK;
+    if (!a)
+        return base_error(SPMD_ERR_IO, WHAT ": %s: a block of '%s' lacks its %s", L->index_path,
+                          t->name, key);
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != t->rank)
+        return base_error(SPMD_ERR_IO, WHAT ": %s: a block of '%s' has a %s that is not a list of "
+                                            "%d numbers (the tensor's rank)",
+                          L->index_path, t->name, key, t->rank);
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        int64_t v;
+        if (!st_json_count(x, &v)) {
+            if (cJSON_IsNumber(x) && x->valuedouble < 0)
+                return base_error(SPMD_ERR_IO,
+                                  WHAT ": %s: a block of '%s' has %s[%d] = %g, which is negative",
+                                  L->index_path, t->name, key, i, x->valuedouble);
+            char *text = cJSON_PrintUnformatted(x);
+            spmd_status st = base_error(SPMD_ERR_IO,
+                                        WHAT ": %s: a block of '%s' has %s[%d] = %s, which is not "
+                                             "a whole number",
+                                        L->index_path, t->name, key, i, text ? text : "?");
+            cJSON_free(text);
+            return st;
+        }
+        i++;
+    }
+    return BASE_INTERNAL("a block's dims parse and do not");
+}
+
 static spmd_status parse_block(const loader *L, const spmd_tensor *t, const cJSON *item,
                                saved_block *b)
 {
     const cJSON *file = cJSON_GetObjectItemCaseSensitive(item, "file");
     char shape[128];
-    if (!cJSON_IsString(file) ||
-        !parse_dims(cJSON_GetObjectItemCaseSensitive(item, "start"), t->rank, b->start) ||
-        !parse_dims(cJSON_GetObjectItemCaseSensitive(item, "shape"), t->rank, b->shape))
-        return base_error(SPMD_ERR_IO, WHAT ": %s: a block of '%s' lacks its file, start or shape",
+    if (!cJSON_IsString(file))
+        return base_error(SPMD_ERR_IO, WHAT ": %s: a block of '%s' lacks its file (a name)",
                           L->index_path, t->name);
+    spmd_status st = block_dims(L, t, item, "start", b->start);
+    if (!st) st = block_dims(L, t, item, "shape", b->shape);
+    if (st) return st;
     for (int i = 0; i < t->rank; i++)
         if (b->start[i] + b->shape[i] > t->dims[i])
             return base_error(SPMD_ERR_IO, WHAT ": %s: a block of '%s' reaches past its shape %s",

@@ -1,6 +1,6 @@
 """Every failure raises a Python exception with libspmd's message: ValueError
 for invalid input, shapes and unsupported requests, MemoryError, OSError for
-files, RuntimeError otherwise; and nothing crashes the interpreter (None
+files, TimeoutError for the collective watchdog, RuntimeError otherwise; and nothing crashes the interpreter (None
 tensors, closed graphs and programs, wrong types, wrong arrays)."""
 import gc
 import os
@@ -110,6 +110,23 @@ def test_optimizer_settings_of_the_other_kind_are_refused():
     assert opt.lr.name == "lr" and opt.grad_norm.name == "opt.grad_norm" and opt.weight_decay is None
     lr, norm, decay = opt
     assert lr == opt.lr
+
+
+def test_collective_timeout_is_a_compile_option():
+    # The watchdog's limit reaches the C side: on, off, the default; the
+    # same losses either way (it only watches the waits).
+    losses = []
+    for timeout in (0, 2.5, -1):
+        g, x, w, loss = small()
+        mesh = libspmd.Mesh((2,), ("data",))
+        g.mark_sharding(x, mesh, ("data", None))
+        with g.compile(seed=1, collective_timeout=timeout) as p:
+            p.set_input(x, np.arange(32, dtype=np.float32).reshape(4, 8) / 32)
+            p.run()
+            losses.append(float(p.read(loss)))
+    assert losses[0] == losses[1] == losses[2]
+    with pytest.raises(TypeError):
+        small()[0].compile(collective_timeout="soon")
 
 
 def test_arrays_are_checked_against_the_tensor():
