@@ -70,7 +70,6 @@ class Graph(_core.Graph):
 
     def compile(self, **options):
         """compile(*, seed=0, threads=0, plan_only=False, unfused=False,
-        """compile(*, seed=0, threads=0, plan_only=False, unfused=False,
         copy_seeds=None, mpi=None, collective_timeout=0, overlap=True) ->
         Program.  Under mpirun (several processes) a graph with marks runs
         over them (mpi=None or True; mpi=False runs every device in this
