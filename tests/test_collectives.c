@@ -364,7 +364,7 @@ static void test_tree_order(void **state)
     int left_to_right_differs = 0;
     for (int n = 1; n <= 8; n++) {
         grp gr = whole_world(n);
-        for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+        for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
         coll_tree_sum(terms, 0, n, 0, 0, out, LEN);
         for (int64_t e = 0; e < LEN; e++) {
             const float *v[8];
@@ -393,7 +393,7 @@ static void test_tree_order(void **state)
 
     /* Partial sums as terms: 7 members as [0,4) + [4,6) + 6, and as
      * 0 + 1 + [2,4) + [4,6) + 6; a row stride and a column offset. */
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
     coll_tree_sum(terms, 0, 4, 0, 0, part[0], LEN);
     coll_tree_sum(terms, 4, 6, 0, 0, part[1], LEN);
     coll_tree_sum(terms, 2, 4, 0, 0, part[2], LEN);
@@ -407,19 +407,19 @@ static void test_tree_order(void **state)
     coll_tree_sum(b, 0, 7, 0, 0, out, LEN);
     assert_memory_equal(out, want, sizeof out);
     /* Rows of 1000 floats, row 2 from column 500: elements 2500 .. 2999. */
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 1000, m + 1};
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 1000, m + 1, NULL};
     coll_tree_sum(terms, 0, 7, 2, 500, out, 500);
     assert_memory_equal(out, want + 2500, 500 * sizeof *out);
     /* In place, into a member's own elements: inside a subtree (member 3
      * of 7), and an operand of the root's own sum (member 2 of 3, member
      * 0 and member 1 of 2). */
     memcpy(part[0], x[3], sizeof part[0]);
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){m == 3 ? part[0] : x[m], 0, m + 1};
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){m == 3 ? part[0] : x[m], 0, m + 1, NULL};
     coll_tree_sum(terms, 0, 7, 0, 0, part[0], LEN);
     assert_memory_equal(part[0], want, sizeof want);
     for (int n = 2; n <= 3; n++)
         for (int own = n == 2 ? 0 : 2; own < n; own++) {
-            for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+            for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
             coll_tree_sum(terms, 0, n, 0, 0, want, LEN);
             memcpy(part[0], x[own], sizeof part[0]);
             terms[own].base = part[0];

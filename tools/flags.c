@@ -183,6 +183,11 @@ static const flag_spec flag_specs[] = {
      .help = "bf16: mixed precision, every matmul on bf16 copies of its operands summed in f32 "
              "(weights gathered in bf16); parameters, gradients, optimizer and the other ops f32",
      .initial = "fp32", .choices = "fp32|bf16"},
+    {.name = "--reduce-precision", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE,
+     .offset = FIELD(bf16_reduce), .value = "fp32|bf16",
+     .help = "bf16: the gradients' reductions (FSDP's reduce-scatters, the data axes' all-reduces) "
+             "move bf16, half the bytes: each device's gradient rounded, the sum in f32, rounded "
+             "once; the update f32", .initial = "fp32", .choices = "fp32|bf16"},
     {.name = "--checkpoint", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE,
      .offset = FIELD(checkpoint), .value = "on|off",
      .help = "recompute GPT block activations in backward", .initial = "off", .choices = "off|on"},

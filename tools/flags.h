@@ -76,6 +76,7 @@ typedef struct cli_opts {
     const char *init;  /* --init FILE: GPT-2 weights to start from (weights.h) */
     bool checkpoint;   /* recompute each GPT block's activations in backward */
     bool bf16;         /* --precision bf16: matmuls on bf16 copies, summed in f32 */
+    bool bf16_reduce;  /* --reduce-precision bf16: the gradients' reductions move bf16 */
     int eval_samples;  /* held-out samples scored at the end */
     const char *val_data; /* --val-data: validation source; NULL: --data's held-out split */
     int val_every;     /* validate every N steps (and at the last); 0: only at the last, if asked */

@@ -73,6 +73,7 @@ spmd_tensor *spmd_layernorm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *gam
 spmd_tensor *spmd_matmul_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_bmm_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_status spmd_graph_set_matmul_precision_impl(spmd_graph *g, spmd_dtype dtype);
+spmd_status spmd_graph_set_reduce_precision_impl(spmd_graph *g, spmd_dtype dtype);
 spmd_tensor *spmd_convert_impl(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);
 spmd_tensor *spmd_attention_impl(spmd_graph *g, spmd_tensor *q, spmd_tensor *k, spmd_tensor *v, int heads);
 spmd_tensor *spmd_cache_write_impl(spmd_graph *g, spmd_tensor *cache, spmd_tensor *rows, spmd_tensor *pos);
@@ -559,6 +560,13 @@ spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_
 spmd_status spmd_graph_set_matmul_precision(spmd_graph *g, spmd_dtype dtype)
 {
     spmd_status r = spmd_graph_set_matmul_precision_impl(g, dtype);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_graph_set_reduce_precision(spmd_graph *g, spmd_dtype dtype)
+{
+    spmd_status r = spmd_graph_set_reduce_precision_impl(g, dtype);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

@@ -67,6 +67,7 @@
 #define spmd_matmul spmd_matmul_impl
 #define spmd_bmm spmd_bmm_impl
 #define spmd_graph_set_matmul_precision spmd_graph_set_matmul_precision_impl
+#define spmd_graph_set_reduce_precision spmd_graph_set_reduce_precision_impl
 #define spmd_convert spmd_convert_impl
 #define spmd_attention spmd_attention_impl
 #define spmd_cache_write spmd_cache_write_impl

@@ -41,6 +41,7 @@
 #include "runtime/collectives.h"
 
 #include "base/arena.h"
+#include "base/bf16.h"
 #include "base/error.h"
 #include "runtime/collectives_impl.h"
 #include "runtime/wait.h"
@@ -117,6 +118,9 @@ typedef struct mpi_group {
     xfer x;
     void *stage;
     size_t stage_bytes;
+    /* bf16 reductions: f32 copies of the local members' buffers (below). */
+    float *work;
+    size_t work_floats;
     spmd_status entry_status, status;
     char entry_message[MESSAGE], message[MESSAGE];
     /* Set by the leader when an exchange failed: the peers' state is
@@ -407,7 +411,7 @@ static void sum_local_units(mpi_group *g, int l, float *stage, int64_t stride, i
     for (int u = 0; u < g->n_units; u++) {
         const unit *un = &g->units[u];
         if (g->inner[u] < 0) continue;
-        for (int m = un->lo; m < un->hi; m++) t[m] = (coll_term){in_f(g, g->local_of[m]), 0, m + 1};
+        for (int m = un->lo; m < un->hi; m++) t[m] = (coll_term){in_f(g, g->local_of[m]), 0, m + 1, NULL};
         float *out = stage ? stage + stride * g->inner[u] : out_f(g, g->local_of[un->lo]);
         coll_tree_sum(t, un->lo, un->hi, 0, from, out + from, to - from);
     }
@@ -437,10 +441,10 @@ static spmd_status all_reduce_exchange(mpi_group *g, float *buf, int64_t count)
     for (int u = 0; u < g->n_units; u++) {
         const unit *un = &g->units[u];
         if (local_unit(g, un)) {
-            t[un->lo] = (coll_term){in_f(g, g->local_of[un->lo]) + lo, 0, un->hi};
+            t[un->lo] = (coll_term){in_f(g, g->local_of[un->lo]) + lo, 0, un->hi, NULL};
         } else {
             float *at = stage + len * g->slot[u];
-            t[un->lo] = (coll_term){at, 0, un->hi};
+            t[un->lo] = (coll_term){at, 0, un->hi, NULL};
             recv_from(g, at, (int64_t)sizeof(float) * len, un->proc);
         }
     }
@@ -597,10 +601,10 @@ static spmd_status mpi_reduce_scatter(coll_group *pub, int member, const float *
             const unit *un = &g->units[u];
             if (local_unit(g, un))
                 t[un->lo] = (coll_term){rs_unit(g, &s, u, outer, inner) + inner * member,
-                                        inner * g->n, un->hi};
+                                        inner * g->n, un->hi, NULL};
             else
                 t[un->lo] = (coll_term){s.recv + s.block * (g->n_remote_units * l + g->slot[u]),
-                                        inner, un->hi};
+                                        inner, un->hi, NULL};
         }
         for (int64_t r = 0; r < outer; r++) coll_tree_sum(t, 0, g->n, r, 0, out + inner * r, inner);
     }
@@ -785,6 +789,68 @@ static spmd_status mpi_permute(coll_group *pub, int member, const void *in, void
     return exchanged(g, l, l == 0 ? xfer_wait(g) : SPMD_OK);
 }
 
+/* ---- bf16 reductions -------------------------------------------------------------- */
+
+/* A bf16 reduction over processes runs as the f32 one on the local
+ * members' values widened (exactly) into f32 copies, the result rounded
+ * once: the tree over the same f32 values in the same order, so the bits
+ * are the shared-memory bf16 path's.  Between processes it still moves
+ * f32 (a unit's f32 partial sum is not a bf16 value). */
+static spmd_status bf16_enter(mpi_group *g, int l, coll_op op, const void *in, void *out,
+                              int64_t a, int64_t b, size_t floats_each)
+{
+    spmd_status st = usable(g), prepared = SPMD_OK;
+    if (st) return st;
+    if (l == 0 && floats_each * (size_t)g->k > g->work_floats) {
+        base_free(&g->world->alloc, g->work);
+        g->work_floats = 0;
+        g->work = base_alloc(&g->world->alloc, sizeof(float) * floats_each * (size_t)g->k,
+                             "bf16 reduction staging");
+        if (g->work) g->work_floats = floats_each * (size_t)g->k;
+        else prepared = base_error_status();
+    }
+    return enter(g, l, op, in, out, a, b, 0, NULL, prepared);
+}
+
+static spmd_status mpi_all_reduce_bf16(coll_group *pub, int member, uint16_t *buf, int64_t count)
+{
+    mpi_group *g = pub->impl;
+    int l = local_index(g, member, COLL_OP_ALL_REDUCE_BF16);
+    if (l < 0) return base_error_status();
+    if (count < 0 || (count > 0 && !buf))
+        return base_error(SPMD_ERR_INVALID, "all_reduce (bf16): %lld values at %p",
+                          (long long)count, (void *)buf);
+    spmd_status st = bf16_enter(g, l, COLL_OP_ALL_REDUCE_BF16, buf, buf, count, 0, (size_t)count);
+    if (st) return st;
+    float *w = g->work + (size_t)count * (size_t)l;
+    bf16_to_f32_n(w, buf, (size_t)count);
+    coll_shm_sync(g->shm); /* every member past the entry's check */
+    st = mpi_all_reduce(pub, member, w, count);
+    if (!st) bf16_from_f32_n(buf, w, (size_t)count);
+    return st;
+}
+
+static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const uint16_t *in,
+                                           uint16_t *out, int64_t outer, int64_t inner)
+{
+    mpi_group *g = pub->impl;
+    int l = local_index(g, member, COLL_OP_REDUCE_SCATTER_BF16);
+    if (l < 0) return base_error_status();
+    if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
+        return base_error(SPMD_ERR_INVALID, "reduce_scatter (bf16): [%lld, %lld values]",
+                          (long long)outer, (long long)inner);
+    size_t whole = (size_t)(outer * inner * g->n), mine = (size_t)(outer * inner);
+    spmd_status st =
+        bf16_enter(g, l, COLL_OP_REDUCE_SCATTER_BF16, in, out, outer, inner, whole + mine);
+    if (st) return st;
+    float *w = g->work + (whole + mine) * (size_t)l, *w_out = w + whole;
+    bf16_to_f32_n(w, in, whole);
+    coll_shm_sync(g->shm);
+    st = mpi_reduce_scatter(pub, member, w, w_out, outer, inner);
+    if (!st) bf16_from_f32_n(out, w_out, mine);
+    return st;
+}
+
 static const coll_ops mpi_ops = {
     .all_reduce = mpi_all_reduce,
     .all_gather = mpi_all_gather,
@@ -792,6 +858,8 @@ static const coll_ops mpi_ops = {
     .all_to_all = mpi_all_to_all,
     .broadcast = mpi_broadcast,
     .permute = mpi_permute,
+    .all_reduce_bf16 = mpi_all_reduce_bf16,
+    .reduce_scatter_bf16 = mpi_reduce_scatter_bf16,
 };
 
 /* ---- Groups ------------------------------------------------------------------------ */
@@ -816,6 +884,7 @@ static void group_free(mpi_world *w, mpi_group *g)
     base_free(a, g->x.st);
     base_free(a, g->x.expect);
     base_free(a, g->stage);
+    base_free(a, g->work);
     base_free(a, g);
 }
 
