@@ -360,6 +360,13 @@ static const flag_spec flag_specs[] = {
      .value = "FILE.svg", .help = "the chart to write (replaced in one step)"},
     {.name = "--title", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(title),
      .value = "TEXT", .help = "its title", .shown = "the log's file name"},
+    {.name = "--metric", .commands = CMD_PLOT, .kind = FLAG_CHOICE,
+     .offset = FIELD(plot_grad_norm), .value = "loss|grad_norm",
+     .help = "what to draw: the losses and learning rate, or the gradient norm (the log's "
+             "\"grad_norm\")", .initial = "loss", .choices = "loss|grad_norm"},
+    {.name = "--compare", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(compare),
+     .value = "LOG.jsonl", .help = "a second run's log: both runs' --metric on one chart, a colour "
+             "each, named by their files"},
 };
 
 enum { N_FLAG_ROWS = sizeof flag_specs / sizeof *flag_specs };
@@ -394,7 +401,7 @@ static const command_spec commands[] = {
     {.command = CMD_SAMPLE, .name = "sample",
      .synopsis = "--resume DIR --prompt TEXT [--tokens N] [flags]",
      .what = "generate text from a checkpoint or GPT-2 weights"},
-    {.command = CMD_PLOT, .name = "plot", .synopsis = "LOG.jsonl --out FILE.svg [--title TEXT]",
+    {.command = CMD_PLOT, .name = "plot", .synopsis = "LOG.jsonl --out FILE.svg [--title TEXT] [--metric loss|grad_norm] [--compare LOG.jsonl]",
      .what = "a run's loss and learning rate (spmd train --log) as a chart", .operand = "LOG.jsonl",
      .operand_noun = "log",
      .operand_help = "a log of spmd train --log: one JSON object a line with \"step\", and "

@@ -120,6 +120,8 @@ typedef struct cli_opts {
     bool llmc;         /* export --format llmc (else hf) */
     const char *shape, *spec; /* visualize */
     const char *title; /* plot */
+    const char *compare; /* plot --compare: a second run's log */
+    bool plot_grad_norm; /* plot --metric grad_norm */
 } cli_opts;
 
 /* Usage of one command, its flags from the table, to f. */
