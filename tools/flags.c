@@ -329,6 +329,11 @@ static const flag_spec flag_specs[] = {
              "[in, out] weights, head tied to wte); --format llmc: an llm.c checkpoint "
              "(gpt2_124M.bin layout, version 3, fp32, vocabulary padded to a multiple of 128)",
      .initial = "hf", .choices = "hf|llmc"},
+    {.name = "--dtype", .commands = CMD_EXPORT, .kind = FLAG_CHOICE, .offset = FIELD(export_bf16),
+     .value = "fp32|bf16",
+     .help = "bf16: every weight rounded to the nearest bf16 (ties to even), a BF16 safetensors "
+             "file of half the bytes (--format hf only; the checkpoint keeps the fp32 masters)",
+     .initial = "fp32", .choices = "fp32|bf16"},
 
     /* visualize */
     {.name = "--shape", .commands = CMD_VISUALIZE, .kind = FLAG_TEXT, .offset = FIELD(shape),
@@ -393,7 +398,7 @@ static const command_spec commands[] = {
     {.command = CMD_VISUALIZE, .name = "visualize",
      .synopsis = "--mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'",
      .what = "draw which device holds which block of a tensor"},
-    {.command = CMD_EXPORT, .name = "export", .synopsis = "CKPT --out FILE [--format hf|llmc]",
+    {.command = CMD_EXPORT, .name = "export", .synopsis = "CKPT --out FILE [--format hf|llmc] [--dtype fp32|bf16]",
      .what = "a checkpoint's GPT as GPT-2 weights for other tools", .operand = "CKPT",
      .operand_noun = "checkpoint",
      .operand_help = "a checkpoint directory (spmd train --save DIR: its latest step) or one of "

@@ -122,6 +122,7 @@ typedef struct cli_opts {
     const char *title; /* plot */
     const char *compare; /* plot --compare: a second run's log */
     bool plot_grad_norm; /* plot --metric grad_norm */
+    bool export_bf16;    /* export --dtype bf16 */
 } cli_opts;
 
 /* Usage of one command, its flags from the table, to f. */

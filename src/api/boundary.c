@@ -120,8 +120,10 @@ spmd_status spmd_trainer_accumulate_impl(spmd_trainer *t, float *loss);
 spmd_status spmd_weights_inspect_impl(const char *path, spmd_weights_info *info);
 spmd_status spmd_weights_load_impl(spmd_program *p, const spmd_gpt_config *cfg, const char *path);
 spmd_status spmd_weights_save_impl(const spmd_program *p, const spmd_gpt_config *cfg, spmd_weights_format format, const char *path);
+spmd_status spmd_weights_save_as_impl(const spmd_program *p, const spmd_gpt_config *cfg, spmd_weights_format format, spmd_dtype dtype, const char *path);
 spmd_status spmd_weights_checkpoint_config_impl(const char *ckpt_dir, spmd_gpt_config *cfg, int64_t *step);
 spmd_status spmd_weights_export_impl(const char *ckpt_dir, spmd_weights_format format, const char *path, spmd_gpt_config *cfg, int64_t *step);
+spmd_status spmd_weights_export_as_impl(const char *ckpt_dir, spmd_weights_format format, spmd_dtype dtype, const char *path, spmd_gpt_config *cfg, int64_t *step);
 
 spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir, int64_t step, const char *meta_json, int keep)
 {
@@ -893,6 +895,13 @@ spmd_status spmd_weights_save(const spmd_program *p, const spmd_gpt_config *cfg,
     return r;
 }
 
+spmd_status spmd_weights_save_as(const spmd_program *p, const spmd_gpt_config *cfg, spmd_weights_format format, spmd_dtype dtype, const char *path)
+{
+    spmd_status r = spmd_weights_save_as_impl(p, cfg, format, dtype, path);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
 spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_gpt_config *cfg, int64_t *step)
 {
     spmd_status r = spmd_weights_checkpoint_config_impl(ckpt_dir, cfg, step);
@@ -903,6 +912,13 @@ spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_gpt_config
 spmd_status spmd_weights_export(const char *ckpt_dir, spmd_weights_format format, const char *path, spmd_gpt_config *cfg, int64_t *step)
 {
     spmd_status r = spmd_weights_export_impl(ckpt_dir, format, path, cfg, step);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_weights_export_as(const char *ckpt_dir, spmd_weights_format format, spmd_dtype dtype, const char *path, spmd_gpt_config *cfg, int64_t *step)
+{
+    spmd_status r = spmd_weights_export_as_impl(ckpt_dir, format, dtype, path, cfg, step);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

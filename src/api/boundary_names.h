@@ -114,6 +114,8 @@
 #define spmd_weights_inspect spmd_weights_inspect_impl
 #define spmd_weights_load spmd_weights_load_impl
 #define spmd_weights_save spmd_weights_save_impl
+#define spmd_weights_save_as spmd_weights_save_as_impl
 #define spmd_weights_checkpoint_config spmd_weights_checkpoint_config_impl
 #define spmd_weights_export spmd_weights_export_impl
+#define spmd_weights_export_as spmd_weights_export_as_impl
 #endif
