@@ -827,6 +827,7 @@ static spmd_status mpi_all_reduce_bf16(coll_group *pub, int member, uint16_t *bu
     coll_shm_sync(g->shm); /* every member past the entry's check */
     st = mpi_all_reduce(pub, member, w, count);
     if (!st) bf16_from_f32_n(buf, w, (size_t)count);
+    coll_shm_sync(g->shm); /* nobody reads its copy once the leader may grow them */
     return st;
 }
 
@@ -848,6 +849,7 @@ static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const ui
     coll_shm_sync(g->shm);
     st = mpi_reduce_scatter(pub, member, w, w_out, outer, inner);
     if (!st) bf16_from_f32_n(out, w_out, mine);
+    coll_shm_sync(g->shm);
     return st;
 }
 
