@@ -791,11 +791,121 @@ static spmd_status mpi_permute(coll_group *pub, int member, const void *in, void
 
 /* ---- bf16 reductions -------------------------------------------------------------- */
 
-/* A bf16 reduction over processes runs as the f32 one on the local
- * members' values widened (exactly) into f32 copies, the result rounded
- * once: the tree over the same f32 values in the same order, so the bits
- * are the shared-memory bf16 path's.  Between processes it still moves
- * f32 (a unit's f32 partial sum is not a bf16 value). */
+/* The all-reduce moves bf16 between processes where it can keep the
+ * bits: a unit of one member sends its bf16 values, a unit of several its
+ * f32 partial sum (which a bf16 could not carry without changing the
+ * result); the owner of a chunk evaluates the tree over them, rounds once,
+ * and sends the bf16 result.  The reduce-scatter widens instead: each
+ * local member's values into an f32 copy, the f32 exchange, the result
+ * rounded (the tree over the same f32 values in the same order: the
+ * shared-memory bits; f32 between processes). */
+static const uint16_t *in_h(const mpi_group *g, int l) { return coll_shm_in(g->shm, l); }
+
+static bool single(const unit *u) { return u->hi - u->lo == 1; }
+
+/* This process's units of several members summed in f32, elements
+ * [from, to) of each, into sums + count * inner[u]. */
+static void sum_local_units_bf16(mpi_group *g, int l, float *sums, int64_t count, int64_t from,
+                                 int64_t to)
+{
+    coll_term *t = g->terms + (size_t)l * (size_t)g->n;
+    for (int u = 0; u < g->n_units; u++) {
+        const unit *un = &g->units[u];
+        if (g->inner[u] < 0) continue;
+        for (int m = un->lo; m < un->hi; m++)
+            t[m] = (coll_term){.end = m + 1, .half = in_h(g, g->local_of[m])};
+        coll_tree_sum(t, un->lo, un->hi, 0, from, sums + count * g->inner[u] + from, to - from);
+    }
+}
+
+/* A local unit's values from element `at`: its bf16 member's, or its f32 sum. */
+static coll_term local_term_bf16(const mpi_group *g, int u, const float *sums, int64_t count,
+                                 int64_t at)
+{
+    const unit *un = &g->units[u];
+    if (single(un)) return (coll_term){.end = un->hi, .half = in_h(g, g->local_of[un->lo]) + at};
+    return (coll_term){sums + count * g->inner[u] + at, 0, un->hi, NULL};
+}
+
+static spmd_status all_reduce_exchange_bf16(mpi_group *g, uint16_t *buf, int64_t count)
+{
+    bool whole = one_round(g, count);
+    int64_t lo = 0, hi = count;
+    if (!whole) chunk_of(count, g->q, g->me, &lo, &hi);
+    int64_t len = hi - lo;
+    float *sums = g->stage;
+    unsigned char *remote = (unsigned char *)(sums + count * g->n_inner_units);
+    coll_term *t = g->terms; /* the leader's row */
+    for (int u = 0; u < g->n_units; u++) {
+        const unit *un = &g->units[u];
+        if (local_unit(g, un)) {
+            t[un->lo] = local_term_bf16(g, u, sums, count, lo);
+            continue;
+        }
+        void *at = remote + (size_t)(4 * len) * (size_t)g->slot[u]; /* room for f32 */
+        t[un->lo] = single(un) ? (coll_term){.end = un->hi, .half = at}
+                               : (coll_term){at, 0, un->hi, NULL};
+        recv_from(g, at, (single(un) ? 2 : 4) * len, un->proc);
+    }
+    for (int c = 0; c < g->q; c++) {
+        if (c == g->me) continue;
+        int64_t clo = 0, chi = count;
+        if (!whole) chunk_of(count, g->q, c, &clo, &chi);
+        for (int u = 0; u < g->n_units; u++) {
+            if (!local_unit(g, &g->units[u])) continue;
+            coll_term v = local_term_bf16(g, u, sums, count, clo);
+            send_to(g, v.half ? (const void *)v.half : (const void *)v.base,
+                    (v.half ? 2 : 4) * (chi - clo), c);
+        }
+    }
+    spmd_status st = xfer_wait(g);
+    if (st) return st;
+    coll_tree_sum_bf16(t, 0, g->n, 0, 0, buf + lo, len);
+    if (whole) return SPMD_OK;
+    for (int c = 0; c < g->q; c++) {
+        if (c == g->me) continue;
+        int64_t clo, chi;
+        chunk_of(count, g->q, c, &clo, &chi);
+        recv_from(g, buf + clo, 2 * (chi - clo), c);
+        send_to(g, buf + lo, 2 * len, c);
+    }
+    return xfer_wait(g);
+}
+
+static spmd_status mpi_all_reduce_bf16(coll_group *pub, int member, uint16_t *buf, int64_t count)
+{
+    mpi_group *g = pub->impl;
+    int l = local_index(g, member, COLL_OP_ALL_REDUCE_BF16);
+    if (l < 0) return base_error_status();
+    if (count < 0 || (count > 0 && !buf))
+        return base_error(SPMD_ERR_INVALID, "all_reduce (bf16): %lld values at %p",
+                          (long long)count, (void *)buf);
+    spmd_status st = usable(g);
+    if (st) return st;
+    spmd_status prepared = SPMD_OK;
+    if (l == 0) {
+        int64_t lo = 0, hi = count;
+        if (!one_round(g, count)) chunk_of(count, g->q, g->me, &lo, &hi);
+        size_t floats = (size_t)count * (size_t)g->n_inner_units +
+                        (size_t)(hi - lo) * (size_t)g->n_remote_units;
+        if (!stage_reserve(g, sizeof(float) * floats)) prepared = base_error_status();
+    }
+    st = enter(g, l, COLL_OP_ALL_REDUCE_BF16, buf, buf, count, 0, 0, NULL, prepared);
+    if (st) return st;
+    if (g->n_inner_units) {
+        int64_t from, to;
+        chunk_of(count, g->k, l, &from, &to);
+        sum_local_units_bf16(g, l, g->stage, count, from, to);
+        coll_shm_sync(g->shm);
+    }
+    st = exchanged(g, l, l == 0 ? all_reduce_exchange_bf16(g, buf, count) : SPMD_OK);
+    if (!st && l != 0) copy(buf, in_h(g, 0), sizeof *buf * (size_t)count);
+    coll_shm_sync(g->shm);
+    return st;
+}
+
+/* The reduce-scatter's f32 copies (above), grown by the leader before the
+ * entry's barrier. */
 static spmd_status bf16_enter(mpi_group *g, int l, coll_op op, const void *in, void *out,
                               int64_t a, int64_t b, size_t floats_each)
 {
@@ -810,25 +920,6 @@ static spmd_status bf16_enter(mpi_group *g, int l, coll_op op, const void *in, v
         else prepared = base_error_status();
     }
     return enter(g, l, op, in, out, a, b, 0, NULL, prepared);
-}
-
-static spmd_status mpi_all_reduce_bf16(coll_group *pub, int member, uint16_t *buf, int64_t count)
-{
-    mpi_group *g = pub->impl;
-    int l = local_index(g, member, COLL_OP_ALL_REDUCE_BF16);
-    if (l < 0) return base_error_status();
-    if (count < 0 || (count > 0 && !buf))
-        return base_error(SPMD_ERR_INVALID, "all_reduce (bf16): %lld values at %p",
-                          (long long)count, (void *)buf);
-    spmd_status st = bf16_enter(g, l, COLL_OP_ALL_REDUCE_BF16, buf, buf, count, 0, (size_t)count);
-    if (st) return st;
-    float *w = g->work + (size_t)count * (size_t)l;
-    bf16_to_f32_n(w, buf, (size_t)count);
-    coll_shm_sync(g->shm); /* every member past the entry's check */
-    st = mpi_all_reduce(pub, member, w, count);
-    if (!st) bf16_from_f32_n(buf, w, (size_t)count);
-    coll_shm_sync(g->shm); /* nobody reads its copy once the leader may grow them */
-    return st;
 }
 
 static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const uint16_t *in,
