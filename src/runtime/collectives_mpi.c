@@ -118,9 +118,6 @@ typedef struct mpi_group {
     xfer x;
     void *stage;
     size_t stage_bytes;
-    /* bf16 reductions: f32 copies of the local members' buffers (below). */
-    float *work;
-    size_t work_floats;
     spmd_status entry_status, status;
     char entry_message[MESSAGE], message[MESSAGE];
     /* Set by the leader when an exchange failed: the peers' state is
@@ -791,14 +788,11 @@ static spmd_status mpi_permute(coll_group *pub, int member, const void *in, void
 
 /* ---- bf16 reductions -------------------------------------------------------------- */
 
-/* The all-reduce moves bf16 between processes where it can keep the
+/* bf16 reductions move bf16 between processes where that keeps the
  * bits: a unit of one member sends its bf16 values, a unit of several its
  * f32 partial sum (which a bf16 could not carry without changing the
- * result); the owner of a chunk evaluates the tree over them, rounds once,
- * and sends the bf16 result.  The reduce-scatter widens instead: each
- * local member's values into an f32 copy, the f32 exchange, the result
- * rounded (the tree over the same f32 values in the same order: the
- * shared-memory bits; f32 between processes). */
+ * result); the owner of an element evaluates the tree over them and
+ * rounds once; an all-reduce's summed chunks travel as bf16. */
 static const uint16_t *in_h(const mpi_group *g, int l) { return coll_shm_in(g->shm, l); }
 
 static bool single(const unit *u) { return u->hi - u->lo == 1; }
@@ -904,22 +898,46 @@ static spmd_status mpi_all_reduce_bf16(coll_group *pub, int member, uint16_t *bu
     return st;
 }
 
-/* The reduce-scatter's f32 copies (above), grown by the leader before the
- * entry's barrier. */
-static spmd_status bf16_enter(mpi_group *g, int l, coll_op op, const void *in, void *out,
-                              int64_t a, int64_t b, size_t floats_each)
+/* The reduce-scatter alike: rs_layout's regions with room for f32 in each
+ * (a unit of one member uses half of its block); the sums of this
+ * process's units of several members are f32. */
+static coll_term rs_term_bf16(const mpi_group *g, const rs_stage *s, int u, int64_t outer,
+                              int64_t inner, int64_t col)
 {
-    spmd_status st = usable(g), prepared = SPMD_OK;
-    if (st) return st;
-    if (l == 0 && floats_each * (size_t)g->k > g->work_floats) {
-        base_free(&g->world->alloc, g->work);
-        g->work_floats = 0;
-        g->work = base_alloc(&g->world->alloc, sizeof(float) * floats_each * (size_t)g->k,
-                             "bf16 reduction staging");
-        if (g->work) g->work_floats = floats_each * (size_t)g->k;
-        else prepared = base_error_status();
+    const unit *un = &g->units[u];
+    int64_t width = inner * g->n;
+    if (single(un))
+        return (coll_term){.stride = width, .end = un->hi, .half = in_h(g, g->local_of[un->lo]) + col};
+    return (coll_term){s->sums + outer * width * g->inner[u] + col, width, un->hi, NULL};
+}
+
+static spmd_status reduce_scatter_exchange_bf16(mpi_group *g, int64_t outer, int64_t inner)
+{
+    rs_stage s = rs_layout(g, g->stage, outer, inner, NULL);
+    for (int jl = 0; jl < g->k; jl++)
+        for (int u = 0; u < g->n_units; u++)
+            if (!local_unit(g, &g->units[u]))
+                recv_from(g, s.recv + s.block * (g->n_remote_units * jl + g->slot[u]),
+                          (single(&g->units[u]) ? 2 : 4) * s.block, g->units[u].proc);
+    for (int j = 0; j < g->n; j++) {
+        if (g->local_of[j] >= 0) continue;
+        for (int u = 0; u < g->n_units; u++) {
+            if (!local_unit(g, &g->units[u])) continue;
+            coll_term v = rs_term_bf16(g, &s, u, outer, inner, inner * j);
+            size_t es = v.half ? 2 : 4;
+            const unsigned char *from = v.half ? (const void *)v.half : (const void *)v.base;
+            if (outer > 1) {
+                unsigned char *pack = (unsigned char *)(s.pack + s.block * (g->n_local_units *
+                                                                            g->remote_of[j] + g->slot[u]));
+                for (int64_t r = 0; r < outer; r++)
+                    memcpy(pack + es * (size_t)(inner * r), from + es * (size_t)(v.stride * r),
+                           es * (size_t)inner);
+                from = pack;
+            }
+            send_to(g, from, (int64_t)es * s.block, g->proc_of[j]);
+        }
     }
-    return enter(g, l, op, in, out, a, b, 0, NULL, prepared);
+    return xfer_wait(g);
 }
 
 static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const uint16_t *in,
@@ -931,15 +949,42 @@ static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const ui
     if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
         return base_error(SPMD_ERR_INVALID, "reduce_scatter (bf16): [%lld, %lld values]",
                           (long long)outer, (long long)inner);
-    size_t whole = (size_t)(outer * inner * g->n), mine = (size_t)(outer * inner);
-    spmd_status st =
-        bf16_enter(g, l, COLL_OP_REDUCE_SCATTER_BF16, in, out, outer, inner, whole + mine);
+    spmd_status st = usable(g);
     if (st) return st;
-    float *w = g->work + (whole + mine) * (size_t)l, *w_out = w + whole;
-    bf16_to_f32_n(w, in, whole);
-    coll_shm_sync(g->shm);
-    st = mpi_reduce_scatter(pub, member, w, w_out, outer, inner);
-    if (!st) bf16_from_f32_n(out, w_out, mine);
+    spmd_status prepared = SPMD_OK;
+    if (l == 0) {
+        size_t floats;
+        rs_layout(g, NULL, outer, inner, &floats);
+        if (!stage_reserve(g, sizeof(float) * floats)) prepared = base_error_status();
+    }
+    st = enter(g, l, COLL_OP_REDUCE_SCATTER_BF16, in, out, outer, inner, 0, NULL, prepared);
+    if (st) return st;
+    rs_stage s = rs_layout(g, g->stage, outer, inner, NULL);
+    if (g->n_inner_units) {
+        int64_t from, to;
+        chunk_of(outer * inner * g->n, g->k, l, &from, &to);
+        sum_local_units_bf16(g, l, s.sums, outer * inner * g->n, from, to);
+        coll_shm_sync(g->shm);
+    }
+    st = exchanged(g, l, l == 0 ? reduce_scatter_exchange_bf16(g, outer, inner) : SPMD_OK);
+    if (!st) {
+        /* Each member sums its own block over the units; `out` may be that
+         * block of `in` (outer == 1). */
+        coll_term *t = g->terms + (size_t)l * (size_t)g->n;
+        for (int u = 0; u < g->n_units; u++) {
+            const unit *un = &g->units[u];
+            if (local_unit(g, un)) {
+                t[un->lo] = rs_term_bf16(g, &s, u, outer, inner, inner * member);
+            } else {
+                float *at = s.recv + s.block * (g->n_remote_units * l + g->slot[u]);
+                t[un->lo] = single(un) ? (coll_term){.stride = inner, .end = un->hi,
+                                                     .half = (const uint16_t *)at}
+                                       : (coll_term){at, inner, un->hi, NULL};
+            }
+        }
+        for (int64_t r = 0; r < outer; r++)
+            coll_tree_sum_bf16(t, 0, g->n, r, 0, out + inner * r, inner);
+    }
     coll_shm_sync(g->shm);
     return st;
 }
@@ -977,7 +1022,6 @@ static void group_free(mpi_world *w, mpi_group *g)
     base_free(a, g->x.st);
     base_free(a, g->x.expect);
     base_free(a, g->stage);
-    base_free(a, g->work);
     base_free(a, g);
 }
 
