@@ -30,6 +30,7 @@
  * Rank 0 prints one line per failure and then PASS or FAIL; the exit
  * status is 0 only on PASS.
  */
+#include "base/bf16.h"
 #include "base/error.h"
 #include "runtime/collectives.h"
 
@@ -120,6 +121,57 @@ static void check_all_reduce(coll_group *g, const grp *gr, int m, int64_t count,
         }
     }
     free(buf);
+}
+
+/* The bf16 reductions: each member's values rounded to bf16, the
+ * canonical tree over their f32 widenings, the sum rounded once. */
+static float ref_tree_bf16(const grp *gr, int lo, int hi, int64_t i, int call)
+{
+    if (hi - lo == 1) return bf16_round(fval(gr->ranks[lo], i, call));
+    int half = 1 << 30;
+    while (half >= hi - lo) half >>= 1;
+    return ref_tree_bf16(gr, lo, lo + half, i, call) + ref_tree_bf16(gr, lo + half, hi, i, call);
+}
+
+static void check_all_reduce_bf16(coll_group *g, const grp *gr, int member, int64_t count,
+                                  int call)
+{
+    uint16_t *buf = xmalloc(sizeof *buf * (size_t)count);
+    for (int64_t i = 0; i < count; i++) buf[i] = bf16_from_f32(fval(gr->ranks[member], i, call));
+    spmd_status st = g->ops->all_reduce_bf16(g, member, buf, count);
+    OK(st, "all_reduce_bf16");
+    for (int64_t i = 0; i < count && st == SPMD_OK; i++) {
+        uint16_t want = bf16_from_f32(ref_tree_bf16(gr, 0, gr->size, i, call));
+        if (buf[i] != want) {
+            fail("all_reduce_bf16 n=%d count=%lld member %d: [%lld] = %#x, want %#x", gr->size, (long long)count, member, (long long)i, buf[i], want);
+            break;
+        }
+    }
+    free(buf);
+}
+
+static void check_reduce_scatter_bf16(coll_group *g, const grp *gr, int member,
+                                      int64_t outer, int64_t inner, bool in_place, int call)
+{
+    int n = gr->size;
+    uint16_t *in = xmalloc(sizeof *in * (size_t)(outer * n * inner));
+    for (int64_t x = 0; x < outer * n * inner; x++)
+        in[x] = bf16_from_f32(fval(gr->ranks[member], x, call));
+    uint16_t *out = in_place ? in + inner * member : xmalloc(sizeof *out * (size_t)(outer * inner));
+    spmd_status st = g->ops->reduce_scatter_bf16(g, member, in, out, outer, inner);
+    OK(st, "reduce_scatter_bf16");
+    for (int64_t r = 0; r < outer && st == SPMD_OK; r++)
+        for (int64_t x = 0; x < inner; x++) {
+            uint16_t want =
+                bf16_from_f32(ref_tree_bf16(gr, 0, n, (r * n + member) * inner + x, call));
+            if (out[r * inner + x] != want) {
+                fail("reduce_scatter_bf16 n=%d [%lld, %lld] member %d: [%lld, %lld] = %#x, want %#x", n, (long long)outer, (long long)inner, member, (long long)r, (long long)x, out[r * inner + x], want);
+                r = outer;
+                break;
+            }
+        }
+    if (!in_place) free(out);
+    free(in);
 }
 
 static void check_reduce_scatter(coll_group *g, const grp *gr, int m, int64_t outer,
@@ -237,6 +289,11 @@ static void run_suite(coll_group *g, const grp *gr, int m, int gi)
     static const int64_t counts[] = {0, 1, 7, 1001, 21845, 21846, 32769, 65537, 100003};
     for (size_t c = 0; c < sizeof counts / sizeof *counts; c++)
         check_all_reduce(g, gr, m, counts[c], call++);
+    /* The bf16 reductions: the f32 path's bits, rounded. */
+    for (size_t c = 0; c < sizeof counts / sizeof *counts; c++)
+        check_all_reduce_bf16(g, gr, m, counts[c], call++);
+    check_reduce_scatter_bf16(g, gr, m, 3, 1001, false, call++);
+    check_reduce_scatter_bf16(g, gr, m, 1, 7, true, call++);
     static const int64_t inners[] = {1, 7, 1001};
     for (size_t c = 0; c < 3; c++) {
         for (int64_t outer = 1; outer <= 3; outer += 2) {

@@ -24,9 +24,12 @@ then "all N tensors equal".  Exits 1 naming the file and the cause when a
 check fails.
 
     usage: read_export.py --hf FILE.safetensors --llmc FILE.bin [--expect DIR]
+           read_export.py --bf16 FILE.safetensors --expect DIR
 
 DIR holds one file NAME.f32 per parameter: its values, little-endian
-float32, row-major, in libspmd's layout ([out, in]).
+float32, row-major, in libspmd's layout ([out, in]).  With --bf16 the file
+(spmd export --dtype bf16) must hold only BF16 tensors, each the round to
+nearest even of DIR's values, computed here on the bit patterns.
 """
 import argparse
 import json
@@ -60,8 +63,10 @@ def unique(pairs):
     return seen
 
 
-def read_safetensors(path):
-    """{name: array} of an F32-only file, after the format's checks."""
+def read_safetensors(path, dtype="F32"):
+    """{name: array} of a file of `dtype` tensors only (F32, or BF16 as
+    their uint16 bit patterns), after the format's checks."""
+    size, numpy_dtype = {"F32": (4, "<f4"), "BF16": (2, "<u2")}[dtype]
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < 8:
@@ -81,14 +86,14 @@ def read_safetensors(path):
     body = data[8 + n:]
     spans, out = [], {}
     for name, e in header.items():
-        if e.get("dtype") != "F32":
-            raise Bad("tensor %s has dtype %r, not F32" % (name, e.get("dtype")))
+        if e.get("dtype") != dtype:
+            raise Bad("tensor %s has dtype %r, not %s" % (name, e.get("dtype"), dtype))
         shape, (b, end) = e["shape"], e["data_offsets"]
         count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if end - b != 4 * count:
+        if end - b != size * count:
             raise Bad("tensor %s: data_offsets [%d, %d] do not fit shape %s" % (name, b, end, shape))
         spans.append((b, end, name))
-        out[name] = np.frombuffer(body, dtype="<f4", count=count, offset=b).reshape(shape)
+        out[name] = np.frombuffer(body, dtype=numpy_dtype, count=count, offset=b).reshape(shape)
     at = 0
     for b, end, name in sorted(spans):
         if b != at:
@@ -110,8 +115,8 @@ def conv1d(name):
         ".c_attn." in name or ".c_proj." in name or ".c_fc." in name)
 
 
-def from_hf(path):
-    raw, meta = read_safetensors(path)
+def from_hf(path, dtype="F32"):
+    raw, meta = read_safetensors(path, dtype)
     prefix = "" if "wte.weight" in raw else "transformer."
     layers = 1 + max(int(k[len(prefix):].split(".")[1]) for k in raw if k.startswith(prefix + "h."))
     out = {}
@@ -170,7 +175,30 @@ def in_file(read, path):
         raise Bad("%s: %s" % (path, e))
 
 
+def rne_bf16(values):
+    """float32 -> bf16 bit patterns, round to nearest, ties to even (the
+    values are finite)."""
+    u = values.astype("<f4").view("<u4").astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+
+
+def check_bf16(args):
+    hf, meta = in_file(lambda p: from_hf(p, "BF16"), args.bf16)
+    for name in gpt_names(len(hf) // len(BLOCK)):
+        want = rne_bf16(np.fromfile(os.path.join(args.expect, name + ".f32"), dtype="<f4"))
+        got = np.ascontiguousarray(hf[name]).reshape(-1)
+        if not np.array_equal(got, want):
+            raise Bad("%s: %s is not the bf16 rounding of %s.f32" % (args.bf16, name, name))
+        shape = "[" + ", ".join(str(d) for d in hf[name].shape) + "]"
+        print("%s\t%s\tBF16" % (name, shape))
+    if len(os.listdir(args.expect)) != len(hf):
+        raise Bad("%s holds %d files for %d tensors" % (args.expect, len(os.listdir(args.expect)), len(hf)))
+    print("all %d tensors the bf16 rounding" % len(hf))
+
+
 def check(args):
+    if args.bf16:
+        return check_bf16(args)
     hf, meta = in_file(from_hf, args.hf)
     llmc, heads = in_file(from_llmc, args.llmc)
     if meta.get("n_head") != str(heads):
@@ -195,10 +223,13 @@ def check(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--hf", required=True)
-    p.add_argument("--llmc", required=True)
+    p.add_argument("--hf")
+    p.add_argument("--llmc")
+    p.add_argument("--bf16")
     p.add_argument("--expect")
     args = p.parse_args()
+    if not (args.bf16 and args.expect and not (args.hf or args.llmc)) and not (args.hf and args.llmc):
+        p.error("--hf FILE --llmc FILE [--expect DIR], or --bf16 FILE --expect DIR")
     try:
         check(args)
     except (Bad, ValueError, KeyError, OSError) as e:

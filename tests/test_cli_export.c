@@ -207,6 +207,38 @@ static void test_export_both_formats(void **state)
         expect_output(out, "h.1.mlp.c_fc.weight\t[64, 16]\t");
         expect_output(out, "all 28 tensors equal");
     }
+    /* --dtype bf16: a BF16 safetensors file of half the data bytes, each
+     * weight the round to nearest even of the f32 master (checked by the
+     * independent reader on the dumps); --init refuses it, naming the
+     * dtype (training starts from the f32 masters the checkpoint keeps). */
+    char half[PATH];
+    rc = run_toolf(out, OUT, "export %s --out %s --dtype bf16", ckpt,
+                   support_path_in(half, dir, "model-bf16.safetensors"));
+    if (rc != 0) fail_msg("export bf16: %d\n%s", rc, out);
+    expect_output(out, "(Hugging Face GPT-2 safetensors, bf16, ");
+    struct stat s32, s16;
+    assert_int_equal(stat(hf, &s32), 0);
+    assert_int_equal(stat(half, &s16), 0);
+    assert_true(s16.st_size < s32.st_size && s16.st_size > s32.st_size / 2);
+    if (have_numpy()) {
+        char cmd[4 * PATH];
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/read_export.py --bf16 %s --expect %s 2>&1",
+                 SPMD_SOURCE_DIR, half, dump);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        size_t n = fread(out, 1, OUT - 1, p);
+        out[n] = '\0';
+        if (pclose(p) != 0) fail_msg("read_export.py --bf16 failed:\n%s", out);
+        expect_output(out, "h.1.mlp.c_fc.weight\t[64, 16]\tBF16");
+        expect_output(out, "all 28 tensors the bf16 rounding");
+    }
+    rc = run_toolf(out, OUT, "train --init %s --steps 1 --eval 0 --data arith", half);
+    assert_int_equal(rc, 2);
+    expect_output(out, "has dtype BF16; libspmd reads F32 weights only");
+    rc = run_toolf(out, OUT, "export %s --out %s --dtype bf16 --format llmc", ckpt,
+                   support_path_in(half, dir, "model-bf16.bin"));
+    assert_int_equal(rc, 2);
+    expect_output(out, "--dtype bf16 writes safetensors (--format hf) only");
     trained_free(&m);
     free(out);
     support_drop_dir(dir);

@@ -149,6 +149,15 @@ static void test_gpt_accumulate_4x2_p2(void **state)
     (void)state;
     same_bits_with("gpt", "4x2", "replica,fsdp", 2, "--accumulate 3");
 }
+/* Gradients reduced in bf16 (--reduce-precision): the bf16 collectives
+ * over processes give the shared-memory path's bits, with units of two
+ * members in each process (4x2, 'replica' across) and of one (2). */
+static void test_gpt_bf16_reduce(void **state)
+{
+    (void)state;
+    same_bits_with("gpt", "4x2", "replica,fsdp", 2, "--precision bf16 --reduce-precision bf16");
+    same_bits_with("gpt", "2", "data", 2, "--reduce-precision bf16");
+}
 static void test_mlp_data_8(void **state) { (void)state; same_bits("mlp", "8", "data", 2); }
 static void test_mlp_4x2_p2(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 2); }
 static void test_mlp_4x2_p4(void **state) { (void)state; same_bits("mlp", "4x2", "replica,fsdp", 4); }
@@ -400,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_gpt_2x2x2),
         cmocka_unit_test(test_gpt_tp_sp_2x2x2),
         cmocka_unit_test(test_gpt_accumulate_4x2_p2),
+        cmocka_unit_test(test_gpt_bf16_reduce),
         cmocka_unit_test(test_mlp_data_8),
         cmocka_unit_test(test_mlp_4x2_p2),
         cmocka_unit_test(test_mlp_4x2_p4),

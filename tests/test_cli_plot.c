@@ -386,6 +386,50 @@ static void test_gaps_validation_and_appended_runs(void **state)
     expect_renders(svg_path, ids, 3, 10);
 }
 
+/* --metric grad_norm draws the log's "grad_norm"; --compare a second
+ * run's beside it, a colour each, named by the files (what
+ * scripts/precision-curves.sh draws fp32 and bf16 runs with). */
+static void test_grad_norm_and_compare(void **state)
+{
+    (void)state;
+    char a[PATH], b[PATH], svg_path[PATH], out[OUT];
+    write_text(support_path_in(a, dir, "fp32.jsonl"),
+               "{\"step\":1,\"loss\":3,\"lr\":0.1,\"grad_norm\":2.5}\n"
+               "{\"step\":2,\"loss\":2,\"lr\":0.1,\"grad_norm\":1.5}\n"
+               "{\"step\":2,\"val_loss\":2.2}\n"
+               "{\"step\":3,\"loss\":1,\"lr\":0.1,\"grad_norm\":0.5}\n");
+    write_text(support_path_in(b, dir, "bf16.jsonl"),
+               "{\"step\":1,\"loss\":3.1,\"lr\":0.1,\"grad_norm\":2.4}\n"
+               "{\"step\":2,\"loss\":2.1,\"lr\":0.1,\"grad_norm\":null}\n");
+    support_path_in(svg_path, dir, "norm.svg");
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --metric grad_norm --compare %s --out %s",
+                               a, b, svg_path), 0);
+    expect_text(out, "(3 and 1 grad_norm points)");
+    size_t len;
+    char *svg = read_all(svg_path, &len);
+    series_facts one = series_of(svg, "run-0"), two = series_of(svg, "run-1");
+    assert_int_equal(one.points, 3);
+    assert_int_equal(one.vertices, 3);
+    assert_int_equal(two.points, 1); /* the null draws nothing */
+    expect_text(svg, ">gradient norm</text>");
+    expect_text(svg, ">fp32.jsonl</text>");
+    expect_text(svg, ">bf16.jsonl</text>");
+    assert_null(strstr(svg, "val-loss"));
+    free(svg);
+    /* The losses of both; one log's gradient norm alone. */
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --compare %s --out %s", a, b, svg_path), 0);
+    expect_text(out, "(3 and 2 loss points)");
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --metric grad_norm --out %s", a, svg_path), 0);
+    expect_text(out, "(3 grad_norm points)");
+    /* A bad value of the metric is named; a --compare that is the --out refused. */
+    write_text(b, "{\"step\":1,\"grad_norm\":\"big\"}\n");
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --metric grad_norm --compare %s --out %s",
+                               a, b, svg_path), 2);
+    expect_text(out, "\"grad_norm\" is neither a number nor null");
+    assert_int_equal(run_toolf(out, sizeof out, "plot %s --metric norm --out %s", a, svg_path), 2);
+    expect_text(out, "--metric is loss or grad_norm");
+}
+
 /* A log of 5000 steps with noise: each line is drawn by the extremes of
  * 500 columns, yet the series still counts every step. */
 static void test_long_log_is_thinned(void **state)
@@ -551,6 +595,7 @@ int main(void)
         cmocka_unit_test(test_plot_of_a_training_run),
         cmocka_unit_test(test_gaps_validation_and_appended_runs),
         cmocka_unit_test(test_long_log_is_thinned),
+        cmocka_unit_test(test_grad_norm_and_compare),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_failed_writes),
         cmocka_unit_test(test_train_plot),

@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "base/bf16.h"
 #include "base/error.h"
 #include "runtime/collectives.h"
 #include "runtime/collectives_impl.h"
@@ -183,6 +184,57 @@ static void check_all_reduce(team *t, coll_group *g, const grp *gr, int member, 
     free(buf);
 }
 
+/* The bf16 reductions: each member's values rounded to bf16, the
+ * canonical tree over their f32 widenings, the sum rounded once. */
+static float ref_tree_bf16(const grp *gr, int lo, int hi, int64_t i, int call)
+{
+    if (hi - lo == 1) return bf16_round(fval(gr->ranks[lo], i, call));
+    int half = 1 << 30;
+    while (half >= hi - lo) half >>= 1;
+    return ref_tree_bf16(gr, lo, lo + half, i, call) + ref_tree_bf16(gr, lo + half, hi, i, call);
+}
+
+static void check_all_reduce_bf16(team *t, coll_group *g, const grp *gr, int member, int64_t count,
+                                  int call)
+{
+    uint16_t *buf = xmalloc(sizeof *buf * (size_t)count);
+    for (int64_t i = 0; i < count; i++) buf[i] = bf16_from_f32(fval(gr->ranks[member], i, call));
+    spmd_status st = g->ops->all_reduce_bf16(g, member, buf, count);
+    CHECK_OK(t, st, "all_reduce_bf16");
+    for (int64_t i = 0; i < count && st == SPMD_OK; i++) {
+        uint16_t want = bf16_from_f32(ref_tree_bf16(gr, 0, gr->size, i, call));
+        if (buf[i] != want) {
+            team_fail(t, __LINE__, "all_reduce_bf16 n=%d count=%lld member %d: [%lld] = %#x, want %#x", gr->size, (long long)count, member, (long long)i, buf[i], want);
+            break;
+        }
+    }
+    free(buf);
+}
+
+static void check_reduce_scatter_bf16(team *t, coll_group *g, const grp *gr, int member,
+                                      int64_t outer, int64_t inner, bool in_place, int call)
+{
+    int n = gr->size;
+    uint16_t *in = xmalloc(sizeof *in * (size_t)(outer * n * inner));
+    for (int64_t x = 0; x < outer * n * inner; x++)
+        in[x] = bf16_from_f32(fval(gr->ranks[member], x, call));
+    uint16_t *out = in_place ? in + inner * member : xmalloc(sizeof *out * (size_t)(outer * inner));
+    spmd_status st = g->ops->reduce_scatter_bf16(g, member, in, out, outer, inner);
+    CHECK_OK(t, st, "reduce_scatter_bf16");
+    for (int64_t r = 0; r < outer && st == SPMD_OK; r++)
+        for (int64_t x = 0; x < inner; x++) {
+            uint16_t want =
+                bf16_from_f32(ref_tree_bf16(gr, 0, n, (r * n + member) * inner + x, call));
+            if (out[r * inner + x] != want) {
+                team_fail(t, __LINE__, "reduce_scatter_bf16 n=%d [%lld, %lld] member %d: [%lld, %lld] = %#x, want %#x", n, (long long)outer, (long long)inner, member, (long long)r, (long long)x, out[r * inner + x], want);
+                r = outer;
+                break;
+            }
+        }
+    if (!in_place) free(out);
+    free(in);
+}
+
 static void check_all_gather(team *t, coll_group *g, const grp *gr, int member, int64_t outer,
                              int64_t inner, bool in_place, int call)
 {
@@ -328,6 +380,12 @@ static void run_suite(team *t, const grp *gr, int member)
     }
     /* Reduce-scatter of a large block: several summing blocks per row. */
     check_reduce_scatter(t, g, gr, member, 2, 5003, false, call++);
+    /* The bf16 reductions (gradients reduced in bf16). */
+    for (size_t c = 0; c < sizeof counts / sizeof *counts; c++)
+        check_all_reduce_bf16(t, g, gr, member, counts[c], call++);
+    check_reduce_scatter_bf16(t, g, gr, member, 3, 1001, false, call++);
+    check_reduce_scatter_bf16(t, g, gr, member, 1, 7, true, call++);
+    check_reduce_scatter_bf16(t, g, gr, member, 2, 5003, false, call++);
 }
 
 static grp whole_world(int n)
@@ -367,7 +425,7 @@ static void test_tree_order(void **state)
     int left_to_right_differs = 0;
     for (int n = 1; n <= 8; n++) {
         grp gr = whole_world(n);
-        for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+        for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
         coll_tree_sum(terms, 0, n, 0, 0, out, LEN);
         for (int64_t e = 0; e < LEN; e++) {
             const float *v[8];
@@ -396,7 +454,7 @@ static void test_tree_order(void **state)
 
     /* Partial sums as terms: 7 members as [0,4) + [4,6) + 6, and as
      * 0 + 1 + [2,4) + [4,6) + 6; a row stride and a column offset. */
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
     coll_tree_sum(terms, 0, 4, 0, 0, part[0], LEN);
     coll_tree_sum(terms, 4, 6, 0, 0, part[1], LEN);
     coll_tree_sum(terms, 2, 4, 0, 0, part[2], LEN);
@@ -410,19 +468,19 @@ static void test_tree_order(void **state)
     coll_tree_sum(b, 0, 7, 0, 0, out, LEN);
     assert_memory_equal(out, want, sizeof out);
     /* Rows of 1000 floats, row 2 from column 500: elements 2500 .. 2999. */
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 1000, m + 1};
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 1000, m + 1, NULL};
     coll_tree_sum(terms, 0, 7, 2, 500, out, 500);
     assert_memory_equal(out, want + 2500, 500 * sizeof *out);
     /* In place, into a member's own elements: inside a subtree (member 3
      * of 7), and an operand of the root's own sum (member 2 of 3, member
      * 0 and member 1 of 2). */
     memcpy(part[0], x[3], sizeof part[0]);
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){m == 3 ? part[0] : x[m], 0, m + 1};
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){m == 3 ? part[0] : x[m], 0, m + 1, NULL};
     coll_tree_sum(terms, 0, 7, 0, 0, part[0], LEN);
     assert_memory_equal(part[0], want, sizeof want);
     for (int n = 2; n <= 3; n++)
         for (int own = n == 2 ? 0 : 2; own < n; own++) {
-            for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1};
+            for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
             coll_tree_sum(terms, 0, n, 0, 0, want, LEN);
             memcpy(part[0], x[own], sizeof part[0]);
             terms[own].base = part[0];

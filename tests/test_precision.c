@@ -4,8 +4,10 @@
  * with bf16 matmuls follows the f32 run within bf16's rounding, and on
  * meshes 8 and 4x2 (FSDP) follows its own one-device run about as closely
  * as f32 runs follow each other across meshes; FSDP gathers the bf16
- * copies of the weights, half the bytes; bf16 where no kernel takes it is
- * refused, naming the op.
+ * copies of the weights, half the bytes; gradients reduced in bf16
+ * (spmd_graph_set_reduce_precision) follow f32-reduced runs within bf16's
+ * tolerance, in half the bytes; bf16 where no kernel takes it is refused,
+ * naming the op.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,12 +33,20 @@ static const spmd_gpt_config CFG = {.vocab = VOCAB, .seq = SEQ, .layers = 2, .he
 
 /* Losses of STEPS AdamW steps of the GPT on `shape` ("" for one device),
  * FSDP-wrapped over "fsdp" when the mesh has it, else the batch split. */
-static void train(const char *shape, const char *axes, spmd_dtype precision, float *loss,
-                  int64_t *gather_bytes)
+/* What a run's gradients' reductions move (the update's reduce-scatters
+ * and all-reduces of "*.grad"), and how many are named "in bf16". */
+typedef struct reductions {
+    int64_t bytes;
+    int count, in_bf16;
+} reductions;
+
+static void train_reduced(const char *shape, const char *axes, spmd_dtype precision,
+                          spmd_dtype reduce, float *loss, int64_t *gather_bytes, reductions *red)
 {
     spmd_mesh *mesh = *shape ? spmd_mesh_parse(shape, axes) : NULL;
     spmd_graph *g = spmd_graph_create(NULL);
     assert_int_equal(spmd_graph_set_matmul_precision(g, precision), SPMD_OK);
+    assert_int_equal(spmd_graph_set_reduce_precision(g, reduce), SPMD_OK);
     spmd_gpt_tensors t;
     assert_int_equal(spmd_gpt_build(g, &CFG, BATCH, &t), SPMD_OK);
     spmd_tensor *in[2] = {t.input, t.targets};
@@ -57,18 +67,29 @@ static void train(const char *shape, const char *axes, spmd_dtype precision, flo
         if (spmd_trainer_step(tr, 3e-3f, &loss[s], NULL) != SPMD_OK)
             fail_msg("step %d: %s", s, spmd_last_error());
     }
-    if (gather_bytes) {
-        *gather_bytes = 0;
-        for (int i = 0; i < spmd_program_collective_count(p); i++) {
-            spmd_collective_info c;
-            assert_int_equal(spmd_program_collective(p, i, &c), SPMD_OK);
-            if (!strcmp(c.kind, "all-gather") && strstr(c.tensor, "c_fc.weight"))
-                *gather_bytes += c.bytes;
+    if (gather_bytes) *gather_bytes = 0;
+    if (red) *red = (reductions){0};
+    for (int i = 0; i < spmd_program_collective_count(p); i++) {
+        spmd_collective_info c;
+        assert_int_equal(spmd_program_collective(p, i, &c), SPMD_OK);
+        if (gather_bytes && !strcmp(c.kind, "all-gather") && strstr(c.tensor, "c_fc.weight"))
+            *gather_bytes += c.bytes;
+        if (red && !strcmp(c.phase, "update") && strstr(c.tensor, ".grad") &&
+            (!strcmp(c.kind, "reduce-scatter") || !strcmp(c.kind, "all-reduce"))) {
+            red->bytes += c.bytes;
+            red->count++;
+            red->in_bf16 += strstr(c.tensor, ".grad in bf16") != NULL;
         }
     }
     spmd_trainer_free(tr);
     spmd_graph_free(g);
     spmd_mesh_free(mesh);
+}
+
+static void train(const char *shape, const char *axes, spmd_dtype precision, float *loss,
+                  int64_t *gather_bytes)
+{
+    train_reduced(shape, axes, precision, SPMD_F32, loss, gather_bytes, NULL);
 }
 
 static double max_rel(const float *a, const float *b)
@@ -152,6 +173,47 @@ static void test_bf16_meshes_follow_one_device(void **state)
     assert_int_equal(bytes_bf16 * 2, bytes_f32);
 }
 
+/* Gradients reduced in bf16 (spmd_graph_set_reduce_precision): each
+ * device's gradient rounded to bf16 (2^-9 relative) before the sum, the
+ * sum rounded once; AdamW's update divides most of that out, so the
+ * losses follow the f32-reduced run within the bf16 tolerance above
+ * (1e-3 relative), and do differ.  Every gradient reduction moves half the
+ * bytes and says so; the norm's and the loss's sums stay f32; the run is
+ * the same bits when repeated; on one device nothing is reduced and the
+ * setting changes nothing. */
+static void test_bf16_reduction(void **state)
+{
+    (void)state;
+    const char *shapes[][2] = {{"8", "data"}, {"4x2", "replica,fsdp"}};
+    for (int k = 0; k < 2; k++) {
+        float f32[STEPS], bf16[STEPS], again[STEPS];
+        reductions r32, r16;
+        train_reduced(shapes[k][0], shapes[k][1], SPMD_F32, SPMD_F32, f32, NULL, &r32);
+        train_reduced(shapes[k][0], shapes[k][1], SPMD_F32, SPMD_BF16, bf16, NULL, &r16);
+        train_reduced(shapes[k][0], shapes[k][1], SPMD_F32, SPMD_BF16, again, NULL, NULL);
+        double d = max_rel(bf16, f32);
+        if (!(d > 0 && d < 1e-3))
+            fail_msg("mesh %s: bf16-reduced differs from f32-reduced by %.3g relative",
+                     shapes[k][0], d);
+        assert_memory_equal(bf16, again, sizeof bf16);
+        assert_true(r32.count > 0);
+        assert_int_equal(r16.count, r32.count);
+        assert_int_equal(r32.in_bf16, 0);
+        assert_int_equal(r16.in_bf16, r16.count);
+        assert_int_equal(r16.bytes * 2, r32.bytes);
+    }
+    /* bf16 matmuls and bf16 reductions together, FSDP on 4x2. */
+    float both[STEPS], matmuls[STEPS];
+    train_reduced("4x2", "replica,fsdp", SPMD_BF16, SPMD_BF16, both, NULL, NULL);
+    train("4x2", "replica,fsdp", SPMD_BF16, matmuls, NULL);
+    double d = max_rel(both, matmuls);
+    if (!(d > 0 && d < 1e-3)) fail_msg("bf16 reductions on bf16 matmuls: %.3g relative", d);
+    float one[STEPS], one_f32[STEPS];
+    train_reduced("", "", SPMD_F32, SPMD_BF16, one, NULL, NULL);
+    train("", "", SPMD_F32, one_f32, NULL);
+    assert_memory_equal(one, one_f32, sizeof one);
+}
+
 /* bf16 where no kernel computes it is refused, naming the op. */
 static void test_refusals(void **state)
 {
@@ -164,6 +226,8 @@ static void test_refusals(void **state)
     assert_null(spmd_convert(g, x, SPMD_I32));
     assert_non_null(strstr(spmd_last_error(), "only f32 and bf16 convert"));
     assert_int_equal(spmd_graph_set_matmul_precision(g, SPMD_I32), SPMD_ERR_INVALID);
+    assert_int_equal(spmd_graph_set_reduce_precision(g, SPMD_I32), SPMD_ERR_INVALID);
+    assert_non_null(strstr(spmd_last_error(), "gradients are reduced in f32 or bf16"));
     spmd_graph_free(g);
 
     g = spmd_graph_create(NULL);
@@ -178,6 +242,7 @@ int main(void)
         cmocka_unit_test(test_convert_rounds_to_nearest_even),
         cmocka_unit_test(test_bf16_follows_f32),
         cmocka_unit_test(test_bf16_meshes_follow_one_device),
+        cmocka_unit_test(test_bf16_reduction),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

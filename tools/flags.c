@@ -186,6 +186,11 @@ static const flag_spec flag_specs[] = {
      .help = "bf16: mixed precision, every matmul on bf16 copies of its operands summed in f32 "
              "(weights gathered in bf16); parameters, gradients, optimizer and the other ops f32",
      .initial = "fp32", .choices = "fp32|bf16"},
+    {.name = "--reduce-precision", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE,
+     .offset = FIELD(bf16_reduce), .value = "fp32|bf16",
+     .help = "bf16: the gradients' reductions (FSDP's reduce-scatters, the data axes' all-reduces) "
+             "move bf16, half the bytes: each device's gradient rounded, the sum in f32, rounded "
+             "once; the update f32", .initial = "fp32", .choices = "fp32|bf16"},
     {.name = "--checkpoint", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE,
      .offset = FIELD(checkpoint), .value = "on|off",
      .help = "recompute GPT block activations in backward", .initial = "off", .choices = "off|on"},
@@ -337,6 +342,11 @@ static const flag_spec flag_specs[] = {
              "[in, out] weights, head tied to wte); --format llmc: an llm.c checkpoint "
              "(gpt2_124M.bin layout, version 3, fp32, vocabulary padded to a multiple of 128)",
      .initial = "hf", .choices = "hf|llmc"},
+    {.name = "--dtype", .commands = CMD_EXPORT, .kind = FLAG_CHOICE, .offset = FIELD(export_bf16),
+     .value = "fp32|bf16",
+     .help = "bf16: every weight rounded to the nearest bf16 (ties to even), a BF16 safetensors "
+             "file of half the bytes (--format hf only; the checkpoint keeps the fp32 masters)",
+     .initial = "fp32", .choices = "fp32|bf16"},
 
     /* visualize */
     {.name = "--shape", .commands = CMD_VISUALIZE, .kind = FLAG_TEXT, .offset = FIELD(shape),
@@ -368,6 +378,13 @@ static const flag_spec flag_specs[] = {
      .value = "FILE.svg", .help = "the chart to write (replaced in one step)"},
     {.name = "--title", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(title),
      .value = "TEXT", .help = "its title", .shown = "the log's file name"},
+    {.name = "--metric", .commands = CMD_PLOT, .kind = FLAG_CHOICE,
+     .offset = FIELD(plot_grad_norm), .value = "loss|grad_norm",
+     .help = "what to draw: the losses and learning rate, or the gradient norm (the log's "
+             "\"grad_norm\")", .initial = "loss", .choices = "loss|grad_norm"},
+    {.name = "--compare", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(compare),
+     .value = "LOG.jsonl", .help = "a second run's log: both runs' --metric on one chart, a colour "
+             "each, named by their files"},
 };
 
 enum { N_FLAG_ROWS = sizeof flag_specs / sizeof *flag_specs };
@@ -394,7 +411,7 @@ static const command_spec commands[] = {
     {.command = CMD_VISUALIZE, .name = "visualize",
      .synopsis = "--mesh 4x2 --axes replica,fsdp --shape 8,6 --spec 'fsdp, None'",
      .what = "draw which device holds which block of a tensor"},
-    {.command = CMD_EXPORT, .name = "export", .synopsis = "CKPT --out FILE [--format hf|llmc]",
+    {.command = CMD_EXPORT, .name = "export", .synopsis = "CKPT --out FILE [--format hf|llmc] [--dtype fp32|bf16]",
      .what = "a checkpoint's GPT as GPT-2 weights for other tools", .operand = "CKPT",
      .operand_noun = "checkpoint",
      .operand_help = "a checkpoint directory (spmd train --save DIR: its latest step) or one of "
@@ -402,7 +419,7 @@ static const command_spec commands[] = {
     {.command = CMD_SAMPLE, .name = "sample",
      .synopsis = "--resume DIR --prompt TEXT [--tokens N] [flags]",
      .what = "generate text from a checkpoint or GPT-2 weights"},
-    {.command = CMD_PLOT, .name = "plot", .synopsis = "LOG.jsonl --out FILE.svg [--title TEXT]",
+    {.command = CMD_PLOT, .name = "plot", .synopsis = "LOG.jsonl --out FILE.svg [--title TEXT] [--metric loss|grad_norm] [--compare LOG.jsonl]",
      .what = "a run's loss and learning rate (spmd train --log) as a chart", .operand = "LOG.jsonl",
      .operand_noun = "log",
      .operand_help = "a log of spmd train --log: one JSON object a line with \"step\", and "

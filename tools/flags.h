@@ -77,6 +77,7 @@ typedef struct cli_opts {
     const char *init;  /* --init FILE: GPT-2 weights to start from (weights.h) */
     bool checkpoint;   /* recompute each GPT block's activations in backward */
     bool bf16;         /* --precision bf16: matmuls on bf16 copies, summed in f32 */
+    bool bf16_reduce;  /* --reduce-precision bf16: the gradients' reductions move bf16 */
     int eval_samples;  /* held-out samples scored at the end */
     const char *val_data; /* --val-data: validation source; NULL: --data's held-out split */
     int val_every;     /* validate every N steps (and at the last); 0: only at the last, if asked */
@@ -121,6 +122,9 @@ typedef struct cli_opts {
     bool llmc;         /* export --format llmc (else hf) */
     const char *shape, *spec; /* visualize */
     const char *title; /* plot */
+    const char *compare; /* plot --compare: a second run's log */
+    bool plot_grad_norm; /* plot --metric grad_norm */
+    bool export_bf16;    /* export --dtype bf16 */
 } cli_opts;
 
 /* Usage of one command, its flags from the table, to f. */

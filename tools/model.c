@@ -132,6 +132,7 @@ static int build_graph(const cli_opts *o, const cli_model *m, cli_graph *c)
     c->g = spmd_graph_create(NULL);
     if (!c->g) return cli_fail("%s", spmd_last_error());
     spmd_status st = o->bf16 ? spmd_graph_set_matmul_precision(c->g, SPMD_BF16) : SPMD_OK;
+    if (st == SPMD_OK && o->bf16_reduce) st = spmd_graph_set_reduce_precision(c->g, SPMD_BF16);
     if (st != SPMD_OK) return cli_fail("%s", spmd_last_error());
     if (!strcmp(o->model, "gpt")) {
         spmd_gpt_tensors t;

@@ -62,7 +62,8 @@ static bool blank(const char *s, const char *end)
 }
 
 /* One line's object into the curves; 0, or an exit status with a message. */
-static int read_line(const log_place *at, const char *text, size_t len, plot_training *t)
+static int read_line(const log_place *at, const char *text, size_t len, bool grad_norm,
+                     plot_training *t)
 {
     const char *end = text;
     cJSON *obj = cJSON_ParseWithLengthOpts(text, len, &end, false);
@@ -79,15 +80,19 @@ static int read_line(const log_place *at, const char *text, size_t len, plot_tra
         rc = cli_fail("%s:%d: no \"step\" number: every line of the log names its step", at->path,
                       at->line);
     double x = rc ? 0 : step->valuedouble;
-    if (!rc) rc = take(at, obj, "loss", x, &t->loss);
-    if (!rc) rc = take(at, obj, "val_loss", x, &t->val_loss);
-    if (!rc) rc = take(at, obj, "lr", x, &t->lr);
+    if (grad_norm) { /* --metric grad_norm: the norm in the loss's curve */
+        if (!rc) rc = take(at, obj, "grad_norm", x, &t->loss);
+    } else {
+        if (!rc) rc = take(at, obj, "loss", x, &t->loss);
+        if (!rc) rc = take(at, obj, "val_loss", x, &t->val_loss);
+        if (!rc) rc = take(at, obj, "lr", x, &t->lr);
+    }
     cJSON_Delete(obj);
     return rc;
 }
 
 /* The curves of the log at `path`; 0, or an exit status with a message. */
-static int read_log(const char *path, plot_training *t)
+static int read_log(const char *path, bool grad_norm, plot_training *t)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -103,7 +108,7 @@ static int read_log(const char *path, plot_training *t)
         at.line++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
         if (blank(line, line + len)) continue;
-        rc = read_line(&at, line, (size_t)len, t);
+        rc = read_line(&at, line, (size_t)len, grad_norm, t);
         objects++;
     }
     if (!rc && ferror(f)) {
@@ -137,17 +142,34 @@ int cmd_plot(int argc, char **argv)
         flags_usage(stderr, CMD_PLOT);
         return cli_fail("plot needs a log (spmd train --log FILE.jsonl) and --out FILE.svg");
     }
-    const outputs_file outs[] = {{"--out", a.out}}, in[] = {{"LOG", a.log}};
-    if ((rc = plot_check_path("--out", a.out)) || (rc = outputs_check_apart(outs, 1, in, 1))) return rc;
-    plot_training t = {0};
-    rc = read_log(a.log, &t);
-    if (!rc) {
-        const char *slash = strrchr(a.log, '/');
-        rc = plot_write_training_svg(a.out, a.title ? a.title : slash ? slash + 1 : a.log, &t);
+    const outputs_file outs[] = {{"--out", a.out}}, in[] = {{"LOG", a.log}, {"--compare", o.compare}};
+    int n_in = o.compare ? 2 : 1;
+    if ((rc = plot_check_path("--out", a.out)) || (rc = outputs_check_apart(outs, 1, in, n_in)))
+        return rc;
+    plot_training t = {0}, u = {0};
+    rc = read_log(a.log, o.plot_grad_norm, &t);
+    if (!rc && o.compare) rc = read_log(o.compare, o.plot_grad_norm, &u);
+    const char *slash = strrchr(a.log, '/');
+    const char *title = a.title ? a.title : slash ? slash + 1 : a.log;
+    if (!rc && !o.compare && !o.plot_grad_norm) {
+        rc = plot_write_training_svg(a.out, title, &t);
+        if (!rc)
+            printf("plot: %s -> %s (%d losses, %d validation losses, %d learning rates)\n", a.log,
+                   a.out, finite_points(&t.loss), finite_points(&t.val_loss), finite_points(&t.lr));
+    } else if (!rc) {
+        /* One curve a run, named by its file. */
+        const plot_training runs[2] = {t, u};
+        const char *names[2] = {slash ? slash + 1 : a.log, NULL};
+        if (o.compare) names[1] = strrchr(o.compare, '/') ? strrchr(o.compare, '/') + 1 : o.compare;
+        const char *what = o.plot_grad_norm ? "gradient norm" : "loss";
+        rc = plot_write_runs_svg(a.out, title, what, runs, names, n_in);
+        if (!rc && o.compare)
+            printf("plot: %s, %s -> %s (%d and %d %s points)\n", a.log, o.compare, a.out,
+                   finite_points(&t.loss), finite_points(&u.loss), o.plot_grad_norm ? "grad_norm" : "loss");
+        else if (!rc)
+            printf("plot: %s -> %s (%d grad_norm points)\n", a.log, a.out, finite_points(&t.loss));
     }
-    if (!rc)
-        printf("plot: %s -> %s (%d losses, %d validation losses, %d learning rates)\n", a.log, a.out,
-               finite_points(&t.loss), finite_points(&t.val_loss), finite_points(&t.lr));
+    plot_training_free(&u);
     plot_training_free(&t);
     return rc;
 }

@@ -101,3 +101,25 @@ int plot_write_copies_svg(const char *path, const char *title, const plot_traini
     free(series), free(names);
     return rc;
 }
+
+int plot_write_runs_svg(const char *path, const char *title, const char *y_title,
+                        const plot_training *runs, const char *const *names, int n)
+{
+    static const char *const colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"};
+    enum { MAX_RUNS = 4 };
+    plot_series series[MAX_RUNS];
+    char ids[MAX_RUNS][16];
+    int k = 0;
+    for (int i = 0; i < n && i < MAX_RUNS; i++) {
+        snprintf(ids[i], sizeof ids[i], "run-%d", i);
+        if (runs[i].loss.n)
+            series[k++] = (plot_series){names[i], ids[i], colours[i], PLOT_LEFT, false, false,
+                                        runs[i].loss.points, runs[i].loss.n};
+    }
+    const plot_chart chart = {.title = title,
+                              .x_title = "step",
+                              .y_title = {y_title, NULL},
+                              .x_whole = true,
+                              .y_from_zero = {false, false}};
+    return plot_write_svg(path, &chart, series, k);
+}

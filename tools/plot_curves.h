@@ -34,5 +34,10 @@ int plot_write_training_svg(const char *path, const char *title, const plot_trai
  * "copy-C-loss" and "copy-C-val"); the learning rates, which differ, are
  * left out.  0, or 1 with a message. */
 int plot_write_copies_svg(const char *path, const char *title, const plot_training *copies, int n);
+/* One curve of each of n runs (their loss, or their gradient norm in the
+ * loss's place) on one chart, a colour per run named names[i] (series ids
+ * "run-I"), the left axis titled `y_title`.  0, or 1 with a message. */
+int plot_write_runs_svg(const char *path, const char *title, const char *y_title,
+                        const plot_training *runs, const char *const *names, int n);
 
 #endif

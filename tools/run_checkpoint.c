@@ -62,6 +62,8 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
     }
     /* The matmuls' precision; the checkpoint's values are f32 either way. */
     cJSON_AddStringToObject(config, "precision", o->bf16 ? "bf16" : "fp32");
+    /* The gradients' reductions' (--reduce-precision). */
+    cJSON_AddStringToObject(config, "reduce_precision", o->bf16_reduce ? "bf16" : "fp32");
     const spmd_optimizer *opt = &o->optimizer;
     cJSON *optim = cJSON_AddObjectToObject(root, "optimizer");
     cJSON_AddStringToObject(optim, "kind", opt->kind == SPMD_OPTIMIZER_ADAMW ? "adamw" : "sgd");
@@ -305,6 +307,8 @@ static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *
     any |= differs_text("--schedule", item(opt, "schedule"), item(nopt, "schedule")->valuestring);
     any |= differs_text("--precision", item(cfg, "precision"),
                         item(item(now, "config"), "precision")->valuestring);
+    any |= differs_text("--reduce-precision", item(cfg, "reduce_precision"),
+                        item(item(now, "config"), "reduce_precision")->valuestring);
     any |= differs_text("--data", item(data, "source"), item(ndata, "source")->valuestring);
     any |= differs_text("--data-order", item(data, "order"), item(ndata, "order")->valuestring);
     any |= differs_text("--seed", item(data, "seed"), item(ndata, "seed")->valuestring);

@@ -183,6 +183,16 @@ SPMD_API spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b,
  * a parameter's copy is what FSDP gathers, in half the bytes.  SPMD_F32
  * (the default) builds f32 matmuls again. */
 SPMD_API spmd_status spmd_graph_set_matmul_precision(spmd_graph *g, spmd_dtype dtype);
+/* The gradients' reductions, as FSDP2's MixedPrecisionPolicy(reduce_dtype):
+ * with SPMD_BF16 the pending sums of the backward pass that the optimizer's
+ * update reads (FSDP's reduce-scatters, the data axes' all-reduces) move
+ * bf16: each device's gradient rounded to bf16 (nearest even), the sum over
+ * the group taken in f32 over the widened values in the canonical order,
+ * rounded to bf16 once and widened for the update; half the bytes.  Every
+ * other sum (the forward's, the activations' gradients, the norm's) stays
+ * f32.  Read when the graph is compiled.  SPMD_F32 (the default): f32
+ * reductions, the bits libspmd always gave. */
+SPMD_API spmd_status spmd_graph_set_reduce_precision(spmd_graph *g, spmd_dtype dtype);
 /* x as f32 or bf16 (rounded to nearest even); x itself when it has that
  * type already.  Its gradient is the f32 adjoint of the result. */
 SPMD_API spmd_tensor *spmd_convert(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);

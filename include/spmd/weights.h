@@ -82,6 +82,17 @@ SPMD_API spmd_status spmd_weights_load(spmd_program *p, const spmd_gpt_config *c
 SPMD_API spmd_status spmd_weights_save(const spmd_program *p, const spmd_gpt_config *cfg,
                                        spmd_weights_format format, const char *path);
 
+/* spmd_weights_save with the values in `dtype`: SPMD_F32 (what
+ * spmd_weights_save writes), or SPMD_BF16, each weight rounded to the
+ * nearest bf16 (ties to even), a safetensors file of dtype BF16 (half the
+ * bytes; the format SPMD_WEIGHTS_HF only: llm.c's bf16 checkpoint is not
+ * written).  spmd_weights_load reads F32 files only and refuses a BF16
+ * one, naming its dtype: training starts from the f32 masters, which the
+ * checkpoints keep. */
+SPMD_API spmd_status spmd_weights_save_as(const spmd_program *p, const spmd_gpt_config *cfg,
+                                          spmd_weights_format format, spmd_dtype dtype,
+                                          const char *path);
+
 /* The GPT configuration a checkpoint (spmd/checkpoint.h) records in its
  * "meta" object under "config", as `spmd train --save` writes it:
  *     {"config": {"model": "gpt", "vocab": V, "seq": T, "context": N,
@@ -98,6 +109,10 @@ SPMD_API spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_g
  * and the step. */
 SPMD_API spmd_status spmd_weights_export(const char *ckpt_dir, spmd_weights_format format,
                                          const char *path, spmd_gpt_config *cfg, int64_t *step);
+/* spmd_weights_export with the values in `dtype` (spmd_weights_save_as). */
+SPMD_API spmd_status spmd_weights_export_as(const char *ckpt_dir, spmd_weights_format format,
+                                            spmd_dtype dtype, const char *path,
+                                            spmd_gpt_config *cfg, int64_t *step);
 
 #ifdef __cplusplus
 }

@@ -1328,6 +1328,13 @@ static PyObject *graph_set_matmul_precision(GraphObject *self, PyObject *d)
     RETURN_STATUS(spmd_graph_set_matmul_precision(self->g, dtype));
 }
 
+static PyObject *graph_set_reduce_precision(GraphObject *self, PyObject *d)
+{
+    spmd_dtype dtype;
+    if (graph_open(self) < 0 || dtype_arg(d, &dtype) < 0) return NULL;
+    RETURN_STATUS(spmd_graph_set_reduce_precision(self->g, dtype));
+}
+
 typedef spmd_tensor *(*shape_op_fn)(spmd_graph *, spmd_tensor *, int, const int64_t *);
 
 static PyObject *graph_shape_op(GraphObject *self, PyObject *args, PyObject *kw, const char *fmt,
@@ -2060,6 +2067,9 @@ static PyMethodDef graph_methods[] = {
     {"set_matmul_precision", FN(graph_set_matmul_precision), METH_O,
      "set_matmul_precision(dtype): 'bf16': the matmuls built from now on read bf16 copies of their\n"
      "f32 operands and sum in f32 (mixed precision); 'f32' (the default): f32 matmuls"},
+    {"set_reduce_precision", FN(graph_set_reduce_precision), METH_O,
+     "set_reduce_precision(dtype): 'bf16': the gradients' reductions (FSDP's reduce-scatters, the\n"
+     "data axes' all-reduces) move bf16, summed in f32 and rounded once; 'f32' (the default)"},
     {"expand", KW(graph_expand), "expand(x, shape): broadcast x to shape"},
     {"reshape", KW(graph_reshape), "reshape(x, shape)"},
     {"sum", KW(graph_sum), "sum(x, axes=None, keepdim=False): axes an int or a tuple; None is all"},

@@ -73,6 +73,7 @@ spmd_tensor *spmd_layernorm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *gam
 spmd_tensor *spmd_matmul_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_bmm_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_status spmd_graph_set_matmul_precision_impl(spmd_graph *g, spmd_dtype dtype);
+spmd_status spmd_graph_set_reduce_precision_impl(spmd_graph *g, spmd_dtype dtype);
 spmd_tensor *spmd_convert_impl(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);
 spmd_tensor *spmd_attention_impl(spmd_graph *g, spmd_tensor *q, spmd_tensor *k, spmd_tensor *v, int heads);
 spmd_tensor *spmd_cache_write_impl(spmd_graph *g, spmd_tensor *cache, spmd_tensor *rows, spmd_tensor *pos);
@@ -119,8 +120,10 @@ spmd_status spmd_trainer_accumulate_impl(spmd_trainer *t, float *loss);
 spmd_status spmd_weights_inspect_impl(const char *path, spmd_weights_info *info);
 spmd_status spmd_weights_load_impl(spmd_program *p, const spmd_gpt_config *cfg, const char *path);
 spmd_status spmd_weights_save_impl(const spmd_program *p, const spmd_gpt_config *cfg, spmd_weights_format format, const char *path);
+spmd_status spmd_weights_save_as_impl(const spmd_program *p, const spmd_gpt_config *cfg, spmd_weights_format format, spmd_dtype dtype, const char *path);
 spmd_status spmd_weights_checkpoint_config_impl(const char *ckpt_dir, spmd_gpt_config *cfg, int64_t *step);
 spmd_status spmd_weights_export_impl(const char *ckpt_dir, spmd_weights_format format, const char *path, spmd_gpt_config *cfg, int64_t *step);
+spmd_status spmd_weights_export_as_impl(const char *ckpt_dir, spmd_weights_format format, spmd_dtype dtype, const char *path, spmd_gpt_config *cfg, int64_t *step);
 
 spmd_status spmd_checkpoint_save(const spmd_program *p, const char *dir, int64_t step, const char *meta_json, int keep)
 {
@@ -563,6 +566,13 @@ spmd_status spmd_graph_set_matmul_precision(spmd_graph *g, spmd_dtype dtype)
     return r;
 }
 
+spmd_status spmd_graph_set_reduce_precision(spmd_graph *g, spmd_dtype dtype)
+{
+    spmd_status r = spmd_graph_set_reduce_precision_impl(g, dtype);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
 spmd_tensor *spmd_convert(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype)
 {
     spmd_tensor *r = spmd_convert_impl(g, x, dtype);
@@ -885,6 +895,13 @@ spmd_status spmd_weights_save(const spmd_program *p, const spmd_gpt_config *cfg,
     return r;
 }
 
+spmd_status spmd_weights_save_as(const spmd_program *p, const spmd_gpt_config *cfg, spmd_weights_format format, spmd_dtype dtype, const char *path)
+{
+    spmd_status r = spmd_weights_save_as_impl(p, cfg, format, dtype, path);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
 spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_gpt_config *cfg, int64_t *step)
 {
     spmd_status r = spmd_weights_checkpoint_config_impl(ckpt_dir, cfg, step);
@@ -895,6 +912,13 @@ spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_gpt_config
 spmd_status spmd_weights_export(const char *ckpt_dir, spmd_weights_format format, const char *path, spmd_gpt_config *cfg, int64_t *step)
 {
     spmd_status r = spmd_weights_export_impl(ckpt_dir, format, path, cfg, step);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_weights_export_as(const char *ckpt_dir, spmd_weights_format format, spmd_dtype dtype, const char *path, spmd_gpt_config *cfg, int64_t *step)
+{
+    spmd_status r = spmd_weights_export_as_impl(ckpt_dir, format, dtype, path, cfg, step);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

@@ -67,6 +67,7 @@
 #define spmd_matmul spmd_matmul_impl
 #define spmd_bmm spmd_bmm_impl
 #define spmd_graph_set_matmul_precision spmd_graph_set_matmul_precision_impl
+#define spmd_graph_set_reduce_precision spmd_graph_set_reduce_precision_impl
 #define spmd_convert spmd_convert_impl
 #define spmd_attention spmd_attention_impl
 #define spmd_cache_write spmd_cache_write_impl
@@ -113,6 +114,8 @@
 #define spmd_weights_inspect spmd_weights_inspect_impl
 #define spmd_weights_load spmd_weights_load_impl
 #define spmd_weights_save spmd_weights_save_impl
+#define spmd_weights_save_as spmd_weights_save_as_impl
 #define spmd_weights_checkpoint_config spmd_weights_checkpoint_config_impl
 #define spmd_weights_export spmd_weights_export_impl
+#define spmd_weights_export_as spmd_weights_export_as_impl
 #endif

@@ -25,6 +25,8 @@ static bool moves_bf16(ir_op op)
     case IR_PERMUTE:
     case IR_ALL_GATHER:
     case IR_ALL_TO_ALL:
+    case IR_ALL_REDUCE:     /* a gradient reduced in bf16: summed in f32 */
+    case IR_REDUCE_SCATTER:
     case IR_SHARD_SLICE:
     case IR_MASK_PADDING: return true;
     default: return false;

@@ -63,6 +63,11 @@ spmd_status compiled_collective(const compiled *prog, int i, spmd_collective_inf
     out->count = c->phase != PART_UPDATE && p->g->accumulate_steps > 1 ? p->g->accumulate_steps : 1;
     out->phase = partition_phase_name(c->phase);
     describe_tensor(p, c->tensor, out->tensor, sizeof out->tensor);
+    /* A gradient reduced in bf16 (spmd_graph_set_reduce_precision). */
+    if (c->dtype != p->g->nodes[c->tensor]->dtype) {
+        size_t len = strlen(out->tensor);
+        snprintf(out->tensor + len, sizeof out->tensor - len, " in %s", spmd_dtype_name(c->dtype));
+    }
     const plan *pl = &prog->plan;
     for (int k = 0; k < pl->n_async; k++)
         if (pl->steps[pl->async_step[k]]->id == c->node)

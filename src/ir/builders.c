@@ -381,6 +381,17 @@ spmd_status spmd_graph_set_matmul_precision(spmd_graph *g, spmd_dtype dtype)
     return SPMD_OK;
 }
 
+spmd_status spmd_graph_set_reduce_precision(spmd_graph *g, spmd_dtype dtype)
+{
+    if (!g) return base_error(SPMD_ERR_INVALID, "set_reduce_precision: graph is NULL");
+    if (dtype != SPMD_F32 && dtype != SPMD_BF16)
+        return base_error(SPMD_ERR_INVALID,
+                          "set_reduce_precision: %s; gradients are reduced in f32 or bf16",
+                          spmd_dtype_name(dtype));
+    g->reduce_precision = dtype;
+    return SPMD_OK;
+}
+
 /* A matmul operand in the graph's matmul precision: under bf16 an f32
  * operand's bf16 copy, made once per tensor. */
 static spmd_tensor *matmul_operand(spmd_graph *g, spmd_tensor *x)

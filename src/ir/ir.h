@@ -143,6 +143,9 @@ struct spmd_graph {
     /* The operands' type matmul and bmm are built with: SPMD_F32, or
      * SPMD_BF16 (f32 operands converted, products summed in f32). */
     spmd_dtype matmul_precision;
+    /* The gradients' reductions (spmd_graph_set_reduce_precision): SPMD_F32,
+     * or SPMD_BF16 (the partitioner sends them as bf16). */
+    spmd_dtype reduce_precision;
     const struct spmd_mesh *mesh; /* the mesh of every mark; NULL when none */
     /* The first failure of a builder call on this graph: what a NULL that
      * a failed builder returned stands for when it reaches the next one. */

@@ -48,6 +48,13 @@ typedef struct coll_ops {
      * src[i] < 0 leaves out untouched). */
     spmd_status (*permute)(coll_group *g, int member, const void *in, void *out, int64_t bytes,
                            const int *src);
+    /* all_reduce and reduce_scatter of bf16 values (a gradient reduced in
+     * bf16, spmd_graph_set_reduce_precision): each member's values widened
+     * to f32, summed in the canonical order in f32, the sum rounded to bf16
+     * (nearest even); the same bits on every transport. */
+    spmd_status (*all_reduce_bf16)(coll_group *g, int member, uint16_t *buf, int64_t count);
+    spmd_status (*reduce_scatter_bf16)(coll_group *g, int member, const uint16_t *in,
+                                       uint16_t *out, int64_t outer, int64_t inner);
 } coll_ops;
 
 struct coll_group {

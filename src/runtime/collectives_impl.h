@@ -39,6 +39,9 @@ typedef struct coll_term {
     const float *base;
     int64_t stride;
     int end;
+    /* Instead of base: the node's values are bf16 (a bf16 reduction's
+     * member), widened to f32 where the tree reads them. */
+    const uint16_t *half;
 } coll_term;
 
 /* out[c] = the tree's sum over [lo, hi) of element (row, col + c) for c in
@@ -48,6 +51,10 @@ typedef struct coll_term {
  * each block is summed in a local buffer before it is written. */
 void coll_tree_sum(const coll_term *terms, int lo, int hi, int64_t row, int64_t col, float *out,
                    int64_t len);
+/* The same sum, evaluated in f32 alike, rounded to bf16 (nearest even)
+ * into `out` (which may be a bf16 term's elements). */
+void coll_tree_sum_bf16(const coll_term *terms, int lo, int hi, int64_t row, int64_t col,
+                        uint16_t *out, int64_t len);
 
 /* ---- The shared-memory world as other transports use it ---------------------------- */
 
@@ -57,7 +64,9 @@ typedef enum coll_op {
     COLL_OP_REDUCE_SCATTER,
     COLL_OP_ALL_TO_ALL,
     COLL_OP_BROADCAST,
-    COLL_OP_PERMUTE
+    COLL_OP_PERMUTE,
+    COLL_OP_ALL_REDUCE_BF16,
+    COLL_OP_REDUCE_SCATTER_BF16
 } coll_op;
 
 extern const char *const coll_op_names[];

@@ -41,6 +41,7 @@
 #include "runtime/collectives.h"
 
 #include "base/arena.h"
+#include "base/bf16.h"
 #include "base/error.h"
 #include "runtime/collectives_impl.h"
 #include "runtime/wait.h"
@@ -496,7 +497,7 @@ static void sum_local_units(mpi_group *g, int l, float *stage, int64_t stride, i
     for (int u = 0; u < g->n_units; u++) {
         const unit *un = &g->units[u];
         if (g->inner[u] < 0) continue;
-        for (int m = un->lo; m < un->hi; m++) t[m] = (coll_term){in_f(g, g->local_of[m]), 0, m + 1};
+        for (int m = un->lo; m < un->hi; m++) t[m] = (coll_term){in_f(g, g->local_of[m]), 0, m + 1, NULL};
         float *out = stage ? stage + stride * g->inner[u] : out_f(g, g->local_of[un->lo]);
         coll_tree_sum(t, un->lo, un->hi, 0, from, out + from, to - from);
     }
@@ -526,10 +527,10 @@ static spmd_status all_reduce_exchange(mpi_group *g, float *buf, int64_t count)
     for (int u = 0; u < g->n_units; u++) {
         const unit *un = &g->units[u];
         if (local_unit(g, un)) {
-            t[un->lo] = (coll_term){in_f(g, g->local_of[un->lo]) + lo, 0, un->hi};
+            t[un->lo] = (coll_term){in_f(g, g->local_of[un->lo]) + lo, 0, un->hi, NULL};
         } else {
             float *at = stage + len * g->slot[u];
-            t[un->lo] = (coll_term){at, 0, un->hi};
+            t[un->lo] = (coll_term){at, 0, un->hi, NULL};
             recv_from(g, at, (int64_t)sizeof(float) * len, un->proc);
         }
     }
@@ -686,10 +687,10 @@ static spmd_status mpi_reduce_scatter(coll_group *pub, int member, const float *
             const unit *un = &g->units[u];
             if (local_unit(g, un))
                 t[un->lo] = (coll_term){rs_unit(g, &s, u, outer, inner) + inner * member,
-                                        inner * g->n, un->hi};
+                                        inner * g->n, un->hi, NULL};
             else
                 t[un->lo] = (coll_term){s.recv + s.block * (g->n_remote_units * l + g->slot[u]),
-                                        inner, un->hi};
+                                        inner, un->hi, NULL};
         }
         for (int64_t r = 0; r < outer; r++) coll_tree_sum(t, 0, g->n, r, 0, out + inner * r, inner);
     }
@@ -874,6 +875,209 @@ static spmd_status mpi_permute(coll_group *pub, int member, const void *in, void
     return exchanged(g, l, l == 0 ? xfer_wait(g) : SPMD_OK);
 }
 
+/* ---- bf16 reductions -------------------------------------------------------------- */
+
+/* bf16 reductions move bf16 between processes where that keeps the
+ * bits: a unit of one member sends its bf16 values, a unit of several its
+ * f32 partial sum (which a bf16 could not carry without changing the
+ * result); the owner of an element evaluates the tree over them and
+ * rounds once; an all-reduce's summed chunks travel as bf16. */
+static const uint16_t *in_h(const mpi_group *g, int l) { return coll_shm_in(g->shm, l); }
+
+static bool single(const unit *u) { return u->hi - u->lo == 1; }
+
+/* This process's units of several members summed in f32, elements
+ * [from, to) of each, into sums + count * inner[u]. */
+static void sum_local_units_bf16(mpi_group *g, int l, float *sums, int64_t count, int64_t from,
+                                 int64_t to)
+{
+    coll_term *t = g->terms + (size_t)l * (size_t)g->n;
+    for (int u = 0; u < g->n_units; u++) {
+        const unit *un = &g->units[u];
+        if (g->inner[u] < 0) continue;
+        for (int m = un->lo; m < un->hi; m++)
+            t[m] = (coll_term){.end = m + 1, .half = in_h(g, g->local_of[m])};
+        coll_tree_sum(t, un->lo, un->hi, 0, from, sums + count * g->inner[u] + from, to - from);
+    }
+}
+
+/* A local unit's values from element `at`: its bf16 member's, or its f32 sum. */
+static coll_term local_term_bf16(const mpi_group *g, int u, const float *sums, int64_t count,
+                                 int64_t at)
+{
+    const unit *un = &g->units[u];
+    if (single(un)) return (coll_term){.end = un->hi, .half = in_h(g, g->local_of[un->lo]) + at};
+    return (coll_term){sums + count * g->inner[u] + at, 0, un->hi, NULL};
+}
+
+static spmd_status all_reduce_exchange_bf16(mpi_group *g, uint16_t *buf, int64_t count)
+{
+    bool whole = one_round(g, count);
+    int64_t lo = 0, hi = count;
+    if (!whole) chunk_of(count, g->q, g->me, &lo, &hi);
+    int64_t len = hi - lo;
+    float *sums = g->stage;
+    unsigned char *remote = (unsigned char *)(sums + count * g->n_inner_units);
+    coll_term *t = g->terms; /* the leader's row */
+    for (int u = 0; u < g->n_units; u++) {
+        const unit *un = &g->units[u];
+        if (local_unit(g, un)) {
+            t[un->lo] = local_term_bf16(g, u, sums, count, lo);
+            continue;
+        }
+        void *at = remote + (size_t)(4 * len) * (size_t)g->slot[u]; /* room for f32 */
+        t[un->lo] = single(un) ? (coll_term){.end = un->hi, .half = at}
+                               : (coll_term){at, 0, un->hi, NULL};
+        recv_from(g, at, (single(un) ? 2 : 4) * len, un->proc);
+    }
+    for (int c = 0; c < g->q; c++) {
+        if (c == g->me) continue;
+        int64_t clo = 0, chi = count;
+        if (!whole) chunk_of(count, g->q, c, &clo, &chi);
+        for (int u = 0; u < g->n_units; u++) {
+            if (!local_unit(g, &g->units[u])) continue;
+            coll_term v = local_term_bf16(g, u, sums, count, clo);
+            send_to(g, v.half ? (const void *)v.half : (const void *)v.base,
+                    (v.half ? 2 : 4) * (chi - clo), c);
+        }
+    }
+    spmd_status st = xfer_wait(g);
+    if (st) return st;
+    coll_tree_sum_bf16(t, 0, g->n, 0, 0, buf + lo, len);
+    if (whole) return SPMD_OK;
+    for (int c = 0; c < g->q; c++) {
+        if (c == g->me) continue;
+        int64_t clo, chi;
+        chunk_of(count, g->q, c, &clo, &chi);
+        recv_from(g, buf + clo, 2 * (chi - clo), c);
+        send_to(g, buf + lo, 2 * len, c);
+    }
+    return xfer_wait(g);
+}
+
+static spmd_status mpi_all_reduce_bf16(coll_group *pub, int member, uint16_t *buf, int64_t count)
+{
+    mpi_group *g = pub->impl;
+    int l = local_index(g, member, COLL_OP_ALL_REDUCE_BF16);
+    if (l < 0) return base_error_status();
+    if (count < 0 || (count > 0 && !buf))
+        return base_error(SPMD_ERR_INVALID, "all_reduce (bf16): %lld values at %p",
+                          (long long)count, (void *)buf);
+    spmd_status st = usable(g);
+    if (st) return st;
+    spmd_status prepared = SPMD_OK;
+    if (l == 0) {
+        int64_t lo = 0, hi = count;
+        if (!one_round(g, count)) chunk_of(count, g->q, g->me, &lo, &hi);
+        size_t floats = (size_t)count * (size_t)g->n_inner_units +
+                        (size_t)(hi - lo) * (size_t)g->n_remote_units;
+        if (!stage_reserve(g, sizeof(float) * floats)) prepared = base_error_status();
+    }
+    st = enter(g, l, COLL_OP_ALL_REDUCE_BF16, buf, buf, count, 0, 0, NULL, prepared);
+    if (st) return st;
+    if (g->n_inner_units) {
+        int64_t from, to;
+        chunk_of(count, g->k, l, &from, &to);
+        sum_local_units_bf16(g, l, g->stage, count, from, to);
+        coll_shm_sync(g->shm);
+    }
+    st = exchanged(g, l, l == 0 ? all_reduce_exchange_bf16(g, buf, count) : SPMD_OK);
+    if (!st && l != 0) copy(buf, in_h(g, 0), sizeof *buf * (size_t)count);
+    coll_shm_sync(g->shm);
+    return st;
+}
+
+/* The reduce-scatter alike: rs_layout's regions with room for f32 in each
+ * (a unit of one member uses half of its block); the sums of this
+ * process's units of several members are f32. */
+static coll_term rs_term_bf16(const mpi_group *g, const rs_stage *s, int u, int64_t outer,
+                              int64_t inner, int64_t col)
+{
+    const unit *un = &g->units[u];
+    int64_t width = inner * g->n;
+    if (single(un))
+        return (coll_term){.stride = width, .end = un->hi, .half = in_h(g, g->local_of[un->lo]) + col};
+    return (coll_term){s->sums + outer * width * g->inner[u] + col, width, un->hi, NULL};
+}
+
+static spmd_status reduce_scatter_exchange_bf16(mpi_group *g, int64_t outer, int64_t inner)
+{
+    rs_stage s = rs_layout(g, g->stage, outer, inner, NULL);
+    for (int jl = 0; jl < g->k; jl++)
+        for (int u = 0; u < g->n_units; u++)
+            if (!local_unit(g, &g->units[u]))
+                recv_from(g, s.recv + s.block * (g->n_remote_units * jl + g->slot[u]),
+                          (single(&g->units[u]) ? 2 : 4) * s.block, g->units[u].proc);
+    for (int j = 0; j < g->n; j++) {
+        if (g->local_of[j] >= 0) continue;
+        for (int u = 0; u < g->n_units; u++) {
+            if (!local_unit(g, &g->units[u])) continue;
+            coll_term v = rs_term_bf16(g, &s, u, outer, inner, inner * j);
+            size_t es = v.half ? 2 : 4;
+            const unsigned char *from = v.half ? (const void *)v.half : (const void *)v.base;
+            if (outer > 1) {
+                unsigned char *pack = (unsigned char *)(s.pack + s.block * (g->n_local_units *
+                                                                            g->remote_of[j] + g->slot[u]));
+                for (int64_t r = 0; r < outer; r++)
+                    memcpy(pack + es * (size_t)(inner * r), from + es * (size_t)(v.stride * r),
+                           es * (size_t)inner);
+                from = pack;
+            }
+            send_to(g, from, (int64_t)es * s.block, g->proc_of[j]);
+        }
+    }
+    return xfer_wait(g);
+}
+
+static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const uint16_t *in,
+                                           uint16_t *out, int64_t outer, int64_t inner)
+{
+    mpi_group *g = pub->impl;
+    int l = local_index(g, member, COLL_OP_REDUCE_SCATTER_BF16);
+    if (l < 0) return base_error_status();
+    if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
+        return base_error(SPMD_ERR_INVALID, "reduce_scatter (bf16): [%lld, %lld values]",
+                          (long long)outer, (long long)inner);
+    spmd_status st = usable(g);
+    if (st) return st;
+    spmd_status prepared = SPMD_OK;
+    if (l == 0) {
+        size_t floats;
+        rs_layout(g, NULL, outer, inner, &floats);
+        if (!stage_reserve(g, sizeof(float) * floats)) prepared = base_error_status();
+    }
+    st = enter(g, l, COLL_OP_REDUCE_SCATTER_BF16, in, out, outer, inner, 0, NULL, prepared);
+    if (st) return st;
+    rs_stage s = rs_layout(g, g->stage, outer, inner, NULL);
+    if (g->n_inner_units) {
+        int64_t from, to;
+        chunk_of(outer * inner * g->n, g->k, l, &from, &to);
+        sum_local_units_bf16(g, l, s.sums, outer * inner * g->n, from, to);
+        coll_shm_sync(g->shm);
+    }
+    st = exchanged(g, l, l == 0 ? reduce_scatter_exchange_bf16(g, outer, inner) : SPMD_OK);
+    if (!st) {
+        /* Each member sums its own block over the units; `out` may be that
+         * block of `in` (outer == 1). */
+        coll_term *t = g->terms + (size_t)l * (size_t)g->n;
+        for (int u = 0; u < g->n_units; u++) {
+            const unit *un = &g->units[u];
+            if (local_unit(g, un)) {
+                t[un->lo] = rs_term_bf16(g, &s, u, outer, inner, inner * member);
+            } else {
+                float *at = s.recv + s.block * (g->n_remote_units * l + g->slot[u]);
+                t[un->lo] = single(un) ? (coll_term){.stride = inner, .end = un->hi,
+                                                     .half = (const uint16_t *)at}
+                                       : (coll_term){at, inner, un->hi, NULL};
+            }
+        }
+        for (int64_t r = 0; r < outer; r++)
+            coll_tree_sum_bf16(t, 0, g->n, r, 0, out + inner * r, inner);
+    }
+    coll_shm_sync(g->shm);
+    return st;
+}
+
 static const coll_ops mpi_ops = {
     .all_reduce = mpi_all_reduce,
     .all_gather = mpi_all_gather,
@@ -881,6 +1085,8 @@ static const coll_ops mpi_ops = {
     .all_to_all = mpi_all_to_all,
     .broadcast = mpi_broadcast,
     .permute = mpi_permute,
+    .all_reduce_bf16 = mpi_all_reduce_bf16,
+    .reduce_scatter_bf16 = mpi_reduce_scatter_bf16,
 };
 
 /* ---- Groups ------------------------------------------------------------------------ */

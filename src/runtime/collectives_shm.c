@@ -61,7 +61,8 @@ enum { ABORT_MESSAGE = 256 };
 #define GEN_MASK 0x7fffffffu
 
 const char *const coll_op_names[] = {"all_reduce", "all_gather", "reduce_scatter",
-                                     "all_to_all", "broadcast",  "permute"};
+                                     "all_to_all", "broadcast",  "permute",
+                                     "all_reduce (bf16)", "reduce_scatter (bf16)"};
 
 /* What a member publishes for the current collective, alone on its cache
  * line because each member writes only its own.  Written before the entry
@@ -460,7 +461,7 @@ static spmd_status shm_all_reduce(coll_group *pub, int member, float *buf, int64
                           (void *)buf);
     int n = pub->size;
     if (n == 1) return alone(g);
-    g->terms[member] = (coll_term){buf, 0, member + 1};
+    g->terms[member] = (coll_term){buf, 0, member + 1, NULL};
     st = enter(g, member, COLL_OP_ALL_REDUCE, buf, count, 0, 0, NULL);
     if (st) return st;
     int64_t lo, hi;
@@ -528,7 +529,7 @@ static spmd_status shm_reduce_scatter(coll_group *pub, int member, const float *
         if (!st) copy(out, in, sizeof *out * (size_t)(outer * inner));
         return st;
     }
-    g->terms[member] = (coll_term){in, inner * n, member + 1};
+    g->terms[member] = (coll_term){in, inner * n, member + 1, NULL};
     st = enter(g, member, COLL_OP_REDUCE_SCATTER, in, outer, inner, 0, NULL);
     if (st) return st;
     /* Only this member reads its own column block, so `out` may be that
@@ -536,6 +537,59 @@ static spmd_status shm_reduce_scatter(coll_group *pub, int member, const float *
     for (int64_t r = 0; r < outer; r++)
         coll_tree_sum(g->terms, 0, n, r, inner * member, out + inner * r, inner);
     leave(g, member);
+    return SPMD_OK;
+}
+
+/* bf16 payloads (a gradient reduced in bf16): the same steps on bf16
+ * buffers, half the bytes read; each member's values are widened where
+ * the tree reads them and each chunk's f32 sum is rounded once. */
+static spmd_status shm_all_reduce_bf16(coll_group *pub, int member, uint16_t *buf, int64_t count)
+{
+    coll_shm_group *g = pub->impl;
+    spmd_status st = check_member(pub, member, COLL_OP_ALL_REDUCE_BF16);
+    if (st) return st;
+    if (count < 0 || (count > 0 && !buf))
+        return base_error(SPMD_ERR_INVALID, "all_reduce (bf16): %lld values at %p",
+                          (long long)count, (void *)buf);
+    int n = pub->size;
+    if (n == 1) return alone(g);
+    g->terms[member] = (coll_term){.stride = 0, .end = member + 1, .half = buf};
+    st = enter(g, member, COLL_OP_ALL_REDUCE_BF16, buf, count, 0, 0, NULL);
+    if (st) return st;
+    int64_t lo, hi;
+    chunk_of(count, n, member, &lo, &hi);
+    coll_tree_sum_bf16(g->terms, 0, n, 0, lo, buf + lo, hi - lo);
+    barrier_wait(g, false);
+    for (int k = 1; k < n; k++) {
+        int i = (member + k) % n;
+        chunk_of(count, n, i, &lo, &hi);
+        copy(buf + lo, (const uint16_t *)g->slots[i].in + lo, sizeof *buf * (size_t)(hi - lo));
+    }
+    leave(g);
+    return SPMD_OK;
+}
+
+static spmd_status shm_reduce_scatter_bf16(coll_group *pub, int member, const uint16_t *in,
+                                           uint16_t *out, int64_t outer, int64_t inner)
+{
+    coll_shm_group *g = pub->impl;
+    spmd_status st = check_member(pub, member, COLL_OP_REDUCE_SCATTER_BF16);
+    if (st) return st;
+    if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
+        return base_error(SPMD_ERR_INVALID, "reduce_scatter (bf16): [%lld, %lld values]",
+                          (long long)outer, (long long)inner);
+    int n = pub->size;
+    if (n == 1) {
+        st = alone(g);
+        if (!st) copy(out, in, sizeof *out * (size_t)(outer * inner));
+        return st;
+    }
+    g->terms[member] = (coll_term){.stride = inner * n, .end = member + 1, .half = in};
+    st = enter(g, member, COLL_OP_REDUCE_SCATTER_BF16, in, outer, inner, 0, NULL);
+    if (st) return st;
+    for (int64_t r = 0; r < outer; r++)
+        coll_tree_sum_bf16(g->terms, 0, n, r, inner * member, out + inner * r, inner);
+    leave(g);
     return SPMD_OK;
 }
 
@@ -621,6 +675,8 @@ static const coll_ops shm_ops = {
     .all_to_all = shm_all_to_all,
     .broadcast = shm_broadcast,
     .permute = shm_permute,
+    .all_reduce_bf16 = shm_all_reduce_bf16,
+    .reduce_scatter_bf16 = shm_reduce_scatter_bf16,
 };
 
 /* ---- The world and its groups ------------------------------------------------ */

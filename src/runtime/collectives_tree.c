@@ -12,6 +12,8 @@
  */
 #include "runtime/collectives_impl.h"
 
+#include "base/bf16.h"
+
 #include <string.h>
 
 /* Floats per block: the buffers of one call (one per tree level, at most
@@ -43,6 +45,10 @@ static const float *node(const tree_block *b, int lo, int hi, float *out, int le
 {
     const coll_term *t = &b->terms[lo];
     if (t->base && t->end == hi) return t->base + b->row * t->stride + b->col;
+    if (t->half && t->end == hi) { /* a bf16 value: widened, exactly */
+        bf16_to_f32_n(out, t->half + b->row * t->stride + b->col, (size_t)b->len);
+        return out;
+    }
     int mid = coll_tree_mid(lo, hi);
     const float *x = node(b, lo, mid, out, level + 1);
     const float *y = node(b, mid, hi, b->buf[level], level + 1);
@@ -80,5 +86,31 @@ void coll_tree_sum(const coll_term *terms, int lo, int hi, int64_t row, int64_t 
             add_into(o, x, b.len);
         else
             add2(o, x, y, b.len);
+    }
+}
+
+/* Block by block as above, each block's f32 sum rounded once.  Every term
+ * of a block is read before its rounded sum is written, so `out` may be
+ * a term's elements. */
+void coll_tree_sum_bf16(const coll_term *terms, int lo, int hi, int64_t row, int64_t col,
+                        uint16_t *out, int64_t len)
+{
+    float buf[LEVELS][SUM_BLOCK], sum[SUM_BLOCK];
+    tree_block b = {.terms = terms, .row = row, .buf = buf};
+    const coll_term *t = &terms[lo];
+    for (int64_t c = 0; c < len; c += SUM_BLOCK) {
+        b.col = col + c;
+        b.len = len - c < SUM_BLOCK ? len - c : SUM_BLOCK;
+        const float *x;
+        if ((t->base || t->half) && t->end == hi) {
+            x = node(&b, lo, hi, sum, 1); /* one known node: its values */
+        } else {
+            int mid = coll_tree_mid(lo, hi);
+            const float *l = node(&b, lo, mid, buf[0], 1);
+            const float *r = node(&b, mid, hi, buf[1], 2);
+            add2(sum, l, r, b.len);
+            x = sum;
+        }
+        bf16_from_f32_n(out + c, x, (size_t)b.len);
     }
 }

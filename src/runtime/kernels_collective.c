@@ -54,7 +54,10 @@ void kern_all_reduce(const kern_args *a)
     const spmd_tensor *t = a->node;
     memcpy(a->out, a->in[0], ir_nbytes(t));
     coll_group *g = group_of(a);
-    check(a, g->ops->all_reduce(g, member_of(a), a->out, ir_numel(t)));
+    if (t->dtype == SPMD_BF16) /* a gradient reduced in bf16 */
+        check(a, g->ops->all_reduce_bf16(g, member_of(a), a->out, ir_numel(t)));
+    else
+        check(a, g->ops->all_reduce(g, member_of(a), a->out, ir_numel(t)));
 }
 
 /* [.., b, ..] blocks from every member -> [.., n*b, ..] along dim. */
@@ -77,7 +80,10 @@ void kern_reduce_scatter(const kern_args *a)
     int d = t->attr.coll.dim;
     int64_t outer = span(t, 0, d), inner = span(t, d, t->rank);
     coll_group *g = group_of(a);
-    check(a, g->ops->reduce_scatter(g, member_of(a), a->in[0], a->out, outer, inner));
+    if (t->dtype == SPMD_BF16)
+        check(a, g->ops->reduce_scatter_bf16(g, member_of(a), a->in[0], a->out, outer, inner));
+    else
+        check(a, g->ops->reduce_scatter(g, member_of(a), a->in[0], a->out, outer, inner));
 }
 
 /* Split `dim` into n blocks, block j to member j; received blocks are

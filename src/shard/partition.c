@@ -183,8 +183,40 @@ static spmd_tensor *emit_coll(builder *b, ir_op kind, spmd_tensor *x, const mesh
     size_t bytes = ir_nbytes(t) > ir_nbytes(x) ? ir_nbytes(t) : ir_nbytes(x);
     p->colls[p->n_colls++] = (part_collective){
         kind, *axes, (int64_t)bytes, cost_collective(p->m, kind, axes, (int64_t)bytes),
-        partition_phase(p->g, consumer >= 0 ? consumer : gid), gid, consumer, t->id};
+        partition_phase(p->g, consumer >= 0 ? consumer : gid), gid, consumer, t->id, t->dtype};
     return t;
+}
+
+/* Whether resolving node gid's pending sum for `consumer` is a gradient's
+ * reduction: a value of the backward pass resolved for the update, or the
+ * update's sharding constraint of one (optim.c's held gradient, which
+ * takes its operand's pending sum and resolves it itself).  The norm's
+ * sum of squares is the update's own value and stays f32. */
+static bool gradient_sum(const spmd_graph *g, int gid, int consumer)
+{
+    if (consumer < 0 || partition_phase(g, consumer) != PART_UPDATE) return false;
+    const spmd_tensor *t = g->nodes[gid];
+    if (t->op == IR_SHARDING_CONSTRAINT && partition_phase(g, gid) == PART_UPDATE)
+        t = t->in[0];
+    return partition_phase(g, t->id) == PART_BACKWARD;
+}
+
+/* A pending sum resolved: all-reduce or reduce-scatter.  Under
+ * spmd_graph_set_reduce_precision(SPMD_BF16) a gradient's goes as bf16:
+ * each device's value converted (nearest even), the collective over bf16
+ * (summed in f32 over the widened values in the canonical order, rounded
+ * once), the result converted back to f32 for the update. */
+static spmd_tensor *emit_sum(builder *b, ir_op kind, spmd_tensor *x, const mesh_axes *axes,
+                             int dim, const int64_t *dims, int gid, int consumer)
+{
+    partition *p = b->p;
+    const spmd_graph *g = p->g;
+    if (!x || g->reduce_precision != SPMD_BF16 || x->dtype != SPMD_F32 ||
+        !gradient_sum(g, gid, consumer))
+        return emit_coll(b, kind, x, axes, dim, 0, 0, dims, gid, consumer);
+    spmd_tensor *half = LOCAL(b, spmd_convert(p->local, x, SPMD_BF16));
+    spmd_tensor *sum = emit_coll(b, kind, half, axes, dim, 0, 0, dims, gid, consumer);
+    return sum ? LOCAL(b, spmd_convert(p->local, sum, SPMD_F32)) : NULL;
 }
 
 static void dims_of(const spmd_tensor *x, int64_t *dims) { memcpy(dims, x->dims, sizeof x->dims); }
@@ -254,7 +286,7 @@ static spmd_tensor *reshard_plain(builder *b, spmd_tensor *x, sharding cur, cons
         int64_t dims[SPMD_MAX_RANK];
         dims_of(x, dims);
         dims[d] /= n;
-        x = emit_coll(b, IR_REDUCE_SCATTER, x, &s, d, 0, 0, dims, gid, consumer);
+        x = emit_sum(b, IR_REDUCE_SCATTER, x, &s, d, dims, gid, consumer);
         append(&cur.dim[d], &s);
         resolve &= ~mesh_axes_mask(&s);
         cur.partial &= ~mesh_axes_mask(&s);
@@ -271,7 +303,7 @@ static spmd_tensor *reshard_plain(builder *b, spmd_tensor *x, sharding cur, cons
         mesh_axes s = mesh_axes_from_mask(m, resolve);
         int64_t dims[SPMD_MAX_RANK];
         dims_of(x, dims);
-        x = emit_coll(b, IR_ALL_REDUCE, x, &s, 0, 0, 0, dims, gid, consumer);
+        x = emit_sum(b, IR_ALL_REDUCE, x, &s, 0, dims, gid, consumer);
         cur.partial &= ~resolve;
     }
     /* 4. Axes that must leave a dim: all-to-all when the target wants the

@@ -23,6 +23,7 @@ typedef struct part_collective {
     int tensor;          /* global node id of the value moved */
     int consumer;        /* global node id of the op that needed it (-1: output) */
     int node;            /* local node id of the collective (the executor's trace) */
+    spmd_dtype dtype;    /* what it moves: a gradient's f32 sum reduced in bf16 moves bf16 */
 } part_collective;
 
 /* A whole-tensor gather forced by an op that cannot use a sharding. */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/arena.h"
+#include "base/bf16.h"
 #include "base/error.h"
 #include "runtime/executor.h"
 #include "spmd/checkpoint.h"
@@ -94,6 +95,8 @@ typedef struct saver {
     const spmd_allocator *alloc;
     writer w;
     float *buf, *tmp;
+    spmd_dtype dtype; /* of the file's values: F32, or BF16 (rounded into `half`) */
+    bf16_bits *half;
 } saver;
 
 /* Parameter `w` in libspmd's layout, or Hugging Face's when hf. */
@@ -104,9 +107,14 @@ static spmd_status save_param(saver *s, const gw_param *w, bool hf)
     spmd_status st = gw_program_param(s->p, w, WHAT_SAVE, &t);
     if (st == SPMD_OK) st = spmd_program_read(s->p, t, s->buf, bytes);
     if (st != SPMD_OK) return st;
-    if (!hf || !GW_GROUPS[w->group].conv1d) return writer_put(&s->w, s->buf, bytes);
-    gw_transpose(s->buf, w->shape[0], w->shape[1], s->tmp);
-    return writer_put(&s->w, s->tmp, bytes);
+    float *v = s->buf;
+    if (hf && GW_GROUPS[w->group].conv1d) {
+        gw_transpose(s->buf, w->shape[0], w->shape[1], s->tmp);
+        v = s->tmp;
+    }
+    if (s->dtype != SPMD_BF16) return writer_put(&s->w, v, bytes);
+    bf16_from_f32_n(s->half, v, (size_t)w->numel);
+    return writer_put(&s->w, s->half, (size_t)w->numel * sizeof *s->half);
 }
 
 /* The safetensors header of the file, with metadata a Hugging Face loader
@@ -119,7 +127,7 @@ static spmd_status hf_header(const saver *s, unsigned char **out, size_t *size)
     spmd_status st = ps && es ? SPMD_OK : SPMD_ERR_NOMEM;
     for (int64_t k = 0; st == SPMD_OK && k < n; k++) {
         gw_param_at(s->cfg, k, &ps[k]);
-        es[k] = (st_entry){.name = ps[k].name, .dtype = SPMD_F32, .rank = ps[k].rank};
+        es[k] = (st_entry){.name = ps[k].name, .dtype = s->dtype, .rank = ps[k].rank};
         memcpy(es[k].shape, ps[k].file_shape, sizeof ps[k].file_shape);
     }
     unsigned char *plain = NULL;
@@ -206,25 +214,41 @@ static spmd_status save_llmc(saver *s)
 spmd_status spmd_weights_save(const spmd_program *p, const spmd_gpt_config *cfg,
                               spmd_weights_format format, const char *path)
 {
+    return spmd_weights_save_as(p, cfg, format, SPMD_F32, path);
+}
+
+spmd_status spmd_weights_save_as(const spmd_program *p, const spmd_gpt_config *cfg,
+                                 spmd_weights_format format, spmd_dtype dtype, const char *path)
+{
     spmd_status st = gw_check_program(p, cfg, WHAT_SAVE);
     if (st != SPMD_OK) return st;
     if (!spmd_weights_format_name(format))
         return base_error(SPMD_ERR_INVALID, WHAT_SAVE ": unknown format %d", (int)format);
+    if (dtype != SPMD_F32 && dtype != SPMD_BF16)
+        return base_error(SPMD_ERR_INVALID, WHAT_SAVE ": dtype %s; weights are written as f32 or "
+                          "bf16", spmd_dtype_name(dtype));
+    if (dtype == SPMD_BF16 && format != SPMD_WEIGHTS_HF)
+        return base_error(SPMD_ERR_UNSUPPORTED, WHAT_SAVE ": bf16 weights are written as "
+                          "safetensors (hf) only; llm.c's bf16 checkpoint (version 5) is not");
     if (!path) return base_error(SPMD_ERR_INVALID, WHAT_SAVE ": the path is NULL");
     if (!st_host_little_endian())
         return base_error(SPMD_ERR_UNSUPPORTED, WHAT_SAVE ": weights files are little-endian and "
                           "this host is not");
-    saver s = {.p = p, .cfg = cfg, .alloc = &executor_compiled(p)->alloc};
+    saver s = {.p = p, .cfg = cfg, .alloc = &executor_compiled(p)->alloc, .dtype = dtype};
     int64_t c = cfg->dim, most = (int64_t)cfg->vocab * c;
     if (gw_context(cfg) * c > most) most = gw_context(cfg) * c;
     if (4 * c * c > most) most = 4 * c * c;
     s.buf = base_alloc(s.alloc, (size_t)most * sizeof(float), "weights save buffer");
     s.tmp = base_alloc(s.alloc, (size_t)(4 * c * c) * sizeof(float), "weights save buffer");
-    st = s.buf && s.tmp ? writer_open(&s.w, path) : SPMD_ERR_NOMEM;
+    if (dtype == SPMD_BF16)
+        s.half = base_alloc(s.alloc, (size_t)most * sizeof *s.half, "weights save buffer");
+    st = s.buf && s.tmp && (s.half || dtype != SPMD_BF16) ? writer_open(&s.w, path)
+                                                          : SPMD_ERR_NOMEM;
     if (st == SPMD_OK) st = format == SPMD_WEIGHTS_HF ? save_hf(&s) : save_llmc(&s);
     st = writer_close(&s.w, st);
     base_free(s.alloc, s.buf);
     base_free(s.alloc, s.tmp);
+    base_free(s.alloc, s.half);
     return st;
 }
 
@@ -304,6 +328,13 @@ spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_gpt_config
 spmd_status spmd_weights_export(const char *ckpt_dir, spmd_weights_format format,
                                 const char *path, spmd_gpt_config *cfg_out, int64_t *step)
 {
+    return spmd_weights_export_as(ckpt_dir, format, SPMD_F32, path, cfg_out, step);
+}
+
+spmd_status spmd_weights_export_as(const char *ckpt_dir, spmd_weights_format format,
+                                   spmd_dtype dtype, const char *path, spmd_gpt_config *cfg_out,
+                                   int64_t *step)
+{
     spmd_gpt_config cfg;
     spmd_status st = spmd_weights_checkpoint_config(ckpt_dir, &cfg, NULL);
     if (st != SPMD_OK) return st;
@@ -323,7 +354,7 @@ spmd_status spmd_weights_export(const char *ckpt_dir, spmd_weights_format format
     }
     int64_t saved = 0;
     if (st == SPMD_OK) st = spmd_checkpoint_load(p, ckpt_dir, &saved, NULL);
-    if (st == SPMD_OK) st = spmd_weights_save(p, &small, format, path);
+    if (st == SPMD_OK) st = spmd_weights_save_as(p, &small, format, dtype, path);
     spmd_program_free(p);
     spmd_graph_free(g);
     if (st == SPMD_OK && cfg_out) *cfg_out = cfg;

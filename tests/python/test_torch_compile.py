@@ -230,6 +230,32 @@ def test_bf16_mixed_precision_trains_close_to_eager_f32(mesh_name):
         xs.compile(model, opt, gpt_loss, mixed_precision="fp16")
 
 
+@pytest.mark.parametrize("mesh_name", ["8", "4x2"])
+def test_bf16_reduce_dtype_follows_f32_reductions(mesh_name):
+    """reduce_dtype="bf16": the gradients' reductions move bf16 (half the
+    bytes, named "in bf16"), and the losses follow the f32-reduced run
+    within bf16's tolerance."""
+    losses, plans = {}, {}
+    for reduce_dtype in (None, "bf16"):
+        torch.manual_seed(5)
+        model = GPT()
+        data = batches("gpt", 6)
+        make_mesh, mark = MESHES[mesh_name]
+        mark(model, make_mesh(), data)
+        opt = adamw(model)
+        step = xs.compile(model, opt, gpt_loss, clip_grad_norm=CLIP, reduce_dtype=reduce_dtype)
+        losses[reduce_dtype] = compiled_losses(step, opt, data)
+        plans[reduce_dtype] = [c for c in step.explain()["collectives"]
+                               if c["phase"] == "update" and ".grad" in c["value"]]
+    np.testing.assert_allclose(losses["bf16"], losses[None], rtol=1e-3)
+    assert losses["bf16"] != losses[None]
+    assert plans[None] and all(not c["value"].endswith(" in bf16") for c in plans[None])
+    assert all(c["value"].endswith(" in bf16") for c in plans["bf16"])
+    assert sum(c["bytes"] for c in plans["bf16"]) * 2 == sum(c["bytes"] for c in plans[None])
+    with pytest.raises(ValueError, match="reduce_dtype 'fp16': None"):
+        xs.compile(model, opt, gpt_loss, reduce_dtype="fp16")
+
+
 def test_lr_schedule_in_param_groups_is_read_every_step():
     def schedule(optimizer, i):
         for g in optimizer.param_groups:

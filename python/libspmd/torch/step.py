@@ -149,7 +149,7 @@ class Step:
     """The training step compile() returns: call it with a batch."""
 
     def __init__(self, model, optimizer, loss_fn, clip_grad_norm=None, seed=0,
-                 gradient_accumulation_steps=1, mixed_precision=None):
+                 gradient_accumulation_steps=1, mixed_precision=None, reduce_dtype=None):
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -163,6 +163,7 @@ class Step:
                              f"{gradient_accumulation_steps!r}")
         self.accumulation = gradient_accumulation_steps
         self.matmul_precision = _matmul_precision(mixed_precision)
+        self.reduce_precision = _matmul_precision(reduce_dtype, "reduce_dtype")
         self.steps = 0
         self._cache = {}
         self._active = None
@@ -189,6 +190,7 @@ class Step:
         g = libspmd.Graph()
         try:
             g.set_matmul_precision(self.matmul_precision)
+            g.set_reduce_precision(self.reduce_precision)
             loss, env = traced.build(GraphBuilder(g))
             g.mark_output(loss)
             for call in traced.calls:
@@ -362,19 +364,20 @@ class Step:
         self.steps = int(step)
 
 
-def _matmul_precision(mixed_precision):
-    """libspmd's matmul precision for compile's mixed_precision: None (or
-    "fp32", torch.float32) for f32 matmuls, "bf16" (or torch.bfloat16) for
-    bf16 copies of the operands summed in f32."""
+def _matmul_precision(mixed_precision, keyword="mixed_precision"):
+    """libspmd's precision for compile's mixed_precision (the matmuls) or
+    reduce_dtype (the gradients' reductions): None (or "fp32",
+    torch.float32) for f32, "bf16" (or torch.bfloat16) for bf16 copies of
+    the matmuls' operands summed in f32, or gradients reduced in bf16."""
     if mixed_precision in (None, "fp32", "f32", torch.float32):
         return "f32"
     if mixed_precision in ("bf16", "bfloat16", torch.bfloat16):
         return "bf16"
-    raise ValueError(f"mixed_precision {mixed_precision!r}: None (f32) or 'bf16'")
+    raise ValueError(f"{keyword} {mixed_precision!r}: None (f32) or 'bf16'")
 
 
 def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulation_steps=1,
-            mixed_precision=None):
+            mixed_precision=None, reduce_dtype=None):
     """A training step for `model`: `loss = step(*batch)` runs forward,
     backward and `optimizer`'s update (torch.optim.SGD, Adam or AdamW, every
     param group with its own settings, lr read at each call) as one libspmd
@@ -388,10 +391,13 @@ def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulatio
     every matmul (forward and backward) reads bf16 copies of its operands
     and sums in f32, as torch.autocast(dtype=torch.bfloat16) runs linear
     layers; parameters, gradients and the optimizer stay f32, and FSDP
-    gathers the weights' bf16 copies."""
+    gathers the weights' bf16 copies.  With reduce_dtype="bf16" (FSDP2's
+    MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) the gradients'
+    reductions move bf16: each device's gradient rounded, the sum taken in
+    f32 and rounded once, widened for the f32 update; half the bytes."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
     OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option
     return Step(model, optimizer, loss_fn, clip_grad_norm,
                 gradient_accumulation_steps=gradient_accumulation_steps,
-                mixed_precision=mixed_precision)
+                mixed_precision=mixed_precision, reduce_dtype=reduce_dtype)
