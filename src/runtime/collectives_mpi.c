@@ -979,11 +979,11 @@ static spmd_status mpi_all_reduce_bf16(coll_group *pub, int member, uint16_t *bu
         int64_t from, to;
         chunk_of(count, g->k, l, &from, &to);
         sum_local_units_bf16(g, l, g->stage, count, from, to);
-        coll_shm_sync(g->shm);
+        coll_shm_sync(g->shm, l);
     }
     st = exchanged(g, l, l == 0 ? all_reduce_exchange_bf16(g, buf, count) : SPMD_OK);
     if (!st && l != 0) copy(buf, in_h(g, 0), sizeof *buf * (size_t)count);
-    coll_shm_sync(g->shm);
+    coll_shm_sync(g->shm, l);
     return st;
 }
 
@@ -1053,7 +1053,7 @@ static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const ui
         int64_t from, to;
         chunk_of(outer * inner * g->n, g->k, l, &from, &to);
         sum_local_units_bf16(g, l, s.sums, outer * inner * g->n, from, to);
-        coll_shm_sync(g->shm);
+        coll_shm_sync(g->shm, l);
     }
     st = exchanged(g, l, l == 0 ? reduce_scatter_exchange_bf16(g, outer, inner) : SPMD_OK);
     if (!st) {
@@ -1074,7 +1074,7 @@ static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const ui
         for (int64_t r = 0; r < outer; r++)
             coll_tree_sum_bf16(t, 0, g->n, r, 0, out + inner * r, inner);
     }
-    coll_shm_sync(g->shm);
+    coll_shm_sync(g->shm, l);
     return st;
 }
 

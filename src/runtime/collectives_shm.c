@@ -559,13 +559,13 @@ static spmd_status shm_all_reduce_bf16(coll_group *pub, int member, uint16_t *bu
     int64_t lo, hi;
     chunk_of(count, n, member, &lo, &hi);
     coll_tree_sum_bf16(g->terms, 0, n, 0, lo, buf + lo, hi - lo);
-    barrier_wait(g, false);
+    barrier_wait(g, member, false);
     for (int k = 1; k < n; k++) {
         int i = (member + k) % n;
         chunk_of(count, n, i, &lo, &hi);
         copy(buf + lo, (const uint16_t *)g->slots[i].in + lo, sizeof *buf * (size_t)(hi - lo));
     }
-    leave(g);
+    leave(g, member);
     return SPMD_OK;
 }
 
@@ -589,7 +589,7 @@ static spmd_status shm_reduce_scatter_bf16(coll_group *pub, int member, const ui
     if (st) return st;
     for (int64_t r = 0; r < outer; r++)
         coll_tree_sum_bf16(g->terms, 0, n, r, inner * member, out + inner * r, inner);
-    leave(g);
+    leave(g, member);
     return SPMD_OK;
 }
 
