@@ -19,7 +19,13 @@
  * bare sgemm rate on all threads and with the workload's one-device step.
  * Medians of --reps steps after one unmeasured.
  *
- *   bench_step [--reps N] [--threads N] [--quick]   (--quick: no 124M)
+ * The last columns are a device's planned activation arena
+ * (spmd_program_arena_bytes: every computed value the schedule holds at
+ * its peak, gradients included) and, of it, what the forward pass keeps
+ * for the backward (spmd_program_held_bytes), in MiB.
+ *
+ *   bench_step [--reps N] [--threads N] [--quick] [--124m]
+ *   (--quick: no 124M; --124m: only the 124M rows)
  */
 #include "spmd/data.h"
 #include "spmd/mesh.h"
@@ -59,7 +65,8 @@ static double flops_per_step(const workload *w, int64_t params)
 }
 
 /* Build, mark, compile and time `reps` steps; ms per step (median) or < 0. */
-static double time_step(const workload *w, const mesh_case *mc, int threads, int reps, int64_t *params)
+static double time_step(const workload *w, const mesh_case *mc, int threads, int reps, int64_t *params,
+                        size_t *arena, size_t *held)
 {
     spmd_graph *g = spmd_graph_create(NULL);
     spmd_mesh *mesh = mc->shape ? spmd_mesh_parse(mc->shape, mc->axes) : NULL;
@@ -92,6 +99,8 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
     double ms = -1;
     if (tr) {
         spmd_program *p = spmd_trainer_program(tr);
+        *arena = spmd_program_arena_bytes(p);
+        *held = spmd_program_held_bytes(p);
         int seq = w->gpt ? w->cfg.seq : 1;
         size_t n = (size_t)w->batch * (size_t)seq;
         int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg);
@@ -121,13 +130,14 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
 int main(int argc, char **argv)
 {
     int reps = 5, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool quick = false;
+    bool quick = false, only_124m = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--124m")) only_124m = true;
         else {
-            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick]\n");
+            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--124m]\n");
             return 2;
         }
     }
@@ -161,9 +171,9 @@ int main(int argc, char **argv)
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
     printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
-    printf("%-42s %-22s %10s %10s %8s %8s\n", "workload", "mesh", "ms/step", "GFLOP/s", "/sgemm",
-           "/mesh 1");
-    for (int l = quick ? 1 : 0; l < 3; l++) {
+    printf("%-42s %-22s %10s %10s %8s %8s %10s %9s\n", "workload", "mesh", "ms/step", "GFLOP/s",
+           "/sgemm", "/mesh 1", "arena MiB", "held MiB");
+    for (int l = quick ? 1 : 0; l < (only_124m ? 1 : 3); l++) {
         const workload *w = &loads[l];
         /* The bare rate: the better of a product of the workload's own
          * size (its MLP's first layer) and a 1024-cube. */
@@ -175,15 +185,17 @@ int main(int argc, char **argv)
         for (int k = 0; k < n_meshes[l]; k++) {
             const mesh_case *mc = &meshes[l][k];
             int64_t params = 0;
-            double ms = time_step(w, mc, threads, l == 0 ? (reps < 3 ? reps : 3) : reps, &params);
+            size_t arena = 0, held = 0;
+            double ms = time_step(w, mc, threads, l == 0 ? (reps < 3 ? reps : 3) : reps, &params,
+                                  &arena, &held);
             if (ms < 0) return 1;
             if (k == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
             char mesh[32];
             snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
                      mc->zero ? " zero" : "", mc->bf16 ? " bf16" : "");
-            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f\n", k ? "" : w->name, mesh, ms, rate,
-                   rate / peak, ms / base);
+            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f %10.1f %9.1f\n", k ? "" : w->name, mesh, ms,
+                   rate, rate / peak, ms / base, (double)arena / (1 << 20), (double)held / (1 << 20));
             fflush(stdout);
         }
         printf("%-42s %-22s %10s %10.1f\n", "", "(bare sgemm)", "", peak);

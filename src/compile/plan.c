@@ -320,13 +320,16 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
 
     /* Walk nodes in order: place each computed storage at its first
      * definition, release storages whose last reader is this node. */
+    int64_t live = 0; /* arena bytes taken and not given back */
     for (int i = 0; i < n; i++) {
         const spmd_tensor *t = g->nodes[i];
+        if (i == g->backward_begin && i > 0) p->held_bytes = (size_t)live;
         if (!p->needed[i] || ir_op_is_leaf(t->op)) continue;
         int s = p->storage[i];
         /* A value in a buffer of its own, or its target's, takes no
          * arena, but its inputs die here all the same (a gradient, into
          * its accumulator). */
+        if (!p->swapped[i] && p->in_place[i] < 0 && s == i) live += round_up((int64_t)ir_nbytes(t));
         if (!p->swapped[i] && p->in_place[i] < 0)
             p->offset[i] = s == i ? take(&f, round_up((int64_t)ir_nbytes(t))) : p->offset[s];
         const spmd_tensor *const *in;
@@ -339,7 +342,10 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
             /* Release once, even when a node reads the same tensor twice. */
             bool seen = false;
             for (int k = 0; k < j && !seen; k++) seen = p->storage[in[k]->id] == src;
-            if (!seen) give(&f, p->offset[src], round_up((int64_t)ir_nbytes(g->nodes[src])));
+            if (!seen) {
+                give(&f, p->offset[src], round_up((int64_t)ir_nbytes(g->nodes[src])));
+                live -= round_up((int64_t)ir_nbytes(g->nodes[src]));
+            }
         }
     }
     p->arena_bytes = (size_t)f.end;

@@ -32,6 +32,10 @@ typedef struct plan {
     int *in_place;
     size_t arena_bytes;
     size_t swapped_bytes; /* the bytes of those buffers */
+    /* Arena bytes live as the backward pass begins (the graph's
+     * backward_begin; 0 without one): the activations the forward pass
+     * keeps for the backward, and the loss. */
+    size_t held_bytes;
 } plan;
 
 /* Set needed[i] (n_nodes entries, false on entry) for every node that an
