@@ -24,8 +24,9 @@
  * its peak, gradients included) and, of it, what the forward pass keeps
  * for the backward (spmd_program_held_bytes), in MiB.
  *
- *   bench_step [--reps N] [--threads N] [--quick] [--124m]
- *   (--quick: no 124M; --124m: only the 124M rows)
+ *   bench_step [--reps N] [--threads N] [--quick] [--124m] [--bf16]
+ *   (--quick: no 124M; --124m: only the 124M rows; --bf16: only bf16 rows,
+ *   for a profile)
  */
 #include "spmd/data.h"
 #include "spmd/mesh.h"
@@ -130,14 +131,15 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
 int main(int argc, char **argv)
 {
     int reps = 5, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool quick = false, only_124m = false;
+    bool quick = false, only_124m = false, only_bf16 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--124m")) only_124m = true;
+        else if (!strcmp(argv[i], "--bf16")) only_bf16 = true;
         else {
-            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--124m]\n");
+            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--124m] [--bf16]\n");
             return 2;
         }
     }
@@ -184,12 +186,13 @@ int main(int argc, char **argv)
         double base = 0;
         for (int k = 0; k < n_meshes[l]; k++) {
             const mesh_case *mc = &meshes[l][k];
+            if (only_bf16 && !mc->bf16) continue;
             int64_t params = 0;
             size_t arena = 0, held = 0;
             double ms = time_step(w, mc, threads, l == 0 ? (reps < 3 ? reps : 3) : reps, &params,
                                   &arena, &held);
             if (ms < 0) return 1;
-            if (k == 0) base = ms;
+            if (base == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
             char mesh[32];
             snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
