@@ -24,9 +24,9 @@
  * its peak, gradients included) and, of it, what the forward pass keeps
  * for the backward (spmd_program_held_bytes), in MiB.
  *
- *   bench_step [--reps N] [--threads N] [--quick] [--124m] [--bf16]
- *   (--quick: no 124M; --124m: only the 124M rows; --bf16: only bf16 rows,
- *   for a profile)
+ *   bench_step [--reps N] [--threads N] [--quick] [--124m] [--fp32|--bf16]
+ *   (--quick: no 124M; --124m: only the 124M rows; --fp32, --bf16: only
+ *   the rows of that precision, for a profile)
  */
 #include "spmd/data.h"
 #include "spmd/mesh.h"
@@ -131,15 +131,16 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
 int main(int argc, char **argv)
 {
     int reps = 5, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool quick = false, only_124m = false, only_bf16 = false;
+    bool quick = false, only_124m = false, only_bf16 = false, only_fp32 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--124m")) only_124m = true;
         else if (!strcmp(argv[i], "--bf16")) only_bf16 = true;
+        else if (!strcmp(argv[i], "--fp32")) only_fp32 = true;
         else {
-            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--124m] [--bf16]\n");
+            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--124m] [--fp32|--bf16]\n");
             return 2;
         }
     }
@@ -186,7 +187,7 @@ int main(int argc, char **argv)
         double base = 0;
         for (int k = 0; k < n_meshes[l]; k++) {
             const mesh_case *mc = &meshes[l][k];
-            if (only_bf16 && !mc->bf16) continue;
+            if ((only_bf16 && !mc->bf16) || (only_fp32 && mc->bf16)) continue;
             int64_t params = 0;
             size_t arena = 0, held = 0;
             double ms = time_step(w, mc, threads, l == 0 ? (reps < 3 ? reps : 3) : reps, &params,
