@@ -19,7 +19,10 @@
  * bare sgemm rate on all threads and with the workload's one-device step.
  * Medians of --reps steps after one unmeasured.
  *
- * The last columns are a device's planned activation arena
+ * `cpu ms` is the process's CPU time per step (median), all threads
+ * together: what a step costs while its threads run, which a machine
+ * shared past its cores stretches less than the wall time.  The last
+ * columns are a device's planned activation arena
  * (spmd_program_arena_bytes: every computed value the schedule holds at
  * its peak, gradients included) and, of it, what the forward pass keeps
  * for the backward (spmd_program_held_bytes), in MiB.
@@ -67,7 +70,7 @@ static double flops_per_step(const workload *w, int64_t params)
 
 /* Build, mark, compile and time `reps` steps; ms per step (median) or < 0. */
 static double time_step(const workload *w, const mesh_case *mc, int threads, int reps, int64_t *params,
-                        size_t *arena, size_t *held)
+                        size_t *arena, size_t *held, double *cpu_ms)
 {
     spmd_graph *g = spmd_graph_create(NULL);
     spmd_mesh *mesh = mc->shape ? spmd_mesh_parse(mc->shape, mc->axes) : NULL;
@@ -106,7 +109,7 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
         size_t n = (size_t)w->batch * (size_t)seq;
         int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg);
         float *onehot = w->gpt ? NULL : calloc(n * (size_t)w->cfg.vocab, sizeof *onehot);
-        double *t = malloc(sizeof(double) * (size_t)reps);
+        double *t = malloc(sizeof(double) * (size_t)reps), *c = malloc(sizeof(double) * (size_t)reps);
         spmd_data_sequences(1, 0, w->batch, seq, w->cfg.vocab, ids, tg);
         if (onehot)
             for (size_t i = 0; i < n; i++) onehot[i * (size_t)w->cfg.vocab + (size_t)ids[i]] = 1.0f;
@@ -114,12 +117,12 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
                     : spmd_program_set_input(p, input, ids, n * sizeof *ids);
         if (st == SPMD_OK) st = spmd_program_set_input(p, targets, tg, n * sizeof *tg);
         for (int r = -1; r < reps && st == SPMD_OK; r++) {
-            double t0 = now_s();
+            double t0 = now_s(), c0 = cpu_s();
             st = spmd_trainer_step(tr, 1e-3f, NULL, NULL);
-            if (r >= 0) t[r] = now_s() - t0;
+            if (r >= 0) t[r] = now_s() - t0, c[r] = cpu_s() - c0;
         }
-        if (st == SPMD_OK) ms = median(t, reps) * 1e3;
-        free(ids), free(tg), free(onehot), free(t);
+        if (st == SPMD_OK) ms = median(t, reps) * 1e3, *cpu_ms = median(c, reps) * 1e3;
+        free(ids), free(tg), free(onehot), free(t), free(c);
     }
     if (ms < 0) fprintf(stderr, "bench_step: %s %s: %s\n", w->name, mc->shape ? mc->shape : "1", spmd_last_error());
     spmd_trainer_free(tr);
@@ -174,8 +177,8 @@ int main(int argc, char **argv)
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
     printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
-    printf("%-42s %-22s %10s %10s %8s %8s %10s %9s\n", "workload", "mesh", "ms/step", "GFLOP/s",
-           "/sgemm", "/mesh 1", "arena MiB", "held MiB");
+    printf("%-42s %-22s %10s %10s %8s %8s %8s %10s %9s\n", "workload", "mesh", "ms/step", "GFLOP/s",
+           "/sgemm", "/mesh 1", "cpu ms", "arena MiB", "held MiB");
     for (int l = quick ? 1 : 0; l < (only_124m ? 1 : 3); l++) {
         const workload *w = &loads[l];
         /* The bare rate: the better of a product of the workload's own
@@ -190,16 +193,18 @@ int main(int argc, char **argv)
             if ((only_bf16 && !mc->bf16) || (only_fp32 && mc->bf16)) continue;
             int64_t params = 0;
             size_t arena = 0, held = 0;
+            double cpu_ms = 0;
             double ms = time_step(w, mc, threads, l == 0 ? (reps < 3 ? reps : 3) : reps, &params,
-                                  &arena, &held);
+                                  &arena, &held, &cpu_ms);
             if (ms < 0) return 1;
             if (base == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
             char mesh[32];
             snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
                      mc->zero ? " zero" : "", mc->bf16 ? " bf16" : "");
-            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f %10.1f %9.1f\n", k ? "" : w->name, mesh, ms,
-                   rate, rate / peak, ms / base, (double)arena / (1 << 20), (double)held / (1 << 20));
+            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f %8.1f %10.1f %9.1f\n", k ? "" : w->name, mesh,
+                   ms, rate, rate / peak, ms / base, cpu_ms, (double)arena / (1 << 20),
+                   (double)held / (1 << 20));
             fflush(stdout);
         }
         printf("%-42s %-22s %10s %10.1f\n", "", "(bare sgemm)", "", peak);
