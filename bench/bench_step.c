@@ -19,10 +19,11 @@
  * bare sgemm rate on all threads and with the workload's one-device step.
  * Medians of --reps steps after one unmeasured.
  *
- *   bench_step [--reps N] [--threads N] [--quick] [--overlap-compare]
- *   (--quick: no 124M; --overlap-compare: each mesh row three times with
- *   collectives in flight and three times without, in turn, the medians
- *   side by side)
+ *   bench_step [--reps N] [--threads N] [--quick] [--124m] [--fp32|--bf16] [--overlap-compare]
+ *   (--quick: no 124M; --124m: only the 124M rows; --fp32, --bf16: only
+ *   the rows of that precision, for a profile; --overlap-compare: each
+ *   mesh row three times with collectives in flight and three times
+ *   without, in turn, the medians side by side)
  */
 #include "spmd/data.h"
 #include "spmd/mesh.h"
@@ -65,7 +66,8 @@ static double flops_per_step(const workload *w, int64_t params)
 static bool no_overlap;
 
 /* Build, mark, compile and time `reps` steps; ms per step (median) or < 0. */
-static double time_step(const workload *w, const mesh_case *mc, int threads, int reps, int64_t *params)
+static double time_step(const workload *w, const mesh_case *mc, int threads, int reps, int64_t *params,
+                        size_t *arena, size_t *held, double *cpu_ms)
 {
     spmd_graph *g = spmd_graph_create(NULL);
     spmd_mesh *mesh = mc->shape ? spmd_mesh_parse(mc->shape, mc->axes) : NULL;
@@ -98,11 +100,13 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
     double ms = -1;
     if (tr) {
         spmd_program *p = spmd_trainer_program(tr);
+        *arena = spmd_program_arena_bytes(p);
+        *held = spmd_program_held_bytes(p);
         int seq = w->gpt ? w->cfg.seq : 1;
         size_t n = (size_t)w->batch * (size_t)seq;
         int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg);
         float *onehot = w->gpt ? NULL : calloc(n * (size_t)w->cfg.vocab, sizeof *onehot);
-        double *t = malloc(sizeof(double) * (size_t)reps);
+        double *t = malloc(sizeof(double) * (size_t)reps), *c = malloc(sizeof(double) * (size_t)reps);
         spmd_data_sequences(1, 0, w->batch, seq, w->cfg.vocab, ids, tg);
         if (onehot)
             for (size_t i = 0; i < n; i++) onehot[i * (size_t)w->cfg.vocab + (size_t)ids[i]] = 1.0f;
@@ -110,12 +114,12 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
                     : spmd_program_set_input(p, input, ids, n * sizeof *ids);
         if (st == SPMD_OK) st = spmd_program_set_input(p, targets, tg, n * sizeof *tg);
         for (int r = -1; r < reps && st == SPMD_OK; r++) {
-            double t0 = now_s();
+            double t0 = now_s(), c0 = cpu_s();
             st = spmd_trainer_step(tr, 1e-3f, NULL, NULL);
-            if (r >= 0) t[r] = now_s() - t0;
+            if (r >= 0) t[r] = now_s() - t0, c[r] = cpu_s() - c0;
         }
-        if (st == SPMD_OK) ms = median(t, reps) * 1e3;
-        free(ids), free(tg), free(onehot), free(t);
+        if (st == SPMD_OK) ms = median(t, reps) * 1e3, *cpu_ms = median(c, reps) * 1e3;
+        free(ids), free(tg), free(onehot), free(t), free(c);
     }
     if (ms < 0) fprintf(stderr, "bench_step: %s %s: %s\n", w->name, mc->shape ? mc->shape : "1", spmd_last_error());
     spmd_trainer_free(tr);
@@ -127,14 +131,18 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
 int main(int argc, char **argv)
 {
     int reps = 5, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool quick = false, compare = false;
+    bool quick = false, only_124m = false, only_bf16 = false, only_fp32 = false, compare = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--124m")) only_124m = true;
+        else if (!strcmp(argv[i], "--bf16")) only_bf16 = true;
+        else if (!strcmp(argv[i], "--fp32")) only_fp32 = true;
         else if (!strcmp(argv[i], "--overlap-compare")) compare = true;
         else {
-            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--overlap-compare]\n");
+            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--124m] [--fp32|--bf16] "
+                            "[--overlap-compare]\n");
             return 2;
         }
     }
@@ -168,9 +176,9 @@ int main(int argc, char **argv)
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
     printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
-    printf("%-42s %-22s %10s %10s %8s %8s%s\n", "workload", "mesh", "ms/step", "GFLOP/s", "/sgemm",
-           "/mesh 1", compare ? "  no overlap" : "");
-    for (int l = quick ? 1 : 0; l < 3; l++) {
+    printf("%-42s %-22s %10s %10s %8s %8s %8s %10s %9s%s\n", "workload", "mesh", "ms/step", "GFLOP/s",
+           "/sgemm", "/mesh 1", "cpu ms", "arena MiB", "held MiB", compare ? "  no overlap" : "");
+    for (int l = quick ? 1 : 0; l < (only_124m ? 1 : 3); l++) {
         const workload *w = &loads[l];
         /* The bare rate: the better of a product of the workload's own
          * size (its MLP's first layer) and a 1024-cube. */
@@ -181,32 +189,37 @@ int main(int argc, char **argv)
         double base = 0;
         for (int k = 0; k < n_meshes[l]; k++) {
             const mesh_case *mc = &meshes[l][k];
+            if ((only_bf16 && !mc->bf16) || (only_fp32 && mc->bf16)) continue;
             int64_t params = 0;
+            size_t arena = 0, held = 0;
+            double cpu_ms = 0;
             int n_reps = l == 0 ? (reps < 3 ? reps : 3) : reps;
             double ms, off = 0;
             if (compare && mc->shape) {
                 /* In turn, so that the machine's load falls on both alike. */
-                double on_ms[3], off_ms[3];
+                double on_ms[3], off_ms[3], off_cpu = 0;
+                size_t off_arena = 0, off_held = 0;
                 for (int r = 0; r < 3; r++) {
                     no_overlap = false;
-                    on_ms[r] = time_step(w, mc, threads, n_reps, &params);
+                    on_ms[r] = time_step(w, mc, threads, n_reps, &params, &arena, &held, &cpu_ms);
                     no_overlap = true;
-                    off_ms[r] = time_step(w, mc, threads, n_reps, &params);
+                    off_ms[r] = time_step(w, mc, threads, n_reps, &params, &off_arena, &off_held, &off_cpu);
                     if (on_ms[r] < 0 || off_ms[r] < 0) return 1;
                 }
                 no_overlap = false;
                 ms = median(on_ms, 3), off = median(off_ms, 3);
             } else {
-                ms = time_step(w, mc, threads, n_reps, &params);
+                ms = time_step(w, mc, threads, n_reps, &params, &arena, &held, &cpu_ms);
             }
             if (ms < 0) return 1;
-            if (k == 0) base = ms;
+            if (base == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
             char mesh[32];
             snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
                      mc->zero ? " zero" : "", mc->bf16 ? " bf16" : "");
-            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f", k ? "" : w->name, mesh, ms, rate,
-                   rate / peak, ms / base);
+            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f %8.1f %10.1f %9.1f", k ? "" : w->name, mesh, ms,
+                   rate, rate / peak, ms / base, cpu_ms, (double)arena / (1 << 20),
+                   (double)held / (1 << 20));
             if (off > 0) printf("  %10.1f", off);
             printf("\n");
             fflush(stdout);

@@ -5,7 +5,9 @@
  * 2 threads (or is refused with the reason where there is no oneDNN); `--blas measure` prints its choice as
  * a --blas value, and that value gives the measured run's bits again; a
  * spec with an unknown key or a backend of the wrong precision is refused
- * before the first step, naming what is wrong.
+ * before the first step, naming what is wrong; `--precision bf16` (the
+ * activations kept in bf16 as well as the matmuls' operands) trains on the
+ * default mesh, following the f32 run within bf16's rounding.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -164,12 +166,41 @@ static void test_bad_specs_refused(void **state)
     expect_refused("mkl", "unknown library 'mkl'");
 }
 
+/* The default mesh (4x2, FSDP), bf16 against fp32: the same run within
+ * bf16's rounding (test_precision's 1e-2), and says how it multiplies. */
+static void test_bf16_on_default_mesh(void **state)
+{
+    (void)state;
+    char *dir = support_temp_dir("spmd-cli-bf16");
+    char f32[SUPPORT_PATH], bf16[SUPPORT_PATH];
+    support_path_in(f32, dir, "f32.jsonl");
+    support_path_in(bf16, dir, "bf16.jsonl");
+#define RUN "train --steps 6 --eval 0 --threads 2 --log %s --precision %s"
+    int rc = run_toolf(out, sizeof out, RUN, f32, "fp32");
+    if (rc != 0) fail_msg("spmd train --precision fp32: exit %d:\n%s", rc, out);
+    rc = run_toolf(out, sizeof out, RUN, bf16, "bf16");
+#undef RUN
+    if (rc != 0) fail_msg("spmd train --precision bf16: exit %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "bf16 matmuls: "));
+    double a[STEPS], b[STEPS];
+    char *ta, *tb;
+    read_losses(f32, a, &ta);
+    read_losses(bf16, b, &tb);
+    double worst = 0;
+    for (int i = 0; i < STEPS; i++) worst = fmax(worst, fabs(b[i] - a[i]) / fabs(a[i]));
+    if (!(worst > 0 && worst < 1e-2)) fail_msg("bf16 losses %.3g relative from fp32's", worst);
+    free(ta);
+    free(tb);
+    support_drop_dir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_onednn_trains_like_cblas),
         cmocka_unit_test(test_measured_choice_repeats),
         cmocka_unit_test(test_bad_specs_refused),
+        cmocka_unit_test(test_bf16_on_default_mesh),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,8 +2,10 @@
  * Fusion of elementwise chains: random graphs of elementwise ops (scalar
  * and bias broadcasts, values read twice, outputs in the middle of
  * chains) give the same bits fused and unfused, on one device and on a
- * mesh; chains do fuse; a GPT trained with AdamW gives the same losses
- * and parameters fused and unfused, its update in a few passes.
+ * mesh; chains do fuse; a sum of every element of a chain (the gradient
+ * norm's squares) fuses into its sum without the chain's buffer, with the
+ * sum's bits; a GPT trained with AdamW gives the same losses and
+ * parameters fused and unfused, its update in a few passes.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -195,6 +197,60 @@ static void test_where_fuses(void **state)
     }
 }
 
+/* sum(x * x) over every element, and over all but a size-1 dim: one
+ * group rooted at the sum (the squares absorbed, no memory of their own),
+ * the unfused bits on 1 and 3 threads; a sum that keeps a dim is no root. */
+static void test_sum_of_squares_fuses(void **state)
+{
+    (void)state;
+    enum { N = 3 * 1000 + 5 }; /* blocks of 256 and a tail past the lanes */
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 3, (const int64_t[]){3, 1, 1000 + 2});
+    spmd_tensor *x2 = spmd_input(g, "x2", SPMD_F32, 1, (const int64_t[]){N});
+    spmd_tensor *sq = spmd_mul(g, x, x);
+    spmd_tensor *all = spmd_sum(g, sq, 1u | 4u, false); /* dim 1 is 1: every element */
+    spmd_tensor *sq2 = spmd_scale(g, spmd_mul(g, x2, x2), 0.5f);
+    spmd_tensor *all2 = spmd_sum(g, sq2, 1u, true);
+    spmd_tensor *rows = spmd_sum(g, spmd_mul(g, x, spmd_exp(g, x)), 4u, false); /* keeps dim 0 */
+    assert_non_null(rows);
+    assert_int_equal(spmd_graph_mark_output(g, all), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(g, all2), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(g, rows), SPMD_OK);
+    float xv[3 * 1002], x2v[N], out[3][5];
+    test_fill_by_name("x", xv, 3 * 1002);
+    test_fill_by_name("x2", x2v, N);
+    for (int v = 0; v < 3; v++) {
+        spmd_program *p = spmd_compile(g, &(spmd_compile_options){.threads = v == 1 ? 3 : 1,
+                                                                  .unfused = v == 2});
+        assert_non_null(p);
+        if (v < 2) {
+            const compiled *c = executor_compiled(p);
+            const fuse_group *ga = fusion_group(&c->fusion, all), *gb = fusion_group(&c->fusion, all2);
+            assert_non_null(ga);
+            assert_non_null(gb);
+            assert_true(ga->sum && gb->sum);
+            assert_int_equal(ga->n_steps, 2);
+            assert_int_equal(gb->n_steps, 3);
+            assert_true(c->fusion.absorbed[sq->id] && c->fusion.absorbed[sq2->id]);
+            const fuse_group *gr = fusion_group(&c->fusion, rows);
+            assert_true(!gr || !gr->sum);
+        }
+        assert_int_equal(spmd_program_set_input(p, x, xv, sizeof xv), SPMD_OK);
+        assert_int_equal(spmd_program_set_input(p, x2, x2v, sizeof x2v), SPMD_OK);
+        assert_int_equal(spmd_program_run(p), SPMD_OK);
+        assert_int_equal(spmd_program_read(p, all, &out[v][0], sizeof(float)), SPMD_OK);
+        assert_int_equal(spmd_program_read(p, all2, &out[v][1], sizeof(float)), SPMD_OK);
+        assert_int_equal(spmd_program_read(p, rows, &out[v][2], 3 * sizeof(float)), SPMD_OK);
+        spmd_program_free(p);
+    }
+    assert_memory_equal(out[0], out[2], sizeof out[0]);
+    assert_memory_equal(out[1], out[2], sizeof out[0]);
+    double want = 0;
+    for (int k = 0; k < 3 * 1002; k++) want += (double)xv[k] * xv[k];
+    assert_true(fabs(out[0][0] - want) <= 1e-5 * want);
+    spmd_graph_free(g);
+}
+
 /* A GPT with AdamW on 2x2 (data, fsdp), fused and unfused: the same
  * losses and parameters after 4 steps; each parameter's update takes at
  * most four passes. */
@@ -250,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_random_graphs),
         cmocka_unit_test(test_random_graphs_on_mesh),
         cmocka_unit_test(test_where_fuses),
+        cmocka_unit_test(test_sum_of_squares_fuses),
         cmocka_unit_test(test_gpt_adamw_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -602,7 +602,7 @@ static void test_fused_refuses_op_without_formula(void **state)
     spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, D(4, 6));
     spmd_tensor *t = spmd_softmax(g, x);
     assert_non_null(t);
-    fuse_group grp = {.root = t, .n_steps = 1, .n_in = 1};
+    fuse_group grp = {.root = t, .domain = t, .n_steps = 1, .n_in = 1};
     grp.steps[0] = (fuse_step){.op = op, .src = {-1, 0}, .stored = -1};
     grp.in[0] = x;
     grp.in_numel[0] = 24;

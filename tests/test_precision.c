@@ -7,7 +7,12 @@
  * copies of the weights, half the bytes; gradients reduced in bf16
  * (spmd_graph_set_reduce_precision) follow f32-reduced runs within bf16's
  * tolerance, in half the bytes; bf16 where no kernel takes it is refused,
- * naming the op.
+ * naming the op.  The activations the backward pass keeps are bf16
+ * copies (ir/autocast.c's policy): the planned values' types say so,
+ * the backward pass reads no f32 activation but the logits, the held
+ * bytes and the arena of an activation-bound GPT shrink by more than a
+ * third, and the gradients stay within bf16's rounding of the f32 ones;
+ * tensor and sequence parallelism on bf16 follow one device too.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +27,8 @@
 #include <string.h>
 
 #include "base/bf16.h"
+#include "ir/ir.h"
+#include "runtime/executor.h"
 #include "spmd/data.h"
 #include "spmd/mesh.h"
 #include "spmd/models.h"
@@ -31,8 +38,6 @@ enum { STEPS = 8, BATCH = 8, SEQ = 16, VOCAB = 32 };
 
 static const spmd_gpt_config CFG = {.vocab = VOCAB, .seq = SEQ, .layers = 2, .heads = 2, .dim = 32};
 
-/* Losses of STEPS AdamW steps of the GPT on `shape` ("" for one device),
- * FSDP-wrapped over "fsdp" when the mesh has it, else the batch split. */
 /* What a run's gradients' reductions move (the update's reduce-scatters
  * and all-reduces of "*.grad"), and how many are named "in bf16". */
 typedef struct reductions {
@@ -40,6 +45,10 @@ typedef struct reductions {
     int count, in_bf16;
 } reductions;
 
+/* Losses of STEPS AdamW steps of the GPT on `shape` ("" for one device):
+ * with a "tensor" axis tensor parallel over it (sequence parallel too),
+ * the batch over "data"; else FSDP-wrapped over "fsdp" when the mesh has
+ * it, else the batch split.  Gradients reduced in `reduce`. */
 static void train_reduced(const char *shape, const char *axes, spmd_dtype precision,
                           spmd_dtype reduce, float *loss, int64_t *gather_bytes, reductions *red)
 {
@@ -50,10 +59,15 @@ static void train_reduced(const char *shape, const char *axes, spmd_dtype precis
     spmd_gpt_tensors t;
     assert_int_equal(spmd_gpt_build(g, &CFG, BATCH, &t), SPMD_OK);
     spmd_tensor *in[2] = {t.input, t.targets};
-    if (mesh)
+    if (mesh && strstr(axes, "tensor")) {
+        spmd_gpt_parallel how = {"tensor", NULL, NULL, true};
+        assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &CFG, mesh, &how), SPMD_OK);
+        assert_int_equal(spmd_shard_batch(g, mesh, in, 2, "data"), SPMD_OK);
+    } else if (mesh) {
         assert_int_equal(strstr(axes, "fsdp") ? spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL)
                                               : spmd_shard_batch(g, mesh, in, 2, NULL),
                          SPMD_OK);
+    }
     spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f};
     spmd_trainer *tr = spmd_trainer_create(
         g, t.loss, &(spmd_trainer_options){.optimizer = opt, .compile = {.seed = 9, .threads = 2}});
@@ -158,16 +172,22 @@ static void test_bf16_follows_f32(void **state)
 static void test_bf16_meshes_follow_one_device(void **state)
 {
     (void)state;
-    float one[STEPS], data[STEPS], fsdp[STEPS], f32_one[STEPS], f32_fsdp[STEPS];
+    float one[STEPS], data[STEPS], fsdp[STEPS], tp[STEPS], f32_one[STEPS], f32_fsdp[STEPS];
     int64_t bytes_bf16 = 0, bytes_f32 = 0;
     train("", "", SPMD_BF16, one, NULL);
     train("8", "data", SPMD_BF16, data, NULL);
     train("4x2", "replica,fsdp", SPMD_BF16, fsdp, &bytes_bf16);
+    /* Heads, hidden units and vocabulary split, the residual stream (and
+     * its bf16 copies) split over the sequence: gathered in bf16. */
+    train("2x2", "data,tensor", SPMD_BF16, tp, NULL);
     train("", "", SPMD_F32, f32_one, NULL);
     train("4x2", "replica,fsdp", SPMD_F32, f32_fsdp, &bytes_f32);
-    double d8 = max_rel(data, one), d42 = max_rel(fsdp, one), f = max_rel(f32_fsdp, f32_one);
-    if (d8 > 1e-3 || d42 > 1e-3)
-        fail_msg("bf16 on 8: %.3g, on 4x2: %.3g from one device (f32 on 4x2: %.3g)", d8, d42, f);
+    double d8 = max_rel(data, one), d42 = max_rel(fsdp, one), dtp = max_rel(tp, one);
+    double f = max_rel(f32_fsdp, f32_one);
+    if (d8 > 1e-3 || d42 > 1e-3 || dtp > 1e-3)
+        fail_msg("bf16 on 8: %.3g, on 4x2: %.3g, 2x2 tensor and sequence parallel: %.3g from one "
+                 "device (f32 on 4x2: %.3g)",
+                 d8, d42, dtp, f);
     /* The weights' copies are gathered: half the bytes. */
     assert_true(bytes_f32 > 0);
     assert_int_equal(bytes_bf16 * 2, bytes_f32);
@@ -214,6 +234,195 @@ static void test_bf16_reduction(void **state)
     assert_memory_equal(one, one_f32, sizeof one);
 }
 
+/* A trainer (AdamW, clipping) of a GPT of config cfg, batch b, in
+ * `precision` on one device or on mesh `shape` (FSDP over "fsdp"); *g
+ * its graph, *loss its loss. */
+static spmd_trainer *trainer(const spmd_gpt_config *cfg, int b, spmd_dtype precision,
+                             const char *shape, spmd_graph **g, spmd_gpt_tensors *t,
+                             spmd_mesh **mesh)
+{
+    *mesh = *shape ? spmd_mesh_parse(shape, "replica,fsdp") : NULL;
+    *g = spmd_graph_create(NULL);
+    assert_int_equal(spmd_graph_set_matmul_precision(*g, precision), SPMD_OK);
+    assert_int_equal(spmd_gpt_build(*g, cfg, b, t), SPMD_OK);
+    spmd_tensor *in[2] = {t->input, t->targets};
+    if (*mesh) assert_int_equal(spmd_fsdp_wrap(*g, *mesh, "fsdp", in, 2, NULL), SPMD_OK);
+    spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f};
+    spmd_trainer *tr = spmd_trainer_create(
+        *g, t->loss, &(spmd_trainer_options){.optimizer = opt, .compile = {.seed = 9, .threads = 2}});
+    if (!tr) fail_msg("trainer: %s", spmd_last_error());
+    return tr;
+}
+
+/* The backward ops that read a kept activation read it in bf16, in the
+ * program each device runs; every bf16 value there is read only where
+ * the policy says a kernel takes bf16 (ir_op_reads_bf16) or moves it. */
+static void check_kept_bf16(const spmd_graph *local, const bool *needed)
+{
+    int kept = 0;
+    for (int i = 0; i < local->n_nodes; i++) {
+        const spmd_tensor *t = local->nodes[i];
+        if (!needed[i]) continue;
+        int wide = 0;
+        switch (t->op) {
+        case IR_LAYERNORM_BACKWARD:
+        case IR_LAYERNORM_XHAT:
+        case IR_GELU_BACKWARD: wide = 1; break;
+        case IR_ATTENTION_BACKWARD: wide = 3; break;
+        default: break;
+        }
+        for (int j = 0; j < wide; j++) {
+            if (t->in[j]->dtype != SPMD_BF16)
+                fail_msg("%s node %d reads operand %d in %s, not bf16", ir_op_name(t->op), i, j,
+                         spmd_dtype_name(t->in[j]->dtype));
+            kept++;
+        }
+        for (int j = 0; j < t->n_in; j++)
+            if (t->in[j]->dtype == SPMD_BF16 && !ir_op_reads_bf16(t->op, j) &&
+                t->op != IR_CONVERT && t->op != IR_RESHAPE && t->op != IR_SLICE &&
+                t->op != IR_ALL_GATHER && t->op != IR_SHARDING_CONSTRAINT)
+                fail_msg("%s node %d reads bf16 operand %d", ir_op_name(t->op), i, j);
+    }
+    /* Per block: two layernorms (backward and xhat each), gelu, attention's q, k, v;
+     * and the final layernorm. */
+    assert_int_equal(kept, CFG.layers * (2 * 2 + 1 + 3) + 2);
+}
+
+/* The policy (ir/autocast.c) as planned: on one device and on 4x2 (FSDP)
+ * the backward ops read the kept bf16 copies; on one device, the only f32
+ * activation the backward pass reads is the logits (the loss stays f32). */
+static void test_kept_values_are_bf16(void **state)
+{
+    (void)state;
+    const char *shapes[] = {"", "4x2"};
+    for (int m = 0; m < 2; m++) {
+        spmd_graph *g;
+        spmd_gpt_tensors t;
+        spmd_mesh *mesh;
+        spmd_trainer *tr = trainer(&CFG, BATCH, SPMD_BF16, shapes[m], &g, &t, &mesh);
+        const compiled *c = executor_compiled(spmd_trainer_program(tr));
+        check_kept_bf16(c->local, c->plan.needed);
+        if (!*shapes[m]) {
+            int f32_read = 0;
+            for (int i = g->backward_begin; i < g->backward_end; i++) {
+                const spmd_tensor *n = g->nodes[i];
+                for (int j = 0; j < n->n_in; j++) {
+                    const spmd_tensor *x = n->in[j];
+                    if (x->id >= g->backward_begin || ir_op_is_leaf(x->op) || x->dtype != SPMD_F32)
+                        continue;
+                    if (n->op != IR_CROSS_ENTROPY_BACKWARD || j != 0)
+                        fail_msg("backward %s node %d reads f32 forward %s node %d (%s)",
+                                 ir_op_name(n->op), i, ir_op_name(x->op), x->id,
+                                 x->name ? x->name : "unnamed");
+                    f32_read++;
+                }
+            }
+            assert_int_equal(f32_read, 1);
+        }
+        spmd_trainer_free(tr);
+        spmd_graph_free(g);
+        spmd_mesh_free(mesh);
+    }
+}
+
+/* What the forward pass keeps for the backward is 2 bytes an element: the
+ * held bytes (all in all, the logits and the loss included) of a GPT whose
+ * arena is activations (a long sequence, a small vocabulary) shrink by
+ * more than a third, and so does the planned arena at its peak; the
+ * parameters' copies aside, nothing grows on 4x2. */
+static void test_bf16_holds_less(void **state)
+{
+    (void)state;
+    const spmd_gpt_config cfg = {.vocab = 64, .seq = 128, .layers = 4, .heads = 2, .dim = 64};
+    const char *shapes[] = {"", "4x2"};
+    for (int m = 0; m < 2; m++) {
+        size_t held[2], arena[2];
+        for (int k = 0; k < 2; k++) {
+            spmd_graph *g;
+            spmd_gpt_tensors t;
+            spmd_mesh *mesh;
+            spmd_trainer *tr = trainer(&cfg, 16, k ? SPMD_BF16 : SPMD_F32, shapes[m], &g, &t, &mesh);
+            spmd_program *p = spmd_trainer_program(tr);
+            held[k] = spmd_program_held_bytes(p);
+            arena[k] = spmd_program_arena_bytes(p);
+            spmd_trainer_free(tr);
+            spmd_graph_free(g);
+            spmd_mesh_free(mesh);
+        }
+        print_message("mesh %s: held %zu -> %zu bytes, arena %zu -> %zu\n", *shapes[m] ? shapes[m] : "1",
+                      held[0], held[1], arena[0], arena[1]);
+        assert_true(held[0] > 0);
+        if (!(3 * held[1] <= 2 * held[0]) || !(3 * arena[1] <= 2 * arena[0]))
+            fail_msg("mesh %s: bf16 holds %zu of f32's %zu bytes, arena %zu of %zu",
+                     *shapes[m] ? shapes[m] : "1", held[1], held[0], arena[1], arena[0]);
+    }
+}
+
+/* One step's gradients in bf16 follow the f32 ones within bf16's
+ * rounding: each parameter's gradient within 5% of the f32 one's norm
+ * (operands and kept activations rounded to 8 bits, about 4e-3 each),
+ * the gradients' global norm within 1%. */
+static void test_bf16_gradients_follow_f32(void **state)
+{
+    (void)state;
+    float *grads[2] = {NULL, NULL};
+    int64_t offsets[64];
+    int n_params = 0;
+    int64_t total = 0;
+    for (int k = 0; k < 2; k++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        assert_int_equal(spmd_graph_set_matmul_precision(g, k ? SPMD_BF16 : SPMD_F32), SPMD_OK);
+        spmd_gpt_tensors t;
+        assert_int_equal(spmd_gpt_build(g, &CFG, BATCH, &t), SPMD_OK);
+        assert_int_equal(spmd_grad(g, t.loss), SPMD_OK);
+        spmd_tensor *params[64];
+        int np = 0;
+        total = 0;
+        for (int i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i]->op == IR_PARAM) {
+                assert_true(np < 64);
+                params[np] = g->nodes[i];
+                offsets[np++] = total;
+                total += spmd_tensor_numel(g->nodes[i]);
+                assert_int_equal(spmd_graph_mark_output(g, spmd_tensor_grad(params[np - 1])), SPMD_OK);
+            }
+        n_params = np;
+        spmd_program *p = spmd_compile(g, &(spmd_compile_options){.threads = 2, .seed = 9});
+        if (!p) fail_msg("compile: %s", spmd_last_error());
+        int32_t ids[BATCH * SEQ], tg[BATCH * SEQ];
+        assert_int_equal(spmd_data_sequences(5, 0, BATCH, SEQ, VOCAB, ids, tg), SPMD_OK);
+        assert_int_equal(spmd_program_set_input(p, t.input, ids, sizeof ids), SPMD_OK);
+        assert_int_equal(spmd_program_set_input(p, t.targets, tg, sizeof tg), SPMD_OK);
+        assert_int_equal(spmd_program_run(p), SPMD_OK);
+        grads[k] = malloc((size_t)total * sizeof(float));
+        for (int i = 0; i < np; i++)
+            assert_int_equal(spmd_program_read(p, spmd_tensor_grad(params[i]), grads[k] + offsets[i],
+                                               (size_t)spmd_tensor_numel(params[i]) * sizeof(float)),
+                             SPMD_OK);
+        spmd_program_free(p);
+        spmd_graph_free(g);
+    }
+    double all_d = 0, all_n = 0, worst = 0;
+    for (int i = 0; i < n_params; i++) {
+        int64_t end = i + 1 < n_params ? offsets[i + 1] : total;
+        double d = 0, n = 0;
+        for (int64_t e = offsets[i]; e < end; e++) {
+            double x = grads[1][e] - grads[0][e];
+            d += x * x;
+            n += (double)grads[0][e] * grads[0][e];
+        }
+        all_d += d, all_n += n;
+        if (n > 0) worst = fmax(worst, sqrt(d / n));
+    }
+    print_message("gradients: %.3g of the f32 norm apart, the worst parameter %.3g\n",
+                  sqrt(all_d / all_n), worst);
+    assert_true(all_d > 0); /* bf16 did round something */
+    assert_true(sqrt(all_d / all_n) < 1e-2);
+    assert_true(worst < 5e-2);
+    free(grads[0]);
+    free(grads[1]);
+}
+
 /* bf16 where no kernel computes it is refused, naming the op. */
 static void test_refusals(void **state)
 {
@@ -243,6 +452,9 @@ int main(void)
         cmocka_unit_test(test_bf16_follows_f32),
         cmocka_unit_test(test_bf16_meshes_follow_one_device),
         cmocka_unit_test(test_bf16_reduction),
+        cmocka_unit_test(test_kept_values_are_bf16),
+        cmocka_unit_test(test_bf16_holds_less),
+        cmocka_unit_test(test_bf16_gradients_follow_f32),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -358,6 +358,11 @@ SPMD_API spmd_status spmd_program_read_copy(const spmd_program *p, int copy,
 SPMD_API size_t spmd_program_peak_bytes(const spmd_program *p);
 SPMD_API size_t spmd_program_persistent_bytes(const spmd_program *p);
 SPMD_API size_t spmd_program_arena_bytes(const spmd_program *p);
+/* Of the arena, the bytes live as the backward pass begins: the
+ * activations the forward pass keeps for the backward (2 bytes an element
+ * where mixed precision keeps them in bf16), and the loss; 0 for a
+ * program without a backward pass. */
+SPMD_API size_t spmd_program_held_bytes(const spmd_program *p);
 /* Devices the program runs on: the mesh size of the graph's sharding
  * marks, or 1.  Memory figures above are per device. */
 SPMD_API int spmd_program_devices(const spmd_program *p);

@@ -34,20 +34,21 @@ static bool moves_bf16(ir_op op)
 }
 
 /* bf16 only where a kernel takes it: made by convert, moved by the ops
- * above, read by matmul and bmm (summed in f32).  Everything else
- * computes f32: a bf16 value elsewhere (a sum over bf16 addends, a
- * user's bf16 input) is refused, naming the op. */
+ * above, read by matmul and bmm (summed in f32) and by the backward ops
+ * that widen a kept activation (ir_op_reads_bf16, ir/autocast.c).
+ * Everything else computes f32: a bf16 value elsewhere (a sum over bf16
+ * addends, a user's bf16 input) is refused, naming the op. */
 static spmd_status check_dtypes(const spmd_graph *g)
 {
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
-        bool reads = t->op == IR_MATMUL || t->op == IR_BMM || moves_bf16(t->op);
         for (int j = 0; j < t->n_in; j++)
-            if (t->in[j]->dtype == SPMD_BF16 && !reads)
+            if (t->in[j]->dtype == SPMD_BF16 && !moves_bf16(t->op) && !ir_op_reads_bf16(t->op, j))
                 return base_error(SPMD_ERR_UNSUPPORTED,
-                                  "compile: %s node %d reads bf16; only convert, matmul, bmm and "
-                                  "the ops that move values take bf16",
-                                  ir_op_name(t->op), i);
+                                  "compile: %s node %d reads bf16 (operand %d); only convert, "
+                                  "matmul, bmm, the ops that move values and the backward ops "
+                                  "that read a kept activation take bf16",
+                                  ir_op_name(t->op), i, j);
         if (t->dtype == SPMD_BF16 && !moves_bf16(t->op))
             return base_error(SPMD_ERR_UNSUPPORTED,
                               "compile: %s node %d is bf16; only convert makes bf16 values "
@@ -93,14 +94,32 @@ static size_t scratch_attention(const spmd_tensor *t)
     return (size_t)COMPILE_ATTN_BLOCK * (size_t)t->in[0]->dims[1] * sizeof(float);
 }
 
-/* The forward's scores plus their gradients. */
-static size_t scratch_attention_backward(const spmd_tensor *t) { return 2 * scratch_attention(t); }
+/* The forward's scores plus their gradients; with bf16 q, k and v (kept
+ * under mixed precision, ir/autocast.c) also one head of each widened to
+ * f32, [T, C / heads] each. */
+static size_t scratch_attention_backward(const spmd_tensor *t)
+{
+    size_t n = 2 * scratch_attention(t);
+    if (t->n_in >= 3 && t->in[0]->rank == 3 && t->in[0]->dtype == SPMD_BF16 && t->attr.attention.heads > 0)
+        n += 3 * (size_t)t->in[0]->dims[1] * (size_t)(t->in[0]->dims[2] / t->attr.attention.heads) *
+             sizeof(float);
+    return n;
+}
 
 /* A block of query rows against every cached key. */
 static size_t scratch_cached_attention(const spmd_tensor *t)
 {
     if (t->n_in < 2 || t->in[1]->rank != 3) return 0;
     return (size_t)COMPILE_ATTN_BLOCK * (size_t)t->in[1]->dims[1] * sizeof(float);
+}
+
+/* A row of a bf16 operand 0 widened to f32 (layernorm's backward ops on
+ * a kept activation, ir/autocast.c). */
+static size_t scratch_widen_row(const spmd_tensor *t)
+{
+    const spmd_tensor *x = t->n_in > 0 ? t->in[0] : NULL;
+    if (!x || x->dtype != SPMD_BF16 || x->rank < 1) return 0;
+    return (size_t)x->dims[x->rank - 1] * sizeof(float);
 }
 
 /* Packed send and receive buffers (thread 0 only). */

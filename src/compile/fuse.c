@@ -60,7 +60,7 @@ static bool same_run(const builder *b, const spmd_tensor *x)
 static bool absorbable(const builder *b, const spmd_tensor *x)
 {
     return fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] && !b->taken[x->id] &&
-           b->uses[x->id] == 1 && same_dims(x, b->grp->root) && same_run(b, x);
+           b->uses[x->id] == 1 && same_dims(x, b->grp->domain) && same_run(b, x);
 }
 
 /* Whether x, read more than once, may be computed inside the group: the
@@ -70,7 +70,7 @@ static bool shareable(const builder *b, const spmd_tensor *x)
 {
     return b->share && fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] &&
            !b->taken[x->id] && b->uses[x->id] > 1 && b->uses[x->id] < PINNED &&
-           same_dims(x, b->grp->root) && same_run(b, x);
+           same_dims(x, b->grp->domain) && same_run(b, x);
 }
 
 /* x's step if it is a member already (a shared one met again), else -1. */
@@ -104,7 +104,20 @@ static bool storable(const builder *b, const spmd_tensor *x)
 {
     return fusible_op(x->op) && x->dtype == SPMD_F32 && b->needed[x->id] && !b->taken[x->id] &&
            !x->is_output && b->updates[x->id] == 1 && b->uses[x->id] == PINNED + 1 &&
-           same_dims(x, b->grp->root) && b->grp->n_stored < FUSE_MAX_STORED && same_run(b, x);
+           same_dims(x, b->grp->domain) && b->grp->n_stored < FUSE_MAX_STORED && same_run(b, x);
+}
+
+/* Whether t sums every element of its f32 operand into one: a root whose
+ * operand's chain may be fused (kern_sum adds such a sum in one run of
+ * KN_LANES double lanes, on one thread, which kern_fused repeats). */
+static bool sums_everything(const spmd_tensor *t)
+{
+    if (t->op != IR_SUM || t->dtype != SPMD_F32 || ir_numel(t) != 1) return false;
+    const spmd_tensor *x = t->in[0];
+    if (x->dtype != SPMD_F32) return false;
+    for (int d = 0; d < x->rank; d++)
+        if (x->dims[d] != 1 && !(t->attr.reduce.axes >> d & 1u)) return false;
+    return true;
 }
 
 /* Whether node t can be a member: each operand absorbable (checked again
@@ -113,7 +126,7 @@ static bool member_ok(const builder *b, const spmd_tensor *t)
 {
     if (!fusible_op(t->op) || t->dtype != SPMD_F32) return false;
     for (int j = 0; j < t->n_in; j++)
-        if (!absorbable(b, t->in[j]) && !trailing_block(t->in[j], b->grp->root)) return false;
+        if (!absorbable(b, t->in[j]) && !trailing_block(t->in[j], b->grp->domain)) return false;
     return true;
 }
 
@@ -195,21 +208,39 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed, con
         const spmd_tensor *t = g->nodes[i];
         if (!needed[i] || taken[i] || ir_op_is_leaf(t->op)) continue;
         memset(&grp, 0, sizeof grp);
-        grp.root = t;
+        grp.root = grp.domain = t;
         builder b = {.g = g, .needed = needed, .micro = micro, .uses = uses, .updates = updates,
                      .taken = taken, .grp = &grp};
-        if (!member_ok(&b, t)) continue;
-        /* First with members read several times; if one of their readers
-         * stays outside, again without. */
-        b.share = true;
-        add_member(&b, t);
-        if (!b.full && !all_readers_inside(&b)) {
-            for (int k = 0; k < grp.n_steps; k++) taken[b.member_id[k]] = false;
-            memset(&grp, 0, sizeof grp);
-            grp.root = t;
-            b = (builder){.g = g, .needed = needed, .micro = micro, .uses = uses,
-                          .updates = updates, .taken = taken, .grp = &grp};
+        if (sums_everything(t)) {
+            /* A sum root: its operand's chain, then the sum. */
+            grp.domain = t->in[0];
+            grp.sum = true;
+            if (!absorbable(&b, t->in[0]) || !member_ok(&b, t->in[0])) continue;
+            taken[i] = true;
+            b.pending = 1; /* the sum's own step, after its members */
+            int src = add_member(&b, t->in[0]);
+            b.pending = 0;
+            if (b.full) {
+                for (int k = 0; k < grp.n_steps; k++) taken[b.member_id[k]] = false;
+                continue;
+            }
+            b.member_id[grp.n_steps] = i;
+            grp.steps[grp.n_steps++] = (fuse_step){.op = t->op, .src = {(int8_t)src, 0, 0}, .stored = -1};
+        } else if (!member_ok(&b, t)) {
+            continue;
+        } else {
+            /* First with members read several times; if one of their
+             * readers stays outside, again without. */
+            b.share = true;
             add_member(&b, t);
+            if (!b.full && !all_readers_inside(&b)) {
+                for (int k = 0; k < grp.n_steps; k++) taken[b.member_id[k]] = false;
+                memset(&grp, 0, sizeof grp);
+                grp.root = grp.domain = t;
+                b = (builder){.g = g, .needed = needed, .micro = micro, .uses = uses,
+                              .updates = updates, .taken = taken, .grp = &grp};
+                add_member(&b, t);
+            }
         }
         if (b.full || grp.n_steps < 2) {
             /* Not a group: its would-be members run on their own. */

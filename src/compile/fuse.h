@@ -31,11 +31,18 @@ typedef struct fuse_step {
 
 typedef struct fuse_group {
     const spmd_tensor *root;
+    /* The elements the members compute: the root itself, or, for a sum
+     * root (`sum`), its operand.  A sum root adds up every element of its
+     * operand into one (a scalar: the gradient norm's sums of squares),
+     * on one thread in kern_sum's order, so its operand chain is computed
+     * block by block and never written. */
+    const spmd_tensor *domain;
+    bool sum;
     int n_steps;                         /* members, in topological order; the last is the root */
     fuse_step steps[FUSE_MAX_MEMBERS];
     int n_in;                            /* external inputs */
     const spmd_tensor *in[IR_MAX_INPUTS];
-    int64_t in_numel[IR_MAX_INPUTS];     /* the root's numel, or a trailing block of it (broadcast) */
+    int64_t in_numel[IR_MAX_INPUTS];     /* the domain's numel, or a trailing block of it (broadcast) */
     int n_stored;                        /* members written besides the root */
     const spmd_tensor *stored[FUSE_MAX_STORED];
 } fuse_group;

@@ -39,6 +39,7 @@ typedef struct freelist {
     int unused;    /* first slot released for reuse, chained through child[0][0]; -1: none */
     int64_t end;   /* current arena size */
     uint64_t visits; /* free blocks looked at, for plan_free_block_visits */
+    int64_t live;    /* bytes taken and not given back */
 } freelist;
 
 #define LEFT(f, o, i) ((f)->slots[i].child[o][0])
@@ -139,6 +140,7 @@ static void drop_block(freelist *f, int k)
  * that touches the end, so the arena does not grow needlessly). */
 static int64_t take(freelist *f, int64_t size)
 {
+    f->live += size;
     int best = -1;
     for (int t = f->root[BY_SIZE]; t >= 0; f->visits++) {
         if (f->slots[t].size >= size) best = t, t = LEFT(f, BY_SIZE, t);
@@ -177,6 +179,7 @@ static int64_t take(freelist *f, int64_t size)
 /* Release [offset, offset + size), merged with the free blocks it touches. */
 static void give(freelist *f, int64_t offset, int64_t size)
 {
+    f->live -= size;
     int prev = -1, next = -1;
     for (int t = f->root[BY_OFFSET]; t >= 0; f->visits++) {
         if (f->slots[t].offset < offset) prev = t, t = RIGHT(f, BY_OFFSET, t);
@@ -613,7 +616,14 @@ static spmd_status place_overlapped(plan *p, const spmd_graph *g, const fusion *
             head[last[i]] = i;
         }
         int k = 0;
+        bool held = false;
         for (int s = 0; s < ns; s++) {
+            /* The backward pass begins at its first step (reordering moves
+             * only backward steps, among themselves). */
+            if (!held && g->backward_begin > 0 && p->steps[s]->id >= g->backward_begin) {
+                p->held_bytes = (size_t)f->live;
+                held = true;
+            }
             for (; k < p->n_async && p->start_at[k] == s; k++) {
                 const spmd_tensor *c = p->steps[p->async_step[k]];
                 if (!p->swapped[c->id]) p->offset[c->id] = take(f, round_up((int64_t)ir_nbytes(c)));
@@ -718,6 +728,7 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
          * definition, release storages whose last reader is this node. */
         for (int i = 0; i < n; i++) {
             const spmd_tensor *t = g->nodes[i];
+            if (i == g->backward_begin && i > 0) p->held_bytes = (size_t)f.live;
             if (!p->needed[i] || ir_op_is_leaf(t->op)) continue;
             int s = p->storage[i];
             /* A value in a buffer of its own, or its target's, takes no

@@ -47,6 +47,10 @@ typedef struct plan {
     int overlap_depth;     /* at most this many in flight at once; 0: none */
     size_t serial_arena_bytes; /* the arena with every collective a step of its own */
     size_t inflight_bytes; /* most operand and result bytes in flight at once */
+    /* Arena bytes live as the backward pass begins (the graph's
+     * backward_begin; 0 without one): the activations the forward pass
+     * keeps for the backward, and the loss. */
+    size_t held_bytes;
 } plan;
 
 /* Collectives in flight at once, by default: the next layer's all-gather

@@ -208,7 +208,7 @@ static spmd_status vjp_tanh(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd
 #define DEFINE_HELPER_VJP(NAME, HELPER)                                                         \
     static spmd_status NAME(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)   \
     {                                                                                           \
-        dx[0] = HELPER(g, t->in[0], dy);                                                        \
+        dx[0] = HELPER(g, ir_autocast_saved(g, t->in[0]), dy); /* x as kept (autocast.c) */    \
         return done(t, dx);                                                                     \
     }
 
@@ -325,7 +325,8 @@ static spmd_status vjp_log_softmax(spmd_graph *g, spmd_tensor *t, spmd_tensor *d
 static spmd_status vjp_layernorm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
                                  spmd_tensor **dx)
 {
-    spmd_tensor *x = t->in[0], *gamma = t->in[1], *beta = t->in[2];
+    spmd_tensor *gamma = t->in[1], *beta = t->in[2];
+    spmd_tensor *x = ir_autocast_saved(g, t->in[0]); /* bf16 under mixed precision */
     float eps = t->attr.norm.eps;
     if (wants(t, 0)) dx[0] = ir_layernorm_backward(g, x, gamma, dy, eps);
     if (wants(t, 1))
@@ -410,7 +411,10 @@ static spmd_status vjp_bmm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_
 static spmd_status vjp_attention(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
                                  spmd_tensor **dx)
 {
-    spmd_tensor *all = ir_attention_backward(g, t->in[0], t->in[1], t->in[2], dy,
+    /* q, k and v as kept: bf16 copies under mixed precision. */
+    spmd_tensor *all = ir_attention_backward(g, ir_autocast_saved(g, t->in[0]),
+                                             ir_autocast_saved(g, t->in[1]),
+                                             ir_autocast_saved(g, t->in[2]), dy,
                                              t->attr.attention.heads);
     for (int i = 0; i < 3; i++) {
         if (!wants(t, i)) continue;

@@ -119,6 +119,15 @@ static spmd_tensor *unary(spmd_graph *g, ir_op op, spmd_tensor *x)
     return ir_node_new(g, op, SPMD_F32, x->rank, x->dims, &x, 1);
 }
 
+/* An activation function: its backward helper reads x, kept in bf16
+ * under mixed precision (autocast.c). */
+static spmd_tensor *activation(spmd_graph *g, ir_op op, spmd_tensor *x)
+{
+    spmd_tensor *t = unary(g, op, x);
+    if (t) ir_autocast_keep(g, x);
+    return t;
+}
+
 spmd_tensor *spmd_scale(spmd_graph *g, spmd_tensor *x, float c)
 {
     spmd_tensor *t = unary(g, IR_SCALE, x);
@@ -130,12 +139,12 @@ spmd_tensor *spmd_neg(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_NEG, x
 spmd_tensor *spmd_exp(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_EXP, x); }
 spmd_tensor *spmd_log(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_LOG, x); }
 spmd_tensor *spmd_tanh(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_TANH, x); }
-spmd_tensor *spmd_gelu(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_GELU, x); }
-spmd_tensor *spmd_relu(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_RELU, x); }
+spmd_tensor *spmd_gelu(spmd_graph *g, spmd_tensor *x) { return activation(g, IR_GELU, x); }
+spmd_tensor *spmd_relu(spmd_graph *g, spmd_tensor *x) { return activation(g, IR_RELU, x); }
 spmd_tensor *spmd_sqrt(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_SQRT, x); }
 spmd_tensor *spmd_rsqrt(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_RSQRT, x); }
-spmd_tensor *spmd_gelu_erf(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_GELU_ERF, x); }
-spmd_tensor *spmd_silu(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_SILU, x); }
+spmd_tensor *spmd_gelu_erf(spmd_graph *g, spmd_tensor *x) { return activation(g, IR_GELU_ERF, x); }
+spmd_tensor *spmd_silu(spmd_graph *g, spmd_tensor *x) { return activation(g, IR_SILU, x); }
 spmd_tensor *spmd_sigmoid(spmd_graph *g, spmd_tensor *x) { return unary(g, IR_SIGMOID, x); }
 
 spmd_tensor *spmd_pow_scalar(spmd_graph *g, spmd_tensor *x, float p)
@@ -332,13 +341,19 @@ spmd_tensor *spmd_layernorm(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma,
         return NULL;
     }
     spmd_tensor *t = ir_node_new(g, IR_LAYERNORM, SPMD_F32, x->rank, x->dims, in, 3);
-    if (t) t->attr.norm.eps = eps;
+    if (t) {
+        t->attr.norm.eps = eps;
+        ir_autocast_keep(g, x); /* for its backward, under mixed precision */
+    }
     return t;
 }
 
+/* x f32, or a bf16 copy kept for the backward pass (autocast.c). */
 spmd_tensor *ir_layernorm_xhat(spmd_graph *g, spmd_tensor *x, float eps)
 {
-    spmd_tensor *t = rowwise(g, IR_LAYERNORM_XHAT, x);
+    if (any_null(g, "layernorm_xhat", &x, 1) || !want_float(g, "layernorm_xhat", x)) return NULL;
+    if (x->rank < 1) return fail_shape1(g, "layernorm_xhat", "needs rank >= 1", x);
+    spmd_tensor *t = ir_node_new(g, IR_LAYERNORM_XHAT, SPMD_F32, x->rank, x->dims, &x, 1);
     if (t) t->attr.norm.eps = eps;
     return t;
 }
@@ -512,7 +527,10 @@ spmd_tensor *spmd_attention(spmd_graph *g, spmd_tensor *q, spmd_tensor *k, spmd_
     if (any_null(g, "attention", in, 3)) return NULL;
     if (!check_qkv(g, "attention", q, k, v, heads)) return NULL;
     spmd_tensor *t = ir_node_new(g, IR_ATTENTION, SPMD_F32, 3, q->dims, in, 3);
-    if (t) t->attr.attention.heads = heads;
+    if (t) {
+        t->attr.attention.heads = heads;
+        for (int i = 0; i < 3; i++) ir_autocast_keep(g, in[i]); /* for its backward */
+    }
     return t;
 }
 

@@ -196,6 +196,15 @@ void ir_signature_format(const ir_dimsig *sig, char *buf, size_t size);
 const char *ir_op_name(ir_op op);
 int ir_op_arity(ir_op op);
 bool ir_op_is_leaf(ir_op op);
+/* Mixed precision's policy (autocast.c): whether op's kernel reads
+ * operand `operand` in bf16 (matmul and bmm; the backward ops that widen
+ * a kept activation); the forward builders' call that keeps x's bf16
+ * copy for the backward pass (under bf16 precision, x computed and f32);
+ * and the value the backward pass reads for forward value x (its kept
+ * copy, else x). */
+bool ir_op_reads_bf16(ir_op op, int operand);
+void ir_autocast_keep(spmd_graph *g, spmd_tensor *x);
+spmd_tensor *ir_autocast_saved(const spmd_graph *g, spmd_tensor *x);
 /* A parameter's bf16 copy (mixed precision): what FSDP gathers like the
  * parameter, and what the backward pass makes again (autodiff.c). */
 bool ir_is_param_copy(const spmd_tensor *t);

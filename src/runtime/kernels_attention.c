@@ -12,6 +12,7 @@
  */
 #include "runtime/kernels_ops.h"
 
+#include "base/bf16.h"
 #include "runtime/gemm.h"
 
 #include <math.h>
@@ -47,13 +48,14 @@ static bool gemm_ok(const kern_args *a, spmd_status st)
 }
 
 /* Scores of query rows [t0, t1) against keys [0, t1) as probabilities:
- * p [t1 - t0, t1] with row stride ldp, zero above the diagonal. */
-static spmd_status attn_probs(const attn_dims *d, const float *qh, const float *kh, int64_t t0,
-                              int64_t t1, float *p, int64_t ldp)
+ * p [t1 - t0, t1] with row stride ldp, zero above the diagonal; q's and
+ * k's rows ld apart. */
+static spmd_status attn_probs(const attn_dims *d, const float *qh, const float *kh, int64_t ld,
+                              int64_t t0, int64_t t1, float *p, int64_t ldp)
 {
     const int64_t rows = t1 - t0;
-    spmd_status st = gemm_f32(false, true, rows, t1, d->D, d->scale, qh + t0 * d->C, d->C, kh,
-                              d->C, 0.0f, p, ldp);
+    spmd_status st = gemm_f32(false, true, rows, t1, d->D, d->scale, qh + t0 * ld, ld, kh,
+                              ld, 0.0f, p, ldp);
     if (st != SPMD_OK) return st;
     for (int64_t i = 0; i < rows; i++) {
         float *pr = p + i * ldp;
@@ -82,11 +84,18 @@ void kern_attention(const kern_args *a)
         int64_t bi = bh / d.H, h = bh % d.H;
         int64_t t0 = blk * KN_ATTN_BLOCK, t1 = kn_min(d.T, t0 + KN_ATTN_BLOCK);
         int64_t off = bi * d.T * d.C + h * d.D; /* head h of batch bi, row 0 */
-        if (!gemm_ok(a, attn_probs(&d, q + off, k + off, t0, t1, p, d.T)) ||
+        if (!gemm_ok(a, attn_probs(&d, q + off, k + off, d.C, t0, t1, p, d.T)) ||
             !gemm_ok(a, gemm_f32(false, false, t1 - t0, d.D, t1, 1.0f, p, d.T, v + off, d.C,
                                  0.0f, out + off + t0 * d.C, d.C)))
             return;
     }
+}
+
+/* Head h of bf16 x [B, T, C] at `off` (its row 0), widened exactly into
+ * w [T, D]. */
+static void widen_head(const attn_dims *d, const bf16_bits *x, int64_t off, float *w)
+{
+    for (int64_t t = 0; t < d->T; t++) bf16_to_f32_n(w + t * d->D, x + off + t * d->C, (size_t)d->D);
 }
 
 /* (q, k, v, dout [B, T, C]) -> [3, B, T, C] = dq, dk, dv.  Per query block,
@@ -95,29 +104,45 @@ void kern_attention(const kern_args *a)
  *   dQ  = dS K / sqrt(D),  dK += dS^T Q / sqrt(D).
  * dK and dV of a head sum over all query blocks, so a work item is a whole
  * (b, h); its blocks run last to first: the last block touches every key,
- * so it initialises dK, dV (beta 0) and the others accumulate (beta 1). */
+ * so it initialises dK, dV (beta 0) and the others accumulate (beta 1).
+ * q, k and v may be bf16 (kept so under mixed precision, ir/autocast.c):
+ * a work item then widens its head of each into scratch ([T, D], rows D
+ * apart) and computes in f32 as from f32 operands. */
 void kern_attention_backward(const kern_args *a)
 {
     attn_dims d;
     if (!attn_dims_get(a->node, &d)) return;
-    const float *q = a->in[0], *k = a->in[1], *v = a->in[2], *dout = a->in[3];
+    const bool narrow = a->node->in[0]->dtype == SPMD_BF16;
+    const float *dout = a->in[3];
     const int64_t n = d.B * d.T * d.C;
     float *dq = a->out, *dk = dq + n, *dv = dq + 2 * n;
     float *p = a->scratch;                  /* [KN_ATTN_BLOCK, T] */
     float *ds = p + KN_ATTN_BLOCK * d.T;    /* [KN_ATTN_BLOCK, T] */
+    float *wide = ds + KN_ATTN_BLOCK * d.T; /* bf16 operands: q, k, v heads [T, D] */
     int64_t b, e;
     kern_split(d.B * d.H, a->ith, a->nth, 1, &b, &e);
     for (int64_t bh = b; bh < e; bh++) {
         int64_t bi = bh / d.H, h = bh % d.H;
         int64_t off = bi * d.T * d.C + h * d.D;
+        /* The head's q, k, v at qh, kh, vh, rows ld apart. */
+        const float *qh, *kh, *vh;
+        int64_t ld;
+        if (narrow) {
+            float *w = wide;
+            for (int i = 0; i < 3; i++) widen_head(&d, a->in[i], off, w + i * d.T * d.D);
+            qh = w, kh = w + d.T * d.D, vh = w + 2 * d.T * d.D, ld = d.D;
+        } else {
+            qh = (const float *)a->in[0] + off, kh = (const float *)a->in[1] + off;
+            vh = (const float *)a->in[2] + off, ld = d.C;
+        }
         for (int64_t blk = d.nblk - 1; blk >= 0; blk--) {
             const int64_t t0 = blk * KN_ATTN_BLOCK, t1 = kn_min(d.T, t0 + KN_ATTN_BLOCK);
             const int64_t rows = t1 - t0;
             const float beta = blk == d.nblk - 1 ? 0.0f : 1.0f;
-            const float *qb = q + off + t0 * d.C, *dob = dout + off + t0 * d.C;
+            const float *qb = qh + t0 * ld, *dob = dout + off + t0 * d.C;
             /* dP [rows, t1] = dO_blk V^T, turned into dS row by row. */
-            if (!gemm_ok(a, attn_probs(&d, q + off, k + off, t0, t1, p, d.T)) ||
-                !gemm_ok(a, gemm_f32(false, true, rows, t1, d.D, 1.0f, dob, d.C, v + off, d.C,
+            if (!gemm_ok(a, attn_probs(&d, qh, kh, ld, t0, t1, p, d.T)) ||
+                !gemm_ok(a, gemm_f32(false, true, rows, t1, d.D, 1.0f, dob, d.C, vh, ld,
                                      0.0f, ds, d.T)))
                 return;
             for (int64_t i = 0; i < rows; i++) {
@@ -136,10 +161,10 @@ void kern_attention_backward(const kern_args *a)
             }
             if (!gemm_ok(a, gemm_f32(true, false, t1, d.D, rows, 1.0f, p, d.T, dob, d.C, beta,
                                      dv + off, d.C)) ||
-                !gemm_ok(a, gemm_f32(true, false, t1, d.D, rows, d.scale, ds, d.T, qb, d.C,
+                !gemm_ok(a, gemm_f32(true, false, t1, d.D, rows, d.scale, ds, d.T, qb, ld,
                                      beta, dk + off, d.C)) ||
-                !gemm_ok(a, gemm_f32(false, false, rows, d.D, t1, d.scale, ds, d.T, k + off,
-                                     d.C, 0.0f, dq + off + t0 * d.C, d.C)))
+                !gemm_ok(a, gemm_f32(false, false, rows, d.D, t1, d.scale, ds, d.T, kh,
+                                     ld, 0.0f, dq + off + t0 * d.C, d.C)))
                 return;
         }
     }

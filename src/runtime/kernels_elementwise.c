@@ -272,15 +272,21 @@ DEFINE_UNARY_KERNEL(kern_sigmoid, ew_SIGMOID)
 DEFINE_UNARY_KERNEL(kern_pow_scalar, ew_POW_SCALAR)
 
 /* Backward helpers: (x [..], dy [..]) -> dx [..] = F(x, dy), F the op's
- * formula. */
+ * formula.  x may be bf16 (an activation kept in bf16 under mixed
+ * precision, ir/autocast.c): each element is widened exactly. */
 #define DEFINE_GRAD_KERNEL(NAME, F)                                                  \
     void NAME(const kern_args *a)                                                    \
     {                                                                                \
         int64_t b, e;                                                                \
         kern_split(kn_numel(a->node), a->ith, a->nth, EW_ALIGN, &b, &e);             \
-        const float *restrict xs = a->in[0];                                         \
         const float *restrict dys = a->in[1];                                        \
         float *restrict out = a->out;                                                \
+        if (a->node->in[0]->dtype == SPMD_BF16) {                                    \
+            const bf16_bits *restrict xh = a->in[0];                                 \
+            for (int64_t i = b; i < e; i++) out[i] = F(bf16_to_f32(xh[i]), dys[i]);  \
+            return;                                                                  \
+        }                                                                            \
+        const float *restrict xs = a->in[0];                                         \
         for (int64_t i = b; i < e; i++) out[i] = F(xs[i], dys[i]);                   \
     }
 

@@ -32,7 +32,7 @@ static const float *operand(const kern_args *a, const fuse_group *g, const float
         *value = x[0];
         return NULL;
     }
-    if (nx == kn_numel(g->root)) return x + at;
+    if (nx == kn_numel(g->domain)) return x + at;
     /* A trailing block repeated: element i of the root reads i % nx. */
     for (int64_t i = 0, j = at % nx; i < n; i++) {
         spare[i] = x[j];
@@ -99,30 +99,53 @@ static bool run_step(const kern_args *a, const fuse_step *s, const float *restri
 #undef UNARY
 }
 
+/* Member k over elements [at, at + n) of the domain into o (and its
+ * stored memory); false when it failed the step. */
+static bool fused_member(const kern_args *a, const fuse_group *g, int k, const float *slots,
+                         float *spare, float *o, int64_t at, int64_t n)
+{
+    const fuse_step *s = &g->steps[k];
+    bool xs = false, ys = false, zs = false;
+    float xv = 0, yv = 0, zv = 0;
+    int arity = ir_op_formula_arity(s->op);
+    const float *x = operand(a, g, slots, s->src[0], at, n, spare, &xs, &xv);
+    const float *y = arity >= 2 ? operand(a, g, slots, s->src[1], at, n, spare + FUSE_BLOCK, &ys, &yv)
+                                : NULL;
+    const float *z = arity >= 3 ? operand(a, g, slots, s->src[2], at, n, spare + 2 * FUSE_BLOCK, &zs, &zv)
+                                : NULL;
+    if (!run_step(a, s, x, xs, xv, y, ys, yv, z, zs, zv, o, n)) return false;
+    if (s->stored >= 0) memcpy((float *)a->stored[s->stored] + at, o, (size_t)n * sizeof *o);
+    return true;
+}
+
 void kern_fused(const kern_args *a)
 {
     const fuse_group *g = a->fused;
     int64_t b, e;
-    kern_split(kn_numel(g->root), a->ith, a->nth, FUSED_ALIGN, &b, &e);
+    /* A sum root: thread 0 takes every element, as kern_sum reduces to one
+     * value; blocks of FUSE_BLOCK (a multiple of KN_LANES) keep each
+     * element in the lane kern_sum adds it to, so the sum has its bits. */
+    _Static_assert(FUSE_BLOCK % KN_LANES == 0, "a sum's blocks keep kern_sum's lanes");
+    if (g->sum) b = 0, e = a->ith == 0 ? kn_numel(g->domain) : 0;
+    else kern_split(kn_numel(g->domain), a->ith, a->nth, FUSED_ALIGN, &b, &e);
+    double acc[KN_LANES] = {0};
     float *slots = a->scratch;
     float *spare = slots + (size_t)g->n_steps * FUSE_BLOCK;
     float *out = a->out;
     for (int64_t at = b; at < e; at += FUSE_BLOCK) {
         int64_t n = kn_min(FUSE_BLOCK, e - at);
+        if (g->sum) {
+            const int last = g->n_steps - 1; /* the sum; the members before it */
+            for (int k = 0; k < last; k++)
+                if (!fused_member(a, g, k, slots, spare, slots + (size_t)k * FUSE_BLOCK, at, n)) return;
+            kn_lanes_add(acc, slots + (size_t)g->steps[last].src[0] * FUSE_BLOCK, n);
+            continue;
+        }
         for (int k = 0; k < g->n_steps; k++) {
-            const fuse_step *s = &g->steps[k];
-            bool xs = false, ys = false, zs = false;
-            float xv = 0, yv = 0, zv = 0;
-            int arity = ir_op_formula_arity(s->op);
-            const float *x = operand(a, g, slots, s->src[0], at, n, spare, &xs, &xv);
-            const float *y = arity >= 2 ? operand(a, g, slots, s->src[1], at, n, spare + FUSE_BLOCK, &ys, &yv)
-                                        : NULL;
-            const float *z = arity >= 3 ? operand(a, g, slots, s->src[2], at, n,
-                                                  spare + 2 * FUSE_BLOCK, &zs, &zv)
-                                        : NULL;
             float *o = k == g->n_steps - 1 ? out + at : slots + (size_t)k * FUSE_BLOCK;
-            if (!run_step(a, s, x, xs, xv, y, ys, yv, z, zs, zv, o, n)) return;
-            if (s->stored >= 0) memcpy((float *)a->stored[s->stored] + at, o, (size_t)n * sizeof *o);
+            if (!fused_member(a, g, k, slots, spare, o, at, n)) return;
         }
     }
+    /* kern_sum's division by the one element count it reduces into. */
+    if (g->sum && a->ith == 0) out[0] = (float)(kn_lanes_total(acc) / 1.0);
 }

@@ -6,6 +6,8 @@
  */
 #include "runtime/kernels_ops.h"
 
+#include "base/bf16.h"
+
 #include <math.h>
 
 /* Rows and row length of a [..., D] tensor (D of a rank-0 tensor is 1). */
@@ -86,6 +88,17 @@ void kern_layernorm(const kern_args *a)
     }
 }
 
+/* Row r of x [..., D] as f32: in place, or, for a bf16 x (an activation
+ * kept in bf16 under mixed precision, ir/autocast.c), widened exactly into
+ * the thread's scratch (D floats, compile's scratch_widen_row). */
+static const float *row_f32(const kern_args *a, int64_t r, int64_t d)
+{
+    if (a->node->in[0]->dtype != SPMD_BF16) return (const float *)a->in[0] + r * d;
+    float *w = a->scratch;
+    bf16_to_f32_n(w, (const bf16_bits *)a->in[0] + r * d, (size_t)d);
+    return w;
+}
+
 /* x [..., D] -> xhat = (x - mean) * rstd: the backward pass of layernorm
  * needs it for gamma's gradient (sum of dy * xhat). */
 void kern_layernorm_xhat(const kern_args *a)
@@ -95,7 +108,7 @@ void kern_layernorm_xhat(const kern_args *a)
     kern_split(rows, a->ith, a->nth, 1, &b, &e);
     const float eps = a->node->attr.norm.eps;
     for (int64_t r = b; r < e; r++) {
-        const float *restrict x = (const float *)a->in[0] + r * d;
+        const float *restrict x = row_f32(a, r, d);
         float *restrict y = (float *)a->out + r * d;
         float mu, rs;
         row_moments(x, d, eps, &mu, &rs);
@@ -113,7 +126,7 @@ void kern_layernorm_backward(const kern_args *a)
     const float eps = a->node->attr.norm.eps;
     const float *restrict gamma = a->in[1];
     for (int64_t r = b; r < e; r++) {
-        const float *restrict x = (const float *)a->in[0] + r * d;
+        const float *restrict x = row_f32(a, r, d);
         const float *restrict dy = (const float *)a->in[2] + r * d;
         float *restrict dx = (float *)a->out + r * d;
         float mu, rs;

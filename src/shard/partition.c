@@ -730,6 +730,9 @@ static spmd_status build(builder *b, const bool *needed)
     const spmd_graph *g = p->g;
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
+        /* Where the backward pass begins locally, for the memory plan's
+         * held bytes (plan.h). */
+        if (g->has_grad && i == g->backward_begin) p->local->backward_begin = p->local->n_nodes;
         if (needed && !needed[i] && !ir_op_is_leaf(t->op)) continue;
         b->node = i;
         spmd_status st = ir_op_is_leaf(t->op) ? emit_leaf(b, t) : emit_op(b, t);

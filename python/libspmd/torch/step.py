@@ -390,11 +390,14 @@ def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulatio
     the loss returned is the whole batch's.  With mixed_precision="bf16"
     every matmul (forward and backward) reads bf16 copies of its operands
     and sums in f32, as torch.autocast(dtype=torch.bfloat16) runs linear
-    layers; parameters, gradients and the optimizer stay f32, and FSDP
-    gathers the weights' bf16 copies.  With reduce_dtype="bf16" (FSDP2's
-    MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) the gradients'
-    reductions move bf16: each device's gradient rounded, the sum taken in
-    f32 and rounded once, widened for the f32 update; half the bytes."""
+    layers, and the activations the backward pass keeps (the inputs of
+    layernorms, activation functions and attention) are kept as bf16
+    copies; parameters, gradients, the loss and the optimizer stay f32,
+    and FSDP gathers the weights' bf16 copies.  With reduce_dtype="bf16"
+    (FSDP2's MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) the
+    gradients' reductions move bf16: each device's gradient rounded, the
+    sum taken in f32 and rounded once, widened for the f32 update; half
+    the bytes."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
     OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option
