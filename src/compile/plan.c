@@ -674,7 +674,7 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
         plan_free(p);
         return SPMD_ERR_NOMEM;
     }
-    freelist f = {slots, {-1, -1}, 0, -1, 0, 0};
+    freelist f = {slots, {-1, -1}, 0, -1, 0, 0, 0};
 
     plan_mark_needed(g, p->needed);
     for (int i = 0; fu && fu->absorbed && i < n; i++)
