@@ -242,6 +242,10 @@ static const flag_spec flag_specs[] = {
     {.name = "--trace", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace),
      .value = "FILE.json", .help = "write a timeline of the --trace-steps steps (every op and "
      "collective on every device) as trace events for Perfetto or chrome://tracing"},
+    {.name = "--trace", .commands = CMD_EXPLAIN, .kind = FLAG_TEXT, .offset = FIELD(trace),
+     .value = "FILE.json", .help = "read the timeline spmd train --trace wrote with these flags and "
+     "show each collective's measured time (median over the traced steps and devices) next to its "
+     "estimate"},
     {.name = "--trace-steps", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace_steps),
      .value = "A-B|N", .help = "the steps --trace records: A to B, or N after the first",
      .shown = "3"},
