@@ -44,9 +44,10 @@ typedef struct device {
     kern_device kd;
     coll_group **groups;      /* per spec */
     int *member;              /* per spec */
-    /* First failure of the current run, one word per step parity (see
-     * run_worker); at most one of them is set in a run. */
-    _Atomic int status[2];
+    /* First failure of the current run, one word per step parity and one
+     * for the steps thread 0 runs alone (see run_worker); at most one of
+     * them is set in a run. */
+    _Atomic int status[3];
     char message[512];
     /* While tracing: this run's row of trace.times, written by thread 0
      * only (see run_worker); NULL otherwise. */
@@ -508,6 +509,31 @@ static int64_t trace_clock(const spmd_program *p) { return clock_ns() - p->trace
 
 static size_t trace_stride(const spmd_program *p) { return 2 * (size_t)p->c.plan.n_steps + 3; }
 
+/* A step too small to share: the largest of its output and operands at
+ * most this many elements, or a scalar output (a reduction to one scalar
+ * runs on one thread anyway). */
+enum { SOLO_ELEMENTS = 16384 };
+
+/* Whether thread 0 runs step t alone (nth 1: every thread count gives the
+ * same bits, "Determinism"), so that a run of such steps needs no barrier
+ * between them: on a device of several threads each barrier is a hand-off
+ * that costs more than these steps' work (the optimizer's scalars, the
+ * norm's sums, small bias updates).  Collectives keep their barrier. */
+static bool solo_step(const spmd_tensor *t, const fuse_group *grp)
+{
+    if (t->op == IR_ALL_REDUCE || t->op == IR_ALL_GATHER || t->op == IR_REDUCE_SCATTER ||
+        t->op == IR_ALL_TO_ALL)
+        return false;
+    int64_t most = ir_numel(t);
+    if (most == 1) return true;
+    int n = grp ? grp->n_in : t->n_in;
+    for (int j = 0; j < n; j++) {
+        int64_t k = ir_numel(grp ? grp->in[j] : t->in[j]);
+        most = k > most ? k : most;
+    }
+    return most <= SOLO_ELEMENTS;
+}
+
 static void run_worker(void *ctx, int ith, int nth)
 {
     device *d = ctx;
@@ -521,11 +547,33 @@ static void run_worker(void *ctx, int ith, int nth)
     a.dev = p->c.partitioned ? &d->kd : NULL;
     int64_t *tr = ith == 0 ? d->trace_row : NULL; /* NULL: not tracing */
     if (tr) tr[0] = trace_clock(p);
-    for (int s = 0; s < p->c.plan.n_steps; s++) {
-        const spmd_tensor *t = p->c.plan.steps[s];
-        if (p->micro_run && !p->c.micro[t->id]) continue; /* the update waits for the last */
+    /* The last of a run of solo steps (thread 0's alone) since the last
+     * barrier, -1 for none: the barrier it owes comes before the next
+     * shared step, or at the end.  Solo steps report in status[2], which
+     * every thread reads after that barrier: no thread can be writing it
+     * for a later run of solo steps before they all passed the next
+     * barrier. */
+    int owed = -1;
+    for (int s = 0; s <= p->c.plan.n_steps; s++) {
+        const spmd_tensor *t = s < p->c.plan.n_steps ? p->c.plan.steps[s] : NULL;
+        if (t && p->micro_run && !p->c.micro[t->id]) continue; /* the update waits for the last */
         /* A fused group's root reads the group's inputs. */
-        const fuse_group *grp = fusion_group(&p->c.fusion, t);
+        const fuse_group *grp = t ? fusion_group(&p->c.fusion, t) : NULL;
+        bool solo = nth > 1 && t && solo_step(t, grp);
+        if (owed >= 0 && !solo) {
+            rt_pool_barrier(d->pool);
+            if (tr) tr[2 + 2 * owed] = trace_clock(p);
+            owed = -1;
+            if (atomic_load(&d->status[2]) != SPMD_OK) {
+                if (ith == 0 && p->world) coll_world_abort(p->world, d->message);
+                return;
+            }
+        }
+        if (!t) break;
+        if (solo) {
+            owed = s;
+            if (ith != 0 || atomic_load(&d->status[2]) != SPMD_OK) continue;
+        }
         a.node = t;
         a.fused = grp;
         if (grp) {
@@ -537,10 +585,15 @@ static void run_worker(void *ctx, int ith, int nth)
         /* Alternate status words: a fast thread failing step s+1 cannot be
          * seen by a slow thread still checking step s, so every thread of
          * the device stops at the same node. */
-        a.status = &d->status[s & 1];
+        a.status = &d->status[solo ? 2 : s & 1];
+        a.nth = solo ? 1 : nth;
         if (grp) kern_fused(&a);
         else kern_for(t->op)(&a);
         if (tr) tr[1 + 2 * s] = trace_clock(p);
+        if (solo) {
+            if (tr) tr[2 + 2 * s] = tr[1 + 2 * s]; /* no barrier: the next step goes on */
+            continue;
+        }
         rt_pool_barrier(d->pool);
         if (tr) tr[2 + 2 * s] = trace_clock(p);
         if (atomic_load(a.status) != SPMD_OK) {
@@ -607,7 +660,8 @@ static void device_update(void *ctx, int ith, int nth)
 static int device_status(const device *d)
 {
     int st = atomic_load(&d->status[0]);
-    return st ? st : atomic_load(&d->status[1]);
+    if (!st) st = atomic_load(&d->status[1]);
+    return st ? st : atomic_load(&d->status[2]);
 }
 
 static spmd_status check_runnable(const spmd_program *p, const char *what)
@@ -669,6 +723,7 @@ static spmd_status execute(spmd_program *p)
     for (int d = 0; d < p->n_local; d++) {
         atomic_store(&p->dev[d].status[0], SPMD_OK);
         atomic_store(&p->dev[d].status[1], SPMD_OK);
+        atomic_store(&p->dev[d].status[2], SPMD_OK);
         p->dev[d].message[0] = '\0';
         p->dev[d].trace_row = traced ? tr->times + ((size_t)tr->runs * (size_t)p->n_local +
                                                     (size_t)d) * trace_stride(p)
