@@ -174,7 +174,7 @@ int main(int argc, char **argv)
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
     printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
-    printf("%-42s %-22s %10s %10s %8s %8s\n", "workload", "mesh", "ms/step", "GFLOP/s", "/sgemm",
+    printf("%-42s %-26s %10s %10s %8s %8s\n", "workload", "mesh", "ms/step", "GFLOP/s", "/sgemm",
            "/mesh 1");
     for (int l = quick ? 1 : 0; l < 3; l++) {
         const workload *w = &loads[l];
@@ -186,6 +186,7 @@ int main(int argc, char **argv)
         double cube = sgemm_gflops(1024, 1024, 1024, threads, 5);
         if (cube > peak) peak = cube;
         double base = 0;
+        bool named = false; /* the workload's name on its first row shown */
         for (int k = 0; k < n_meshes[l]; k++) {
             const mesh_case *mc = &meshes[l][k];
             if (only_mesh && strcmp(only_mesh, mc->shape ? mc->shape : "1")) continue;
@@ -194,16 +195,17 @@ int main(int argc, char **argv)
             if (ms < 0) return 1;
             if (k == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
-            char mesh[32];
+            char mesh[48];
             snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
                      mc->zero_off ? " zero off" : "", mc->bf16 ? " bf16" : "");
             char ratio[16] = "-";
             if (base > 0) snprintf(ratio, sizeof ratio, "%.2f", ms / base);
-            printf("%-42s %-22s %10.1f %10.1f %8.2f %8s\n", k ? "" : w->name, mesh, ms, rate,
+            printf("%-42s %-26s %10.1f %10.1f %8.2f %8s\n", named ? "" : w->name, mesh, ms, rate,
                    rate / peak, ratio);
+            named = true;
             fflush(stdout);
         }
-        printf("%-42s %-22s %10s %10.1f\n", "", "(bare sgemm)", "", peak);
+        printf("%-42s %-26s %10s %10.1f\n", "", "(bare sgemm)", "", peak);
     }
     return 0;
 }
