@@ -9,8 +9,9 @@
  *   - a small GPT (4 layers, dim 256, vocab 512, seq 128), batch 8, on
  *     meshes 1, 2 'data', 4x2 'replica,fsdp', 8 'data';
  *
- * the replicated meshes also with the optimizer's state sharded (ZeRO,
- * spmd_optimizer.shard_state), and the GPTs on one device (and the small
+ * the replicated meshes by default (ZeRO: the optimizer's state and update
+ * sharded, spmd_optimizer.zero) and with ZeRO off (rows "zero off": every
+ * replica updates whole), and the GPTs on one device (and the small
  * one on 4x2) also with bf16 matmuls (spmd_graph_set_matmul_precision:
  * mixed precision, --precision bf16).
  *
@@ -19,11 +20,14 @@
  * bare sgemm rate on all threads and with the workload's one-device step.
  * Medians of --reps steps after one unmeasured.
  *
- *   bench_step [--reps N] [--threads N] [--quick] [--124m] [--fp32|--bf16] [--overlap-compare]
- *   (--quick: no 124M; --124m: only the 124M rows; --fp32, --bf16: only
- *   the rows of that precision, for a profile; --overlap-compare: each
- *   mesh row three times with collectives in flight and three times
- *   without, in turn, the medians side by side)
+ *   bench_step [--reps N] [--threads N] [--quick] [--only mlp|gpt|124m] [--mesh SHAPE]
+ *              [--fp32|--bf16] [--overlap-compare]
+ *
+ * (--quick: no 124M; --only one workload (--124m: --only 124m); --mesh
+ * only its cases on that mesh, "1" for one device; --fp32, --bf16: only
+ * the rows of that precision, for a profile; --overlap-compare: each
+ * mesh row three times with collectives in flight and three times
+ * without, in turn, the medians side by side.)
  */
 #include "spmd/data.h"
 #include "spmd/mesh.h"
@@ -47,7 +51,7 @@ typedef struct workload {
 
 typedef struct mesh_case {
     const char *shape, *axes, *fsdp; /* fsdp: the axis parameters are sharded over, or NULL */
-    bool zero;                       /* the optimizer's state sharded too (ZeRO) */
+    bool zero_off;                   /* every replica updates whole (ZeRO off) */
     bool bf16;                       /* matmuls on bf16 copies (mixed precision) */
 } mesh_case;
 
@@ -94,7 +98,7 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
     *params = spmd_graph_param_count(g);
     spmd_trainer_options opts = {
         .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f,
-                      .shard_state = mc->zero},
+                      .zero = mc->zero_off ? SPMD_ZERO_OFF : SPMD_ZERO_DEFAULT},
         .compile = {.threads = threads, .seed = 1, .no_overlap = no_overlap}};
     spmd_trainer *tr = st == SPMD_OK ? spmd_trainer_create(g, loss, &opts) : NULL;
     double ms = -1;
@@ -131,20 +135,27 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
 int main(int argc, char **argv)
 {
     int reps = 5, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool quick = false, only_124m = false, only_bf16 = false, only_fp32 = false, compare = false;
+    bool quick = false, only_bf16 = false, only_fp32 = false, compare = false;
+    const char *only = NULL, *only_mesh = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = true;
-        else if (!strcmp(argv[i], "--124m")) only_124m = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--124m")) only = "124m";
+        else if (!strcmp(argv[i], "--mesh") && i + 1 < argc) only_mesh = argv[++i];
         else if (!strcmp(argv[i], "--bf16")) only_bf16 = true;
         else if (!strcmp(argv[i], "--fp32")) only_fp32 = true;
         else if (!strcmp(argv[i], "--overlap-compare")) compare = true;
         else {
-            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--124m] [--fp32|--bf16] "
-                            "[--overlap-compare]\n");
+            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--only mlp|gpt|124m] "
+                            "[--mesh SHAPE] [--fp32|--bf16] [--overlap-compare]\n");
             return 2;
         }
+    }
+    if (only && strcmp(only, "mlp") && strcmp(only, "gpt") && strcmp(only, "124m")) {
+        fprintf(stderr, "bench_step: --only %s: mlp, gpt or 124m\n", only);
+        return 2;
     }
     if (reps < 1) reps = 1;
     const char *blas = spmd_blas_describe();
@@ -165,6 +176,7 @@ int main(int argc, char **argv)
         {"2", "data", NULL, false, false},        {"2", "data", NULL, true, false},
         {"4x2", "replica,fsdp", "fsdp", false, false}, {"4x2", "replica,fsdp", "fsdp", true, false},
         {"8", "data", NULL, false, false},        {"8", "data", NULL, true, false}};
+    static const char *const keys[] = {"124m", "mlp", "gpt"};
     static const mesh_case gpt_meshes[] = {
         {NULL, NULL, NULL, false, false}, {NULL, NULL, NULL, false, true},
         {"2", "data", NULL, false, false}, {"2", "data", NULL, true, false},
@@ -176,10 +188,11 @@ int main(int argc, char **argv)
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
     printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
-    printf("%-42s %-22s %10s %10s %8s %8s %8s %10s %9s%s\n", "workload", "mesh", "ms/step", "GFLOP/s",
+    printf("%-42s %-26s %10s %10s %8s %8s %8s %10s %9s%s\n", "workload", "mesh", "ms/step", "GFLOP/s",
            "/sgemm", "/mesh 1", "cpu ms", "arena MiB", "held MiB", compare ? "  no overlap" : "");
-    for (int l = quick ? 1 : 0; l < (only_124m ? 1 : 3); l++) {
+    for (int l = quick ? 1 : 0; l < 3; l++) {
         const workload *w = &loads[l];
+        if (only && strcmp(only, keys[l])) continue;
         /* The bare rate: the better of a product of the workload's own
          * size (its MLP's first layer) and a 1024-cube. */
         int64_t rows = (int64_t)w->batch * (w->gpt ? w->cfg.seq : 1);
@@ -187,9 +200,11 @@ int main(int argc, char **argv)
         double cube = sgemm_gflops(1024, 1024, 1024, threads, 5);
         if (cube > peak) peak = cube;
         double base = 0;
+        bool named = false; /* the workload's name on its first row shown */
         for (int k = 0; k < n_meshes[l]; k++) {
             const mesh_case *mc = &meshes[l][k];
             if ((only_bf16 && !mc->bf16) || (only_fp32 && mc->bf16)) continue;
+            if (only_mesh && strcmp(only_mesh, mc->shape ? mc->shape : "1")) continue;
             int64_t params = 0;
             size_t arena = 0, held = 0;
             double cpu_ms = 0;
@@ -212,19 +227,22 @@ int main(int argc, char **argv)
                 ms = time_step(w, mc, threads, n_reps, &params, &arena, &held, &cpu_ms);
             }
             if (ms < 0) return 1;
-            if (base == 0) base = ms;
+            if (k == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
-            char mesh[32];
+            char mesh[48];
             snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
-                     mc->zero ? " zero" : "", mc->bf16 ? " bf16" : "");
-            printf("%-42s %-22s %10.1f %10.1f %8.2f %8.2f %8.1f %10.1f %9.1f", k ? "" : w->name, mesh, ms,
-                   rate, rate / peak, ms / base, cpu_ms, (double)arena / (1 << 20),
+                     mc->zero_off ? " zero off" : "", mc->bf16 ? " bf16" : "");
+            char ratio[16] = "-";
+            if (base > 0) snprintf(ratio, sizeof ratio, "%.2f", ms / base);
+            printf("%-42s %-26s %10.1f %10.1f %8.2f %8s %8.1f %10.1f %9.1f", named ? "" : w->name, mesh,
+                   ms, rate, rate / peak, ratio, cpu_ms, (double)arena / (1 << 20),
                    (double)held / (1 << 20));
             if (off > 0) printf("  %10.1f", off);
             printf("\n");
+            named = true;
             fflush(stdout);
         }
-        printf("%-42s %-22s %10s %10.1f\n", "", "(bare sgemm)", "", peak);
+        printf("%-42s %-26s %10s %10.1f\n", "", "(bare sgemm)", "", peak);
     }
     return 0;
 }

@@ -2,7 +2,8 @@
 # Records what a refactoring must not change, and compares two records:
 # every step's loss, gradient norm and learning rate (as the exact decimal
 # the log prints, which round-trips the float) for the default run and for
-# meshes 1, 8, 4x2 and 2x2x2 with tensor parallelism, plus the `spmd
+# meshes 1, 8, 4x2 and 2x2x2 with tensor parallelism, and 4x2 with the
+# replicated update (--zero off; ZeRO is the default), plus the `spmd
 # explain` output of each of those meshes.
 #   scripts/check-same-bits.sh record BUILD_DIR OUT_DIR     (minutes)
 #   scripts/check-same-bits.sh compare OLD_DIR NEW_DIR      (exit 1 on a difference)
@@ -24,6 +25,7 @@ record)
     "mesh1|--mesh 1 --axes data ${short[*]}"
     "mesh8|--mesh 8 --axes data ${short[*]}"
     "mesh4x2|--mesh 4x2 --axes replica,fsdp --zero on ${short[*]}"
+    "mesh4x2off|--mesh 4x2 --axes replica,fsdp --zero off ${short[*]}"
     "tp2x2x2|--mesh 2x2x2 --axes data,fsdp,tensor --tp tensor --fsdp fsdp ${short[*]}"
     "tpsp2x2x2|--mesh 2x2x2 --axes data,fsdp,tensor --tp tensor --sp on --fsdp fsdp ${short[*]}"
     "mlp4x2|--model mlp --mesh 4x2 --axes replica,fsdp ${short[*]}"

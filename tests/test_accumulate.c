@@ -166,7 +166,7 @@ static void test_fsdp_replicas(void **state)
     compare("4x2", "replica,fsdp", true, sgd());
     compare("4x2", "replica,fsdp", true, adamw_clipped());
     spmd_optimizer zero = adamw_clipped();
-    zero.shard_state = true;
+    zero.zero = SPMD_ZERO_ON;
     compare("4x2", "replica,fsdp", true, zero);
 }
 
@@ -227,6 +227,7 @@ static void test_memory(void **state)
 {
     (void)state;
     spmd_optimizer opt = adamw_clipped();
+    opt.zero = SPMD_ZERO_OFF; /* the state whole too: only the accumulators differ */
     setup plain, acc;
     setup_make(&plain, "8", "data", false, MICRO, &opt);
     opt.accumulate_steps = K;

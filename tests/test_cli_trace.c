@@ -21,7 +21,12 @@
  *   - under mpirun (2 processes; skipped without MPI) the tracks are
  *     (process, device) pairs, every device once, each process's own;
  *   - refusals: --trace-steps that is not A-B or a count, or past the last
- *     step, or without --trace (exit 2, nothing run).
+ *     step, or without --trace (exit 2, nothing run);
+ *   - `spmd explain --trace FILE.json` with the traced run's flags prints
+ *     a measured column next to the estimate for every collective, each a
+ *     number that parses, their sum, and --json's "measured" list; a trace
+ *     of another mesh, model or plan (--zero off) is refused naming both,
+ *     and so is --json on the trace itself.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -288,6 +293,85 @@ static void test_refusals(void **state)
     assert_non_null(strstr(out, "needs --trace"));
 }
 
+/* explain's collective lines, with the measured column: each
+ * "phase kind axes N UNIT est meas moves"; how many parse. */
+static int measured_lines(const char *text, int *listed)
+{
+    const char *at = strstr(text, "collectives per step (");
+    assert_non_null(at);
+    *listed = atoi(at + strlen("collectives per step ("));
+    assert_non_null(strstr(at, "est. us meas. us"));
+    int parsed = 0;
+    for (const char *line = strchr(at, '\n'); line && *line; line = strchr(line + 1, '\n')) {
+        char phase[16], kind[32], axes[64], unit[8], moves[96];
+        double bytes, est, meas;
+        if (sscanf(line + 1, " %15s %31s %63s %lf %7s %lf %lf %95s", phase, kind, axes, &bytes, unit,
+                   &est, &meas, moves) != 8)
+            continue;
+        if (strcmp(phase, "forward") && strcmp(phase, "backward") && strcmp(phase, "update")) continue;
+        assert_true(est > 0);
+        assert_true(meas > 0);
+        parsed++;
+    }
+    return parsed;
+}
+
+static void test_explain_measured(void **state)
+{
+    (void)state;
+    char trace[SUPPORT_PATH], json[SUPPORT_PATH];
+    support_path_in(trace, dir, "explain.json");
+    support_path_in(json, dir, "explain-report.json");
+    int rc = run_toolf(out, sizeof out, "train --model mlp --steps 4 --eval 0 --trace %s", trace);
+    if (rc) fail_msg("spmd train --model mlp --trace failed (%d):\n%s", rc, out);
+    rc = run_toolf(out, sizeof out, "explain --model mlp --trace %s --json %s", trace, json);
+    if (rc) fail_msg("spmd explain --trace failed (%d):\n%s", rc, out);
+    int listed = 0, parsed = measured_lines(out, &listed);
+    assert_true(listed > 0);
+    assert_int_equal(parsed, listed); /* the default: steps 2-4, so every collective ran */
+    const char *sum = strstr(out, "measured: ");
+    assert_non_null(sum = strstr(sum + 1, "measured: ")); /* the note, then the sum */
+    char *end;
+    double ms = strtod(sum + strlen("measured: "), &end);
+    assert_true(end > sum + strlen("measured: ") && ms > 0);
+    cJSON *root = load(json);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(root, "measured");
+    assert_int_equal(cJSON_GetArraySize(list), listed);
+    const cJSON *m;
+    cJSON_ArrayForEach(m, list)
+    {
+        assert_true(number(m, "measured_us") > 0);
+        assert_true(number(m, "estimate_us") > 0);
+        assert_int_equal((int)number(m, "samples"), 3 * DEVICES); /* steps 2-4, every device */
+    }
+    cJSON_Delete(root);
+
+    /* Another mesh, another model, another plan: refused, naming both. */
+    rc = run_toolf(out, sizeof out, "explain --model mlp --mesh 8 --axes data --trace %s", trace);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "mesh 4x2 (replica, fsdp)"));
+    assert_non_null(strstr(out, "mesh 8 (data)"));
+    rc = run_toolf(out, sizeof out, "explain --trace %s", trace);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "a trace of mlp"));
+    assert_non_null(strstr(out, "plans gpt"));
+    rc = run_toolf(out, sizeof out, "explain --model mlp --zero off --trace %s", trace);
+    assert_int_equal(rc, 2);
+    /* ZeRO's plan has a collective more (the new values' all-gather, a
+     * reduce-scatter for an all-reduce): the counts differ, or else one. */
+    assert_true(strstr(out, "collectives a step; this explain plans mlp") ||
+                strstr(out, "this plan's is"));
+    /* The report would replace the trace it reads. */
+    rc = run_toolf(out, sizeof out, "explain --model mlp --trace %s --json %s", trace, trace);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--json"));
+    assert_non_null(strstr(out, "--trace"));
+    /* Not a trace at all. */
+    rc = run_toolf(out, sizeof out, "explain --model mlp --trace %s", json);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "not a trace"));
+}
+
 #ifdef SPMD_MPIEXEC
 static void test_over_processes(void **state)
 {
@@ -325,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_readme_picture),
         cmocka_unit_test(test_steps_asked),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_explain_measured),
         cmocka_unit_test(test_over_processes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

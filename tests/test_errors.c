@@ -252,7 +252,7 @@ static void test_partition_out_of_memory(void **state)
     assert_int_equal(spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL), SPMD_OK);
     assert_int_equal(spmd_graph_mark_output(g, t.loss), SPMD_OK);
     assert_int_equal(spmd_grad(g, t.loss), SPMD_OK);
-    spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .clip_norm = 1, .shard_state = true};
+    spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .clip_norm = 1, .zero = SPMD_ZERO_ON};
     spmd_optimizer_tensors ot;
     assert_int_equal(spmd_optimizer_apply(g, &opt, &ot), SPMD_OK);
     partition_under_every_failure(g, &f, &al);

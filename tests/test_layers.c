@@ -143,7 +143,7 @@ static const char *const tool_groups[] = {
     "flags plot_curves plot_trace",                   /* the flag table; training curves, a trace's step */
     "copies outputs",                                 /* per-copy settings; the files a command writes */
     "model",                                          /* build, marks, compile */
-    "feed report run_checkpoint trace",               /* pieces of a run */
+    "feed report run_checkpoint trace explain_trace", /* pieces of a run; a trace read back */
     "train explain sample export visualize plot_cmd tokenize", /* the commands */
     "spmd",                                           /* main */
 };

@@ -464,7 +464,7 @@ typedef struct fsdp_run {
 /* How a run is marked and updated. */
 typedef struct train_setup {
     bool mark_biases; /* FSDP: biases "fsdp" too, else left to propagation */
-    bool zero;        /* instead of FSDP: the batch over "data", ZeRO's shard_state */
+    bool zero;        /* instead of FSDP: the batch over "data", ZeRO (else off) */
     /* Two groups: the weights decayed, the biases not, with their own
      * betas, eps and twice the learning rate ("lr.1"). */
     bool groups;
@@ -498,7 +498,7 @@ static void fsdp_train(fsdp_run *r, const spmd_mesh *m, const train_setup *how)
     spmd_status st;
     if (how->groups) {
         spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .clip_norm = FSDP_CLIP,
-                              .shard_state = how->zero};
+                              .zero = how->zero ? SPMD_ZERO_ON : SPMD_ZERO_OFF};
         const spmd_optimizer_group groups[2] = {
             {.params = weight_names, .n_params = 1, .weight_decay = 0.1f},
             {.params = all_biases, .n_params = 1, .beta1 = 0.8f, .beta2 = 0.95f, .eps = 1e-6f},
@@ -506,7 +506,7 @@ static void fsdp_train(fsdp_run *r, const spmd_mesh *m, const train_setup *how)
         st = spmd_optimizer_apply_groups(r->g, &opt, groups, 2, &r->ot, r->lrs);
     } else {
         spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f,
-                              .clip_norm = FSDP_CLIP, .shard_state = how->zero};
+                              .clip_norm = FSDP_CLIP, .zero = how->zero ? SPMD_ZERO_ON : SPMD_ZERO_OFF};
         st = spmd_optimizer_apply(r->g, &opt, &r->ot);
     }
     if (st != SPMD_OK) fail_msg("optimizer: %s", spmd_last_error());

@@ -4,7 +4,10 @@
  * more device workers than cores (64 on a mesh 8x8); a permuted device-id
  * list; the same seed and mesh give the same bits; a traced run
  * (spmd_program_trace_begin) computes the same bits, and its timeline
- * accounts for the measured run on every device.
+ * accounts for the measured run on every device; on one device of 2 and
+ * 3 threads, whose small steps thread 0 runs alone without barriers
+ * between them (solo steps), the bits of 1 thread, and a failing small
+ * step fails the run and nothing hangs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,8 +29,9 @@
 enum { BATCH = 8, SEQ = 8, VOCAB = 32 };
 
 /* The tiny GPT's width and depth (the trace test wants steps of a few ms),
- * and whether collectives run as blocking steps (no overlap). */
-static int gpt_dim = 16, gpt_layers = 1;
+ * the threads its program runs on, and whether collectives run as
+ * blocking steps (no overlap). */
+static int gpt_dim = 16, gpt_layers = 1, gpt_threads = 2;
 static bool gpt_no_overlap;
 
 typedef struct gpt_run {
@@ -62,7 +66,7 @@ static void gpt_setup(gpt_run *r, const char *shape, const char *axes, const cha
     assert_int_equal(spmd_grad(r->g, r->t.loss), SPMD_OK);
     spmd_tensor *lr = spmd_input(r->g, "lr", SPMD_F32, 0, NULL);
     assert_int_equal(spmd_sgd(r->g, lr), SPMD_OK);
-    r->p = spmd_compile(r->g, &(spmd_compile_options){.threads = 2, .seed = 7,
+    r->p = spmd_compile(r->g, &(spmd_compile_options){.threads = gpt_threads, .seed = 7,
                                                       .no_overlap = gpt_no_overlap});
     if (!r->p) fail_msg("compile: %s", spmd_last_error());
     float lrv = 0.05f;
@@ -220,6 +224,46 @@ static void test_overlap_same_bits(void **state)
     alarm(0);
 }
 
+/* One device of several threads: its small steps (every one of this GPT's
+ * but a few) run on thread 0 alone, with no barrier between them.  The
+ * bits are 1 thread's, step after step; a bad token id fails the
+ * embedding (a solo step) and the run, the parameters stay, nothing hangs,
+ * and the next good batch runs. */
+static void test_solo_steps(void **state)
+{
+    (void)state;
+    signal(SIGALRM, on_alarm);
+    alarm(60);
+    gpt_run one, two, three;
+    gpt_threads = 1;
+    gpt_setup(&one, NULL, NULL, NULL, NULL, NULL);
+    gpt_threads = 2;
+    gpt_setup(&two, NULL, NULL, NULL, NULL, NULL);
+    gpt_threads = 3;
+    gpt_setup(&three, NULL, NULL, NULL, NULL, NULL);
+    gpt_threads = 2;
+    for (int s = 0; s < 4; s++) {
+        float a = step_loss(&one, s), b = step_loss(&two, s), c = step_loss(&three, s);
+        assert_memory_equal(&a, &b, sizeof a);
+        assert_memory_equal(&a, &c, sizeof a);
+    }
+    spmd_tensor *wte = spmd_graph_find(two.g, "wte.weight");
+    static float before[VOCAB * 16], after[VOCAB * 16];
+    for (int k = 0; k < 3; k++) {
+        feed(&two, k, k);
+        assert_int_equal(spmd_program_read(two.p, wte, before, sizeof before), SPMD_OK);
+        assert_int_not_equal(spmd_program_run(two.p), SPMD_OK);
+        assert_non_null(strstr(spmd_last_error(), "embedding"));
+        assert_int_equal(spmd_program_read(two.p, wte, after, sizeof after), SPMD_OK);
+        assert_memory_equal(before, after, sizeof before);
+        assert_true(isfinite(step_loss(&two, k)));
+    }
+    alarm(0);
+    gpt_teardown(&one);
+    gpt_teardown(&two);
+    gpt_teardown(&three);
+}
+
 /* A plan-only program reports its plan and refuses to run. */
 static void test_plan_only(void **state)
 {
@@ -350,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_many_workers_and_permuted_ids),
         cmocka_unit_test(test_same_mesh_same_bits),
         cmocka_unit_test(test_overlap_same_bits),
+        cmocka_unit_test(test_solo_steps),
         cmocka_unit_test(test_plan_only),
         cmocka_unit_test(test_trace_timeline),
     };

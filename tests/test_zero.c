@@ -1,5 +1,5 @@
 /*
- * ZeRO (spmd_optimizer.shard_state): the optimizer state, held gradient
+ * ZeRO (spmd_optimizer.zero): the optimizer state, held gradient
  * and update split over the axes a parameter is replicated over.  On a
  * data-parallel mesh without clipping the losses and weights are the plain
  * optimizer's bits (the reduce-scatter sums as the all-reduce does); with
@@ -45,7 +45,7 @@ static void train(const char *shape, const char *axes, const char *fsdp, bool ze
     spmd_tensor *in[2] = {t.input, t.targets};
     assert_int_equal(fsdp ? spmd_fsdp_wrap(g, mesh, fsdp, in, 2, NULL) : spmd_shard_batch(g, mesh, in, 2, NULL),
                      SPMD_OK);
-    spmd_optimizer opt = {.kind = kind, .weight_decay = 0.1f, .clip_norm = clip, .shard_state = zero};
+    spmd_optimizer opt = {.kind = kind, .weight_decay = 0.1f, .clip_norm = clip, .zero = zero ? SPMD_ZERO_ON : SPMD_ZERO_OFF};
     if (kind == SPMD_OPTIMIZER_SGD) opt.momentum = 0.9f;
     spmd_trainer *tr = spmd_trainer_create(
         g, t.loss, &(spmd_trainer_options){.optimizer = opt, .compile = {.seed = 5, .threads = 4}});
@@ -125,7 +125,7 @@ static void test_no_identity_copies(void **state)
     assert_int_equal(spmd_gpt_build(g, &cfg, 8, &t), SPMD_OK);
     spmd_tensor *in[2] = {t.input, t.targets};
     assert_int_equal(spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL), SPMD_OK);
-    spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .shard_state = true};
+    spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .zero = SPMD_ZERO_ON};
     spmd_trainer *tr = spmd_trainer_create(g, t.loss, &(spmd_trainer_options){.optimizer = opt});
     assert_non_null(tr);
     const spmd_graph *local = executor_partition(spmd_trainer_program(tr))->local;

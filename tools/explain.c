@@ -5,13 +5,16 @@
  */
 #include "explain.h"
 
+#include "explain_trace.h"
 #include "flags.h"
 #include "json_file.h"
 #include "model.h"
+#include "outputs.h"
 #include "report.h"
 
 #include <cJSON.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,8 +79,9 @@ static void print_tensors(const cli_model *m, cJSON *list)
 }
 
 /* With --accumulate K the forward and backward collectives run once per
- * micro-batch (column "x": K a step), the update's once a step. */
-static void print_collectives(const spmd_program *p, int micro)
+ * micro-batch (column "x": K a step), the update's once a step.  With a
+ * trace (`meas`), each one's measured median next to its estimate. */
+static void print_collectives(const spmd_program *p, int micro, const explain_measured *meas)
 {
     int n = spmd_program_collective_count(p);
     double total = 0, per_micro = 0;
@@ -85,11 +89,15 @@ static void print_collectives(const spmd_program *p, int micro)
     if (micro > 1 && n)
         printf("  a step is %d micro-batches: the forward and backward ones run in each (x %d), "
                "the update's (the gradients' reductions) once\n", micro, micro);
-    double est = 0;
+    double est = 0, measured = 0;
     size_t fly_bytes, fly_extra;
     int flying = spmd_program_overlap(p, &fly_bytes, &fly_extra);
-    if (n) printf("  %-9s %-15s %-16s %12s %9s  %s%s%s\n", "phase", "kind", "axes", "bytes/device",
-                  "est. us", micro > 1 ? "x   " : "", flying ? "in flight  " : "", "moves");
+    if (n && meas)
+        printf("  measured: the median of each collective's boxes in the trace (steps %d to %d, "
+               "every device; a wait for a peer counts)\n", meas->first_step, meas->last_step);
+    if (n) printf("  %-9s %-15s %-16s %12s %9s%s  %s%s%s\n", "phase", "kind", "axes", "bytes/device",
+                  "est. us", meas ? " meas. us" : "", micro > 1 ? "x   " : "",
+                  flying ? "in flight  " : "", "moves");
     for (int i = 0; i < n; i++) {
         spmd_collective_info c;
         char b[32], times[16] = "";
@@ -98,12 +106,16 @@ static void print_collectives(const spmd_program *p, int micro)
         if (c.count > 1) per_micro += (double)c.bytes;
         est += c.seconds * c.count;
         if (micro > 1) snprintf(times, sizeof times, "%-3d ", c.count);
+        char took[16] = "";
+        if (meas && isnan(meas->median_us[i])) snprintf(took, sizeof took, " %9s", "-");
+        else if (meas) snprintf(took, sizeof took, " %9.1f", meas->median_us[i]);
+        if (meas && !isnan(meas->median_us[i])) measured += meas->median_us[i] * 1e-6 * c.count;
         /* In flight: over how many of the device's steps. */
         char fly[24] = "";
         if (flying && c.in_flight_steps) snprintf(fly, sizeof fly, "%-5d      ", c.in_flight_steps);
         else if (flying) snprintf(fly, sizeof fly, "%-11s", "-");
-        printf("  %-9s %-15s %-16s %12s %9.1f  %s%s%s\n", c.phase, c.kind, c.axes,
-               human((double)c.bytes, b, sizeof b), c.seconds * 1e6, times, fly, c.tensor);
+        printf("  %-9s %-15s %-16s %12s %9.1f%s  %s%s%s\n", c.phase, c.kind, c.axes,
+               human((double)c.bytes, b, sizeof b), c.seconds * 1e6, took, times, fly, c.tensor);
     }
     char b[32], m[32], u[32];
     if (n && micro > 1)
@@ -119,6 +131,29 @@ static void print_collectives(const spmd_program *p, int micro)
                "(column: the steps they span; -: a blocking step), %s of operands and results "
                "at most at once, the arena %s larger\n",
                flying, n, human((double)fly_bytes, b, sizeof b), human((double)fly_extra, m, sizeof m));
+    if (n && meas)
+        printf("  measured: %.2f ms a step (the medians summed), %.2fx the estimate\n", measured * 1e3,
+               est > 0 ? measured / est : 0.0);
+}
+
+/* Each collective's estimate and measured median, for --json. */
+static cJSON *measured_json(const spmd_program *p, const explain_measured *meas)
+{
+    cJSON *list = cJSON_CreateArray();
+    for (int i = 0; i < meas->n; i++) {
+        spmd_collective_info c;
+        spmd_program_collective(p, i, &c);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "collective", i);
+        cJSON_AddStringToObject(o, "kind", c.kind);
+        cJSON_AddStringToObject(o, "value", c.tensor);
+        cJSON_AddNumberToObject(o, "estimate_us", c.seconds * 1e6);
+        if (isnan(meas->median_us[i])) cJSON_AddNullToObject(o, "measured_us");
+        else cJSON_AddNumberToObject(o, "measured_us", meas->median_us[i]);
+        cJSON_AddNumberToObject(o, "samples", meas->samples[i]);
+        cJSON_AddItemToArray(list, o);
+    }
+    return list;
 }
 
 int cmd_explain(int argc, char **argv)
@@ -126,6 +161,9 @@ int cmd_explain(int argc, char **argv)
     cli_opts o;
     int rc = flags_parse(argc, argv, CMD_EXPLAIN, &o);
     if (rc) return rc < 0 ? 0 : rc;
+    /* The report must not replace the trace it reads. */
+    const outputs_file out[] = {{"--json", o.json}}, in[] = {{"--trace", o.trace}};
+    if ((rc = outputs_check_apart(out, 1, in, 1))) return rc;
     o.eval_samples = o.val_batches = 0; /* nothing is evaluated: no evaluation graph */
     cli_model m;
     rc = model_build(&o, &m);
@@ -136,6 +174,12 @@ int cmd_explain(int argc, char **argv)
     }
     char mesh[128], a[32], b[32];
     model_mesh_text(&m, mesh, sizeof mesh);
+    explain_measured meas = {0};
+    if (o.trace && (rc = explain_trace_read(o.trace, o.model, (double)m.params, mesh, p, &meas))) {
+        spmd_program_free(p);
+        model_free(&m);
+        return rc;
+    }
     char batch[64];
     model_batch_text(&o, batch, sizeof batch);
     printf("spmd explain: %s, %.2fM parameters, mesh %s, %s\n", o.model, (double)m.params / 1e6,
@@ -159,7 +203,7 @@ int cmd_explain(int argc, char **argv)
         }
     }
     print_tensors(&m, root ? cJSON_AddArrayToObject(root, "tensors") : NULL);
-    print_collectives(p, o.optimizer.accumulate_steps);
+    print_collectives(p, o.optimizer.accumulate_steps, o.trace ? &meas : NULL);
     printf("\nmemory per device: %s parameters + gradients + optimizer state, %s peak\n",
            human((double)model_param_bytes(p), a, sizeof a), human((double)spmd_program_peak_bytes(p), b, sizeof b));
     int nf = spmd_program_fallback_count(p);
@@ -184,12 +228,14 @@ int cmd_explain(int argc, char **argv)
         cJSON_AddNumberToObject(fly, "collectives", spmd_program_overlap(p, &fly_bytes, &fly_extra));
         cJSON_AddNumberToObject(fly, "bytes", (double)fly_bytes);
         cJSON_AddNumberToObject(fly, "arena_extra_bytes", (double)fly_extra);
+        if (o.trace) cJSON_AddItemToObject(root, "measured", measured_json(p, &meas));
         cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));
         cJSON_AddItemToObject(root, "peak_bytes_per_device", report_per_device(p, (double)spmd_program_peak_bytes(p)));
         cJSON_AddItemToObject(root, "fallbacks", fb);
         cJSON_AddNumberToObject(root, "fallback_count", nf);
         rc = json_file_write(o.json, root);
     }
+    explain_measured_free(&meas);
     spmd_program_free(p);
     model_free(&m);
     return rc;

@@ -178,9 +178,9 @@ static const flag_spec flag_specs[] = {
      .help = "clip the global gradient norm at X, 0 for none", .shown = "adamw 1, sgd 0", .min = 0,
      .max = 1e30, .max_included = true},
     {.name = "--zero", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE,
-     .offset = FIELD(optimizer.shard_state), .value = "on|off",
+     .offset = FIELD(zero), .value = "on|off",
      .help = "shard the optimizer state and the update over the axes each parameter is replicated "
-             "over (ZeRO-1/2)", .initial = "off", .choices = "off|on"},
+             "over (ZeRO-1/2); off: every replica updates whole", .initial = "on", .choices = "off|on"},
     {.name = "--precision", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE, .offset = FIELD(bf16),
      .value = "fp32|bf16",
      .help = "bf16: mixed precision, every matmul on bf16 copies of its operands summed in f32 "
@@ -250,6 +250,10 @@ static const flag_spec flag_specs[] = {
     {.name = "--trace", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace),
      .value = "FILE.json", .help = "write a timeline of the --trace-steps steps (every op and "
      "collective on every device) as trace events for Perfetto or chrome://tracing"},
+    {.name = "--trace", .commands = CMD_EXPLAIN, .kind = FLAG_TEXT, .offset = FIELD(trace),
+     .value = "FILE.json", .help = "read the timeline spmd train --trace wrote with these flags and "
+     "show each collective's measured time (median over the traced steps and devices) next to its "
+     "estimate"},
     {.name = "--trace-steps", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace_steps),
      .value = "A-B|N", .help = "the steps --trace records: A to B, or N after the first",
      .shown = "3"},
@@ -946,6 +950,7 @@ int flags_settle(cli_opts *o)
     o->mlp.layers = o->gpt.layers; /* --layers is either model's depth */
     rc = optimizer_defaults(o);
     if (rc) return rc;
+    o->optimizer.zero = o->zero ? SPMD_ZERO_ON : SPMD_ZERO_OFF;
     /* Asked for in any way, validation reads --val-batches batches (4). */
     if ((o->val_every || o->val_data) && !o->val_batches) o->val_batches = 4;
     if ((o->save_every || o->keep) && !o->save)

@@ -67,6 +67,7 @@ typedef struct cli_opts {
     bool sp;           /* --sp: sequence parallelism on that axis */
     const char *data;  /* NULL: the synthetic addition set */
     spmd_optimizer optimizer;
+    bool zero;         /* --zero (on by default): optimizer.zero ON or OFF */
     bool lr_constant;  /* --schedule constant (default for sgd) */
     int warmup;        /* warmup steps: the flag's, else steps / 10 + 1 with cosine, 0 constant */
     bool data_sequential; /* --data-order sequential */

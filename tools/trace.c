@@ -187,6 +187,7 @@ static void add_device_event(cJSON *list, const spmd_program *p, const spmd_trac
     cJSON_AddStringToObject(args, "op", e->op);
     cJSON_AddNumberToObject(args, "wait_us", e->wait_us);
     if (coll) {
+        cJSON_AddNumberToObject(args, "collective", e->collective); /* explain --trace's index */
         cJSON_AddStringToObject(args, "kind", c.kind);
         cJSON_AddStringToObject(args, "axes", c.axes);
         cJSON_AddNumberToObject(args, "bytes", (double)c.bytes);
@@ -387,6 +388,9 @@ int trace_write(const cli_opts *o, const cli_model *m, const spmd_program *p, co
     char mesh[128];
     model_mesh_text(m, mesh, sizeof mesh);
     cJSON_AddStringToObject(about, "mesh", mesh);
+    /* What explain --trace checks a plan against. */
+    cJSON_AddNumberToObject(about, "params", (double)m->params);
+    cJSON_AddNumberToObject(about, "collectives", spmd_program_collective_count(p));
     cJSON_AddNumberToObject(about, "first_step", t->first);
     cJSON_AddNumberToObject(about, "last_step", t->last);
     cJSON_AddNumberToObject(about, "processes", procs);

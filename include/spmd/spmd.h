@@ -265,7 +265,8 @@ SPMD_API spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss);
 
 /* Append plain SGD: p <- p - lr * dloss/dp for every parameter, with `lr`
  * a scalar f32 input (so schedules change it without recompiling).
- * Requires spmd_grad first. */
+ * Every replica updates whole (no ZeRO, which spmd_optimizer_apply uses
+ * by default).  Requires spmd_grad first. */
 SPMD_API spmd_status spmd_sgd(spmd_graph *g, spmd_tensor *lr);
 
 /* ---- Compile and run on one device ------------------------------------ */

@@ -22,6 +22,23 @@ typedef enum spmd_optimizer_kind {
     SPMD_OPTIMIZER_ADAM      /* L2 weight decay, added to the gradient */
 } spmd_optimizer_kind;
 
+/* ZeRO (stages 1 and 2), spmd_optimizer.zero: keep the optimizer state,
+ * the held gradient and the update split over the mesh axes a parameter
+ * is replicated over (not independent ones), on its largest dim, so each
+ * device updates its share; the gradient is reduce-scattered instead of
+ * all-reduced and the new parameter all-gathered back.  No effect without
+ * a mesh, or on a parameter split over every axis already.  The default
+ * (0) is on: the same bytes move, each device does 1/n of the update and
+ * holds 1/n of the state, and the same seed and mesh give the same bits.
+ * Off updates every replica whole (the plan before ZeRO was the default:
+ * its bits, where ZeRO's sums run in another order, clipping's norm and
+ * FSDP plus replicas). */
+typedef enum spmd_zero {
+    SPMD_ZERO_DEFAULT = 0, /* on */
+    SPMD_ZERO_ON,
+    SPMD_ZERO_OFF
+} spmd_zero;
+
 /* PyTorch's semantics (torch.optim.SGD with dampening 0 and no Nesterov,
  * torch.optim.Adam and torch.optim.AdamW without amsgrad). */
 typedef struct spmd_optimizer {
@@ -31,12 +48,7 @@ typedef struct spmd_optimizer {
     float beta1, beta2; /* Adam, AdamW (0.9, 0.999 when both are 0) */
     float eps;          /* Adam, AdamW (1e-8 when 0) */
     float clip_norm;    /* > 0: scale gradients so their global norm is at most this */
-    /* ZeRO (stages 1 and 2): keep the optimizer state, the held gradient and
-     * the update split over the mesh axes a parameter is replicated over
-     * (not independent ones), on its largest dim, so each device updates
-     * its share; the gradient is reduce-scattered instead of all-reduced
-     * and the new parameter all-gathered back.  No effect without a mesh. */
-    bool shard_state;
+    spmd_zero zero;     /* ZeRO: on unless SPMD_ZERO_OFF (spmd_zero above) */
     /* Read the decay from the f32 scalar input "weight_decay", fed each
      * step, instead of compiling it in: copies (or runs) may then decay
      * differently; weight_decay above only says whether the update decays
@@ -104,7 +116,7 @@ typedef struct spmd_optimizer_group {
 
 /* spmd_optimizer_apply with parameter groups: every parameter in exactly
  * one of the n_groups groups, updated with that group's settings and
- * learning rate.  The kind, clip_norm and shard_state come from `opt`
+ * learning rate.  The kind, clip_norm and zero come from `opt`
  * and hold for all groups (clipping scales every gradient by the norm
  * over all of them, as clip_grad_norm_ over all parameters does); opt's
  * momentum, weight_decay, beta1, beta2 and eps must be 0 (each group has

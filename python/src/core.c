@@ -1692,6 +1692,19 @@ static int betas_eps_args(PyObject *betas, PyObject *eps_o, float *beta1, float 
     return 0;
 }
 
+/* shard_state=: None (the default, ZeRO on), True or False. */
+static int zero_arg(PyObject *o, spmd_zero *zero)
+{
+    if (o == Py_None) {
+        *zero = SPMD_ZERO_DEFAULT;
+        return 0;
+    }
+    int on = PyObject_IsTrue(o);
+    if (on < 0) return -1;
+    *zero = on ? SPMD_ZERO_ON : SPMD_ZERO_OFF;
+    return 0;
+}
+
 static PyObject *graph_optimizer_apply(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"kind",      "momentum",    "weight_decay",       "betas",
@@ -1700,14 +1713,15 @@ static PyObject *graph_optimizer_apply(GraphObject *self, PyObject *args, PyObje
     const char *kind = "adamw";
     PyObject *betas = Py_None, *eps_o = Py_None;
     spmd_optimizer opt = {0};
-    int shard = 0, wd_input = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s$ffOOfppi:optimizer_apply", kwlist, &kind, &opt.momentum,
+    PyObject *shard = Py_None;
+    int wd_input = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s$ffOOfOpi:optimizer_apply", kwlist, &kind, &opt.momentum,
                                      &opt.weight_decay, &betas, &eps_o, &opt.clip_norm, &shard, &wd_input,
                                      &opt.accumulate_steps) ||
         graph_open(self) < 0 || optimizer_kind_arg(kind, &opt.kind) < 0 ||
-        betas_eps_args(betas, eps_o, &opt.beta1, &opt.beta2, &opt.eps) < 0)
+        betas_eps_args(betas, eps_o, &opt.beta1, &opt.beta2, &opt.eps) < 0 ||
+        zero_arg(shard, &opt.zero) < 0)
         return NULL;
-    opt.shard_state = shard;
     opt.weight_decay_input = wd_input;
     spmd_optimizer_tensors out = {0};
     if (check(spmd_optimizer_apply(self->g, &opt, &out)) < 0) return NULL;
@@ -1797,12 +1811,11 @@ static PyObject *graph_optimizer_apply_groups(GraphObject *self, PyObject *args,
     const char *kind = "adamw";
     PyObject *groups_o;
     spmd_optimizer opt = {0};
-    int shard = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$fpi:optimizer_apply_groups", kwlist, &kind, &groups_o,
+    PyObject *shard = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$fOi:optimizer_apply_groups", kwlist, &kind, &groups_o,
                                      &opt.clip_norm, &shard, &opt.accumulate_steps) ||
-        graph_open(self) < 0 || optimizer_kind_arg(kind, &opt.kind) < 0)
+        graph_open(self) < 0 || optimizer_kind_arg(kind, &opt.kind) < 0 || zero_arg(shard, &opt.zero) < 0)
         return NULL;
-    opt.shard_state = shard;
     PyObject *groups = PySequence_Tuple(groups_o);
     if (!groups) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(groups);
@@ -2101,13 +2114,13 @@ static PyMethodDef graph_methods[] = {
      "grad(loss, checkpoints=None): append the backward pass (recomputing between checkpoints)"},
     {"optimizer_apply", KW(graph_optimizer_apply),
      "optimizer_apply(kind='adamw' (or 'adam', 'sgd'), *, momentum=0, weight_decay=0, betas=None, eps=None,\n"
-     "clip_norm=0, shard_state=False, weight_decay_input=False, accumulate_steps=0)\n"
-     "-> (lr, grad_norm, weight_decay)"},
+     "clip_norm=0, shard_state=None, weight_decay_input=False, accumulate_steps=0)\n"
+     "-> (lr, grad_norm, weight_decay); shard_state None or True: ZeRO (the default), False: off"},
     {"optimizer_apply_groups", KW(graph_optimizer_apply_groups),
-     "optimizer_apply_groups(kind, groups, *, clip_norm=0, shard_state=False, accumulate_steps=0)\n"
+     "optimizer_apply_groups(kind, groups, *, clip_norm=0, shard_state=None, accumulate_steps=0)\n"
      "-> each group's lr input:\n"
      "groups a list of dicts {params: [names], weight_decay, momentum, betas, eps}; group i's lr is\n"
-     "the input 'lr' (i = 0) or 'lr.<i>'"},
+     "the input 'lr' (i = 0) or 'lr.<i>'; shard_state None or True: ZeRO (the default), False: off"},
     {"sgd", FN(graph_sgd), METH_O, "sgd(lr): plain SGD with lr an f32 scalar input"},
     {"fsdp_wrap", KW(graph_fsdp_wrap),
      "fsdp_wrap(mesh, axis='fsdp', inputs=(), data_axes=None): FSDPv2's marks"},

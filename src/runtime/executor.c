@@ -68,9 +68,10 @@ struct device {
     kern_device kd;
     coll_group **groups;      /* per spec */
     int *member;              /* per spec */
-    /* First failure of the current run, one word per step parity (see
-     * run_worker); at most one of them is set in a run. */
-    _Atomic int status[2];
+    /* First failure of the current run, one word per step parity and one
+     * for the steps thread 0 runs alone (see run_worker); at most one of
+     * them is set in a run. */
+    _Atomic int status[3];
     char message[512];
     /* While tracing: this run's row of trace.times, written by thread 0
      * (see run_worker) and, for collectives in flight, the communication
@@ -767,6 +768,31 @@ static void inflight_drain(device *d, uint32_t issued)
     while ((int32_t)(v - want) < 0) v = rt_wait_while(&c->busy, &c->done, v);
 }
 
+/* A step too small to share: the largest of its output and operands at
+ * most this many elements, or a scalar output (a reduction to one scalar
+ * runs on one thread anyway). */
+enum { SOLO_ELEMENTS = 16384 };
+
+/* Whether thread 0 runs step t alone (nth 1: every thread count gives the
+ * same bits, "Determinism"), so that a run of such steps needs no barrier
+ * between them: on a device of several threads each barrier is a hand-off
+ * that costs more than these steps' work (the optimizer's scalars, the
+ * norm's sums, small bias updates).  Collectives keep their barrier. */
+static bool solo_step(const spmd_tensor *t, const fuse_group *grp)
+{
+    if (t->op == IR_ALL_REDUCE || t->op == IR_ALL_GATHER || t->op == IR_REDUCE_SCATTER ||
+        t->op == IR_ALL_TO_ALL)
+        return false;
+    int64_t most = ir_numel(t);
+    if (most == 1) return true;
+    int n = grp ? grp->n_in : t->n_in;
+    for (int j = 0; j < n; j++) {
+        int64_t k = ir_numel(grp ? grp->in[j] : t->in[j]);
+        most = k > most ? k : most;
+    }
+    return most <= SOLO_ELEMENTS;
+}
+
 static void run_worker(void *ctx, int ith, int nth)
 {
     device *d = ctx;
@@ -784,20 +810,42 @@ static void run_worker(void *ctx, int ith, int nth)
     dev_comm *c = d->comm;
     uint32_t issued = 0; /* hand-overs this run (thread 0) */
     int next_start = 0;  /* the next async collective to hand over */
-    int run = 0;         /* steps run, for the status word's parity */
+    int run = 0;         /* shared steps run, for the status word's parity */
     bool comm_ok = true; /* until a collective in flight fails */
     int last = -1;       /* the last step run (traced) */
+    /* The last of a run of solo steps (thread 0's alone) since the last
+     * barrier, -1 for none: the barrier it owes comes before the next
+     * shared step, or at the end.  Solo steps report in status[2], which
+     * every thread reads after that barrier: no thread can be writing it
+     * for a later run of solo steps before they all passed the next
+     * barrier. */
+    int owed = -1;
     for (int s = 0; s <= pl->n_steps; s++) {
-        /* Alternate status words: a fast thread failing step s+1 cannot be
-         * seen by a slow thread still checking step s, so every thread of
-         * the device stops at the same node. */
-        a.status = &d->status[run & 1];
+        const spmd_tensor *t = s < pl->n_steps ? pl->steps[s] : NULL;
+        bool skipped = t && p->micro_run && !p->c.micro[t->id]; /* the update waits for the last */
+        bool flying = t && c && pl->async_of[s] >= 0;
+        /* A fused group's root reads the group's inputs. */
+        const fuse_group *grp = t ? fusion_group(&p->c.fusion, t) : NULL;
+        bool solo = nth > 1 && t && !skipped && !flying && solo_step(t, grp);
+        if (owed >= 0 && !solo && !skipped && !flying) {
+            rt_pool_barrier(d->pool);
+            if (tr) tr[2 + 2 * owed] = trace_clock(p);
+            owed = -1;
+            if (atomic_load(&d->status[2]) != SPMD_OK) {
+                if (ith == 0 && p->world) coll_world_abort(p->world, d->message);
+                break;
+            }
+        }
+        /* Alternate status words: a fast thread failing the next shared
+         * step cannot be seen by a slow thread still checking this one,
+         * so every thread of the device stops at the same node. */
+        a.status = &d->status[solo ? 2 : run & 1];
         if (c) {
             comm_ok = inflight_wait(d, s, ith, a.status) && comm_ok;
             for (; ith == 0 && next_start < pl->n_async && pl->start_at[next_start] == s; next_start++)
                 inflight_issue(d, next_start, &issued);
         }
-        if (s == pl->n_steps) {
+        if (!t) {
             if (!comm_ok && ith == 0) coll_world_abort(p->world, d->message);
             /* The wait for what is still in flight at the end (results
              * the update or the caller reads) ends the last step, so the
@@ -805,16 +853,18 @@ static void run_worker(void *ctx, int ith, int nth)
             if (tr && last >= 0) tr[2 + 2 * last] = trace_clock(p);
             break;
         }
-        const spmd_tensor *t = pl->steps[s];
-        if (p->micro_run && !p->c.micro[t->id]) continue; /* the update waits for the last */
-        if (c && pl->async_of[s] >= 0) {
+        if (skipped) continue;
+        if (flying) {
             /* In flight on the communication thread: nothing to run here. */
             if (tr) tr[1 + 2 * s] = tr[2 + 2 * s] = trace_clock(p);
             last = s;
             continue;
         }
-        /* A fused group's root reads the group's inputs. */
-        const fuse_group *grp = fusion_group(&p->c.fusion, t);
+        if (solo) {
+            owed = s;
+            last = s;
+            if (ith != 0 || atomic_load(&d->status[2]) != SPMD_OK) continue;
+        }
         a.node = t;
         a.fused = grp;
         if (grp) {
@@ -823,12 +873,17 @@ static void run_worker(void *ctx, int ith, int nth)
         } else
             for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
         a.out = data_of(d, t);
+        a.nth = solo ? 1 : nth;
         /* A result that failed to arrive is not computed on. */
         if (comm_ok) {
             if (grp) kern_fused(&a);
             else kern_for(t->op)(&a);
         }
         if (tr) tr[1 + 2 * s] = trace_clock(p);
+        if (solo) {
+            if (tr) tr[2 + 2 * s] = tr[1 + 2 * s]; /* no barrier: the next step goes on */
+            continue;
+        }
         rt_pool_barrier(d->pool);
         if (tr) tr[2 + 2 * s] = trace_clock(p);
         last = s;
@@ -898,7 +953,8 @@ static void device_update(void *ctx, int ith, int nth)
 static int device_status(const device *d)
 {
     int st = atomic_load(&d->status[0]);
-    return st ? st : atomic_load(&d->status[1]);
+    if (!st) st = atomic_load(&d->status[1]);
+    return st ? st : atomic_load(&d->status[2]);
 }
 
 static spmd_status check_runnable(const spmd_program *p, const char *what)
@@ -960,6 +1016,7 @@ static spmd_status execute(spmd_program *p)
     for (int d = 0; d < p->n_local; d++) {
         atomic_store(&p->dev[d].status[0], SPMD_OK);
         atomic_store(&p->dev[d].status[1], SPMD_OK);
+        atomic_store(&p->dev[d].status[2], SPMD_OK);
         p->dev[d].message[0] = '\0';
         if (p->dev[d].comm) {
             dev_comm *c = p->dev[d].comm;

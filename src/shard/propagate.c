@@ -361,12 +361,16 @@ static bool sweep_forward(shard_plan *p, const bool *needed)
 }
 
 /* Backward: unmarked leaves take the sharding their first consumer (in
- * program order, visited last to first so the first wins) implies. */
+ * program order) implies.  Only the first sets a leaf in a sweep (its
+ * `swept` stamp), so a leaf whose later consumers ask for another
+ * sharding (the optimizer's sharding constraint under ZeRO) is not
+ * counted as changed every round. */
 static bool sweep_backward(shard_plan *p, const bool *needed)
 {
     bool changed = false;
     const spmd_graph *g = p->g;
-    for (int i = g->n_nodes - 1; i >= 0; i--) {
+    const int stamp = p->rounds + 1;
+    for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
         if ((needed && !needed[i]) || ir_op_is_leaf(t->op)) continue;
         if (p->nodes[i].level == SHARD_UNKNOWN) continue;
@@ -375,6 +379,11 @@ static bool sweep_backward(shard_plan *p, const bool *needed)
             shard_node *nx = &p->nodes[x->id];
             if (!ir_op_is_leaf(x->op) || nx->level == SHARD_MARKED || nx->level == SHARD_DERIVED)
                 continue;
+            /* An earlier consumer set it (one reading it twice: its last
+             * operand, as when every consumer overwrote it). */
+            if (nx->swept == stamp && nx->swept_by != i) continue;
+            nx->swept = stamp;
+            nx->swept_by = i;
             sharding want = shard_operand_need(p, t, j);
             want.partial = 0;
             if (nx->level == SHARD_INFERRED && sharding_equal(&nx->out, &want)) continue;

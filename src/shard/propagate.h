@@ -44,6 +44,7 @@ typedef struct shard_node {
     mesh_axes *iter;                 /* the op's choice per iteration dim: sig->n_iter */
     uint32_t through;                /* partial axes the op lets through */
     uint32_t through_operands;       /* bit j: operand j stays partial */
+    int swept, swept_by;             /* a leaf: the backward sweep (1, 2, ..) that set it, and the consumer */
 } shard_node;
 
 /* The most rounds of the two sweeps.  Each round carries a sharding one

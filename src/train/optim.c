@@ -91,6 +91,10 @@ static spmd_status resolve(const spmd_optimizer *opt, const char *who, spmd_opti
         return base_error(SPMD_ERR_INVALID,
                           "%s: accumulate_steps %d is outside 0 .. %d (0 or 1: no accumulation)",
                           who, opt->accumulate_steps, MAX_ACCUMULATE);
+    if ((unsigned)opt->zero > SPMD_ZERO_OFF)
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: zero %d is not SPMD_ZERO_DEFAULT, SPMD_ZERO_ON or SPMD_ZERO_OFF", who,
+                          (int)opt->zero);
     if (!nonneg(opt->clip_norm))
         return base_error(SPMD_ERR_INVALID,
                           "%s: clip_norm %g must be finite and >= 0 (0 turns clipping off)", who,
@@ -332,7 +336,7 @@ static spmd_status copy_mark(spmd_graph *g, spmd_tensor *t, const sharding *mark
     return SPMD_OK;
 }
 
-/* Where the update of p works: p's own sharding, or with shard_state
+/* Where the update of p works: p's own sharding, or with ZeRO (the default)
  * (ZeRO) also split, on p's largest dim, over the mesh axes p is
  * replicated over; false when that is p's unmarked, replicated self. */
 static bool state_mark(const spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
@@ -341,7 +345,8 @@ static bool state_mark(const spmd_graph *g, const spmd_optimizer *o, const spmd_
     *out = p->mark ? *p->mark : sharding_replicated(p->rank);
     bool marked = p->mark != NULL;
     const spmd_mesh *m = g->mesh;
-    if (!o->shard_state || !m || p->rank == 0) return marked;
+    /* A grouped split (N*axis, runs each split apart) keeps its own mark. */
+    if (o->zero == SPMD_ZERO_OFF || !m || p->rank == 0 || sharding_has_groups(out)) return marked;
     uint32_t used = 0;
     for (int i = 0; i < p->rank; i++) used |= mesh_axes_mask(&out->dim[i]);
     int d = 0;
@@ -350,8 +355,16 @@ static bool state_mark(const spmd_graph *g, const spmd_optimizer *o, const spmd_
     int64_t blocks = mesh_axes_size(m, &out->dim[d]);
     for (int a = 0; a < m->rank && out->dim[d].n < MESH_MAX_AXES; a++) {
         if ((used >> a & 1) || m->independent[a] || m->shape[a] == 1) continue;
-        /* Every device gets a piece: no split into mostly padding. */
-        if (p->dims[d] < blocks * m->shape[a]) break;
+        /* Every device gets a piece: no split into mostly padding, and no
+         * device left with only padding (11 rows over 8: blocks of 2, the
+         * last two empty). */
+        int64_t nb = blocks * m->shape[a], rows = (p->dims[d] + nb - 1) / nb;
+        if (p->dims[d] < nb || (nb - 1) * rows >= p->dims[d]) break;
+        /* Inside blocks the mark splits already, only an even split: the
+         * padding of uneven blocks would sit between the new pieces, and
+         * gathering them back would take the whole dim (a whole
+         * vocabulary on every device). */
+        if (blocks > 1 && p->dims[d] % nb != 0) break;
         out->dim[d].axis[out->dim[d].n++] = (int8_t)a;
         blocks *= m->shape[a];
         marked = true;
@@ -371,14 +384,14 @@ static spmd_tensor *param_state(spmd_graph *g, const spmd_optimizer *o, const sp
     return s;
 }
 
-/* p as the update reads it: itself, or with shard_state a sharding
+/* p as the update reads it: itself, or with ZeRO a sharding
  * constraint of it to the update's sharding (each device's slice of it:
  * no collective, no copy), so the update runs on shards and only its
  * result is gathered back. */
 static spmd_tensor *param_in_update(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p)
 {
     sharding mark;
-    if (!o->shard_state || !state_mark(g, o, p, &mark) || (p->mark && sharding_equal(&mark, p->mark)))
+    if (o->zero == SPMD_ZERO_OFF || !state_mark(g, o, p, &mark) || (p->mark && sharding_equal(&mark, p->mark)))
         return p;
     spmd_tensor *view = ir_sharding_constraint(g, p);
     if (view && copy_mark(g, view, &mark) != SPMD_OK) return NULL;

@@ -1,7 +1,8 @@
 """bench/bench_torch_gpt.py (README "Benchmarks"): in one run it reports
 the PyTorch GPT's step eagerly, through libspmd.torch on meshes 1 and 4x2
 and built with the C API on the same meshes, names the machine, starts
-libspmd.torch from eager's loss, and gives the ratios of its times."""
+libspmd.torch from eager's loss, and gives the ratios of its times; and
+bench/bench_torch_mlp.py does the same for bench_step's MLP on one device."""
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 BENCH = os.path.join(ROOT, "bench", "bench_torch_gpt.py")
+BENCH_MLP = os.path.join(ROOT, "bench", "bench_torch_mlp.py")
 
 
 def test_quick_run_reports_every_case_and_its_ratios():
@@ -51,3 +53,33 @@ def test_quick_run_reports_every_case_and_its_ratios():
             assert abs(vs_c - ms / c_ms) <= rounding(vs_c, ms, c_ms)
         else:
             assert vs_c is None
+
+
+def test_quick_mlp_run_reports_every_case():
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, BENCH_MLP, "--quick"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    out = r.stdout
+    machine = next(line for line in out.splitlines() if line.startswith("machine: "))
+    assert f"{os.cpu_count()} cores" in machine and "torch " in machine
+    # The same PyTorch model eagerly and through libspmd.torch: the same first loss.
+    eager, traced = (float(x) for x in re.findall(r"(\d+\.\d+)", out.split("first-step loss:")[1]
+                                                   .splitlines()[0])[:2])
+    assert abs(eager - traced) <= 1e-4 * eager
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"(eager PyTorch|libspmd\.torch|libspmd C API)\s+(\S+(?: \S+)*?)\s+"
+                     r"(\d+\.\d)\s+(\d+\.\d)\s+(\d+\.\d\d)$", line)
+        if m:
+            rows[(m.group(1), m.group(2))] = [float(x) for x in m.groups()[2:]]
+    cores = os.cpu_count()
+    threads = {f"{cores} threads", "1 thread"} if cores > 1 else {"1 thread"}
+    assert set(rows) == {("eager PyTorch", t) for t in threads} | {
+        ("libspmd C API", "1"), ("libspmd.torch", "1")}
+    eager_ms = min(ms for (what, _), (ms, *_rest) in rows.items() if what == "eager PyTorch")
+    for (what, mesh), (ms, best, ratio) in rows.items():
+        assert 0 < best <= ms
+        # Of the unrounded medians: the printed ones (0.1 ms) are rounded.
+        assert abs(ratio - eager_ms / ms) <= 0.01 + (0.05 / eager_ms + 0.05 / ms) * ratio

@@ -1,7 +1,9 @@
 """explain() and explain_text() of an FSDP-in-replicas MLP on a 4x2 mesh
-('replica', 'fsdp'): the weights gathered and their gradients
-reduce-scattered over 'fsdp', then all-reduced over 'replica'; and
-visualize's picture."""
+('replica', 'fsdp'): the weights gathered over 'fsdp'; with ZeRO (the
+default) each gradient reduce-scattered over both axes, the optimizer
+state split over both and the new weights all-gathered over 'replica';
+without it the gradients reduce-scattered over 'fsdp', then all-reduced
+over 'replica'; and visualize's picture."""
 import libspmd
 import pytest
 
@@ -16,6 +18,18 @@ def planned():
     return g, p
 
 
+def test_explain_without_zero():
+    mesh = libspmd.Mesh((4, 2), ("replica", "fsdp"))
+    g, x, targets, loss, opt = train_step_graph(build_mlp, mesh, shard_state=False)
+    r = g.compile(plan_only=True).explain()
+    tensors = {t["name"]: t for t in r["tensors"]}
+    assert tensors["fc.0.weight.exp_avg"]["sharding"] == "fsdp, None"
+    kinds = {(c["phase"], c["kind"], tuple(c["axes"]), c["value"]) for c in r["collectives"]}
+    assert ("update", "reduce-scatter", ("fsdp",), "fc.0.weight.grad") in kinds
+    assert ("update", "all-reduce", ("replica",), "fc.0.weight.grad") in kinds
+    assert not any(c["phase"] == "update" and c["kind"] == "all-gather" for c in r["collectives"])
+
+
 def test_explain_dict(planned):
     g, p = planned
     r = p.explain()
@@ -23,15 +37,19 @@ def test_explain_dict(planned):
     assert r["devices"] == 8 and r["params"] == g.param_count
     tensors = {t["name"]: t for t in r["tensors"]}
     assert tensors["fc.0.weight"] == {"name": "fc.0.weight", "shape": [32, 16], "sharding": "fsdp, None"}
-    assert tensors["fc.0.weight.exp_avg"]["sharding"] == "fsdp, None"
+    assert tensors["fc.0.weight.exp_avg"]["sharding"] == "(fsdp, replica), None"
     assert tensors["input"]["sharding"] == "(replica, fsdp), None"
     assert "partial(replica, fsdp)" in tensors["fc.0.weight.grad"]["sharding"]
 
     kinds = {(c["phase"], c["kind"], tuple(c["axes"]), c["value"]) for c in r["collectives"]}
     assert ("forward", "all-gather", ("fsdp",), "fc.0.weight") in kinds
     assert ("backward", "all-gather", ("fsdp",), "fc.1.weight") in kinds
-    assert ("update", "reduce-scatter", ("fsdp",), "fc.0.weight.grad") in kinds
-    assert ("update", "all-reduce", ("replica",), "fc.0.weight.grad") in kinds
+    assert ("update", "reduce-scatter", ("fsdp", "replica"), "fc.0.weight.grad") in kinds
+    assert not any(c["kind"] == "all-reduce" and c["value"] == "fc.0.weight.grad"
+                   for c in r["collectives"])
+    # The new weights come back over 'replica'.
+    assert any(c["phase"] == "update" and c["kind"] == "all-gather" and c["axes"] == ["replica"]
+               for c in r["collectives"])
     for c in r["collectives"]:
         assert c["bytes"] > 0 and c["seconds"] > 0 and c["count"] >= 1
     # A gradient [32, 16] of f32 reduce-scattered over the pair: its whole 2 KiB.

@@ -33,9 +33,10 @@ def build_mlp(g):
     return x, targets, g.cross_entropy(h, targets)
 
 
-def train_step_graph(build, mesh=None):
-    """A Graph with the model, its loss marked, AdamW with clipping; on a
-    mesh the FSDP-in-replicas marks."""
+def train_step_graph(build, mesh=None, shard_state=None):
+    """A Graph with the model, its loss marked, AdamW with clipping (ZeRO
+    by default, shard_state=False: off); on a mesh the FSDP-in-replicas
+    marks."""
     g = libspmd.Graph()
     x, targets, loss = build(g)
     if mesh is not None:
@@ -46,7 +47,7 @@ def train_step_graph(build, mesh=None):
         g.mark_sharding(targets, mesh, (("replica", "fsdp"),))
     g.mark_output(loss)
     g.grad(loss)
-    opt = g.optimizer_apply("adamw", weight_decay=0.01, clip_norm=1.0)
+    opt = g.optimizer_apply("adamw", weight_decay=0.01, clip_norm=1.0, shard_state=shard_state)
     return g, x, targets, loss, opt
 
 

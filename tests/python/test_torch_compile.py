@@ -335,8 +335,17 @@ def test_explain_gpt_fsdp_in_replicas():
     assert report["mesh"] == {"shape": [4, 2], "axes": ["replica", "fsdp"]}
     kinds = {(c["kind"], tuple(c["axes"])) for c in report["collectives"]}
     assert ("all-gather", ("fsdp",)) in kinds
-    assert ("reduce-scatter", ("fsdp",)) in kinds
-    assert ("all-reduce", ("replica",)) in kinds
+    # ZeRO (the default): gradients reduce-scattered over both axes, the
+    # new weights all-gathered back over 'replica'.
+    assert ("reduce-scatter", ("fsdp", "replica")) in kinds
+    assert ("all-gather", ("replica",)) in kinds
+    assert ("all-reduce", ("replica",)) not in kinds
+    off = xs.compile(model, adamw(model), gpt_loss, clip_grad_norm=CLIP, zero=False)
+    off(*data[0])
+    kinds_off = {(c["kind"], tuple(c["axes"])) for c in off.explain()["collectives"]}
+    assert ("reduce-scatter", ("fsdp",)) in kinds_off and ("all-reduce", ("replica",)) in kinds_off
+    with pytest.raises(ValueError, match="zero must be True"):
+        xs.compile(model, adamw(model), gpt_loss, zero="off")
     gathered = {c["value"] for c in report["collectives"] if c["kind"] == "all-gather"}
     assert "h.0.c_fc.weight" in gathered
     text = step.explain_text()

@@ -149,7 +149,8 @@ class Step:
     """The training step compile() returns: call it with a batch."""
 
     def __init__(self, model, optimizer, loss_fn, clip_grad_norm=None, seed=0,
-                 gradient_accumulation_steps=1, mixed_precision=None, reduce_dtype=None):
+                 gradient_accumulation_steps=1, mixed_precision=None, reduce_dtype=None,
+                 zero=True):
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -164,6 +165,9 @@ class Step:
         self.accumulation = gradient_accumulation_steps
         self.matmul_precision = _matmul_precision(mixed_precision)
         self.reduce_precision = _matmul_precision(reduce_dtype, "reduce_dtype")
+        if not isinstance(zero, bool):
+            raise ValueError(f"zero must be True (ZeRO, the default) or False, got {zero!r}")
+        self.zero = zero
         self.steps = 0
         self._cache = {}
         self._active = None
@@ -199,7 +203,7 @@ class Step:
                     g.mark_sharding(env[call.out.id], self._libspmd_mesh(m.mesh), m.spec_text())
             g.grad(loss)
             lrs = g.optimizer_apply_groups(plan.kind, plan.groups, clip_norm=self.clip_grad_norm,
-                                           accumulate_steps=self.accumulation)
+                                           shard_state=self.zero, accumulate_steps=self.accumulation)
             program = g.compile(seed=self.seed)
         except BaseException:
             g.close()
@@ -377,7 +381,7 @@ def _matmul_precision(mixed_precision, keyword="mixed_precision"):
 
 
 def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulation_steps=1,
-            mixed_precision=None, reduce_dtype=None):
+            mixed_precision=None, reduce_dtype=None, zero=True):
     """A training step for `model`: `loss = step(*batch)` runs forward,
     backward and `optimizer`'s update (torch.optim.SGD, Adam or AdamW, every
     param group with its own settings, lr read at each call) as one libspmd
@@ -397,10 +401,13 @@ def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulatio
     (FSDP2's MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) the
     gradients' reductions move bf16: each device's gradient rounded, the
     sum taken in f32 and rounded once, widened for the f32 update; half
-    the bytes."""
+    the bytes.  zero=True (the default) runs the update ZeRO's way on a
+    mesh: the optimizer state and the update split over the axes each
+    parameter is replicated over (reduce-scatter, update a share,
+    all-gather); zero=False updates every replica whole."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
     OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option
     return Step(model, optimizer, loss_fn, clip_grad_norm,
                 gradient_accumulation_steps=gradient_accumulation_steps,
-                mixed_precision=mixed_precision, reduce_dtype=reduce_dtype)
+                mixed_precision=mixed_precision, reduce_dtype=reduce_dtype, zero=zero)

@@ -1,0 +1,28 @@
+/*
+ * `spmd explain --trace FILE.json`: the collectives' measured times, read
+ * from a timeline `spmd train --trace` wrote, for explain to print next to
+ * the cost model's estimates.
+ */
+#ifndef SPMD_TOOLS_EXPLAIN_TRACE_H
+#define SPMD_TOOLS_EXPLAIN_TRACE_H
+
+#include "spmd/mesh.h"
+
+/* Per collective of the plan (its index in spmd_program_collective). */
+typedef struct explain_measured {
+    int n;
+    double *median_us; /* over every traced run of it on every device; NAN: never traced */
+    int *samples;      /* how many boxes the median is of */
+    int first_step, last_step;
+} explain_measured;
+
+/* Reads `path` and checks it is a trace of this plan: the run's model,
+ * parameter count and mesh (`model`, `params`, `mesh`, as explain names
+ * them) and every traced collective's kind, bytes and value against
+ * program p's.  0, or 2 with a message naming the file's run and this
+ * plan (or 1 when the file cannot be read). */
+int explain_trace_read(const char *path, const char *model, double params, const char *mesh,
+                       const spmd_program *p, explain_measured *out);
+void explain_measured_free(explain_measured *m);
+
+#endif
