@@ -76,42 +76,63 @@ static void run_text(char *buf, size_t size, const char *model, double params, c
              n);
 }
 
-/* The boxes of collective events, checked against p; 0 or 2. */
+/* The boxes of collective events, checked against p; 0 or 2.  A
+ * collective in flight has two: its hand-over on the device's track (no
+ * time) and its run on the communication track (in_flight), which is
+ * its time; the first pass (in_flight) takes those, the second the
+ * device tracks' boxes of collectives the first found none of (blocking
+ * steps, or a trace made with --overlap off). */
 static int collect(const char *path, const cJSON *events, const spmd_program *p, double **durs,
-                   int *counts)
+                   int *counts, bool in_flight)
 {
     int n = spmd_program_collective_count(p);
     const cJSON *e;
+    bool *had = calloc((size_t)(n ? n : 1), sizeof *had);
+    if (!had) return cli_fail("--trace %s: out of memory", path), 1;
+    for (int i = 0; i < n; i++) had[i] = counts[i] > 0;
+    int rc = 0;
     cJSON_ArrayForEach(e, events)
     {
         const char *cat = string_of(e, "cat");
         if (!cat || strcmp(cat, "collective")) continue;
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(args, "in_flight")) != in_flight) continue;
         double index, dur, bytes;
         const char *kind = string_of(args, "kind"), *value = string_of(args, "value");
         if (!number_of(args, "collective", &index) || !number_of(e, "dur", &dur) ||
-            !number_of(args, "bytes", &bytes) || !kind || !value)
-            return cli_fail("--trace %s: a collective's box has no index, dur, kind, bytes or value "
-                            "(not written by this version of spmd train --trace)", path), 2;
+            !number_of(args, "bytes", &bytes) || !kind || !value) {
+            rc = (cli_fail("--trace %s: a collective's box has no index, dur, kind, bytes or value "
+                          "(not written by this version of spmd train --trace)", path), 2);
+            break;
+        }
         spmd_collective_info c;
         if (index < 0 || index >= n || index != floor(index) ||
-            spmd_program_collective(p, (int)index, &c) != SPMD_OK)
-            return cli_fail("--trace %s: it traced collective %.0f; this plan has %d (0 to %d): a "
-                            "trace of other flags", path, index, n, n - 1), 2;
-        if (strcmp(c.kind, kind) || (double)c.bytes != bytes || strcmp(c.tensor, value))
-            return cli_fail("--trace %s: its collective %d is a %s of %s, %.0f bytes a device; this "
-                            "plan's is a %s of %s, %lld bytes: a trace of other flags (--zero, "
-                            "--fsdp, --shard, --batch ...)", path, (int)index, kind, value, bytes,
-                            c.kind, c.tensor, (long long)c.bytes), 2;
+            spmd_program_collective(p, (int)index, &c) != SPMD_OK) {
+            rc = (cli_fail("--trace %s: it traced collective %.0f; this plan has %d (0 to %d): a "
+                          "trace of other flags", path, index, n, n - 1), 2);
+            break;
+        }
+        if (strcmp(c.kind, kind) || (double)c.bytes != bytes || strcmp(c.tensor, value)) {
+            rc = (cli_fail("--trace %s: its collective %d is a %s of %s, %.0f bytes a device; this "
+                          "plan's is a %s of %s, %lld bytes: a trace of other flags (--zero, "
+                          "--fsdp, --shard, --batch ...)", path, (int)index, kind, value, bytes,
+                          c.kind, c.tensor, (long long)c.bytes), 2);
+            break;
+        }
         int i = (int)index;
+        if (had[i]) continue;
         if ((counts[i] & (counts[i] - 1)) == 0) { /* 0, 1, 2, 4, ...: room for twice as many */
             double *grown = realloc(durs[i], (size_t)(counts[i] ? 2 * counts[i] : 1) * sizeof *grown);
-            if (!grown) return cli_fail("--trace %s: out of memory", path), 1;
+            if (!grown) {
+                rc = (cli_fail("--trace %s: out of memory", path), 1);
+                break;
+            }
             durs[i] = grown;
         }
         durs[i][counts[i]++] = dur;
     }
-    return 0;
+    free(had);
+    return rc;
 }
 
 int explain_trace_read(const char *path, const char *model, double params, const char *mesh,
@@ -147,8 +168,9 @@ int explain_trace_read(const char *path, const char *model, double params, const
     out->n = n;
     out->median_us = calloc((size_t)(n ? n : 1), sizeof *out->median_us);
     out->samples = calloc((size_t)(n ? n : 1), sizeof *out->samples);
-    int rc = durs && out->median_us && out->samples ? collect(path, events, p, durs, out->samples)
+    int rc = durs && out->median_us && out->samples ? collect(path, events, p, durs, out->samples, true)
                                                     : (cli_fail("--trace: out of memory"), 1);
+    if (!rc) rc = collect(path, events, p, durs, out->samples, false);
     for (int i = 0; !rc && i < n; i++) {
         int k = out->samples[i];
         if (!k) {

@@ -161,6 +161,7 @@ static void add_inflight_event(cJSON *list, const spmd_program *p, const spmd_tr
     cJSON_AddStringToObject(args, "op", e->op);
     cJSON_AddBoolToObject(args, "in_flight", true);
     cJSON_AddNumberToObject(args, "device_wait_us", e->wait_us);
+    cJSON_AddNumberToObject(args, "collective", e->collective); /* explain --trace's index */
     cJSON_AddStringToObject(args, "kind", c.kind);
     cJSON_AddStringToObject(args, "axes", c.axes);
     cJSON_AddNumberToObject(args, "bytes", (double)c.bytes);
