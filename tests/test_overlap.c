@@ -200,7 +200,7 @@ static double round_ratio(stack *on, stack *off, double *fastest)
 }
 
 /* Sleeps dominate the transport: serial, a step takes the sum of its
- * compute and its communication; overlapped, about the larger (0.58-0.64
+ * compute and its communication; overlapped, about the larger (0.55-0.64
  * of the sum on the 2-core machine, 0.5 and a first gather and a last
  * reduce-scatter at best).  Asserted with a wide margin, below 0.8, in the best
  * of up to three rounds, each calibrated afresh (on the fastest compute
