@@ -272,16 +272,71 @@ static bool may_fly(ir_op op)
 
 static bool is_collective(ir_op op) { return may_fly(op) || op == IR_ALL_TO_ALL; }
 
-/* When each collective is handed over and waited for (plan.h).  Collectives
- * keep their schedule order, the order every device issues them in.  A
- * collective may start once its operand is written (the step after its
- * producer), no earlier than the one before it, and only when the one
- * `depth` places before it has been waited for; it starts at its own step
- * at the latest, and the one `depth` before it is then waited for there.
- * It is waited for where its result is first read.  A collective that
- * cannot gain (its operand written just before it, its result read just
- * after) stays a step of its own; every collective before it is waited for
- * by then, and none after it starts before it. */
+/* One collective of the schedule, for schedule_async. */
+typedef struct coll_item {
+    int s;     /* its step */
+    int ready; /* the step after its operand's producer (0: a leaf) */
+    int read;  /* where its result is first read (n_steps: not on the device) */
+    int key;   /* its place in the hand-over order */
+    bool fly;
+} coll_item;
+
+/* Start and wait steps for the collectives in hand-over order `it`
+ * (n of them).  False where the order cannot keep `depth` in flight
+ * (a collective would have to start where the one `depth` before it
+ * starts): the caller then hands them over in schedule order. */
+static bool schedule_in_order(plan *p, const coll_item *it, int n, int depth)
+{
+    int k = 0, not_before = 0, last_start = 0;
+    for (int i = 0; i < n; i++) {
+        if (!it[i].fly) {
+            for (int j = 0; j < k; j++)
+                if (p->wait_at[j] > it[i].s) p->wait_at[j] = it[i].s;
+            not_before = it[i].s + 1;
+            continue;
+        }
+        /* At its own step at the latest, and no later than any collective
+         * handed over after it. */
+        int latest = it[i].s;
+        for (int j = i + 1; j < n; j++)
+            if (it[j].s < latest) latest = it[j].s;
+        int start = it[i].ready > last_start ? it[i].ready : last_start;
+        if (start < not_before) start = not_before;
+        if (k >= depth && start < p->wait_at[k - depth]) start = p->wait_at[k - depth];
+        if (start > latest) start = latest;
+        if (k >= depth && p->wait_at[k - depth] > start) {
+            if (start <= p->start_at[k - depth]) return false;
+            p->wait_at[k - depth] = start;
+        }
+        p->async_step[k] = it[i].s;
+        p->start_at[k] = start;
+        p->wait_at[k] = it[i].read;
+        p->async_of[it[i].s] = k;
+        last_start = start;
+        k++;
+    }
+    p->n_async = k;
+    return true;
+}
+
+/* When each collective is handed over and waited for (plan.h).  Every
+ * device hands them over in one order, the plan's, and its communication
+ * thread runs them in it.  That order is the schedule order, except that
+ * a collective of a leaf (a parameter's gather) is handed over as soon
+ * as the leaf collective `depth` - 1 places before it in the schedule is
+ * first read: a prefetch, ahead of the gradients' reductions of the
+ * layers between (in schedule order, the backward pass's next gather
+ * would queue behind this layer's reduce-scatter and be waited for at
+ * once), but never past a collective that stays a step.  A collective may
+ * start once its operand is written (the step after its producer), no
+ * earlier than the one before it, and only when the one `depth` places
+ * before it has been waited for; it starts at its own step at the latest
+ * (and no later than any handed over after it), and the one `depth`
+ * before it is then waited for there.  It is waited for where its result
+ * is first read.  A collective that cannot gain (its operand written just
+ * before it, its result read just after) stays a step of its own; every
+ * collective before it is waited for by then, and none after it starts
+ * before it. */
 static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu, int depth,
                                   const bool *written_in_place)
 {
@@ -289,13 +344,16 @@ static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu
     size_t nn = (size_t)(n ? n : 1), nsz = (size_t)(ns ? ns : 1);
     int *prod = base_alloc(&p->alloc, nn * sizeof *prod, "memory plan");
     int *first_read = base_alloc(&p->alloc, nn * sizeof *first_read, "memory plan");
+    coll_item *it = base_alloc(&p->alloc, nsz * sizeof *it, "memory plan");
     p->async_of = base_alloc(&p->alloc, nsz * sizeof *p->async_of, "memory plan");
     p->async_step = base_alloc(&p->alloc, nsz * sizeof *p->async_step, "memory plan");
     p->start_at = base_alloc(&p->alloc, nsz * sizeof *p->start_at, "memory plan");
     p->wait_at = base_alloc(&p->alloc, nsz * sizeof *p->wait_at, "memory plan");
-    if (!prod || !first_read || !p->async_of || !p->async_step || !p->start_at || !p->wait_at) {
+    if (!prod || !first_read || !it || !p->async_of || !p->async_step || !p->start_at ||
+        !p->wait_at) {
         base_free(&p->alloc, prod);
         base_free(&p->alloc, first_read);
+        base_free(&p->alloc, it);
         return SPMD_ERR_NOMEM;
     }
     for (int i = 0; i < n; i++) prod[i] = first_read[i] = -1;
@@ -323,33 +381,61 @@ static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu
             if (first_read[src] < 0) first_read[src] = s;
         }
     }
-    int k = 0, not_before = 0, last_start = 0;
+    int m = 0, not_before = 0, leaves = 0; /* leaves: the all-gathers so far */
+    int *leaf_read = first_read; /* reused: where the all-gathers so far are first read */
     for (int s = 0; s < ns; s++) {
         const spmd_tensor *t = p->steps[s];
         if (!is_collective(t->op)) continue;
         const spmd_tensor *x = t->in[0];
-        int ready = prod[p->storage[x->id]] + 1; /* 0 for a leaf */
-        int read = first_read[t->id] < 0 ? ns : first_read[t->id];
-        bool fly = may_fly(t->op) && !written_in_place[x->id] && (ready < s || read > s + 1);
-        if (!fly) {
-            for (int j = 0; j < k; j++)
-                if (p->wait_at[j] > s) p->wait_at[j] = s;
-            not_before = s + 1;
+        coll_item c;
+        c.s = s;
+        c.ready = prod[p->storage[x->id]] + 1; /* 0 for a leaf */
+        c.read = first_read[t->id] < 0 ? ns : first_read[t->id];
+        c.fly = may_fly(t->op) && !written_in_place[x->id] && (c.ready < s || c.read > s + 1);
+        c.key = s;
+        it[m++] = c;
+    }
+    /* The hand-over keys of the all-gathers (a parameter's: prefetches). */
+    for (int i = 0; i < m; i++) {
+        coll_item *c = &it[i];
+        if (!c->fly) {
+            not_before = c->s + 1;
             continue;
         }
-        int start = ready > last_start ? ready : last_start;
-        if (start < not_before) start = not_before;
-        if (k >= depth && start < p->wait_at[k - depth]) start = p->wait_at[k - depth];
-        if (start > s) start = s;
-        if (k >= depth && p->wait_at[k - depth] > start) p->wait_at[k - depth] = start;
-        p->async_step[k] = s;
-        p->start_at[k] = start;
-        p->wait_at[k] = read;
-        p->async_of[s] = k;
-        last_start = start;
-        k++;
+        if (p->steps[c->s]->op != IR_ALL_GATHER) continue;
+        int ahead = depth - 1;
+        int key = leaves >= ahead ? leaf_read[leaves - ahead] : 0;
+        if (key < not_before) key = not_before;
+        if (key < c->ready) key = c->ready;
+        if (key < c->key) c->key = key;
+        leaf_read[leaves++] = c->read;
     }
-    p->n_async = k;
+    /* Stable insertion sort by key (the schedule order among equals;
+     * a step of its own keeps its place: no key crosses it). */
+    for (int i = 1; i < m; i++) {
+        coll_item c = it[i];
+        int j = i;
+        for (; j > 0 && it[j - 1].key > c.key; j--) it[j] = it[j - 1];
+        it[j] = c;
+    }
+    if (!schedule_in_order(p, it, m, depth)) {
+        for (int s = 0; s < ns; s++) p->async_of[s] = -1;
+        for (int i = 1; i < m; i++) {
+            coll_item c = it[i];
+            int j = i;
+            for (; j > 0 && it[j - 1].s > c.s; j--) it[j] = it[j - 1];
+            it[j] = c;
+        }
+        for (int i = 0; i < m; i++) it[i].key = it[i].s;
+        if (!schedule_in_order(p, it, m, depth)) {
+            base_free(&p->alloc, prod);
+            base_free(&p->alloc, first_read);
+            base_free(&p->alloc, it);
+            return base_error(SPMD_ERR_INTERNAL, "plan: no order of the collectives in flight");
+        }
+    }
+    base_free(&p->alloc, it);
+    int k = p->n_async;
     p->overlap_depth = depth;
     /* A collective whose result another one in flight reads is done by
      * the time that one is (the thread runs them in order): waited for no
