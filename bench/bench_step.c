@@ -66,7 +66,7 @@ static double flops_per_step(const workload *w, int64_t params)
     return (6.0 * mults + attn) * tokens;
 }
 
-/* Every collective a blocking step (spmd_compile_options.no_overlap). */
+/* Every collective a blocking step (spmd_compile_options.overlap unset). */
 static bool no_overlap;
 
 /* Build, mark, compile and time `reps` steps; ms per step (median) or < 0. */
@@ -99,7 +99,7 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
     spmd_trainer_options opts = {
         .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f,
                       .zero = mc->zero_off ? SPMD_ZERO_OFF : SPMD_ZERO_DEFAULT},
-        .compile = {.threads = threads, .seed = 1, .no_overlap = no_overlap}};
+        .compile = {.threads = threads, .seed = 1, .overlap = !no_overlap}};
     spmd_trainer *tr = st == SPMD_OK ? spmd_trainer_create(g, loss, &opts) : NULL;
     double ms = -1;
     if (tr) {

@@ -244,13 +244,13 @@ static void test_default_run(void **state)
     support_path_in(trace, dir, "default.json");
     support_path_in(svg, dir, "default.svg");
     support_path_in(png, dir, "default.png");
-    int rc = run_toolf(out, sizeof out, "train --steps 5 --eval 0 --trace %s --trace-plot %s",
-                       trace, svg);
+    int rc = run_toolf(out, sizeof out,
+                       "train --steps 5 --eval 0 --overlap on --trace %s --trace-plot %s", trace, svg);
     if (rc) fail_msg("spmd train --trace failed (%d):\n%s", rc, out);
     checked c = check_trace(trace);
     assert_int_equal(c.tracks, DEVICES);
     for (int d = 0; d < DEVICES; d++) assert_true(track_of(&c, 0, d) >= 0);
-    /* Collectives in flight by default, each device's on a track of its own. */
+    /* Collectives in flight, each device's on a track of its own. */
     assert_int_equal(c.comm_tracks, DEVICES);
     assert_true(c.flying > 0);
     assert_int_equal(c.steps, 3);
@@ -265,11 +265,11 @@ static void test_steps_asked(void **state)
     char trace[SUPPORT_PATH];
     support_path_in(trace, dir, "steps.json");
     int rc = run_toolf(out, sizeof out,
-                       "train --model mlp --steps 4 --eval 0 --trace %s --trace-steps 3-4 "
-                       "--overlap off", trace);
+                       "train --model mlp --steps 4 --eval 0 --trace %s --trace-steps 3-4", trace);
     if (rc) fail_msg("spmd train --trace-steps 3-4 failed (%d):\n%s", rc, out);
     checked c = check_trace(trace);
-    /* Without overlap every collective is a step of its device's track. */
+    /* Without overlap (the default) every collective is a step of its
+     * device's track. */
     assert_int_equal(c.comm_tracks, 0);
     assert_int_equal(c.flying, 0);
     assert_int_equal(c.steps, 2);

@@ -71,7 +71,7 @@ static void stack_build(stack *s, bool no_overlap)
     s->lr = spmd_input(s->g, "lr", SPMD_F32, 0, NULL);
     assert_int_equal(spmd_sgd(s->g, s->lr), SPMD_OK);
     s->p = spmd_compile(s->g, &(spmd_compile_options){.threads = 2, .seed = 3,
-                                                      .no_overlap = no_overlap});
+                                                      .overlap = !no_overlap});
     if (!s->p) fail_msg("compile: %s", spmd_last_error());
     static float xv[ROWS * WIDTH];
     for (int i = 0; i < ROWS * WIDTH; i++) xv[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;

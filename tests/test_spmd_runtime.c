@@ -67,7 +67,7 @@ static void gpt_setup(gpt_run *r, const char *shape, const char *axes, const cha
     spmd_tensor *lr = spmd_input(r->g, "lr", SPMD_F32, 0, NULL);
     assert_int_equal(spmd_sgd(r->g, lr), SPMD_OK);
     r->p = spmd_compile(r->g, &(spmd_compile_options){.threads = gpt_threads, .seed = 7,
-                                                      .no_overlap = gpt_no_overlap});
+                                                      .overlap = !gpt_no_overlap});
     if (!r->p) fail_msg("compile: %s", spmd_last_error());
     float lrv = 0.05f;
     assert_int_equal(spmd_program_set_input(r->p, lr, &lrv, sizeof lrv), SPMD_OK);

@@ -275,7 +275,7 @@ static const flag_spec flag_specs[] = {
     {.name = "--overlap", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE, .offset = FIELD(overlap),
      .value = "on|off",
      .help = "on a mesh, run collectives on each device's communication thread while it computes "
-             "(off: each a blocking step; the same bits)", .initial = "on", .choices = "off|on"},
+             "(off, the default: each a blocking step; the same bits)", .initial = "off", .choices = "off|on"},
 
     /* sample */
     {.name = "--resume", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(resume),

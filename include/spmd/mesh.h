@@ -96,7 +96,7 @@ typedef struct spmd_collective_info {
                          * micro-batches a step takes (forward and backward) */
     const char *phase;  /* "forward", "backward" or "update" */
     char tensor[96];    /* the value it moves (a pending sum: named by its source) */
-    /* In flight (spmd_compile_options.no_overlap unset): the steps of the
+    /* In flight (spmd_compile_options.overlap): the steps of the
      * device's schedule that run between its hand-over to the device's
      * communication thread and the wait for its result; 0: a blocking
      * step of the schedule. */
@@ -108,7 +108,7 @@ SPMD_API int spmd_program_collective_count(const spmd_program *p);
 SPMD_API spmd_status spmd_program_collective(const spmd_program *p, int i,
                                              spmd_collective_info *out);
 /* Collectives in flight per step (0 without a mesh, or with
- * spmd_compile_options.no_overlap); *bytes, when not NULL: the most bytes
+ * without spmd_compile_options.overlap); *bytes, when not NULL: the most bytes
  * of their operands and results in flight at once per device;
  * *arena_extra: how many more bytes each device's activation arena takes
  * than with every collective a blocking step (they stay alive from

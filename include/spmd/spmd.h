@@ -304,10 +304,13 @@ typedef struct spmd_compile_options {
      * this process ends.  0: the default, SPMD_COLLECTIVE_TIMEOUT_S;
      * negative: no watchdog (a dead peer is waited for forever). */
     double collective_timeout_s;
-    /* Run every collective as a blocking step of its device's schedule
-     * instead of in flight on the device's communication thread while it
-     * computes (the same bits either way): for comparisons. */
-    bool no_overlap;
+    /* Run each all-gather, reduce-scatter and all-reduce in flight on the
+     * device's communication thread while it computes, instead of as a
+     * blocking step of its schedule (the same bits either way).  Off by
+     * default: on a quiet 2-core machine the hand-overs cost more than
+     * they hide (README, "Benchmarks"); on a loaded one, or where the
+     * transport is slow (between hosts), they gain. */
+    bool overlap;
 } spmd_compile_options;
 
 /* The watchdog's default: a dead link ends a job within two minutes,
@@ -385,7 +388,7 @@ typedef enum spmd_trace_kind {
     SPMD_TRACE_COMPUTE,    /* an op or a fused chain */
     SPMD_TRACE_COLLECTIVE, /* a collective: spmd_program_collective(collective) */
     SPMD_TRACE_UPDATE,     /* new values into parameters and state, after the schedule */
-    /* A collective in flight (spmd_compile_options.no_overlap unset): its
+    /* A collective in flight (spmd_compile_options.overlap set): its
      * run on the device's communication thread, while the device computes;
      * wait_us is how long thread 0 waited for its result.  Its place in
      * the schedule is a SPMD_TRACE_COLLECTIVE event too, of next to no

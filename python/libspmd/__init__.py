@@ -70,16 +70,16 @@ class Graph(_core.Graph):
 
     def compile(self, **options):
         """compile(*, seed=0, threads=0, plan_only=False, unfused=False,
-        copy_seeds=None, mpi=None, collective_timeout=0, overlap=True) ->
+        copy_seeds=None, mpi=None, collective_timeout=0, overlap=False) ->
         Program.  Under mpirun (several processes) a graph with marks runs
         over them (mpi=None or True; mpi=False runs every device in this
         process); compile, run and read are then collective: every process
         makes the same calls in the same order.  collective_timeout: the
         watchdog's seconds without progress in a collective before a run
         raises TimeoutError ("collective timeout: ..."); 0 the default
-        (100), negative never.  overlap=False runs every collective as a
-        blocking step instead of in flight while the devices compute (the
-        same bits)."""
+        (100), negative never.  overlap=True runs the collectives in flight
+        on each device's communication thread while it computes, instead
+        of each as a blocking step (the same bits)."""
         return super().compile(**_processes.compile_options(self, options))
 
     def explain(self, **compile_options):

@@ -636,7 +636,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         p->process = p->first / p->n_local;
     }
     if (compile_graph(&p->c, g, opts ? opts->threads : 0, p->n_local, !(opts && opts->unfused),
-                      !(opts && opts->no_overlap)) != SPMD_OK)
+                      (opts && opts->overlap)) != SPMD_OK)
         goto fail;
     /* A plan-only program (explain) stops here: no devices, no BLAS. */
     if (plan_only) return p;
