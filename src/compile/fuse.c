@@ -283,10 +283,15 @@ const fuse_group *fusion_group(const fusion *f, const spmd_tensor *t)
     return k >= 0 ? &f->groups[k] : NULL;
 }
 
+int fusion_block(const fuse_group *g)
+{
+    return ir_numel(g->domain) >= FUSE_LARGE ? FUSE_BLOCK_LARGE : FUSE_BLOCK;
+}
+
 size_t fusion_scratch_bytes(const fuse_group *g)
 {
     int spare = 2;
     for (int k = 0; k < g->n_steps; k++)
         if (ir_op_formula_arity(g->steps[k].op) > spare) spare = ir_op_formula_arity(g->steps[k].op);
-    return (size_t)(g->n_steps + spare) * FUSE_BLOCK * sizeof(float);
+    return (size_t)(g->n_steps + spare) * (size_t)fusion_block(g) * sizeof(float);
 }

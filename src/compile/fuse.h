@@ -17,8 +17,19 @@
 
 #include "ir/ir.h"
 
-/* Elements a fused group computes at a time, per member, in scratch. */
-enum { FUSE_BLOCK = 256, FUSE_MAX_MEMBERS = 32, FUSE_MAX_STORED = 4 };
+/* Elements a fused group computes at a time, per member, in scratch
+ * (fusion_block): FUSE_BLOCK, or FUSE_BLOCK_LARGE over a domain of at
+ * least FUSE_LARGE elements, where a member's call and dispatch would
+ * otherwise cost a tenth of its loop (AdamW's group is about 15 members
+ * over every parameter) and the larger blocks still stay in L2; small
+ * groups keep small scratch.  Both are multiples of the sum's lanes. */
+enum {
+    FUSE_BLOCK = 256,
+    FUSE_BLOCK_LARGE = 1024,
+    FUSE_LARGE = 1 << 16,
+    FUSE_MAX_MEMBERS = 32,
+    FUSE_MAX_STORED = 4
+};
 
 /* One member: op over operands that are earlier members (>= 0, their
  * index) or the group's external inputs (-1 - k for input k). */
@@ -66,6 +77,8 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed, con
 void fusion_free(fusion *f);
 /* The group node t is the root of, or NULL. */
 const fuse_group *fusion_group(const fusion *f, const spmd_tensor *t);
+/* Elements per block of g's kernel (see FUSE_BLOCK). */
+int fusion_block(const fuse_group *g);
 /* Scratch per thread a group's kernel needs: a block per member and one
  * per operand of its widest formula for broadcast operands (two, or three
  * with a where). */

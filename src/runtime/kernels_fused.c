@@ -1,6 +1,6 @@
 /*
  * A fused group of elementwise nodes (compile/fuse.h) in one pass: each
- * thread takes its elements of the root in blocks of FUSE_BLOCK and, per
+ * thread takes its elements of the root in blocks (fusion_block) and, per
  * block, computes every member in order into its scratch (the root into
  * the output; a stored member also to its memory), so the members'
  * values never leave the cache.  Each member
@@ -19,11 +19,11 @@ _Static_assert(FUSE_MAX_STORED <= sizeof ((kern_args *)0)->stored / sizeof(void 
  * pointer: a member's block in scratch, an input read in place, or a
  * broadcast input unrolled into `spare`.  *scalar says a one-element
  * input, whose value is then *value. */
-static const float *operand(const kern_args *a, const fuse_group *g, const float *slots, int src,
-                            int64_t at, int64_t n, float *spare, bool *scalar, float *value)
+static const float *operand(const kern_args *a, const fuse_group *g, const float *slots, int blk,
+                            int src, int64_t at, int64_t n, float *spare, bool *scalar, float *value)
 {
     *scalar = false;
-    if (src >= 0) return slots + (size_t)src * FUSE_BLOCK;
+    if (src >= 0) return slots + (size_t)src * (size_t)blk;
     int k = -1 - src;
     const float *x = a->in[k];
     int64_t nx = g->in_numel[k];
@@ -102,16 +102,16 @@ static bool run_step(const kern_args *a, const fuse_step *s, const float *restri
 /* Member k over elements [at, at + n) of the domain into o (and its
  * stored memory); false when it failed the step. */
 static bool fused_member(const kern_args *a, const fuse_group *g, int k, const float *slots,
-                         float *spare, float *o, int64_t at, int64_t n)
+                         int blk, float *spare, float *o, int64_t at, int64_t n)
 {
     const fuse_step *s = &g->steps[k];
     bool xs = false, ys = false, zs = false;
     float xv = 0, yv = 0, zv = 0;
     int arity = ir_op_formula_arity(s->op);
-    const float *x = operand(a, g, slots, s->src[0], at, n, spare, &xs, &xv);
-    const float *y = arity >= 2 ? operand(a, g, slots, s->src[1], at, n, spare + FUSE_BLOCK, &ys, &yv)
+    const float *x = operand(a, g, slots, blk, s->src[0], at, n, spare, &xs, &xv);
+    const float *y = arity >= 2 ? operand(a, g, slots, blk, s->src[1], at, n, spare + blk, &ys, &yv)
                                 : NULL;
-    const float *z = arity >= 3 ? operand(a, g, slots, s->src[2], at, n, spare + 2 * FUSE_BLOCK, &zs, &zv)
+    const float *z = arity >= 3 ? operand(a, g, slots, blk, s->src[2], at, n, spare + 2 * blk, &zs, &zv)
                                 : NULL;
     if (!run_step(a, s, x, xs, xv, y, ys, yv, z, zs, zv, o, n)) return false;
     if (s->stored >= 0) memcpy((float *)a->stored[s->stored] + at, o, (size_t)n * sizeof *o);
@@ -123,27 +123,29 @@ void kern_fused(const kern_args *a)
     const fuse_group *g = a->fused;
     int64_t b, e;
     /* A sum root: thread 0 takes every element, as kern_sum reduces to one
-     * value; blocks of FUSE_BLOCK (a multiple of KN_LANES) keep each
+     * value; blocks of a multiple of KN_LANES elements keep each
      * element in the lane kern_sum adds it to, so the sum has its bits. */
-    _Static_assert(FUSE_BLOCK % KN_LANES == 0, "a sum's blocks keep kern_sum's lanes");
+    _Static_assert(FUSE_BLOCK % KN_LANES == 0 && FUSE_BLOCK_LARGE % KN_LANES == 0,
+                   "a sum's blocks keep kern_sum's lanes");
+    const int blk = fusion_block(g);
     if (g->sum) b = 0, e = a->ith == 0 ? kn_numel(g->domain) : 0;
     else kern_split(kn_numel(g->domain), a->ith, a->nth, FUSED_ALIGN, &b, &e);
     double acc[KN_LANES] = {0};
     float *slots = a->scratch;
-    float *spare = slots + (size_t)g->n_steps * FUSE_BLOCK;
+    float *spare = slots + (size_t)g->n_steps * (size_t)blk;
     float *out = a->out;
-    for (int64_t at = b; at < e; at += FUSE_BLOCK) {
-        int64_t n = kn_min(FUSE_BLOCK, e - at);
+    for (int64_t at = b; at < e; at += blk) {
+        int64_t n = kn_min(blk, e - at);
         if (g->sum) {
             const int last = g->n_steps - 1; /* the sum; the members before it */
             for (int k = 0; k < last; k++)
-                if (!fused_member(a, g, k, slots, spare, slots + (size_t)k * FUSE_BLOCK, at, n)) return;
-            kn_lanes_add(acc, slots + (size_t)g->steps[last].src[0] * FUSE_BLOCK, n);
+                if (!fused_member(a, g, k, slots, blk, spare, slots + (size_t)k * (size_t)blk, at, n)) return;
+            kn_lanes_add(acc, slots + (size_t)g->steps[last].src[0] * (size_t)blk, n);
             continue;
         }
         for (int k = 0; k < g->n_steps; k++) {
-            float *o = k == g->n_steps - 1 ? out + at : slots + (size_t)k * FUSE_BLOCK;
-            if (!fused_member(a, g, k, slots, spare, o, at, n)) return;
+            float *o = k == g->n_steps - 1 ? out + at : slots + (size_t)k * (size_t)blk;
+            if (!fused_member(a, g, k, slots, blk, spare, o, at, n)) return;
         }
     }
     /* kern_sum's division by the one element count it reduces into. */
