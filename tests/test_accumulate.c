@@ -42,6 +42,9 @@ typedef struct setup {
     int batch;
 } setup;
 
+/* How setup_make compiles: the defaults, or the variants below. */
+static spmd_compile_options compile_opts = {.seed = 3, .threads = 2};
+
 static void setup_make(setup *s, const char *shape, const char *axes, bool fsdp, int batch,
                        const spmd_optimizer *opt)
 {
@@ -56,7 +59,7 @@ static void setup_make(setup *s, const char *shape, const char *axes, bool fsdp,
                               : spmd_shard_batch(s->g, s->mesh, in, 2, NULL),
                          SPMD_OK);
     s->tr = spmd_trainer_create(
-        s->g, s->t.loss, &(spmd_trainer_options){.optimizer = *opt, .compile = {.seed = 3, .threads = 2}});
+        s->g, s->t.loss, &(spmd_trainer_options){.optimizer = *opt, .compile = compile_opts});
     assert_non_null(s->tr);
     s->p = spmd_trainer_program(s->tr);
 }
@@ -151,6 +154,10 @@ static void test_one_device(void **state)
     (void)state;
     compare("", "", false, sgd());
     compare("", "", false, adamw_clipped());
+    /* Unfused, each sum's own steps (acc * keep, grad / K) move up with it. */
+    compile_opts.unfused = true;
+    compare("", "", false, adamw_clipped());
+    compile_opts.unfused = false;
 }
 
 static void test_data_parallel(void **state)
@@ -168,6 +175,10 @@ static void test_fsdp_replicas(void **state)
     spmd_optimizer zero = adamw_clipped();
     zero.zero = SPMD_ZERO_ON;
     compare("4x2", "replica,fsdp", true, zero);
+    /* Collectives in flight: the schedule reordered for them, then the sums. */
+    compile_opts.overlap = true;
+    compare("4x2", "replica,fsdp", true, zero);
+    compile_opts.overlap = false;
 }
 
 /* Bytes a phase's collectives move in a step, how many of them reduce,

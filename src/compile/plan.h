@@ -4,7 +4,8 @@
  * The schedule is the creation order (a topological order) restricted to
  * the nodes that outputs and updates need; with collectives in flight
  * (plan_build_overlap) a gradient's reduction and the elementwise steps
- * feeding it move up to just after the gradient.  The memory plan gives every
+ * feeding it move up to just after the gradient, and so does a gradient
+ * accumulator's sum, always.  The memory plan gives every
  * computed tensor an offset in one arena, reusing a buffer once its last
  * reader has run; a reshape of a computed tensor shares its input's buffer.
  * An update's value (not an output, for one update) lives outside the
