@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/executor.h"
 #include "spmd/checkpoint.h"
 #include "spmd/data.h"
 #include "spmd/mesh.h"
@@ -255,6 +256,62 @@ static void test_memory(void **state)
     setup_free(&acc);
 }
 
+/* The latest step that computes what step k reads (its group's inputs,
+ * when fused); -1 when it reads only leaves. */
+static int latest_read(const compiled *c, const int *at, int k)
+{
+    const spmd_tensor *t = c->plan.steps[k];
+    const fuse_group *grp = fusion_group(&c->fusion, t);
+    int n_in = grp ? grp->n_in : t->n_in, last = -1;
+    for (int j = 0; j < n_in; j++) {
+        int q = at[c->plan.storage[(grp ? grp->in[j] : t->in[j])->id]];
+        if (q > last) last = q;
+    }
+    return last;
+}
+
+/* Each accumulator's sum runs right after the step that computes its
+ * gradient, so the gradient dies there; unfused, its own two steps
+ * (acc * keep, grad / K) go with it. */
+static void sums_follow_gradients(const char *shape, const char *axes, bool fsdp)
+{
+    spmd_optimizer opt = adamw_clipped();
+    opt.accumulate_steps = K;
+    setup s;
+    setup_make(&s, shape, axes, fsdp, MICRO, &opt);
+    const compiled *c = executor_compiled(s.p);
+    int n = c->local->n_nodes, sums = 0, params = 0;
+    int *at = malloc((size_t)n * sizeof *at);
+    for (int i = 0; i < n; i++) {
+        at[i] = -1;
+        params += c->local->nodes[i]->op == IR_PARAM;
+    }
+    for (int k = 0; k < c->plan.n_steps; k++) at[c->plan.steps[k]->id] = k;
+    for (int k = 0; k < c->plan.n_steps; k++) {
+        if (c->plan.in_place[c->plan.steps[k]->id] < 0) continue;
+        sums++;
+        assert_int_equal(latest_read(c, at, k), k - 1);
+        if (compile_opts.unfused) {
+            int a = latest_read(c, at, k - 1), b = latest_read(c, at, k - 2);
+            assert_int_equal(a > b ? a : b, k - 3);
+        }
+    }
+    assert_int_equal(sums, params);
+    free(at);
+    setup_free(&s);
+}
+
+static void test_sums_follow_gradients(void **state)
+{
+    (void)state;
+    sums_follow_gradients("", "", false);
+    sums_follow_gradients("8", "data", false);
+    sums_follow_gradients("4x2", "replica,fsdp", true);
+    compile_opts.unfused = true;
+    sums_follow_gradients("", "", false);
+    compile_opts.unfused = false;
+}
+
 /* A checkpoint after an accumulating step holds no accumulator and
  * resumes into a new program with the bits of the run that went on. */
 static void test_resume(void **state)
@@ -347,6 +404,7 @@ int main(void)
         cmocka_unit_test(test_fsdp_replicas),
         cmocka_unit_test(test_collectives_once_per_step),
         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_sums_follow_gradients),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_careless_use),
     };
