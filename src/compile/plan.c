@@ -243,10 +243,14 @@ static void mark_in_place(plan *p, const spmd_graph *g)
 /* Update values that can trade buffers with their targets: computed,
  * their own storage (no view shares it), not outputs (a read after the
  * run would find the swapped-out old value), one update each, of the
- * target's bytes. */
+ * target's bytes.  None in an accumulating program: there the values are
+ * computed in the arena (where the micro-batch's activations were) and
+ * copied in, since a buffer of their own would sit idle through every
+ * micro-batch beside the accumulators, and the copy is paid once per
+ * K micro-batches. */
 static void mark_swapped(plan *p, const spmd_graph *g)
 {
-    for (int i = 0; i < g->n_updates; i++) {
+    for (int i = 0; i < g->n_updates && g->accumulate_steps <= 1; i++) {
         const spmd_tensor *v = g->updates[i].value;
         p->swapped[v->id] = p->needed[v->id] && !ir_op_is_leaf(v->op) && p->storage[v->id] == v->id &&
                             !v->is_output && ir_nbytes(v) == ir_nbytes(g->updates[i].target) &&

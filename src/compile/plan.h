@@ -10,8 +10,8 @@
  * reader has run; a reshape of a computed tensor shares its input's buffer.
  * An update's value (not an output, for one update) lives outside the
  * arena in a buffer of its own: the executor swaps it with its target's
- * after a step instead of copying; a gradient accumulator's is computed
- * in place.
+ * after a step instead of copying (but in an accumulating program); a
+ * gradient accumulator's is computed in place.
  */
 #ifndef SPMD_COMPILE_PLAN_H
 #define SPMD_COMPILE_PLAN_H
