@@ -8,6 +8,7 @@
 #include "compile/plan.h"
 #include "base/error.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 enum { ALIGN = 64 };
@@ -242,10 +243,14 @@ static void mark_in_place(plan *p, const spmd_graph *g)
 /* Update values that can trade buffers with their targets: computed,
  * their own storage (no view shares it), not outputs (a read after the
  * run would find the swapped-out old value), one update each, of the
- * target's bytes. */
+ * target's bytes.  None in an accumulating program: there the values are
+ * computed in the arena (where the micro-batch's activations were) and
+ * copied in, since a buffer of their own would sit idle through every
+ * micro-batch beside the accumulators, and the copy is paid once per
+ * K micro-batches. */
 static void mark_swapped(plan *p, const spmd_graph *g)
 {
-    for (int i = 0; i < g->n_updates; i++) {
+    for (int i = 0; i < g->n_updates && g->accumulate_steps <= 1; i++) {
         const spmd_tensor *v = g->updates[i].value;
         p->swapped[v->id] = p->needed[v->id] && !ir_op_is_leaf(v->op) && p->storage[v->id] == v->id &&
                             !v->is_output && ir_nbytes(v) == ir_nbytes(g->updates[i].target) &&
@@ -642,15 +647,125 @@ static spmd_status reorder(plan *p, const spmd_graph *g, const fusion *fu)
     return st;
 }
 
-/* The memory plan with collectives in flight, in schedule order (which
- * reorder made other than the creation order): each storage is placed at
- * the step that writes it and released after the last step that reads
- * it; a collective's result is placed when it is handed over, and its
- * operand released only after the step it is waited for at, so that no
- * step's buffer overlaps either while the communication thread reads and
- * writes them. */
-static spmd_status place_overlapped(plan *p, const spmd_graph *g, const fusion *fu, int depth,
-                                    freelist *f)
+/* A step's place after hoist_sums: after step `major`, sums (by their
+ * own step, `minor`) after the step itself (-1), members in step order. */
+typedef struct hoisted {
+    int major, minor, s;
+} hoisted;
+
+static int hoisted_cmp(const void *x, const void *y)
+{
+    const hoisted *a = x, *b = y;
+    if (a->major != b->major) return a->major < b->major ? -1 : 1;
+    if (a->minor != b->minor) return a->minor < b->minor ? -1 : 1;
+    return (a->s > b->s) - (a->s < b->s);
+}
+
+/* Gradient accumulation: each accumulator's sum (plan.in_place) runs
+ * right after the last step it reads, its gradient's, so that the
+ * gradient dies there instead of at the end of the backward pass, where
+ * the optimizer's creation order puts every sum (and where a step without
+ * accumulation holds all its gradients for the update).  A sum moves up
+ * with its members, the elementwise steps that only it reads (unfused:
+ * acc * keep and grad / K), in their order; one that reads only leaves,
+ * or another sum, stays.  Only the order changes, never a step's
+ * arithmetic.  *moved: whether any sum moved. */
+static spmd_status hoist_sums(plan *p, const spmd_graph *g, const fusion *fu, bool *moved)
+{
+    int n = g->n_nodes, ns = p->n_steps;
+    *moved = false;
+    bool any = false;
+    for (int s = 0; s < ns && !any; s++) any = p->in_place[p->steps[s]->id] >= 0;
+    if (!any) return SPMD_OK;
+    size_t nn = (size_t)(n ? n : 1), nsz = (size_t)(ns ? ns : 1);
+    int *prod = base_alloc(&p->alloc, nn * sizeof *prod, "schedule");
+    int *readers = base_calloc(&p->alloc, nn * sizeof *readers, "schedule");
+    int *seen = base_alloc(&p->alloc, nn * sizeof *seen, "schedule");
+    int *sum_of = base_alloc(&p->alloc, nsz * sizeof *sum_of, "schedule"); /* -1: no sum's member */
+    int *after = base_alloc(&p->alloc, nsz * sizeof *after, "schedule");  /* a sum's place */
+    int *stack = base_alloc(&p->alloc, nsz * sizeof *stack, "schedule");
+    hoisted *order = base_alloc(&p->alloc, nsz * sizeof *order, "schedule");
+    spmd_tensor **steps = base_alloc(&p->alloc, nsz * sizeof *steps, "schedule");
+    spmd_status st = prod && readers && seen && sum_of && after && stack && order && steps
+                         ? SPMD_OK
+                         : SPMD_ERR_NOMEM;
+    if (st == SPMD_OK) {
+        for (int i = 0; i < n; i++) prod[i] = seen[i] = -1;
+        for (int s = 0; s < ns; s++) {
+            prod[p->steps[s]->id] = s;
+            const fuse_group *grp = fusion_group(fu, p->steps[s]);
+            for (int j = 0; grp && j < grp->n_stored; j++) prod[grp->stored[j]->id] = s;
+            sum_of[s] = after[s] = -1;
+        }
+        /* The steps reading each storage (each step once); outputs and
+         * update values are read after the run as well. */
+        for (int s = 0; s < ns; s++) {
+            const spmd_tensor *const *in;
+            int n_in = reads(p->steps[s], fu, &in);
+            for (int j = 0; j < n_in; j++) {
+                int src = p->storage[in[j]->id];
+                if (seen[src] != s) seen[src] = s, readers[src]++;
+            }
+        }
+        for (int i = 0; i < n; i++)
+            if (p->needed[i] && g->nodes[i]->is_output) readers[p->storage[i]] = n;
+        for (int i = 0; i < g->n_updates; i++) readers[p->storage[g->updates[i].value->id]] = n;
+        /* Each sum's members, back from it; the latest other step they
+         * read is the sum's place. */
+        for (int r = 0; r < ns; r++) {
+            if (p->in_place[p->steps[r]->id] < 0) continue;
+            int top = 0;
+            sum_of[r] = r;
+            stack[top++] = r;
+            while (top > 0) {
+                const spmd_tensor *const *in;
+                int n_in = reads(p->steps[stack[--top]], fu, &in);
+                for (int j = 0; j < n_in; j++) {
+                    int src = p->storage[in[j]->id], q = prod[src];
+                    if (q < 0 || sum_of[q] == r) continue;
+                    const spmd_tensor *u = p->steps[q];
+                    const fuse_group *grp = fusion_group(fu, u);
+                    if (sum_of[q] < 0 && elementwise(u, fu) && !is_collective(u->op) && src == u->id &&
+                        readers[src] == 1 && !(grp && (grp->sum || grp->n_stored))) {
+                        sum_of[q] = r;
+                        stack[top++] = q;
+                    } else if (q > after[r]) {
+                        after[r] = q;
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < ns; r++)
+            if (sum_of[r] == r && after[r] >= 0 && sum_of[after[r]] >= 0) after[r] = -1;
+        for (int s = 0; s < ns; s++) {
+            int r = sum_of[s] >= 0 && after[sum_of[s]] >= 0 ? sum_of[s] : -1;
+            order[s] = r < 0 ? (hoisted){s, -1, s} : (hoisted){after[r], r, s};
+            *moved |= r == s;
+        }
+        qsort(order, (size_t)ns, sizeof *order, hoisted_cmp);
+        for (int s = 0; s < ns; s++) steps[s] = p->steps[order[s].s];
+        memcpy(p->steps, steps, nsz * sizeof *steps);
+    }
+    base_free(&p->alloc, prod);
+    base_free(&p->alloc, readers);
+    base_free(&p->alloc, seen);
+    base_free(&p->alloc, sum_of);
+    base_free(&p->alloc, after);
+    base_free(&p->alloc, stack);
+    base_free(&p->alloc, order);
+    base_free(&p->alloc, steps);
+    return st;
+}
+
+/* The memory plan in schedule order, where reorder or hoist_sums made it
+ * other than the creation order: each storage is placed at the step that
+ * writes it and released after the last step that reads it.  With
+ * collectives in flight (depth > 0) a collective's result is placed when
+ * it is handed over, and its operand released only after the step it is
+ * waited for at, so that no step's buffer overlaps either while the
+ * communication thread reads and writes them. */
+static spmd_status place_scheduled(plan *p, const spmd_graph *g, const fusion *fu, int depth,
+                                   freelist *f)
 {
     int n = g->n_nodes, ns = p->n_steps;
     size_t nn = (size_t)(n ? n : 1);
@@ -662,7 +777,7 @@ static spmd_status place_overlapped(plan *p, const spmd_graph *g, const fusion *
     spmd_status st = written_in_place && pos && last && head && next ? SPMD_OK : SPMD_ERR_NOMEM;
     for (int i = 0; st == SPMD_OK && i < n; i++)
         if (p->in_place[i] >= 0) written_in_place[p->in_place[i]] = true;
-    if (st == SPMD_OK) st = schedule_async(p, g, fu, depth, written_in_place);
+    if (st == SPMD_OK && depth > 0) st = schedule_async(p, g, fu, depth, written_in_place);
     if (st == SPMD_OK) {
         for (int i = 0; i < n; i++) pos[i] = last[i] = -1;
         for (int s = 0; s <= ns; s++) head[s] = -1;
@@ -704,8 +819,8 @@ static spmd_status place_overlapped(plan *p, const spmd_graph *g, const fusion *
         int k = 0;
         bool held = false;
         for (int s = 0; s < ns; s++) {
-            /* The backward pass begins at its first step (reordering moves
-             * only backward steps, among themselves). */
+            /* The backward pass begins at its first step (reorder and
+             * hoist_sums move only later steps, and only after one of its). */
             if (!held && g->backward_begin > 0 && p->steps[s]->id >= g->backward_begin) {
                 p->held_bytes = (size_t)f->live;
                 held = true;
@@ -806,10 +921,11 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
     mark_in_place(p, g);
     mark_swapped(p, g);
 
-    spmd_status st = SPMD_OK;
-    if (depth > 0) {
-        st = place_overlapped(p, g, fu, depth, &f);
-    } else {
+    bool moved = false;
+    spmd_status st = hoist_sums(p, g, fu, &moved);
+    if (st == SPMD_OK && (depth > 0 || moved)) {
+        st = place_scheduled(p, g, fu, depth, &f);
+    } else if (st == SPMD_OK) {
         /* Walk nodes in order: place each computed storage at its first
          * definition, release storages whose last reader is this node. */
         for (int i = 0; i < n; i++) {

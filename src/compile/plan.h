@@ -4,13 +4,14 @@
  * The schedule is the creation order (a topological order) restricted to
  * the nodes that outputs and updates need; with collectives in flight
  * (plan_build_overlap) a gradient's reduction and the elementwise steps
- * feeding it move up to just after the gradient.  The memory plan gives every
+ * feeding it move up to just after the gradient, and so does a gradient
+ * accumulator's sum, always.  The memory plan gives every
  * computed tensor an offset in one arena, reusing a buffer once its last
  * reader has run; a reshape of a computed tensor shares its input's buffer.
  * An update's value (not an output, for one update) lives outside the
  * arena in a buffer of its own: the executor swaps it with its target's
- * after a step instead of copying; a gradient accumulator's is computed
- * in place.
+ * after a step instead of copying (but in an accumulating program); a
+ * gradient accumulator's is computed in place.
  */
 #ifndef SPMD_COMPILE_PLAN_H
 #define SPMD_COMPILE_PLAN_H
