@@ -109,7 +109,7 @@ static void print_collectives(const spmd_program *p, int micro, const explain_me
         printf("  %-9s %-15s %-16s %12s %9.1f%s  %s%s%s\n", c.phase, c.kind, c.axes,
                message_bytes((double)c.bytes, b, sizeof b), c.seconds * 1e6, took, times, fly, c.tensor);
     }
-    char b[32], m[32], u[32];
+    char b[32], m[32], u[32], l[32];
     if (n && micro > 1)
         printf("  in all: %s per device per step (%s in each micro-batch, %s in the update), about "
                "%.2f ms by the alpha-beta model\n",
@@ -118,11 +118,16 @@ static void print_collectives(const spmd_program *p, int micro, const explain_me
     else if (n)
         printf("  in all: %s per device per step, about %.2f ms by the alpha-beta model\n",
                message_bytes(total, b, sizeof b), est * 1e3);
-    if (flying)
+    size_t budget = spmd_program_inflight_budget(p);
+    if (flying || budget)
         printf("  in flight: %d of %d on each device's communication thread while it computes "
-               "(column: the steps they span; -: a blocking step), %s of operands and results "
-               "at most at once, the arena %s larger\n",
-               flying, n, message_bytes((double)fly_bytes, b, sizeof b), message_bytes((double)fly_extra, m, sizeof m));
+               "%s, %s of operands and results at most at once of a budget of %s, the arena %s "
+               "larger\n",
+               flying, n, flying ? "(column: the steps they span; -: a blocking step)"
+                                 : "(each over the budget, or unable to gain)",
+               message_bytes((double)fly_bytes, b, sizeof b),
+               message_bytes((double)budget, l, sizeof l),
+               message_bytes((double)fly_extra, m, sizeof m));
     if (n && meas)
         printf("  measured: %.2f ms a step (the medians summed), %.2fx the estimate\n", measured * 1e3,
                est > 0 ? measured / est : 0.0);
@@ -219,6 +224,7 @@ int cmd_explain(int argc, char **argv)
         cJSON *fly = cJSON_AddObjectToObject(root, "in_flight");
         cJSON_AddNumberToObject(fly, "collectives", spmd_program_overlap(p, &fly_bytes, &fly_extra));
         cJSON_AddNumberToObject(fly, "bytes", (double)fly_bytes);
+        cJSON_AddNumberToObject(fly, "budget_bytes", (double)spmd_program_inflight_budget(p));
         cJSON_AddNumberToObject(fly, "arena_extra_bytes", (double)fly_extra);
         if (o.trace) cJSON_AddItemToObject(root, "measured", measured_json(p, &meas));
         cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));
