@@ -282,6 +282,36 @@ static void test_explain_json(void **state)
     cJSON_Delete(j);
 }
 
+/* explain --overlap on states the in-flight budget and the most bytes in
+ * flight at once, within it; --inflight-mib lowers both; without
+ * --overlap on the flag is refused. */
+static void test_explain_in_flight(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char args[512];
+    double bytes[2], budget[2], flying[2];
+    const char *const budgets[] = {"", "--inflight-mib 0.1"};
+    for (int r = 0; r < 2; r++) {
+        snprintf(args, sizeof args, "explain --overlap on %s --json %s", budgets[r], report_path);
+        int rc = run_tool(args, out, sizeof out);
+        if (rc != 0) fail_msg("spmd %s: exit %d\n%s", args, rc, out);
+        assert_non_null(strstr(out, r ? "of a budget of 102.4 KiB" : "of a budget of 64.0 MiB"));
+        cJSON *j = support_load_json(report_path);
+        const cJSON *fly = cJSON_GetObjectItemCaseSensitive(j, "in_flight");
+        bytes[r] = number(fly, "bytes"), budget[r] = number(fly, "budget_bytes");
+        flying[r] = number(fly, "collectives");
+        cJSON_Delete(j);
+        assert_true(flying[r] > 0 && bytes[r] > 0 && bytes[r] <= budget[r]);
+    }
+    assert_true(budget[0] == 64.0 * 1024 * 1024 && budget[1] == 104857);
+    assert_true(bytes[1] < bytes[0]);
+    assert_true(flying[1] <= flying[0]);
+    int rc = run_tool("explain --inflight-mib 1", out, sizeof out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--inflight-mib bounds the collectives in flight: it needs --overlap on"));
+}
+
 /* --tp on 2x2x2 with FSDP: explain's report shows c_attn split by heads
  * (3*tensor) and FSDP on its other dim, the batch off 'tensor', and no
  * all-gather over 'tensor' of anything but the loss's row stats; --sp
@@ -448,6 +478,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_text_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mesh_run_matches_one_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_explain_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_parallel_flags, setup, teardown),
         cmocka_unit_test(test_explain_without_blas),

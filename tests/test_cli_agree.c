@@ -72,6 +72,12 @@ static void test_steps(void **state)
     refused(train, "--steps 4", "--steps", "4", "3");
 }
 static void test_dim(void **state) { (void)state; refused(train, "--dim 64", "--dim", "64", "96"); }
+/* The in-flight budget changes when collectives run: one plan for all. */
+static void test_inflight_mib(void **state)
+{
+    (void)state;
+    refused("explain --overlap on", "--inflight-mib 1", "--inflight-mib", "1", "0");
+}
 static void test_prompt(void **state)
 {
     (void)state;
@@ -102,6 +108,7 @@ int main(void)
         cmocka_unit_test(test_batch),     cmocka_unit_test(test_lr),
         cmocka_unit_test(test_steps),     cmocka_unit_test(test_dim),
         cmocka_unit_test(test_prompt),    cmocka_unit_test(test_command),
+        cmocka_unit_test(test_inflight_mib),
         cmocka_unit_test(test_threads_may_differ),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

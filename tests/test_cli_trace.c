@@ -12,12 +12,14 @@
  *     caller's thread; test_spmd_runtime checks the same against a clock
  *     read around spmd_program_run);
  *   - every collective carries its kind, axes, bytes and the value it moves;
- *     those in flight (the default) sit on a track per device's
+ *     those in flight (--overlap on) sit on a track per device's
  *     communication thread ("device N comm"), none with --overlap off;
  *   - the SVG has a lane per device and renders with rsvg-convert (skipped
- *     with a note without it);
- *   - README shows docs/trace.svg, the default run's picture, which has a
- *     lane per device and renders too;
+ *     with a note without it); with --overlap on, under every device a
+ *     thinner lane for its communication thread whose boxes name their
+ *     collective's kind, axes and bytes, and none with overlap off;
+ *   - README shows docs/trace.svg, the default run's picture (overlap off:
+ *     no communication lanes), which has a lane per device and renders too;
  *   - under mpirun (2 processes; skipped without MPI) the tracks are
  *     (process, device) pairs, every device once, each process's own;
  *   - refusals: --trace-steps that is not A-B or a count, or past the last
@@ -198,18 +200,54 @@ static checked check_trace(const char *path)
     return c;
 }
 
-/* The picture at svg has a lane per device and both kinds of box, and
+/* How many times `what` occurs in text. */
+static int count_of(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *at = text; (at = strstr(at, what)); at++) n++;
+    return n;
+}
+
+/* The picture at svg has a lane per device and both kinds of box; with
+ * collectives in flight (`flying`), under every device a communication
+ * lane with boxes that name the collective's kind, axes, bytes and value
+ * (each device of the default runs has some every step), else none; and
  * rsvg-convert renders it as a PNG, to png. */
-static void check_picture(const char *svg, const char *png)
+static void check_picture(const char *svg, const char *png, bool flying)
 {
     size_t len;
     char *picture = support_read_file(svg, &len);
     assert_non_null(picture);
-    int lanes = 0;
-    for (const char *at = picture; (at = strstr(at, "<g class=\"lane\"")); at++) lanes++;
-    assert_int_equal(lanes, DEVICES);
+    assert_int_equal(count_of(picture, "<g class=\"lane\""), DEVICES);
     assert_non_null(strstr(picture, "class=\"collective\""));
     assert_non_null(strstr(picture, "class=\"compute\""));
+    int comm = count_of(picture, "<g class=\"comm\""), boxes = 0;
+    assert_int_equal(comm, flying ? DEVICES : 0);
+    for (const char *at = picture; (at = strstr(at, "<g class=\"comm\"")); at++) {
+        /* The lane's boxes, up to its group's end. */
+        const char *end = strstr(at, "</g>");
+        assert_non_null(end);
+        for (const char *b = at; (b = strstr(b, "<rect class=")) && b < end; b++) {
+            assert_true(!strncmp(b, "<rect class=\"in-flight\"", strlen("<rect class=\"in-flight\"")));
+            const char *t = strstr(b, "<title>");
+            assert_non_null(t);
+            t += strlen("<title>");
+            char kind[32], axes[64], unit[8];
+            double bytes;
+            if (sscanf(t, "%31s over %63[^:]: %lf %7s of ", kind, axes, &bytes, unit) != 4)
+                fail_msg("a box in flight without its kind, axes and bytes: %.120s", t);
+            assert_true(!strcmp(kind, "all-gather") || !strcmp(kind, "reduce-scatter") ||
+                        !strcmp(kind, "all-reduce"));
+            assert_true(bytes > 0);
+            const char *close = strstr(t, "</title>"), *fly = strstr(t, " in flight; ");
+            assert_true(fly && fly < close);
+            boxes++;
+        }
+    }
+    assert_true(flying ? boxes > 0 : boxes == 0);
+    assert_int_equal(count_of(picture, "class=\"in-flight\""), boxes);
+    /* The legend names the thin lanes when there are any. */
+    assert_true(!strstr(picture, "comm: in flight") == !flying);
     free(picture);
     if (system("command -v rsvg-convert >/dev/null 2>&1") != 0) {
         print_message("note: no rsvg-convert (librsvg2-bin): %s is not rendered\n", svg);
@@ -234,7 +272,7 @@ static void test_readme_picture(void **state)
     assert_non_null(strstr(readme, "](docs/trace.svg)"));
     free(readme);
     check_picture(support_path_in(path, SPMD_SOURCE_DIR, "docs/trace.svg"),
-                  support_path_in(png, dir, "readme.png"));
+                  support_path_in(png, dir, "readme.png"), false);
 }
 
 static void test_default_run(void **state)
@@ -256,16 +294,19 @@ static void test_default_run(void **state)
     assert_int_equal(c.steps, 3);
     for (int i = 0; i < 3; i++) assert_int_equal(c.step[i], 2 + i);
 
-    check_picture(svg, png);
+    check_picture(svg, png, true);
 }
 
 static void test_steps_asked(void **state)
 {
     (void)state;
-    char trace[SUPPORT_PATH];
+    char trace[SUPPORT_PATH], svg[SUPPORT_PATH], png[SUPPORT_PATH];
     support_path_in(trace, dir, "steps.json");
+    support_path_in(svg, dir, "steps.svg");
+    support_path_in(png, dir, "steps.png");
     int rc = run_toolf(out, sizeof out,
-                       "train --model mlp --steps 4 --eval 0 --trace %s --trace-steps 3-4", trace);
+                       "train --model mlp --steps 4 --eval 0 --trace %s --trace-steps 3-4 "
+                       "--trace-plot %s", trace, svg);
     if (rc) fail_msg("spmd train --trace-steps 3-4 failed (%d):\n%s", rc, out);
     checked c = check_trace(trace);
     /* Without overlap (the default) every collective is a step of its
@@ -275,6 +316,7 @@ static void test_steps_asked(void **state)
     assert_int_equal(c.steps, 2);
     assert_int_equal(c.step[0], 3);
     assert_int_equal(c.step[1], 4);
+    check_picture(svg, png, false); /* no communication lanes */
 }
 
 static void test_refusals(void **state)

@@ -3,7 +3,9 @@
  * "Runtime"): with a transport made slow on purpose (coll_set_delay_us), a
  * step of an FSDP stack of layers takes about the larger of its compute
  * and its communication, not their sum, and gives the bits of the same
- * program with every collective a blocking step.
+ * program with every collective a blocking step.  A byte budget
+ * (spmd_compile_options.inflight_bytes) bounds the operands and results
+ * in flight at once, and changes only when collectives run, not the bits.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -48,7 +50,7 @@ typedef struct stack {
  * its matmul, the forward pass computes and the backward pass
  * communicates, and a step can take no less than about 0.65 of the sum,
  * however well the two overlap). */
-static void stack_build(stack *s, bool no_overlap)
+static void stack_build_budget(stack *s, bool no_overlap, size_t inflight_bytes)
 {
     memset(s, 0, sizeof *s);
     s->g = spmd_graph_create(NULL);
@@ -71,7 +73,8 @@ static void stack_build(stack *s, bool no_overlap)
     s->lr = spmd_input(s->g, "lr", SPMD_F32, 0, NULL);
     assert_int_equal(spmd_sgd(s->g, s->lr), SPMD_OK);
     s->p = spmd_compile(s->g, &(spmd_compile_options){.threads = 2, .seed = 3,
-                                                      .overlap = !no_overlap});
+                                                      .overlap = !no_overlap,
+                                                      .inflight_bytes = inflight_bytes});
     if (!s->p) fail_msg("compile: %s", spmd_last_error());
     static float xv[ROWS * WIDTH];
     for (int i = 0; i < ROWS * WIDTH; i++) xv[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
@@ -79,6 +82,8 @@ static void stack_build(stack *s, bool no_overlap)
     assert_int_equal(spmd_program_set_input(s->p, s->x, xv, sizeof xv), SPMD_OK);
     assert_int_equal(spmd_program_set_input(s->p, s->lr, &lr, sizeof lr), SPMD_OK);
 }
+
+static void stack_build(stack *s, bool no_overlap) { stack_build_budget(s, no_overlap, 0); }
 
 static void stack_free(stack *s)
 {
@@ -113,6 +118,28 @@ static void on_alarm(int sig)
 }
 
 static double min2(double a, double b) { return a < b ? a : b; }
+
+/* A collective's bytes in flight: its operand's and its result's. */
+static int64_t flying_bytes(const plan *pl, int k)
+{
+    const spmd_tensor *t = pl->steps[pl->async_step[k]];
+    return (int64_t)(ir_nbytes(t) + ir_nbytes(t->in[0]));
+}
+
+/* The most collectives, and the most bytes, in flight before any one step
+ * of plan pl, counted from its start and wait steps. */
+static void most_in_flight(const plan *pl, int *count, int64_t *bytes)
+{
+    *count = 0, *bytes = 0;
+    for (int s = 0; s <= pl->n_steps; s++) {
+        int n = 0;
+        int64_t b = 0;
+        for (int k = 0; k < pl->n_async; k++)
+            if (pl->start_at[k] <= s && s < pl->wait_at[k]) n++, b += flying_bytes(pl, k);
+        *count = n > *count ? n : *count;
+        *bytes = b > *bytes ? b : *bytes;
+    }
+}
 
 /* The plan puts the layers' collectives in flight, no more than its depth
  * at once, each handed over before it is waited for. */
@@ -156,6 +183,67 @@ static void test_plan_in_flight(void **state)
     assert_int_equal(pl->serial_arena_bytes, executor_compiled(off.p)->plan.arena_bytes);
     stack_free(&on);
     stack_free(&off);
+}
+
+/* A byte budget: the plan never has more bytes in flight than it allows,
+ * a smaller one holds fewer collectives and bytes at once, one below a
+ * collective's own bytes keeps that collective a blocking step, and
+ * whatever the budget the losses are those of every collective a
+ * blocking step, bit for bit. */
+static void test_budget(void **state)
+{
+    (void)state;
+    stack runs[4];
+    stack_build(&runs[0], false); /* the default: the count binds */
+    const plan *wide = &executor_compiled(runs[0].p)->plan;
+    int64_t largest = 0;
+    for (int k = 0; k < wide->n_async; k++)
+        if (flying_bytes(wide, k) > largest) largest = flying_bytes(wide, k);
+    /* Room for two of the largest at once; less than the largest. */
+    size_t budgets[] = {0, (size_t)(2 * largest), (size_t)(largest - 1)};
+    stack_build_budget(&runs[1], false, budgets[1]);
+    stack_build_budget(&runs[2], false, budgets[2]);
+    stack_build(&runs[3], true);
+    int count[3];
+    int64_t bytes[3];
+    for (int r = 0; r < 3; r++) {
+        const plan *pl = &executor_compiled(runs[r].p)->plan;
+        size_t budget = budgets[r] ? budgets[r] : (size_t)SPMD_INFLIGHT_MIB << 20;
+        assert_int_equal(pl->inflight_budget, budget);
+        assert_int_equal(spmd_program_inflight_budget(runs[r].p), budget);
+        most_in_flight(pl, &count[r], &bytes[r]);
+        print_message("budget %zu bytes: %d collectives in flight, at most %d and %lld bytes at "
+                      "once; the arena %zu bytes\n", budget, pl->n_async, count[r],
+                      (long long)bytes[r], pl->arena_bytes);
+        assert_true((size_t)bytes[r] <= budget);
+        assert_int_equal((size_t)bytes[r], pl->inflight_bytes);
+        assert_true(count[r] <= PLAN_OVERLAP_DEPTH);
+        for (int k = 0; k < pl->n_async; k++) {
+            assert_true(pl->start_at[k] < pl->wait_at[k]);
+            assert_true(k == 0 || pl->start_at[k] >= pl->start_at[k - 1]);
+        }
+        size_t fly_bytes;
+        assert_int_equal(spmd_program_overlap(runs[r].p, &fly_bytes, NULL), pl->n_async);
+        assert_int_equal(fly_bytes, (size_t)bytes[r]);
+    }
+    /* The default holds more than two of the largest (the count binds):
+     * the budget of two lowers both figures. */
+    assert_true(bytes[0] > 2 * largest);
+    assert_true(count[1] < count[0] && bytes[1] < bytes[0]);
+    assert_true(count[1] >= 1);
+    /* Below the largest: those stay blocking steps, the rest may fly. */
+    const plan *tight = &executor_compiled(runs[2].p)->plan;
+    assert_true(tight->n_async < wide->n_async);
+    for (int k = 0; k < tight->n_async; k++) assert_true(flying_bytes(tight, k) < largest);
+    assert_int_equal(spmd_program_inflight_budget(runs[3].p), 0); /* no overlap */
+    /* The same bits, step after step. */
+    for (int i = 0; i < 3; i++) {
+        float loss[4];
+        for (int r = 0; r < 4; r++) step(&runs[r], &loss[r]);
+        assert_true(isfinite(loss[0]));
+        for (int r = 1; r < 4; r++) assert_memory_equal(&loss[r], &loss[0], sizeof loss[0]);
+    }
+    for (int r = 0; r < 4; r++) stack_free(&runs[r]);
 }
 
 /* One round: compute alone (either program, no delay) calibrates D so
@@ -230,6 +318,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_in_flight),
+        cmocka_unit_test(test_budget),
         cmocka_unit_test(test_step_takes_the_larger),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

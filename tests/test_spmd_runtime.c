@@ -29,10 +29,11 @@
 enum { BATCH = 8, SEQ = 8, VOCAB = 32 };
 
 /* The tiny GPT's width and depth (the trace test wants steps of a few ms),
- * the threads its program runs on, and whether collectives run as
- * blocking steps (no overlap). */
+ * the threads its program runs on, whether collectives run as blocking
+ * steps (no overlap), and the bytes that may be in flight (0: the default). */
 static int gpt_dim = 16, gpt_layers = 1, gpt_threads = 2;
 static bool gpt_no_overlap;
+static size_t gpt_inflight_bytes;
 
 typedef struct gpt_run {
     spmd_graph *g;
@@ -67,7 +68,8 @@ static void gpt_setup(gpt_run *r, const char *shape, const char *axes, const cha
     spmd_tensor *lr = spmd_input(r->g, "lr", SPMD_F32, 0, NULL);
     assert_int_equal(spmd_sgd(r->g, lr), SPMD_OK);
     r->p = spmd_compile(r->g, &(spmd_compile_options){.threads = gpt_threads, .seed = 7,
-                                                      .overlap = !gpt_no_overlap});
+                                                      .overlap = !gpt_no_overlap,
+                                                      .inflight_bytes = gpt_inflight_bytes});
     if (!r->p) fail_msg("compile: %s", spmd_last_error());
     float lrv = 0.05f;
     assert_int_equal(spmd_program_set_input(r->p, lr, &lrv, sizeof lrv), SPMD_OK);
@@ -174,8 +176,9 @@ static void test_same_mesh_same_bits(void **state)
     gpt_teardown(&b);
 }
 
-/* Collectives in flight or as blocking steps: the same bits on every mesh
- * these tests use, and a device that fails still fails every device. */
+/* Collectives in flight or as blocking steps, and in flight under half
+ * the bytes at once: the same bits on every mesh these tests use, and a
+ * device that fails still fails every device. */
 static void test_overlap_same_bits(void **state)
 {
     (void)state;
@@ -188,17 +191,26 @@ static void test_overlap_same_bits(void **state)
         {"8x8", "data,model", "data, None", "model, None"},
     };
     for (size_t m = 0; m < sizeof meshes / sizeof *meshes; m++) {
-        gpt_run on, off;
+        gpt_run on, off, half;
         gpt_no_overlap = false;
         gpt_setup(&on, meshes[m][0], meshes[m][1], meshes[m][2], meshes[m][3], NULL);
         gpt_no_overlap = true;
         gpt_setup(&off, meshes[m][0], meshes[m][1], meshes[m][2], meshes[m][3], NULL);
         gpt_no_overlap = false;
+        size_t most, fewer;
+        spmd_program_overlap(on.p, &most, NULL);
+        gpt_inflight_bytes = most / 2;
+        gpt_setup(&half, meshes[m][0], meshes[m][1], meshes[m][2], meshes[m][3], NULL);
+        gpt_inflight_bytes = 0;
+        int half_flying = spmd_program_overlap(half.p, &fewer, NULL);
+        assert_true(half_flying > 0);
+        assert_true(fewer <= most / 2);
         /* The overlapped program has collectives in flight. */
         assert_int_equal(spmd_program_trace_begin(on.p, 1), SPMD_OK);
         for (int s = 0; s < 3; s++) {
-            float x = step_loss(&on, s), y = step_loss(&off, s);
+            float x = step_loss(&on, s), y = step_loss(&off, s), z = step_loss(&half, s);
             assert_memory_equal(&x, &y, sizeof x);
+            assert_memory_equal(&z, &y, sizeof z);
         }
         int flying = 0;
         for (int i = 0; i < spmd_program_trace_count(on.p); i++) {
@@ -206,10 +218,13 @@ static void test_overlap_same_bits(void **state)
             assert_int_equal(spmd_program_trace_event(on.p, i, &e), SPMD_OK);
             flying += e.kind == SPMD_TRACE_IN_FLIGHT;
         }
-        print_message("mesh %s: %d collectives in flight per step\n", meshes[m][0], flying);
+        print_message("mesh %s: %d collectives in flight per step (each device's %zu bytes at "
+                      "most at once; %d of %d within %zu)\n", meshes[m][0], flying, most,
+                      half_flying, spmd_program_overlap(on.p, NULL, NULL), fewer);
         assert_true(flying > 0);
         gpt_teardown(&on);
         gpt_teardown(&off);
+        gpt_teardown(&half);
     }
     /* A bad id on some devices, collectives in flight on all of them. */
     gpt_run r;

@@ -8,6 +8,7 @@
 #include "explain_trace.h"
 #include "flags.h"
 #include "json_file.h"
+#include "message.h"
 #include "model.h"
 #include "outputs.h"
 #include "report.h"
@@ -17,15 +18,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *human(double bytes, char *buf, size_t size)
-{
-    const char *unit[] = {"B", "KiB", "MiB", "GiB"};
-    int u = 0;
-    while (bytes >= 1024 && u < 3) bytes /= 1024, u++;
-    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
-    return buf;
-}
 
 static void shape_text(const spmd_tensor *t, char *buf, size_t size)
 {
@@ -115,22 +107,27 @@ static void print_collectives(const spmd_program *p, int micro, const explain_me
         if (flying && c.in_flight_steps) snprintf(fly, sizeof fly, "%-5d      ", c.in_flight_steps);
         else if (flying) snprintf(fly, sizeof fly, "%-11s", "-");
         printf("  %-9s %-15s %-16s %12s %9.1f%s  %s%s%s\n", c.phase, c.kind, c.axes,
-               human((double)c.bytes, b, sizeof b), c.seconds * 1e6, took, times, fly, c.tensor);
+               message_bytes((double)c.bytes, b, sizeof b), c.seconds * 1e6, took, times, fly, c.tensor);
     }
-    char b[32], m[32], u[32];
+    char b[32], m[32], u[32], l[32];
     if (n && micro > 1)
         printf("  in all: %s per device per step (%s in each micro-batch, %s in the update), about "
                "%.2f ms by the alpha-beta model\n",
-               human(total, b, sizeof b), human(per_micro, m, sizeof m),
-               human(total - per_micro * micro, u, sizeof u), est * 1e3);
+               message_bytes(total, b, sizeof b), message_bytes(per_micro, m, sizeof m),
+               message_bytes(total - per_micro * micro, u, sizeof u), est * 1e3);
     else if (n)
         printf("  in all: %s per device per step, about %.2f ms by the alpha-beta model\n",
-               human(total, b, sizeof b), est * 1e3);
-    if (flying)
+               message_bytes(total, b, sizeof b), est * 1e3);
+    size_t budget = spmd_program_inflight_budget(p);
+    if (flying || budget)
         printf("  in flight: %d of %d on each device's communication thread while it computes "
-               "(column: the steps they span; -: a blocking step), %s of operands and results "
-               "at most at once, the arena %s larger\n",
-               flying, n, human((double)fly_bytes, b, sizeof b), human((double)fly_extra, m, sizeof m));
+               "%s, %s of operands and results at most at once of a budget of %s, the arena %s "
+               "larger\n",
+               flying, n, flying ? "(column: the steps they span; -: a blocking step)"
+                                 : "(each over the budget, or unable to gain)",
+               message_bytes((double)fly_bytes, b, sizeof b),
+               message_bytes((double)budget, l, sizeof l),
+               message_bytes((double)fly_extra, m, sizeof m));
     if (n && meas)
         printf("  measured: %.2f ms a step (the medians summed), %.2fx the estimate\n", measured * 1e3,
                est > 0 ? measured / est : 0.0);
@@ -205,7 +202,7 @@ int cmd_explain(int argc, char **argv)
     print_tensors(&m, root ? cJSON_AddArrayToObject(root, "tensors") : NULL);
     print_collectives(p, o.optimizer.accumulate_steps, o.trace ? &meas : NULL);
     printf("\nmemory per device: %s parameters + gradients + optimizer state, %s peak\n",
-           human((double)model_param_bytes(p), a, sizeof a), human((double)spmd_program_peak_bytes(p), b, sizeof b));
+           message_bytes((double)model_param_bytes(p), a, sizeof a), message_bytes((double)spmd_program_peak_bytes(p), b, sizeof b));
     int nf = spmd_program_fallback_count(p);
     printf("fallbacks (whole-tensor gathers an op forced): %d\n", nf);
     cJSON *fb = root ? cJSON_CreateArray() : NULL;
@@ -227,6 +224,7 @@ int cmd_explain(int argc, char **argv)
         cJSON *fly = cJSON_AddObjectToObject(root, "in_flight");
         cJSON_AddNumberToObject(fly, "collectives", spmd_program_overlap(p, &fly_bytes, &fly_extra));
         cJSON_AddNumberToObject(fly, "bytes", (double)fly_bytes);
+        cJSON_AddNumberToObject(fly, "budget_bytes", (double)spmd_program_inflight_budget(p));
         cJSON_AddNumberToObject(fly, "arena_extra_bytes", (double)fly_extra);
         if (o.trace) cJSON_AddItemToObject(root, "measured", measured_json(p, &meas));
         cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));

@@ -276,6 +276,12 @@ static const flag_spec flag_specs[] = {
      .value = "on|off",
      .help = "on a mesh, run collectives on each device's communication thread while it computes "
              "(off, the default: each a blocking step; the same bits)", .initial = "off", .choices = "off|on"},
+    {.name = "--inflight-mib", .commands = RUN_COMMANDS, .kind = FLAG_FLOAT,
+     .offset = FIELD(inflight_mib), .value = "X",
+     .help = "with --overlap on: at most X MiB of the collectives' operands and results in flight "
+             "at once on a device (and at most four collectives); one of more stays a blocking "
+             "step; 0: the default", .shown = STRING(SPMD_INFLIGHT_MIB), .min = 0, .max = 1e6,
+     .max_included = true},
 
     /* sample */
     {.name = "--resume", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(resume),
@@ -953,6 +959,8 @@ int flags_settle(cli_opts *o)
     o->optimizer.zero = o->zero ? SPMD_ZERO_ON : SPMD_ZERO_OFF;
     /* Asked for in any way, validation reads --val-batches batches (4). */
     if ((o->val_every || o->val_data) && !o->val_batches) o->val_batches = 4;
+    if (flags_given(o, "--inflight-mib") && !o->overlap)
+        return cli_fail("--inflight-mib bounds the collectives in flight: it needs --overlap on");
     if ((o->save_every || o->keep) && !o->save)
         return cli_fail("%s says how to save, but there is no --save DIR",
                         o->save_every ? "--save-every" : "--keep");

@@ -86,6 +86,7 @@ typedef struct cli_opts {
     bool keep_nonfinite; /* --on-nonfinite continue: train on past a NaN/inf loss */
     bool memory_check;   /* --memory-check on: refuse a run that cannot fit */
     bool overlap;        /* --overlap on: collectives in flight while devices compute */
+    float inflight_mib;  /* --inflight-mib: their operands' and results' budget; 0: the default */
     const char *copies; /* --copies AXIS: an independent mesh axis, one model per group */
     bool same_data;    /* --same-data: every copy reads copy 0's batches */
     /* Values in each per-copy list: more than one gives each copy its own. */

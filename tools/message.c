@@ -9,6 +9,15 @@
 static int process_rank = -1;
 static bool line_open;
 
+const char *message_bytes(double bytes, char *buf, size_t size)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 3) bytes /= 1024, u++;
+    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+    return buf;
+}
+
 void message_set_process(int rank) { process_rank = rank; }
 
 void message_open_line(void) { line_open = true; }

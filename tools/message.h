@@ -6,8 +6,13 @@
 #ifndef SPMD_TOOLS_MESSAGE_H
 #define SPMD_TOOLS_MESSAGE_H
 
+#include <stddef.h>
+
 /* The message on stderr; returns 2 (usage error). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Bytes as the tool shows them ("6.5 KiB", "384 B"), into buf. */
+const char *message_bytes(double bytes, char *buf, size_t size);
 
 /* Over several processes, name this one (`rank`) in every message;
  * -1 for none (one process). */

@@ -367,7 +367,8 @@ spmd_program *model_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
     spmd_compile_options copt = {.threads = threads, .seed = o->seed, .plan_only = plan_only,
                                  .mpi_comm = plan_only ? NULL : processes_mpi_comm(),
                                  .copy_seeds = copies_seeds(o),
-                                 .collective_timeout_s = o->collective_timeout_s, .overlap = o->overlap};
+                                 .collective_timeout_s = o->collective_timeout_s, .overlap = o->overlap,
+                                 .inflight_bytes = (size_t)((double)o->inflight_mib * 1048576.0)};
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());
     return p;

@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { WIDTH = 1000, LEFT = 90, RIGHT = 20, TOP = 48, LANE = 30, GAP = 6, MOST_LANES = 64 };
+/* COMM: the height of a communication thread's lane, under its device's
+ * (LANE) after COMM_GAP: thinner, since it only ever runs collectives. */
+enum { WIDTH = 1000, LEFT = 90, RIGHT = 20, TOP = 48, LANE = 30, COMM = 12, COMM_GAP = 2, GAP = 6,
+       MOST_LANES = 64 };
 
 typedef struct kind_colour {
     const char *kind, *label, *colour;
@@ -26,6 +29,15 @@ static const kind_colour COLOURS[] = {
 };
 enum { N_COLOURS = sizeof COLOURS / sizeof *COLOURS };
 
+/* A communication lane's background, in the lanes and the legend. */
+static const char COMM_FILL[] = "#eeeeee";
+
+/* A device's lane, and whether a communication lane goes under it. */
+typedef struct lane {
+    int device;
+    bool comm;
+} lane;
+
 static int colour_of(const spmd_trace_event *e, const char *kind)
 {
     if (e->kind == SPMD_TRACE_UPDATE) return N_COLOURS - 1;
@@ -41,10 +53,59 @@ static double tick_step(double span)
     return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
 }
 
-static void draw(FILE *f, const char *title, const spmd_trace_event *ev, const char *const *kinds,
-                 int n, const int *lanes, int n_lanes, double t0, double t1)
+static int lane_height(const lane *l) { return LANE + (l->comm ? COMM_GAP + COMM : 0) + GAP; }
+
+/* What hovering a box shows: the node and its time; a collective's kind,
+ * axes, bytes and value first. */
+static void box_title(FILE *f, const spmd_trace_event *e, const spmd_collective_info *c)
 {
-    int height = TOP + n_lanes * (LANE + GAP) + 70;
+    if (e->kind == SPMD_TRACE_UPDATE) {
+        fprintf(f, "update %.1f us", e->dur_us);
+        return;
+    }
+    if (!c->kind) {
+        plot_xml(f, e->op ? e->op : "");
+        fprintf(f, " ");
+        plot_xml(f, e->name);
+        fprintf(f, " %s %.1f us", e->shape, e->dur_us);
+        return;
+    }
+    char bytes[32];
+    fprintf(f, "%s over ", c->kind);
+    plot_xml(f, c->axes);
+    fprintf(f, ": %s of ", message_bytes((double)c->bytes, bytes, sizeof bytes));
+    plot_xml(f, c->tensor);
+    fprintf(f, " (");
+    plot_xml(f, e->name);
+    fprintf(f, " %s) %.1f us", e->shape, e->dur_us);
+    if (e->kind == SPMD_TRACE_IN_FLIGHT)
+        fprintf(f, " in flight; the device waited %.1f us for it", e->wait_us);
+}
+
+static void box(FILE *f, const spmd_trace_event *e, const spmd_collective_info *c, double t0,
+                double span, int y, int height)
+{
+    double plot_w = WIDTH - LEFT - RIGHT;
+    int k = colour_of(e, c->kind);
+    const char *class = e->kind == SPMD_TRACE_IN_FLIGHT ? "in-flight"
+                        : k == 0                         ? "compute"
+                        : k == N_COLOURS - 1             ? "update"
+                                                         : "collective";
+    double x = LEFT + (e->start_us - t0) / span * plot_w, w = e->dur_us / span * plot_w;
+    fprintf(f, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\"><title>",
+            class, x, y, w > 0.3 ? w : 0.3, height, COLOURS[k].colour);
+    box_title(f, e, c);
+    fprintf(f, "</title></rect>\n");
+}
+
+static void draw(FILE *f, const char *title, const spmd_trace_event *ev,
+                 const spmd_collective_info *colls, int n, const lane *lanes, int n_lanes, double t0,
+                 double t1)
+{
+    int axis_y = TOP;
+    bool any_comm = false;
+    for (int l = 0; l < n_lanes; l++) axis_y += lane_height(&lanes[l]), any_comm |= lanes[l].comm;
+    int height = axis_y + 70;
     double span = t1 > t0 ? t1 - t0 : 1, plot_w = WIDTH - LEFT - RIGHT;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
@@ -54,7 +115,6 @@ static void draw(FILE *f, const char *title, const spmd_trace_event *ev, const c
     plot_xml(f, title);
     fprintf(f, "</text>\n");
     /* Time axis, in milliseconds from the step's first event. */
-    int axis_y = TOP + n_lanes * (LANE + GAP);
     double step = tick_step(span / 1e3);
     fprintf(f, "<g class=\"axis\" stroke=\"#ccc\">\n");
     for (double v = 0; v <= span / 1e3 + 1e-9; v += step) {
@@ -65,47 +125,56 @@ static void draw(FILE *f, const char *title, const spmd_trace_event *ev, const c
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" stroke=\"none\" fill=\"#333\">"
                "ms</text>\n</g>\n", LEFT + plot_w / 2, axis_y + 32);
+    int y = TOP;
     for (int l = 0; l < n_lanes; l++) {
-        int y = TOP + l * (LANE + GAP);
+        int d = lanes[l].device;
         fprintf(f, "<g class=\"lane\" data-device=\"%d\">\n<text x=\"%d\" y=\"%d\" "
-                   "text-anchor=\"end\">device %d</text>\n", lanes[l], LEFT - 8, y + LANE / 2 + 4,
-                lanes[l]);
-        for (int i = 0; i < n; i++) {
-            if (ev[i].device != lanes[l] || ev[i].kind == SPMD_TRACE_RUN) continue;
-            int c = colour_of(&ev[i], kinds[i]);
-            double x = LEFT + (ev[i].start_us - t0) / span * plot_w, w = ev[i].dur_us / span * plot_w;
-            fprintf(f, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" "
-                       "fill=\"%s\"><title>", c == 0 ? "compute" : c == N_COLOURS - 1 ? "update" : "collective", x, y,
-                    w > 0.3 ? w : 0.3, LANE, COLOURS[c].colour);
-            plot_xml(f, ev[i].kind == SPMD_TRACE_UPDATE ? "update" : kinds[i] ? kinds[i] : ev[i].op);
-            fprintf(f, " ");
-            plot_xml(f, ev[i].name);
-            fprintf(f, " %s %.1f us</title></rect>\n", ev[i].shape, ev[i].dur_us);
-        }
+                   "text-anchor=\"end\">device %d</text>\n", d, LEFT - 8, y + LANE / 2 + 4, d);
+        for (int i = 0; i < n; i++)
+            if (ev[i].device == d && ev[i].kind != SPMD_TRACE_RUN && ev[i].kind != SPMD_TRACE_IN_FLIGHT)
+                box(f, &ev[i], &colls[i], t0, span, y, LANE);
         fprintf(f, "</g>\n");
+        if (lanes[l].comm) {
+            /* The device's communication thread: its collectives in flight. */
+            int cy = y + LANE + COMM_GAP;
+            fprintf(f, "<g class=\"comm\" data-device=\"%d\">\n<text x=\"%d\" y=\"%d\" "
+                       "text-anchor=\"end\" font-size=\"10\" fill=\"#555\">comm</text>\n"
+                       "<rect x=\"%d\" y=\"%d\" width=\"%.0f\" height=\"%d\" fill=\"%s\"/>\n",
+                    d, LEFT - 8, cy + COMM - 2, LEFT, cy, plot_w, COMM, COMM_FILL);
+            for (int i = 0; i < n; i++)
+                if (ev[i].device == d && ev[i].kind == SPMD_TRACE_IN_FLIGHT)
+                    box(f, &ev[i], &colls[i], t0, span, cy, COMM);
+            fprintf(f, "</g>\n");
+        }
+        y += lane_height(&lanes[l]);
     }
-    /* Legend: the colours. */
-    int x = LEFT, y = axis_y + 52;
+    /* Legend: the colours, and the thin lanes when there are any. */
+    int x = LEFT, ly = axis_y + 52;
     fprintf(f, "<g class=\"legend\">\n");
     for (int c = 0; c < N_COLOURS; c++) {
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
-                   "<text x=\"%d\" y=\"%d\">%s</text>\n", x, y - 10, COLOURS[c].colour, x + 16,
-                y, COLOURS[c].label);
+                   "<text x=\"%d\" y=\"%d\">%s</text>\n", x, ly - 10, COLOURS[c].colour, x + 16,
+                ly, COLOURS[c].label);
         x += 24 + 8 * (int)strlen(COLOURS[c].label);
     }
+    if (any_comm)
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"6\" fill=\"%s\" stroke=\"#999\"/>"
+                   "<text x=\"%d\" y=\"%d\">comm: in flight</text>\n", x, ly - 7, COMM_FILL, x + 16, ly);
     fprintf(f, "</g>\n</svg>\n");
 }
 
 int plot_write_trace_svg(const char *path, const char *title, const spmd_trace_event *events,
-                         const char *const *kinds, int n)
+                         const spmd_collective_info *colls, int n)
 {
-    int lanes[MOST_LANES], n_lanes = 0;
+    lane lanes[MOST_LANES];
+    int n_lanes = 0;
     double t0 = INFINITY, t1 = -INFINITY;
     for (int i = 0; i < n; i++) {
         if (events[i].kind == SPMD_TRACE_RUN) continue;
-        bool seen = false;
-        for (int l = 0; l < n_lanes; l++) seen |= lanes[l] == events[i].device;
-        if (!seen && n_lanes < MOST_LANES) lanes[n_lanes++] = events[i].device;
+        int l = 0;
+        while (l < n_lanes && lanes[l].device != events[i].device) l++;
+        if (l == n_lanes && n_lanes < MOST_LANES) lanes[n_lanes++] = (lane){events[i].device, false};
+        if (l < n_lanes && events[i].kind == SPMD_TRACE_IN_FLIGHT) lanes[l].comm = true;
         t0 = fmin(t0, events[i].start_us);
         t1 = fmax(t1, events[i].start_us + events[i].dur_us);
     }
@@ -114,7 +183,7 @@ int plot_write_trace_svg(const char *path, const char *title, const spmd_trace_e
     size_t len = 0;
     FILE *f = open_memstream(&svg, &len);
     if (!f) return cli_fail("cannot write the plot %s: out of memory", path), 1;
-    draw(f, title, events, kinds, n, lanes, n_lanes, t0, t1);
+    draw(f, title, events, colls, n, lanes, n_lanes, t0, t1);
     bool failed = ferror(f) != 0;
     if (fclose(f) != 0) failed = true;
     int rc = failed ? (cli_fail("cannot write the plot %s: out of memory", path), 1)

@@ -305,33 +305,30 @@ static int merge_part(const char *path, cJSON *list)
     return 0;
 }
 
-/* The first traced step's device events, drawn. */
+/* The first traced step's events, drawn: each device's steps, and the
+ * collectives its communication thread ran in flight. */
 static int plot_first_step(const cli_opts *o, const spmd_program *p)
 {
     int n = spmd_program_trace_count(p), kept = 0;
     spmd_trace_event *events = calloc((size_t)(n ? n : 1), sizeof *events);
-    const char **kinds = calloc((size_t)(n ? n : 1), sizeof *kinds);
-    if (!events || !kinds) {
-        free(events), free(kinds);
+    spmd_collective_info *colls = calloc((size_t)(n ? n : 1), sizeof *colls);
+    if (!events || !colls) {
+        free(events), free(colls);
         return cli_fail("--trace-plot: out of memory"), 1;
     }
     for (int i = 0; i < n; i++) {
         spmd_trace_event e;
-        spmd_collective_info c;
-        /* The picture draws each device's steps; collectives in flight
-         * are in the JSON trace only. */
-        if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.run >= micro_batches(o) ||
-            e.kind == SPMD_TRACE_IN_FLIGHT)
-            continue;
-        kinds[kept] = e.kind == SPMD_TRACE_COLLECTIVE && spmd_program_collective(p, e.collective, &c) == SPMD_OK
-                          ? c.kind : NULL;
+        if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.run >= micro_batches(o)) continue;
+        bool coll = e.kind == SPMD_TRACE_COLLECTIVE || e.kind == SPMD_TRACE_IN_FLIGHT;
+        if (!coll || spmd_program_collective(p, e.collective, &colls[kept]) != SPMD_OK)
+            colls[kept] = (spmd_collective_info){.kind = NULL};
         events[kept++] = e;
     }
     char title[192];
     snprintf(title, sizeof title, "spmd train: %s, one step%s", o->model,
              spmd_program_processes(p) > 1 ? " (process 0's devices)" : "");
-    int rc = plot_write_trace_svg(o->trace_plot, title, events, kinds, kept);
-    free(events), free(kinds);
+    int rc = plot_write_trace_svg(o->trace_plot, title, events, colls, kept);
+    free(events), free(colls);
     return rc;
 }
 

@@ -114,6 +114,10 @@ SPMD_API spmd_status spmd_program_collective(const spmd_program *p, int i,
  * than with every collective a blocking step (they stay alive from
  * hand-over to wait). */
 SPMD_API int spmd_program_overlap(const spmd_program *p, size_t *bytes, size_t *arena_extra);
+/* The bytes that may be in flight at once per device, which *bytes above
+ * never exceeds (spmd_compile_options.inflight_bytes, or its default); 0
+ * without overlap, or on a program with no collective that could fly. */
+SPMD_API size_t spmd_program_inflight_budget(const spmd_program *p);
 /* Bytes of the parameters one device holds (its blocks). */
 SPMD_API size_t spmd_program_param_bytes(const spmd_program *p);
 /* Whole-tensor gathers forced by an op that cannot use a sharding. */

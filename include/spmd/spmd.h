@@ -311,11 +311,20 @@ typedef struct spmd_compile_options {
      * they hide (README, "Benchmarks"); on a loaded one, or where the
      * transport is slow (between hosts), they gain. */
     bool overlap;
+    /* With overlap: at most this many bytes of operands and results in
+     * flight at once per device (and at most four collectives); one
+     * whose operand and result alone are more stays a blocking step.
+     * The same bits whatever it is.  0: SPMD_INFLIGHT_MIB MiB. */
+    size_t inflight_bytes;
 } spmd_compile_options;
 
 /* The watchdog's default: a dead link ends a job within two minutes,
  * while no collective of a healthy run goes this long without progress. */
 #define SPMD_COLLECTIVE_TIMEOUT_S 100
+/* The in-flight budget's default, in MiB per device: far more than the
+ * tests' and benchmarks' plans hold (the count binds there), yet a bound
+ * on a large model's prefetch (docs/DESIGN.md, "Schedule and memory plan"). */
+#define SPMD_INFLIGHT_MIB 64
 
 SPMD_API spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts);
 SPMD_API void spmd_program_free(spmd_program *p);

@@ -70,7 +70,8 @@ class Graph(_core.Graph):
 
     def compile(self, **options):
         """compile(*, seed=0, threads=0, plan_only=False, unfused=False,
-        copy_seeds=None, mpi=None, collective_timeout=0, overlap=False) ->
+        copy_seeds=None, mpi=None, collective_timeout=0, overlap=False,
+        inflight_bytes=0) ->
         Program.  Under mpirun (several processes) a graph with marks runs
         over them (mpi=None or True; mpi=False runs every device in this
         process); compile, run and read are then collective: every process
@@ -79,7 +80,9 @@ class Graph(_core.Graph):
         raises TimeoutError ("collective timeout: ..."); 0 the default
         (100), negative never.  overlap=True runs the collectives in flight
         on each device's communication thread while it computes, instead
-        of each as a blocking step (the same bits)."""
+        of each as a blocking step (the same bits), their operands and
+        results at most inflight_bytes at once per device (0: the
+        default, 64 MiB; one of more stays a blocking step)."""
         return super().compile(**_processes.compile_options(self, options))
 
     def explain(self, **compile_options):

@@ -1979,15 +1979,21 @@ static PyObject *graph_gpt(GraphObject *self, PyObject *args, PyObject *kw)
 static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", "mpi",
-                             "collective_timeout", "overlap", NULL};
+                             "collective_timeout", "overlap", "inflight_bytes", NULL};
     unsigned long long seed = 0;
     int threads = 0, plan_only = 0, unfused = 0, over_processes = 0, overlap = 0;
     double collective_timeout = 0;
+    Py_ssize_t inflight_bytes = 0;
     PyObject *seeds_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippOpdp:compile", kwlist, &seed, &threads, &plan_only,
-                                     &unfused, &seeds_o, &over_processes, &collective_timeout, &overlap) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippOpdpn:compile", kwlist, &seed, &threads, &plan_only,
+                                     &unfused, &seeds_o, &over_processes, &collective_timeout, &overlap,
+                                     &inflight_bytes) ||
         graph_open(self) < 0)
         return NULL;
+    if (inflight_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "compile: inflight_bytes must be 0 (the default) or more");
+        return NULL;
+    }
     /* Over processes: MPI_COMM_WORLD, which the world duplicates at compile. */
     const void *comm = NULL;
 #ifdef SPMD_HAVE_MPI
@@ -2044,7 +2050,8 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
     }
     spmd_compile_options opts = {.threads = threads, .seed = seed, .plan_only = plan_only,
                                  .copy_seeds = seeds, .unfused = unfused, .mpi_comm = comm,
-                                 .collective_timeout_s = collective_timeout, .overlap = overlap};
+                                 .collective_timeout_s = collective_timeout, .overlap = overlap,
+                                 .inflight_bytes = (size_t)inflight_bytes};
     spmd_program *p = spmd_compile(self->g, &opts);
     PyMem_Free(seeds);
     if (!p) {
@@ -2131,11 +2138,12 @@ static PyMethodDef graph_methods[] = {
     {"gpt", KW(graph_gpt), "gpt(vocab, seq, layers, heads, dim, batch, context=0) -> dict of tensors"},
     {"compile", KW(graph_compile),
      "compile(*, seed=0, threads=0, plan_only=False, unfused=False, copy_seeds=None, mpi=False, "
-     "collective_timeout=0, overlap=False) -> Program; "
+     "collective_timeout=0, overlap=False, inflight_bytes=0) -> Program; "
      "mpi=True: over the processes of MPI_COMM_WORLD (mpi_start), each running its run of devices; "
      "collective_timeout: seconds a device may wait in a collective without progress before its "
      "run raises TimeoutError (0: the default, 100; negative: never); "
-     "overlap=True: collectives in flight on each device's communication thread while it computes (the same bits)"},
+     "overlap=True: collectives in flight on each device's communication thread while it computes (the same bits), "
+     "their operands and results at most inflight_bytes at once (0: the default, 64 MiB)"},
     {"close", FN(graph_close), METH_NOARGS, "close(): free the graph now (no program may be open)"},
     {"__enter__", FN(graph_enter), METH_NOARGS, NULL},
     {"__exit__", FN(graph_exit), METH_VARARGS, NULL},

@@ -182,7 +182,7 @@ static spmd_status mark_micro(compiled *c)
 }
 
 spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse,
-                          bool overlap)
+                          bool overlap, size_t inflight_bytes)
 {
     memset(c, 0, sizeof *c);
     c->alloc = g->alloc;
@@ -224,7 +224,8 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
         if (st != SPMD_OK) return st;
     }
     int depth = overlap && c->partitioned && c->n_dev > 1 ? PLAN_OVERLAP_DEPTH : 0;
-    if ((st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth)) != SPMD_OK)
+    size_t budget = inflight_bytes ? inflight_bytes : (size_t)SPMD_INFLIGHT_MIB << 20;
+    if ((st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth, budget)) != SPMD_OK)
         return st;
     for (int s = 0; s < c->plan.n_steps; s++) {
         const fuse_group *grp = fusion_group(&c->fusion, c->plan.steps[s]);

@@ -46,11 +46,12 @@ typedef struct compiled {
  * the `devices_here` devices this process runs (0: every device of the
  * mesh).  Records every tensor's sharding on g, for
  * spmd_get_sharding.  With `overlap`, on a mesh, collectives run in flight
- * while the device computes (plan.h, PLAN_OVERLAP_DEPTH at once).  Errors:
- * bf16 where no kernel takes it, marks on another mesh, and whatever
- * partitioning and planning report. */
+ * while the device computes (plan.h, PLAN_OVERLAP_DEPTH at once, and
+ * their operands and results at most `inflight_bytes` at once; 0:
+ * SPMD_INFLIGHT_MIB MiB).  Errors: bf16 where no kernel takes it, marks
+ * on another mesh, and whatever partitioning and planning report. */
 spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse,
-                          bool overlap);
+                          bool overlap, size_t inflight_bytes);
 void compiled_free(compiled *c);
 
 /* The local node that holds global node t (leaves and outputs), or NULL

@@ -46,6 +46,9 @@ typedef struct plan {
     int *async_step, *start_at, *wait_at;
     int *async_of;         /* per step */
     int overlap_depth;     /* at most this many in flight at once; 0: none */
+    /* And at most this many operand and result bytes (0 without overlap):
+     * a collective of more stays a step of its own. */
+    size_t inflight_budget;
     size_t serial_arena_bytes; /* the arena with every collective a step of its own */
     size_t inflight_bytes; /* most operand and result bytes in flight at once */
     /* Arena bytes live as the backward pass begins (the graph's
@@ -54,9 +57,9 @@ typedef struct plan {
     size_t held_bytes;
 } plan;
 
-/* Collectives in flight at once, by default: the next layer's all-gather
- * while this one computes, or a gradient's reduction while the next
- * gradient is computed. */
+/* Collectives in flight at once, at most (a cap beside the byte budget):
+ * the next layer's all-gather while this one computes, or a gradient's
+ * reduction while the next gradient is computed. */
 enum { PLAN_OVERLAP_DEPTH = 4 };
 
 /* Set needed[i] (n_nodes entries, false on entry) for every node that an
@@ -68,9 +71,10 @@ void plan_mark_needed(const spmd_graph *g, bool *needed);
  * or an error with a message. */
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *f);
 /* The same, with up to `depth` collectives in flight (0: every
- * collective a step of its own, as plan_build). */
+ * collective a step of its own, as plan_build), their operands and
+ * results at most `budget` bytes at once. */
 spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
-                               const fusion *f, int depth);
+                               const fusion *f, int depth, size_t budget);
 void plan_free(plan *p);
 /* Free blocks the memory planner looked at on this thread, in all (a test
  * hook: per step placed it grows with the log of the free list's length,

@@ -636,7 +636,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         p->process = p->first / p->n_local;
     }
     if (compile_graph(&p->c, g, opts ? opts->threads : 0, p->n_local, !(opts && opts->unfused),
-                      (opts && opts->overlap)) != SPMD_OK)
+                      (opts && opts->overlap), opts ? opts->inflight_bytes : 0) != SPMD_OK)
         goto fail;
     /* A plan-only program (explain) stops here: no devices, no BLAS. */
     if (plan_only) return p;
@@ -1374,6 +1374,11 @@ int spmd_program_overlap(const spmd_program *p, size_t *bytes, size_t *arena_ext
         *arena_extra = pl && pl->arena_bytes > pl->serial_arena_bytes
                            ? pl->arena_bytes - pl->serial_arena_bytes : 0;
     return pl ? pl->n_async : 0;
+}
+
+size_t spmd_program_inflight_budget(const spmd_program *p)
+{
+    return p ? p->c.plan.inflight_budget : 0;
 }
 
 int spmd_program_fallback_count(const spmd_program *p)

@@ -129,11 +129,15 @@ def test_mesh_4x2_equals_one_device():
 
 
 def test_mesh_4x2_overlap_off_same_bits():
-    """Collectives in flight or each a blocking step (the default): the same bits."""
+    """Collectives in flight or each a blocking step (the default), and in
+    flight within a small byte budget: the same bits."""
     mesh = libspmd.Mesh((4, 2), ("replica", "fsdp"))
     on = losses(*train_step_graph(build_mlp, mesh), overlap=True)
     off = losses(*train_step_graph(build_mlp, mesh))
-    assert on == off
+    tight = losses(*train_step_graph(build_mlp, mesh), overlap=True, inflight_bytes=4096)
+    assert on == off == tight
+    with pytest.raises(ValueError, match="inflight_bytes"):
+        train_step_graph(build_mlp, mesh)[0].compile(overlap=True, inflight_bytes=-1)
 
 
 def test_read_write_round_trip():
