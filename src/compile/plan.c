@@ -241,6 +241,45 @@ static void mark_in_place(plan *p, const spmd_graph *g)
         if (p->needed[i] && p->storage[i] != i) p->in_place[p->storage[i]] = -1;
 }
 
+static _Thread_local bool views_off; /* plan_test_views(false) */
+
+void plan_test_views(bool on) { views_off = !on; }
+
+/* A slice whose block is one run of its source's bytes is a view of the
+ * source instead of a copy, where the source is a parameter or state: the
+ * update phase writes those only after every device finished its
+ * schedule, so every reader during the run (a kernel, a collective in
+ * flight, a peer's copy from it) sees what a copy made during the run
+ * would hold.  One run: the dims before the split dim are all 1, and no
+ * member's block has padding (exact), which the kernel would zero.  Not
+ * an accumulator (written in place during the run), not an output or an
+ * update value (read after the update phase has written the leaf). */
+static void mark_views(plan *p, const spmd_graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) p->view_of[i] = -1;
+    if (views_off) return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        if (t->op != IR_SHARD_SLICE || !p->needed[i] || t->is_output || !t->attr.coll.exact) continue;
+        const spmd_tensor *x = t->in[0];
+        int d = t->attr.coll.dim;
+        if ((x->op != IR_PARAM && x->op != IR_STATE) || x->accumulator ||
+            x->dims[d] != t->attr.coll.global)
+            continue;
+        int64_t outer = 1;
+        for (int k = 0; k < d; k++) outer *= t->dims[k];
+        if (outer == 1) p->view_of[i] = x->id;
+    }
+    for (int i = 0; i < g->n_updates; i++) p->view_of[g->updates[i].value->id] = -1;
+    for (int i = 0; i < g->n_nodes; i++) p->n_views += p->view_of[i] >= 0;
+}
+
+/* Held outside the arena, with no step: a leaf, or a view of one. */
+static bool outside(const plan *p, const spmd_tensor *t)
+{
+    return ir_op_is_leaf(t->op) || p->view_of[t->id] >= 0;
+}
+
 /* Update values that can trade buffers with their targets: computed,
  * their own storage (no view shares it), not outputs (a read after the
  * run would find the swapped-out old value), one update each, of the
@@ -848,7 +887,7 @@ static spmd_status place_scheduled(plan *p, const spmd_graph *g, const fusion *f
         /* The last step reading each storage; ns: to the end. */
         for (int i = 0; i < n; i++) {
             const spmd_tensor *t = g->nodes[i];
-            if (!p->needed[i] || ir_op_is_leaf(t->op) || pos[i] < 0) continue;
+            if (!p->needed[i] || outside(p, t) || pos[i] < 0) continue;
             int s = p->storage[i];
             if (last[s] < pos[i]) last[s] = pos[i];
             const spmd_tensor *const *in;
@@ -866,7 +905,7 @@ static spmd_status place_scheduled(plan *p, const spmd_graph *g, const fusion *f
         }
         for (int i = 0; i < n; i++) {
             const spmd_tensor *t = g->nodes[i];
-            if (!p->needed[i] || ir_op_is_leaf(t->op) || p->storage[i] != i || p->swapped[i] ||
+            if (!p->needed[i] || outside(p, t) || p->storage[i] != i || p->swapped[i] ||
                 p->in_place[i] >= 0 || last[i] < 0 || last[i] >= ns)
                 continue;
             next[i] = head[last[i]];
@@ -922,10 +961,11 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
     p->offset = base_alloc(&p->alloc, nn * sizeof *p->offset, "memory plan");
     p->swapped = base_calloc(&p->alloc, nn * sizeof *p->swapped, "memory plan");
     p->in_place = base_alloc(&p->alloc, nn * sizeof *p->in_place, "memory plan");
+    p->view_of = base_alloc(&p->alloc, nn * sizeof *p->view_of, "memory plan");
     int *last_use = base_alloc(&p->alloc, nn * sizeof *last_use, "memory plan");
     block *slots = base_alloc(&p->alloc, (nn + 1) * sizeof *slots, "memory plan");
     if (!p->steps || !p->needed || !p->storage || !p->offset || !p->swapped || !p->in_place ||
-        !last_use || !slots) {
+        !p->view_of || !last_use || !slots) {
         base_free(&p->alloc, last_use);
         base_free(&p->alloc, slots);
         plan_free(p);
@@ -936,16 +976,18 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
     plan_mark_needed(g, p->needed);
     for (int i = 0; fu && fu->absorbed && i < n; i++)
         if (fu->absorbed[i]) p->needed[i] = false;
+    mark_views(p, g);
     for (int i = 0; i < n; i++) {
         const spmd_tensor *t = g->nodes[i];
         p->offset[i] = -1;
         p->storage[i] = i;
-        /* A reshape of a computed tensor is a view: same bytes. */
-        if (t->op == IR_RESHAPE && !ir_op_is_leaf(t->in[0]->op))
+        /* A reshape of a computed tensor is a view: same bytes (of a leaf
+         * or a leaf's view, a copy). */
+        if (t->op == IR_RESHAPE && !outside(p, t->in[0]))
             p->storage[i] = p->storage[t->in[0]->id];
         /* A member a fused group stores has memory but no step of its own. */
         bool inside = fu && fu->stored && fu->stored[i];
-        if (p->needed[i] && !ir_op_is_leaf(t->op) && !(t->op == IR_RESHAPE && p->storage[i] != i) && !inside)
+        if (p->needed[i] && !outside(p, t) && !(t->op == IR_RESHAPE && p->storage[i] != i) && !inside)
             p->steps[p->n_steps++] = (spmd_tensor *)t;
     }
     spmd_status ordered = depth > 0 ? reorder(p, g, fu) : SPMD_OK;
@@ -987,7 +1029,7 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
         for (int i = 0; i < n; i++) {
             const spmd_tensor *t = g->nodes[i];
             if (i == g->backward_begin && i > 0) p->held_bytes = (size_t)f.live;
-            if (!p->needed[i] || ir_op_is_leaf(t->op)) continue;
+            if (!p->needed[i] || outside(p, t)) continue;
             int s = p->storage[i];
             /* A value in a buffer of its own, or its target's, takes no
              * arena, but its inputs die here all the same (a gradient, into
@@ -1046,6 +1088,7 @@ void plan_free(plan *p)
     base_free(&p->alloc, p->offset);
     base_free(&p->alloc, p->swapped);
     base_free(&p->alloc, p->in_place);
+    base_free(&p->alloc, p->view_of);
     base_free(&p->alloc, p->async_of);
     base_free(&p->alloc, p->async_step);
     base_free(&p->alloc, p->start_at);

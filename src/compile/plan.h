@@ -11,7 +11,8 @@
  * An update's value (not an output, for one update) lives outside the
  * arena in a buffer of its own: the executor swaps it with its target's
  * after a step instead of copying (but in an accumulating program); a
- * gradient accumulator's is computed in place.
+ * gradient accumulator's is computed in place.  A slice of a parameter
+ * or state that is one run of its bytes is a view of it, no step.
  */
 #ifndef SPMD_COMPILE_PLAN_H
 #define SPMD_COMPILE_PLAN_H
@@ -33,6 +34,12 @@ typedef struct plan {
      * before it is written), the accumulator's node id; else -1.  No
      * arena, no second buffer, nothing to trade after a run. */
     int *in_place;
+    /* Per node id: for a slice that is a view of a parameter or state
+     * (one run of its bytes, written only after the run: mark_views in
+     * plan.c), the leaf's node id; else -1.  No step, no arena: the
+     * executor reads the leaf's buffer at the device's block. */
+    int *view_of;
+    int n_views;
     size_t arena_bytes;
     size_t swapped_bytes; /* the bytes of those buffers */
     /* Collectives in flight (docs/DESIGN.md, "Schedule and memory plan"):
@@ -80,5 +87,9 @@ void plan_free(plan *p);
  * hook: per step placed it grows with the log of the free list's length,
  * where a scan of the list made planning quadratic in the model's depth). */
 uint64_t plan_free_block_visits(void);
+/* A test hook: with false, the plans this thread builds copy every slice
+ * as before views (plan.view_of all -1), for comparing bits; true by
+ * default. */
+void plan_test_views(bool on);
 
 #endif

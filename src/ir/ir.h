@@ -52,9 +52,10 @@ typedef union ir_attr {
      *   REDUCE_SCATTER  sum, keep this member's block of `dim`
      *   ALL_TO_ALL      split `dim` into blocks sent to members, concatenate
      *                   the received ones along `dim2`
-     *   SHARD_SLICE     this member's block of `dim` (free), zeros past `global`
+     *   SHARD_SLICE     this member's block of `dim` (free), zeros past `global`;
+     *                   `exact`: the members' blocks tile `global` (no padding)
      *   MASK_PADDING    zero elements of `dim` at global index >= `global` */
-    struct { int spec, dim, dim2; int64_t global; } coll;
+    struct { int spec, dim, dim2; int64_t global; bool exact; } coll;
     /* CROSS_ENTROPY(_BACKWARD) and the VOCAB_CE_* ops in a per-device
      * program: for each dim of the targets split unevenly, its group (spec)
      * and whole size; rows past that size are padding and count for

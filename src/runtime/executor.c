@@ -65,6 +65,10 @@ struct device {
     unsigned char *arena;
     unsigned char *scratch;   /* nth slices of scratch_each bytes */
     void **leaf_data;         /* per local node id: inputs, params, state */
+    /* Per local node id, for a view of a leaf (plan.view_of): where this
+     * device's block starts in the leaf's buffer, in bytes; NULL without
+     * views. */
+    size_t *view_offset;
     kern_device kd;
     coll_group **groups;      /* per spec */
     int *member;              /* per spec */
@@ -137,10 +141,12 @@ static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t-
 static void *data_of(const device *d, const spmd_tensor *t)
 {
     /* Leaves, update values in buffers of their own (plan.swapped), and
-     * accumulators' sums, in the accumulator's (plan.in_place). */
+     * accumulators' sums, in the accumulator's (plan.in_place).  A view
+     * reads its leaf's buffer as it is now (a swap after a step moves it). */
     const plan *pl = &d->prog->c.plan;
     if (ir_op_is_leaf(t->op) || pl->swapped[t->id]) return d->leaf_data[t->id];
     if (pl->in_place[t->id] >= 0) return d->leaf_data[pl->in_place[t->id]];
+    if (pl->view_of[t->id] >= 0) return (char *)d->leaf_data[pl->view_of[t->id]] + d->view_offset[t->id];
     return d->arena + pl->offset[t->id];
 }
 
@@ -524,6 +530,23 @@ static void *device_alloc(spmd_program *p, size_t bytes, const char *what)
     return x;
 }
 
+/* Where each view's block lies in its leaf on device d: the block the
+ * slice's kernel would copy (copy_member_block), rows [m b, (m + 1) b) of
+ * the split dim for member m of its group, is one run of the leaf's
+ * bytes, its own bytes long, since the dims before it are 1. */
+static spmd_status setup_views(spmd_program *p, device *d)
+{
+    const plan *pl = &p->c.plan;
+    if (!pl->n_views) return SPMD_OK;
+    const spmd_graph *lg = p->c.local;
+    d->view_offset = base_calloc(&p->alloc, (size_t)lg->n_nodes * sizeof *d->view_offset, "views");
+    if (!d->view_offset) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < lg->n_nodes; i++)
+        if (pl->view_of[i] >= 0)
+            d->view_offset[i] = (size_t)d->member[lg->nodes[i]->attr.coll.spec] * ir_nbytes(lg->nodes[i]);
+    return SPMD_OK;
+}
+
 static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64_t *copy_seeds)
 {
     const spmd_graph *lg = p->c.local;
@@ -568,7 +591,7 @@ static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64
         }
         d->kd = (kern_device){id, d->groups, d->member, p->world, p->c.mesh, p->c.part.specs};
     }
-    return SPMD_OK;
+    return setup_views(p, d);
 }
 
 /* Refuse up front a mesh the address-space limit (ulimit -v) cannot hold,
@@ -687,6 +710,7 @@ void spmd_program_free(spmd_program *p)
         for (int i = 0; dv->leaf_data && i < p->c.local->n_nodes; i++)
             base_free(&p->alloc, dv->leaf_data[i]);
         base_free(&p->alloc, dv->leaf_data);
+        base_free(&p->alloc, dv->view_offset);
         base_free(&p->alloc, dv->arena);
         base_free(&p->alloc, dv->scratch);
         base_free(&p->alloc, dv->groups);

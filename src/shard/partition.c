@@ -247,6 +247,7 @@ static spmd_tensor *slice(builder *b, spmd_tensor *x, sharding *cur, int d, cons
     dims_of(x, dims);
     dims[d] = (whole + n - 1) / n;
     x = emit_coll(b, IR_SHARD_SLICE, x, s, d, 0, whole, dims, gid, -1);
+    if (x) x->attr.coll.exact = whole % n == 0; /* the plan may view a leaf's block (plan.h) */
     append(&cur->dim[d], s);
     return x;
 }
