@@ -31,8 +31,9 @@ NOMPI_BUILD := build-nompi
 NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_gemm test_cli_gemm \
 	test_bench example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus
 # The tests whose threads share memory: device workers, collectives, the
-# optimizers on a mesh, big meshes.
-TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh test_overlap
+# optimizers on a mesh, big meshes, parameters read in place.
+TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh test_overlap \
+	test_slice_views
 empty :=
 space := $(empty) $(empty)
 # Configure quietly but show the project's own status lines ("-- libspmd:
