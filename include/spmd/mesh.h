@@ -101,6 +101,10 @@ typedef struct spmd_collective_info {
      * communication thread and the wait for its result; 0: a blocking
      * step of the schedule. */
     int in_flight_steps;
+    /* An all-gather whose readers take each member's block where it lies
+     * (one process, shared memory): listed, but nothing is copied and it
+     * is no step of the schedule. */
+    bool in_place;
 } spmd_collective_info;
 
 /* Collectives per step, in program order (0 on one device). */

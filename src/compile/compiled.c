@@ -225,7 +225,12 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
     }
     int depth = overlap && c->partitioned && c->n_dev > 1 ? PLAN_OVERLAP_DEPTH : 0;
     size_t budget = inflight_bytes ? inflight_bytes : (size_t)SPMD_INFLIGHT_MIB << 20;
-    if ((st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth, budget)) != SPMD_OK)
+    /* Peers' blocks can be read in place only where every peer is here
+     * (and explain's plan over processes, spmd_mesh_place_processes, is
+     * one that runs in one). */
+    bool shared = c->partitioned && (devices_here <= 0 || devices_here == c->n_dev) &&
+                  spmd_mesh_processes(g->mesh) <= 1;
+    if ((st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth, budget, shared)) != SPMD_OK)
         return st;
     for (int s = 0; s < c->plan.n_steps; s++) {
         const fuse_group *grp = fusion_group(&c->fusion, c->plan.steps[s]);

@@ -7,6 +7,7 @@
  */
 #include "compile/plan.h"
 #include "base/error.h"
+#include "compile/tiles.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -274,10 +275,59 @@ static void mark_views(plan *p, const spmd_graph *g)
     for (int i = 0; i < g->n_nodes; i++) p->n_views += p->view_of[i] >= 0;
 }
 
-/* Held outside the arena, with no step: a leaf, or a view of one. */
+static _Thread_local bool gathers_off; /* plan_test_gathers(false) */
+
+void plan_test_gathers(bool on) { gathers_off = !on; }
+
+/* Whether node r reads x as the B of a matmul that can take B's rows from
+ * the members' blocks where they lie (matmul_reads_blocks, compile/tiles.h). */
+static bool reads_blocks(const spmd_tensor *r, const spmd_tensor *x, int64_t block_rows)
+{
+    return r->op == IR_MATMUL && r->in[0] != x && r->in[1] == x &&
+           matmul_reads_blocks(r, block_rows);
+}
+
+/* An all-gather of a parameter along dim 0 need not copy where every
+ * device of its group is in this process (`shared`) and each reader is a
+ * matmul x W^T that can read each member's block of W's rows where it
+ * lies: the parameter's buffers are written only in the update phase,
+ * after every device finished its schedule, as for views.  Dim 0 makes
+ * each block a run of W's rows, and a gather with no padding (any, and
+ * its reader would be the slice dropping it) is the blocks side by side.
+ * Not an output or update value (read after the update), only f32 (a
+ * bf16 copy is a computed value, not a parameter), and none with any
+ * other reader.  Run before fusion drops absorbed nodes from `needed`,
+ * so their reads count. */
+static void mark_gathers(plan *p, const spmd_graph *g, bool shared)
+{
+    for (int i = 0; i < g->n_nodes; i++) p->gather_leaf[i] = -1;
+    if (gathers_off || !shared) return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i], *x = t->in[0];
+        if (t->op != IR_ALL_GATHER || !p->needed[i] || t->is_output || t->attr.coll.dim != 0 ||
+            x->op != IR_PARAM || x->accumulator || x->dtype != SPMD_F32 || x->rank != 2)
+            continue;
+        p->gather_leaf[i] = x->id;
+    }
+    for (int i = 0; i < g->n_updates; i++) p->gather_leaf[g->updates[i].value->id] = -1;
+    /* Every reader must take the blocks; one that cannot keeps the copy. */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *r = g->nodes[i];
+        if (!p->needed[i]) continue;
+        for (int j = 0; j < r->n_in; j++) {
+            const spmd_tensor *x = r->in[j];
+            if (p->gather_leaf[x->id] >= 0 && !reads_blocks(r, x, x->in[0]->dims[0]))
+                p->gather_leaf[x->id] = -1;
+        }
+    }
+    for (int i = 0; i < g->n_nodes; i++) p->n_gathers_in_place += p->gather_leaf[i] >= 0;
+}
+
+/* Held outside the arena, with no step: a leaf, a view of one, or a
+ * gather read in place. */
 static bool outside(const plan *p, const spmd_tensor *t)
 {
-    return ir_op_is_leaf(t->op) || p->view_of[t->id] >= 0;
+    return ir_op_is_leaf(t->op) || p->view_of[t->id] >= 0 || p->gather_leaf[t->id] >= 0;
 }
 
 /* Update values that can trade buffers with their targets: computed,
@@ -948,7 +998,7 @@ static spmd_status place_scheduled(plan *p, const spmd_graph *g, const fusion *f
 }
 
 static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu,
-                         int depth, size_t budget)
+                         int depth, size_t budget, bool shared)
 {
     memset(p, 0, sizeof *p);
     p->alloc = base_allocator_or_default(alloc);
@@ -962,10 +1012,11 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
     p->swapped = base_calloc(&p->alloc, nn * sizeof *p->swapped, "memory plan");
     p->in_place = base_alloc(&p->alloc, nn * sizeof *p->in_place, "memory plan");
     p->view_of = base_alloc(&p->alloc, nn * sizeof *p->view_of, "memory plan");
+    p->gather_leaf = base_alloc(&p->alloc, nn * sizeof *p->gather_leaf, "memory plan");
     int *last_use = base_alloc(&p->alloc, nn * sizeof *last_use, "memory plan");
     block *slots = base_alloc(&p->alloc, (nn + 1) * sizeof *slots, "memory plan");
     if (!p->steps || !p->needed || !p->storage || !p->offset || !p->swapped || !p->in_place ||
-        !p->view_of || !last_use || !slots) {
+        !p->view_of || !p->gather_leaf || !last_use || !slots) {
         base_free(&p->alloc, last_use);
         base_free(&p->alloc, slots);
         plan_free(p);
@@ -974,6 +1025,7 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
     freelist f = {slots, {-1, -1}, 0, -1, 0, 0, 0};
 
     plan_mark_needed(g, p->needed);
+    mark_gathers(p, g, shared);
     for (int i = 0; fu && fu->absorbed && i < n; i++)
         if (fu->absorbed[i]) p->needed[i] = false;
     mark_views(p, g);
@@ -1061,21 +1113,21 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
 
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu)
 {
-    return build(p, g, alloc, fu, 0, 0);
+    return build(p, g, alloc, fu, 0, 0, false);
 }
 
 spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
-                               const fusion *fu, int depth, size_t budget)
+                               const fusion *fu, int depth, size_t budget, bool shared)
 {
     bool any = false;
     for (int i = 0; depth > 0 && i < g->n_nodes && !any; i++) any = may_fly(g->nodes[i]->op);
-    if (!any) return build(p, g, alloc, fu, 0, 0);
+    if (!any) return build(p, g, alloc, fu, 0, 0, shared);
     /* The arena without overlap first, for explain's extra bytes. */
-    spmd_status st = build(p, g, alloc, fu, 0, 0);
+    spmd_status st = build(p, g, alloc, fu, 0, 0, shared);
     if (st != SPMD_OK) return st;
     size_t serial = p->arena_bytes;
     plan_free(p);
-    if ((st = build(p, g, alloc, fu, depth, budget)) != SPMD_OK) return st;
+    if ((st = build(p, g, alloc, fu, depth, budget, shared)) != SPMD_OK) return st;
     p->serial_arena_bytes = serial;
     return SPMD_OK;
 }
@@ -1089,6 +1141,7 @@ void plan_free(plan *p)
     base_free(&p->alloc, p->swapped);
     base_free(&p->alloc, p->in_place);
     base_free(&p->alloc, p->view_of);
+    base_free(&p->alloc, p->gather_leaf);
     base_free(&p->alloc, p->async_of);
     base_free(&p->alloc, p->async_step);
     base_free(&p->alloc, p->start_at);

@@ -40,6 +40,12 @@ typedef struct plan {
      * executor reads the leaf's buffer at the device's block. */
     int *view_of;
     int n_views;
+    /* Per node id: for an all-gather of a parameter read in place (its
+     * readers take each member's block from the member's own buffer:
+     * mark_gathers in plan.c), the parameter's node id; else -1.  No step,
+     * no arena. */
+    int *gather_leaf;
+    int n_gathers_in_place;
     size_t arena_bytes;
     size_t swapped_bytes; /* the bytes of those buffers */
     /* Collectives in flight (docs/DESIGN.md, "Schedule and memory plan"):
@@ -79,9 +85,10 @@ void plan_mark_needed(const spmd_graph *g, bool *needed);
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *f);
 /* The same, with up to `depth` collectives in flight (0: every
  * collective a step of its own, as plan_build), their operands and
- * results at most `budget` bytes at once. */
+ * results at most `budget` bytes at once; with `shared` (every device of
+ * the mesh in this process) parameters' all-gathers may be read in place. */
 spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
-                               const fusion *f, int depth, size_t budget);
+                               const fusion *f, int depth, size_t budget, bool shared);
 void plan_free(plan *p);
 /* Free blocks the memory planner looked at on this thread, in all (a test
  * hook: per step placed it grows with the log of the free list's length,
@@ -91,5 +98,7 @@ uint64_t plan_free_block_visits(void);
  * as before views (plan.view_of all -1), for comparing bits; true by
  * default. */
 void plan_test_views(bool on);
+/* Likewise for gathers read in place (plan.gather_leaf all -1 with false). */
+void plan_test_gathers(bool on);
 
 #endif

@@ -69,6 +69,10 @@ struct device {
      * device's block starts in the leaf's buffer, in bytes; NULL without
      * views. */
     size_t *view_offset;
+    /* Per local node id, for a gather read in place (plan.gather_leaf):
+     * per member of its group, in rank order, the slot of the member's
+     * leaf_data that holds its block; NULL without such gathers. */
+    kern_slot **gather_slots;
     kern_device kd;
     coll_group **groups;      /* per spec */
     int *member;              /* per spec */
@@ -147,6 +151,7 @@ static void *data_of(const device *d, const spmd_tensor *t)
     if (ir_op_is_leaf(t->op) || pl->swapped[t->id]) return d->leaf_data[t->id];
     if (pl->in_place[t->id] >= 0) return d->leaf_data[pl->in_place[t->id]];
     if (pl->view_of[t->id] >= 0) return (char *)d->leaf_data[pl->view_of[t->id]] + d->view_offset[t->id];
+    if (pl->gather_leaf[t->id] >= 0) return NULL; /* its readers take d->gather_slots */
     return d->arena + pl->offset[t->id];
 }
 
@@ -547,6 +552,37 @@ static spmd_status setup_views(spmd_program *p, device *d)
     return SPMD_OK;
 }
 
+/* Where each member's block of a gather read in place lies: the slot of
+ * the member's leaf_data (a swap after a step moves the buffer, not the
+ * slot).  After every device here is set up; the plan reads gathers in
+ * place only where the whole mesh is in this process. */
+static spmd_status setup_gathers(spmd_program *p, device *d)
+{
+    const plan *pl = &p->c.plan;
+    if (!pl->n_gathers_in_place) return SPMD_OK;
+    const spmd_graph *lg = p->c.local;
+    d->gather_slots = base_calloc(&p->alloc, (size_t)lg->n_nodes * sizeof *d->gather_slots, "gathers");
+    if (!d->gather_slots) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < lg->n_nodes; i++) {
+        int leaf = pl->gather_leaf[i];
+        if (leaf < 0) continue;
+        const mesh_axes *axes = &p->c.part.specs[lg->nodes[i]->attr.coll.spec];
+        int members[MESH_MAX_DEVICES];
+        int size = mesh_group(p->c.mesh, d->id, axes, members);
+        kern_slot *slots = base_alloc(&p->alloc, (size_t)size * sizeof *slots, "gathers");
+        if (!slots) return SPMD_ERR_NOMEM;
+        d->gather_slots[i] = slots;
+        for (int k = 0; k < size; k++) {
+            int here = p->c.mesh->position[members[k]] - p->first;
+            if (here < 0 || here >= p->n_local)
+                return base_error(SPMD_ERR_INTERNAL, "compile: a gather read in place has a member "
+                                                     "in another process");
+            slots[k] = &p->dev[here].leaf_data[leaf];
+        }
+    }
+    return SPMD_OK;
+}
+
 static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64_t *copy_seeds)
 {
     const spmd_graph *lg = p->c.local;
@@ -675,6 +711,8 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[p->first + d] : 0,
                          opts ? opts->copy_seeds : NULL) != SPMD_OK)
             goto fail;
+    for (int d = 0; d < p->n_local; d++)
+        if (setup_gathers(p, &p->dev[d]) != SPMD_OK) goto fail;
     /* Groups that cross processes get their communicators (every process
      * asked for all of its groups above). */
     if (p->world && coll_world_connect(p->world) != SPMD_OK) goto fail;
@@ -711,6 +749,9 @@ void spmd_program_free(spmd_program *p)
             base_free(&p->alloc, dv->leaf_data[i]);
         base_free(&p->alloc, dv->leaf_data);
         base_free(&p->alloc, dv->view_offset);
+        for (int i = 0; dv->gather_slots && i < p->c.local->n_nodes; i++)
+            base_free(&p->alloc, dv->gather_slots[i]);
+        base_free(&p->alloc, dv->gather_slots);
         base_free(&p->alloc, dv->arena);
         base_free(&p->alloc, dv->scratch);
         base_free(&p->alloc, dv->groups);
@@ -896,6 +937,12 @@ static void run_worker(void *ctx, int ith, int nth)
             for (int j = 0; j < grp->n_stored; j++) a.stored[j] = data_of(d, grp->stored[j]);
         } else
             for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
+        /* A matmul reading a gather in place takes the members' blocks. */
+        a.b_blocks = NULL;
+        if (!grp && t->op == IR_MATMUL && d->gather_slots && d->gather_slots[t->in[1]->id]) {
+            a.b_blocks = d->gather_slots[t->in[1]->id];
+            a.b_block_rows = t->in[1]->in[0]->dims[0];
+        }
         a.out = data_of(d, t);
         a.nth = solo ? 1 : nth;
         /* A result that failed to arrive is not computed on. */

@@ -2,8 +2,9 @@
  * matmul and bmm on top of gemm_f32, or gemm_bf16 when an operand is bf16
  * (single-threaded GEMMs; the threads here split the output).
  *
- * The output is cut into tiles whose size depends only on the shapes, and
- * each tile is one gemm_f32 call; threads take contiguous runs of tiles.
+ * The output is cut into tiles whose size depends only on the shapes
+ * (gemm_tiles, compile/tiles.h), and each tile is one gemm_f32 call;
+ * threads take contiguous runs of tiles.
  * Splitting "one block of rows per thread" instead would hand BLAS
  * different m for different nth, and BLAS libraries pick different code
  * paths (small-matrix kernels, edge kernels, K blocking) by size, which
@@ -13,33 +14,10 @@
 #include "runtime/kernels_ops.h"
 
 #include "base/error.h"
+#include "compile/tiles.h"
 #include "runtime/gemm.h"
 
 #include <string.h>
-
-/* Aim for at least this many tiles so that up to 64 threads have work,
- * but never cut a tile below about 64 x 64 (BLAS needs some size to run
- * at speed). */
-enum { MM_MIN_TILES = 64, MM_MIN_SIDE = 64, MM_ROUND = 16 };
-
-static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-/* Tile sizes for `batch` products of m x n: halve the longer side until
- * there are enough tiles. */
-static void gemm_tiles(int64_t batch, int64_t m, int64_t n, int64_t *tm, int64_t *tn)
-{
-    int64_t bm = kn_max_i(m, 1), bn = kn_max_i(n, 1);
-    while (batch * kn_ceil_div(m, bm) * kn_ceil_div(n, bn) < MM_MIN_TILES) {
-        if (bm >= bn && bm > MM_MIN_SIDE)
-            bm = round_up(kn_ceil_div(bm, 2), MM_ROUND);
-        else if (bn > MM_MIN_SIDE)
-            bn = round_up(kn_ceil_div(bn, 2), MM_ROUND);
-        else
-            break;
-    }
-    *tm = bm;
-    *tn = bn;
-}
 
 /* One product C[m, n] = op(A) op(B), given by its row-major operands, each
  * f32 or bf16 (then the bf16 GEMM sums in f32); C is f32. */
@@ -51,6 +29,8 @@ typedef struct gemm_desc {
     float *c;
     int64_t lda, ldb, ldc;
     int64_t sa, sb, sc; /* batch strides, in elements */
+    const kern_slot *b_blocks; /* B's rows in blocks (kern_args.b_blocks) */
+    int64_t b_block_rows;
 } gemm_desc;
 
 static gemm_type gemm_type_of(const spmd_tensor *t) { return t->dtype == SPMD_BF16 ? GEMM_BF16 : GEMM_F32; }
@@ -72,7 +52,11 @@ static spmd_status gemm_tile(const gemm_desc *g, int64_t bi, int64_t i0, int64_t
     }
     /* op(A) row i0: A[i0, :] or, transposed, A[:, i0]; likewise for B. */
     const void *pa = element(g->a, g->a_type, bi * g->sa + (g->ta ? i0 : i0 * g->lda));
-    const void *pb = element(g->b, g->b_type, bi * g->sb + (g->tb ? j0 * g->ldb : j0));
+    const void *pb;
+    if (g->b_blocks) /* B^T's columns j0.. are rows of one member's block */
+        pb = element(*g->b_blocks[j0 / g->b_block_rows], g->b_type, (j0 % g->b_block_rows) * g->ldb);
+    else
+        pb = element(g->b, g->b_type, bi * g->sb + (g->tb ? j0 * g->ldb : j0));
     if (g->a_type == GEMM_F32 && g->b_type == GEMM_F32)
         return gemm_f32(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c,
                         g->ldc);
@@ -132,6 +116,8 @@ void kern_matmul(const kern_args *a)
     g.ldc = g.n;
     g.a = a->in[0];
     g.b = a->in[1];
+    g.b_blocks = a->b_blocks;
+    g.b_block_rows = a->b_block_rows;
     g.a_type = gemm_type_of(t->in[0]);
     g.b_type = gemm_type_of(t->in[1]);
     g.c = a->out;
