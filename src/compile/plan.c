@@ -355,6 +355,21 @@ static void mark_swapped(plan *p, const spmd_graph *g)
         if (p->swapped[i]) p->swapped_bytes += ir_nbytes(g->nodes[i]);
 }
 
+/* prod[i]: the step that writes node i's storage (a fused root's step
+ * for its stored members; a view's, its storage's), -1 for none. */
+static void step_of_storage(const plan *p, const spmd_graph *g, const fusion *fu, int *prod)
+{
+    for (int i = 0; i < g->n_nodes; i++) prod[i] = -1;
+    for (int s = 0; s < p->n_steps; s++) {
+        const spmd_tensor *t = p->steps[s];
+        prod[t->id] = s;
+        const fuse_group *grp = fusion_group(fu, t);
+        for (int j = 0; grp && j < grp->n_stored; j++) prod[grp->stored[j]->id] = s;
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        if (p->storage[i] != i) prod[i] = prod[p->storage[i]];
+}
+
 /* ---- Collectives in flight ---------------------------------------------------------- */
 
 /* The collectives a communication thread can run while the device computes:
@@ -490,16 +505,9 @@ static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu
         return SPMD_ERR_NOMEM;
     }
     int64_t budget = budget_bytes > (size_t)INT64_MAX ? INT64_MAX : (int64_t)budget_bytes;
-    for (int i = 0; i < n; i++) prod[i] = first_read[i] = -1;
-    for (int s = 0; s < ns; s++) {
-        const spmd_tensor *t = p->steps[s];
-        prod[t->id] = s;
-        const fuse_group *grp = fusion_group(fu, t);
-        for (int j = 0; grp && j < grp->n_stored; j++) prod[grp->stored[j]->id] = s;
-        p->async_of[s] = -1;
-    }
-    for (int i = 0; i < n; i++)
-        if (p->storage[i] != i) prod[i] = prod[p->storage[i]];
+    step_of_storage(p, g, fu, prod);
+    for (int i = 0; i < n; i++) first_read[i] = -1;
+    for (int s = 0; s < ns; s++) p->async_of[s] = -1;
     /* The first step that reads each storage on the device's threads.  A
      * collective that may fly reads on the communication thread, after
      * every collective before it: a reduce-scatter read only by the
@@ -684,15 +692,7 @@ static spmd_status reorder(plan *p, const spmd_graph *g, const fusion *fu)
     spmd_tensor **order = base_alloc(&p->alloc, nsz * sizeof *order, "schedule");
     int *succ = NULL, *heap_at = NULL;
     spmd_status st = prod && deg && off && urgent && stack && order ? SPMD_OK : SPMD_ERR_NOMEM;
-    for (int i = 0; st == SPMD_OK && i < n; i++) prod[i] = -1;
-    for (int s = 0; st == SPMD_OK && s < ns; s++) {
-        const spmd_tensor *t = p->steps[s];
-        prod[t->id] = s;
-        const fuse_group *grp = fusion_group(fu, t);
-        for (int j = 0; grp && j < grp->n_stored; j++) prod[grp->stored[j]->id] = s;
-    }
-    for (int i = 0; st == SPMD_OK && i < n; i++)
-        if (p->storage[i] != i) prod[i] = prod[p->storage[i]];
+    if (st == SPMD_OK) step_of_storage(p, g, fu, prod);
     /* Edges producer -> reader, counted, then listed (CSR). */
     for (int s = 0; st == SPMD_OK && s < ns; s++) {
         const spmd_tensor *const *in;
@@ -835,13 +835,9 @@ static spmd_status hoist_sums(plan *p, const spmd_graph *g, const fusion *fu, bo
                          ? SPMD_OK
                          : SPMD_ERR_NOMEM;
     if (st == SPMD_OK) {
-        for (int i = 0; i < n; i++) prod[i] = seen[i] = -1;
-        for (int s = 0; s < ns; s++) {
-            prod[p->steps[s]->id] = s;
-            const fuse_group *grp = fusion_group(fu, p->steps[s]);
-            for (int j = 0; grp && j < grp->n_stored; j++) prod[grp->stored[j]->id] = s;
-            sum_of[s] = after[s] = -1;
-        }
+        step_of_storage(p, g, fu, prod);
+        for (int i = 0; i < n; i++) seen[i] = -1;
+        for (int s = 0; s < ns; s++) sum_of[s] = after[s] = -1;
         /* The steps reading each storage (each step once); outputs and
          * update values are read after the run as well. */
         for (int s = 0; s < ns; s++) {
