@@ -139,13 +139,15 @@ typedef struct problem {
     size_t na, nb, nc;
 } problem;
 
-static problem problem_make(bool ta, bool tb, shape s, uint32_t seed)
+/* Operands stored with padding past their rows (a tile of a larger
+ * matrix, as the matmul kernel passes them), or dense. */
+static problem problem_make(bool ta, bool tb, shape s, uint32_t seed, bool dense)
 {
     problem p = {.ta = ta, .tb = tb, .m = s.m, .n = s.n, .k = s.k};
     int64_t ra, rb;
-    p.lda = stored_dims(ta, s.m, s.k, 3, &ra);
-    p.ldb = stored_dims(tb, s.k, s.n, 5, &rb);
-    p.ldc = s.n + 2;
+    p.lda = stored_dims(ta, s.m, s.k, dense ? 0 : 3, &ra);
+    p.ldb = stored_dims(tb, s.k, s.n, dense ? 0 : 5, &rb);
+    p.ldc = s.n + (dense ? 0 : 2);
     p.na = (size_t)(ra * p.lda), p.nb = (size_t)(rb * p.ldb), p.nc = (size_t)(s.m * p.ldc);
     p.a = malloc(p.na * sizeof(float));
     p.b = malloc(p.nb * sizeof(float));
@@ -192,7 +194,7 @@ static void test_onednn_f32_matches_cblas(void **state)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int t = 0; t < 4; t++)
             for (int v = 0; v < 3; v++) {
-                problem p = problem_make(t & 2, t & 1, shapes[si], (uint32_t)(si * 31 + t));
+                problem p = problem_make(t & 2, t & 1, shapes[si], (uint32_t)(si * 31 + t), false);
                 float *c_blas = malloc(p.nc * sizeof(float)), *c_dnnl = malloc(p.nc * sizeof(float));
                 assert_non_null(c_blas);
                 assert_non_null(c_dnnl);
@@ -227,17 +229,20 @@ static void test_onednn_f32_matches_cblas(void **state)
             }
 }
 
-/* bf16 GEMM on `backend`: every operand and result type, against f64. */
+/* bf16 GEMM on `backend`: every operand and result type, dense and
+ * padded (oneDNN's fast kernels take only dense matrices: the padded are
+ * packed first, gemm.c), against f64; a padded C's padding untouched. */
 static void check_bf16_backend(gemm_backend backend)
 {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int t = 0; t < 4; t++)
-            for (int types = 0; types < 8; types++) {
+            for (int types = 0; types < 16; types++) {
+                bool dense = types & 8;
                 gemm_type at = types & 1 ? GEMM_BF16 : GEMM_F32;
                 gemm_type bt = types & 2 ? GEMM_BF16 : GEMM_F32;
                 gemm_type ct = types & 4 ? GEMM_BF16 : GEMM_F32;
                 int v = (int)((si + (size_t)t + (size_t)types) % 3);
-                problem p = problem_make(t & 2, t & 1, shapes[si], (uint32_t)(si * 17 + t));
+                problem p = problem_make(t & 2, t & 1, shapes[si], (uint32_t)(si * 17 + t), dense);
                 /* Starting C as bf16 numbers, so a bf16 C holds it exactly. */
                 for (size_t i = 0; i < p.nc; i++) p.c0[i] = bf16_round(p.c0[i]);
                 bf16_bits *ha = malloc(p.na * sizeof(bf16_bits)), *hb = malloc(p.nb * sizeof(bf16_bits));
@@ -278,6 +283,16 @@ static void check_bf16_backend(gemm_backend backend)
                                      p.k, p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', types,
                                      (double)alphas[v], (double)betas[v], i, j, got, want, tol,
                                      want_f32);
+                    }
+                for (int i = 0; i + 1 < p.m; i++)
+                    for (int64_t j = p.n; j < p.ldc; j++) {
+                        int64_t at_ = (int64_t)i * p.ldc + j;
+                        double got = ct == GEMM_F32 ? ((float *)c)[at_]
+                                                    : bf16_to_f32(((bf16_bits *)c)[at_]);
+                        if (got != p.c0[at_])
+                            fail_msg("%s %dx%dx%d types %d: C's padding at (%d,%lld) written",
+                                     backend == GEMM_ONEDNN ? "oneDNN" : "converted", p.m, p.n,
+                                     p.k, types, i, (long long)j);
                     }
                 free(ha), free(hb), free(c);
                 problem_free(&p);

@@ -11,10 +11,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Tile sizes (tm rows, tn columns) for `batch` products of m x n, from
- * the shapes alone, so every element is computed by the same GEMM call
- * whatever the thread count. */
-void gemm_tiles(int64_t batch, int64_t m, int64_t n, int64_t *tm, int64_t *tn);
+/* Tile sizes (tm rows, tn columns) for `batch` products of m x n, f32 or
+ * bf16 (an operand in bf16: the bf16 GEMM), from the shapes alone, so every
+ * element is computed by the same GEMM call whatever the thread count. */
+void gemm_tiles(int64_t batch, int64_t m, int64_t n, bool bf16, int64_t *tm, int64_t *tn);
 
 /* Whether kern_matmul can compute matmul t reading its B from blocks of
  * `block_rows` rows each lying apart (kern_args.b_blocks) with the very

@@ -207,6 +207,54 @@ static spmd_status run_bf16_converted(bool ta, bool tb, int64_t m, int64_t n, in
     return SPMD_OK;
 }
 
+/* oneDNN's bf16 matmul on dense operands.  Its AMX and AVX512_BF16
+ * kernels (brgemm) take only matrices stored densely: a tile of a larger
+ * matrix (a leading dimension past its columns) gets its generic JIT GEMM
+ * instead, several times slower on AMX.  So an operand that is f32 or not
+ * dense is packed (converted) into this thread's buffer, and a C that is
+ * not dense is computed in a buffer and copied out. */
+static spmd_status run_bf16_onednn(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                   float alpha, const void *a, gemm_type a_type, int64_t lda,
+                                   const void *b, gemm_type b_type, int64_t ldb, float beta,
+                                   void *c, gemm_type c_type, int64_t ldc)
+{
+    int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+    int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+    const void *ha = a, *hb = b;
+    if (a_type == GEMM_F32 || lda != a_cols) {
+        size_t bytes = (size_t)(a_rows * a_cols) * sizeof(bf16_bits);
+        bf16_bits *p = thread_buffer(BUF_A, bytes);
+        if (!p) return no_buffer(bytes);
+        pack_bf16(p, a, a_type, a_rows, a_cols, lda);
+        ha = p;
+    }
+    if (b_type == GEMM_F32 || ldb != b_cols) {
+        size_t bytes = (size_t)(b_rows * b_cols) * sizeof(bf16_bits);
+        bf16_bits *p = thread_buffer(BUF_B, bytes);
+        if (!p) return no_buffer(bytes);
+        pack_bf16(p, b, b_type, b_rows, b_cols, ldb);
+        hb = p;
+    }
+    onednn_type out = c_type == GEMM_BF16 ? ONEDNN_BF16 : ONEDNN_F32;
+    if (ldc == n)
+        return onednn_gemm(ta, tb, m, n, k, alpha, ha, a_cols, hb, b_cols, beta, c, n,
+                           ONEDNN_BF16, out);
+    size_t el = c_type == GEMM_BF16 ? sizeof(bf16_bits) : sizeof(float);
+    size_t bytes = (size_t)(m * n) * el;
+    char *hc = thread_buffer(BUF_C, bytes);
+    if (!hc) return no_buffer(bytes);
+    if (beta != 0.0f)
+        for (int64_t i = 0; i < m; i++)
+            memcpy(hc + (size_t)(i * n) * el, (const char *)c + (size_t)(i * ldc) * el,
+                   (size_t)n * el);
+    spmd_status st = onednn_gemm(ta, tb, m, n, k, alpha, ha, a_cols, hb, b_cols, beta, hc, n,
+                                 ONEDNN_BF16, out);
+    if (st != SPMD_OK) return st;
+    for (int64_t i = 0; i < m; i++)
+        memcpy((char *)c + (size_t)(i * ldc) * el, hc + (size_t)(i * n) * el, (size_t)n * el);
+    return SPMD_OK;
+}
+
 static spmd_status run_bf16(gemm_backend backend, bool ta, bool tb, int64_t m, int64_t n,
                             int64_t k, float alpha, const void *a, gemm_type a_type, int64_t lda,
                             const void *b, gemm_type b_type, int64_t ldb, float beta, void *c,
@@ -214,26 +262,8 @@ static spmd_status run_bf16(gemm_backend backend, bool ta, bool tb, int64_t m, i
 {
     if (m <= 0 || n <= 0) return SPMD_OK;
     if (backend == GEMM_ONEDNN && k > 0) {
-        int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
-        int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
-        const void *ha = a, *hb = b;
-        int64_t hlda = lda, hldb = ldb;
-        if (a_type == GEMM_F32) {
-            size_t bytes = (size_t)(a_rows * a_cols) * sizeof(bf16_bits);
-            bf16_bits *p = thread_buffer(BUF_A, bytes);
-            if (!p) return no_buffer(bytes);
-            pack_bf16(p, a, a_type, a_rows, a_cols, lda);
-            ha = p, hlda = a_cols;
-        }
-        if (b_type == GEMM_F32) {
-            size_t bytes = (size_t)(b_rows * b_cols) * sizeof(bf16_bits);
-            bf16_bits *p = thread_buffer(BUF_B, bytes);
-            if (!p) return no_buffer(bytes);
-            pack_bf16(p, b, b_type, b_rows, b_cols, ldb);
-            hb = p, hldb = b_cols;
-        }
-        spmd_status st = onednn_gemm(ta, tb, m, n, k, alpha, ha, hlda, hb, hldb, beta, c, ldc,
-                                     ONEDNN_BF16, c_type == GEMM_BF16 ? ONEDNN_BF16 : ONEDNN_F32);
+        spmd_status st = run_bf16_onednn(ta, tb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb,
+                                         beta, c, c_type, ldc);
         if (st != SPMD_ERR_UNSUPPORTED) return st;
         spmd_clear_error(); /* no oneDNN kernel for this shape: convert */
     }

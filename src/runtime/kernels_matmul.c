@@ -71,7 +71,8 @@ static void gemm_run(const kern_args *a, const gemm_desc *g, int64_t batch)
 {
     if (batch == 0 || g->m == 0 || g->n == 0) return;
     int64_t tm, tn;
-    gemm_tiles(batch, g->m, g->n, &tm, &tn);
+    gemm_tiles(batch, g->m, g->n, g->a_type == GEMM_BF16 || g->b_type == GEMM_BF16, &tm,
+               &tn);
     const int64_t gm = kn_ceil_div(g->m, tm), gn = kn_ceil_div(g->n, tn);
     int64_t b, e;
     kern_split(batch * gm * gn, a->ith, a->nth, 1, &b, &e);
