@@ -193,23 +193,25 @@ static void test_onednn_f32_matches_cblas(void **state)
     print_message("%s against %s\n", onednn_name(), blas_name());
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int t = 0; t < 4; t++)
-            for (int v = 0; v < 3; v++) {
-                problem p = problem_make(t & 2, t & 1, shapes[si], (uint32_t)(si * 31 + t), false);
+            for (int v = 0; v < 6; v++) {
+                /* Padded (packed dense for oneDNN, gemm.c) and dense. */
+                problem p = problem_make(t & 2, t & 1, shapes[si], (uint32_t)(si * 31 + t), v >= 3);
                 float *c_blas = malloc(p.nc * sizeof(float)), *c_dnnl = malloc(p.nc * sizeof(float));
                 assert_non_null(c_blas);
                 assert_non_null(c_dnnl);
                 memcpy(c_blas, p.c0, p.nc * sizeof(float));
                 memcpy(c_dnnl, p.c0, p.nc * sizeof(float));
-                assert_int_equal(gemm_f32_on(GEMM_CBLAS, p.ta, p.tb, p.m, p.n, p.k, alphas[v],
-                                             p.a, p.lda, p.b, p.ldb, betas[v], c_blas, p.ldc),
+                float alpha = alphas[v % 3], beta = betas[v % 3];
+                assert_int_equal(gemm_f32_on(GEMM_CBLAS, p.ta, p.tb, p.m, p.n, p.k, alpha, p.a,
+                                             p.lda, p.b, p.ldb, beta, c_blas, p.ldc),
                                  SPMD_OK);
-                assert_int_equal(gemm_f32_on(GEMM_ONEDNN, p.ta, p.tb, p.m, p.n, p.k, alphas[v],
-                                             p.a, p.lda, p.b, p.ldb, betas[v], c_dnnl, p.ldc),
+                assert_int_equal(gemm_f32_on(GEMM_ONEDNN, p.ta, p.tb, p.m, p.n, p.k, alpha, p.a,
+                                             p.lda, p.b, p.ldb, beta, c_dnnl, p.ldc),
                                  SPMD_OK);
                 for (int i = 0; i < p.m; i++) {
                     for (int j = 0; j < p.n; j++) {
                         double mag;
-                        double want = reference(&p, alphas[v], betas[v], i, j, false, &mag);
+                        double want = reference(&p, alpha, beta, i, j, false, &mag);
                         double tol = 2.0 * (p.k + 2) * 0x1p-24 * mag + 1e-30;
                         int64_t at = (int64_t)i * p.ldc + j;
                         if (fabs(c_dnnl[at] - want) > tol || fabs(c_blas[at] - want) > tol ||
@@ -217,7 +219,7 @@ static void test_onednn_f32_matches_cblas(void **state)
                             fail_msg("%dx%dx%d %c%c alpha %g beta %g at (%d,%d): oneDNN %.9g, "
                                      "CBLAS %.9g, f64 %.9g",
                                      p.m, p.n, p.k, p.ta ? 'T' : 'N', p.tb ? 'T' : 'N',
-                                     (double)alphas[v], (double)betas[v], i, j,
+                                     (double)alpha, (double)beta, i, j,
                                      (double)c_dnnl[at], (double)c_blas[at], want);
                     }
                     /* The padding past n is untouched. */

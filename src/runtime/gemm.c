@@ -126,15 +126,18 @@ static void *thread_buffer(int which, size_t bytes)
 }
 
 /* The stored rows x cols of a matrix with leading dimension ld, packed
- * densely (leading dimension cols). */
-static void pack_bf16(bf16_bits *dst, const void *src, gemm_type t, int64_t rows, int64_t cols,
-                      int64_t ld)
+ * densely (leading dimension cols) as `to`: copied, or f32 rounded to
+ * bf16. */
+static void pack_dense(void *dst, gemm_type to, const void *src, gemm_type t, int64_t rows,
+                       int64_t cols, int64_t ld)
 {
+    size_t el = t == GEMM_F32 ? sizeof(float) : sizeof(bf16_bits);
     for (int64_t i = 0; i < rows; i++) {
-        if (t == GEMM_F32)
-            bf16_from_f32_n(dst + i * cols, (const float *)src + i * ld, (size_t)cols);
+        const char *s = (const char *)src + (size_t)(i * ld) * el;
+        if (t == GEMM_F32 && to == GEMM_BF16)
+            bf16_from_f32_n((bf16_bits *)dst + i * cols, (const float *)s, (size_t)cols);
         else
-            memcpy(dst + i * cols, (const bf16_bits *)src + i * ld, (size_t)cols * sizeof(bf16_bits));
+            memcpy((char *)dst + (size_t)(i * cols) * el, s, (size_t)cols * el);
     }
 }
 
@@ -155,24 +158,11 @@ static void pack_rounded_f32(float *dst, const void *src, gemm_type t, int64_t r
 
 static spmd_status no_buffer(size_t bytes)
 {
-    return base_error(SPMD_ERR_NOMEM, "bf16 gemm: no %zu-byte buffer for converted operands",
+    return base_error(SPMD_ERR_NOMEM, "gemm: no %zu-byte buffer for packed operands",
                       bytes);
 }
 
 /* ---- Running a product on a given backend --------------------------------- */
-
-static spmd_status run_f32(gemm_backend backend, bool ta, bool tb, int64_t m, int64_t n,
-                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc)
-{
-    if (backend == GEMM_ONEDNN && m > 0 && n > 0 && k > 0) {
-        spmd_status st = onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                                     ONEDNN_F32, ONEDNN_F32);
-        if (st != SPMD_ERR_UNSUPPORTED) return st;
-        spmd_clear_error(); /* no oneDNN kernel for this shape: the CBLAS library runs it */
-    }
-    return blas_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
 /* Rounded to bf16 and multiplied in f32 by the CBLAS library. */
 static spmd_status run_bf16_converted(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
@@ -207,52 +197,64 @@ static spmd_status run_bf16_converted(bool ta, bool tb, int64_t m, int64_t n, in
     return SPMD_OK;
 }
 
-/* oneDNN's bf16 matmul on dense operands.  Its AMX and AVX512_BF16
- * kernels (brgemm) take only matrices stored densely: a tile of a larger
- * matrix (a leading dimension past its columns) gets its generic JIT GEMM
- * instead, several times slower on AMX.  So an operand that is f32 or not
- * dense is packed (converted) into this thread's buffer, and a C that is
- * not dense is computed in a buffer and copied out. */
-static spmd_status run_bf16_onednn(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                                   float alpha, const void *a, gemm_type a_type, int64_t lda,
-                                   const void *b, gemm_type b_type, int64_t ldb, float beta,
-                                   void *c, gemm_type c_type, int64_t ldc)
+/* oneDNN's matmul on dense operands, `in` the operands' type (A and B
+ * converted to it), C of c_type.  Its fast kernels (brgemm: AMX,
+ * AVX512_BF16, AVX-512) take only matrices stored densely: a tile of a
+ * larger matrix (a leading dimension past its columns) gets its generic
+ * JIT GEMM instead, several times slower in bf16 on AMX.  So an operand
+ * that is not dense, or not of type `in`, is packed into this thread's
+ * buffer, and a C that is not dense is computed in one and copied out. */
+static spmd_status run_onednn_dense(gemm_type in, bool ta, bool tb, int64_t m, int64_t n,
+                                    int64_t k, float alpha, const void *a, gemm_type a_type,
+                                    int64_t lda, const void *b, gemm_type b_type, int64_t ldb,
+                                    float beta, void *c, gemm_type c_type, int64_t ldc)
 {
     int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
     int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+    size_t in_el = in == GEMM_BF16 ? sizeof(bf16_bits) : sizeof(float);
     const void *ha = a, *hb = b;
-    if (a_type == GEMM_F32 || lda != a_cols) {
-        size_t bytes = (size_t)(a_rows * a_cols) * sizeof(bf16_bits);
-        bf16_bits *p = thread_buffer(BUF_A, bytes);
+    if (a_type != in || lda != a_cols) {
+        size_t bytes = (size_t)(a_rows * a_cols) * in_el;
+        void *p = thread_buffer(BUF_A, bytes);
         if (!p) return no_buffer(bytes);
-        pack_bf16(p, a, a_type, a_rows, a_cols, lda);
+        pack_dense(p, in, a, a_type, a_rows, a_cols, lda);
         ha = p;
     }
-    if (b_type == GEMM_F32 || ldb != b_cols) {
-        size_t bytes = (size_t)(b_rows * b_cols) * sizeof(bf16_bits);
-        bf16_bits *p = thread_buffer(BUF_B, bytes);
+    if (b_type != in || ldb != b_cols) {
+        size_t bytes = (size_t)(b_rows * b_cols) * in_el;
+        void *p = thread_buffer(BUF_B, bytes);
         if (!p) return no_buffer(bytes);
-        pack_bf16(p, b, b_type, b_rows, b_cols, ldb);
+        pack_dense(p, in, b, b_type, b_rows, b_cols, ldb);
         hb = p;
     }
+    onednn_type din = in == GEMM_BF16 ? ONEDNN_BF16 : ONEDNN_F32;
     onednn_type out = c_type == GEMM_BF16 ? ONEDNN_BF16 : ONEDNN_F32;
     if (ldc == n)
-        return onednn_gemm(ta, tb, m, n, k, alpha, ha, a_cols, hb, b_cols, beta, c, n,
-                           ONEDNN_BF16, out);
+        return onednn_gemm(ta, tb, m, n, k, alpha, ha, a_cols, hb, b_cols, beta, c, n, din, out);
     size_t el = c_type == GEMM_BF16 ? sizeof(bf16_bits) : sizeof(float);
     size_t bytes = (size_t)(m * n) * el;
     char *hc = thread_buffer(BUF_C, bytes);
     if (!hc) return no_buffer(bytes);
-    if (beta != 0.0f)
-        for (int64_t i = 0; i < m; i++)
-            memcpy(hc + (size_t)(i * n) * el, (const char *)c + (size_t)(i * ldc) * el,
-                   (size_t)n * el);
+    if (beta != 0.0f) pack_dense(hc, c_type, c, c_type, m, n, ldc);
     spmd_status st = onednn_gemm(ta, tb, m, n, k, alpha, ha, a_cols, hb, b_cols, beta, hc, n,
-                                 ONEDNN_BF16, out);
+                                 din, out);
     if (st != SPMD_OK) return st;
     for (int64_t i = 0; i < m; i++)
         memcpy((char *)c + (size_t)(i * ldc) * el, hc + (size_t)(i * n) * el, (size_t)n * el);
     return SPMD_OK;
+}
+
+static spmd_status run_f32(gemm_backend backend, bool ta, bool tb, int64_t m, int64_t n,
+                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (backend == GEMM_ONEDNN && m > 0 && n > 0 && k > 0) {
+        spmd_status st = run_onednn_dense(GEMM_F32, ta, tb, m, n, k, alpha, a, GEMM_F32, lda, b,
+                                          GEMM_F32, ldb, beta, c, GEMM_F32, ldc);
+        if (st != SPMD_ERR_UNSUPPORTED) return st;
+        spmd_clear_error(); /* no oneDNN kernel for this shape: the CBLAS library runs it */
+    }
+    return blas_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 static spmd_status run_bf16(gemm_backend backend, bool ta, bool tb, int64_t m, int64_t n,
@@ -262,8 +264,8 @@ static spmd_status run_bf16(gemm_backend backend, bool ta, bool tb, int64_t m, i
 {
     if (m <= 0 || n <= 0) return SPMD_OK;
     if (backend == GEMM_ONEDNN && k > 0) {
-        spmd_status st = run_bf16_onednn(ta, tb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb,
-                                         beta, c, c_type, ldc);
+        spmd_status st = run_onednn_dense(GEMM_BF16, ta, tb, m, n, k, alpha, a, a_type, lda, b,
+                                          b_type, ldb, beta, c, c_type, ldc);
         if (st != SPMD_ERR_UNSUPPORTED) return st;
         spmd_clear_error(); /* no oneDNN kernel for this shape: convert */
     }
