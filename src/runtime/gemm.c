@@ -197,6 +197,23 @@ static spmd_status run_bf16_converted(bool ta, bool tb, int64_t m, int64_t n, in
     return SPMD_OK;
 }
 
+/* The stored rows x cols of an operand as a dense matrix of type `in`:
+ * the operand where it lies if it is one, else packed into this thread's
+ * buffer `which`. */
+static const void *dense_operand(int which, gemm_type in, const void *x, gemm_type t,
+                                 int64_t rows, int64_t cols, int64_t ld, spmd_status *st)
+{
+    if (t == in && ld == cols) return x;
+    size_t bytes = (size_t)(rows * cols) * (in == GEMM_BF16 ? sizeof(bf16_bits) : sizeof(float));
+    void *p = thread_buffer(which, bytes);
+    if (!p) {
+        *st = no_buffer(bytes);
+        return NULL;
+    }
+    pack_dense(p, in, x, t, rows, cols, ld);
+    return p;
+}
+
 /* oneDNN's matmul on dense operands, `in` the operands' type (A and B
  * converted to it), C of c_type.  Its fast kernels (brgemm: AMX,
  * AVX512_BF16, AVX-512) take only matrices stored densely: a tile of a
@@ -211,22 +228,10 @@ static spmd_status run_onednn_dense(gemm_type in, bool ta, bool tb, int64_t m, i
 {
     int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
     int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
-    size_t in_el = in == GEMM_BF16 ? sizeof(bf16_bits) : sizeof(float);
-    const void *ha = a, *hb = b;
-    if (a_type != in || lda != a_cols) {
-        size_t bytes = (size_t)(a_rows * a_cols) * in_el;
-        void *p = thread_buffer(BUF_A, bytes);
-        if (!p) return no_buffer(bytes);
-        pack_dense(p, in, a, a_type, a_rows, a_cols, lda);
-        ha = p;
-    }
-    if (b_type != in || ldb != b_cols) {
-        size_t bytes = (size_t)(b_rows * b_cols) * in_el;
-        void *p = thread_buffer(BUF_B, bytes);
-        if (!p) return no_buffer(bytes);
-        pack_dense(p, in, b, b_type, b_rows, b_cols, ldb);
-        hb = p;
-    }
+    spmd_status st = SPMD_OK;
+    const void *ha = dense_operand(BUF_A, in, a, a_type, a_rows, a_cols, lda, &st);
+    const void *hb = ha ? dense_operand(BUF_B, in, b, b_type, b_rows, b_cols, ldb, &st) : NULL;
+    if (!hb) return st;
     onednn_type din = in == GEMM_BF16 ? ONEDNN_BF16 : ONEDNN_F32;
     onednn_type out = c_type == GEMM_BF16 ? ONEDNN_BF16 : ONEDNN_F32;
     if (ldc == n)
@@ -236,8 +241,7 @@ static spmd_status run_onednn_dense(gemm_type in, bool ta, bool tb, int64_t m, i
     char *hc = thread_buffer(BUF_C, bytes);
     if (!hc) return no_buffer(bytes);
     if (beta != 0.0f) pack_dense(hc, c_type, c, c_type, m, n, ldc);
-    spmd_status st = onednn_gemm(ta, tb, m, n, k, alpha, ha, a_cols, hb, b_cols, beta, hc, n,
-                                 din, out);
+    st = onednn_gemm(ta, tb, m, n, k, alpha, ha, a_cols, hb, b_cols, beta, hc, n, din, out);
     if (st != SPMD_OK) return st;
     for (int64_t i = 0; i < m; i++)
         memcpy((char *)c + (size_t)(i * ldc) * el, hc + (size_t)(i * n) * el, (size_t)n * el);
