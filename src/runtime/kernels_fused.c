@@ -9,8 +9,12 @@
  */
 #include "compile/fuse.h"
 #include "runtime/kernels_ops.h"
+#include "runtime/wait.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <sys/resource.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -126,6 +130,84 @@ static void stream_block(float *restrict dst, const float *restrict src, int64_t
     memcpy(dst, src, (size_t)n * sizeof *dst);
 }
 
+/*
+ * The block of a large group (fusion_block's FUSE_BLOCK_LARGE, the
+ * scratch's size, or FUSE_BLOCK), chosen by measuring both in this
+ * process: which is faster depends on the CPU (on the AMD EPYC the larger
+ * blocks made the AdamW update faster, fewer calls per element; on the
+ * AMX Xeon the smaller, whose 15-odd member blocks stay in its L1, made it
+ * 25% faster).  Calls that cover enough elements on their thread are
+ * timed (per element and member), each size in turn, until each has
+ * TUNE_SAMPLES; a call that took a page fault (a buffer's first touch, in
+ * the first steps) is not counted.  The size with the lower median is
+ * kept.  Every element is computed by the same formula whatever the
+ * block, so the bits never depend on the choice, only the time.
+ */
+enum { TUNE_SAMPLES = 8, TUNE_MIN_ELEMENTS = FUSE_LARGE / 4, TUNE_MIN_MEMBERS = 8 };
+static const int tune_blocks[2] = {FUSE_BLOCK_LARGE, FUSE_BLOCK};
+static atomic_int tune_tries, tune_filled, tune_choice; /* choice: 0 undecided */
+static atomic_int tune_claimed[2];
+static _Atomic int64_t tune_ps[2][TUNE_SAMPLES]; /* picoseconds per element-member */
+
+static int cmp_i64(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+static void tune_decide(void)
+{
+    int64_t med[2];
+    for (int c = 0; c < 2; c++) {
+        int64_t v[TUNE_SAMPLES];
+        for (int i = 0; i < TUNE_SAMPLES; i++)
+            v[i] = atomic_load_explicit(&tune_ps[c][i], memory_order_relaxed);
+        qsort(v, TUNE_SAMPLES, sizeof v[0], cmp_i64);
+        med[c] = v[TUNE_SAMPLES / 2];
+    }
+    atomic_store(&tune_choice, med[1] < med[0] ? tune_blocks[1] : tune_blocks[0]);
+}
+
+static int64_t page_faults(void)
+{
+    struct rusage u;
+    return getrusage(RUSAGE_THREAD, &u) == 0 ? (int64_t)u.ru_minflt + u.ru_majflt : -1;
+}
+
+typedef struct tune_sample {
+    int which; /* index into tune_blocks, -1: not sampled */
+    int64_t ns, faults;
+} tune_sample;
+
+/* The block for a call over n elements of a large group; a sampled call
+ * starts its clock in *t. */
+static int tune_block(int64_t n, tune_sample *t)
+{
+    t->which = -1;
+    int chosen = atomic_load_explicit(&tune_choice, memory_order_relaxed);
+    if (chosen) return chosen;
+    if (n < TUNE_MIN_ELEMENTS) return tune_blocks[0];
+    int c = atomic_fetch_add(&tune_tries, 1) % 2;
+    if (atomic_load(&tune_claimed[c]) >= TUNE_SAMPLES) c = 1 - c;
+    if (atomic_load(&tune_claimed[c]) >= TUNE_SAMPLES) return tune_blocks[0]; /* deciding */
+    t->which = c;
+    t->faults = page_faults();
+    t->ns = rt_wait_now_ns();
+    return tune_blocks[c];
+}
+
+static void tune_record(const tune_sample *t, int64_t n, int members)
+{
+    if (t->which < 0) return;
+    int64_t ns = rt_wait_now_ns() - t->ns;
+    if (t->faults < 0 || page_faults() != t->faults) return;
+    int slot = atomic_fetch_add(&tune_claimed[t->which], 1);
+    if (slot >= TUNE_SAMPLES) return;
+    atomic_store_explicit(&tune_ps[t->which][slot], ns * 1000 / (n * (members > 0 ? members : 1)),
+                          memory_order_relaxed);
+    if (atomic_fetch_add(&tune_filled, 1) + 1 == 2 * TUNE_SAMPLES) tune_decide();
+}
+
 /* Member k over elements [at, at + n) of the domain into o (and its
  * stored memory, streamed when `stream`); false when it failed the step. */
 static bool fused_member(const kern_args *a, const fuse_group *g, int k, const float *slots,
@@ -154,10 +236,14 @@ void kern_fused(const kern_args *a)
      * element in the lane kern_sum adds it to, so the sum has its bits. */
     _Static_assert(FUSE_BLOCK % KN_LANES == 0 && FUSE_BLOCK_LARGE % KN_LANES == 0,
                    "a sum's blocks keep kern_sum's lanes");
-    const int blk = fusion_block(g);
     const bool stream = !g->sum && kn_numel(g->domain) >= FUSED_STREAM;
     if (g->sum) b = 0, e = a->ith == 0 ? kn_numel(g->domain) : 0;
     else kern_split(kn_numel(g->domain), a->ith, a->nth, FUSED_ALIGN, &b, &e);
+    /* A large group's block is measured (tune_block); a sum's stays. */
+    tune_sample sample = {.which = -1};
+    const int blk = !g->sum && fusion_block(g) == FUSE_BLOCK_LARGE && g->n_steps >= TUNE_MIN_MEMBERS
+                        ? tune_block(e - b, &sample)
+                        : fusion_block(g);
     double acc[KN_LANES] = {0};
     float *slots = a->scratch;
     float *spare = slots + (size_t)g->n_steps * (size_t)blk;
@@ -188,6 +274,7 @@ void kern_fused(const kern_args *a)
      * after which other threads and devices read them. */
     if (stream) _mm_sfence();
 #endif
+    tune_record(&sample, e - b, g->n_steps);
     /* kern_sum's division by the one element count it reduces into. */
     if (g->sum && a->ith == 0) out[0] = (float)(kn_lanes_total(acc) / 1.0);
 }
