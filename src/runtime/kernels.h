@@ -61,6 +61,10 @@ kern_fn kern_for(ir_op op);
 /* A fused group of elementwise nodes (a->fused), in one pass; its inputs
  * are the group's external inputs. */
 void kern_fused(const kern_args *a);
+/* A test hook: large groups' blocks of `elements` (FUSE_BLOCK or
+ * FUSE_BLOCK_LARGE) from now on, or 0 to measure them again
+ * (kernels_fused.c, tune_block). */
+void kern_fused_set_block(int elements);
 
 /* Record a data error from inside a kernel (message via base_error is
  * thread-local, so the kernel also writes the message once). */

@@ -179,6 +179,16 @@ typedef struct tune_sample {
     int64_t ns, faults;
 } tune_sample;
 
+void kern_fused_set_block(int elements)
+{
+    atomic_store(&tune_choice, 0);
+    atomic_store(&tune_tries, 0);
+    atomic_store(&tune_filled, 0);
+    atomic_store(&tune_claimed[0], 0);
+    atomic_store(&tune_claimed[1], 0);
+    if (elements == FUSE_BLOCK || elements == FUSE_BLOCK_LARGE) atomic_store(&tune_choice, elements);
+}
+
 /* The block for a call over n elements of a large group; a sampled call
  * starts its clock in *t. */
 static int tune_block(int64_t n, tune_sample *t)
