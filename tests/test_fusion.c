@@ -256,6 +256,30 @@ static void test_sum_of_squares_fuses(void **state)
 /* A GPT with AdamW on 2x2 (data, fsdp), fused and unfused: the same
  * losses and parameters after 4 steps; each parameter's update takes at
  * most four passes. */
+/* A trainer of g's loss with AdamW (decay and clipping): fused or not. */
+static spmd_trainer *adamw_trainer(spmd_graph *g, spmd_tensor *loss, uint64_t seed, int threads,
+                                   bool unfused)
+{
+    spmd_trainer_options opts = {
+        .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f},
+        .compile = {.seed = seed, .threads = threads, .unfused = unfused}};
+    spmd_trainer *tr = spmd_trainer_create(g, loss, &opts);
+    assert_non_null(tr);
+    return tr;
+}
+
+/* A copy of parameter `name` as p holds it; *bytes its size. */
+static float *read_param(spmd_program *p, spmd_graph *g, const char *name, size_t *bytes)
+{
+    spmd_tensor *w = spmd_graph_find(g, name);
+    assert_non_null(w);
+    *bytes = (size_t)spmd_tensor_numel(w) * sizeof(float);
+    float *x = malloc(*bytes);
+    assert_non_null(x);
+    assert_int_equal(spmd_program_read(p, w, x, *bytes), SPMD_OK);
+    return x;
+}
+
 /* An MLP whose AdamW update is over large groups (a 512 x 512 weight,
  * 256K elements, fusion_block's FUSE_BLOCK_LARGE): the same losses and
  * parameters unfused and fused with either block the process may measure
@@ -280,11 +304,7 @@ static void test_large_blocks_same_bits(void **state)
             assert_int_equal(spmd_mlp_add_loss(g, SPMD_MLP_CROSS_ENTROPY, &t), SPMD_OK);
             assert_int_equal(spmd_mark_sharding(g, t.input, mesh, "data, None"), SPMD_OK);
             assert_int_equal(spmd_mark_sharding(g, t.targets, mesh, "data"), SPMD_OK);
-            spmd_trainer_options opts = {
-                .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f},
-                .compile = {.seed = 5, .threads = 2, .unfused = v == 0}};
-            spmd_trainer *tr = spmd_trainer_create(g, t.loss, &opts);
-            assert_non_null(tr);
+            spmd_trainer *tr = adamw_trainer(g, t.loss, 5, 2, v == 0);
             spmd_program *p = spmd_trainer_program(tr);
             float x[B * IN];
             int32_t y[B];
@@ -295,11 +315,7 @@ static void test_large_blocks_same_bits(void **state)
                 assert_int_equal(spmd_program_set_input(p, t.targets, y, sizeof y), SPMD_OK);
                 assert_int_equal(spmd_trainer_step(tr, 1e-2f, &loss[v][s], NULL), SPMD_OK);
             }
-            spmd_tensor *w = spmd_graph_find(g, "fc.1.weight");
-            assert_non_null(w);
-            wbytes = (size_t)spmd_tensor_numel(w) * sizeof(float);
-            weights[v] = malloc(wbytes);
-            assert_int_equal(spmd_program_read(p, w, weights[v], wbytes), SPMD_OK);
+            weights[v] = read_param(p, g, "fc.1.weight", &wbytes);
             spmd_trainer_free(tr);
             spmd_graph_free(g);
             spmd_mesh_free(mesh);
@@ -328,11 +344,7 @@ static void test_gpt_adamw_same_bits(void **state)
         assert_int_equal(spmd_gpt_build(g, &cfg, 4, &t), SPMD_OK);
         spmd_tensor *in[2] = {t.input, t.targets};
         assert_int_equal(spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL), SPMD_OK);
-        spmd_trainer_options opts = {
-            .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f},
-            .compile = {.seed = 3, .threads = 4, .unfused = v == 1}};
-        spmd_trainer *tr = spmd_trainer_create(g, t.loss, &opts);
-        assert_non_null(tr);
+        spmd_trainer *tr = adamw_trainer(g, t.loss, 3, 4, v == 1);
         spmd_program *p = spmd_trainer_program(tr);
         steps_run[v] = executor_compiled(p)->plan.n_steps;
         int32_t ids[4 * 8], tg[4 * 8];
@@ -342,10 +354,7 @@ static void test_gpt_adamw_same_bits(void **state)
             assert_int_equal(spmd_program_set_input(p, t.targets, tg, sizeof tg), SPMD_OK);
             assert_int_equal(spmd_trainer_step(tr, 1e-2f, &loss[v][s], NULL), SPMD_OK);
         }
-        spmd_tensor *w = spmd_graph_find(g, "h.1.mlp.c_fc.weight");
-        wbytes = (size_t)spmd_tensor_numel(w) * sizeof(float);
-        weights[v] = malloc(wbytes);
-        assert_int_equal(spmd_program_read(p, w, weights[v], wbytes), SPMD_OK);
+        weights[v] = read_param(p, g, "h.1.mlp.c_fc.weight", &wbytes);
         spmd_trainer_free(tr);
         spmd_graph_free(g);
         spmd_mesh_free(mesh);

@@ -22,7 +22,10 @@
  * least FUSE_LARGE elements, where a member's call and dispatch would
  * otherwise cost a tenth of its loop (AdamW's group is about 15 members
  * over every parameter) and the larger blocks still stay in L2; small
- * groups keep small scratch.  Both are multiples of the sum's lanes. */
+ * groups keep small scratch.  Both are multiples of the sum's lanes.  The
+ * scratch is sized for fusion_block; a large group of many members (the
+ * update's) may run in FUSE_BLOCK blocks within it, whichever the process
+ * measures faster (kernels_fused.c, tune_block). */
 enum {
     FUSE_BLOCK = 256,
     FUSE_BLOCK_LARGE = 1024,
@@ -77,7 +80,8 @@ spmd_status fusion_build(fusion *f, const spmd_graph *g, const bool *needed, con
 void fusion_free(fusion *f);
 /* The group node t is the root of, or NULL. */
 const fuse_group *fusion_group(const fusion *f, const spmd_tensor *t);
-/* Elements per block of g's kernel (see FUSE_BLOCK). */
+/* Elements per block of g's scratch, and of its kernel but where the
+ * kernel measures (see FUSE_BLOCK). */
 int fusion_block(const fuse_group *g);
 /* Scratch per thread a group's kernel needs: a block per member and one
  * per operand of its widest formula for broadcast operands (two, or three
