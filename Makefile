@@ -33,7 +33,7 @@ NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_ge
 # The tests whose threads share memory: device workers, collectives, the
 # optimizers on a mesh, big meshes, parameters read in place.
 TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh test_overlap \
-	test_slice_views test_gather_in_place
+	test_slice_views test_shared_params
 empty :=
 space := $(empty) $(empty)
 # Configure quietly but show the project's own status lines ("-- libspmd:

@@ -59,7 +59,7 @@ typedef struct run_figures {
     int steps;
     double param_bytes[8], allocated_bytes[8];
     int processes;
-    int read_in_place; /* gathers whose readers take the peers' blocks where they lie */
+    int read_in_place; /* gathers of shared parameters, read where they lie */
 } run_figures;
 
 /* The losses and per-process bytes of a report. */
@@ -92,8 +92,8 @@ static run_figures figures(const char *path)
 }
 
 /* 10 steps of `model` on `mesh` over `procs` processes against the same
- * run in one process: the same losses, bit for bit, and each process 1/P
- * of the one-process bytes where both plan alike.  One compute thread per device in both runs,
+ * run in one process: the same losses, bit for bit, each process 1/P of
+ * the one-process parameters, and the one process less memory.  One compute thread per device in both runs,
  * so the kernel scratch is alike too. */
 static void same_bits_with(const char *model, const char *mesh, const char *axes, int procs,
                            const char *extra)
@@ -120,13 +120,14 @@ static void same_bits_with(const char *model, const char *mesh, const char *axes
                      procs, s + 1, (double)b.loss[s], (double)a.loss[s]);
     assert_int_equal(a.processes, 1);
     assert_int_equal(b.processes, procs);
-    /* Over processes every gather copies (plan.gather_leaf); in one
-     * process some may be read in place, with no arena bytes, and then
-     * the arenas are planned apart: only the processes agree. */
+    /* Over processes every device holds its own blocks and every gather
+     * copies; in one process the replicas of a parameter hold one buffer
+     * (shared parameters), and its gathers are read or written in place:
+     * less memory than the processes' together, which agree. */
     assert_int_equal(b.read_in_place, 0);
     for (int q = 0; q < procs; q++) {
         assert_true(b.param_bytes[q] * procs == a.param_bytes[0]);
-        if (a.read_in_place == 0) assert_true(b.allocated_bytes[q] * procs == a.allocated_bytes[0]);
+        assert_true(a.allocated_bytes[0] < b.allocated_bytes[q] * procs);
         assert_true(b.allocated_bytes[q] == b.allocated_bytes[0]);
     }
     /* Process 0 alone prints: one summary. */

@@ -73,13 +73,13 @@ static void stack_build_budget(stack *s, bool no_overlap, size_t inflight_bytes)
     assert_int_equal(spmd_grad(s->g, s->loss), SPMD_OK);
     s->lr = spmd_input(s->g, "lr", SPMD_F32, 0, NULL);
     assert_int_equal(spmd_sgd(s->g, s->lr), SPMD_OK);
-    /* The backward pass's dH = dY W^T could read its gathers in place
-     * (plan.gather_leaf); here every gather is a collective, to fly. */
-    plan_test_gathers(false);
+    /* Its gathers could be read in place (shared parameters,
+     * plan.gather_leaf); here every gather is a collective, to fly. */
+    compile_test_sharing(false);
     s->p = spmd_compile(s->g, &(spmd_compile_options){.threads = 2, .seed = 3,
                                                       .overlap = !no_overlap,
                                                       .inflight_bytes = inflight_bytes});
-    plan_test_gathers(true);
+    compile_test_sharing(true);
     if (!s->p) fail_msg("compile: %s", spmd_last_error());
     static float xv[ROWS * WIDTH];
     for (int i = 0; i < ROWS * WIDTH; i++) xv[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;

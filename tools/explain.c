@@ -108,7 +108,7 @@ static void print_collectives(const spmd_program *p, int micro, const explain_me
         else if (flying) snprintf(fly, sizeof fly, "%-11s", "-");
         printf("  %-9s %-15s %-16s %12s %9.1f%s  %s%s%s%s\n", c.phase, c.kind, c.axes,
                message_bytes((double)c.bytes, b, sizeof b), c.seconds * 1e6, took, times, fly, c.tensor,
-               c.in_place ? ", read in place" : "");
+               c.written ? ", written in place" : c.in_place ? ", read in place" : "");
     }
     char b[32], m[32], u[32], l[32];
     if (n && micro > 1)
@@ -145,7 +145,9 @@ static cJSON *measured_json(const spmd_program *p, const explain_measured *meas)
         cJSON_AddNumberToObject(o, "collective", i);
         cJSON_AddStringToObject(o, "kind", c.kind);
         cJSON_AddStringToObject(o, "value", c.tensor);
-        cJSON_AddBoolToObject(o, "read_in_place", c.in_place); /* no step: never measured */
+        /* No step: never measured. */
+        cJSON_AddBoolToObject(o, "read_in_place", c.in_place && !c.written);
+        cJSON_AddBoolToObject(o, "written_in_place", c.written);
         cJSON_AddNumberToObject(o, "estimate_us", c.seconds * 1e6);
         if (isnan(meas->median_us[i])) cJSON_AddNullToObject(o, "measured_us");
         else cJSON_AddNumberToObject(o, "measured_us", meas->median_us[i]);

@@ -24,7 +24,7 @@ cJSON *report_collectives(const spmd_program *p)
         if (done[i]) continue;
         spmd_collective_info c, d;
         spmd_program_collective(p, i, &c);
-        int count = 0, flying = 0, in_place = 0;
+        int count = 0, flying = 0, in_place = 0, written = 0;
         /* The values each one moves, so a script can tell a weight's
          * gather from an activation's. */
         cJSON *moves = cJSON_CreateArray();
@@ -35,7 +35,8 @@ cJSON *report_collectives(const spmd_program *p)
                 done[j] = true;
                 count += d.count; /* once per micro-batch with accumulation */
                 flying += d.in_flight_steps > 0;
-                in_place += d.in_place;
+                in_place += d.in_place && !d.written;
+                written += d.written;
                 cJSON_AddItemToArray(moves, cJSON_CreateString(d.tensor));
             }
         }
@@ -52,6 +53,7 @@ cJSON *report_collectives(const spmd_program *p)
         cJSON_AddNumberToObject(o, "seconds", c.seconds * count);
         cJSON_AddNumberToObject(o, "in_flight", flying);
         cJSON_AddNumberToObject(o, "read_in_place", in_place);
+        cJSON_AddNumberToObject(o, "written_in_place", written);
         cJSON_AddItemToObject(o, "moves", moves);
         cJSON_AddItemToArray(list, o);
     }

@@ -101,10 +101,12 @@ typedef struct spmd_collective_info {
      * communication thread and the wait for its result; 0: a blocking
      * step of the schedule. */
     int in_flight_steps;
-    /* An all-gather whose readers take each member's block where it lies
-     * (one process, shared memory): listed, but nothing is copied and it
-     * is no step of the schedule. */
-    bool in_place;
+    /* An all-gather of a parameter held once per process (one process,
+     * shared memory): listed, but nothing is copied and it is no step of
+     * the schedule.  Read in place: its readers read the parameter's
+     * buffer; `written`: an update's gather whose members each write their
+     * slice into the parameter in the update phase. */
+    bool in_place, written;
 } spmd_collective_info;
 
 /* Collectives per step, in program order (0 on one device). */

@@ -181,6 +181,49 @@ static spmd_status mark_micro(compiled *c)
     return SPMD_OK;
 }
 
+static _Thread_local bool sharing_off; /* compile_test_sharing(false) */
+
+void compile_test_sharing(bool on) { sharing_off = !on; }
+
+/* Which leaves every device of a copy can hold in one buffer: parameters
+ * and state, whose blocks are the same on every device that holds them
+ * (an accumulator's sums are each device's own), whole or split on one
+ * dim whose dims before it are 1, in plain blocks (not grouped), so that
+ * the blocks lie side by side, block i at i times its bytes. */
+static spmd_status mark_shared(compiled *c)
+{
+    const spmd_graph *g = c->g, *lg = c->local;
+    const spmd_mesh *m = c->mesh;
+    size_t nn = (size_t)(lg->n_nodes ? lg->n_nodes : 1);
+    size_t ns = (size_t)(c->part.n_specs ? c->part.n_specs : 1);
+    c->share_blocks = base_calloc(&c->alloc, nn * sizeof *c->share_blocks, "shared leaves");
+    c->sharers = base_calloc(&c->alloc, nn * sizeof *c->sharers, "shared leaves");
+    c->group_size = base_calloc(&c->alloc, ns * sizeof *c->group_size, "shared leaves");
+    if (!c->share_blocks || !c->sharers || !c->group_size) return SPMD_ERR_NOMEM;
+    int per_copy = c->n_dev;
+    for (int a = 0; a < m->rank; a++)
+        if (m->independent[a]) per_copy /= m->shape[a];
+    for (int s = 0; s < c->part.n_specs; s++) c->group_size[s] = mesh_axes_size(m, &c->part.specs[s]);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i], *lt = c->part.local_of[i];
+        if (!lt || !is_persistent(t) || t->accumulator || lt->accumulator) continue;
+        const sharding *held = &c->part.held[i];
+        int split = -1, n_split = 0;
+        bool plain = !held->partial;
+        for (int d = 0; d < held->rank; d++) {
+            if (!held->dim[d].n) continue;
+            split = d, n_split++;
+            plain = plain && mesh_axes_groups(&held->dim[d]) == 1;
+        }
+        for (int d = 0; d < split; d++) plain = plain && lt->dims[d] == 1;
+        if (!plain || n_split > 1) continue;
+        int blocks = split >= 0 ? mesh_axes_size(m, &held->dim[split]) : 1;
+        c->share_blocks[lt->id] = blocks;
+        c->sharers[lt->id] = per_copy / blocks;
+    }
+    return SPMD_OK;
+}
+
 spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse,
                           bool overlap, size_t inflight_bytes)
 {
@@ -229,8 +272,11 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
      * (and explain's plan over processes, spmd_mesh_place_processes, is
      * one that runs in one). */
     bool shared = c->partitioned && (devices_here <= 0 || devices_here == c->n_dev) &&
-                  spmd_mesh_processes(g->mesh) <= 1;
-    if ((st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth, budget, shared)) != SPMD_OK)
+                  spmd_mesh_processes(g->mesh) <= 1 && !sharing_off;
+    if (shared && (st = mark_shared(c)) != SPMD_OK) return st;
+    plan_sharing sharing = {c->share_blocks, c->sharers, c->group_size};
+    if ((st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth, budget,
+                                 shared ? &sharing : NULL)) != SPMD_OK)
         return st;
     for (int s = 0; s < c->plan.n_steps; s++) {
         const fuse_group *grp = fusion_group(&c->fusion, c->plan.steps[s]);
@@ -252,6 +298,9 @@ void compiled_free(compiled *c)
     plan_free(&c->plan);
     fusion_free(&c->fusion);
     base_free(&c->alloc, c->micro);
+    base_free(&c->alloc, c->share_blocks);
+    base_free(&c->alloc, c->sharers);
+    base_free(&c->alloc, c->group_size);
     if (c->partitioned) partition_free(&c->part);
     memset(c, 0, sizeof *c);
 }

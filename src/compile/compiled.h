@@ -39,6 +39,11 @@ typedef struct compiled {
      * forward and backward pass and the sums into the accumulators, not
      * the update); NULL without accumulation. */
     bool *micro;
+    /* Parameters and state held once per copy where every device is in
+     * this process (docs/DESIGN.md, "Shared parameters"): per local node
+     * and per collective spec, plan_sharing's arrays (plan.h); NULL where
+     * nothing is shared. */
+    int *share_blocks, *sharers, *group_size;
 } compiled;
 
 /* Partition (with a mesh), fuse elementwise chains (with `fuse`) and plan
@@ -53,6 +58,10 @@ typedef struct compiled {
 spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse,
                           bool overlap, size_t inflight_bytes);
 void compiled_free(compiled *c);
+/* A test hook: with false, the programs this thread compiles hold every
+ * leaf in each device's own buffer (no gather read in place, no update
+ * landing in place), for comparing bits; true by default. */
+void compile_test_sharing(bool on);
 
 /* The local node that holds global node t (leaves and outputs), or NULL
  * when the program does not keep it. */

@@ -7,7 +7,6 @@
  */
 #include "compile/plan.h"
 #include "base/error.h"
-#include "compile/tiles.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -242,6 +241,15 @@ static void mark_in_place(plan *p, const spmd_graph *g)
         if (p->needed[i] && p->storage[i] != i) p->in_place[p->storage[i]] = -1;
 }
 
+/* The dims of t before `dim` are all 1: each block along `dim` is one
+ * run of t's bytes. */
+static bool runs_along(const spmd_tensor *t, int dim)
+{
+    for (int k = 0; k < dim; k++)
+        if (t->dims[k] != 1) return false;
+    return true;
+}
+
 static _Thread_local bool views_off; /* plan_test_views(false) */
 
 void plan_test_views(bool on) { views_off = !on; }
@@ -267,67 +275,76 @@ static void mark_views(plan *p, const spmd_graph *g)
         if ((x->op != IR_PARAM && x->op != IR_STATE) || x->accumulator ||
             x->dims[d] != t->attr.coll.global)
             continue;
-        int64_t outer = 1;
-        for (int k = 0; k < d; k++) outer *= t->dims[k];
-        if (outer == 1) p->view_of[i] = x->id;
+        if (runs_along(t, d)) p->view_of[i] = x->id;
     }
     for (int i = 0; i < g->n_updates; i++) p->view_of[g->updates[i].value->id] = -1;
     for (int i = 0; i < g->n_nodes; i++) p->n_views += p->view_of[i] >= 0;
 }
 
-static _Thread_local bool gathers_off; /* plan_test_gathers(false) */
-
-void plan_test_gathers(bool on) { gathers_off = !on; }
-
-/* Whether node r reads x as the B of a matmul that can take B's rows from
- * the members' blocks where they lie (matmul_reads_blocks, compile/tiles.h). */
-static bool reads_blocks(const spmd_tensor *r, const spmd_tensor *x, int64_t block_rows)
-{
-    return r->op == IR_MATMUL && r->in[0] != x && r->in[1] == x &&
-           matmul_reads_blocks(r, block_rows);
-}
-
-/* An all-gather of a parameter along dim 0 need not copy where every
- * device of its group is in this process (`shared`) and each reader is a
- * matmul x W^T that can read each member's block of W's rows where it
- * lies: the parameter's buffers are written only in the update phase,
- * after every device finished its schedule, as for views.  Dim 0 makes
- * each block a run of W's rows, and a gather with no padding (any, and
- * its reader would be the slice dropping it) is the blocks side by side.
- * Not an output or update value (read after the update), only f32 (a
- * bf16 copy is a computed value, not a parameter), and none with any
- * other reader.  Run before fusion drops absorbed nodes from `needed`,
- * so their reads count. */
-static void mark_gathers(plan *p, const spmd_graph *g, bool shared)
+/* An all-gather of a shared parameter need not copy where its result is
+ * the whole buffer the devices' blocks lie side by side in: gathered
+ * along the split dim, whose dims before it are 1 (a block is a run of
+ * the buffer), over a group of as many devices as the leaf has blocks.
+ * With padding too: the buffer holds every block whole, as the gather
+ * does.  The buffer is written only in the update phase, after every
+ * device finished its schedule, so every reader sees what a copy would
+ * hold.  Not an output or an update value (read after the update).  Run
+ * before fusion drops absorbed nodes from `needed`. */
+static void mark_gathers(plan *p, const spmd_graph *g, const plan_sharing *sh)
 {
     for (int i = 0; i < g->n_nodes; i++) p->gather_leaf[i] = -1;
-    if (gathers_off || !shared) return;
+    if (!sh) return;
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i], *x = t->in[0];
-        if (t->op != IR_ALL_GATHER || !p->needed[i] || t->is_output || t->attr.coll.dim != 0 ||
-            x->op != IR_PARAM || x->accumulator || x->dtype != SPMD_F32 || x->rank != 2)
+        if (t->op != IR_ALL_GATHER || !p->needed[i] || t->is_output || x->op != IR_PARAM ||
+            sh->blocks[x->id] < 1 || sh->group_size[t->attr.coll.spec] != sh->blocks[x->id] ||
+            !runs_along(x, t->attr.coll.dim))
             continue;
         p->gather_leaf[i] = x->id;
     }
     for (int i = 0; i < g->n_updates; i++) p->gather_leaf[g->updates[i].value->id] = -1;
-    /* Every reader must take the blocks; one that cannot keeps the copy. */
-    for (int i = 0; i < g->n_nodes; i++) {
-        const spmd_tensor *r = g->nodes[i];
-        if (!p->needed[i]) continue;
-        for (int j = 0; j < r->n_in; j++) {
-            const spmd_tensor *x = r->in[j];
-            if (p->gather_leaf[x->id] >= 0 && !reads_blocks(r, x, x->in[0]->dims[0]))
-                p->gather_leaf[x->id] = -1;
-        }
-    }
     for (int i = 0; i < g->n_nodes; i++) p->n_gathers_in_place += p->gather_leaf[i] >= 0;
 }
 
-/* Held outside the arena, with no step: a leaf, a view of one, or a
- * gather read in place. */
+/* Held outside the arena, with no step: a leaf, a view of one, a
+ * gather read in place, or one that lands in place. */
 static bool outside(const plan *p, const spmd_tensor *t)
 {
-    return ir_op_is_leaf(t->op) || p->view_of[t->id] >= 0 || p->gather_leaf[t->id] >= 0;
+    return ir_op_is_leaf(t->op) || p->view_of[t->id] >= 0 || p->gather_leaf[t->id] >= 0 ||
+           p->lands_in[t->id] >= 0;
+}
+
+/* ZeRO's update of a shared parameter or state: the value is the
+ * all-gather of each member's new slice, and the target's buffer is the
+ * one its sharers hold.  The gather need not run: in the update phase
+ * each member writes its slice where the gather would have put it, in
+ * the target's block, and the members of the group are exactly the
+ * block's sharers, so every byte is written once.  The gather along a
+ * dim whose dims before it are 1 (a slice is a run of the block), its
+ * value read by nothing else, its operand computed in the arena (it then
+ * lives to the end). */
+static void mark_lands(plan *p, const spmd_graph *g, const plan_sharing *sh)
+{
+    for (int i = 0; i < g->n_nodes; i++) p->lands_in[i] = -1;
+    if (!sh) return;
+    for (int u = 0; u < g->n_updates; u++) {
+        const spmd_tensor *v = g->updates[u].value, *x = g->updates[u].target;
+        if (v->op != IR_ALL_GATHER || !p->needed[v->id] || v->is_output || x->accumulator ||
+            sh->blocks[x->id] < 1 || sh->sharers[x->id] != sh->group_size[v->attr.coll.spec] ||
+            !runs_along(v, v->attr.coll.dim) || outside(p, v->in[0]) || v->in[0]->op == IR_RESHAPE ||
+            ir_nbytes(v) != ir_nbytes(x))
+            continue;
+        p->lands_in[v->id] = x->id;
+    }
+    for (int u = 0; u < g->n_updates; u++) /* its operand is no update's value */
+        for (int w = 0; w < g->n_updates; w++)
+            if (g->updates[w].value == g->updates[u].value->in[0]) p->lands_in[g->updates[u].value->id] = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        for (int j = 0; j < t->n_in; j++) /* read by a node, even one a group absorbed */
+            if (p->lands_in[t->in[j]->id] >= 0) p->lands_in[t->in[j]->id] = -1;
+    }
+    for (int i = 0; i < g->n_nodes; i++) p->n_lands += p->lands_in[i] >= 0;
 }
 
 /* Update values that can trade buffers with their targets: computed,
@@ -337,14 +354,15 @@ static bool outside(const plan *p, const spmd_tensor *t)
  * computed in the arena (where the micro-batch's activations were) and
  * copied in, since a buffer of their own would sit idle through every
  * micro-batch beside the accumulators, and the copy is paid once per
- * K micro-batches. */
-static void mark_swapped(plan *p, const spmd_graph *g)
+ * K micro-batches.  None into a leaf that several devices share: each
+ * would write the same buffer; they copy in a part each. */
+static void mark_swapped(plan *p, const spmd_graph *g, const plan_sharing *sh)
 {
     for (int i = 0; i < g->n_updates && g->accumulate_steps <= 1; i++) {
-        const spmd_tensor *v = g->updates[i].value;
-        p->swapped[v->id] = p->needed[v->id] && !ir_op_is_leaf(v->op) && p->storage[v->id] == v->id &&
-                            !v->is_output && ir_nbytes(v) == ir_nbytes(g->updates[i].target) &&
-                            p->in_place[v->id] < 0;
+        const spmd_tensor *v = g->updates[i].value, *x = g->updates[i].target;
+        p->swapped[v->id] = p->needed[v->id] && !outside(p, v) && p->storage[v->id] == v->id &&
+                            !v->is_output && ir_nbytes(v) == ir_nbytes(x) && p->in_place[v->id] < 0 &&
+                            (!sh || sh->sharers[x->id] <= 1);
     }
     for (int i = 0; i < g->n_nodes; i++) /* a view of a value keeps it in the arena */
         if (p->needed[i] && p->storage[i] != i) p->swapped[p->storage[i]] = false;
@@ -944,7 +962,11 @@ static spmd_status place_scheduled(plan *p, const spmd_graph *g, const fusion *f
             }
             if (t->is_output) last[s] = ns;
         }
-        for (int i = 0; i < g->n_updates; i++) last[p->storage[g->updates[i].value->id]] = ns;
+        for (int i = 0; i < g->n_updates; i++) {
+            const spmd_tensor *v = g->updates[i].value;
+            last[p->storage[v->id]] = ns;
+            if (p->lands_in[v->id] >= 0) last[p->storage[v->in[0]->id]] = ns;
+        }
         for (int k = 0; k < p->n_async; k++) {
             int src = p->storage[p->steps[p->async_step[k]]->in[0]->id];
             if (last[src] >= 0 && last[src] < p->wait_at[k]) last[src] = p->wait_at[k];
@@ -994,7 +1016,7 @@ static spmd_status place_scheduled(plan *p, const spmd_graph *g, const fusion *f
 }
 
 static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu,
-                         int depth, size_t budget, bool shared)
+                         int depth, size_t budget, const plan_sharing *sh)
 {
     memset(p, 0, sizeof *p);
     p->alloc = base_allocator_or_default(alloc);
@@ -1009,10 +1031,11 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
     p->in_place = base_alloc(&p->alloc, nn * sizeof *p->in_place, "memory plan");
     p->view_of = base_alloc(&p->alloc, nn * sizeof *p->view_of, "memory plan");
     p->gather_leaf = base_alloc(&p->alloc, nn * sizeof *p->gather_leaf, "memory plan");
+    p->lands_in = base_alloc(&p->alloc, nn * sizeof *p->lands_in, "memory plan");
     int *last_use = base_alloc(&p->alloc, nn * sizeof *last_use, "memory plan");
     block *slots = base_alloc(&p->alloc, (nn + 1) * sizeof *slots, "memory plan");
     if (!p->steps || !p->needed || !p->storage || !p->offset || !p->swapped || !p->in_place ||
-        !p->view_of || !p->gather_leaf || !last_use || !slots) {
+        !p->view_of || !p->gather_leaf || !p->lands_in || !last_use || !slots) {
         base_free(&p->alloc, last_use);
         base_free(&p->alloc, slots);
         plan_free(p);
@@ -1021,10 +1044,11 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
     freelist f = {slots, {-1, -1}, 0, -1, 0, 0, 0};
 
     plan_mark_needed(g, p->needed);
-    mark_gathers(p, g, shared);
+    mark_gathers(p, g, sh);
     for (int i = 0; fu && fu->absorbed && i < n; i++)
         if (fu->absorbed[i]) p->needed[i] = false;
     mark_views(p, g);
+    mark_lands(p, g, sh);
     for (int i = 0; i < n; i++) {
         const spmd_tensor *t = g->nodes[i];
         p->offset[i] = -1;
@@ -1063,9 +1087,13 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
         }
         if (t->is_output) last_use[s] = forever;
     }
-    for (int i = 0; i < g->n_updates; i++) last_use[p->storage[g->updates[i].value->id]] = forever;
+    for (int i = 0; i < g->n_updates; i++) {
+        const spmd_tensor *v = g->updates[i].value;
+        last_use[p->storage[v->id]] = forever;
+        if (p->lands_in[v->id] >= 0) last_use[p->storage[v->in[0]->id]] = forever;
+    }
     mark_in_place(p, g);
-    mark_swapped(p, g);
+    mark_swapped(p, g, sh);
 
     bool moved = false;
     spmd_status st = hoist_sums(p, g, fu, &moved);
@@ -1109,21 +1137,21 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
 
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *fu)
 {
-    return build(p, g, alloc, fu, 0, 0, false);
+    return build(p, g, alloc, fu, 0, 0, NULL);
 }
 
 spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
-                               const fusion *fu, int depth, size_t budget, bool shared)
+                               const fusion *fu, int depth, size_t budget, const plan_sharing *sh)
 {
     bool any = false;
     for (int i = 0; depth > 0 && i < g->n_nodes && !any; i++) any = may_fly(g->nodes[i]->op);
-    if (!any) return build(p, g, alloc, fu, 0, 0, shared);
+    if (!any) return build(p, g, alloc, fu, 0, 0, sh);
     /* The arena without overlap first, for explain's extra bytes. */
-    spmd_status st = build(p, g, alloc, fu, 0, 0, shared);
+    spmd_status st = build(p, g, alloc, fu, 0, 0, sh);
     if (st != SPMD_OK) return st;
     size_t serial = p->arena_bytes;
     plan_free(p);
-    if ((st = build(p, g, alloc, fu, depth, budget, shared)) != SPMD_OK) return st;
+    if ((st = build(p, g, alloc, fu, depth, budget, sh)) != SPMD_OK) return st;
     p->serial_arena_bytes = serial;
     return SPMD_OK;
 }
@@ -1138,6 +1166,7 @@ void plan_free(plan *p)
     base_free(&p->alloc, p->in_place);
     base_free(&p->alloc, p->view_of);
     base_free(&p->alloc, p->gather_leaf);
+    base_free(&p->alloc, p->lands_in);
     base_free(&p->alloc, p->async_of);
     base_free(&p->alloc, p->async_step);
     base_free(&p->alloc, p->start_at);

@@ -40,12 +40,18 @@ typedef struct plan {
      * executor reads the leaf's buffer at the device's block. */
     int *view_of;
     int n_views;
-    /* Per node id: for an all-gather of a parameter read in place (its
-     * readers take each member's block from the member's own buffer:
-     * mark_gathers in plan.c), the parameter's node id; else -1.  No step,
-     * no arena. */
+    /* Per node id: for an all-gather of a shared parameter read in place
+     * (its result is the parameter's buffer: mark_gathers in plan.c), the
+     * parameter's node id; else -1.  No step, no arena. */
     int *gather_leaf;
     int n_gathers_in_place;
+    /* Per node id: for an update's value that is an all-gather into a
+     * shared parameter or state (mark_lands in plan.c), the target's node
+     * id; else -1.  No step, no arena: in the update phase each member
+     * writes its operand, which lives to the end, into its part of the
+     * target's buffer. */
+    int *lands_in;
+    int n_lands;
     size_t arena_bytes;
     size_t swapped_bytes; /* the bytes of those buffers */
     /* Collectives in flight (docs/DESIGN.md, "Schedule and memory plan"):
@@ -79,16 +85,25 @@ enum { PLAN_OVERLAP_DEPTH = 4 };
  * output or an update reads, directly or not: the schedule's nodes and
  * the leaves they read. */
 void plan_mark_needed(const spmd_graph *g, bool *needed);
+/* Parameters and state held once per process (docs/DESIGN.md, "Shared
+ * parameters"), per node id of the local graph: `blocks`, for a leaf whose
+ * devices' blocks lie side by side in one buffer per copy, the number of
+ * blocks (1: whole), else 0; `sharers`, the devices holding each block.
+ * `group_size`: per collective spec, its group's devices. */
+typedef struct plan_sharing {
+    const int *blocks, *sharers, *group_size;
+} plan_sharing;
 /* Plan graph g, with fusion f (NULL: none): an absorbed node has no step
  * and no memory, and a group's root reads the group's inputs.  SPMD_OK
  * or an error with a message. */
 spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc, const fusion *f);
 /* The same, with up to `depth` collectives in flight (0: every
  * collective a step of its own, as plan_build), their operands and
- * results at most `budget` bytes at once; with `shared` (every device of
- * the mesh in this process) parameters' all-gathers may be read in place. */
+ * results at most `budget` bytes at once; with `sharing` (NULL: none)
+ * gathers of shared leaves are read in place and updates' gathers into
+ * them land in place. */
 spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
-                               const fusion *f, int depth, size_t budget, bool shared);
+                               const fusion *f, int depth, size_t budget, const plan_sharing *sharing);
 void plan_free(plan *p);
 /* Free blocks the memory planner looked at on this thread, in all (a test
  * hook: per step placed it grows with the log of the free list's length,
@@ -98,7 +113,5 @@ uint64_t plan_free_block_visits(void);
  * as before views (plan.view_of all -1), for comparing bits; true by
  * default. */
 void plan_test_views(bool on);
-/* Likewise for gathers read in place (plan.gather_leaf all -1 with false). */
-void plan_test_gathers(bool on);
 
 #endif

@@ -69,7 +69,9 @@ spmd_status compiled_collective(const compiled *prog, int i, spmd_collective_inf
         snprintf(out->tensor + len, sizeof out->tensor - len, " in %s", spmd_dtype_name(c->dtype));
     }
     const plan *pl = &prog->plan;
-    out->in_place = pl->gather_leaf && c->node >= 0 && c->node < pl->n_nodes && pl->gather_leaf[c->node] >= 0;
+    bool node = c->node >= 0 && c->node < pl->n_nodes;
+    out->written = pl->lands_in && node && pl->lands_in[c->node] >= 0;
+    out->in_place = out->written || (pl->gather_leaf && node && pl->gather_leaf[c->node] >= 0);
     for (int k = 0; k < pl->n_async; k++)
         if (pl->steps[pl->async_step[k]]->id == c->node)
             out->in_flight_steps = pl->wait_at[k] - pl->start_at[k];

@@ -43,21 +43,3 @@ void gemm_tiles(int64_t batch, int64_t m, int64_t n, bool bf16, int64_t *tm, int
     else
         tiles(batch, m, n, MM_MIN_TILES, MM_MIN_SIDE, tm, tn);
 }
-
-/* Each tile is one gemm_f32 call; with every tile inside one block it
- * keeps its sizes and leading dimensions and only B's address differs, so
- * every element gets the same bits.  Not bf16, whose GEMM converts B
- * through per-call buffers. */
-bool matmul_reads_blocks(const spmd_tensor *t, int64_t block_rows)
-{
-    if (t->op != IR_MATMUL || t->n_in != 2 || t->attr.matmul.ta || !t->attr.matmul.tb ||
-        t->rank < 1 || t->in[1]->rank != 2 || t->dtype != SPMD_F32 ||
-        t->in[0]->dtype != SPMD_F32 || t->in[1]->dtype != SPMD_F32)
-        return false;
-    int64_t n = t->dims[t->rank - 1], numel = 1;
-    for (int d = 0; d < t->rank; d++) numel *= t->dims[d];
-    if (block_rows <= 0 || n == 0 || n % block_rows != 0 || numel == 0) return false;
-    int64_t tm, tn;
-    gemm_tiles(1, numel / n, n, false, &tm, &tn);
-    return block_rows % tn == 0;
-}

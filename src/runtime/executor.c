@@ -65,14 +65,15 @@ struct device {
     unsigned char *arena;
     unsigned char *scratch;   /* nth slices of scratch_each bytes */
     void **leaf_data;         /* per local node id: inputs, params, state */
-    /* Per local node id, for a view of a leaf (plan.view_of): where this
-     * device's block starts in the leaf's buffer, in bytes; NULL without
-     * views. */
-    size_t *view_offset;
-    /* Per local node id, for a gather read in place (plan.gather_leaf):
-     * per member of its group, in rank order, the slot of the member's
-     * leaf_data that holds its block; NULL without such gathers. */
-    kern_slot **gather_slots;
+    /* Per local node id, for a view of a leaf (plan.view_of) or a gather
+     * read in place (plan.gather_leaf): where it starts, in bytes from
+     * where this device's block of the leaf lies (a gather's is before
+     * it: the first block of the shared buffer); NULL without either. */
+    ptrdiff_t *view_offset;
+    /* Per local node id, for a leaf in a shared buffer (program.share_as):
+     * this device's rank among the devices holding the same block, which
+     * says the part it initialises and copies an update into. */
+    int *share_rank;
     kern_device kd;
     coll_group **groups;      /* per spec */
     int *member;              /* per spec */
@@ -122,6 +123,14 @@ struct spmd_program {
     int process, processes;   /* this process's index among those running the mesh */
     int copies;               /* independent models (spmd_mesh_copies), 1 without */
     size_t allocated;         /* bytes held for this process's devices */
+    /* Leaves held once per copy (compiled.share_blocks, docs/DESIGN.md,
+     * "Shared parameters"): per local node, the leaf whose buffer layout
+     * it takes (itself; for an update value that trades buffers with a
+     * shared leaf, its target), else -1; NULL where nothing is shared.
+     * Their buffers, freed once. */
+    int *share_as;
+    void **shared_bufs;
+    int n_shared_bufs;
     rt_pool *outer;           /* one thread per device here */
     coll_world *world;
     uint64_t seed;
@@ -151,7 +160,8 @@ static void *data_of(const device *d, const spmd_tensor *t)
     if (ir_op_is_leaf(t->op) || pl->swapped[t->id]) return d->leaf_data[t->id];
     if (pl->in_place[t->id] >= 0) return d->leaf_data[pl->in_place[t->id]];
     if (pl->view_of[t->id] >= 0) return (char *)d->leaf_data[pl->view_of[t->id]] + d->view_offset[t->id];
-    if (pl->gather_leaf[t->id] >= 0) return NULL; /* its readers take d->gather_slots */
+    if (pl->gather_leaf[t->id] >= 0)
+        return (char *)d->leaf_data[pl->gather_leaf[t->id]] + d->view_offset[t->id];
     return d->arena + pl->offset[t->id];
 }
 
@@ -325,6 +335,7 @@ static void init_worker(void *ctx, int ith, int nth)
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[i] : t;
         if (!lt) continue;
         block b = block_of(p, t, d->id);
+        if (d->share_rank && p->share_as[lt->id] >= 0 && d->share_rank[lt->id] != 0) continue;
         if (!is_persistent(t)) {
             if (ith == 0) memset(d->leaf_data[lt->id], 0, ir_nbytes(lt));
             continue;
@@ -538,46 +549,91 @@ static void *device_alloc(spmd_program *p, size_t bytes, const char *what)
 /* Where each view's block lies in its leaf on device d: the block the
  * slice's kernel would copy (copy_member_block), rows [m b, (m + 1) b) of
  * the split dim for member m of its group, is one run of the leaf's
- * bytes, its own bytes long, since the dims before it are 1. */
+ * bytes, its own bytes long, since the dims before it are 1.  A gather
+ * read in place starts where the leaf's shared buffer does: this
+ * device's block index times the block's bytes before its block. */
 static spmd_status setup_views(spmd_program *p, device *d)
 {
     const plan *pl = &p->c.plan;
-    if (!pl->n_views) return SPMD_OK;
+    if (!pl->n_views && !pl->n_gathers_in_place) return SPMD_OK;
     const spmd_graph *lg = p->c.local;
     d->view_offset = base_calloc(&p->alloc, (size_t)lg->n_nodes * sizeof *d->view_offset, "views");
     if (!d->view_offset) return SPMD_ERR_NOMEM;
-    for (int i = 0; i < lg->n_nodes; i++)
+    for (int i = 0; i < lg->n_nodes; i++) {
+        const spmd_tensor *t = lg->nodes[i];
         if (pl->view_of[i] >= 0)
-            d->view_offset[i] = (size_t)d->member[lg->nodes[i]->attr.coll.spec] * ir_nbytes(lg->nodes[i]);
+            d->view_offset[i] = (ptrdiff_t)((size_t)d->member[t->attr.coll.spec] * ir_nbytes(t));
+        if (pl->gather_leaf[i] >= 0)
+            d->view_offset[i] = -(ptrdiff_t)((size_t)d->member[t->attr.coll.spec] * ir_nbytes(t->in[0]));
+    }
     return SPMD_OK;
 }
 
-/* Where each member's block of a gather read in place lies: the slot of
- * the member's leaf_data (a swap after a step moves the buffer, not the
- * slot).  After every device here is set up; the plan reads gathers in
- * place only where the whole mesh is in this process. */
-static spmd_status setup_gathers(spmd_program *p, device *d)
+/* Which leaves (and update values trading buffers with them) take a
+ * shared buffer's layout: program.share_as. */
+static spmd_status setup_share_as(spmd_program *p)
 {
-    const plan *pl = &p->c.plan;
-    if (!pl->n_gathers_in_place) return SPMD_OK;
-    const spmd_graph *lg = p->c.local;
-    d->gather_slots = base_calloc(&p->alloc, (size_t)lg->n_nodes * sizeof *d->gather_slots, "gathers");
-    if (!d->gather_slots) return SPMD_ERR_NOMEM;
-    for (int i = 0; i < lg->n_nodes; i++) {
-        int leaf = pl->gather_leaf[i];
-        if (leaf < 0) continue;
-        const mesh_axes *axes = &p->c.part.specs[lg->nodes[i]->attr.coll.spec];
-        int members[MESH_MAX_DEVICES];
-        int size = mesh_group(p->c.mesh, d->id, axes, members);
-        kern_slot *slots = base_alloc(&p->alloc, (size_t)size * sizeof *slots, "gathers");
-        if (!slots) return SPMD_ERR_NOMEM;
-        d->gather_slots[i] = slots;
-        for (int k = 0; k < size; k++) {
-            int here = p->c.mesh->position[members[k]] - p->first;
-            if (here < 0 || here >= p->n_local)
-                return base_error(SPMD_ERR_INTERNAL, "compile: a gather read in place has a member "
-                                                     "in another process");
-            slots[k] = &p->dev[here].leaf_data[leaf];
+    const compiled *c = &p->c;
+    if (!c->share_blocks) return SPMD_OK;
+    const spmd_graph *lg = c->local;
+    p->share_as = base_alloc(&p->alloc, (size_t)lg->n_nodes * sizeof *p->share_as, "shared leaves");
+    if (!p->share_as) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < lg->n_nodes; i++)
+        p->share_as[i] = ir_op_is_leaf(lg->nodes[i]->op) && c->share_blocks[i] > 0 ? i : -1;
+    for (int u = 0; u < lg->n_updates; u++) {
+        const ir_update *up = &lg->updates[u];
+        if (c->plan.swapped[up->value->id] && p->share_as[up->target->id] >= 0)
+            p->share_as[up->value->id] = up->target->id;
+    }
+    return SPMD_OK;
+}
+
+/* One buffer per copy for each shared leaf (and swapped value), every
+ * block side by side: device d's block at its block index times the
+ * block's bytes, along the leaf's one split dim (compiled.share_blocks).
+ * Its rank among the devices of its copy holding the same block is
+ * share_rank.  After every device here is set up; only where every
+ * device of the mesh is in this process. */
+static spmd_status setup_shared(spmd_program *p)
+{
+    const spmd_graph *g = p->c.g, *lg = p->c.local;
+    if (!p->share_as) return SPMD_OK;
+    for (int k = 0; k < p->n_local; k++) {
+        device *d = &p->dev[k];
+        d->share_rank = base_calloc(&p->alloc, (size_t)lg->n_nodes * sizeof *d->share_rank, "shared leaves");
+        if (!d->share_rank) return SPMD_ERR_NOMEM;
+    }
+    /* The global node of each shared leaf, for its blocks. */
+    for (int gi = 0; gi < g->n_nodes; gi++) {
+        const spmd_tensor *t = g->nodes[gi], *lt = p->c.part.local_of[gi];
+        if (!lt || !ir_op_is_leaf(t->op) || p->share_as[lt->id] != lt->id) continue;
+        const sharding *held = &p->c.part.held[gi];
+        int split = -1;
+        for (int dim = 0; dim < held->rank; dim++)
+            if (held->dim[dim].n) split = dim;
+        size_t bytes = ir_nbytes(lt), whole = bytes * (size_t)p->c.share_blocks[lt->id];
+        /* The node itself and each update value taking its layout. */
+        for (int v = 0; v < lg->n_nodes; v++) {
+            if (p->share_as[v] != lt->id) continue;
+            for (int copy = 0; copy < p->copies; copy++) {
+                char *buf = NULL;
+                for (int k = 0; k < p->n_local; k++) {
+                    device *d = &p->dev[k];
+                    if (d->copy != copy) continue;
+                    if (!buf) {
+                        buf = device_alloc(p, whole, t->name ? t->name : "shared leaf");
+                        if (!buf) return SPMD_ERR_NOMEM;
+                        memset(buf, 0, whole);
+                        p->shared_bufs[p->n_shared_bufs++] = buf;
+                    }
+                    int64_t index = split >= 0 ? sharding_block_index(held, p->c.mesh, split, d->id) : 0;
+                    d->leaf_data[v] = buf + (size_t)index * bytes;
+                    int rank = 0;
+                    for (int j = 0; j < k; j++)
+                        rank += p->dev[j].copy == copy && p->dev[j].leaf_data[v] == d->leaf_data[v];
+                    d->share_rank[v] = rank;
+                }
+            }
         }
     }
     return SPMD_OK;
@@ -596,6 +652,7 @@ static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64
     for (int i = 0; i < lg->n_nodes; i++) {
         const spmd_tensor *t = lg->nodes[i];
         if (!ir_op_is_leaf(t->op) && !p->c.plan.swapped[i]) continue;
+        if (p->share_as && p->share_as[i] >= 0) continue; /* setup_shared */
         d->leaf_data[i] = device_alloc(p, ir_nbytes(t), t->name ? t->name : "update value");
         if (!d->leaf_data[i]) return SPMD_ERR_NOMEM;
         /* A value's buffer becomes its target's after a step: zero padding. */
@@ -702,6 +759,12 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
 
     if (check_address_space(p) != SPMD_OK) goto fail;
     if (check_kernels(p->c.local) != SPMD_OK) goto fail;
+    if (setup_share_as(p) != SPMD_OK) goto fail;
+    if (p->share_as) {
+        size_t most = (size_t)p->c.local->n_nodes * (size_t)p->copies;
+        p->shared_bufs = base_calloc(&p->alloc, (most ? most : 1) * sizeof *p->shared_bufs, "shared leaves");
+        if (!p->shared_bufs) goto fail;
+    }
     p->dev = base_calloc(&p->alloc, (size_t)p->n_local * sizeof *p->dev, "devices");
     p->input_set = base_calloc(&p->alloc, (size_t)(g->n_nodes ? g->n_nodes : 1) *
                                               (size_t)p->copies * sizeof *p->input_set,
@@ -711,8 +774,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         if (setup_device(p, &p->dev[d], g->mesh ? g->mesh->ids[p->first + d] : 0,
                          opts ? opts->copy_seeds : NULL) != SPMD_OK)
             goto fail;
-    for (int d = 0; d < p->n_local; d++)
-        if (setup_gathers(p, &p->dev[d]) != SPMD_OK) goto fail;
+    if (setup_shared(p) != SPMD_OK) goto fail;
     /* Groups that cross processes get their communicators (every process
      * asked for all of its groups above). */
     if (p->world && coll_world_connect(p->world) != SPMD_OK) goto fail;
@@ -746,18 +808,19 @@ void spmd_program_free(spmd_program *p)
         comm_stop(p, dv);
         if (dv->pool) rt_pool_free(dv->pool);
         for (int i = 0; dv->leaf_data && i < p->c.local->n_nodes; i++)
-            base_free(&p->alloc, dv->leaf_data[i]);
+            if (!p->share_as || p->share_as[i] < 0) base_free(&p->alloc, dv->leaf_data[i]);
         base_free(&p->alloc, dv->leaf_data);
         base_free(&p->alloc, dv->view_offset);
-        for (int i = 0; dv->gather_slots && i < p->c.local->n_nodes; i++)
-            base_free(&p->alloc, dv->gather_slots[i]);
-        base_free(&p->alloc, dv->gather_slots);
+        base_free(&p->alloc, dv->share_rank);
         base_free(&p->alloc, dv->arena);
         base_free(&p->alloc, dv->scratch);
         base_free(&p->alloc, dv->groups);
         base_free(&p->alloc, dv->member);
     }
     base_free(&p->alloc, p->dev);
+    for (int i = 0; i < p->n_shared_bufs; i++) base_free(&p->alloc, p->shared_bufs[i]);
+    base_free(&p->alloc, p->shared_bufs);
+    base_free(&p->alloc, p->share_as);
     base_free(&p->alloc, p->input_set);
     inflight_free(p);
     trace_free(p);
@@ -937,12 +1000,6 @@ static void run_worker(void *ctx, int ith, int nth)
             for (int j = 0; j < grp->n_stored; j++) a.stored[j] = data_of(d, grp->stored[j]);
         } else
             for (int j = 0; j < t->n_in; j++) a.in[j] = data_of(d, t->in[j]);
-        /* A matmul reading a gather in place takes the members' blocks. */
-        a.b_blocks = NULL;
-        if (!grp && t->op == IR_MATMUL && d->gather_slots && d->gather_slots[t->in[1]->id]) {
-            a.b_blocks = d->gather_slots[t->in[1]->id];
-            a.b_block_rows = t->in[1]->in[0]->dims[0];
-        }
         a.out = data_of(d, t);
         a.nth = solo ? 1 : nth;
         /* A result that failed to arrive is not computed on. */
@@ -972,16 +1029,29 @@ static void run_worker(void *ctx, int ith, int nth)
  * only once every device finished its schedule, so a failing device
  * leaves every device's parameters as they were.  A value in a buffer of
  * its own trades buffers with its target (thread 0); the others are
- * copied (every thread a part). */
+ * copied (every thread a part).  Into a shared leaf each device holding
+ * the block copies its part: an all-gather that lands in place
+ * (plan.lands_in) its member's slice, where the gather would have put
+ * it; another value (the same on each) the share_rank-th part. */
 static void update_worker(void *ctx, int ith, int nth)
 {
     device *d = ctx;
-    const spmd_graph *lg = d->prog->c.local;
-    const bool *swapped = d->prog->c.plan.swapped;
+    const spmd_program *p = d->prog;
+    const spmd_graph *lg = p->c.local;
+    const bool *swapped = p->c.plan.swapped;
     for (int u = 0; u < lg->n_updates; u++) {
         const ir_update *up = &lg->updates[u];
-        if (d->prog->micro_run && !up->target->accumulator) continue;
-        if (d->prog->c.plan.in_place[up->value->id] >= 0) continue; /* written where it goes */
+        if (p->micro_run && !up->target->accumulator) continue;
+        if (p->c.plan.in_place[up->value->id] >= 0) continue; /* written where it goes */
+        int64_t b, e;
+        if (p->c.plan.lands_in[up->value->id] >= 0) {
+            const spmd_tensor *slice = up->value->in[0];
+            size_t n = ir_nbytes(slice), at = (size_t)d->member[up->value->attr.coll.spec] * n;
+            kern_split((int64_t)n, ith, nth, 64, &b, &e);
+            memcpy((char *)data_of(d, up->target) + at + b, (const char *)data_of(d, slice) + b,
+                   (size_t)(e - b));
+            continue;
+        }
         if (swapped[up->value->id]) {
             if (ith == 0) {
                 void *old = d->leaf_data[up->target->id];
@@ -990,9 +1060,11 @@ static void update_worker(void *ctx, int ith, int nth)
             }
             continue;
         }
-        int64_t b, e;
-        kern_split((int64_t)ir_nbytes(up->target), ith, nth, 64, &b, &e);
-        memcpy((char *)data_of(d, up->target) + b, (const char *)data_of(d, up->value) + b,
+        int64_t lo = 0, hi = (int64_t)ir_nbytes(up->target);
+        if (p->share_as && p->share_as[up->target->id] >= 0)
+            kern_split(hi, d->share_rank[up->target->id], p->c.sharers[up->target->id], 64, &lo, &hi);
+        kern_split(hi - lo, ith, nth, 64, &b, &e);
+        memcpy((char *)data_of(d, up->target) + lo + b, (const char *)data_of(d, up->value) + lo + b,
                (size_t)(e - b));
     }
 }

@@ -27,9 +27,6 @@ typedef struct kern_device {
     const struct mesh_axes *specs;   /* the collectives' axes, by attr.coll.spec */
 } kern_device;
 
-/* Where a buffer that may move lies: the variable holding its address. */
-typedef void *const *kern_slot;
-
 typedef struct kern_args {
     const spmd_tensor *node;            /* op, attributes, shapes */
     const void *in[IR_MAX_INPUTS];      /* contiguous row-major inputs */
@@ -45,13 +42,6 @@ typedef struct kern_args {
     const kern_device *dev; /* NULL on a one-device program */
     const struct fuse_group *fused; /* kern_fused's group (compile/fuse.h) */
     void *stored[4];                /* where its stored members go (FUSE_MAX_STORED) */
-    /* A matmul whose B is an all-gather read in place (plan.gather_leaf,
-     * where matmul_reads_blocks in compile/tiles.h holds):
-     * in[1] is NULL and member m's block, rows [m r, (m + 1) r) of B,
-     * lies at *b_blocks[m] (r = b_block_rows; the slot is read at each
-     * call, since a swap after a step moves a leaf's buffer). */
-    const kern_slot *b_blocks;
-    int64_t b_block_rows;
 } kern_args;
 
 typedef void (*kern_fn)(const kern_args *a);

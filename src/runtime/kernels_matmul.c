@@ -29,8 +29,6 @@ typedef struct gemm_desc {
     float *c;
     int64_t lda, ldb, ldc;
     int64_t sa, sb, sc; /* batch strides, in elements */
-    const kern_slot *b_blocks; /* B's rows in blocks (kern_args.b_blocks) */
-    int64_t b_block_rows;
 } gemm_desc;
 
 static gemm_type gemm_type_of(const spmd_tensor *t) { return t->dtype == SPMD_BF16 ? GEMM_BF16 : GEMM_F32; }
@@ -52,11 +50,7 @@ static spmd_status gemm_tile(const gemm_desc *g, int64_t bi, int64_t i0, int64_t
     }
     /* op(A) row i0: A[i0, :] or, transposed, A[:, i0]; likewise for B. */
     const void *pa = element(g->a, g->a_type, bi * g->sa + (g->ta ? i0 : i0 * g->lda));
-    const void *pb;
-    if (g->b_blocks) /* B^T's columns j0.. are rows of one member's block */
-        pb = element(*g->b_blocks[j0 / g->b_block_rows], g->b_type, (j0 % g->b_block_rows) * g->ldb);
-    else
-        pb = element(g->b, g->b_type, bi * g->sb + (g->tb ? j0 * g->ldb : j0));
+    const void *pb = element(g->b, g->b_type, bi * g->sb + (g->tb ? j0 * g->ldb : j0));
     if (g->a_type == GEMM_F32 && g->b_type == GEMM_F32)
         return gemm_f32(g->ta, g->tb, mm, nn, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f, c,
                         g->ldc);
@@ -117,8 +111,6 @@ void kern_matmul(const kern_args *a)
     g.ldc = g.n;
     g.a = a->in[0];
     g.b = a->in[1];
-    g.b_blocks = a->b_blocks;
-    g.b_block_rows = a->b_block_rows;
     g.a_type = gemm_type_of(t->in[0]);
     g.b_type = gemm_type_of(t->in[1]);
     g.c = a->out;

@@ -1,13 +1,16 @@
 /*
- * All-gathers read in place (plan.gather_leaf): under FSDP a parameter
- * split on its rows is gathered whole for the forward pass's x W^T.
- * Where every device is in this process the matmul reads each member's
- * block of rows from the member's own buffer instead: no step, no arena.
- * The losses and weights are those of the plan that gathers, bit for bit,
- * for an MLP and a GPT on meshes 2 'fsdp', 4x2 (replica, fsdp) and
- * 8 'fsdp', with collectives in flight and with gradient accumulation;
- * gathers with another reader (dX = dY W, the embedding's lookup) and
- * blocks that a GEMM tile would straddle keep the copy.
+ * Shared parameters (compiled.share_blocks): where every device is in
+ * this process, a parameter or state is held once per copy, its devices'
+ * blocks side by side in one buffer.  An all-gather of a parameter whose
+ * result is that buffer is read in place (plan.gather_leaf: FSDP's
+ * gathers, forward and backward), and ZeRO's all-gather of an update
+ * into a shared parameter or state lands in place (plan.lands_in: each
+ * member writes its slice in the update phase): no step, no arena.  The
+ * losses and weights are those of the program that holds every block in
+ * each device's buffer and runs every gather, bit for bit, for an MLP
+ * and a GPT on meshes 2 'fsdp', 2 'data', 4x2 (replica, fsdp) and
+ * 8 'fsdp', with collectives in flight, with gradient accumulation and
+ * with ZeRO off; a split on dim 1 and grouped splits keep their gathers.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compile/compiled.h"
 #include "compile/plan.h"
 #include "ir/ir.h"
 #include "runtime/executor.h"
@@ -39,41 +43,46 @@ typedef struct setting {
     const char *shape, *axes;
     bool overlap;
     int accumulate;
+    bool zero_off;
 } setting;
 
 typedef struct result {
     float loss[STEPS];
     float *weight; /* the watched weight, whole */
     size_t n_weight;
-    int in_place, gather_steps;
+    int in_place, lands, gather_steps;
+    size_t allocated;
 } result;
 
-/* Every gather read in place is an all-gather of a parameter along dim 0
- * with no step and no arena bytes, read only as the B of x B^T. */
+/* Every gather read in place is an all-gather of a shared parameter with
+ * no step and no arena bytes; every one that lands in place an update's
+ * value whose operand lives to the end. */
 static void inspect(const compiled *c, result *r)
 {
     const plan *pl = &c->plan;
     r->in_place = pl->n_gathers_in_place;
+    r->lands = pl->n_lands;
     for (int s = 0; s < pl->n_steps; s++) {
         const spmd_tensor *t = pl->steps[s];
         assert_int_equal(pl->gather_leaf[t->id], -1);
+        assert_int_equal(pl->lands_in[t->id], -1);
         r->gather_steps += t->op == IR_ALL_GATHER;
     }
     for (int i = 0; i < c->local->n_nodes; i++) {
         const spmd_tensor *t = c->local->nodes[i];
         if (pl->gather_leaf[i] >= 0) {
             assert_int_equal(t->op, IR_ALL_GATHER);
-            assert_int_equal(t->attr.coll.dim, 0);
             assert_int_equal(pl->gather_leaf[i], t->in[0]->id);
             assert_int_equal(t->in[0]->op, IR_PARAM);
+            assert_true(c->share_blocks[t->in[0]->id] > 0);
             assert_int_equal(pl->offset[i], -1);
         }
-        for (int j = 0; j < t->n_in && pl->needed[i]; j++)
-            if (pl->gather_leaf[t->in[j]->id] >= 0) {
-                assert_int_equal(t->op, IR_MATMUL);
-                assert_int_equal(j, 1);
-                assert_true(t->attr.matmul.tb && !t->attr.matmul.ta);
-            }
+        if (pl->lands_in[i] >= 0) {
+            assert_int_equal(t->op, IR_ALL_GATHER);
+            assert_int_equal(pl->offset[i], -1);
+            assert_true(pl->offset[t->in[0]->id] >= 0);
+            assert_int_equal(c->sharers[pl->lands_in[i]], c->group_size[t->attr.coll.spec]);
+        }
     }
 }
 
@@ -116,18 +125,23 @@ static void train(const setting *set, bool in_place, result *r)
         watched = "fc.1.weight";
     }
     spmd_tensor *in[2] = {input, targets};
-    assert_int_equal(spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL), SPMD_OK);
+    if (strstr(set->axes, "fsdp"))
+        assert_int_equal(spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL), SPMD_OK);
+    else
+        assert_int_equal(spmd_shard_batch(g, mesh, in, 2, NULL), SPMD_OK);
     spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f,
-                          .accumulate_steps = set->accumulate};
-    plan_test_gathers(in_place);
+                          .accumulate_steps = set->accumulate,
+                          .zero = set->zero_off ? SPMD_ZERO_OFF : SPMD_ZERO_DEFAULT};
+    compile_test_sharing(in_place);
     spmd_trainer *tr = spmd_trainer_create(
         g, loss,
         &(spmd_trainer_options){.optimizer = opt,
                                 .compile = {.seed = 3, .threads = 2, .overlap = set->overlap}});
-    plan_test_gathers(true);
+    compile_test_sharing(true);
     assert_non_null(tr);
     spmd_program *p = spmd_trainer_program(tr);
     inspect(executor_compiled(p), r);
+    r->allocated = spmd_program_allocated_bytes(p);
     for (int s = 0; s < STEPS; s++) {
         int k = s * (set->accumulate > 1 ? set->accumulate : 1);
         for (int m = 1; m < set->accumulate; m++, k++) {
@@ -149,66 +163,85 @@ static void train(const setting *set, bool in_place, result *r)
 
 static void check(const setting *set)
 {
-    result gathered, read;
-    train(set, false, &gathered);
-    train(set, true, &read);
-    assert_int_equal(gathered.in_place, 0);
-    assert_true(read.in_place > 0);
-    /* Each gather read in place is a gather step less. */
-    assert_int_equal(read.gather_steps + read.in_place, gathered.gather_steps);
-    assert_memory_equal(read.loss, gathered.loss, sizeof read.loss);
-    assert_int_equal(read.n_weight, gathered.n_weight);
-    assert_memory_equal(read.weight, gathered.weight, read.n_weight * sizeof *read.weight);
-    for (int s = 0; s < STEPS; s++) assert_true(isfinite(read.loss[s]));
-    free(gathered.weight);
-    free(read.weight);
+    result copied, shared;
+    train(set, false, &copied);
+    train(set, true, &shared);
+    assert_memory_equal(shared.loss, copied.loss, sizeof shared.loss);
+    assert_int_equal(shared.n_weight, copied.n_weight);
+    assert_memory_equal(shared.weight, copied.weight, shared.n_weight * sizeof *shared.weight);
+    for (int s = 0; s < STEPS; s++) assert_true(isfinite(shared.loss[s]));
+    assert_int_equal(copied.in_place, 0);
+    assert_int_equal(copied.lands, 0);
+    /* Every replicated update without ZeRO is an all-reduce, no gather. */
+    if (!set->zero_off || strstr(set->axes, "fsdp")) assert_true(shared.in_place + shared.lands > 0);
+    /* Each gather read or landing in place is a gather step less. */
+    assert_int_equal(shared.gather_steps + shared.in_place + shared.lands, copied.gather_steps);
+    /* Replicas hold one buffer: less memory (over 'fsdp' alone the
+     * blocks are as many, and the arenas are planned apart). */
+    if (strstr(set->axes, "data") || strstr(set->axes, "replica"))
+        assert_true(shared.allocated < copied.allocated);
+    free(copied.weight);
+    free(shared.weight);
 }
 
 static void test_mlp(void **state)
 {
     (void)state;
-    check(&(setting){false, "2", "fsdp", false, 0});
-    check(&(setting){false, "4x2", "replica,fsdp", false, 0});
-    check(&(setting){false, "8", "fsdp", false, 0});
+    check(&(setting){false, "2", "fsdp", false, 0, false});
+    check(&(setting){false, "2", "data", false, 0, false});
+    check(&(setting){false, "4x2", "replica,fsdp", false, 0, false});
+    check(&(setting){false, "8", "fsdp", false, 0, false});
 }
 
 static void test_gpt(void **state)
 {
     (void)state;
-    check(&(setting){true, "2", "fsdp", false, 0});
-    check(&(setting){true, "4x2", "replica,fsdp", false, 0});
-    check(&(setting){true, "8", "fsdp", false, 0});
+    check(&(setting){true, "2", "fsdp", false, 0, false});
+    check(&(setting){true, "2", "data", false, 0, false});
+    check(&(setting){true, "4x2", "replica,fsdp", false, 0, false});
+    check(&(setting){true, "8", "fsdp", false, 0, false});
 }
 
 /* With collectives in flight on the communication thread beside it. */
 static void test_in_flight(void **state)
 {
     (void)state;
-    check(&(setting){true, "4x2", "replica,fsdp", true, 0});
-    check(&(setting){false, "8", "fsdp", true, 0});
+    check(&(setting){true, "4x2", "replica,fsdp", true, 0, false});
+    check(&(setting){false, "8", "fsdp", true, 0, false});
+    check(&(setting){false, "2", "data", true, 0, false});
 }
 
 /* Micro-batches read the same blocks; the update writes them once a step. */
 static void test_accumulate(void **state)
 {
     (void)state;
-    check(&(setting){true, "4x2", "replica,fsdp", false, 2});
-    check(&(setting){false, "2", "fsdp", true, 2});
+    check(&(setting){true, "4x2", "replica,fsdp", false, 2, false});
+    check(&(setting){false, "2", "fsdp", true, 2, false});
+    check(&(setting){false, "2", "data", false, 2, false});
 }
 
-/* Which gathers stay copies: the tied embedding (also read by the
- * lookup), the backward pass's (dX = dY W contracts over W's rows), a
- * split on dim 1 (mlp.c_proj.weight), and the MLP's padded last layer. */
+/* Every replica updating whole: each copies its part of the same value
+ * into the shared buffer. */
+static void test_zero_off(void **state)
+{
+    (void)state;
+    check(&(setting){false, "2", "data", false, 0, true});
+    check(&(setting){true, "4x2", "replica,fsdp", false, 0, true});
+}
+
+/* What stays a gather: a split on a dim after one longer than 1, whose
+ * blocks do not lie side by side (the MLP's last weight [13, 512], split
+ * on its columns, forward and backward; the GPT's mlp.c_proj.weight). */
 static void test_kept(void **state)
 {
     (void)state;
     result r;
-    train(&(setting){false, "2", "fsdp", false, 0}, true, &r);
-    assert_int_equal(r.in_place, 2); /* fc.0 and fc.1, forward */
-    assert_true(r.gather_steps > 0);
+    train(&(setting){false, "2", "fsdp", false, 0, false}, true, &r);
+    assert_int_equal(r.gather_steps, 2);
+    assert_int_equal(r.in_place, 6); /* 2 weights forward and backward, 3 biases forward */
     free(r.weight);
-    train(&(setting){true, "4x2", "replica,fsdp", false, 0}, true, &r);
-    assert_int_equal(r.in_place, 3); /* c_attn, attn.c_proj, c_fc, forward */
+    train(&(setting){true, "4x2", "replica,fsdp", false, 0, false}, true, &r);
+    assert_true(r.in_place > 0 && r.lands > 0);
     assert_true(r.gather_steps > 0);
     free(r.weight);
 }
@@ -218,7 +251,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp),        cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_in_flight),  cmocka_unit_test(test_accumulate),
-        cmocka_unit_test(test_kept),
+        cmocka_unit_test(test_zero_off),   cmocka_unit_test(test_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
