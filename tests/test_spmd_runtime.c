@@ -316,12 +316,13 @@ static double now_us(void)
 
 /* Tracing: the same bits as untraced; per run and device the nodes follow
  * one another and add up to the run's time, as measured here around
- * spmd_program_run, within 10% (in each device's best run); collectives
- * are named; only the runs asked for are recorded. */
+ * spmd_program_run, within 10% (in each device's best of 8 runs: on a
+ * host that takes time from the machine, any few runs may each lose a
+ * wake-up); collectives are named; only the runs asked for are recorded. */
 static void test_trace_timeline(void **state)
 {
     (void)state;
-    enum { RUNS = 3 };
+    enum { RUNS = 8 };
     gpt_run a, b;
     gpt_dim = 128, gpt_layers = 4;
     gpt_setup(&a, "2x2", "replica,fsdp", "(replica, fsdp), None", "fsdp, None", NULL);
@@ -352,7 +353,7 @@ static void test_trace_timeline(void **state)
     for (int i = 0; i < n; i++) {
         spmd_trace_event e;
         assert_int_equal(spmd_program_trace_event(a.p, i, &e), SPMD_OK);
-        assert_true(e.run >= 0 && e.run < RUNS); /* the fourth run is not recorded */
+        assert_true(e.run >= 0 && e.run < RUNS); /* the last run is not recorded */
         if (e.kind == SPMD_TRACE_IN_FLIGHT) {
             /* On the communication thread, inside the run, beside the
              * device's steps; thread 0 may wait longer than it runs. */

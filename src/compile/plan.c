@@ -355,7 +355,9 @@ static void mark_lands(plan *p, const spmd_graph *g, const plan_sharing *sh)
  * copied in, since a buffer of their own would sit idle through every
  * micro-batch beside the accumulators, and the copy is paid once per
  * K micro-batches.  None into a leaf that several devices share: each
- * would write the same buffer; they copy in a part each. */
+ * would write the same buffer; they copy in a part each, but for a
+ * gather that lands in place, whose members' slices (swapped too) lie in
+ * the target's next buffer, each where the gather would put it. */
 static void mark_swapped(plan *p, const spmd_graph *g, const plan_sharing *sh)
 {
     for (int i = 0; i < g->n_updates && g->accumulate_steps <= 1; i++) {
@@ -363,6 +365,14 @@ static void mark_swapped(plan *p, const spmd_graph *g, const plan_sharing *sh)
         p->swapped[v->id] = p->needed[v->id] && !outside(p, v) && p->storage[v->id] == v->id &&
                             !v->is_output && ir_nbytes(v) == ir_nbytes(x) && p->in_place[v->id] < 0 &&
                             (!sh || sh->sharers[x->id] <= 1);
+        /* A gather landing in place: its operand, the member's new
+         * slice, is computed into the target's next buffer, and the
+         * update phase trades the two instead of copying it in. */
+        if (p->lands_in[v->id] >= 0) {
+            const spmd_tensor *slice = v->in[0];
+            p->swapped[slice->id] = p->needed[slice->id] && p->storage[slice->id] == slice->id &&
+                                    !slice->is_output && p->in_place[slice->id] < 0;
+        }
     }
     for (int i = 0; i < g->n_nodes; i++) /* a view of a value keeps it in the arena */
         if (p->needed[i] && p->storage[i] != i) p->swapped[p->storage[i]] = false;

@@ -28,7 +28,10 @@ typedef struct plan {
     bool *needed;         /* per node id */
     int *storage;         /* per node id: node whose bytes it uses (itself, or a reshape's source) */
     int64_t *offset;      /* per node id: arena offset of its storage, -1 for leaves */
-    bool *swapped;        /* per node id: an update value in a buffer of its own (offset -1) */
+    /* Per node id: an update value in a buffer of its own (offset -1), or
+     * the slice a gather that lands in place writes (lands_in), in its
+     * target's next buffer. */
+    bool *swapped;
     /* Per node id: for a gradient accumulator's new value, computed into
      * the accumulator's own buffer (an elementwise op: each element read
      * before it is written), the accumulator's node id; else -1.  No
@@ -47,9 +50,10 @@ typedef struct plan {
     int n_gathers_in_place;
     /* Per node id: for an update's value that is an all-gather into a
      * shared parameter or state (mark_lands in plan.c), the target's node
-     * id; else -1.  No step, no arena: in the update phase each member
-     * writes its operand, which lives to the end, into its part of the
-     * target's buffer. */
+     * id; else -1.  No step, no arena: each member's operand, which lives
+     * to the end, goes into its part of the target's buffer in the update
+     * phase, copied, or (swapped) computed into the target's next buffer
+     * that the update phase trades with the target's. */
     int *lands_in;
     int n_lands;
     size_t arena_bytes;

@@ -584,8 +584,24 @@ static spmd_status setup_share_as(spmd_program *p)
         const ir_update *up = &lg->updates[u];
         if (c->plan.swapped[up->value->id] && p->share_as[up->target->id] >= 0)
             p->share_as[up->value->id] = up->target->id;
+        const spmd_tensor *slice = up->value->in[0];
+        if (c->plan.lands_in[up->value->id] >= 0 && c->plan.swapped[slice->id])
+            p->share_as[slice->id] = up->target->id;
     }
     return SPMD_OK;
+}
+
+/* Where in its target's block a landing gather's slice lies on device d:
+ * the member's part, as the gather would put it; 0 for other nodes. */
+static size_t slice_offset(const spmd_program *p, const device *d, int node)
+{
+    const spmd_graph *lg = p->c.local;
+    for (int u = 0; u < lg->n_updates; u++) {
+        const spmd_tensor *v = lg->updates[u].value;
+        if (p->c.plan.lands_in[v->id] >= 0 && v->in[0]->id == node)
+            return (size_t)d->member[v->attr.coll.spec] * ir_nbytes(v->in[0]);
+    }
+    return 0;
 }
 
 /* One buffer per copy for each shared leaf (and swapped value), every
@@ -627,7 +643,7 @@ static spmd_status setup_shared(spmd_program *p)
                         p->shared_bufs[p->n_shared_bufs++] = buf;
                     }
                     int64_t index = split >= 0 ? sharding_block_index(held, p->c.mesh, split, d->id) : 0;
-                    d->leaf_data[v] = buf + (size_t)index * bytes;
+                    d->leaf_data[v] = buf + (size_t)index * bytes + slice_offset(p, d, v);
                     int rank = 0;
                     for (int j = 0; j < k; j++)
                         rank += p->dev[j].copy == copy && p->dev[j].leaf_data[v] == d->leaf_data[v];
@@ -1032,7 +1048,9 @@ static void run_worker(void *ctx, int ith, int nth)
  * copied (every thread a part).  Into a shared leaf each device holding
  * the block copies its part: an all-gather that lands in place
  * (plan.lands_in) its member's slice, where the gather would have put
- * it; another value (the same on each) the share_rank-th part. */
+ * it, unless the slice was computed there in the target's next buffer
+ * (then each device trades its two pointers, so all do); another value
+ * (the same on each) the share_rank-th part. */
 static void update_worker(void *ctx, int ith, int nth)
 {
     device *d = ctx;
@@ -1047,6 +1065,14 @@ static void update_worker(void *ctx, int ith, int nth)
         if (p->c.plan.lands_in[up->value->id] >= 0) {
             const spmd_tensor *slice = up->value->in[0];
             size_t n = ir_nbytes(slice), at = (size_t)d->member[up->value->attr.coll.spec] * n;
+            if (swapped[slice->id]) { /* computed in the next buffer: trade the two */
+                if (ith == 0) {
+                    char *now = d->leaf_data[up->target->id];
+                    d->leaf_data[up->target->id] = (char *)d->leaf_data[slice->id] - at;
+                    d->leaf_data[slice->id] = now + at;
+                }
+                continue;
+            }
             kern_split((int64_t)n, ith, nth, 64, &b, &e);
             memcpy((char *)data_of(d, up->target) + at + b, (const char *)data_of(d, slice) + b,
                    (size_t)(e - b));
