@@ -24,6 +24,8 @@ a graph with marks compiles to a program whose mesh is spread over the P
 processes, each running its run of devices (see _processes.py), with the
 one-process run's bits.  Every process reads whole values.
 """
+import warnings
+
 from . import _core
 from . import _processes
 from ._explain import explain, explain_text
@@ -83,12 +85,32 @@ class Graph(_core.Graph):
         of each as a blocking step (the same bits), their operands and
         results at most inflight_bytes at once per device (0: the
         default, 64 MiB; one of more stays a blocking step)."""
+        if not options.get("plan_only"):
+            _warn_narrow_blas()
         return super().compile(**_processes.compile_options(self, options))
 
     def explain(self, **compile_options):
         """explain() of a plan-only compile (nothing is allocated)."""
         with self.compile(plan_only=True, **compile_options) as p:
             return p.explain()
+
+
+_blas_checked = False
+
+
+def _warn_narrow_blas():
+    """Once per process, a RuntimeWarning where the OpenBLAS that NumPy or
+    PyTorch loaded before libspmd runs narrower kernels than this CPU
+    takes (its own detection on a CPU model its release does not know:
+    several times slower GEMMs, for them and libspmd alike); the message
+    names the core that fits and the OPENBLAS_CORETYPE that chooses it."""
+    global _blas_checked
+    if _blas_checked:
+        return
+    _blas_checked = True
+    described = blas_describe()
+    if described and "loaded before libspmd" in described:
+        warnings.warn("libspmd: GEMMs run on " + described, RuntimeWarning, stacklevel=3)
 
 
 def mark_sharding(t, mesh, spec):

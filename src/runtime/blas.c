@@ -53,7 +53,7 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool init_done;           /* set (release) after the fields below */
 static spmd_status init_status;
 static char init_message[1024];         /* the failure, repeated to later callers */
-static char lib_name[160] = "no BLAS loaded";
+static char lib_name[256] = "no BLAS loaded";
 static cblas_sgemm_fn sgemm_fn;
 /* OpenBLAS's own buffer calls (the gate); NULL for other libraries. */
 static void *(*openblas_buffer_alloc)(int procpos);
@@ -241,11 +241,46 @@ static spmd_status adopt(void *h, const char *file, char *why, size_t why_size)
     return SPMD_OK; /* the handle stays open for the life of the process */
 }
 
+/* How wide an OpenBLAS core's kernels are: 2 AVX-512, 1 AVX2, 0 older. */
+static int core_width(const char *core, size_t len)
+{
+    static const char *const wide[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+    static const char *const avx2[] = {"Haswell", "Zen"};
+    for (size_t i = 0; i < sizeof wide / sizeof *wide; i++)
+        if (len == strlen(wide[i]) && !strncasecmp(core, wide[i], len)) return 2;
+    for (size_t i = 0; i < sizeof avx2 / sizeof *avx2; i++)
+        if (len == strlen(avx2[i]) && !strncasecmp(core, avx2[i], len)) return 1;
+    return 0;
+}
+
+/* An OpenBLAS loaded before libspmd (by PyTorch or numpy, say) chose its
+ * core by its own detection, which on a CPU model its release does not
+ * know falls back to old kernels (OpenBLAS 0.3.21 on a Xeon of model 207:
+ * Prescott, sgemm several times slower, for the host and libspmd alike).
+ * Where its kernels are narrower than the CPU's, its name says which
+ * core CPUID fits and how to get it. */
+static void note_preloaded_core(void)
+{
+    const char *fits = detect_coretype(), *open = strrchr(lib_name, '(');
+    if (!fits || !open) return;
+    size_t len = strlen(open + 1);
+    if (len < 2 || open[len] != ')') return;
+    if (core_width(open + 1, len - 1) >= core_width(fits, strlen(fits))) return;
+    size_t at = strlen(lib_name) - 1; /* the closing parenthesis */
+    snprintf(lib_name + at, sizeof lib_name - at,
+             ", loaded before libspmd; this CPU fits %s: set OPENBLAS_CORETYPE=%s before the "
+             "process starts)",
+             fits, fits);
+}
+
 static spmd_status load_openblas(const char *coretype, char *why, size_t why_size)
 {
     void *h = find_loaded_openblas();
+    bool before = h != NULL;
     if (!h) h = open_with_openblas_env(OPENBLAS_SONAME, coretype, why, why_size);
-    return h ? adopt(h, OPENBLAS_SONAME, why, why_size) : SPMD_ERR_BACKEND;
+    spmd_status st = h ? adopt(h, OPENBLAS_SONAME, why, why_size) : SPMD_ERR_BACKEND;
+    if (st == SPMD_OK && before) note_preloaded_core();
+    return st;
 }
 
 static spmd_status load_blis(char *why, size_t why_size)

@@ -239,3 +239,46 @@ def test_closed_handles_and_lifetimes():
     h.prog = h.keep[1]
     del h
     assert gc.collect() > 0
+
+
+_NARROW = """
+import warnings
+import numpy as np
+import libspmd
+g = libspmd.Graph()
+x = g.input("x", (4, 8))
+w = g.param("w", (3, 8), init="normal", scale=0.1)
+g.mark_output(g.mean(g.matmul(x, w, trans_b=True)))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    p = g.compile(seed=1)
+    p.set_input(x, np.ones((4, 8), np.float32))
+    p.run()
+print("DESCRIBED", libspmd.blas_describe())
+for w in caught:
+    print("WARNED", w.category.__name__, w.message)
+"""
+
+
+def _run_narrow(core):
+    env = dict(os.environ, OPENBLAS_CORETYPE=core)
+    out = subprocess.run([sys.executable, "-c", _NARROW], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_an_openblas_loaded_before_with_narrow_kernels_is_named_and_warned():
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if " avx512f" not in flags:
+        pytest.skip("the warning is for CPUs with AVX-512 kernels")
+    out = _run_narrow("Prescott")
+    if "loaded before libspmd" not in out:
+        pytest.skip("NumPy does not load OpenBLAS here: libspmd chose its own core")
+    assert "OpenBLAS" in out and "(Prescott, loaded before libspmd; this CPU fits" in out
+    assert "WARNED RuntimeWarning libspmd: GEMMs run on OpenBLAS" in out
+    assert "set OPENBLAS_CORETYPE=" in out
+    # With the core that fits, nothing to say.
+    fits = out.split("this CPU fits ")[1].split(":")[0]
+    out = _run_narrow(fits)
+    assert "loaded before libspmd" not in out and "WARNED" not in out, out
