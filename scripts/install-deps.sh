@@ -44,7 +44,7 @@ declare -A why=(
   [libopenmpi-dev]="Open MPI: the collectives transport across processes and hosts"
   [openmpi-bin]="mpirun, which starts a run over several processes (and its tests)"
   [python3-dev]="Python 3's headers: the Python package libspmd (its extension module libspmd._core)"
-  [libdnnl-dev]="oneDNN's headers (and libdnnl2): its matmul is the bf16 GEMM backend and an f32 one (libdnnl is loaded at run time)"
+  [libdnnl-dev]="oneDNN's headers (2.x on Debian 12, 3.x on Debian 13) and its library: its matmul is the bf16 GEMM backend and an f32 one (libdnnl is loaded at run time)"
   [python3-numpy]="NumPy: the Python package's arrays (and, in the tests, tests/read_export.py, the independent reader of spmd export files)"
 )
 packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev zlib1g-dev
@@ -139,13 +139,15 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
+# Waits for another apt or dpkg (a fresh machine's own upgrades at boot)
+# instead of failing at once on its lock.
 apt_install() {
-  "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+  "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}"
 }
 say "running: ${sudo[*]:+${sudo[*]} }apt-get install ${missing[*]}"
 if ! apt_install; then
   say "install failed; refreshing the package lists (apt-get update) and retrying"
-  if ! { "${sudo[@]}" apt-get update && apt_install; }; then
+  if ! { "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 update && apt_install; }; then
     say "could not install: ${missing[*]} (no permission or no network?)"
     exit 1
   fi

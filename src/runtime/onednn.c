@@ -47,6 +47,17 @@ const char *onednn_gemm_impl(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
 
+/* Two C APIs: oneDNN 2.x (Debian 12) and 3.x (Debian 13), chosen when the
+ * library is built by the major version its headers declare, so a binary
+ * loads the library of the headers it was built against (the SONAME CMake
+ * read from them) and checks its major version before using it.  3.0
+ * made memory descriptors opaque handles (created and destroyed, not
+ * initialised in place), dropped the op descriptors for direct
+ * primitive-descriptor creation, and replaced output scales by per-argument
+ * scales given at execution.  The helpers below ("md_", "matmul_pd_make",
+ * "attr_set_alpha", "post_ops_sum") are the only places that differ. */
+#define ONEDNN_V3 (DNNL_VERSION_MAJOR >= 3)
+
 #define ONEDNN_STR2(x) #x
 #define ONEDNN_STR(x) ONEDNN_STR2(x)
 #ifndef ONEDNN_SONAME
@@ -54,24 +65,20 @@ const char *onednn_gemm_impl(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 #endif
 
 /* The oneDNN calls used, looked up by name in the loaded library. */
-#define ONEDNN_CALLS(X)                                                                        \
+#define ONEDNN_CALLS_COMMON(X)                                                                 \
     X(dnnl_engine_create)                                                                      \
     X(dnnl_stream_create)                                                                      \
     X(dnnl_stream_destroy)                                                                     \
-    X(dnnl_memory_desc_init_by_strides)                                                        \
     X(dnnl_memory_desc_get_size)                                                               \
     X(dnnl_memory_create)                                                                      \
     X(dnnl_memory_destroy)                                                                     \
-    X(dnnl_matmul_desc_init)                                                                   \
     X(dnnl_primitive_attr_create)                                                              \
     X(dnnl_primitive_attr_destroy)                                                             \
     X(dnnl_primitive_attr_set_scratchpad_mode)                                                 \
-    X(dnnl_primitive_attr_set_output_scales)                                                   \
     X(dnnl_primitive_attr_set_post_ops)                                                        \
     X(dnnl_post_ops_create)                                                                    \
     X(dnnl_post_ops_destroy)                                                                   \
     X(dnnl_post_ops_append_sum)                                                                \
-    X(dnnl_primitive_desc_create)                                                              \
     X(dnnl_primitive_desc_destroy)                                                             \
     X(dnnl_primitive_desc_query)                                                               \
     X(dnnl_primitive_desc_query_md)                                                            \
@@ -80,6 +87,21 @@ const char *onednn_gemm_impl(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
     X(dnnl_primitive_execute)                                                                  \
     X(dnnl_get_effective_cpu_isa)                                                              \
     X(dnnl_version)
+#if ONEDNN_V3
+#define ONEDNN_CALLS(X)                                                                        \
+    ONEDNN_CALLS_COMMON(X)                                                                     \
+    X(dnnl_memory_desc_create_with_strides)                                                    \
+    X(dnnl_memory_desc_destroy)                                                                \
+    X(dnnl_matmul_primitive_desc_create)                                                       \
+    X(dnnl_primitive_attr_set_scales_mask)
+#else
+#define ONEDNN_CALLS(X)                                                                        \
+    ONEDNN_CALLS_COMMON(X)                                                                     \
+    X(dnnl_memory_desc_init_by_strides)                                                        \
+    X(dnnl_matmul_desc_init)                                                                   \
+    X(dnnl_primitive_attr_set_output_scales)                                                   \
+    X(dnnl_primitive_desc_create)
+#endif
 
 #define DECLARE(fn) static __typeof__(fn) *p_##fn;
 ONEDNN_CALLS(DECLARE)
@@ -102,14 +124,19 @@ static const char *isa_name(dnnl_cpu_isa_t isa)
     case dnnl_cpu_isa_sse41: return "sse41";
     case dnnl_cpu_isa_avx: return "avx";
     case dnnl_cpu_isa_avx2: return "avx2";
-    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
-    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
     case dnnl_cpu_isa_avx512_core: return "avx512_core";
     case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
     case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
     case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
-    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-    default: return "unknown isa";
+#if ONEDNN_V3
+    case dnnl_cpu_isa_avx512_core_fp16: return "avx512_core_fp16";
+    case dnnl_cpu_isa_avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+#else
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+#endif
+    default: return NULL;
     }
 }
 
@@ -118,8 +145,10 @@ static void do_load(void)
     void *h = dlopen(ONEDNN_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *err = dlerror();
-        snprintf(why_not, sizeof why_not, "cannot load %s: %s (apt-get install libdnnl2)",
-                 ONEDNN_SONAME, err ? err : "unknown error");
+        snprintf(why_not, sizeof why_not,
+                 "cannot load %s, the oneDNN %d.x that libspmd was built for: %s "
+                 "(apt-get install libdnnl-dev brings it)",
+                 ONEDNN_SONAME, DNNL_VERSION_MAJOR, err ? err : "unknown error");
         return;
     }
 #define LOOKUP(fn)                                                                             \
@@ -136,18 +165,30 @@ static void do_load(void)
     p_omp_set_num_threads = (void (*)(int))dlsym(h, "omp_set_num_threads");
     p_omp_get_max_threads = (int (*)(void))dlsym(h, "omp_get_max_threads");
     if (!p_omp_get_max_threads) p_omp_set_num_threads = NULL;
+    /* Another major version under this name has another ABI: refuse it
+     * before calling anything else. */
+    const dnnl_version_t *v = p_dnnl_version();
+    if (v->major != DNNL_VERSION_MAJOR) {
+        snprintf(why_not, sizeof why_not, "%s is oneDNN %d.%d.%d, but libspmd was built for %d.x",
+                 ONEDNN_SONAME, v->major, v->minor, v->patch, DNNL_VERSION_MAJOR);
+        dlclose(h);
+        return;
+    }
     if (p_dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
         snprintf(why_not, sizeof why_not, "%s: no CPU engine", ONEDNN_SONAME);
         dlclose(h);
         return;
     }
-    const dnnl_version_t *v = p_dnnl_version();
     dnnl_cpu_isa_t isa = p_dnnl_get_effective_cpu_isa();
     /* The ISA values are bit sets: every level includes the ones below. */
     native_bf16 = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
                   (unsigned)dnnl_cpu_isa_avx512_core_bf16;
-    snprintf(name, sizeof name, "oneDNN %d.%d.%d (%s)", v->major, v->minor, v->patch,
-             isa_name(isa));
+    const char *isa_str = isa_name(isa);
+    if (isa_str)
+        snprintf(name, sizeof name, "oneDNN %d.%d.%d (%s)", v->major, v->minor, v->patch, isa_str);
+    else
+        snprintf(name, sizeof name, "oneDNN %d.%d.%d (isa 0x%x)", v->major, v->minor, v->patch,
+                 (unsigned)isa);
     loaded = true; /* the handle stays open for the life of the process */
 }
 
@@ -233,6 +274,71 @@ static void *thread_scratch(thread_state *s, size_t size)
     return p;
 }
 
+/* ---- Where the two APIs differ ------------------------------------------ */
+
+#if ONEDNN_V3
+typedef dnnl_memory_desc_t md_t; /* a handle */
+#define MD(x) (x)
+#else
+typedef dnnl_memory_desc_t md_t; /* a struct, initialised in place */
+#define MD(x) (&(x))
+#endif
+
+static bool md_make(md_t *md, int ndims, const dnnl_dims_t dims, dnnl_data_type_t dt,
+                    const dnnl_dims_t strides)
+{
+#if ONEDNN_V3
+    *md = NULL;
+    return p_dnnl_memory_desc_create_with_strides(md, ndims, dims, dt, strides) == dnnl_success;
+#else
+    return p_dnnl_memory_desc_init_by_strides(md, ndims, dims, dt, strides) == dnnl_success;
+#endif
+}
+
+static void md_free(md_t md)
+{
+#if ONEDNN_V3
+    if (md) p_dnnl_memory_desc_destroy(md);
+#else
+    (void)md;
+#endif
+}
+
+static bool matmul_pd_make(dnnl_primitive_desc_t *pd, const md_t *a, const md_t *b,
+                           const md_t *c, dnnl_primitive_attr_t attr)
+{
+#if ONEDNN_V3
+    return p_dnnl_matmul_primitive_desc_create(pd, engine, *a, *b, NULL, *c, attr) ==
+           dnnl_success;
+#else
+    dnnl_matmul_desc_t desc;
+    return p_dnnl_matmul_desc_init(&desc, a, b, NULL, c) == dnnl_success &&
+           p_dnnl_primitive_desc_create(pd, &desc, attr, engine, NULL) == dnnl_success;
+#endif
+}
+
+/* alpha scales the product before the sum post-op: 2.x's output scale
+ * fixed in the primitive, 3.x's scale of the source argument given at
+ * execution (exec_alpha_arg). */
+static bool attr_set_alpha(dnnl_primitive_attr_t attr, float alpha)
+{
+#if ONEDNN_V3
+    (void)alpha;
+    return p_dnnl_primitive_attr_set_scales_mask(attr, DNNL_ARG_SRC, 0) == dnnl_success;
+#else
+    return p_dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha) == dnnl_success;
+#endif
+}
+
+static bool post_ops_sum(dnnl_post_ops_t ops, float beta)
+{
+#if ONEDNN_V3
+    return p_dnnl_post_ops_append_sum(ops, beta, 0, dnnl_data_type_undef) == dnnl_success;
+#else
+    return p_dnnl_post_ops_append_sum(ops, beta) == dnnl_success;
+#endif
+}
+
 /* ---- Primitives, one per product -------------------------------------- */
 
 typedef struct prim_key {
@@ -244,10 +350,24 @@ typedef struct prim_key {
 typedef struct prim_entry {
     prim_key key;
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t a_md, b_md, c_md;
+    md_t a_md, b_md, c_md;
+    md_t scratch_md, alpha_md; /* when scratch_size > 0; with 3.x's alpha != 1 */
+    float alpha;
     size_t scratch_size;
     char impl[48];
 } prim_entry;
+
+static void prim_free(prim_entry *e)
+{
+    if (!e) return;
+    if (e->prim) p_dnnl_primitive_destroy(e->prim);
+    md_free(e->a_md);
+    md_free(e->b_md);
+    md_free(e->c_md);
+    md_free(e->scratch_md);
+    md_free(e->alpha_md);
+    free(e);
+}
 
 /* Enough for every tile and attention shape of a model; past it a
  * primitive is made, run and dropped (the same kernel, just slower). */
@@ -266,7 +386,8 @@ static uint64_t key_hash(const prim_key *k)
 
 static dnnl_data_type_t dt_of(onednn_type t) { return t == ONEDNN_BF16 ? dnnl_bf16 : dnnl_f32; }
 
-/* Make the primitive for `key` into `e`; false if oneDNN has none. */
+/* Make the primitive for `key` into `e` (zeroed); false if oneDNN has
+ * none. */
 static bool prim_make(const prim_key *key, prim_entry *e)
 {
     e->key = *key;
@@ -277,12 +398,8 @@ static bool prim_make(const prim_key *key, prim_entry *e)
     const dnnl_dims_t b_str = {key->tb ? 1 : key->ldb, key->tb ? key->ldb : 1};
     const dnnl_dims_t c_str = {key->ldc, 1};
     dnnl_data_type_t in = dt_of((onednn_type)key->in), out = dt_of((onednn_type)key->out);
-    if (p_dnnl_memory_desc_init_by_strides(&e->a_md, 2, a_dims, in, a_str) != dnnl_success ||
-        p_dnnl_memory_desc_init_by_strides(&e->b_md, 2, b_dims, in, b_str) != dnnl_success ||
-        p_dnnl_memory_desc_init_by_strides(&e->c_md, 2, c_dims, out, c_str) != dnnl_success)
-        return false;
-    dnnl_matmul_desc_t desc;
-    if (p_dnnl_matmul_desc_init(&desc, &e->a_md, &e->b_md, NULL, &e->c_md) != dnnl_success)
+    if (!md_make(&e->a_md, 2, a_dims, in, a_str) || !md_make(&e->b_md, 2, b_dims, in, b_str) ||
+        !md_make(&e->c_md, 2, c_dims, out, c_str))
         return false;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
@@ -290,23 +407,32 @@ static bool prim_make(const prim_key *key, prim_entry *e)
     bool ok = p_dnnl_primitive_attr_create(&attr) == dnnl_success &&
               p_dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) ==
                   dnnl_success;
-    float alpha, beta;
-    memcpy(&alpha, &key->alpha, sizeof alpha);
+    float beta;
+    memcpy(&e->alpha, &key->alpha, sizeof e->alpha);
     memcpy(&beta, &key->beta, sizeof beta);
-    if (ok && alpha != 1.0f)
-        ok = p_dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha) == dnnl_success;
+    if (ok && e->alpha != 1.0f) {
+        ok = attr_set_alpha(attr, e->alpha);
+#if ONEDNN_V3
+        const dnnl_dims_t one = {1}, unit = {1};
+        ok = ok && md_make(&e->alpha_md, 1, one, dnnl_f32, unit);
+#endif
+    }
     if (ok && beta != 0.0f)
-        ok = p_dnnl_post_ops_create(&ops) == dnnl_success &&
-             p_dnnl_post_ops_append_sum(ops, beta) == dnnl_success &&
+        ok = p_dnnl_post_ops_create(&ops) == dnnl_success && post_ops_sum(ops, beta) &&
              p_dnnl_primitive_attr_set_post_ops(attr, ops) == dnnl_success;
-    ok = ok && p_dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL) == dnnl_success;
+    ok = ok && matmul_pd_make(&pd, &e->a_md, &e->b_md, &e->c_md, attr);
     if (ok) {
-        const dnnl_memory_desc_t *sp = p_dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        __typeof__(p_dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0)) sp =
+            p_dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         e->scratch_size = sp ? p_dnnl_memory_desc_get_size(sp) : 0;
+        if (e->scratch_size) {
+            const dnnl_dims_t sp_dims = {(dnnl_dim_t)e->scratch_size}, sp_str = {1};
+            ok = md_make(&e->scratch_md, 1, sp_dims, dnnl_u8, sp_str);
+        }
         const char *impl = NULL;
         p_dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
         snprintf(e->impl, sizeof e->impl, "%s", impl ? impl : "?");
-        ok = p_dnnl_primitive_create(&e->prim, pd) == dnnl_success;
+        ok = ok && p_dnnl_primitive_create(&e->prim, pd) == dnnl_success;
     }
     if (pd) p_dnnl_primitive_desc_destroy(pd);
     if (ops) p_dnnl_post_ops_destroy(ops);
@@ -333,8 +459,7 @@ static prim_entry *prim_get(const prim_key *key, bool *own)
     /* Made under the lock: a shape is made once, by its first caller. */
     prim_entry *e = calloc(1, sizeof *e);
     if (e && !prim_make(key, e)) {
-        if (e->prim) p_dnnl_primitive_destroy(e->prim);
-        free(e);
+        prim_free(e);
         e = NULL;
     }
     if (e && cache_used < CACHE_SLOTS * 3 / 4 && !cache[slot]) {
@@ -386,38 +511,40 @@ static spmd_status gemm_held(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
                           name);
     spmd_status st = SPMD_OK;
     void *scratch = e->scratch_size ? thread_scratch(s, e->scratch_size) : NULL;
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL, mal = NULL;
+    dnnl_exec_arg_t args[5];
+    int nargs = 0;
     if (e->scratch_size && !scratch) {
         st = base_error(SPMD_ERR_NOMEM, "oneDNN: no %zu-byte scratchpad", e->scratch_size);
-    } else if (p_dnnl_memory_create(&ma, &e->a_md, engine, (void *)a) != dnnl_success ||
-               p_dnnl_memory_create(&mb, &e->b_md, engine, (void *)b) != dnnl_success ||
-               p_dnnl_memory_create(&mc, &e->c_md, engine, c) != dnnl_success) {
+    } else if (p_dnnl_memory_create(&ma, MD(e->a_md), engine, (void *)a) != dnnl_success ||
+               p_dnnl_memory_create(&mb, MD(e->b_md), engine, (void *)b) != dnnl_success ||
+               p_dnnl_memory_create(&mc, MD(e->c_md), engine, c) != dnnl_success ||
+               (e->scratch_size &&
+                p_dnnl_memory_create(&ms, MD(e->scratch_md), engine, scratch) != dnnl_success)) {
         st = base_error(SPMD_ERR_NOMEM, "oneDNN: cannot wrap the matrices");
     } else {
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-        int nargs = 3;
-        if (e->scratch_size) {
-            dnnl_memory_desc_t sp_md;
-            const dnnl_dims_t sp_dims = {(dnnl_dim_t)e->scratch_size}, sp_str = {1};
-            if (p_dnnl_memory_desc_init_by_strides(&sp_md, 1, sp_dims, dnnl_u8, sp_str) !=
-                    dnnl_success ||
-                p_dnnl_memory_create(&ms, &sp_md, engine, scratch) != dnnl_success)
-                st = base_error(SPMD_ERR_NOMEM, "oneDNN: cannot wrap the scratchpad");
-            args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ms};
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, ma};
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, mb};
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DST, mc};
+        if (ms) args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ms};
+#if ONEDNN_V3
+        if (e->alpha_md) {
+            if (p_dnnl_memory_create(&mal, e->alpha_md, engine, &e->alpha) != dnnl_success)
+                st = base_error(SPMD_ERR_NOMEM, "oneDNN: cannot wrap the scale");
+            args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, mal};
         }
+#endif
         /* An in-order CPU stream executes synchronously on this thread. */
         if (st == SPMD_OK && p_dnnl_primitive_execute(e->prim, s->stream, nargs, args) != dnnl_success)
             st = base_error(SPMD_ERR_BACKEND, "oneDNN: matmul %lldx%lldx%lld failed",
                             (long long)m, (long long)n, (long long)k);
     }
+    if (mal) p_dnnl_memory_destroy(mal);
     if (ms) p_dnnl_memory_destroy(ms);
     if (mc) p_dnnl_memory_destroy(mc);
     if (mb) p_dnnl_memory_destroy(mb);
     if (ma) p_dnnl_memory_destroy(ma);
-    if (own) {
-        p_dnnl_primitive_destroy(e->prim);
-        free(e);
-    }
+    if (own) prim_free(e);
     return st;
 }
 
@@ -450,10 +577,7 @@ const char *onednn_gemm_impl(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
     }
     static _Thread_local char impl[48];
     snprintf(impl, sizeof impl, "%s", e->impl);
-    if (own) {
-        p_dnnl_primitive_destroy(e->prim);
-        free(e);
-    }
+    if (own) prim_free(e);
     omp_release(before);
     return impl;
 }

@@ -4,7 +4,8 @@
  * accumulation.  libdnnl is loaded with dlopen on first use, like the
  * BLAS, so a library built with oneDNN's headers still runs (on its CBLAS
  * backends) where libdnnl is not installed; one built without the headers
- * (libdnnl-dev absent) has no oneDNN backend and says so.
+ * (libdnnl-dev absent) has no oneDNN backend and says so.  It builds
+ * against oneDNN 2.x or 3.x, whichever headers are installed (onednn.c).
  *
  * Threads: Debian's oneDNN runs on OpenMP.  libspmd's device workers split
  * every GEMM themselves (kernels_matmul.c), so each call holds the calling
@@ -25,7 +26,7 @@ typedef enum onednn_type { ONEDNN_F32 = 0, ONEDNN_BF16 = 1 } onednn_type;
 /* Load libdnnl once (thread-safe); false if it cannot be, with the reason
  * in onednn_why_not(). */
 bool onednn_available(void);
-/* "libspmd was built without oneDNN (...)" or "cannot load libdnnl.so.2:
+/* "libspmd was built without oneDNN (...)" or "cannot load libdnnl.so.2, ...:
  * ..."; "" when available. */
 const char *onednn_why_not(void);
 /* "oneDNN 2.6.3 (avx512_core_bf16)": version and the instruction set its
