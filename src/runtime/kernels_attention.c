@@ -72,7 +72,7 @@ static spmd_status attn_probs(const attn_dims *d, const float *qh, const float *
  * head. */
 void kern_attention(const kern_args *a)
 {
-    attn_dims d;
+    attn_dims d = {0}; /* zeroed: without jump threading GCC cannot see attn_dims_get set it */
     if (!attn_dims_get(a->node, &d)) return;
     const float *q = a->in[0], *k = a->in[1], *v = a->in[2];
     float *out = a->out;
@@ -110,7 +110,7 @@ static void widen_head(const attn_dims *d, const bf16_bits *x, int64_t off, floa
  * apart) and computes in f32 as from f32 operands. */
 void kern_attention_backward(const kern_args *a)
 {
-    attn_dims d;
+    attn_dims d = {0}; /* zeroed: without jump threading GCC cannot see attn_dims_get set it */
     if (!attn_dims_get(a->node, &d)) return;
     const bool narrow = a->node->in[0]->dtype == SPMD_BF16;
     const float *dout = a->in[3];
