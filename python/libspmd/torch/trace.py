@@ -347,7 +347,61 @@ def make_aten_graph(loss_fn, model, *batch):
     finally:
         if tracer_cls is not None:
             tracer_cls.record_stack_traces = old
+    _undecompose_dropout(gm)
     return gm, params, p_alias, buffers
+
+
+def _undecompose_dropout(gm):
+    """Dropout in training as one node again.  aten.dropout is composite:
+    on CPU tensors make_fx records its body (torch 1.13 and 2 alike),
+    noise = empty_like(x).bernoulli_(1 - p).div_(1 - p) then x * noise;
+    native_dropout only where torch has a fused kernel (CUDA).  That body
+    becomes native_dropout(x, p, True)[0], or dropout_ for x.mul_(noise)
+    (inplace=True); the feature forms (dropout1d/2d/3d: noise from
+    new_empty, one draw per channel) become feature_dropout and
+    feature_dropout_.  So the op table's dropout entries decide, and a
+    refusal names dropout, not empty_like."""
+    aten = torch.ops.aten
+    graph = gm.graph
+    changed = False
+    for b in list(graph.nodes):
+        if b.op != "call_function" or b.target is not aten.bernoulli_.float:
+            continue
+        e = b.args[0]
+        keep = b.args[1] if len(b.args) > 1 else b.kwargs.get("p", 0.5)
+        if not isinstance(e, torch.fx.Node) or len(e.users) != 1 or len(b.users) != 1 or \
+                e.target not in (aten.empty_like.default, aten.new_empty.default):
+            continue
+        d = next(iter(b.users))
+        if d.target is not aten.div_.Scalar or d.args[0] is not b or d.args[1] != keep or \
+                len(d.users) != 1 or not isinstance(keep, (int, float)):
+            continue
+        m = next(iter(d.users))
+        x = e.args[0]
+        in_place = m.target is aten.mul_.Tensor
+        if not ((m.target is aten.mul.Tensor and tuple(m.args) in ((x, d), (d, x)))
+                or (in_place and tuple(m.args) == (x, d))):
+            continue
+        p = float(f"{1 - keep:.12g}")
+        feature = e.target is aten.new_empty.default
+        with graph.inserting_before(m):
+            if feature:
+                op = aten.feature_dropout_ if in_place else aten.feature_dropout
+                new = graph.call_function(op.default, (x, p, True))
+            elif in_place:
+                new = graph.call_function(aten.dropout_.default, (x, p, True))
+            else:
+                pair = graph.call_function(aten.native_dropout.default, (x, p, True))
+                pair.meta["stack_trace"] = m.meta.get("stack_trace")
+                new = graph.call_function(operator.getitem, (pair, 0))
+        new.meta.update(m.meta)
+        m.replace_all_uses_with(new)
+        for n in (m, d, b, e):
+            graph.erase_node(n)
+        changed = True
+    if changed:
+        graph.lint()
+        gm.recompile()
 
 
 def trace(loss_fn, model, *batch):
