@@ -27,7 +27,7 @@ except ImportError:  # torch 1.13
 from .graph import Call, InputSpec, Ref, TracedGraph
 from .sharding import get_sharding
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Ops never folded at trace time: their values differ from run to run.
@@ -55,23 +55,65 @@ def op_name(target):
     return getattr(target, "__name__", str(target))
 
 
+_FRAME = re.compile(r'\s*File "([^"]+)", line (\d+), in (\S+)')
+_THIS_FILE = os.path.splitext(os.path.abspath(__file__))[0]
+
+
+def _recorded_frames(trace):
+    """The frames of a recorded stack trace, innermost first, as (path,
+    line, function, code).  torch 1.13 records them innermost first (a
+    walk up from the user's frame), torch 2 outermost first (a traceback):
+    the order is read from where make_aten_graph's frame, which encloses
+    the trace, stands against _LossCall.forward's, which the user's code
+    runs inside, and failing that from the recording frame (torch's own)
+    standing last."""
+    lines = trace.splitlines()
+    frames = []
+    for i, line in enumerate(lines):
+        m = _FRAME.match(line)
+        if not m:
+            continue
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        code = "" if _FRAME.match(nxt) else nxt.strip()
+        frames.append((m.group(1), int(m.group(2)), m.group(3), code))
+    if not frames:
+        return frames
+
+    def ours(frame, function):
+        return frame[2] == function and not frame[0].startswith("<") and \
+            os.path.splitext(os.path.abspath(frame[0]))[0] == _THIS_FILE
+
+    outer = next((i for i, f in enumerate(frames) if ours(f, "make_aten_graph")), None)
+    entry = next((i for i, f in enumerate(frames) if ours(f, "forward")), None)
+    if outer is not None and entry is not None:
+        outermost_first = outer < entry
+    else:
+        outermost_first = _in_torch(frames[-1][0])
+    return frames[::-1] if outermost_first else frames
+
+
+def _in_torch(path):
+    return not path.startswith("<") and \
+        os.path.abspath(path).startswith(os.path.join(_TORCH_DIR, ""))
+
+
 def source_location(node):
     """'file.py:12 in forward: y = foo(x)' for the innermost user frame of
-    the node's recorded stack trace, None when none was recorded."""
+    the node's recorded stack trace (inside loss_fn, where the trace shows
+    the call into it), None when none was recorded."""
     trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
     if not trace:
         return None
-    lines = trace.splitlines()
-    for i, line in enumerate(lines):  # innermost frame first
-        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', line)
-        if not m:
+    frames = _recorded_frames(trace)
+    for path, line, function, code in frames:  # innermost first
+        if path.startswith("<") or _in_torch(path):
             continue
-        path = os.path.abspath(m.group(1))
-        if path.startswith(_TORCH_DIR) or path.startswith(_OUR_DIR) or path.startswith("<"):
+        path = os.path.abspath(path)
+        if os.path.splitext(path)[0] == _THIS_FILE:
+            break  # _LossCall.forward: what follows is outside loss_fn
+        if path.startswith(os.path.join(_OUR_DIR, "")):
             continue
-        code = lines[i + 1].strip() if i + 1 < len(lines) and \
-            not lines[i + 1].lstrip().startswith('File "') else ""
-        where = f"{os.path.basename(path)}:{m.group(2)} in {m.group(3)}"
+        where = f"{os.path.basename(path)}:{line} in {function}"
         return f"{where}: {code}" if code else where
     return None
 
@@ -305,7 +347,61 @@ def make_aten_graph(loss_fn, model, *batch):
     finally:
         if tracer_cls is not None:
             tracer_cls.record_stack_traces = old
+    _undecompose_dropout(gm)
     return gm, params, p_alias, buffers
+
+
+def _undecompose_dropout(gm):
+    """Dropout in training as one node again.  aten.dropout is composite:
+    on CPU tensors make_fx records its body (torch 1.13 and 2 alike),
+    noise = empty_like(x).bernoulli_(1 - p).div_(1 - p) then x * noise;
+    native_dropout only where torch has a fused kernel (CUDA).  That body
+    becomes native_dropout(x, p, True)[0], or dropout_ for x.mul_(noise)
+    (inplace=True); the feature forms (dropout1d/2d/3d: noise from
+    new_empty, one draw per channel) become feature_dropout and
+    feature_dropout_.  So the op table's dropout entries decide, and a
+    refusal names dropout, not empty_like."""
+    aten = torch.ops.aten
+    graph = gm.graph
+    changed = False
+    for b in list(graph.nodes):
+        if b.op != "call_function" or b.target is not aten.bernoulli_.float:
+            continue
+        e = b.args[0]
+        keep = b.args[1] if len(b.args) > 1 else b.kwargs.get("p", 0.5)
+        if not isinstance(e, torch.fx.Node) or len(e.users) != 1 or len(b.users) != 1 or \
+                e.target not in (aten.empty_like.default, aten.new_empty.default):
+            continue
+        d = next(iter(b.users))
+        if d.target is not aten.div_.Scalar or d.args[0] is not b or d.args[1] != keep or \
+                len(d.users) != 1 or not isinstance(keep, (int, float)):
+            continue
+        m = next(iter(d.users))
+        x = e.args[0]
+        in_place = m.target is aten.mul_.Tensor
+        if not ((m.target is aten.mul.Tensor and tuple(m.args) in ((x, d), (d, x)))
+                or (in_place and tuple(m.args) == (x, d))):
+            continue
+        p = float(f"{1 - keep:.12g}")
+        feature = e.target is aten.new_empty.default
+        with graph.inserting_before(m):
+            if feature:
+                op = aten.feature_dropout_ if in_place else aten.feature_dropout
+                new = graph.call_function(op.default, (x, p, True))
+            elif in_place:
+                new = graph.call_function(aten.dropout_.default, (x, p, True))
+            else:
+                pair = graph.call_function(aten.native_dropout.default, (x, p, True))
+                pair.meta["stack_trace"] = m.meta.get("stack_trace")
+                new = graph.call_function(operator.getitem, (pair, 0))
+        new.meta.update(m.meta)
+        m.replace_all_uses_with(new)
+        for n in (m, d, b, e):
+            graph.erase_node(n)
+        changed = True
+    if changed:
+        graph.lint()
+        gm.recompile()
 
 
 def trace(loss_fn, model, *batch):
