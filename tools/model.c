@@ -339,19 +339,30 @@ void model_free(cli_model *m)
     memset(m, 0, sizeof *m);
 }
 
-int model_select_blas(const cli_opts *o)
+/* Load the GEMM library --blas names, once; its status (a failure with
+ * spmd_last_error()). */
+static spmd_status choose_blas(const cli_opts *o)
 {
     static bool chosen;
-    if (chosen) return 0;
+    if (chosen) return SPMD_OK;
     spmd_status st = spmd_blas_select(o->blas, o->blas_core);
-    if (st != SPMD_OK) {
-        /* A --blas that names no library, or a file that is none, is a
-         * usage error; a library missing from this host is not. */
-        cli_fail("%s", spmd_last_error());
-        return st == SPMD_ERR_INVALID || (o->blas && strchr(o->blas, '/')) ? 2 : 1;
-    }
-    chosen = true;
-    return 0;
+    chosen = st == SPMD_OK;
+    return st;
+}
+
+/* The message of a BLAS that did not load; the exit code. */
+static int blas_failed(const cli_opts *o, spmd_status st)
+{
+    /* A --blas that names no library, or a file that is none, is a usage
+     * error; a library missing from this host is not. */
+    cli_fail("%s", spmd_last_error());
+    return st == SPMD_ERR_INVALID || (o->blas && strchr(o->blas, '/')) ? 2 : 1;
+}
+
+int model_select_blas(const cli_opts *o)
+{
+    spmd_status st = choose_blas(o);
+    return st == SPMD_OK ? 0 : blas_failed(o, st);
 }
 
 spmd_program *model_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
@@ -396,15 +407,15 @@ static const char *mem_text(double bytes, char *buf, size_t size)
 }
 
 /* Address space a run maps beyond its plan: a stack per compute thread,
- * the BLAS library and OpenBLAS's GEMM buffers.  Little of it is touched,
- * but RLIMIT_AS counts it all.  Measured with Debian's OpenBLAS 0.3.21:
- * dlopen maps 39 MiB (the library and libgfortran), and its first GEMM
- * call maps a 128 MiB buffer; the library's gate has OpenBLAS make that
- * buffer only where a mapping of twice its size fits (so that the rest of
- * the process keeps room), so the first call needs 256 MiB free. */
+ * and the BLAS library and OpenBLAS's GEMM buffers.  Little of it is
+ * touched, but RLIMIT_AS counts it all.  The BLAS's share is measured,
+ * not assumed (it differs between releases: Debian's OpenBLAS 0.3.21 maps
+ * 39 MiB as it loads, 0.3.29 170 MiB, a GEMM buffer for its own thread
+ * among them; each maps a 128 MiB buffer for the first product, made only
+ * where twice that fits): under a limit the check loads the library and
+ * has it make that buffer (spmd_blas_prepare), then measures the room
+ * left. */
 #define THREAD_STACK_BYTES (8.0 * 1024 * 1024)
-#define BLAS_LIBRARY_BYTES (40.0 * 1024 * 1024)
-#define GEMM_BUFFER_BYTES (2 * 128.0 * 1024 * 1024)
 
 int model_check_programs(const cli_opts *o, spmd_graph *first, spmd_graph *second,
                          double tool_bytes, const char *advice)
@@ -434,20 +445,34 @@ int model_check_programs(const cli_opts *o, spmd_graph *first, spmd_graph *secon
 
     struct rlimit limit;
     if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
+    /* The BLAS loaded, with the buffer of its first product, measured (a
+     * failure for lack of room says how much did not fit). */
+    size_t blas_mapped = 0, blas_more = 0;
+    spmd_status st = choose_blas(o);
+    if (st == SPMD_OK || st == SPMD_ERR_NOMEM) st = spmd_blas_prepare(&blas_mapped, &blas_more);
+    if (st != SPMD_OK && st != SPMD_ERR_NOMEM) return blas_failed(o, st);
     /* Each device gets its share of the compute threads, at least one (as
      * the compiler splits them). */
     long threads = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
     long per = threads / devices < 1 ? 1 : threads / devices > 256 ? 256 : threads / devices;
     double workers = (double)per * devices;
-    double mapped = need + workers * THREAD_STACK_BYTES + BLAS_LIBRARY_BYTES + GEMM_BUFFER_BYTES;
+    double mapped = need + workers * THREAD_STACK_BYTES;
     /* What is mapped already counts against the limit too. */
-    double room = fmax(0, (double)limit.rlim_cur - fmax(0, proc_bytes("/proc/self/status", "VmSize")));
-    if (mapped <= room) return 0;
+    double now = fmax(0, proc_bytes("/proc/self/status", "VmSize"));
+    double room = (double)limit.rlim_cur - now;
+    if (st == SPMD_OK && mapped <= room) return 0;
+    /* The figures from before the BLAS loaded: the run's, with the BLAS's. */
+    double blas = (double)blas_mapped + (double)blas_more;
+    double left = fmax(0, room + (double)blas_mapped);
+    char w[32], u[32], how[64] = "measured";
+    if (blas_more)
+        snprintf(how, sizeof how, "%s of it would not map", mem_text((double)blas_more, u, sizeof u));
     return cli_fail("not enough address space: this run maps about %s (%s per device x %d devices, "
-                    "plus input buffers, %.0f thread stacks, the BLAS library and its GEMM buffer) "
-                    "and the address-space limit (ulimit -v) leaves %s; raise the limit, or %s",
-                    mem_text(mapped, x, sizeof x), mem_text(per_device, y, sizeof y), devices, workers,
-                    mem_text(room, z, sizeof z), advice);
+                    "plus input buffers, %.0f thread stacks, and %s for the BLAS library and its "
+                    "GEMM buffer, %s) and the address-space limit (ulimit -v) leaves %s; raise the "
+                    "limit, or %s",
+                    mem_text(mapped + blas, x, sizeof x), mem_text(per_device, y, sizeof y), devices,
+                    workers, mem_text(blas, w, sizeof w), how, mem_text(left, z, sizeof z), advice);
 }
 
 int model_check_memory(const cli_opts *o, const cli_model *m)

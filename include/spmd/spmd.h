@@ -489,6 +489,19 @@ SPMD_API const char *spmd_blas_choice(void);
  * first run; loads the library now, and a failure stays: every later run
  * reports it. */
 SPMD_API spmd_status spmd_blas_select(const char *library, const char *coretype);
+/* Have the GEMM library map now what a run's first product maps, and say
+ * how much address space it takes, so that what a run has left under an
+ * address-space limit (ulimit -v) can be measured before it starts: loads
+ * the library (as spmd_blas_describe would, unless spmd_blas_select did)
+ * and, with OpenBLAS, has it make the GEMM buffer its first product would
+ * (made only where twice its size fits: OpenBLAS waits forever for a
+ * mapping that fails).  *mapped (when not NULL) gets the bytes the
+ * library has mapped, measured: loading it (Debian's OpenBLAS 0.3.21: 39
+ * MiB; 0.3.29: 170 MiB, a buffer for its own thread among them) and its
+ * buffers (128 MiB each).  SPMD_ERR_NOMEM, naming the limit, when the
+ * address space cannot hold them; *more (when not NULL) then gets the
+ * bytes that did not fit, else 0. */
+SPMD_API spmd_status spmd_blas_prepare(size_t *mapped, size_t *more);
 /* The OpenBLAS core types spmd_blas_select takes, as one line
  * ("Prescott, Core2, ..., SkylakeX, ..."); it refuses any other, ignoring
  * case as OpenBLAS does.  NULL off x86-64: no list, any name is passed on. */

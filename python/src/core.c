@@ -41,6 +41,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef SPMD_HAVE_MPI
 #include <mpi.h>
@@ -553,6 +554,11 @@ static PyObject *mod_mpi_abort(PyObject *mod, PyObject *code_o)
     if (mpi.started) {
         fflush(stdout);
         fflush(stderr);
+        /* Open MPI 5's launcher may drop what was written just before an
+         * MPI_Abort (the traceback): a moment for mpirun to read it, as
+         * the spmd tool gives (tools/processes.c). */
+        struct timespec moment = {0, 200 * 1000 * 1000};
+        nanosleep(&moment, NULL);
         MPI_Abort(MPI_COMM_WORLD, (int)code);
     }
 #endif

@@ -108,6 +108,7 @@ spmd_status spmd_program_trace_end_impl(spmd_program *p);
 spmd_status spmd_program_trace_event_impl(const spmd_program *p, int i, spmd_trace_event *out);
 spmd_status spmd_program_input_rows_impl(const spmd_program *p, const spmd_tensor *t, int64_t *begin, int64_t *end);
 spmd_status spmd_blas_select_impl(const char *library, const char *coretype);
+spmd_status spmd_blas_prepare_impl(size_t *mapped, size_t *more);
 spmd_status spmd_optimizer_apply_impl(spmd_graph *g, const spmd_optimizer *opt, spmd_optimizer_tensors *out);
 spmd_status spmd_optimizer_apply_groups_impl(spmd_graph *g, const spmd_optimizer *opt, const spmd_optimizer_group *groups, int n_groups, spmd_optimizer_tensors *out, spmd_tensor **lrs);
 spmd_status spmd_fsdp_wrap_impl(spmd_graph *g, const spmd_mesh *m, const char *axis, spmd_tensor *const *inputs, int n, const char *data_axes);
@@ -807,6 +808,13 @@ spmd_status spmd_program_input_rows(const spmd_program *p, const spmd_tensor *t,
 spmd_status spmd_blas_select(const char *library, const char *coretype)
 {
     spmd_status r = spmd_blas_select_impl(library, coretype);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_blas_prepare(size_t *mapped, size_t *more)
+{
+    spmd_status r = spmd_blas_prepare_impl(mapped, more);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

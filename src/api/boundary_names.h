@@ -102,6 +102,7 @@
 #define spmd_program_trace_event spmd_program_trace_event_impl
 #define spmd_program_input_rows spmd_program_input_rows_impl
 #define spmd_blas_select spmd_blas_select_impl
+#define spmd_blas_prepare spmd_blas_prepare_impl
 #define spmd_optimizer_apply spmd_optimizer_apply_impl
 #define spmd_optimizer_apply_groups spmd_optimizer_apply_groups_impl
 #define spmd_fsdp_wrap spmd_fsdp_wrap_impl

@@ -58,6 +58,60 @@ static cblas_sgemm_fn sgemm_fn;
 /* OpenBLAS's own buffer calls (the gate); NULL for other libraries. */
 static void *(*openblas_buffer_alloc)(int procpos);
 static void (*openblas_buffer_free)(void *buffer);
+/* Address space the library mapped as it loaded (the library, what it
+ * needs, and what its start-up maps), measured; 0 for one loaded before. */
+static size_t loaded_bytes;
+/* An OpenBLAS GEMM buffer: measured when the gate makes its first one
+ * (buffer_measured); until then BUFFER_SIZE as OpenBLAS's x86-64 and arm64
+ * builds define it, 32 << 22 bytes (Debian's 0.3.21 and 0.3.29 alike).
+ * Written under the gate's lock, or before the library loads. */
+#define OPENBLAS_BUFFER_DEFAULT ((size_t)128 << 20)
+static size_t buffer_bytes = OPENBLAS_BUFFER_DEFAULT;
+static bool buffer_measured;
+
+/* ---- Measuring the address space ---------------------------------------- */
+
+/* Bytes of address space this process has mapped now (what RLIMIT_AS
+ * counts); 0 where /proc is missing. */
+static size_t mapped_bytes(void)
+{
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+        fclose(f);
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    return (size_t)pages * (size_t)(page > 0 ? page : 4096);
+}
+
+/* Growth of the mapped bytes from `before`, 0 if they shrank. */
+static size_t mapped_since(size_t before)
+{
+    size_t now = mapped_bytes();
+    return now > before ? now - before : 0;
+}
+
+/* The address-space limit, ulimit -v, as text ("none", "0.33 GiB"). */
+static const char *limit_text(char *buf, size_t size)
+{
+    struct rlimit as;
+    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+        snprintf(buf, size, "%.2f GiB", (double)as.rlim_cur / (1 << 30));
+    else
+        snprintf(buf, size, "none");
+    return buf;
+}
+
+/* Whether `bytes` more fit in the address space: mapped for a moment, as
+ * OpenBLAS maps its buffers (so overcommit rules count them too). */
+static bool room_for(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    munmap(p, bytes);
+    return true;
+}
 
 /* ---- Choosing an OpenBLAS core type ----------------------------------- */
 
@@ -273,32 +327,75 @@ static void note_preloaded_core(void)
              fits, fits);
 }
 
+/* OpenBLAS maps GEMM buffers as it loads (0.3.29 makes one for its own
+ * thread in its constructor, inside dlopen: loading maps 170 MiB where
+ * 0.3.21 maps 39), and retries a mapping that fails forever: under a
+ * ulimit -v that holds the library but not the buffer, dlopen never
+ * returns.  So a library that may be OpenBLAS is loaded only where twice
+ * a buffer fits, as the gate makes each (the library itself inside that:
+ * its first product needs as much free after it loaded). */
+static spmd_status room_to_load(const char *file, char *why, size_t why_size)
+{
+    size_t need = 2 * buffer_bytes;
+    if (room_for(need)) return SPMD_OK;
+    int err = errno;
+    char limit[64];
+    snprintf(why, why_size,
+             "no address space to load %s: OpenBLAS maps %zu MiB GEMM buffers, as it loads and for "
+             "its first product, and waits forever for one that does not fit; %zu MiB do not fit "
+             "(%s; address-space limit, ulimit -v: %s)",
+             file, buffer_bytes >> 20, need >> 20, strerror(err), limit_text(limit, sizeof limit));
+    return SPMD_ERR_NOMEM;
+}
+
+/* dlopen (through `open`) and adopt, measuring what loading mapped. */
+static spmd_status load_measured(void *(*open)(const char *, const char *, char *, size_t),
+                                 const char *file, const char *coretype, char *why,
+                                 size_t why_size)
+{
+    size_t before = mapped_bytes();
+    void *h = open(file, coretype, why, why_size);
+    spmd_status st = h ? adopt(h, file, why, why_size) : SPMD_ERR_BACKEND;
+    if (st == SPMD_OK) loaded_bytes = mapped_since(before);
+    return st;
+}
+
+static void *open_plain(const char *file, const char *coretype, char *why, size_t why_size)
+{
+    (void)coretype;
+    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *err = dlerror();
+        snprintf(why, why_size, "cannot load %s: %s", file, err ? err : "unknown error");
+    }
+    return h;
+}
+
 static spmd_status load_openblas(const char *coretype, char *why, size_t why_size)
 {
     void *h = find_loaded_openblas();
-    bool before = h != NULL;
-    if (!h) h = open_with_openblas_env(OPENBLAS_SONAME, coretype, why, why_size);
-    spmd_status st = h ? adopt(h, OPENBLAS_SONAME, why, why_size) : SPMD_ERR_BACKEND;
-    if (st == SPMD_OK && before) note_preloaded_core();
-    return st;
+    if (h) { /* mapped already: nothing of it to count here */
+        spmd_status st = adopt(h, OPENBLAS_SONAME, why, why_size);
+        if (st == SPMD_OK) note_preloaded_core();
+        return st;
+    }
+    spmd_status st = room_to_load(OPENBLAS_SONAME, why, why_size);
+    if (st != SPMD_OK) return st;
+    return load_measured(open_with_openblas_env, OPENBLAS_SONAME, coretype, why, why_size);
 }
 
 static spmd_status load_blis(char *why, size_t why_size)
 {
-    void *h = dlopen(BLIS_SONAME, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *err = dlerror();
-        snprintf(why, why_size, "cannot load %s: %s", BLIS_SONAME, err ? err : "unknown error");
-        return SPMD_ERR_BACKEND;
-    }
-    return adopt(h, BLIS_SONAME, why, why_size);
+    return load_measured(open_plain, BLIS_SONAME, NULL, why, why_size);
 }
 
-/* A CBLAS library named by its file (spmd_blas_select with a path). */
+/* A CBLAS library named by its file (spmd_blas_select with a path): it
+ * may be OpenBLAS under another name. */
 static spmd_status load_file(const char *file, const char *coretype, char *why, size_t why_size)
 {
-    void *h = open_with_openblas_env(file, coretype, why, why_size);
-    return h ? adopt(h, file, why, why_size) : SPMD_ERR_BACKEND;
+    spmd_status st = room_to_load(file, why, why_size);
+    if (st != SPMD_OK) return st;
+    return load_measured(open_with_openblas_env, file, coretype, why, why_size);
 }
 
 static char chosen_file[PATH_MAX]; /* BLAS_FILE: the library to load */
@@ -307,10 +404,12 @@ static const char *loaded_key = "auto"; /* what loaded: openblas, blis or chosen
 static spmd_status do_init(blas_library lib, const char *coretype)
 {
     char why_openblas[384] = "", why_blis[256] = ""; /* messages cut long paths */
+    spmd_status st;
     switch (lib) {
     case BLAS_OPENBLAS:
-        if (load_openblas(coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
+        if ((st = load_openblas(coretype, why_openblas, sizeof why_openblas)) == SPMD_OK)
             return loaded_key = "openblas", SPMD_OK;
+        if (st == SPMD_ERR_NOMEM) break; /* installed, but no room: no hint */
         snprintf(init_message, sizeof init_message, "BLAS: %s; %s", why_openblas,
                  INSTALL_HINT);
         return SPMD_ERR_BACKEND;
@@ -320,21 +419,26 @@ static spmd_status do_init(blas_library lib, const char *coretype)
         snprintf(init_message, sizeof init_message, "BLAS: %s; %s", why_blis, INSTALL_HINT);
         return SPMD_ERR_BACKEND;
     case BLAS_FILE:
-        if (load_file(chosen_file, coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
+        if ((st = load_file(chosen_file, coretype, why_openblas, sizeof why_openblas)) == SPMD_OK)
             return loaded_key = chosen_file, SPMD_OK;
         snprintf(init_message, sizeof init_message, "BLAS: %s", why_openblas);
-        return SPMD_ERR_BACKEND;
+        return st == SPMD_ERR_NOMEM ? st : SPMD_ERR_BACKEND;
     case BLAS_AUTO:
-        if (load_openblas(coretype, why_openblas, sizeof why_openblas) == SPMD_OK)
+        if ((st = load_openblas(coretype, why_openblas, sizeof why_openblas)) == SPMD_OK)
             return loaded_key = "openblas", SPMD_OK;
+        /* OpenBLAS that has no room is not swapped for BLIS unasked. */
+        if (st == SPMD_ERR_NOMEM) break;
         if (load_blis(why_blis, sizeof why_blis) == SPMD_OK)
             return loaded_key = "blis", SPMD_OK;
         snprintf(init_message, sizeof init_message, "BLAS: %s; %s; %s", why_openblas,
                  why_blis, INSTALL_HINT);
         return SPMD_ERR_BACKEND;
+    default:
+        snprintf(init_message, sizeof init_message, "BLAS: unknown library choice %d", (int)lib);
+        return SPMD_ERR_INVALID;
     }
-    snprintf(init_message, sizeof init_message, "BLAS: unknown library choice %d", (int)lib);
-    return SPMD_ERR_INVALID;
+    snprintf(init_message, sizeof init_message, "BLAS: %s", why_openblas);
+    return SPMD_ERR_NOMEM;
 }
 
 spmd_status blas_init(blas_library lib, const char *coretype)
@@ -358,7 +462,8 @@ spmd_status blas_init(blas_library lib, const char *coretype)
  * devices.  OpenBLAS lends each caller inside it a buffer from a table
  * sized for 128 callers (Debian's build); past that it prints "too many
  * memory regions" and a racing caller crashes on a NULL buffer.  A buffer
- * is 128 MiB of address space, mapped when all are in use and then kept;
+ * is 128 MiB of address space (buffer_bytes, measured), mapped when all
+ * are in use and then kept;
  * if that mmap fails (ulimit -v), OpenBLAS retries forever.  So callers
  * pass a gate: at most GATE_PER_CPU per CPU (a few, so that one
  * descheduled inside BLAS seldom holds up the rest) and GATE_MOST in all.
@@ -369,7 +474,6 @@ spmd_status blas_init(blas_library lib, const char *coretype)
  * Each product is still one call with the same arguments, so no result
  * changes. */
 enum { GATE_PER_CPU = 4, GATE_MOST = 64 };
-#define OPENBLAS_BUFFER_BYTES ((size_t)128 << 20)
 
 static struct {
     /* The places: callers inside in the low half, callers let in (0 while
@@ -406,28 +510,18 @@ static void gate_set_open(uint32_t open)
         ;
 }
 
-/* Whether one more OpenBLAS buffer fits, mapped as OpenBLAS maps it (so
- * overcommit rules count it too), with as much again to spare for the
- * rest of the process. */
-static bool room_for_a_buffer(void)
-{
-    void *p = mmap(NULL, 2 * OPENBLAS_BUFFER_BYTES, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return false;
-    munmap(p, 2 * OPENBLAS_BUFFER_BYTES);
-    return true;
-}
+/* Whether one more OpenBLAS buffer fits: OpenBLAS maps twice a buffer
+ * for a moment to make one (its alloc_mmap), and as much again stays to
+ * spare for the rest of the process. */
+static bool room_for_a_buffer(void) { return room_for(2 * buffer_bytes); }
 
 static spmd_status no_room_error(int err)
 {
-    struct rlimit as;
-    char limit[64] = "none";
-    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
-        snprintf(limit, sizeof limit, "%.2f GiB", (double)as.rlim_cur / (1 << 30));
+    char limit[64];
     return base_error(SPMD_ERR_NOMEM,
                       "BLAS: no address space for OpenBLAS's %zu MiB GEMM buffer (%s; "
                       "address-space limit, ulimit -v: %s)",
-                      OPENBLAS_BUFFER_BYTES >> 20, strerror(err), limit);
+                      buffer_bytes >> 20, strerror(err), limit_text(limit, sizeof limit));
 }
 
 /* Under the lock, by a caller that found no place: let in twice as many
@@ -445,11 +539,19 @@ static spmd_status gate_grow(void)
     void *held[GATE_MOST];
     int n = 0, err = 0;
     for (; n < target; n++) {
-        if (n >= gate.buffers && !room_for_a_buffer()) {
+        bool made = n >= gate.buffers; /* a buffer OpenBLAS maps now */
+        if (made && !room_for_a_buffer()) {
             err = errno;
             break;
         }
+        size_t before = mapped_bytes();
         if (!(held[n] = openblas_buffer_alloc(0))) break;
+        /* The first buffer made is measured (0: OpenBLAS had a free one). */
+        size_t grew = made && !buffer_measured ? mapped_since(before) : 0;
+        if (grew) {
+            buffer_bytes = grew;
+            buffer_measured = true;
+        }
     }
     for (int i = 0; i < n; i++) openblas_buffer_free(held[i]);
     if (n > gate.buffers) gate.buffers = n;
@@ -462,19 +564,24 @@ static spmd_status gate_grow(void)
     return gate.buffers ? SPMD_OK : no_room_error(err ? err : ENOMEM);
 }
 
+/* Under the lock: the gate's size, set on first use. */
+static void gate_setup(void)
+{
+    if (gate.most) return;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long most = GATE_PER_CPU * (cpus < 1 ? 1 : cpus);
+    gate.most = most > GATE_MOST ? GATE_MOST : (int)most;
+    /* Without OpenBLAS's buffer calls, nothing to make first. */
+    if (!openblas_buffer_alloc || !openblas_buffer_free) gate_set_open((uint32_t)gate.most);
+}
+
 /* Wait for a place inside BLAS. */
 static spmd_status gate_enter(void)
 {
     if (gate_take_place()) return SPMD_OK;
     spmd_status st = SPMD_OK;
     pthread_mutex_lock(&gate.lock);
-    if (!gate.most) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        long most = GATE_PER_CPU * (cpus < 1 ? 1 : cpus);
-        gate.most = most > GATE_MOST ? GATE_MOST : (int)most;
-        /* Without OpenBLAS's buffer calls, nothing to make first. */
-        if (!openblas_buffer_alloc || !openblas_buffer_free) gate_set_open((uint32_t)gate.most);
-    }
+    gate_setup();
     /* Counted before the last try, so that a caller leaving after it sees
      * someone to wake. */
     atomic_fetch_add(&gate.waiting, 1);
@@ -530,6 +637,29 @@ spmd_status blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
              (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     gate_leave();
     return SPMD_OK;
+}
+
+spmd_status blas_prepare(size_t *mapped, size_t *more)
+{
+    size_t ignored;
+    if (!mapped) mapped = &ignored;
+    if (!more) more = &ignored;
+    *mapped = *more = 0;
+    spmd_status st = blas_init(BLAS_AUTO, NULL);
+    if (st != SPMD_OK) {
+        /* Loading OpenBLAS found no room for what it maps (room_to_load). */
+        if (st == SPMD_ERR_NOMEM) *more = 2 * buffer_bytes;
+        return st; /* with blas_init's message */
+    }
+    pthread_mutex_lock(&gate.lock);
+    gate_setup();
+    while (gate.growing) pthread_cond_wait(&gate.left, &gate.lock);
+    /* The buffer the first product maps, made now as the gate makes it. */
+    if (openblas_buffer_alloc && openblas_buffer_free && gate.buffers == 0) st = gate_grow();
+    *mapped = loaded_bytes + (size_t)gate.buffers * buffer_bytes;
+    if (st != SPMD_OK) *more = 2 * buffer_bytes;
+    pthread_mutex_unlock(&gate.lock);
+    return st;
 }
 
 const char *blas_name(void)

@@ -32,6 +32,12 @@ spmd_status blas_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc);
 
+/* spmd_blas_prepare: loads the library if need be and, with OpenBLAS,
+ * makes the GEMM buffer its first product would map (room checked as
+ * the gate checks it); *mapped the bytes the library mapped, measured,
+ * *more what did not fit on failure (either may be NULL). */
+spmd_status blas_prepare(size_t *mapped, size_t *more);
+
 /* "OpenBLAS 0.3.21 (SkylakeX)" or "BLIS 0.9.0". */
 const char *blas_name(void);
 /* The library loaded as spmd_blas_select names it: "openblas", "blis" or

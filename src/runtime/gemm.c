@@ -587,6 +587,8 @@ spmd_status spmd_blas_select(const char *library, const char *coretype)
     return gemm_select(library, coretype);
 }
 
+spmd_status spmd_blas_prepare(size_t *mapped, size_t *more) { return blas_prepare(mapped, more); }
+
 const char *spmd_blas_describe(void)
 {
     if (blas_init(BLAS_AUTO, NULL) != SPMD_OK) return NULL;
