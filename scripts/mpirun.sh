@@ -30,8 +30,8 @@
 # 124 (137 when mpirun outlived the SIGTERM by 10 s and was killed; 137 is
 # also mpirun's status when a process of the job was killed by SIGKILL).
 #
-# What the releases do differently and no option hides (see README,
-# "Under mpirun"):
+# What the releases do differently and no option hides (see
+# docs/processes.md):
 #   - Debian 13's mpirun 5.0.7 crashes (SIGSEGV, before starting anything)
 #     on a colon-separated MPMD launch (`-n 1 A : -n 1 B`; Open MPI issue
 #     13303): test_cli_agree starts its two command lines by rank instead;

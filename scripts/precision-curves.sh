@@ -10,7 +10,7 @@
 # the yardstick for that difference, the same for fp32 against fp32 on
 # another mesh (the default GPT on mesh 8, the 124M shape on mesh 2: the
 # same model, data and seed, sums split another way); exits 1 when bf16 is
-# outside the README's tolerance (4% at most, 2% on average).
+# outside the documented tolerance (docs/train.md) (4% at most, 2% on average).
 #   scripts/precision-curves.sh BUILD OUT_DIR [default|124m|all] [STEPS]
 # The 124M runs take about 1-3 s a step on 2 cores: an hour or more.
 # ENCODER=DIR names GPT-2's BPE files for `spmd tokenize --encoder`
@@ -56,7 +56,7 @@ nm, na = last50(a, c)
 print(f"{name}: {len(a)} steps, loss {a[-1]:.4f} (fp32) {b[-1]:.4f} (bf16) {c[-1]:.4f} (fp32, {other}); "
       f"last 50 steps' relative difference, bf16 against fp32: max {bm:.3g}, mean {ba:.3g}; "
       f"fp32 on {other} against fp32: max {nm:.3g}, mean {na:.3g}")
-# The stated tolerance (README, "Mixed precision"): a few times the fp32
+# The stated tolerance (docs/train.md, "Mixed precision"): a few times the fp32
 # runs' own spread across meshes, which is where training's sensitivity
 # to rounding sets the scale.
 ok = bm <= 0.04 and ba <= 0.02

@@ -1,10 +1,11 @@
 #!/usr/bin/python3
-"""Regenerate the README's figures from the commands it shows.
+"""Regenerate the documentation's figures from the commands it shows.
 
     scripts/readme-figures.py [BUILD_DIR] [--only NAME[,NAME...]] [--print] [--list]
 
-Runs each example command of README.md with BUILD_DIR's spmd (default:
-build) in a scratch directory, and rewrites the README between its markers
+Runs each example command of the user documentation (README.md and
+docs/*.md) with BUILD_DIR's spmd (default: build) in a scratch directory,
+and rewrites the file that holds its markers between them
 
     <!-- readme-figures: NAME -->
     ...
@@ -16,7 +17,7 @@ terminal shows it (the live progress line in its last state), and only
 long tables are cut to the rows the README discusses ("..." where rows
 were left out; a rule that matches nothing keeps the whole table).  Each
 timed figure names the machine (CPU model, cores, load).  --print writes
-the regenerated regions to stdout instead of the README; --only picks
+the regenerated regions to stdout instead of the files; --only picks
 figures; --list names them.  Takes a few minutes (four 2000-step runs
 of the default model).
 """
@@ -35,7 +36,9 @@ import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+DOCS = [os.path.join(ROOT, "README.md")] + sorted(
+    os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
+    if f.endswith(".md") and f != "DESIGN.md")
 SHOWN_TOOL = "./build/spmd"  # how the README spells the tool
 
 
@@ -374,11 +377,18 @@ def main(argv):
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
         die(f"no figure {', '.join(unknown)} (there are: {', '.join(FIGURES)})")
-    with open(README) as f:
-        text = f.read()
-    missing = [n for n in names if not region_re(n).search(text)]
+    def file_of(name):
+        """The documentation file that holds NAME's markers, or None."""
+        for path in DOCS:
+            with open(path) as f:
+                if region_re(name).search(f.read()):
+                    return path
+        return None
+
+    missing = [n for n in names if file_of(n) is None]
     if missing and not to_stdout:
-        die(f"README.md has no markers for {', '.join(missing)}")
+        die(f"no file of {', '.join(os.path.relpath(p, ROOT) for p in DOCS)} has markers for "
+            f"{', '.join(missing)}")
     scratch = tempfile.mkdtemp(prefix="readme-figures-")
     bodies = {}
     try:
@@ -393,18 +403,19 @@ def main(argv):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if not to_stdout:
-        # Read again: the README may have been edited during the runs.
-        with open(README) as f:
-            text = f.read()
         for n, body in bodies.items():
-            text, found = region_re(n).subn(lambda m: m.group(1) + body + m.group(3), text, count=1)
-            if not found:
-                die(f"README.md lost its markers for {n} during the runs")
-        tmp = README + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, README)
-        print(f"readme-figures: rewrote {', '.join(names)} in README.md", file=sys.stderr)
+            # Found and read again: the files may have been edited during the runs.
+            path = file_of(n)
+            if path is None:
+                die(f"the markers for {n} were lost during the runs")
+            with open(path) as f:
+                text = f.read()
+            text = region_re(n).sub(lambda m: m.group(1) + body + m.group(3), text, count=1)
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+            print(f"readme-figures: rewrote {n} in {os.path.relpath(path, ROOT)}", file=sys.stderr)
     return 0
 
 
