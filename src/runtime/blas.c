@@ -10,6 +10,7 @@
 
 #include "runtime/blas.h"
 
+#include "base/address_space.h"
 #include "base/error.h"
 
 #include <dlfcn.h>
@@ -71,24 +72,10 @@ static bool buffer_measured;
 
 /* ---- Measuring the address space ---------------------------------------- */
 
-/* Bytes of address space this process has mapped now (what RLIMIT_AS
- * counts); 0 where /proc is missing. */
-static size_t mapped_bytes(void)
-{
-    unsigned long pages = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%lu", &pages) != 1) pages = 0;
-        fclose(f);
-    }
-    long page = sysconf(_SC_PAGESIZE);
-    return (size_t)pages * (size_t)(page > 0 ? page : 4096);
-}
-
 /* Growth of the mapped bytes from `before`, 0 if they shrank. */
 static size_t mapped_since(size_t before)
 {
-    size_t now = mapped_bytes();
+    size_t now = base_mapped_bytes();
     return now > before ? now - before : 0;
 }
 
@@ -353,7 +340,7 @@ static spmd_status load_measured(void *(*open)(const char *, const char *, char 
                                  const char *file, const char *coretype, char *why,
                                  size_t why_size)
 {
-    size_t before = mapped_bytes();
+    size_t before = base_mapped_bytes();
     void *h = open(file, coretype, why, why_size);
     spmd_status st = h ? adopt(h, file, why, why_size) : SPMD_ERR_BACKEND;
     if (st == SPMD_OK) loaded_bytes = mapped_since(before);
@@ -544,7 +531,7 @@ static spmd_status gate_grow(void)
             err = errno;
             break;
         }
-        size_t before = mapped_bytes();
+        size_t before = base_mapped_bytes();
         if (!(held[n] = openblas_buffer_alloc(0))) break;
         /* The first buffer made is measured (0: OpenBLAS had a free one). */
         size_t grew = made && !buffer_measured ? mapped_since(before) : 0;

@@ -15,6 +15,7 @@
  *
  * The program borrows its graph and mesh: both must outlive it.
  */
+#include "base/address_space.h"
 #include "base/error.h"
 #include "base/rng.h"
 #include "compile/report.h"
@@ -723,13 +724,7 @@ static spmd_status check_address_space(const spmd_program *p)
     long threads = (n > 1 ? n - 1 : 0) + (long)n * (p->c.nth - 1) + (p->c.plan.n_async ? n : 0);
     double per_device = (double)compiled_peak_bytes(&p->c);
     double need = (double)threads * (double)stack + n * per_device;
-    double mapped = 0;
-    unsigned long pages;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%lu", &pages) == 1) mapped = (double)pages * (double)sysconf(_SC_PAGESIZE);
-        fclose(f);
-    }
+    double mapped = (double)base_mapped_bytes();
     double left = (double)as.rlim_cur - mapped;
     if (need <= left) return SPMD_OK;
     const double gib = 1024.0 * 1024.0 * 1024.0;
