@@ -1,5 +1,5 @@
 /*
- * What the benchmarks tell and leave behind (README "Benchmarks"):
+ * What the benchmarks tell and leave behind (docs/benchmarks.md):
  * bench_gemm reports the OpenBLAS core the library really loaded, the one
  * this process's own BLAS reports too, and says that an inherited
  * OPENBLAS_CORETYPE naming another is not used, and times every GEMM

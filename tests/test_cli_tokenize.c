@@ -461,7 +461,7 @@ static void test_train_and_sample(void **state)
     char shards[4096], ck[4096], args[16384], prompt[4096];
     support_path_in(shards, dir, "e2e-out");
     support_path_in(ck, dir, "e2e-ck");
-    snprintf(args, sizeof args, "tokenize %s/README.md --out %s --encoder %s", SPMD_SOURCE_DIR,
+    snprintf(args, sizeof args, "tokenize %s/docs/train.md --out %s --encoder %s", SPMD_SOURCE_DIR,
              shards, SPMD_ENCODER_DIR);
     int rc = run_tool(args, out, sizeof out);
     if (rc) fail_msg("spmd %s: exit %d:\n%s", args, rc, out);

@@ -18,7 +18,7 @@
  *     with a note without it); with --overlap on, under every device a
  *     thinner lane for its communication thread whose boxes name their
  *     collective's kind, axes and bytes, and none with overlap off;
- *   - README shows docs/trace.svg, the default run's picture (overlap off:
+ *   - docs/train.md shows docs/trace.svg, the default run's picture (overlap off:
  *     no communication lanes), which has a lane per device and renders too;
  *   - under mpirun (2 processes; skipped without MPI) the tracks are
  *     (process, device) pairs, every device once, each process's own;
@@ -268,9 +268,9 @@ static void test_readme_picture(void **state)
     (void)state;
     char path[SUPPORT_PATH], png[SUPPORT_PATH];
     size_t len;
-    char *readme = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "README.md"), &len);
+    char *readme = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "docs/train.md"), &len);
     assert_non_null(readme);
-    assert_non_null(strstr(readme, "](docs/trace.svg)"));
+    assert_non_null(strstr(readme, "](trace.svg)"));
     free(readme);
     check_picture(support_path_in(path, SPMD_SOURCE_DIR, "docs/trace.svg"),
                   support_path_in(png, dir, "readme.png"), false);

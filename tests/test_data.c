@@ -6,7 +6,7 @@
  * their side of the held-out boundary; and every bad file (missing, short,
  * wrong magic or version, truncated, tokens beyond the vocabulary) fails
  * with a message that names the file and the cause, as does a shard cut
- * short while the data set reads it (no SIGBUS).  The formats README's
+ * short while the data set reads it (no SIGBUS).  The formats docs/train.md's
  * "Data files" states are the ones read: a shard written as it says opens,
  * and llm.c's other files (checkpoint, tokenizer) and version 2 shards are
  * refused naming what they are.  Files are written to a fresh directory
@@ -757,18 +757,18 @@ static void test_shard_truncated_while_open(void **state)
     remove_dir(dir);
 }
 
-/* README's "### Data files" section, up to the next heading. */
+/* docs/train.md's "## Data files" section, up to the next heading. */
 static char *readme_data_files(void)
 {
-    FILE *f = fopen(SPMD_SOURCE_DIR "/README.md", "rb");
+    FILE *f = fopen(SPMD_SOURCE_DIR "/docs/train.md", "rb");
     assert_non_null(f);
     static char text[1 << 20];
     size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
     text[n] = '\0';
-    char *at = strstr(text, "\n### Data files\n");
+    char *at = strstr(text, "\n## Data files\n");
     if (!at) {
-        fail_msg("README.md has no \"### Data files\" section");
+        fail_msg("docs/train.md has no \"## Data files\" section");
         return text;
     }
     char *end = strstr(at + 1, "\n#");
@@ -785,13 +785,13 @@ static void test_readme_states_the_formats_read(void **state)
         "version 2", "magic 20240326", "versions 1 and 3", "magic 20240328", "model.safetensors",
         "gpt2_124M.bin", "gpt2_tokenizer.bin", "dev/data/fineweb.py", "fineweb_train_*.bin"};
     for (size_t i = 0; i < sizeof stated / sizeof *stated; i++)
-        if (!strstr(readme, stated[i])) fail_msg("README's Data files does not say \"%s\"", stated[i]);
+        if (!strstr(readme, stated[i])) fail_msg("docs/train.md's Data files does not say \"%s\"", stated[i]);
 
     char dir[512], path[600];
     make_dir(dir, sizeof dir);
     uint16_t *tok = random_tokens(NTOK, 0, 50257, 5);
     tok[7] = 50256; /* GPT-2's end of text */
-    /* A shard as the README describes it opens, with GPT-2's tokens. */
+    /* A shard as docs/train.md describes it opens, with GPT-2's tokens. */
     snprintf(path, sizeof path, "%s/fineweb_train_000001.bin", dir);
     write_shard(path, 20240520, 1, NTOK, tok, NTOK);
     spmd_dataset *d = spmd_dataset_open(path, TSEQ, 1);

@@ -1,5 +1,5 @@
 /*
- * The library as a user installs and links it (README "Installing"):
+ * The library as a user installs and links it (docs/library.md, "Installing"):
  * `cmake --install` of this build into a temporary prefix, then
  * examples/fsdp_replicas.c compiled against the installed headers and
  * shared library through `pkg-config --cflags --libs spmd`, and run with no

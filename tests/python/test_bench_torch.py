@@ -1,4 +1,4 @@
-"""bench/bench_torch_gpt.py (README "Benchmarks"): in one run it reports
+"""bench/bench_torch_gpt.py (docs/benchmarks.md): in one run it reports
 the PyTorch GPT's step eagerly, through libspmd.torch on meshes 1 and 4x2
 and built with the C API on the same meshes, names the machine, starts
 libspmd.torch from eager's loss, and gives the ratios of its times; and
