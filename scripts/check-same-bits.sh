@@ -3,8 +3,9 @@
 # every step's loss, gradient norm and learning rate (as the exact decimal
 # the log prints, which round-trips the float) for the default run and for
 # meshes 1, 8, 4x2 and 2x2x2 with tensor parallelism, and 4x2 with the
-# replicated update (--zero off; ZeRO is the default), plus the `spmd
-# explain` output of each of those meshes.
+# replicated update (--zero off; ZeRO is the default), bf16 matmuls, the
+# MLP, and 4x2 over 2 and 4 Open MPI processes (where the build has MPI),
+# plus the `spmd explain` output of each of those.
 #   scripts/check-same-bits.sh record BUILD_DIR OUT_DIR     (minutes)
 #   scripts/check-same-bits.sh compare OLD_DIR NEW_DIR      (exit 1 on a difference)
 set -euo pipefail
@@ -29,17 +30,32 @@ record)
     "tp2x2x2|--mesh 2x2x2 --axes data,fsdp,tensor --tp tensor --fsdp fsdp ${short[*]}"
     "tpsp2x2x2|--mesh 2x2x2 --axes data,fsdp,tensor --tp tensor --sp on --fsdp fsdp ${short[*]}"
     "mlp4x2|--model mlp --mesh 4x2 --axes replica,fsdp ${short[*]}"
+    "bf16|--mesh 4x2 --axes replica,fsdp --precision bf16 ${short[*]}"
+    "np2|mpi2|--mesh 4x2 --axes replica,fsdp ${short[*]}"
+    "np4|mpi4|--mesh 4x2 --axes replica,fsdp ${short[*]}"
   )
+  mpi_ok=false
+  if grep -q '^SPMD_MPI:BOOL=ON' "$2/CMakeCache.txt" 2>/dev/null && command -v mpirun >/dev/null; then
+    mpi_ok=true
+  fi
   for r in "${runs[@]}"; do
     name=${r%%|*}
-    read -r -a flags <<<"${r#*|}"
+    rest=${r#*|}
+    launch=()
+    case $rest in
+    mpi*\|*)
+      $mpi_ok || { echo "check-same-bits: $name skipped (no MPI)" >&2; continue; }
+      np=${rest%%|*}; np=${np#mpi}; rest=${rest#*|}
+      launch=("$(dirname "$0")/mpirun.sh" --timeout 600 -n "$np") ;;
+    esac
+    read -r -a flags <<<"$rest"
     echo "check-same-bits: $name" >&2
     rm -f "$out/$name.jsonl"
-    "$spmd" train "${flags[@]}" --log "$out/$name.jsonl" >"$out/$name.out"
+    "${launch[@]}" "$spmd" train "${flags[@]}" --log "$out/$name.jsonl" >"$out/$name.out"
     # The bits: drop the timings, keep everything computed.
     jq -c 'del(.ms, .tokens_per_s)' "$out/$name.jsonl" >"$out/$name.bits"
     rm -f "$out/$name.jsonl"
-    "$spmd" explain "${flags[@]}" >"$out/$name.explain"
+    "${launch[@]}" "$spmd" explain "${flags[@]}" >"$out/$name.explain"
   done
   ;;
 compare)
