@@ -11,31 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The ops whose kernels move bf16 values as they are (layout, gathers,
- * slices: bytes), besides convert, which makes them. */
-static bool moves_bf16(ir_op op)
-{
-    switch (op) {
-    case IR_CONVERT:
-    case IR_RESHAPE:
-    case IR_SHARDING_CONSTRAINT:
-    case IR_SLICE:
-    case IR_PAD:
-    case IR_CONCAT:
-    case IR_PERMUTE:
-    case IR_ALL_GATHER:
-    case IR_ALL_TO_ALL:
-    case IR_ALL_REDUCE:     /* a gradient reduced in bf16: summed in f32 */
-    case IR_REDUCE_SCATTER:
-    case IR_SHARD_SLICE:
-    case IR_MASK_PADDING: return true;
-    default: return false;
-    }
-}
-
-/* bf16 only where a kernel takes it: made by convert, moved by the ops
- * above, read by matmul and bmm (summed in f32) and by the backward ops
- * that widen a kept activation (ir_op_reads_bf16, ir/autocast.c).
+/* bf16 only where a kernel takes it (ops.def's bf16 column): made by
+ * convert, moved by the ops that move values, read by matmul and bmm
+ * (summed in f32) and by the backward ops that widen a kept activation.
  * Everything else computes f32: a bf16 value elsewhere (a sum over bf16
  * addends, a user's bf16 input) is refused, naming the op. */
 static spmd_status check_dtypes(const spmd_graph *g)
@@ -43,13 +21,13 @@ static spmd_status check_dtypes(const spmd_graph *g)
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
         for (int j = 0; j < t->n_in; j++)
-            if (t->in[j]->dtype == SPMD_BF16 && !moves_bf16(t->op) && !ir_op_reads_bf16(t->op, j))
+            if (t->in[j]->dtype == SPMD_BF16 && !ir_op_reads_bf16(t->op, j))
                 return base_error(SPMD_ERR_UNSUPPORTED,
                                   "compile: %s node %d reads bf16 (operand %d); only convert, "
                                   "matmul, bmm, the ops that move values and the backward ops "
                                   "that read a kept activation take bf16",
                                   ir_op_name(t->op), i, j);
-        if (t->dtype == SPMD_BF16 && !moves_bf16(t->op))
+        if (t->dtype == SPMD_BF16 && !ir_op_makes_bf16(t->op))
             return base_error(SPMD_ERR_UNSUPPORTED,
                               "compile: %s node %d is bf16; only convert makes bf16 values "
                               "(inputs, parameters and state are f32 or i32)",
@@ -126,7 +104,7 @@ static size_t scratch_widen_row(const spmd_tensor *t)
 static size_t scratch_all_to_all(const spmd_tensor *t) { return 2 * ir_nbytes(t->in[0]); }
 
 static const scratch_fn scratch_table[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) scratch,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) scratch,
 #include "ir/ops.def"
 #undef OP
 };

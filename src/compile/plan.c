@@ -400,16 +400,6 @@ static void step_of_storage(const plan *p, const spmd_graph *g, const fusion *fu
 
 /* ---- Collectives in flight ---------------------------------------------------------- */
 
-/* The collectives a communication thread can run while the device computes:
- * they read only their operand and write only their result (an all-to-all
- * packs through its thread's kernel scratch, so it stays a step). */
-static bool may_fly(ir_op op)
-{
-    return op == IR_ALL_REDUCE || op == IR_ALL_GATHER || op == IR_REDUCE_SCATTER;
-}
-
-static bool is_collective(ir_op op) { return may_fly(op) || op == IR_ALL_TO_ALL; }
-
 /* One collective of the schedule, for schedule_async. */
 typedef struct coll_item {
     int s;     /* its step */
@@ -543,7 +533,7 @@ static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu
      * by the device (if that reader stays a step of its own, it is
      * waited for there, as every collective before one is). */
     for (int s = 0; s < ns; s++) {
-        if (may_fly(p->steps[s]->op)) continue;
+        if (ir_op_may_fly(p->steps[s]->op)) continue;
         const spmd_tensor *const *in;
         int n_in = reads(p->steps[s], fu, &in);
         for (int j = 0; j < n_in; j++) {
@@ -556,14 +546,14 @@ static spmd_status schedule_async(plan *p, const spmd_graph *g, const fusion *fu
     int64_t *leaf_bytes = held;  /* and their bytes */
     for (int s = 0; s < ns; s++) {
         const spmd_tensor *t = p->steps[s];
-        if (!is_collective(t->op)) continue;
+        if (!ir_op_is_collective(t->op)) continue;
         const spmd_tensor *x = t->in[0];
         coll_item c;
         c.s = s;
         c.ready = prod[p->storage[x->id]] + 1; /* 0 for a leaf */
         c.read = first_read[t->id] < 0 ? ns : first_read[t->id];
         c.bytes = (int64_t)(ir_nbytes(t) + ir_nbytes(x));
-        c.fly = may_fly(t->op) && !written_in_place[x->id] && (c.ready < s || c.read > s + 1) &&
+        c.fly = ir_op_may_fly(t->op) && !written_in_place[x->id] && (c.ready < s || c.read > s + 1) &&
                 c.bytes <= budget;
         c.key = s;
         it[m++] = c;
@@ -752,7 +742,7 @@ static spmd_status reorder(plan *p, const spmd_graph *g, const fusion *fu)
          * gather is prefetched by the plan instead). */
         for (int c = 0; c < ns; c++) {
             const spmd_tensor *t = p->steps[c];
-            if (!may_fly(t->op)) continue;
+            if (!ir_op_may_fly(t->op)) continue;
             int x = prod[p->storage[t->in[0]->id]];
             if (x < 0 || urgent[x]) {
                 urgent[c] = x >= 0;
@@ -764,7 +754,7 @@ static spmd_status reorder(plan *p, const spmd_graph *g, const fusion *fu)
             while (top > 0 && chain < 64) {
                 int y = stack[--top];
                 const spmd_tensor *u = p->steps[y];
-                if (!elementwise(u, fu) || is_collective(u->op)) {
+                if (!elementwise(u, fu) || ir_op_is_collective(u->op)) {
                     computed = true;
                     continue;
                 }
@@ -784,7 +774,7 @@ static spmd_status reorder(plan *p, const spmd_graph *g, const fusion *fu)
             while (top > 0) {
                 int y = stack[--top];
                 const spmd_tensor *u = p->steps[y];
-                if (urgent[y] || !elementwise(u, fu) || is_collective(u->op)) continue;
+                if (urgent[y] || !elementwise(u, fu) || ir_op_is_collective(u->op)) continue;
                 urgent[y] = true;
                 const spmd_tensor *const *in;
                 int n_in = reads(u, fu, &in);
@@ -894,7 +884,7 @@ static spmd_status hoist_sums(plan *p, const spmd_graph *g, const fusion *fu, bo
                     if (q < 0 || sum_of[q] == r) continue;
                     const spmd_tensor *u = p->steps[q];
                     const fuse_group *grp = fusion_group(fu, u);
-                    if (sum_of[q] < 0 && elementwise(u, fu) && !is_collective(u->op) && src == u->id &&
+                    if (sum_of[q] < 0 && elementwise(u, fu) && !ir_op_is_collective(u->op) && src == u->id &&
                         readers[src] == 1 && !(grp && (grp->sum || grp->n_stored))) {
                         sum_of[q] = r;
                         stack[top++] = q;
@@ -1154,7 +1144,7 @@ spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocato
                                const fusion *fu, int depth, size_t budget, const plan_sharing *sh)
 {
     bool any = false;
-    for (int i = 0; depth > 0 && i < g->n_nodes && !any; i++) any = may_fly(g->nodes[i]->op);
+    for (int i = 0; depth > 0 && i < g->n_nodes && !any; i++) any = ir_op_may_fly(g->nodes[i]->op);
     if (!any) return build(p, g, alloc, fu, 0, 0, sh);
     /* The arena without overlap first, for explain's extra bytes. */
     spmd_status st = build(p, g, alloc, fu, 0, 0, sh);

@@ -19,26 +19,10 @@
  *     and collective sum, parameters and optimizer state.
  *
  * A kernel that reads a bf16 operand widens it to f32 exactly
- * (base/bf16.h); ir_op_reads_bf16 lists those operands, and compile
+ * (base/bf16.h); ops.def's bf16 column names those operands, and compile
  * refuses bf16 anywhere else.
  */
 #include "ir/ir.h"
-
-bool ir_op_reads_bf16(ir_op op, int operand)
-{
-    switch (op) {
-    case IR_MATMUL:
-    case IR_BMM: return true;
-    case IR_LAYERNORM_BACKWARD:
-    case IR_LAYERNORM_XHAT:
-    case IR_GELU_BACKWARD:
-    case IR_GELU_ERF_BACKWARD:
-    case IR_SILU_BACKWARD:
-    case IR_RELU_BACKWARD: return operand == 0;
-    case IR_ATTENTION_BACKWARD: return operand < 3;
-    default: return false;
-    }
-}
 
 void ir_autocast_keep(spmd_graph *g, spmd_tensor *x)
 {

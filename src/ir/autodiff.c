@@ -497,7 +497,7 @@ static spmd_status vjp_concat(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
 /* ---- Op table ------------------------------------------------------------------ */
 
 static const ir_vjp_fn vjp_table[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) [IR_##e] = vjp,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) [IR_##e] = vjp,
 #include "ir/ops.def"
 #undef OP
 };

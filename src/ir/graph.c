@@ -457,22 +457,22 @@ int64_t spmd_graph_param_count(const spmd_graph *g)
     return n;
 }
 
-/* ---- Op table (names, arity) ----------------------------------------------- */
+/* ---- Op table: ops.def's columns the layers above read ----------------------------------------------- */
 
 static const char *const op_names[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) name,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) name,
 #include "ir/ops.def"
 #undef OP
 };
 
 static const int op_arity[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) arity,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) arity,
 #include "ir/ops.def"
 #undef OP
 };
 
 static const bool op_carries_groups[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) groups,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) groups,
 #include "ir/ops.def"
 #undef OP
 };
@@ -484,7 +484,7 @@ static const bool op_carries_groups[] = {
 #define EW_BINARY(...) 2
 #define EW_TERNARY(...) 3
 static const int8_t op_formula_arity[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) formula,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) formula,
 #include "ir/ops.def"
 #undef OP
 };
@@ -493,7 +493,29 @@ static const int8_t op_formula_arity[] = {
 #undef EW_BINARY
 #undef EW_TERNARY
 
+static const ir_op_kind op_kind[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) IR_##kind,
+#include "ir/ops.def"
+#undef OP
+};
+
+/* The bf16 column as a mask: bit j for operand j, BF16_OUT for the result. */
+enum { BF16_OUT = 1u << 15 };
+#define BF16_NO 0u
+#define BF16_READS(mask) (mask)
+#define BF16_MOVES (BF16_OUT | ((1u << IR_MAX_INPUTS) - 1u))
+static const uint16_t op_bf16[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) bf16,
+#include "ir/ops.def"
+#undef OP
+};
+#undef BF16_NO
+#undef BF16_READS
+#undef BF16_MOVES
+
 _Static_assert(sizeof op_names / sizeof op_names[0] == IR_OP_COUNT, "op table out of step");
+_Static_assert(sizeof op_kind / sizeof op_kind[0] == IR_OP_COUNT, "op table out of step");
+_Static_assert(sizeof op_bf16 / sizeof op_bf16[0] == IR_OP_COUNT, "op table out of step");
 _Static_assert(sizeof op_arity / sizeof op_arity[0] == IR_OP_COUNT, "op table out of step");
 _Static_assert(sizeof op_carries_groups / sizeof op_carries_groups[0] == IR_OP_COUNT,
                "op table out of step");
@@ -504,6 +526,19 @@ const char *ir_op_name(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_names[
 int ir_op_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_arity[op] : 0; }
 bool ir_op_carries_groups(ir_op op) { return (unsigned)op < IR_OP_COUNT && op_carries_groups[op]; }
 int ir_op_formula_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_formula_arity[op] : 0; }
-bool ir_op_is_leaf(ir_op op) { return op == IR_INPUT || op == IR_PARAM || op == IR_STATE; }
+ir_op_kind ir_op_kind_of(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_kind[op] : IR_KIND_COMPUTE; }
+bool ir_op_is_leaf(ir_op op) { return ir_op_kind_of(op) == IR_KIND_LEAF; }
+bool ir_op_is_collective(ir_op op)
+{
+    ir_op_kind k = ir_op_kind_of(op);
+    return k == IR_KIND_COLLECTIVE || k == IR_KIND_FLIES;
+}
+bool ir_op_may_fly(ir_op op) { return ir_op_kind_of(op) == IR_KIND_FLIES; }
+bool ir_op_reads_bf16(ir_op op, int operand)
+{
+    return (unsigned)op < IR_OP_COUNT && operand >= 0 && operand < IR_MAX_INPUTS &&
+           (op_bf16[op] >> operand & 1u);
+}
+bool ir_op_makes_bf16(ir_op op) { return (unsigned)op < IR_OP_COUNT && (op_bf16[op] & BF16_OUT); }
 
 bool ir_is_param_copy(const spmd_tensor *t) { return t->op == IR_CONVERT && t->in[0]->op == IR_PARAM; }

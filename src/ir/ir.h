@@ -19,7 +19,7 @@ struct spmd_mesh;
 #define IR_MAX_ITER 12
 
 typedef enum ir_op {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) IR_##e,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) IR_##e,
 #include "ir/ops.def"
 #undef OP
     IR_OP_COUNT
@@ -196,14 +196,34 @@ void ir_signature_format(const ir_dimsig *sig, char *buf, size_t size);
 
 const char *ir_op_name(ir_op op);
 int ir_op_arity(ir_op op);
+
+/* What an op is to the layers that schedule and run it (ops.def's kind
+ * column). */
+typedef enum ir_op_kind {
+    IR_KIND_LEAF,       /* input, param, state: placed by the executor, no kernel */
+    IR_KIND_COMPUTE,    /* a kernel on the device's own values */
+    IR_KIND_COLLECTIVE, /* a collective that stays a step of the schedule (it packs
+                         * through its thread's scratch: all-to-all) */
+    IR_KIND_FLIES       /* a collective that reads only its operand and writes only
+                         * its result, so a communication thread may run it while
+                         * the device computes (compile/plan.c, runtime/executor.c) */
+} ir_op_kind;
+ir_op_kind ir_op_kind_of(ir_op op);
 bool ir_op_is_leaf(ir_op op);
-/* Mixed precision's policy (autocast.c): whether op's kernel reads
- * operand `operand` in bf16 (matmul and bmm; the backward ops that widen
- * a kept activation); the forward builders' call that keeps x's bf16
- * copy for the backward pass (under bf16 precision, x computed and f32);
- * and the value the backward pass reads for forward value x (its kept
- * copy, else x). */
+bool ir_op_is_collective(ir_op op); /* IR_KIND_COLLECTIVE or IR_KIND_FLIES */
+bool ir_op_may_fly(ir_op op);       /* IR_KIND_FLIES */
+
+/* Mixed precision (ops.def's bf16 column): whether op's kernel reads
+ * operand `operand` in bf16, widening it exactly (matmul and bmm; the
+ * backward ops that widen a kept activation; the ops that move values);
+ * and whether its result may be bf16 (convert makes it, the ops that move
+ * values move it).  Compile refuses bf16 anywhere else (compiled.c). */
 bool ir_op_reads_bf16(ir_op op, int operand);
+bool ir_op_makes_bf16(ir_op op);
+/* The forward builders' call that keeps x's bf16 copy for the backward
+ * pass (under bf16 precision, x computed and f32; autocast.c), and the
+ * value the backward pass reads for forward value x (its kept copy, else
+ * x). */
 void ir_autocast_keep(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *ir_autocast_saved(const spmd_graph *g, spmd_tensor *x);
 /* A parameter's bf16 copy (mixed precision): what FSDP gathers like the

@@ -355,7 +355,7 @@ static bool sig_local(const spmd_tensor *t, ir_dimsig *s) { return sig_leaf(t, s
 typedef bool (*sig_fn)(const spmd_tensor *t, ir_dimsig *s);
 
 static const sig_fn sig_table[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) sig,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) sig,
 #include "ir/ops.def"
 #undef OP
 };
@@ -363,7 +363,7 @@ static const sig_fn sig_table[] = {
 _Static_assert(sizeof sig_table / sizeof sig_table[0] == IR_OP_COUNT, "op table out of step");
 
 static const ir_linearity linearity_table[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) lin,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) lin,
 #include "ir/ops.def"
 #undef OP
 };

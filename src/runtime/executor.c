@@ -919,9 +919,7 @@ enum { SOLO_ELEMENTS = 16384 };
  * norm's sums, small bias updates).  Collectives keep their barrier. */
 static bool solo_step(const spmd_tensor *t, const fuse_group *grp)
 {
-    if (t->op == IR_ALL_REDUCE || t->op == IR_ALL_GATHER || t->op == IR_REDUCE_SCATTER ||
-        t->op == IR_ALL_TO_ALL)
-        return false;
+    if (ir_op_is_collective(t->op)) return false;
     int64_t most = ir_numel(t);
     if (most == 1) return true;
     int n = grp ? grp->n_in : t->n_in;

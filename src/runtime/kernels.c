@@ -16,7 +16,7 @@
 void kern_leaf(const kern_args *args) { (void)args; }
 
 static const kern_fn kernel_table[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) kern,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) kern,
 #include "ir/ops.def"
 #undef OP
 };

@@ -1,9 +1,11 @@
 /*
- * Elementwise kernels: fill, the broadcasting binary ops (add, sub, mul,
- * div), expand and where, the unary ops, and the backward helpers of the
- * activations (gelu, gelu_erf, silu, relu).  Every output element is a function of its own inputs only, so any
- * split over threads gives the same bits; the split is by contiguous runs
- * of 16 elements (64 bytes) so that threads never share a cache line.
+ * Elementwise kernels: fill, expand, where, convert, and kern_formula, the
+ * kernel of every op whose row in ops.def gives its formula and asks for
+ * the standard loop (the unary ops, the broadcasting binary ones, the
+ * backward helpers of the activations).  Every output element is a
+ * function of its own inputs only, so any split over threads gives the
+ * same bits; the split is by contiguous runs of 16 elements (64 bytes) so
+ * that threads never share a cache line.
  */
 #include "runtime/kernels_ops.h"
 
@@ -147,13 +149,10 @@ static void bc_row_offsets(const bc_plan *p, int64_t row, int64_t *oa, int64_t *
         }                                                                            \
     }
 
-DEFINE_BROADCAST(ew_ADD)
-DEFINE_BROADCAST(ew_SUB)
-DEFINE_BROADCAST(ew_MUL)
-DEFINE_BROADCAST(ew_DIV)
-
+/* out = a op b, numpy broadcasting: a [..], b [..] -> out [max rank]. */
 #define DEFINE_BINARY_KERNEL(NAME, OPF)                                              \
-    void NAME(const kern_args *a)                                                    \
+    DEFINE_BROADCAST(OPF)                                                            \
+    static void NAME(const kern_args *a)                                             \
     {                                                                                \
         const spmd_tensor *t = a->node;                                              \
         bc_plan p;                                                                   \
@@ -162,12 +161,6 @@ DEFINE_BROADCAST(ew_DIV)
         kern_split(kn_numel(t), a->ith, a->nth, EW_ALIGN, &b, &e);                   \
         bc_##OPF(&p, a->in[0], a->in[1], a->out, b, e);                              \
     }
-
-/* out = a op b, numpy broadcasting: a [..], b [..] -> out [max rank]. */
-DEFINE_BINARY_KERNEL(kern_add, ew_ADD)
-DEFINE_BINARY_KERNEL(kern_sub, ew_SUB)
-DEFINE_BINARY_KERNEL(kern_mul, ew_MUL)
-DEFINE_BINARY_KERNEL(kern_div, ew_DIV)
 
 /* x [..] broadcast to out [..].  Moves raw 32-bit elements, so it works
  * for i32 as well and copies NaN payloads untouched. */
@@ -247,7 +240,7 @@ void kern_where(const kern_args *a)
 /* y [..] = f(x [..], c), f the op's formula (ew_<ENUM>, kernels_ops.h)
  * and c the node's attr.scale.c (scale's factor). */
 #define DEFINE_UNARY_KERNEL(NAME, F)                                                 \
-    void NAME(const kern_args *a)                                                    \
+    static void NAME(const kern_args *a)                                                    \
     {                                                                                \
         int64_t b, e;                                                                \
         kern_split(kn_numel(a->node), a->ith, a->nth, EW_ALIGN, &b, &e);             \
@@ -257,25 +250,11 @@ void kern_where(const kern_args *a)
         for (int64_t i = b; i < e; i++) out[i] = F(in[i], c);                        \
     }
 
-DEFINE_UNARY_KERNEL(kern_scale, ew_SCALE)
-DEFINE_UNARY_KERNEL(kern_neg, ew_NEG)
-DEFINE_UNARY_KERNEL(kern_exp, ew_EXP)
-DEFINE_UNARY_KERNEL(kern_log, ew_LOG)
-DEFINE_UNARY_KERNEL(kern_tanh, ew_TANH)
-DEFINE_UNARY_KERNEL(kern_sqrt, ew_SQRT)
-DEFINE_UNARY_KERNEL(kern_rsqrt, ew_RSQRT)
-DEFINE_UNARY_KERNEL(kern_relu, ew_RELU)
-DEFINE_UNARY_KERNEL(kern_gelu, ew_GELU)
-DEFINE_UNARY_KERNEL(kern_gelu_erf, ew_GELU_ERF)
-DEFINE_UNARY_KERNEL(kern_silu, ew_SILU)
-DEFINE_UNARY_KERNEL(kern_sigmoid, ew_SIGMOID)
-DEFINE_UNARY_KERNEL(kern_pow_scalar, ew_POW_SCALAR)
-
 /* Backward helpers: (x [..], dy [..]) -> dx [..] = F(x, dy), F the op's
  * formula.  x may be bf16 (an activation kept in bf16 under mixed
  * precision, ir/autocast.c): each element is widened exactly. */
 #define DEFINE_GRAD_KERNEL(NAME, F)                                                  \
-    void NAME(const kern_args *a)                                                    \
+    static void NAME(const kern_args *a)                                                    \
     {                                                                                \
         int64_t b, e;                                                                \
         kern_split(kn_numel(a->node), a->ith, a->nth, EW_ALIGN, &b, &e);             \
@@ -290,10 +269,51 @@ DEFINE_UNARY_KERNEL(kern_pow_scalar, ew_POW_SCALAR)
         for (int64_t i = b; i < e; i++) out[i] = F(xs[i], dys[i]);                   \
     }
 
-DEFINE_GRAD_KERNEL(kern_gelu_backward, ew_GELU_BACKWARD)
-DEFINE_GRAD_KERNEL(kern_relu_backward, ew_RELU_BACKWARD)
-DEFINE_GRAD_KERNEL(kern_gelu_erf_backward, ew_GELU_ERF_BACKWARD)
-DEFINE_GRAD_KERNEL(kern_silu_backward, ew_SILU_BACKWARD)
+/* ---- kern_formula: the kernels made from ops.def's formula column ----------- */
+
+/* The rows whose kernel column says kern_formula, picked out by the
+ * preprocessor: KN_PROBE_kern_formula expands to two tokens, any other
+ * kernel's name stays one, and KN_SECOND takes what follows it. */
+#define KN_PROBE_kern_formula ~, 1
+#define KN_SECOND(a, b, ...) b
+#define KN_IS_FORMULA_(...) KN_SECOND(__VA_ARGS__, 0, ~)
+#define KN_IS_FORMULA(kern) KN_IS_FORMULA_(KN_PROBE_##kern)
+#define KN_WHEN(c, ...) KN_WHEN_(c, __VA_ARGS__)
+#define KN_WHEN_(c, ...) KN_WHEN_##c(__VA_ARGS__)
+#define KN_WHEN_1(...) __VA_ARGS__
+#define KN_WHEN_0(...)
+
+/* One kernel per such row, its loop chosen by the formula's arity and the
+ * row's signature: unary ops are elementwise; binary ones broadcast
+ * (sig_broadcast) or are backward helpers of the same shapes reading a
+ * kept activation that may be bf16 (sig_elementwise).  Any other pairing
+ * does not compile. */
+#define KN_KERNEL(e, sig, kind, ...) KN_KERNEL_##kind(e, sig)
+#define KN_KERNEL_KN_EW_UNARY(e, sig) KN_UNARY_##sig(e)
+#define KN_KERNEL_KN_EW_BINARY(e, sig) KN_BINARY_##sig(e)
+#define KN_UNARY_sig_elementwise(e) DEFINE_UNARY_KERNEL(formula_##e, ew_##e)
+#define KN_BINARY_sig_broadcast(e) DEFINE_BINARY_KERNEL(formula_##e, ew_##e)
+#define KN_BINARY_sig_elementwise(e) DEFINE_GRAD_KERNEL(formula_##e, ew_##e)
+
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16)  \
+    KN_WHEN(KN_IS_FORMULA(kern), KN_KERNEL(e, sig, formula))
+#include "ir/ops.def"
+#undef OP
+
+/* The kernel of every row whose kernel column says kern_formula: the
+ * node's op picks its loop (one branch per call, none per element). */
+void kern_formula(const kern_args *a)
+{
+    switch (a->node->op) {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16)  \
+    KN_WHEN(KN_IS_FORMULA(kern), case IR_##e : formula_##e(a); return;)
+#include "ir/ops.def"
+#undef OP
+    default: break;
+    }
+    kern_fail(a, SPMD_ERR_INTERNAL, "kern_formula: %s has no elementwise formula (ops.def)",
+              ir_op_name(a->node->op));
+}
 
 /* x in the node's type: f32 -> bf16 rounded to nearest even, bf16 -> f32
  * exactly (base/bf16.h, the one rounding every part of libspmd uses). */

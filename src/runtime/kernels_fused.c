@@ -99,7 +99,7 @@ static bool run_step(const kern_args *a, const fuse_step *s, const float *restri
     case op: TERNARY(fn); return true;
     const float c = s->c;
     switch (s->op) {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch)                     \
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16)                     \
     FUSED_CASE(IR_##e, ew_##e, formula)
 #include "ir/ops.def"
 #undef OP

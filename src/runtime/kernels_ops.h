@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) void kern(const kern_args *args);
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) void kern(const kern_args *args);
 #include "ir/ops.def"
 #undef OP
 
@@ -278,7 +278,7 @@ static inline float kn_rsqrt(float x) { return 1.0f / sqrtf(x); }
     static inline float fn(float x, float y) { return expr; }
 #define KN_EW_DEFINE_KN_EW_TERNARY(fn, expr)                                                       \
     static inline float fn(float x, float y, float z) { return expr; }
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch)                     \
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16)                     \
     KN_EW_DEFINE(ew_##e, formula)
 #include "ir/ops.def"
 #undef OP

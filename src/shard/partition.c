@@ -637,7 +637,7 @@ static spmd_tensor *fix_loss_rows(builder *b, const spmd_tensor *t, const shardi
 }
 
 static const part_fixup_fn fixup_table[] = {
-#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch) fix,
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) fix,
 #include "ir/ops.def"
 #undef OP
 };
