@@ -292,6 +292,58 @@ static void test_unary(void **state)
     }
 }
 
+/* Every plain elementwise op of the op table (spmd_op_describe), built by
+ * name, whatever builders and cases exist for it: an op added to ops.def
+ * is checked here without a line of its own.  Operands positive (inside
+ * every such formula's domain), two of them broadcast, a constant where
+ * the formula reads one. */
+static void test_every_elementwise_op(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int i = 0; i < spmd_op_count(); i++) {
+        spmd_op_info op;
+        assert_int_equal(spmd_op_describe(i, &op), SPMD_OK);
+        if (!op.elementwise || !op.differentiable) continue;
+        gcheck c;
+        gc_init(&c, "%s by name", op.name);
+        spmd_tensor *in[2] = {gc_param(&c, "a", 3, D(2, 3, 4), GEN_POS),
+                              op.arity == 2 ? gc_param(&c, "b", 2, D(3, 1), GEN_POS) : NULL};
+        spmd_tensor *y = spmd_elementwise(c.g, op.name, in, op.arity, op.constant ? 1.5f : 0.0f);
+        if (!y) fail_msg("%s: %s", op.name, spmd_last_error());
+        gc_run(&c, y);
+        checked++;
+    }
+    assert_true(checked >= 15);
+}
+
+/* spmd_elementwise names what it refuses. */
+static void test_elementwise_by_name_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *op;
+        int n_in;
+        float c;
+        const char *says;
+    } cases[] = {
+        {"nosuch", 1, 0.0f, "'nosuch': no op of that name"},
+        {"matmul", 2, 0.0f, "'matmul': not a plain elementwise op"},
+        {"add", 1, 0.0f, "add takes 2 operands, got 1"},
+        {"neg", 1, 2.0f, "neg takes no constant, got 2"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 1, D(4));
+        spmd_tensor *in[2] = {x, x};
+        assert_null(spmd_elementwise(g, cases[i].op, in, cases[i].n_in, cases[i].c));
+        assert_int_equal(spmd_last_status(), SPMD_ERR_INVALID);
+        if (!strstr(spmd_last_error(), cases[i].says))
+            fail_msg("%s: says \"%s\", want \"%s\"", cases[i].op, spmd_last_error(), cases[i].says);
+        spmd_graph_free(g);
+    }
+}
+
 /* p x^(p-1), p = 0 and 1 included (their rules build no power). */
 static void test_pow_scalar(void **state)
 {
@@ -766,6 +818,8 @@ int main(void)
         cmocka_unit_test(test_div),
         cmocka_unit_test(test_expand),
         cmocka_unit_test(test_unary),
+        cmocka_unit_test(test_every_elementwise_op),
+        cmocka_unit_test(test_elementwise_by_name_refusals),
         cmocka_unit_test(test_pow_scalar),
         cmocka_unit_test(test_where),
         cmocka_unit_test(test_sum),

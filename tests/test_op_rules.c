@@ -62,20 +62,25 @@ typedef struct sample {
     spmd_graph *g;
     int n_in;
     spmd_tensor *in[IR_MAX_INPUTS]; /* the op's operands: graph inputs */
+    spmd_tensor *fed[IR_MAX_INPUTS]; /* what the op reads: in, or its bf16 copy */
     value_kind kind[IR_MAX_INPUTS];
     int32_t limit[IR_MAX_INPUTS];   /* V_IDS: ids in [0, limit) */
+    int made[IR_MAX_INPUTS];        /* operand j was the made[j]-th one made */
+    unsigned bf16;                  /* the operands made (bit k) fed as bf16 */
     spmd_tensor *out;               /* the op's node */
 } sample;
 
 static spmd_tensor *operand(sample *s, value_kind kind, int rank, const int64_t *dims)
 {
     char name[16];
-    snprintf(name, sizeof name, "in%d", s->n_in);
+    int k = s->n_in++;
+    snprintf(name, sizeof name, "in%d", k);
     spmd_tensor *t = spmd_input(s->g, name, kind == V_IDS ? SPMD_I32 : SPMD_F32, rank, dims);
-    s->kind[s->n_in] = kind;
-    s->limit[s->n_in] = 0;
-    s->in[s->n_in++] = t;
-    return t;
+    s->kind[k] = kind;
+    s->limit[k] = 0;
+    s->in[k] = s->fed[k] = t;
+    if (s->bf16 >> k & 1) s->fed[k] = spmd_convert(s->g, t, SPMD_BF16);
+    return s->fed[k];
 }
 
 static spmd_tensor *ids(sample *s, int rank, const int64_t *dims, int32_t limit)
@@ -164,7 +169,11 @@ static bool build_sample(ir_op op, sample *s)
         break;
     }
     case IR_SHARDING_CONSTRAINT: o = ir_sharding_constraint(g, x46(s)); break;
-    case IR_CONVERT: o = spmd_convert(g, x46(s), SPMD_BF16); break;
+    case IR_CONVERT: { /* to the other type */
+        spmd_tensor *x = x46(s);
+        o = spmd_convert(g, x, x->dtype == SPMD_BF16 ? SPMD_F32 : SPMD_BF16);
+        break;
+    }
     case IR_PAD: o = ir_pad(g, operand(s, V_ANY, 2, D(4, 3)), 1, 1, 6); break;
     case IR_GELU_BACKWARD: o = ir_gelu_backward(g, x46(s), x46(s)); break;
     case IR_RELU_BACKWARD: o = ir_relu_backward(g, x46(s), x46(s)); break;
@@ -183,8 +192,20 @@ static bool build_sample(ir_op op, sample *s)
         break;
     case IR_OP_COUNT:
         break;
+    default:
+        /* A plain elementwise op (ops.def's kernel column kern_formula)
+         * without a case of its own: positive operands, inside the domain
+         * of every such formula, and a constant where it reads one. */
+        if (ir_op_is_plain_elementwise(op)) {
+            spmd_tensor *xs[2] = {pos46(s), ir_op_arity(op) == 2 ? pos46(s) : NULL};
+            o = spmd_elementwise(g, ir_op_name(op), xs, ir_op_arity(op),
+                                 ir_op_reads_constant(op) ? 1.5f : 0.0f);
+        }
+        break;
     }
-    /* An op without a case here lands on fail(): add a sample for it. */
+    /* An op without a case here lands on fail(): add a sample for it.
+     * With operands fed as bf16, a builder may refuse them. */
+    if (!o && s->bf16) return false;
     if (!o) fail_msg("%s: no sample in tests/test_op_rules.c (%s)", ir_op_name(op), spmd_last_error());
     assert_int_equal(o->op, op);
     s->out = o;
@@ -194,19 +215,26 @@ static bool build_sample(ir_op op, sample *s)
     assert_int_equal(o->n_in, made.n_in);
     for (int j = 0; j < o->n_in; j++) {
         int k = 0;
-        while (k < made.n_in && made.in[k] != o->in[j]) k++;
-        assert_true(k < made.n_in);
+        /* A builder may convert an operand itself (matmul: both in bf16
+         * when one is). */
+        const spmd_tensor *x = o->in[j]->op == IR_CONVERT && s->bf16 ? o->in[j]->in[0] : o->in[j];
+        while (k < made.n_in && made.fed[k] != o->in[j] && made.fed[k] != x) k++;
+        if (k == made.n_in) fail_msg("%s: operand %d (%s) is none of the sample's", ir_op_name(op), j, ir_op_name(o->in[j]->op));
         s->in[j] = made.in[k];
+        s->fed[j] = made.fed[k];
         s->kind[j] = made.kind[k];
         s->limit[j] = made.limit[k];
+        s->made[j] = k;
     }
     return true;
 }
 
-/* The sample of op, its output marked; false for ops without one. */
-static bool new_sample(ir_op op, sample *s)
+/* The sample of op, its output marked, the operands made (bit k of
+ * `bf16`) fed to it as bf16 copies; false for ops without one. */
+static bool new_sample_fed(ir_op op, unsigned bf16, sample *s)
 {
     memset(s, 0, sizeof *s);
+    s->bf16 = bf16;
     s->g = spmd_graph_create(NULL);
     assert_non_null(s->g);
     if (build_sample(op, s)) {
@@ -217,6 +245,8 @@ static bool new_sample(ir_op op, sample *s)
     s->g = NULL;
     return false;
 }
+
+static bool new_sample(ir_op op, sample *s) { return new_sample_fed(op, 0, s); }
 
 /* ---- Running a sample ------------------------------------------------------------------ */
 
@@ -621,6 +651,92 @@ static void test_fused_refuses_op_without_formula(void **state)
     spmd_graph_free(g);
 }
 
+/* ---- The bf16 column, by the kernels ------------------------------------------------------------ */
+
+/* Values a bf16 copy holds exactly. */
+static void round_to_bf16(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = bf16_to_f32(bf16_from_f32(x[i]));
+}
+
+/* The sample of op with the operands in `which` (bit j, operand j) fed as
+ * bf16 copies: refused (by the builder or by compile) unless ops.def's
+ * bf16 column lets the op read them; if it does, the kernel widens them
+ * exactly, so the op computes what it computes from f32 operands holding
+ * the same values, and a result it makes in bf16 holds those values
+ * rounded. */
+static void check_bf16_operands(ir_op op, unsigned which, int *checked)
+{
+    sample f;
+    assert_true(new_sample(op, &f));
+    unsigned made = 0;
+    bool allowed = true;
+    for (int j = 0; j < f.n_in; j++)
+        if (which >> j & 1) {
+            made |= 1u << f.made[j];
+            allowed = allowed && ir_op_reads_bf16(op, j);
+        }
+    sample h;
+    bool built = new_sample_fed(op, made, &h);
+    spmd_program *ph = built ? spmd_compile(h.g, &(spmd_compile_options){.threads = 1}) : NULL;
+    if (!allowed) {
+        if (ph)
+            fail_msg("%s: compiled with operands 0x%x in bf16, which ops.def's bf16 column "
+                     "does not let it read", ir_op_name(op), which);
+        assert_int_equal(spmd_last_status(), built ? SPMD_ERR_UNSUPPORTED : spmd_last_status());
+    } else {
+        if (!ph)
+            fail_msg("%s: ops.def's bf16 column lets it read operands 0x%x in bf16, but: %s",
+                     ir_op_name(op), which, spmd_last_error());
+        spmd_program *pf = compile(&f);
+        test_rng r = test_rng_for(23, ir_op_name(op));
+        values v;
+        draw(&f, &r, &v);
+        /* Every float operand's values held by bf16 exactly (matmul reads
+         * both operands in bf16 when one is). */
+        for (int j = 0; j < f.n_in; j++)
+            if (f.kind[j] != V_IDS) round_to_bf16(v.in[j], spmd_tensor_numel(f.in[j]));
+        /* h's inputs are f's, made in the same order. */
+        values vh = {0};
+        for (int j = 0; j < h.n_in; j++) vh.in[j] = v.in[j];
+        float *want = run(pf, &f, &v), *got = run(ph, &h, &vh);
+        int64_t n = spmd_tensor_numel(f.out);
+        if (h.out->dtype == SPMD_BF16) round_to_bf16(want, n);
+        char what[96];
+        snprintf(what, sizeof what, "%s reading operands 0x%x in bf16", ir_op_name(op), which);
+        assert_close(got, want, n, what);
+        free(want), free(got);
+        free_values(&f, &v);
+        spmd_program_free(pf);
+        (*checked)++;
+    }
+    spmd_program_free(ph);
+    if (built) spmd_graph_free(h.g);
+    spmd_graph_free(f.g);
+}
+
+static void test_bf16_column_is_the_kernels(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int op = 0; op < IR_OP_COUNT; op++) {
+        sample s;
+        if (!new_sample((ir_op)op, &s)) continue;
+        unsigned floats = 0;
+        for (int j = 0; j < s.n_in; j++)
+            if (s.kind[j] != V_IDS && s.in[j]->dtype == SPMD_F32) floats |= 1u << j;
+        spmd_graph_free(s.g);
+        /* Each float operand alone, and all of them; the ops that move
+         * values take operands of one type (concat refuses a mix). */
+        bool moves = ir_op_makes_bf16((ir_op)op);
+        for (int j = 0; j < IR_MAX_INPUTS; j++)
+            if (floats >> j & 1 && !(moves && floats != 1u << j))
+                check_bf16_operands((ir_op)op, 1u << j, &checked);
+        if (floats & (floats - 1)) check_bf16_operands((ir_op)op, floats, &checked);
+    }
+    assert_true(checked >= 10);
+}
+
 /* ---- Scratch: what the kernel uses is what compile gives it ------------------------------------ */
 
 enum { GUARD = 1 << 20, GUARD_BYTE = 0xA5 };
@@ -681,6 +797,7 @@ int main(void)
         cmocka_unit_test(test_partitioned_equals_one_device),
         cmocka_unit_test(test_fused_formula_is_the_kernels),
         cmocka_unit_test(test_fused_refuses_op_without_formula),
+        cmocka_unit_test(test_bf16_column_is_the_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

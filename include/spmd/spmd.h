@@ -136,6 +136,24 @@ SPMD_API spmd_tensor *spmd_gelu(spmd_graph *g, spmd_tensor *x); /* tanh form */
 SPMD_API spmd_tensor *spmd_relu(spmd_graph *g, spmd_tensor *x);
 SPMD_API spmd_tensor *spmd_sqrt(spmd_graph *g, spmd_tensor *x);
 SPMD_API spmd_tensor *spmd_rsqrt(spmd_graph *g, spmd_tensor *x);
+/* Any plain elementwise op of the op table by its name ("abs", "add";
+ * spmd_op_describe lists them; the builders above and below build the
+ * same ops): n_in f32 operands, one, or two broadcast as numpy does; `c`
+ * is the constant of a unary op whose formula reads one (scale's factor,
+ * pow_scalar's exponent), and 0 for every other op. */
+SPMD_API spmd_tensor *spmd_elementwise(spmd_graph *g, const char *op, spmd_tensor *const *in,
+                                       int n_in, float c);
+/* The op table, for front ends that build ops by name (the Python
+ * package): ops 0 .. spmd_op_count() - 1. */
+typedef struct spmd_op_info {
+    const char *name;
+    int arity;           /* operands; -1: any number (concat) */
+    bool elementwise;    /* plain elementwise: spmd_elementwise builds it */
+    bool constant;       /* its formula reads the constant c */
+    bool differentiable; /* it has a backward rule */
+} spmd_op_info;
+SPMD_API int spmd_op_count(void);
+SPMD_API spmd_status spmd_op_describe(int index, spmd_op_info *info);
 /* Exact GELU, x * 0.5 * (1 + erf(x / sqrt(2))): torch's nn.GELU(). */
 SPMD_API spmd_tensor *spmd_gelu_erf(spmd_graph *g, spmd_tensor *x);
 /* x * sigmoid(x) (SiLU, swish: Llama's SwiGLU). */

@@ -58,6 +58,8 @@ spmd_tensor *spmd_gelu_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_relu_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_sqrt_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_rsqrt_impl(spmd_graph *g, spmd_tensor *x);
+spmd_tensor *spmd_elementwise_impl(spmd_graph *g, const char *op, spmd_tensor *const *in, int n_in, float c);
+spmd_status spmd_op_describe_impl(int index, spmd_op_info *info);
 spmd_tensor *spmd_gelu_erf_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_silu_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_sigmoid_impl(spmd_graph *g, spmd_tensor *x);
@@ -459,6 +461,20 @@ spmd_tensor *spmd_rsqrt(spmd_graph *g, spmd_tensor *x)
 {
     spmd_tensor *r = spmd_rsqrt_impl(g, x);
     if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_elementwise(spmd_graph *g, const char *op, spmd_tensor *const *in, int n_in, float c)
+{
+    spmd_tensor *r = spmd_elementwise_impl(g, op, in, n_in, c);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_op_describe(int index, spmd_op_info *info)
+{
+    spmd_status r = spmd_op_describe_impl(index, info);
+    if (r == SPMD_OK) spmd_clear_error();
     return r;
 }
 

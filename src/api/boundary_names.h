@@ -52,6 +52,8 @@
 #define spmd_relu spmd_relu_impl
 #define spmd_sqrt spmd_sqrt_impl
 #define spmd_rsqrt spmd_rsqrt_impl
+#define spmd_elementwise spmd_elementwise_impl
+#define spmd_op_describe spmd_op_describe_impl
 #define spmd_gelu_erf spmd_gelu_erf_impl
 #define spmd_silu spmd_silu_impl
 #define spmd_sigmoid spmd_sigmoid_impl

@@ -78,7 +78,9 @@ static size_t scratch_attention(const spmd_tensor *t)
 static size_t scratch_attention_backward(const spmd_tensor *t)
 {
     size_t n = 2 * scratch_attention(t);
-    if (t->n_in >= 3 && t->in[0]->rank == 3 && t->in[0]->dtype == SPMD_BF16 && t->attr.attention.heads > 0)
+    bool narrow = t->n_in >= 3 && (t->in[0]->dtype == SPMD_BF16 || t->in[1]->dtype == SPMD_BF16 ||
+                                   t->in[2]->dtype == SPMD_BF16);
+    if (narrow && t->in[0]->rank == 3 && t->attr.attention.heads > 0)
         n += 3 * (size_t)t->in[0]->dims[1] * (size_t)(t->in[0]->dims[2] / t->attr.attention.heads) *
              sizeof(float);
     return n;

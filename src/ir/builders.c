@@ -154,6 +154,37 @@ spmd_tensor *spmd_pow_scalar(spmd_graph *g, spmd_tensor *x, float p)
     return t;
 }
 
+spmd_tensor *spmd_elementwise(spmd_graph *g, const char *op, spmd_tensor *const *in, int n_in,
+                              float c)
+{
+    int found = ir_op_lookup(op);
+    if (found < 0 || !ir_op_is_plain_elementwise((ir_op)found)) {
+        const char *why = found < 0 ? "no op of that name" : "not a plain elementwise op";
+        ir_error(g, SPMD_ERR_INVALID, "elementwise: '%s': %s", op ? op : "(null)", why);
+        return NULL;
+    }
+    return ir_elementwise(g, (ir_op)found, in, n_in, c);
+}
+
+spmd_tensor *ir_elementwise(spmd_graph *g, ir_op o, spmd_tensor *const *in, int n_in, float c)
+{
+    const char *op = ir_op_name(o);
+    int arity = ir_op_arity(o);
+    if (n_in != arity || !in) {
+        ir_error(g, SPMD_ERR_INVALID, "elementwise: %s takes %d operand%s, got %d", op, arity,
+                 arity == 1 ? "" : "s", n_in);
+        return NULL;
+    }
+    if (c != 0.0f && !ir_op_reads_constant(o)) {
+        ir_error(g, SPMD_ERR_INVALID, "elementwise: %s takes no constant, got %g", op, (double)c);
+        return NULL;
+    }
+    if (arity == 2) return binary(g, o, in[0], in[1]);
+    spmd_tensor *t = unary(g, o, in[0]);
+    if (t) t->attr.scale.c = c;
+    return t;
+}
+
 spmd_tensor *spmd_where(spmd_graph *g, spmd_tensor *cond, spmd_tensor *a, spmd_tensor *b)
 {
     spmd_tensor *in[3] = {cond, a, b};
@@ -796,7 +827,12 @@ spmd_tensor *spmd_concat(spmd_graph *g, spmd_tensor *const *xs, int n, int axis)
     dims[axis] = 0;
     for (int j = 0; j < n; j++) {
         const spmd_tensor *x = xs[j];
-        bool ok = x->rank == x0->rank && x->dtype == x0->dtype;
+        if (x->dtype != x0->dtype) {
+            ir_error(g, SPMD_ERR_INVALID, "concat: tensor %d is %s, tensor 0 %s: one type for all",
+                     j, spmd_dtype_name(x->dtype), spmd_dtype_name(x0->dtype));
+            return NULL;
+        }
+        bool ok = x->rank == x0->rank;
         for (int i = 0; ok && i < x->rank; i++) ok = i == axis || x->dims[i] == x0->dims[i];
         if (!ok) {
             char why[64];

@@ -4,6 +4,7 @@
  * their shape checks live in builders.c.
  */
 #include "ir/ir.h"
+#include "ir/op_columns.h"
 #include "base/error.h"
 
 #include <limits.h>
@@ -513,7 +514,25 @@ static const uint16_t op_bf16[] = {
 #undef BF16_READS
 #undef BF16_MOVES
 
+/* Whether the row's kernel is kern_formula (ir/op_columns.h), and its
+ * formula as written, which says whether it reads the constant c. */
+static const bool op_plain[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) \
+    IR_IS_FORMULA_KERNEL(kern),
+#include "ir/ops.def"
+#undef OP
+};
+
+static const char *const op_formula_text[] = {
+#define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) #formula,
+#include "ir/ops.def"
+#undef OP
+};
+
 _Static_assert(sizeof op_names / sizeof op_names[0] == IR_OP_COUNT, "op table out of step");
+_Static_assert(sizeof op_plain / sizeof op_plain[0] == IR_OP_COUNT, "op table out of step");
+_Static_assert(sizeof op_formula_text / sizeof op_formula_text[0] == IR_OP_COUNT,
+               "op table out of step");
 _Static_assert(sizeof op_kind / sizeof op_kind[0] == IR_OP_COUNT, "op table out of step");
 _Static_assert(sizeof op_bf16 / sizeof op_bf16[0] == IR_OP_COUNT, "op table out of step");
 _Static_assert(sizeof op_arity / sizeof op_arity[0] == IR_OP_COUNT, "op table out of step");
@@ -526,6 +545,46 @@ const char *ir_op_name(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_names[
 int ir_op_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_arity[op] : 0; }
 bool ir_op_carries_groups(ir_op op) { return (unsigned)op < IR_OP_COUNT && op_carries_groups[op]; }
 int ir_op_formula_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_formula_arity[op] : 0; }
+bool ir_op_is_plain_elementwise(ir_op op) { return (unsigned)op < IR_OP_COUNT && op_plain[op]; }
+
+static bool ident_char(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '_';
+}
+
+bool ir_op_reads_constant(ir_op op)
+{
+    if (ir_op_formula_arity(op) != 1) return false;
+    const char *s = op_formula_text[op];
+    for (size_t i = 0; s[i]; i++)
+        if (s[i] == 'c' && (i == 0 || !ident_char(s[i - 1])) && !ident_char(s[i + 1])) return true;
+    return false;
+}
+
+int spmd_op_count(void) { return IR_OP_COUNT; }
+
+spmd_status spmd_op_describe(int index, spmd_op_info *info)
+{
+    if (!info || index < 0 || index >= IR_OP_COUNT)
+        return base_error(SPMD_ERR_INVALID, "op_describe: no op %d (there are %d)%s", index,
+                          IR_OP_COUNT, info ? "" : "; info is NULL");
+    ir_op op = (ir_op)index;
+    *info = (spmd_op_info){.name = op_names[op],
+                           .arity = op_arity[op],
+                           .elementwise = op_plain[op],
+                           .constant = ir_op_reads_constant(op),
+                           .differentiable = ir_op_has_vjp(op)};
+    return SPMD_OK;
+}
+
+int ir_op_lookup(const char *name)
+{
+    for (int op = 0; name && op < IR_OP_COUNT; op++)
+        if (!strcmp(op_names[op], name)) return op;
+    return -1;
+}
+
 ir_op_kind ir_op_kind_of(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_kind[op] : IR_KIND_COMPUTE; }
 bool ir_op_is_leaf(ir_op op) { return ir_op_kind_of(op) == IR_KIND_LEAF; }
 bool ir_op_is_collective(ir_op op)

@@ -238,6 +238,16 @@ bool ir_op_carries_groups(ir_op op);
  * column): 1 (x, and the constant c), 2 (x, y), 3 (x, y, z: where), or 0
  * for an op without one.  The ops with a formula are the fusible ones (compile/fuse.c). */
 int ir_op_formula_arity(ir_op op);
+/* A plain elementwise op: its kernel is the standard loop over its
+ * formula (kern_formula), so spmd_elementwise builds it by name. */
+bool ir_op_is_plain_elementwise(ir_op op);
+/* Whether a unary formula reads the node's constant c (scale's factor,
+ * pow_scalar's exponent): read from the formula as written. */
+bool ir_op_reads_constant(ir_op op);
+/* The op of that name, or -1. */
+int ir_op_lookup(const char *name);
+/* spmd_elementwise for an op of the table (a plain elementwise one). */
+spmd_tensor *ir_elementwise(spmd_graph *g, ir_op op, spmd_tensor *const *in, int n_in, float c);
 
 /* Backward rule: given node t and the adjoint dy of its output, add each
  * input's adjoint contribution into dx[i] (NULL where the input gets none).

@@ -91,11 +91,16 @@ void kern_attention(const kern_args *a)
     }
 }
 
-/* Head h of bf16 x [B, T, C] at `off` (its row 0), widened exactly into
- * w [T, D]. */
-static void widen_head(const attn_dims *d, const bf16_bits *x, int64_t off, float *w)
+/* Head h of x [B, T, C] at `off` (its row 0) into w [T, D]: bf16
+ * widened exactly, f32 copied. */
+static void widen_head(const attn_dims *d, const void *x, spmd_dtype dtype, int64_t off, float *w)
 {
-    for (int64_t t = 0; t < d->T; t++) bf16_to_f32_n(w + t * d->D, x + off + t * d->C, (size_t)d->D);
+    for (int64_t t = 0; t < d->T; t++) {
+        if (dtype == SPMD_BF16)
+            bf16_to_f32_n(w + t * d->D, (const bf16_bits *)x + off + t * d->C, (size_t)d->D);
+        else
+            memcpy(w + t * d->D, (const float *)x + off + t * d->C, (size_t)d->D * sizeof *w);
+    }
 }
 
 /* (q, k, v, dout [B, T, C]) -> [3, B, T, C] = dq, dk, dv.  Per query block,
@@ -105,14 +110,17 @@ static void widen_head(const attn_dims *d, const bf16_bits *x, int64_t off, floa
  * dK and dV of a head sum over all query blocks, so a work item is a whole
  * (b, h); its blocks run last to first: the last block touches every key,
  * so it initialises dK, dV (beta 0) and the others accumulate (beta 1).
- * q, k and v may be bf16 (kept so under mixed precision, ir/autocast.c):
- * a work item then widens its head of each into scratch ([T, D], rows D
- * apart) and computes in f32 as from f32 operands. */
+ * q, k and v may be bf16 (kept so under mixed precision, ir/autocast.c;
+ * a leaf among them stays f32): a work item then widens its head of each
+ * into scratch ([T, D], rows D apart) and computes in f32 as from f32
+ * operands. */
 void kern_attention_backward(const kern_args *a)
 {
     attn_dims d = {0}; /* zeroed: without jump threading GCC cannot see attn_dims_get set it */
     if (!attn_dims_get(a->node, &d)) return;
-    const bool narrow = a->node->in[0]->dtype == SPMD_BF16;
+    spmd_tensor *const *in = a->node->in;
+    const bool narrow = in[0]->dtype == SPMD_BF16 || in[1]->dtype == SPMD_BF16 ||
+                        in[2]->dtype == SPMD_BF16;
     const float *dout = a->in[3];
     const int64_t n = d.B * d.T * d.C;
     float *dq = a->out, *dk = dq + n, *dv = dq + 2 * n;
@@ -129,7 +137,7 @@ void kern_attention_backward(const kern_args *a)
         int64_t ld;
         if (narrow) {
             float *w = wide;
-            for (int i = 0; i < 3; i++) widen_head(&d, a->in[i], off, w + i * d.T * d.D);
+            for (int i = 0; i < 3; i++) widen_head(&d, a->in[i], in[i]->dtype, off, w + i * d.T * d.D);
             qh = w, kh = w + d.T * d.D, vh = w + 2 * d.T * d.D, ld = d.D;
         } else {
             qh = (const float *)a->in[0] + off, kh = (const float *)a->in[1] + off;

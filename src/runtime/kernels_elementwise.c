@@ -9,6 +9,8 @@
  */
 #include "runtime/kernels_ops.h"
 
+#include "ir/op_columns.h"
+
 #include "base/bf16.h"
 
 #include <math.h>
@@ -271,18 +273,6 @@ void kern_where(const kern_args *a)
 
 /* ---- kern_formula: the kernels made from ops.def's formula column ----------- */
 
-/* The rows whose kernel column says kern_formula, picked out by the
- * preprocessor: KN_PROBE_kern_formula expands to two tokens, any other
- * kernel's name stays one, and KN_SECOND takes what follows it. */
-#define KN_PROBE_kern_formula ~, 1
-#define KN_SECOND(a, b, ...) b
-#define KN_IS_FORMULA_(...) KN_SECOND(__VA_ARGS__, 0, ~)
-#define KN_IS_FORMULA(kern) KN_IS_FORMULA_(KN_PROBE_##kern)
-#define KN_WHEN(c, ...) KN_WHEN_(c, __VA_ARGS__)
-#define KN_WHEN_(c, ...) KN_WHEN_##c(__VA_ARGS__)
-#define KN_WHEN_1(...) __VA_ARGS__
-#define KN_WHEN_0(...)
-
 /* One kernel per such row, its loop chosen by the formula's arity and the
  * row's signature: unary ops are elementwise; binary ones broadcast
  * (sig_broadcast) or are backward helpers of the same shapes reading a
@@ -296,7 +286,7 @@ void kern_where(const kern_args *a)
 #define KN_BINARY_sig_elementwise(e) DEFINE_GRAD_KERNEL(formula_##e, ew_##e)
 
 #define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16)  \
-    KN_WHEN(KN_IS_FORMULA(kern), KN_KERNEL(e, sig, formula))
+    IR_WHEN(IR_IS_FORMULA_KERNEL(kern), KN_KERNEL(e, sig, formula))
 #include "ir/ops.def"
 #undef OP
 
@@ -306,7 +296,7 @@ void kern_formula(const kern_args *a)
 {
     switch (a->node->op) {
 #define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16)  \
-    KN_WHEN(KN_IS_FORMULA(kern), case IR_##e : formula_##e(a); return;)
+    IR_WHEN(IR_IS_FORMULA_KERNEL(kern), case IR_##e : formula_##e(a); return;)
 #include "ir/ops.def"
 #undef OP
     default: break;
