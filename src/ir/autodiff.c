@@ -225,6 +225,21 @@ static spmd_status vjp_sigmoid(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, s
     return done(t, dx);
 }
 
+/* d|x| = dy sign(x): 0 at 0, as torch. */
+static spmd_status vjp_abs(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *x = t->in[0];
+    dx[0] = spmd_mul(g, dy, ir_elementwise(g, IR_SIGN, &x, 1, 0.0f));
+    return done(t, dx);
+}
+
+/* sign is flat wherever it has a slope: no gradient flows. */
+static spmd_status vjp_sign(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    (void)g, (void)t, (void)dy, (void)dx;
+    return SPMD_OK;
+}
+
 /* y = x^p: dx = dy p x^(p-1); p = 0 gives zeros and p = 1 dy itself, as
  * in torch, so no x^-1 is formed where it could be infinite. */
 static spmd_status vjp_pow_scalar(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
