@@ -51,7 +51,7 @@ packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev
           libopenmpi-dev openmpi-bin python3-dev python3-numpy libdnnl-dev)
 # Only for the tests: without them the checks that need them print a note
 # and are skipped.
-why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot and docs/pipeline.svg to PNG and PDF (test_cli_plot, test_pipeline_svg)"
+why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot and docs/design/pipeline.svg to PNG and PDF (test_cli_plot, test_pipeline_svg)"
 why[python3-pytest]="tests only: pytest runs the Python package's tests (tests/python, the CTest test python_tests)"
 why[python3-torch]="tests only: PyTorch, for the tests of libspmd.torch (tests/python)"
 why[nodejs]="tests only: node runs gpt-3-encoder's own JavaScript encoder, the oracle of test_cli_tokenize"

@@ -16,9 +16,11 @@ never rewritten: training runs get a pseudo-terminal and their text as a
 terminal shows it (the live progress line in its last state), and only
 long tables are cut to the rows the README discusses ("..." where rows
 were left out; a rule that matches nothing keeps the whole table).  Each
-timed figure names the machine (CPU model, cores, load).  --print writes
-the regenerated regions to stdout instead of the files; --only picks
-figures; --list names them.  Takes a few minutes (four 2000-step runs
+timed figure names the machine (CPU model, cores, load) and the day.
+(Measured figures that are not a command's output are in
+docs/benchmarks.md, each section with its machine, date and command.)
+--print writes the regenerated regions to stdout instead of the files;
+--only picks figures; --list names them.  Takes a few minutes (four 2000-step runs
 of the default model).
 """
 import json
@@ -123,8 +125,8 @@ def render_terminal(raw):
 
 
 def machine(timed=True):
-    """"AMD EPYC (AVX-512), 2 cores" and, for a timed figure on a busy
-    machine, its load."""
+    """"AMD EPYC (AVX-512), 2 cores", for a timed figure on a busy machine
+    its load, and the day ("on 2026-12-04"): figures are dated."""
     model, flags = "an unknown CPU", ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -142,7 +144,7 @@ def machine(timed=True):
     load = os.getloadavg()[0]
     if timed and load > cores / 2:
         text += f", shared (load average {load:.1f} at the start, so slower than when quiet)"
-    return text
+    return text + time.strftime(", on %Y-%m-%d", time.gmtime())
 
 
 # ---- Shaping output ----------------------------------------------------------

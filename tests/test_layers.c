@@ -1,6 +1,6 @@
 /*
  * The architecture the code keeps: the include order of the layers
- * (docs/DESIGN.md, "Layers"), and design sections cited by the sources:
+ * (docs/DESIGN.md, "Layers"):
  *
  *   base < ir < mesh < shard < compile < runtime < train, models < api < tools
  *
@@ -9,8 +9,7 @@
  * above.  This test reads every source file under src/ and tools/ and
  * fails on an include that goes up, or on a folder the order does not
  * name (a new folder must be given its place here and in the design).
- * Every section of the design a source file cites (the file name, a
- * comma, then quoted section names) must be a heading of docs/DESIGN.md.
+ * (The design sections the sources cite are checked by test_docs.)
  *
  * Inside tools/ the modules (each a .c with its own .h) keep an order of
  * their own, same-folder includes too (tool_groups below): a module may
@@ -372,97 +371,6 @@ static void test_module_order_rules(void **state)
     assert_int_equal(check_module_order("t", groups, 3, "base", ok, 7), 1);
 }
 
-/* ---- Design citations ---------------------------------------------------------------- */
-
-/* Whether docs/DESIGN.md has a heading `title` ("## Title", any depth). */
-static bool design_has_heading(const char *title)
-{
-    char path[1024], line[512];
-    snprintf(path, sizeof path, "%s/docs/DESIGN.md", SPMD_SOURCE_DIR);
-    FILE *f = fopen(path, "r");
-    if (!f) return false;
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        if (line[0] != '#') continue;
-        char *p = line;
-        while (*p == '#') p++;
-        while (*p == ' ') p++;
-        p[strcspn(p, "\n")] = '\0';
-        found = !strcmp(p, title);
-    }
-    fclose(f);
-    return found;
-}
-
-/* Check every citation in one file: the design's file name, a comma, and
- * one quoted section name or several joined by "and".  Returns the bad
- * ones. */
-static int check_citations(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int bad = 0;
-    char line[1024];
-    for (int n = 1; fgets(line, sizeof line, f); n++) {
-        const char *p = strstr(line, "DESIGN.md, \"");
-        if (!p) continue;
-        p += strlen("DESIGN.md, ");
-        while (*p == '"') {
-            const char *end = strchr(p + 1, '"');
-            if (!end) break;
-            char title[256];
-            snprintf(title, sizeof title, "%.*s", (int)(end - p - 1), p + 1);
-            if (!design_has_heading(title)) {
-                print_error("%s:%d cites \"%s\", which docs/DESIGN.md has no heading for\n", path,
-                            n, title);
-                bad++;
-            }
-            p = end + 1;
-            while (*p == ' ' || !strncmp(p, "and ", 4)) p += *p == ' ' ? 1 : 4;
-        }
-    }
-    fclose(f);
-    return bad;
-}
-
-static int check_folder_citations(const char *folder, int *files)
-{
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/%s", SPMD_SOURCE_DIR, folder);
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int bad = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char path[1536];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (e->d_type == DT_DIR) {
-            char sub[1024];
-            snprintf(sub, sizeof sub, "%s/%s", folder, e->d_name);
-            bad += check_folder_citations(sub, files);
-            continue;
-        }
-        bad += check_citations(path);
-        (*files)++;
-    }
-    closedir(d);
-    return bad;
-}
-
-static void test_design_citations_exist(void **state)
-{
-    (void)state;
-    assert_true(design_has_heading("Layers"));
-    assert_false(design_has_heading("No such section"));
-    int files = 0, bad = 0;
-    const char *folders[] = {"src", "include", "tools", "tests", "bench", "examples"};
-    for (size_t i = 0; i < sizeof folders / sizeof folders[0]; i++)
-        bad += check_folder_citations(folders[i], &files);
-    assert_true(files > 50);
-    assert_int_equal(bad, 0);
-}
-
 /* The checker itself: it must see an upward include, and only that. */
 static void test_checker_sees_violations(void **state)
 {
@@ -488,7 +396,6 @@ int main(void)
         cmocka_unit_test(test_module_order_rules),
         cmocka_unit_test(test_tools_keep_their_order),
         cmocka_unit_test(test_tools_order_sees_a_circle),
-        cmocka_unit_test(test_design_citations_exist),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,11 +1,12 @@
 /*
- * Collectives in flight (docs/DESIGN.md, "Schedule and memory plan" and
- * "Runtime"): with a transport made slow on purpose (coll_set_delay_us), a
- * step of an FSDP stack of layers takes about the larger of its compute
- * and its communication, not their sum, and gives the bits of the same
- * program with every collective a blocking step.  A byte budget
- * (spmd_compile_options.inflight_bytes) bounds the operands and results
- * in flight at once, and changes only when collectives run, not the bits.
+ * Collectives in flight (docs/DESIGN.md, "Collectives in flight" and
+ * "Devices and threads"): with a transport made slow on purpose
+ * (coll_set_delay_us), a step of an FSDP stack of layers takes about the
+ * larger of its compute and its communication, not their sum, and gives
+ * the bits of the same program with every collective a blocking step.  A
+ * byte budget (spmd_compile_options.inflight_bytes) bounds the operands
+ * and results in flight at once, and changes only when collectives run,
+ * not the bits.
  */
 #include <setjmp.h>
 #include <stdarg.h>

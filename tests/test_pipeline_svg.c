@@ -1,6 +1,6 @@
 /*
- * docs/pipeline.svg, the picture of docs/DESIGN.md's "Pipeline", stays
- * true to it:
+ * docs/design/pipeline.svg, the picture of the design's "Pipeline"
+ * (docs/design/pipeline.md), stays true to it:
  *   - its stages (<g class="stage" data-stage="...">) are the ones the
  *     section's diagram names ("build -> autodiff -> ..."), in that order,
  *     and the section shows the picture;
@@ -39,8 +39,8 @@ static int setup(void **state)
     (void)state;
     char path[SUPPORT_PATH];
     size_t len;
-    design = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "docs/DESIGN.md"), &len);
-    svg = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "docs/pipeline.svg"), &len);
+    design = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "docs/design/pipeline.md"), &len);
+    svg = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "docs/design/pipeline.svg"), &len);
     return 0;
 }
 
@@ -51,13 +51,12 @@ static int teardown(void **state)
     return 0;
 }
 
-/* The body of DESIGN's "## Pipeline", up to its first subsection. */
+/* The body of the page's "# Pipeline", up to its first section. */
 static char *pipeline_section(void)
 {
-    const char *at = strstr(design, "\n## Pipeline\n");
-    assert_non_null(at);
-    at += strlen("\n## Pipeline\n");
-    const char *end = strstr(at, "\n### ");
+    assert_memory_equal(design, "# Pipeline\n", strlen("# Pipeline\n"));
+    const char *at = design + strlen("# Pipeline\n");
+    const char *end = strstr(at, "\n## ");
     assert_non_null(end);
     char *body = strndup(at, (size_t)(end - at));
     assert_non_null(body);
@@ -132,10 +131,10 @@ static void test_stages_are_the_designs(void **state)
     assert_true(want.n >= 5);
     for (int i = 0; i < want.n || i < got.n; i++)
         if (i >= want.n || i >= got.n || strcmp(want.name[i], got.name[i]) != 0)
-            fail_msg("stage %d: DESIGN says \"%s\", the picture \"%s\"", i + 1,
+            fail_msg("stage %d: the design says \"%s\", the picture \"%s\"", i + 1,
                      i < want.n ? want.name[i] : "(none)", i < got.n ? got.name[i] : "(none)");
     char *body = pipeline_section();
-    if (!strstr(body, "](pipeline.svg)")) fail_msg("DESIGN's Pipeline does not show pipeline.svg");
+    if (!strstr(body, "](pipeline.svg)")) fail_msg("docs/design/pipeline.md does not show pipeline.svg");
     free(body);
 }
 
@@ -172,17 +171,17 @@ static void test_renders(void **state)
     (void)state;
     if (system("command -v rsvg-convert >/dev/null 2>&1") != 0) {
         print_message("note: no rsvg-convert (librsvg2-bin; scripts/install-deps.sh --tests): "
-                      "docs/pipeline.svg is not rendered\n");
+                      "docs/design/pipeline.svg is not rendered\n");
         skip();
     }
     char *dir = support_temp_dir("spmd-pipeline-svg");
     char png[SUPPORT_PATH], pdf[SUPPORT_PATH], cmd[4 * SUPPORT_PATH];
     support_path_in(png, dir, "pipeline.png");
     support_path_in(pdf, dir, "pipeline.pdf");
-    snprintf(cmd, sizeof cmd, "rsvg-convert -f png -o '%s' '%s/docs/pipeline.svg'", png,
+    snprintf(cmd, sizeof cmd, "rsvg-convert -f png -o '%s' '%s/docs/design/pipeline.svg'", png,
              SPMD_SOURCE_DIR);
     assert_int_equal(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "rsvg-convert -f pdf -o '%s' '%s/docs/pipeline.svg'", pdf,
+    snprintf(cmd, sizeof cmd, "rsvg-convert -f pdf -o '%s' '%s/docs/design/pipeline.svg'", pdf,
              SPMD_SOURCE_DIR);
     assert_int_equal(system(cmd), 0);
 

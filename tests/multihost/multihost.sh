@@ -147,7 +147,7 @@ for i in "${!HOSTS[@]}"; do
   # MPI's daemons cannot act over a dead link: after an MPI_Abort mpirun
   # waits to hear from every daemon, so with the default a job cut off from
   # a host would end only a quarter of an hour later (case 4; see DESIGN's
-  # "Failure model").  Each namespace has its own setting.
+  # "Over hosts").  Each namespace has its own setting.
   setup ip netns exec "$h" sh -c 'echo 5 > /proc/sys/net/ipv4/tcp_retries2'
 done
 
