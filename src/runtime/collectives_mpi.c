@@ -41,7 +41,6 @@
 #include "runtime/collectives.h"
 
 #include "base/arena.h"
-#include "base/bf16.h"
 #include "base/error.h"
 #include "runtime/collectives_impl.h"
 #include "runtime/wait.h"
@@ -69,11 +68,12 @@ enum {
     POLL_SPINS = 64,
     /* An all-reduce takes one round, every process getting every unit
      * whole and summing all of it, while each process receives at most
-     * this many floats that way (count times the other processes): there
+     * this many values that way (count times the other processes): there
      * latency rules, and with two processes both ways move the same bytes. */
     SMALL_ALL_REDUCE = 65536,
-    /* All-reduce chunks start at multiples of 16 floats (64 bytes). */
-    CHUNK_FLOATS = 16,
+    /* Chunks start at multiples of 16 elements (64 bytes of f32, where
+     * local members write their units' sums). */
+    CHUNK_ELEMS = 16,
 };
 
 typedef struct mpi_world mpi_world;
@@ -119,6 +119,7 @@ typedef struct mpi_group {
     coll_shm_group *shm; /* the local members' barrier and slots */
     int lead;          /* the leader's rank in this process's shared-memory world */
     coll_op op;        /* the leader's current call, for the watchdog's message */
+    coll_dtype type;
     MPI_Comm comm;     /* MPI_COMM_NULL until coll_world_connect */
     /* The leader's: requests, staging memory, and the outcome of its parts,
      * which the local members read after the next barrier.  Two records,
@@ -305,8 +306,9 @@ static spmd_status xfer_expired(mpi_group *g, int64_t waited_ns)
     base_error(SPMD_ERR_TIMEOUT,
                "collective timeout: %s: device %d (process %d on %s) waited %.1f s without "
                "progress for process %d on %s, %s (%d of the call's %d messages pending)",
-               coll_op_names[g->op], g->ranks[g->local[0]], w->rank, w->hosts[w->rank],
-               (double)waited_ns * 1e-9, proc, proc >= 0 ? w->hosts[proc] : "?",
+               coll_call_name(g->op, g->type).text, g->ranks[g->local[0]], w->rank,
+               w->hosts[w->rank], (double)waited_ns * 1e-9, proc,
+               proc >= 0 ? w->hosts[proc] : "?",
                recv >= 0 ? "whose message had not arrived" : "which had not taken its message",
                pending, x->n);
     char msg[MESSAGE];
@@ -443,14 +445,15 @@ static spmd_status usable(mpi_group *g)
  * of what it readied for the call (staging), which every member returns
  * if it failed, after a last barrier so that none of them still reads the
  * record when the leader writes the next one. */
-static spmd_status enter(mpi_group *g, int l, coll_op op, const void *in, void *out, int64_t a,
-                         int64_t b, int root, const int *src, spmd_status prepared)
+static spmd_status enter(mpi_group *g, int l, coll_call call, spmd_status prepared)
 {
     if (l == 0) {
         record(prepared, &g->entry_status, g->entry_message);
-        g->op = op;
+        g->op = call.op;
+        g->type = call.type;
     }
-    spmd_status st = coll_shm_enter(g->shm, l, op, in, out, a, b, root, src, src ? g->n : 0);
+    call.src_n = call.src ? g->n : 0;
+    spmd_status st = coll_shm_enter(g->shm, l, &call);
     if (st) return st;
     st = replay(g->entry_status, g->entry_message);
     if (st) coll_shm_sync(g->shm, l);
@@ -471,35 +474,51 @@ static void copy(void *dst, const void *src, size_t bytes)
     if (dst != src && bytes) memcpy(dst, src, bytes);
 }
 
-static const float *in_f(const mpi_group *g, int l) { return coll_shm_in(g->shm, l); }
-static float *out_f(const mpi_group *g, int l) { return coll_shm_out(g->shm, l); }
+static const void *in_of(const mpi_group *g, int l) { return coll_shm_in(g->shm, l); }
+static void *out_of(const mpi_group *g, int l) { return coll_shm_out(g->shm, l); }
 
 /* Elements [lo, hi) of `count` that part i of n holds. */
 static void chunk_of(int64_t count, int n, int i, int64_t *lo, int64_t *hi)
 {
-    int64_t units = (count + CHUNK_FLOATS - 1) / CHUNK_FLOATS;
-    int64_t a = (units / n * i + units % n * i / n) * CHUNK_FLOATS;
-    int64_t b = (units / n * (i + 1) + units % n * (i + 1) / n) * CHUNK_FLOATS;
+    int64_t units = (count + CHUNK_ELEMS - 1) / CHUNK_ELEMS;
+    int64_t a = (units / n * i + units % n * i / n) * CHUNK_ELEMS;
+    int64_t b = (units / n * (i + 1) + units % n * (i + 1) / n) * CHUNK_ELEMS;
     *lo = a < count ? a : count;
     *hi = b < count ? b : count;
 }
 
 static bool local_unit(const mpi_group *g, const unit *u) { return u->proc == g->me; }
 
-/* Sum this process's units of more than one member, elements [from, to)
- * of each, from its members' inputs (viewed flat) into `stage` (unit u at
- * stage + inner[u] * stride) or, without stage, in place into the unit's
- * first member's buffer. */
-static void sum_local_units(mpi_group *g, int l, float *stage, int64_t stride, int64_t from,
-                            int64_t to)
+/* Sums of any element type travel in that type where it keeps the bits
+ * and in f32 where it must: a unit of one member sends its values, a unit
+ * of several its f32 partial sum (which a narrower type could not carry
+ * without changing the result).  The owner of an element evaluates the
+ * tree over them and stores the sum in the type, rounded once.  f32 is the
+ * sums' own type, so an f32 all-reduce sums a unit in place, into its
+ * first member's buffer; other types sum it into staging. */
+static bool single(const unit *u) { return u->hi - u->lo == 1; }
+
+/* What unit u sends: its member's values, or its f32 sum. */
+static coll_dtype wire_type(const mpi_group *g, int u, coll_dtype type)
+{
+    return single(&g->units[u]) ? type : COLL_F32;
+}
+
+/* Sum this process's units of several members in f32, elements [from, to)
+ * of each, from its members' inputs (of `type`, viewed flat) into `sums`
+ * (unit u at sums + inner[u] * stride) or, without sums, in place into the
+ * unit's first member's buffer (f32). */
+static void sum_local_units(mpi_group *g, int l, coll_dtype type, float *sums, int64_t stride,
+                            int64_t from, int64_t to)
 {
     coll_term *t = g->terms + (size_t)l * (size_t)g->n;
     for (int u = 0; u < g->n_units; u++) {
         const unit *un = &g->units[u];
         if (g->inner[u] < 0) continue;
-        for (int m = un->lo; m < un->hi; m++) t[m] = (coll_term){in_f(g, g->local_of[m]), 0, m + 1, NULL};
-        float *out = stage ? stage + stride * g->inner[u] : out_f(g, g->local_of[un->lo]);
-        coll_tree_sum(t, un->lo, un->hi, 0, from, out + from, to - from);
+        for (int m = un->lo; m < un->hi; m++)
+            t[m] = (coll_term){in_of(g, g->local_of[m]), type, 0, m + 1};
+        float *out = sums ? sums + stride * g->inner[u] : out_of(g, g->local_of[un->lo]);
+        coll_tree_sum(t, un->lo, un->hi, 0, from, out + from, COLL_F32, to - from);
     }
 }
 
@@ -510,93 +529,127 @@ static bool one_round(const mpi_group *g, int64_t count)
     return count * (g->q - 1) <= SMALL_ALL_REDUCE;
 }
 
-/* The leader's exchange.  Every unit of this process is in the buffer of
- * its first member (summed there first when it has several).  Each
- * process owns a chunk: it receives every other process's units for it,
- * evaluates the tree there, into the leader's buffer, and sends the result
- * to every process.  Small buffers take one round instead: every process
- * gets every unit whole and evaluates all of it. */
-static spmd_status all_reduce_exchange(mpi_group *g, float *buf, int64_t count)
+/* Staging of an all-reduce: the sums of this process's units of several
+ * members (count each; none for f32, summed in place), then room for f32
+ * for each remote unit's part of this process's chunk. */
+static float *all_reduce_sums(const mpi_group *g, coll_dtype type)
+{
+    return type == COLL_F32 ? NULL : g->stage;
+}
+
+static size_t all_reduce_stage_floats(const mpi_group *g, coll_dtype type, int64_t count,
+                                      int64_t chunk)
+{
+    return (type == COLL_F32 ? 0 : (size_t)count * (size_t)g->n_inner_units) +
+           (size_t)chunk * (size_t)g->n_remote_units;
+}
+
+/* Local unit u's values from element `at`. */
+static coll_term all_reduce_term(const mpi_group *g, int u, coll_dtype type, const float *sums,
+                                 int64_t count, int64_t at)
+{
+    const unit *un = &g->units[u];
+    if (single(un) || !sums)
+        return (coll_term){coll_elem(in_of(g, g->local_of[un->lo]), type, at), type, 0, un->hi};
+    return (coll_term){sums + count * g->inner[u] + at, COLL_F32, 0, un->hi};
+}
+
+/* The leader's exchange.  Each process owns a chunk: it receives every
+ * other process's units for it, evaluates the tree there, into the
+ * leader's buffer, and sends the result to every process.  Small buffers
+ * take one round instead: every process gets every unit whole and
+ * evaluates all of it. */
+static spmd_status all_reduce_exchange(mpi_group *g, coll_dtype type, void *buf, int64_t count)
 {
     bool whole = one_round(g, count);
     int64_t lo = 0, hi = count;
     if (!whole) chunk_of(count, g->q, g->me, &lo, &hi);
-    int64_t len = hi - lo;
-    float *stage = g->stage;
+    int64_t len = hi - lo, es = (int64_t)coll_dtype_size(type);
+    float *sums = all_reduce_sums(g, type);
+    float *remote = (float *)g->stage + (sums ? count * g->n_inner_units : 0);
     coll_term *t = g->terms; /* the leader's row */
     for (int u = 0; u < g->n_units; u++) {
         const unit *un = &g->units[u];
         if (local_unit(g, un)) {
-            t[un->lo] = (coll_term){in_f(g, g->local_of[un->lo]) + lo, 0, un->hi, NULL};
-        } else {
-            float *at = stage + len * g->slot[u];
-            t[un->lo] = (coll_term){at, 0, un->hi, NULL};
-            recv_from(g, at, (int64_t)sizeof(float) * len, un->proc);
+            t[un->lo] = all_reduce_term(g, u, type, sums, count, lo);
+            continue;
         }
+        float *at = remote + len * g->slot[u];
+        coll_dtype wire = wire_type(g, u, type);
+        t[un->lo] = (coll_term){at, wire, 0, un->hi};
+        recv_from(g, at, (int64_t)coll_dtype_size(wire) * len, un->proc);
     }
     for (int c = 0; c < g->q; c++) {
         if (c == g->me) continue;
         int64_t clo = 0, chi = count;
         if (!whole) chunk_of(count, g->q, c, &clo, &chi);
-        for (int u = 0; u < g->n_units; u++)
-            if (local_unit(g, &g->units[u]))
-                send_to(g, in_f(g, g->local_of[g->units[u].lo]) + clo,
-                        (int64_t)sizeof(float) * (chi - clo), c);
+        for (int u = 0; u < g->n_units; u++) {
+            if (!local_unit(g, &g->units[u])) continue;
+            coll_term v = all_reduce_term(g, u, type, sums, count, clo);
+            send_to(g, v.base, (int64_t)coll_dtype_size(v.type) * (chi - clo), c);
+        }
     }
     spmd_status st = xfer_wait(g);
     if (st) return st;
-    coll_tree_sum(t, 0, g->n, 0, 0, buf + lo, len);
+    coll_tree_sum(t, 0, g->n, 0, 0, coll_elem(buf, type, lo), type, len);
     if (whole) return SPMD_OK;
     for (int c = 0; c < g->q; c++) {
         if (c == g->me) continue;
         int64_t clo, chi;
         chunk_of(count, g->q, c, &clo, &chi);
-        recv_from(g, buf + clo, (int64_t)sizeof(float) * (chi - clo), c);
-        send_to(g, buf + lo, (int64_t)sizeof(float) * len, c);
+        recv_from(g, coll_elem(buf, type, clo), es * (chi - clo), c);
+        send_to(g, coll_elem(buf, type, lo), es * len, c);
     }
     return xfer_wait(g);
 }
 
-static spmd_status mpi_all_reduce(coll_group *pub, int member, float *buf, int64_t count)
+static spmd_status mpi_all_reduce(coll_group *pub, int member, void *buf, int64_t count,
+                                  coll_dtype type)
 {
     mpi_group *g = pub->impl;
     int l = local_index(g, member, COLL_OP_ALL_REDUCE);
     if (l < 0) return base_error_status();
+    if (!coll_dtype_valid(type))
+        return base_error(SPMD_ERR_INVALID, "all_reduce: element type %d", (int)type);
     if (count < 0 || (count > 0 && !buf))
-        return base_error(SPMD_ERR_INVALID, "all_reduce: %lld floats at %p", (long long)count,
-                          (void *)buf);
+        return base_error(SPMD_ERR_INVALID, "all_reduce: %lld %s values at %p", (long long)count,
+                          coll_dtype_name(type), buf);
     spmd_status st = usable(g);
     if (st) return st;
     spmd_status prepared = SPMD_OK;
     if (l == 0) {
         int64_t lo = 0, hi = count;
         if (!one_round(g, count)) chunk_of(count, g->q, g->me, &lo, &hi);
-        if (!stage_reserve(g, sizeof(float) * (size_t)(hi - lo) * (size_t)g->n_remote_units))
+        if (!stage_reserve(g, sizeof(float) * all_reduce_stage_floats(g, type, count, hi - lo)))
             prepared = base_error_status();
     }
-    st = enter(g, l, COLL_OP_ALL_REDUCE, buf, buf, count, 0, 0, NULL, prepared);
+    st = enter(g, l,
+               (coll_call){.op = COLL_OP_ALL_REDUCE, .type = type, .in = buf, .out = buf,
+                           .a = count},
+               prepared);
     if (st) return st;
     if (g->n_inner_units) {
-        /* In place: a unit's members are read by that unit's sum only, and
-         * they all get the result in the end. */
+        /* In place for f32: a unit's members are read by that unit's sum
+         * only, and they all get the result in the end. */
         int64_t from, to;
         chunk_of(count, g->k, l, &from, &to);
-        sum_local_units(g, l, NULL, 0, from, to);
+        sum_local_units(g, l, type, all_reduce_sums(g, type), count, from, to);
         coll_shm_sync(g->shm, l);
     }
-    st = exchanged(g, l, l == 0 ? all_reduce_exchange(g, buf, count) : SPMD_OK);
-    if (!st && l != 0) copy(buf, in_f(g, 0), sizeof *buf * (size_t)count);
+    st = exchanged(g, l, l == 0 ? all_reduce_exchange(g, type, buf, count) : SPMD_OK);
+    if (!st && l != 0) copy(buf, in_of(g, 0), coll_dtype_size(type) * (size_t)count);
     coll_shm_sync(g->shm, l);
     return st;
 }
 
 /* ---- Reduce-scatter ------------------------------------------------------------------ */
 
-/* Staging of a reduce-scatter of [outer, n * inner] (floats): this
- * process's unit sums (each [outer, n * inner]), what it receives (for
- * each local member, each remote unit's [outer, inner]), and with
- * outer > 1 what it sends, packed (for each remote member, each local
- * unit's [outer, inner]). */
+/* Staging of a reduce-scatter of [outer, n * inner], in floats, so each
+ * region has room for f32 values (a unit of one member of a narrower type
+ * uses part of its block): this process's unit sums (each [outer, n *
+ * inner]), what it receives (for each local member, each remote unit's
+ * [outer, inner]), and with outer > 1 what it sends, packed (for each
+ * remote member, each local unit's [outer, inner]). */
 typedef struct rs_stage {
     float *sums, *recv, *pack;
     int64_t block; /* outer * inner */
@@ -618,49 +671,68 @@ static rs_stage rs_layout(const mpi_group *g, float *stage, int64_t outer, int64
     return s;
 }
 
-/* Where unit u (of this process) keeps its [outer, n * inner] values. */
-static const float *rs_unit(const mpi_group *g, const rs_stage *s, int u, int64_t outer,
-                            int64_t inner)
+/* Local unit u's [outer, n * inner] values from column `col`: its
+ * member's input, or its f32 sum. */
+static coll_term rs_term(const mpi_group *g, const rs_stage *s, int u, coll_dtype type,
+                         int64_t outer, int64_t inner, int64_t col)
 {
-    if (g->inner[u] >= 0) return s->sums + outer * inner * g->n * g->inner[u];
-    return in_f(g, g->local_of[g->units[u].lo]);
+    const unit *un = &g->units[u];
+    int64_t width = inner * g->n;
+    if (g->inner[u] < 0)
+        return (coll_term){coll_elem(in_of(g, g->local_of[un->lo]), type, col), type, width,
+                           un->hi};
+    return (coll_term){s->sums + outer * width * g->inner[u] + col, COLL_F32, width, un->hi};
 }
 
-static spmd_status reduce_scatter_exchange(mpi_group *g, int64_t outer, int64_t inner)
+/* Remote unit u's [outer, inner] block for local member jl, as received. */
+static float *rs_received(const mpi_group *g, const rs_stage *s, int u, int jl)
+{
+    return s->recv + s->block * (g->n_remote_units * jl + g->slot[u]);
+}
+
+static spmd_status reduce_scatter_exchange(mpi_group *g, coll_dtype type, int64_t outer,
+                                           int64_t inner)
 {
     rs_stage s = rs_layout(g, g->stage, outer, inner, NULL);
-    int64_t width = inner * g->n, bytes = (int64_t)sizeof(float) * s.block;
     for (int jl = 0; jl < g->k; jl++)
         for (int u = 0; u < g->n_units; u++)
             if (!local_unit(g, &g->units[u]))
-                recv_from(g, s.recv + s.block * (g->n_remote_units * jl + g->slot[u]), bytes,
+                recv_from(g, rs_received(g, &s, u, jl),
+                          (int64_t)coll_dtype_size(wire_type(g, u, type)) * s.block,
                           g->units[u].proc);
     for (int j = 0; j < g->n; j++) {
         if (g->local_of[j] >= 0) continue;
         for (int u = 0; u < g->n_units; u++) {
             if (!local_unit(g, &g->units[u])) continue;
-            const float *from = rs_unit(g, &s, u, outer, inner) + inner * j;
+            coll_term v = rs_term(g, &s, u, type, outer, inner, inner * j);
+            size_t es = coll_dtype_size(v.type);
+            const unsigned char *from = v.base;
             if (outer > 1) {
-                float *pack = s.pack + s.block * (g->n_local_units * g->remote_of[j] + g->slot[u]);
+                unsigned char *pack = (unsigned char *)(s.pack + s.block * (g->n_local_units *
+                                                                            g->remote_of[j] +
+                                                                        g->slot[u]));
                 for (int64_t r = 0; r < outer; r++)
-                    memcpy(pack + inner * r, from + width * r, sizeof *pack * (size_t)inner);
+                    memcpy(pack + es * (size_t)(inner * r), from + es * (size_t)(v.stride * r),
+                           es * (size_t)inner);
                 from = pack;
             }
-            send_to(g, from, bytes, g->proc_of[j]);
+            send_to(g, from, (int64_t)es * s.block, g->proc_of[j]);
         }
     }
     return xfer_wait(g);
 }
 
-static spmd_status mpi_reduce_scatter(coll_group *pub, int member, const float *in, float *out,
-                                      int64_t outer, int64_t inner)
+static spmd_status mpi_reduce_scatter(coll_group *pub, int member, const void *in, void *out,
+                                      int64_t outer, int64_t inner, coll_dtype type)
 {
     mpi_group *g = pub->impl;
     int l = local_index(g, member, COLL_OP_REDUCE_SCATTER);
     if (l < 0) return base_error_status();
+    if (!coll_dtype_valid(type))
+        return base_error(SPMD_ERR_INVALID, "reduce_scatter: element type %d", (int)type);
     if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
-        return base_error(SPMD_ERR_INVALID, "reduce_scatter: [%lld, %lld floats]",
-                          (long long)outer, (long long)inner);
+        return base_error(SPMD_ERR_INVALID, "reduce_scatter: [%lld, %lld %s values]",
+                          (long long)outer, (long long)inner, coll_dtype_name(type));
     spmd_status st = usable(g);
     if (st) return st;
     spmd_status prepared = SPMD_OK;
@@ -669,16 +741,19 @@ static spmd_status mpi_reduce_scatter(coll_group *pub, int member, const float *
         rs_layout(g, NULL, outer, inner, &floats);
         if (!stage_reserve(g, sizeof(float) * floats)) prepared = base_error_status();
     }
-    st = enter(g, l, COLL_OP_REDUCE_SCATTER, in, out, outer, inner, 0, NULL, prepared);
+    st = enter(g, l,
+               (coll_call){.op = COLL_OP_REDUCE_SCATTER, .type = type, .in = in, .out = out,
+                           .a = outer, .b = inner},
+               prepared);
     if (st) return st;
     rs_stage s = rs_layout(g, g->stage, outer, inner, NULL);
     if (g->n_inner_units) {
         int64_t from, to;
         chunk_of(outer * inner * g->n, g->k, l, &from, &to);
-        sum_local_units(g, l, s.sums, outer * inner * g->n, from, to);
+        sum_local_units(g, l, type, s.sums, outer * inner * g->n, from, to);
         coll_shm_sync(g->shm, l);
     }
-    st = exchanged(g, l, l == 0 ? reduce_scatter_exchange(g, outer, inner) : SPMD_OK);
+    st = exchanged(g, l, l == 0 ? reduce_scatter_exchange(g, type, outer, inner) : SPMD_OK);
     if (!st) {
         /* Each member sums its own block over the units.  `out` may be that
          * block of `in` (outer == 1): nothing else reads it any more. */
@@ -686,13 +761,13 @@ static spmd_status mpi_reduce_scatter(coll_group *pub, int member, const float *
         for (int u = 0; u < g->n_units; u++) {
             const unit *un = &g->units[u];
             if (local_unit(g, un))
-                t[un->lo] = (coll_term){rs_unit(g, &s, u, outer, inner) + inner * member,
-                                        inner * g->n, un->hi, NULL};
+                t[un->lo] = rs_term(g, &s, u, type, outer, inner, inner * member);
             else
-                t[un->lo] = (coll_term){s.recv + s.block * (g->n_remote_units * l + g->slot[u]),
-                                        inner, un->hi, NULL};
+                t[un->lo] = (coll_term){rs_received(g, &s, u, l), wire_type(g, u, type), inner,
+                                        un->hi};
         }
-        for (int64_t r = 0; r < outer; r++) coll_tree_sum(t, 0, g->n, r, 0, out + inner * r, inner);
+        for (int64_t r = 0; r < outer; r++)
+            coll_tree_sum(t, 0, g->n, r, 0, coll_elem(out, type, inner * r), type, inner);
     }
     coll_shm_sync(g->shm, l);
     return st;
@@ -726,7 +801,10 @@ static spmd_status mpi_all_gather(coll_group *pub, int member, const void *in, v
     spmd_status prepared = SPMD_OK;
     if (l == 0 && outer > 1 && !stage_reserve(g, (size_t)block * (size_t)(g->n - g->k)))
         prepared = base_error_status();
-    st = enter(g, l, COLL_OP_ALL_GATHER, in, out, outer, inner_bytes, 0, NULL, prepared);
+    st = enter(g, l,
+               (coll_call){.op = COLL_OP_ALL_GATHER, .in = in, .out = out, .a = outer,
+                           .b = inner_bytes},
+               prepared);
     if (st) return st;
     unsigned char *o = out, *stage = g->stage;
     if (l == 0) {
@@ -781,7 +859,8 @@ static spmd_status mpi_all_to_all(coll_group *pub, int member, const void *in, v
         return base_error(SPMD_ERR_INVALID, "all_to_all: out must not be in");
     spmd_status st = usable(g);
     if (st) return st;
-    st = enter(g, l, COLL_OP_ALL_TO_ALL, in, out, bytes, 0, 0, NULL, SPMD_OK);
+    st = enter(g, l, (coll_call){.op = COLL_OP_ALL_TO_ALL, .in = in, .out = out, .a = bytes},
+               SPMD_OK);
     if (st) return st;
     if (l == 0) {
         for (int i = 0; i < g->n; i++)
@@ -834,7 +913,10 @@ static spmd_status mpi_broadcast(coll_group *pub, int member, void *buf, int64_t
         return base_error(SPMD_ERR_INVALID, "broadcast: %lld bytes", (long long)bytes);
     spmd_status st = usable(g);
     if (st) return st;
-    st = enter(g, l, COLL_OP_BROADCAST, buf, buf, bytes, 0, root, NULL, SPMD_OK);
+    st = enter(g, l,
+               (coll_call){.op = COLL_OP_BROADCAST, .in = buf, .out = buf, .a = bytes,
+                           .root = root},
+               SPMD_OK);
     if (st) return st;
     st = exchanged(g, l, l == 0 ? broadcast_exchange(g, root, bytes) : SPMD_OK);
     int source = g->proc_of[root] == g->me ? g->local_of[root] : 0;
@@ -858,7 +940,9 @@ static spmd_status mpi_permute(coll_group *pub, int member, const void *in, void
                               src[i], g->n);
     spmd_status st = usable(g);
     if (st) return st;
-    st = enter(g, l, COLL_OP_PERMUTE, in, out, bytes, 0, 0, src, SPMD_OK);
+    st = enter(g, l,
+               (coll_call){.op = COLL_OP_PERMUTE, .in = in, .out = out, .a = bytes, .src = src},
+               SPMD_OK);
     if (st) return st;
     if (l == 0) {
         for (int jl = 0; jl < g->k; jl++) {
@@ -875,209 +959,6 @@ static spmd_status mpi_permute(coll_group *pub, int member, const void *in, void
     return exchanged(g, l, l == 0 ? xfer_wait(g) : SPMD_OK);
 }
 
-/* ---- bf16 reductions -------------------------------------------------------------- */
-
-/* bf16 reductions move bf16 between processes where that keeps the
- * bits: a unit of one member sends its bf16 values, a unit of several its
- * f32 partial sum (which a bf16 could not carry without changing the
- * result); the owner of an element evaluates the tree over them and
- * rounds once; an all-reduce's summed chunks travel as bf16. */
-static const uint16_t *in_h(const mpi_group *g, int l) { return coll_shm_in(g->shm, l); }
-
-static bool single(const unit *u) { return u->hi - u->lo == 1; }
-
-/* This process's units of several members summed in f32, elements
- * [from, to) of each, into sums + count * inner[u]. */
-static void sum_local_units_bf16(mpi_group *g, int l, float *sums, int64_t count, int64_t from,
-                                 int64_t to)
-{
-    coll_term *t = g->terms + (size_t)l * (size_t)g->n;
-    for (int u = 0; u < g->n_units; u++) {
-        const unit *un = &g->units[u];
-        if (g->inner[u] < 0) continue;
-        for (int m = un->lo; m < un->hi; m++)
-            t[m] = (coll_term){.end = m + 1, .half = in_h(g, g->local_of[m])};
-        coll_tree_sum(t, un->lo, un->hi, 0, from, sums + count * g->inner[u] + from, to - from);
-    }
-}
-
-/* A local unit's values from element `at`: its bf16 member's, or its f32 sum. */
-static coll_term local_term_bf16(const mpi_group *g, int u, const float *sums, int64_t count,
-                                 int64_t at)
-{
-    const unit *un = &g->units[u];
-    if (single(un)) return (coll_term){.end = un->hi, .half = in_h(g, g->local_of[un->lo]) + at};
-    return (coll_term){sums + count * g->inner[u] + at, 0, un->hi, NULL};
-}
-
-static spmd_status all_reduce_exchange_bf16(mpi_group *g, uint16_t *buf, int64_t count)
-{
-    bool whole = one_round(g, count);
-    int64_t lo = 0, hi = count;
-    if (!whole) chunk_of(count, g->q, g->me, &lo, &hi);
-    int64_t len = hi - lo;
-    float *sums = g->stage;
-    unsigned char *remote = (unsigned char *)(sums + count * g->n_inner_units);
-    coll_term *t = g->terms; /* the leader's row */
-    for (int u = 0; u < g->n_units; u++) {
-        const unit *un = &g->units[u];
-        if (local_unit(g, un)) {
-            t[un->lo] = local_term_bf16(g, u, sums, count, lo);
-            continue;
-        }
-        void *at = remote + (size_t)(4 * len) * (size_t)g->slot[u]; /* room for f32 */
-        t[un->lo] = single(un) ? (coll_term){.end = un->hi, .half = at}
-                               : (coll_term){at, 0, un->hi, NULL};
-        recv_from(g, at, (single(un) ? 2 : 4) * len, un->proc);
-    }
-    for (int c = 0; c < g->q; c++) {
-        if (c == g->me) continue;
-        int64_t clo = 0, chi = count;
-        if (!whole) chunk_of(count, g->q, c, &clo, &chi);
-        for (int u = 0; u < g->n_units; u++) {
-            if (!local_unit(g, &g->units[u])) continue;
-            coll_term v = local_term_bf16(g, u, sums, count, clo);
-            send_to(g, v.half ? (const void *)v.half : (const void *)v.base,
-                    (v.half ? 2 : 4) * (chi - clo), c);
-        }
-    }
-    spmd_status st = xfer_wait(g);
-    if (st) return st;
-    coll_tree_sum_bf16(t, 0, g->n, 0, 0, buf + lo, len);
-    if (whole) return SPMD_OK;
-    for (int c = 0; c < g->q; c++) {
-        if (c == g->me) continue;
-        int64_t clo, chi;
-        chunk_of(count, g->q, c, &clo, &chi);
-        recv_from(g, buf + clo, 2 * (chi - clo), c);
-        send_to(g, buf + lo, 2 * len, c);
-    }
-    return xfer_wait(g);
-}
-
-static spmd_status mpi_all_reduce_bf16(coll_group *pub, int member, uint16_t *buf, int64_t count)
-{
-    mpi_group *g = pub->impl;
-    int l = local_index(g, member, COLL_OP_ALL_REDUCE_BF16);
-    if (l < 0) return base_error_status();
-    if (count < 0 || (count > 0 && !buf))
-        return base_error(SPMD_ERR_INVALID, "all_reduce (bf16): %lld values at %p",
-                          (long long)count, (void *)buf);
-    spmd_status st = usable(g);
-    if (st) return st;
-    spmd_status prepared = SPMD_OK;
-    if (l == 0) {
-        int64_t lo = 0, hi = count;
-        if (!one_round(g, count)) chunk_of(count, g->q, g->me, &lo, &hi);
-        size_t floats = (size_t)count * (size_t)g->n_inner_units +
-                        (size_t)(hi - lo) * (size_t)g->n_remote_units;
-        if (!stage_reserve(g, sizeof(float) * floats)) prepared = base_error_status();
-    }
-    st = enter(g, l, COLL_OP_ALL_REDUCE_BF16, buf, buf, count, 0, 0, NULL, prepared);
-    if (st) return st;
-    if (g->n_inner_units) {
-        int64_t from, to;
-        chunk_of(count, g->k, l, &from, &to);
-        sum_local_units_bf16(g, l, g->stage, count, from, to);
-        coll_shm_sync(g->shm, l);
-    }
-    st = exchanged(g, l, l == 0 ? all_reduce_exchange_bf16(g, buf, count) : SPMD_OK);
-    if (!st && l != 0) copy(buf, in_h(g, 0), sizeof *buf * (size_t)count);
-    coll_shm_sync(g->shm, l);
-    return st;
-}
-
-/* The reduce-scatter alike: rs_layout's regions with room for f32 in each
- * (a unit of one member uses half of its block); the sums of this
- * process's units of several members are f32. */
-static coll_term rs_term_bf16(const mpi_group *g, const rs_stage *s, int u, int64_t outer,
-                              int64_t inner, int64_t col)
-{
-    const unit *un = &g->units[u];
-    int64_t width = inner * g->n;
-    if (single(un))
-        return (coll_term){.stride = width, .end = un->hi, .half = in_h(g, g->local_of[un->lo]) + col};
-    return (coll_term){s->sums + outer * width * g->inner[u] + col, width, un->hi, NULL};
-}
-
-static spmd_status reduce_scatter_exchange_bf16(mpi_group *g, int64_t outer, int64_t inner)
-{
-    rs_stage s = rs_layout(g, g->stage, outer, inner, NULL);
-    for (int jl = 0; jl < g->k; jl++)
-        for (int u = 0; u < g->n_units; u++)
-            if (!local_unit(g, &g->units[u]))
-                recv_from(g, s.recv + s.block * (g->n_remote_units * jl + g->slot[u]),
-                          (single(&g->units[u]) ? 2 : 4) * s.block, g->units[u].proc);
-    for (int j = 0; j < g->n; j++) {
-        if (g->local_of[j] >= 0) continue;
-        for (int u = 0; u < g->n_units; u++) {
-            if (!local_unit(g, &g->units[u])) continue;
-            coll_term v = rs_term_bf16(g, &s, u, outer, inner, inner * j);
-            size_t es = v.half ? 2 : 4;
-            const unsigned char *from = v.half ? (const void *)v.half : (const void *)v.base;
-            if (outer > 1) {
-                unsigned char *pack = (unsigned char *)(s.pack + s.block * (g->n_local_units *
-                                                                            g->remote_of[j] + g->slot[u]));
-                for (int64_t r = 0; r < outer; r++)
-                    memcpy(pack + es * (size_t)(inner * r), from + es * (size_t)(v.stride * r),
-                           es * (size_t)inner);
-                from = pack;
-            }
-            send_to(g, from, (int64_t)es * s.block, g->proc_of[j]);
-        }
-    }
-    return xfer_wait(g);
-}
-
-static spmd_status mpi_reduce_scatter_bf16(coll_group *pub, int member, const uint16_t *in,
-                                           uint16_t *out, int64_t outer, int64_t inner)
-{
-    mpi_group *g = pub->impl;
-    int l = local_index(g, member, COLL_OP_REDUCE_SCATTER_BF16);
-    if (l < 0) return base_error_status();
-    if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
-        return base_error(SPMD_ERR_INVALID, "reduce_scatter (bf16): [%lld, %lld values]",
-                          (long long)outer, (long long)inner);
-    spmd_status st = usable(g);
-    if (st) return st;
-    spmd_status prepared = SPMD_OK;
-    if (l == 0) {
-        size_t floats;
-        rs_layout(g, NULL, outer, inner, &floats);
-        if (!stage_reserve(g, sizeof(float) * floats)) prepared = base_error_status();
-    }
-    st = enter(g, l, COLL_OP_REDUCE_SCATTER_BF16, in, out, outer, inner, 0, NULL, prepared);
-    if (st) return st;
-    rs_stage s = rs_layout(g, g->stage, outer, inner, NULL);
-    if (g->n_inner_units) {
-        int64_t from, to;
-        chunk_of(outer * inner * g->n, g->k, l, &from, &to);
-        sum_local_units_bf16(g, l, s.sums, outer * inner * g->n, from, to);
-        coll_shm_sync(g->shm, l);
-    }
-    st = exchanged(g, l, l == 0 ? reduce_scatter_exchange_bf16(g, outer, inner) : SPMD_OK);
-    if (!st) {
-        /* Each member sums its own block over the units; `out` may be that
-         * block of `in` (outer == 1). */
-        coll_term *t = g->terms + (size_t)l * (size_t)g->n;
-        for (int u = 0; u < g->n_units; u++) {
-            const unit *un = &g->units[u];
-            if (local_unit(g, un)) {
-                t[un->lo] = rs_term_bf16(g, &s, u, outer, inner, inner * member);
-            } else {
-                float *at = s.recv + s.block * (g->n_remote_units * l + g->slot[u]);
-                t[un->lo] = single(un) ? (coll_term){.stride = inner, .end = un->hi,
-                                                     .half = (const uint16_t *)at}
-                                       : (coll_term){at, inner, un->hi, NULL};
-            }
-        }
-        for (int64_t r = 0; r < outer; r++)
-            coll_tree_sum_bf16(t, 0, g->n, r, 0, out + inner * r, inner);
-    }
-    coll_shm_sync(g->shm, l);
-    return st;
-}
-
 static const coll_ops mpi_ops = {
     .all_reduce = mpi_all_reduce,
     .all_gather = mpi_all_gather,
@@ -1085,8 +966,6 @@ static const coll_ops mpi_ops = {
     .all_to_all = mpi_all_to_all,
     .broadcast = mpi_broadcast,
     .permute = mpi_permute,
-    .all_reduce_bf16 = mpi_all_reduce_bf16,
-    .reduce_scatter_bf16 = mpi_reduce_scatter_bf16,
 };
 
 /* ---- Groups ------------------------------------------------------------------------ */

@@ -50,10 +50,9 @@
 static const rt_wait_spin COLL_SPIN = {.pauses = 4096, .yields = 4};
 static const rt_wait_spin COLL_SPIN_OVERSUBSCRIBED = {.pauses = 16, .yields = 16};
 
-/* All-reduce chunks start at multiples of 16 floats (64 bytes), so that
- * two members never write the same cache line of an aligned buffer in the
- * copy-back phase. */
-enum { CHUNK_FLOATS = 16 };
+/* All-reduce chunks start at multiples of 64 bytes, so that two members
+ * never write the same cache line of an aligned buffer. */
+enum { CHUNK_BYTES = 64 };
 
 enum { ABORT_MESSAGE = 256 };
 
@@ -61,20 +60,26 @@ enum { ABORT_MESSAGE = 256 };
 #define GEN_MASK 0x7fffffffu
 
 const char *const coll_op_names[] = {"all_reduce", "all_gather", "reduce_scatter",
-                                     "all_to_all", "broadcast",  "permute",
-                                     "all_reduce (bf16)", "reduce_scatter (bf16)"};
+                                     "all_to_all", "broadcast",  "permute"};
+
+coll_call_text coll_call_name(coll_op op, coll_dtype type)
+{
+    coll_call_text t;
+    if (type == COLL_F32)
+        snprintf(t.text, sizeof t.text, "%s", coll_op_names[op]);
+    else
+        snprintf(t.text, sizeof t.text, "%s (%s)", coll_op_names[op], coll_dtype_name(type));
+    return t;
+}
 
 /* What a member publishes for the current collective, alone on its cache
  * line because each member writes only its own.  Written before the entry
  * barrier, read by peers between the entry and exit barriers. */
 typedef struct coll_slot {
-    _Alignas(64) const void *in;
-    void *out;
-    const int *src;   /* permute's source table, of src_n entries */
-    int64_t a, b;     /* sizes, compared across members */
-    _Atomic int op;   /* read by a peer's watchdog message too */
-    int root;
-    int src_n;
+    _Alignas(64) coll_call call;
+    /* call.op and call.type again, for a peer's watchdog message, which
+     * reads them while this member may publish its next call. */
+    _Atomic int op, type;
     /* The generation of the last entry barrier this member arrived at: a
      * peer's watchdog sees who has not arrived. */
     _Atomic uint32_t arrived;
@@ -161,12 +166,13 @@ static bar_result barrier_expired(coll_shm_group *g, int member, uint32_t cur, i
     coll_world *w = g->world;
     coll_barrier *b = &g->bar;
     int op = atomic_load_explicit(&g->slots[member].op, memory_order_relaxed);
+    int type = atomic_load_explicit(&g->slots[member].type, memory_order_relaxed);
     char msg[ABORT_MESSAGE];
     snprintf(msg, sizeof msg,
              "collective timeout: %s: device %d (member %d of %d) waited %.1f s without "
              "progress for device %d (member %d)%s, which had not arrived",
-             coll_op_names[op], world_rank(w, g->ranks[member]), member, g->pub.size,
-             (double)waited_ns * 1e-9, world_rank(w, g->ranks[blame]), blame,
+             coll_call_name((coll_op)op, (coll_dtype)type).text, world_rank(w, g->ranks[member]),
+             member, g->pub.size, (double)waited_ns * 1e-9, world_rank(w, g->ranks[blame]), blame,
              blamed_waits ? ", itself waiting in a collective with no progress" : "");
     /* Closing this barrier and aborting the world are one step under the
      * world's mutex, so a member that finds the barrier closed reads this
@@ -348,12 +354,12 @@ static spmd_status check_member(const coll_group *pub, int member, coll_op op)
     return SPMD_OK;
 }
 
-static bool same_call(const coll_slot *x, const coll_slot *y)
+static bool same_call(const coll_call *x, const coll_call *y)
 {
-    if (atomic_load_explicit(&x->op, memory_order_relaxed) !=
-            atomic_load_explicit(&y->op, memory_order_relaxed) ||
-        x->a != y->a || x->b != y->b || x->root != y->root) return false;
-    if (atomic_load_explicit(&x->op, memory_order_relaxed) == COLL_OP_PERMUTE &&
+    if (x->op != y->op || x->type != y->type || x->a != y->a || x->b != y->b ||
+        x->root != y->root)
+        return false;
+    if (x->op == COLL_OP_PERMUTE &&
         (x->src_n != y->src_n || memcmp(x->src, y->src, sizeof *x->src * (size_t)x->src_n) != 0))
         return false;
     return true;
@@ -378,25 +384,19 @@ static void delay(void)
  * all of them called the same collective with the same sizes: a mismatch
  * is a bug in the program, and reading peers' buffers with the wrong sizes
  * would read past their ends, so every member fails instead. */
-static spmd_status enter_call(coll_shm_group *g, int member, coll_op op, const void *in,
-                              void *out, int64_t a, int64_t b, int root, const int *src, int src_n)
+static spmd_status enter_call(coll_shm_group *g, int member, const coll_call *call)
 {
     delay();
     coll_slot *s = &g->slots[member];
-    s->in = in;
-    s->out = out;
-    s->src = src;
-    s->src_n = src_n;
-    s->a = a;
-    s->b = b;
-    atomic_store_explicit(&s->op, (int)op, memory_order_relaxed);
-    s->root = root;
+    s->call = *call;
+    atomic_store_explicit(&s->op, (int)call->op, memory_order_relaxed);
+    atomic_store_explicit(&s->type, (int)call->type, memory_order_relaxed);
     bar_result r = barrier_wait(g, member, true);
     if (r == BAR_TIMEOUT) return SPMD_ERR_TIMEOUT;
     if (r == BAR_ABORTED) return aborted_error(g->world);
     int n = g->pub.size;
     for (int i = 1; i < n; i++) {
-        const coll_slot *s0 = &g->slots[0], *si = &g->slots[i];
+        const coll_call *s0 = &g->slots[0].call, *si = &g->slots[i].call;
         if (!same_call(s0, si)) {
             /* The message reads the slots, so it comes first: after the
              * barrier a peer may already publish its next call. */
@@ -404,8 +404,9 @@ static spmd_status enter_call(coll_shm_group *g, int member, coll_op op, const v
                 SPMD_ERR_INTERNAL,
                 "collective mismatch in a group of %d: member 0 called %s(%lld, %lld, root %d), "
                 "member %d %s(%lld, %lld, root %d)",
-                n, coll_op_names[s0->op], (long long)s0->a, (long long)s0->b, s0->root, i,
-                coll_op_names[si->op], (long long)si->a, (long long)si->b, si->root);
+                n, coll_call_name(s0->op, s0->type).text, (long long)s0->a, (long long)s0->b,
+                s0->root, i, coll_call_name(si->op, si->type).text, (long long)si->a,
+                (long long)si->b, si->root);
             /* Keep the slots unchanged until every member has checked them. */
             barrier_wait(g, member, false);
             return st;
@@ -414,10 +415,12 @@ static spmd_status enter_call(coll_shm_group *g, int member, coll_op op, const v
     return SPMD_OK;
 }
 
-static spmd_status enter(coll_shm_group *g, int member, coll_op op, const void *in, int64_t a,
-                         int64_t b, int root, const int *src)
+static spmd_status enter(coll_shm_group *g, int member, coll_op op, coll_dtype type,
+                         const void *in, int64_t a, int64_t b, int root, const int *src)
 {
-    return enter_call(g, member, op, in, NULL, a, b, root, src, src ? g->pub.size : 0);
+    coll_call call = {.op = op, .type = type, .in = in, .a = a, .b = b, .root = root,
+                      .src = src, .src_n = src ? g->pub.size : 0};
+    return enter_call(g, member, &call);
 }
 
 /* After the last read of a peer's buffer: nobody returns (and lets its
@@ -436,12 +439,14 @@ static void copy(void *dst, const void *src, size_t bytes)
     if (dst != src && bytes) memcpy(dst, src, bytes);
 }
 
-/* Elements [lo, hi) of `count` that member i of n reduces. */
-static void chunk_of(int64_t count, int n, int i, int64_t *lo, int64_t *hi)
+/* Elements [lo, hi) of `count` elements of `type` that member i of n
+ * reduces. */
+static void chunk_of(int64_t count, coll_dtype type, int n, int i, int64_t *lo, int64_t *hi)
 {
-    int64_t units = (count + CHUNK_FLOATS - 1) / CHUNK_FLOATS;
-    int64_t a = (units / n * i + units % n * i / n) * CHUNK_FLOATS;
-    int64_t b = (units / n * (i + 1) + units % n * (i + 1) / n) * CHUNK_FLOATS;
+    int64_t unit = CHUNK_BYTES / (int64_t)coll_dtype_size(type);
+    int64_t units = (count + unit - 1) / unit;
+    int64_t a = (units / n * i + units % n * i / n) * unit;
+    int64_t b = (units / n * (i + 1) + units % n * (i + 1) / n) * unit;
     *lo = a < count ? a : count;
     *hi = b < count ? b : count;
 }
@@ -451,28 +456,33 @@ static void chunk_of(int64_t count, int n, int i, int64_t *lo, int64_t *hi)
 /* Member j sums chunk j of every member's buffer into its own buffer (only
  * j reads or writes chunk j in this phase, so in place is safe); then
  * every member copies chunk i from member i.  Three barriers, no scratch. */
-static spmd_status shm_all_reduce(coll_group *pub, int member, float *buf, int64_t count)
+static spmd_status shm_all_reduce(coll_group *pub, int member, void *buf, int64_t count,
+                                  coll_dtype type)
 {
     coll_shm_group *g = pub->impl;
     spmd_status st = check_member(pub, member, COLL_OP_ALL_REDUCE);
     if (st) return st;
+    if (!coll_dtype_valid(type))
+        return base_error(SPMD_ERR_INVALID, "all_reduce: element type %d", (int)type);
     if (count < 0 || (count > 0 && !buf))
-        return base_error(SPMD_ERR_INVALID, "all_reduce: %lld floats at %p", (long long)count,
-                          (void *)buf);
+        return base_error(SPMD_ERR_INVALID, "all_reduce: %lld %s values at %p", (long long)count,
+                          coll_dtype_name(type), buf);
     int n = pub->size;
     if (n == 1) return alone(g);
-    g->terms[member] = (coll_term){buf, 0, member + 1, NULL};
-    st = enter(g, member, COLL_OP_ALL_REDUCE, buf, count, 0, 0, NULL);
+    g->terms[member] = (coll_term){buf, type, 0, member + 1};
+    st = enter(g, member, COLL_OP_ALL_REDUCE, type, buf, count, 0, 0, NULL);
     if (st) return st;
     int64_t lo, hi;
-    chunk_of(count, n, member, &lo, &hi);
-    coll_tree_sum(g->terms, 0, n, 0, lo, buf + lo, hi - lo);
+    chunk_of(count, type, n, member, &lo, &hi);
+    coll_tree_sum(g->terms, 0, n, 0, lo, coll_elem(buf, type, lo), type, hi - lo);
     /* Every chunk is reduced, and nobody reads peers' inputs any more. */
     barrier_wait(g, member, false);
+    size_t es = coll_dtype_size(type);
     for (int k = 1; k < n; k++) {
         int i = (member + k) % n; /* staggered, so members start on different peers */
-        chunk_of(count, n, i, &lo, &hi);
-        copy(buf + lo, (const float *)g->slots[i].in + lo, sizeof *buf * (size_t)(hi - lo));
+        chunk_of(count, type, n, i, &lo, &hi);
+        copy(coll_elem(buf, type, lo), coll_elem(g->slots[i].call.in, type, lo),
+             es * (size_t)(hi - lo));
     }
     leave(g, member);
     return SPMD_OK;
@@ -493,7 +503,7 @@ static spmd_status shm_all_gather(coll_group *pub, int member, const void *in, v
         if (!st) copy(out, in, (size_t)(outer * inner_bytes));
         return st;
     }
-    st = enter(g, member, COLL_OP_ALL_GATHER, in, outer, inner_bytes, 0, NULL);
+    st = enter(g, member, COLL_OP_ALL_GATHER, COLL_F32, in, outer, inner_bytes, 0, NULL);
     if (st) return st;
     unsigned char *o = out;
     size_t inner = (size_t)inner_bytes, row = inner * (size_t)n;
@@ -501,94 +511,44 @@ static spmd_status shm_all_gather(coll_group *pub, int member, const void *in, v
         /* `in` may be this member's own block of `out` (in place). */
         for (int k = 0; k < n; k++) {
             int j = (member + k) % n;
-            copy(o + inner * (size_t)j, g->slots[j].in, inner);
+            copy(o + inner * (size_t)j, g->slots[j].call.in, inner);
         }
     } else {
         /* Row by row, so the output is written front to back. */
         for (int64_t r = 0; r < outer; r++)
             for (int j = 0; j < n; j++)
                 copy(o + row * (size_t)r + inner * (size_t)j,
-                     (const unsigned char *)g->slots[j].in + inner * (size_t)r, inner);
+                     (const unsigned char *)g->slots[j].call.in + inner * (size_t)r, inner);
     }
     leave(g, member);
     return SPMD_OK;
 }
 
-static spmd_status shm_reduce_scatter(coll_group *pub, int member, const float *in, float *out,
-                                      int64_t outer, int64_t inner)
+static spmd_status shm_reduce_scatter(coll_group *pub, int member, const void *in, void *out,
+                                      int64_t outer, int64_t inner, coll_dtype type)
 {
     coll_shm_group *g = pub->impl;
     spmd_status st = check_member(pub, member, COLL_OP_REDUCE_SCATTER);
     if (st) return st;
+    if (!coll_dtype_valid(type))
+        return base_error(SPMD_ERR_INVALID, "reduce_scatter: element type %d", (int)type);
     if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
-        return base_error(SPMD_ERR_INVALID, "reduce_scatter: [%lld, %lld floats]",
-                          (long long)outer, (long long)inner);
+        return base_error(SPMD_ERR_INVALID, "reduce_scatter: [%lld, %lld %s values]",
+                          (long long)outer, (long long)inner, coll_dtype_name(type));
     int n = pub->size;
     if (n == 1) {
         st = alone(g);
-        if (!st) copy(out, in, sizeof *out * (size_t)(outer * inner));
+        if (!st) copy(out, in, coll_dtype_size(type) * (size_t)(outer * inner));
         return st;
     }
-    g->terms[member] = (coll_term){in, inner * n, member + 1, NULL};
-    st = enter(g, member, COLL_OP_REDUCE_SCATTER, in, outer, inner, 0, NULL);
+    g->terms[member] = (coll_term){in, type, inner * n, member + 1};
+    st = enter(g, member, COLL_OP_REDUCE_SCATTER, type, in, outer, inner, 0, NULL);
     if (st) return st;
     /* Only this member reads its own column block, so `out` may be that
      * block of `in` (outer == 1). */
     for (int64_t r = 0; r < outer; r++)
-        coll_tree_sum(g->terms, 0, n, r, inner * member, out + inner * r, inner);
-    leave(g, member);
-    return SPMD_OK;
-}
-
-/* bf16 payloads (a gradient reduced in bf16): the same steps on bf16
- * buffers, half the bytes read; each member's values are widened where
- * the tree reads them and each chunk's f32 sum is rounded once. */
-static spmd_status shm_all_reduce_bf16(coll_group *pub, int member, uint16_t *buf, int64_t count)
-{
-    coll_shm_group *g = pub->impl;
-    spmd_status st = check_member(pub, member, COLL_OP_ALL_REDUCE_BF16);
-    if (st) return st;
-    if (count < 0 || (count > 0 && !buf))
-        return base_error(SPMD_ERR_INVALID, "all_reduce (bf16): %lld values at %p",
-                          (long long)count, (void *)buf);
-    int n = pub->size;
-    if (n == 1) return alone(g);
-    g->terms[member] = (coll_term){.stride = 0, .end = member + 1, .half = buf};
-    st = enter(g, member, COLL_OP_ALL_REDUCE_BF16, buf, count, 0, 0, NULL);
-    if (st) return st;
-    int64_t lo, hi;
-    chunk_of(count, n, member, &lo, &hi);
-    coll_tree_sum_bf16(g->terms, 0, n, 0, lo, buf + lo, hi - lo);
-    barrier_wait(g, member, false);
-    for (int k = 1; k < n; k++) {
-        int i = (member + k) % n;
-        chunk_of(count, n, i, &lo, &hi);
-        copy(buf + lo, (const uint16_t *)g->slots[i].in + lo, sizeof *buf * (size_t)(hi - lo));
-    }
-    leave(g, member);
-    return SPMD_OK;
-}
-
-static spmd_status shm_reduce_scatter_bf16(coll_group *pub, int member, const uint16_t *in,
-                                           uint16_t *out, int64_t outer, int64_t inner)
-{
-    coll_shm_group *g = pub->impl;
-    spmd_status st = check_member(pub, member, COLL_OP_REDUCE_SCATTER_BF16);
-    if (st) return st;
-    if (outer < 0 || inner < 0 || (outer * inner > 0 && (!in || !out)))
-        return base_error(SPMD_ERR_INVALID, "reduce_scatter (bf16): [%lld, %lld values]",
-                          (long long)outer, (long long)inner);
-    int n = pub->size;
-    if (n == 1) {
-        st = alone(g);
-        if (!st) copy(out, in, sizeof *out * (size_t)(outer * inner));
-        return st;
-    }
-    g->terms[member] = (coll_term){.stride = inner * n, .end = member + 1, .half = in};
-    st = enter(g, member, COLL_OP_REDUCE_SCATTER_BF16, in, outer, inner, 0, NULL);
-    if (st) return st;
-    for (int64_t r = 0; r < outer; r++)
-        coll_tree_sum_bf16(g->terms, 0, n, r, inner * member, out + inner * r, inner);
+        coll_tree_sum(g->terms, 0, n, r, inner * member, coll_elem(out, type, inner * r), type,
+                      inner);
     leave(g, member);
     return SPMD_OK;
 }
@@ -610,13 +570,13 @@ static spmd_status shm_all_to_all(coll_group *pub, int member, const void *in, v
     /* Peers read `in` while this member writes `out`. */
     if (in == out && bytes > 0)
         return base_error(SPMD_ERR_INVALID, "all_to_all: out must not be in");
-    st = enter(g, member, COLL_OP_ALL_TO_ALL, in, bytes, 0, 0, NULL);
+    st = enter(g, member, COLL_OP_ALL_TO_ALL, COLL_F32, in, bytes, 0, 0, NULL);
     if (st) return st;
     size_t b = (size_t)bytes;
     for (int k = 0; k < n; k++) {
         int i = (member + k) % n;
         copy((unsigned char *)out + b * (size_t)i,
-             (const unsigned char *)g->slots[i].in + b * (size_t)member, b);
+             (const unsigned char *)g->slots[i].call.in + b * (size_t)member, b);
     }
     leave(g, member);
     return SPMD_OK;
@@ -633,9 +593,9 @@ static spmd_status shm_broadcast(coll_group *pub, int member, void *buf, int64_t
     if (bytes < 0 || (bytes > 0 && !buf))
         return base_error(SPMD_ERR_INVALID, "broadcast: %lld bytes", (long long)bytes);
     if (pub->size == 1) return alone(g);
-    st = enter(g, member, COLL_OP_BROADCAST, buf, bytes, 0, root, NULL);
+    st = enter(g, member, COLL_OP_BROADCAST, COLL_F32, buf, bytes, 0, root, NULL);
     if (st) return st;
-    if (member != root) copy(buf, g->slots[root].in, (size_t)bytes);
+    if (member != root) copy(buf, g->slots[root].call.in, (size_t)bytes);
     leave(g, member);
     return SPMD_OK;
 }
@@ -661,9 +621,9 @@ static spmd_status shm_permute(coll_group *pub, int member, const void *in, void
         if (!st && src[0] == 0) copy(out, in, (size_t)bytes);
         return st;
     }
-    st = enter(g, member, COLL_OP_PERMUTE, in, bytes, 0, 0, src);
+    st = enter(g, member, COLL_OP_PERMUTE, COLL_F32, in, bytes, 0, 0, src);
     if (st) return st;
-    if (src[member] >= 0) copy(out, g->slots[src[member]].in, (size_t)bytes);
+    if (src[member] >= 0) copy(out, g->slots[src[member]].call.in, (size_t)bytes);
     leave(g, member);
     return SPMD_OK;
 }
@@ -675,8 +635,6 @@ static const coll_ops shm_ops = {
     .all_to_all = shm_all_to_all,
     .broadcast = shm_broadcast,
     .permute = shm_permute,
-    .all_reduce_bf16 = shm_all_reduce_bf16,
-    .reduce_scatter_bf16 = shm_reduce_scatter_bf16,
 };
 
 /* ---- The world and its groups ------------------------------------------------ */
@@ -865,14 +823,13 @@ coll_shm_group *coll_shm_group_private(coll_world *w, int size, const int *ranks
     return g;
 }
 
-spmd_status coll_shm_enter(coll_shm_group *g, int member, coll_op op, const void *in, void *out,
-                           int64_t a, int64_t b, int root, const int *src, int src_n)
+spmd_status coll_shm_enter(coll_shm_group *g, int member, const coll_call *call)
 {
-    return enter_call(g, member, op, in, out, a, b, root, src, src_n);
+    return enter_call(g, member, call);
 }
 
 void coll_shm_sync(coll_shm_group *g, int member) { barrier_wait(g, member, false); }
 
-const void *coll_shm_in(const coll_shm_group *g, int member) { return g->slots[member].in; }
+const void *coll_shm_in(const coll_shm_group *g, int member) { return g->slots[member].call.in; }
 
-void *coll_shm_out(const coll_shm_group *g, int member) { return g->slots[member].out; }
+void *coll_shm_out(const coll_shm_group *g, int member) { return g->slots[member].call.out; }
