@@ -68,7 +68,7 @@ coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc);
 
 #ifdef SPMD_HAVE_MPI
 #include <mpi.h>
-/* The MPI world (collectives_mpi.c): the P processes of `comm`, each
+/* The MPI world (collectives_mpi*.c): the P processes of `comm`, each
  * running `local_devices` device threads, P * local_devices devices in all.
  * World rank r lives in process r / local_devices (process-major, so the
  * minor mesh axes stay inside a process); this process holds ranks
