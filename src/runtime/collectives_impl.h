@@ -2,10 +2,11 @@
  * What the collective transports share and nothing else uses (docs/DESIGN.md,
  * "Collectives", "Determinism"):
  *
+ * - the element types of a reduction (their sizes and names);
  * - the canonical summation order of a group (collectives_tree.c), which
  *   every transport follows so that every path gives the same bits;
  * - the shared-memory groups that the MPI transport runs the in-process
- *   part of a hierarchical collective on (collectives_shm.c), and the hook
+ *   part of a hierarchical collective on (collectives_shm*.c), and the hook
  *   by which an MPI world extends the shared-memory world of its process.
  */
 #ifndef SPMD_RUNTIME_COLLECTIVES_IMPL_H
@@ -151,7 +152,8 @@ int64_t coll_world_tick_ns(int64_t timeout_ns);
  * (rt_wait_now_ns; 0: not waiting) and, when it only waits because the
  * device it waits for is itself waiting, that device (else -1).  A wait
  * whose limit passes while the device it waits for waits on, live, in
- * another collective leaves the blame to that one (collectives_shm.c). */
+ * another collective leaves the blame to that one
+ * (collectives_shm_barrier.c). */
 void coll_shm_waiting(coll_world *w, int rank, int64_t since, int on);
 /* Whether device `rank` waits in a collective that is live: the chain of
  * waits it waits on ends in one that made progress within 3/2 of the
