@@ -101,12 +101,12 @@ static spmd_status run_op(bench *B, int m)
     unsigned char *a = B->a[m - B->first], *b = B->b[m - B->first];
     switch (B->op) {
     case B_ALL_REDUCE:
-        return g->ops->all_reduce(g, m, (float *)a, (int64_t)(s / sizeof(float)));
+        return g->ops->all_reduce(g, m, a, (int64_t)(s / sizeof(float)), COLL_F32);
     case B_ALL_GATHER:
         return g->ops->all_gather(g, m, a, b, 1, (int64_t)(s / n));
     case B_REDUCE_SCATTER:
-        return g->ops->reduce_scatter(g, m, (const float *)a, (float *)b, 1,
-                                      (int64_t)(s / sizeof(float) / n));
+        return g->ops->reduce_scatter(g, m, a, b, 1, (int64_t)(s / sizeof(float) / n),
+                                      COLL_F32);
     case B_ALL_TO_ALL:
         return g->ops->all_to_all(g, m, a, b, (int64_t)(s / n));
     case B_BROADCAST:

@@ -110,7 +110,7 @@ static void check_all_reduce(coll_group *g, const grp *gr, int m, int64_t count,
 {
     float *buf = xmalloc(sizeof *buf * (size_t)count);
     for (int64_t i = 0; i < count; i++) buf[i] = fval(gr->ranks[m], i, call);
-    spmd_status st = g->ops->all_reduce(g, m, buf, count);
+    spmd_status st = g->ops->all_reduce(g, m, buf, count, COLL_F32);
     OK(st, "all_reduce");
     for (int64_t i = 0; i < count; i++) {
         float want = ref_sum(gr, i, call);
@@ -138,7 +138,7 @@ static void check_all_reduce_bf16(coll_group *g, const grp *gr, int member, int6
 {
     uint16_t *buf = xmalloc(sizeof *buf * (size_t)count);
     for (int64_t i = 0; i < count; i++) buf[i] = bf16_from_f32(fval(gr->ranks[member], i, call));
-    spmd_status st = g->ops->all_reduce_bf16(g, member, buf, count);
+    spmd_status st = g->ops->all_reduce(g, member, buf, count, COLL_BF16);
     OK(st, "all_reduce_bf16");
     for (int64_t i = 0; i < count && st == SPMD_OK; i++) {
         uint16_t want = bf16_from_f32(ref_tree_bf16(gr, 0, gr->size, i, call));
@@ -158,7 +158,7 @@ static void check_reduce_scatter_bf16(coll_group *g, const grp *gr, int member,
     for (int64_t x = 0; x < outer * n * inner; x++)
         in[x] = bf16_from_f32(fval(gr->ranks[member], x, call));
     uint16_t *out = in_place ? in + inner * member : xmalloc(sizeof *out * (size_t)(outer * inner));
-    spmd_status st = g->ops->reduce_scatter_bf16(g, member, in, out, outer, inner);
+    spmd_status st = g->ops->reduce_scatter(g, member, in, out, outer, inner, COLL_BF16);
     OK(st, "reduce_scatter_bf16");
     for (int64_t r = 0; r < outer && st == SPMD_OK; r++)
         for (int64_t x = 0; x < inner; x++) {
@@ -181,7 +181,7 @@ static void check_reduce_scatter(coll_group *g, const grp *gr, int m, int64_t ou
     float *in = xmalloc(sizeof *in * (size_t)(outer * n * inner));
     for (int64_t x = 0; x < outer * n * inner; x++) in[x] = fval(gr->ranks[m], x, call);
     float *out = in_place ? in + inner * m : xmalloc(sizeof *out * (size_t)(outer * inner));
-    spmd_status st = g->ops->reduce_scatter(g, m, in, out, outer, inner);
+    spmd_status st = g->ops->reduce_scatter(g, m, in, out, outer, inner, COLL_F32);
     OK(st, "reduce_scatter");
     for (int64_t r = 0; r < outer; r++)
         for (int64_t x = 0; x < inner; x++) {
@@ -451,7 +451,7 @@ static void *waiting_device(void *p)
         if (m < 0) continue;
         int64_t count = k == 0 ? (1 << 20) : 1000;
         float *buf = xmalloc(sizeof *buf * (size_t)count);
-        spmd_status st = wait_handles[k]->ops->all_reduce(wait_handles[k], m, buf, count);
+        spmd_status st = wait_handles[k]->ops->all_reduce(wait_handles[k], m, buf, count, COLL_F32);
         double dt = now_s() - atomic_load(&aborted_at);
         atomic_fetch_add(&checks, 1);
         if (st != SPMD_ERR_BACKEND || strcmp(spmd_last_error(), "collective aborted: test abort"))
@@ -505,7 +505,7 @@ static int test_abort(void)
          * across processes; a group inside the process works again. */
         float x[4] = {1, 2, 3, 4};
         for (int round = 0; round < 2; round++) {
-            spmd_status st = wait_handles[1]->ops->all_reduce(wait_handles[1], 0, x, 4);
+            spmd_status st = wait_handles[1]->ops->all_reduce(wait_handles[1], 0, x, 4, COLL_F32);
             atomic_fetch_add(&checks, 1);
             if (st != SPMD_ERR_BACKEND || !strstr(spmd_last_error(), "test abort"))
                 fail("all_reduce after the abort (round %d) gave %s: %s", round,
@@ -514,7 +514,7 @@ static int test_abort(void)
         }
         int self = 0;
         coll_group *gs = coll_world_group(W, 1, &self);
-        spmd_status st = gs ? gs->ops->all_reduce(gs, 0, x, 4) : SPMD_ERR_INTERNAL;
+        spmd_status st = gs ? gs->ops->all_reduce(gs, 0, x, 4, COLL_F32) : SPMD_ERR_INTERNAL;
         atomic_fetch_add(&checks, 1);
         if (st != SPMD_OK || x[0] != 1)
             fail("a group of one after the reset gave %s", spmd_status_name(st));
@@ -566,7 +566,7 @@ static void *stalled_device(void *p)
     coll_group *g = stall_handles[rank == 0 ? 0 : 1];
     int m = member_of(gr, rank);
     float buf[1000] = {0};
-    spmd_status st = g->ops->all_reduce(g, m, buf, 1000);
+    spmd_status st = g->ops->all_reduce(g, m, buf, 1000, COLL_F32);
     double dt = now_s() - stall_began;
     const char *msg = spmd_last_error();
     char host[MPI_MAX_PROCESSOR_NAME] = "";

@@ -171,7 +171,7 @@ static void check_all_reduce(team *t, coll_group *g, const grp *gr, int member, 
 {
     float *buf = xmalloc(sizeof *buf * (size_t)count);
     for (int64_t i = 0; i < count; i++) buf[i] = fval(gr->ranks[member], i, call);
-    spmd_status st = g->ops->all_reduce(g, member, buf, count);
+    spmd_status st = g->ops->all_reduce(g, member, buf, count, COLL_F32);
     CHECK_OK(t, st, "all_reduce");
     for (int64_t i = 0; i < count && st == SPMD_OK; i++) {
         float want = ref_sum(gr, i, call);
@@ -199,7 +199,7 @@ static void check_all_reduce_bf16(team *t, coll_group *g, const grp *gr, int mem
 {
     uint16_t *buf = xmalloc(sizeof *buf * (size_t)count);
     for (int64_t i = 0; i < count; i++) buf[i] = bf16_from_f32(fval(gr->ranks[member], i, call));
-    spmd_status st = g->ops->all_reduce_bf16(g, member, buf, count);
+    spmd_status st = g->ops->all_reduce(g, member, buf, count, COLL_BF16);
     CHECK_OK(t, st, "all_reduce_bf16");
     for (int64_t i = 0; i < count && st == SPMD_OK; i++) {
         uint16_t want = bf16_from_f32(ref_tree_bf16(gr, 0, gr->size, i, call));
@@ -219,7 +219,7 @@ static void check_reduce_scatter_bf16(team *t, coll_group *g, const grp *gr, int
     for (int64_t x = 0; x < outer * n * inner; x++)
         in[x] = bf16_from_f32(fval(gr->ranks[member], x, call));
     uint16_t *out = in_place ? in + inner * member : xmalloc(sizeof *out * (size_t)(outer * inner));
-    spmd_status st = g->ops->reduce_scatter_bf16(g, member, in, out, outer, inner);
+    spmd_status st = g->ops->reduce_scatter(g, member, in, out, outer, inner, COLL_BF16);
     CHECK_OK(t, st, "reduce_scatter_bf16");
     for (int64_t r = 0; r < outer && st == SPMD_OK; r++)
         for (int64_t x = 0; x < inner; x++) {
@@ -272,7 +272,7 @@ static void check_reduce_scatter(team *t, coll_group *g, const grp *gr, int memb
     float *in = xmalloc(sizeof *in * (size_t)(outer * n * inner));
     for (int64_t x = 0; x < outer * n * inner; x++) in[x] = fval(gr->ranks[member], x, call);
     float *out = in_place ? in + inner * member : xmalloc(sizeof *out * (size_t)(outer * inner));
-    spmd_status st = g->ops->reduce_scatter(g, member, in, out, outer, inner);
+    spmd_status st = g->ops->reduce_scatter(g, member, in, out, outer, inner, COLL_F32);
     CHECK_OK(t, st, "reduce_scatter");
     for (int64_t r = 0; r < outer && st == SPMD_OK; r++)
         for (int64_t x = 0; x < inner; x++) {
@@ -425,8 +425,8 @@ static void test_tree_order(void **state)
     int left_to_right_differs = 0;
     for (int n = 1; n <= 8; n++) {
         grp gr = whole_world(n);
-        for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
-        coll_tree_sum(terms, 0, n, 0, 0, out, LEN);
+        for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], COLL_F32, 0, m + 1};
+        coll_tree_sum(terms, 0, n, 0, 0, out, COLL_F32, LEN);
         for (int64_t e = 0; e < LEN; e++) {
             const float *v[8];
             for (int m = 0; m < 8; m++) v[m] = &x[m][e];
@@ -454,37 +454,39 @@ static void test_tree_order(void **state)
 
     /* Partial sums as terms: 7 members as [0,4) + [4,6) + 6, and as
      * 0 + 1 + [2,4) + [4,6) + 6; a row stride and a column offset. */
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
-    coll_tree_sum(terms, 0, 4, 0, 0, part[0], LEN);
-    coll_tree_sum(terms, 4, 6, 0, 0, part[1], LEN);
-    coll_tree_sum(terms, 2, 4, 0, 0, part[2], LEN);
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], COLL_F32, 0, m + 1};
+    coll_tree_sum(terms, 0, 4, 0, 0, part[0], COLL_F32, LEN);
+    coll_tree_sum(terms, 4, 6, 0, 0, part[1], COLL_F32, LEN);
+    coll_tree_sum(terms, 2, 4, 0, 0, part[2], COLL_F32, LEN);
     static float want[LEN];
-    coll_tree_sum(terms, 0, 7, 0, 0, want, LEN);
-    coll_term a[7] = {[0] = {part[0], 0, 4}, [4] = {part[1], 0, 6}, [6] = {x[6], 0, 7}};
-    coll_term b[7] = {[0] = {x[0], 0, 1}, [1] = {x[1], 0, 2}, [2] = {part[2], 0, 4},
-                      [4] = {part[1], 0, 6}, [6] = {x[6], 0, 7}};
-    coll_tree_sum(a, 0, 7, 0, 0, out, LEN);
+    coll_tree_sum(terms, 0, 7, 0, 0, want, COLL_F32, LEN);
+    coll_term a[7] = {[0] = {part[0], COLL_F32, 0, 4}, [4] = {part[1], COLL_F32, 0, 6},
+                      [6] = {x[6], COLL_F32, 0, 7}};
+    coll_term b[7] = {[0] = {x[0], COLL_F32, 0, 1}, [1] = {x[1], COLL_F32, 0, 2},
+                      [2] = {part[2], COLL_F32, 0, 4}, [4] = {part[1], COLL_F32, 0, 6},
+                      [6] = {x[6], COLL_F32, 0, 7}};
+    coll_tree_sum(a, 0, 7, 0, 0, out, COLL_F32, LEN);
     assert_memory_equal(out, want, sizeof out);
-    coll_tree_sum(b, 0, 7, 0, 0, out, LEN);
+    coll_tree_sum(b, 0, 7, 0, 0, out, COLL_F32, LEN);
     assert_memory_equal(out, want, sizeof out);
     /* Rows of 1000 floats, row 2 from column 500: elements 2500 .. 2999. */
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], 1000, m + 1, NULL};
-    coll_tree_sum(terms, 0, 7, 2, 500, out, 500);
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){x[m], COLL_F32, 1000, m + 1};
+    coll_tree_sum(terms, 0, 7, 2, 500, out, COLL_F32, 500);
     assert_memory_equal(out, want + 2500, 500 * sizeof *out);
     /* In place, into a member's own elements: inside a subtree (member 3
      * of 7), and an operand of the root's own sum (member 2 of 3, member
      * 0 and member 1 of 2). */
     memcpy(part[0], x[3], sizeof part[0]);
-    for (int m = 0; m < 7; m++) terms[m] = (coll_term){m == 3 ? part[0] : x[m], 0, m + 1, NULL};
-    coll_tree_sum(terms, 0, 7, 0, 0, part[0], LEN);
+    for (int m = 0; m < 7; m++) terms[m] = (coll_term){m == 3 ? part[0] : x[m], COLL_F32, 0, m + 1};
+    coll_tree_sum(terms, 0, 7, 0, 0, part[0], COLL_F32, LEN);
     assert_memory_equal(part[0], want, sizeof want);
     for (int n = 2; n <= 3; n++)
         for (int own = n == 2 ? 0 : 2; own < n; own++) {
-            for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], 0, m + 1, NULL};
-            coll_tree_sum(terms, 0, n, 0, 0, want, LEN);
+            for (int m = 0; m < n; m++) terms[m] = (coll_term){x[m], COLL_F32, 0, m + 1};
+            coll_tree_sum(terms, 0, n, 0, 0, want, COLL_F32, LEN);
             memcpy(part[0], x[own], sizeof part[0]);
             terms[own].base = part[0];
-            coll_tree_sum(terms, 0, n, 0, 0, part[0], LEN);
+            coll_tree_sum(terms, 0, n, 0, 0, part[0], COLL_F32, LEN);
             assert_memory_equal(part[0], want, sizeof want);
         }
 }
@@ -634,8 +636,11 @@ static void test_groups(void **state)
 
     /* Bad arguments fail at once on the calling member. */
     float x = 1;
-    assert_int_equal(ga->ops->all_reduce(ga, 2, &x, 1), SPMD_ERR_INVALID);
-    assert_int_equal(ga->ops->all_reduce(ga, 0, &x, -1), SPMD_ERR_INVALID);
+    assert_int_equal(ga->ops->all_reduce(ga, 2, &x, 1, COLL_F32), SPMD_ERR_INVALID);
+    assert_int_equal(ga->ops->all_reduce(ga, 0, &x, -1, COLL_F32), SPMD_ERR_INVALID);
+    assert_int_equal(ga->ops->all_reduce(ga, 0, &x, 1, (coll_dtype)7), SPMD_ERR_INVALID);
+    assert_int_equal(ga->ops->reduce_scatter(ga, 0, &x, &x, 1, 1, (coll_dtype)-1),
+                     SPMD_ERR_INVALID);
     assert_int_equal(ga->ops->broadcast(ga, 0, &x, 4, 2), SPMD_ERR_INVALID);
     int bad_src[] = {0, 5};
     assert_int_equal(ga->ops->permute(ga, 0, &x, &x, 4, bad_src), SPMD_ERR_INVALID);
@@ -651,14 +656,19 @@ static void body_mismatch(team *t, int rank)
     coll_group *g = get_group(t, &gr);
     if (!g) return;
     float buf[8] = {0};
-    spmd_status st = g->ops->all_reduce(g, rank, buf, 5 + rank);
+    spmd_status st = g->ops->all_reduce(g, rank, buf, 5 + rank, COLL_F32);
     CHECK(t, st == SPMD_ERR_INTERNAL, "mismatched all_reduce gave %s", spmd_status_name(st));
     CHECK(t, strstr(spmd_last_error(), "mismatch") != NULL, "message: %s", spmd_last_error());
     if (rank == 0)
         st = g->ops->broadcast(g, rank, buf, 4, 0);
     else
-        st = g->ops->all_reduce(g, rank, buf, 1);
+        st = g->ops->all_reduce(g, rank, buf, 1, COLL_F32);
     CHECK(t, st == SPMD_ERR_INTERNAL, "broadcast vs all_reduce gave %s", spmd_status_name(st));
+    /* The same sizes of another element type: a mismatch too, named. */
+    st = g->ops->all_reduce(g, rank, buf, 4, rank == 1 ? COLL_BF16 : COLL_F32);
+    CHECK(t, st == SPMD_ERR_INTERNAL, "f32 vs bf16 all_reduce gave %s", spmd_status_name(st));
+    CHECK(t, strstr(spmd_last_error(), "all_reduce (bf16)") != NULL, "message: %s",
+          spmd_last_error());
     check_all_reduce(t, g, &gr, rank, 1001, 7);
     check_permute(t, g, &gr, rank, 9, -1, 8);
 }
@@ -737,7 +747,7 @@ static void body_blocked(team *t, int rank)
     }
     float buf[1000] = {0};
     coll_group *g = rank <= 2 ? ga : gb;
-    spmd_status st = g->ops->all_reduce(g, rank <= 2 ? rank : rank - 2, buf, 1000);
+    spmd_status st = g->ops->all_reduce(g, rank <= 2 ? rank : rank - 2, buf, 1000, COLL_F32);
     as->returned_at[rank] = now_s();
     CHECK(t, st == SPMD_ERR_BACKEND, "blocked all_reduce gave %s", spmd_status_name(st));
     CHECK(t, !strcmp(spmd_last_error(), "collective aborted: device 0 failed"), "message: %s",
@@ -748,7 +758,7 @@ static void body_blocked(team *t, int rank)
     grp self = {.size = 1, .ranks = {rank}};
     coll_group *gs = get_group(t, &self);
     if (gs) {
-        st = gs->ops->all_reduce(gs, 0, buf, 3);
+        st = gs->ops->all_reduce(gs, 0, buf, 3, COLL_F32);
         CHECK(t, st == SPMD_ERR_BACKEND, "group of one after abort gave %s",
               spmd_status_name(st));
     }
@@ -816,14 +826,14 @@ static void body_stalled(team *t, int rank)
     coll_group *ga = get_group(t, &a), *gb = get_group(t, &b);
     if (!ga || !gb || rank == 3) return;
     float buf[64] = {0};
-    spmd_status st = rank == 0 ? ga->ops->all_reduce(ga, 0, buf, 64)
-                               : gb->ops->all_reduce(gb, rank - 1, buf, 64);
+    spmd_status st = rank == 0 ? ga->ops->all_reduce(ga, 0, buf, 64, COLL_F32)
+                               : gb->ops->all_reduce(gb, rank - 1, buf, 64, COLL_F32);
     ws->returned_at[rank] = now_s();
     ws->st[rank] = st;
     snprintf(ws->message[rank], sizeof ws->message[rank], "%s", spmd_last_error());
     /* Device 1 then owes device 0 the call on {0, 1}: it fails at once. */
     if (rank == 1) {
-        st = ga->ops->all_reduce(ga, 1, buf, 64);
+        st = ga->ops->all_reduce(ga, 1, buf, 64, COLL_F32);
         CHECK(t, st == SPMD_ERR_BACKEND, "a call after the timeout gave %s",
               spmd_status_name(st));
     }
@@ -933,7 +943,7 @@ static void body_storm(team *t, int rank)
         spmd_status st;
         if (k % 2 == 0) {
             for (int64_t i = 0; i < COUNT; i++) buf[i] = fval(rank, i, (int)k);
-            st = g->ops->all_reduce(g, rank, buf, COUNT);
+            st = g->ops->all_reduce(g, rank, buf, COUNT, COLL_F32);
             if (st == SPMD_OK && memcmp(&buf[COUNT - 1], &(float){ref_sum(&gr, COUNT - 1, (int)k)},
                                         sizeof(float)) != 0)
                 team_fail(t, __LINE__, "storm: wrong all_reduce at call %ld", k);

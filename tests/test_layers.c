@@ -9,6 +9,10 @@
  * above.  This test reads every source file under src/ and tools/ and
  * fails on an include that goes up, or on a folder the order does not
  * name (a new folder must be given its place here and in the design).
+ * A private header, NAME_impl.h, is what the files of one family share
+ * (collectives_impl.h: collectives_shm.c, collectives_tree.c, ...;
+ * collectives_mpi_impl.h: the collectives_mpi*.c files): only files of its
+ * own folder named NAME or NAME_... include it.
  * (The design sections the sources cite are checked by test_docs.)
  *
  * Inside tools/ the modules (each a .c with its own .h) keep an order of
@@ -68,6 +72,21 @@ static bool includes_upward(int rank, const char *line, char *folder, size_t siz
     return to < 0 || to > rank;
 }
 
+/* Whether `file` of `folder` may include `path` (as written in the
+ * include): anything but a private header NAME_impl.h, which only the
+ * files of its family (NAME.c, NAME_*.c, NAME_*.h) in its folder may. */
+static bool may_include(const char *folder, const char *file, const char *path)
+{
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    size_t n = strlen(name), suffix = strlen("_impl.h");
+    if (n <= suffix || strcmp(name + n - suffix, "_impl.h")) return true;
+    if (slash && (strlen(folder) != (size_t)(slash - path) ||
+                  strncmp(folder, path, (size_t)(slash - path))))
+        return false;
+    size_t family = n - suffix;
+    return !strncmp(file, name, family) && (file[family] == '.' || file[family] == '_');
+}
+
 /* Scan every .c/.h/.def file of one folder; count and print violations. */
 static int scan_folder(const char *root, const char *folder)
 {
@@ -98,6 +117,17 @@ static int scan_folder(const char *root, const char *folder)
         }
         char line[1024], to[64];
         for (int n = 1; fgets(line, sizeof line, f); n++) {
+            const char *inc = line + strspn(line, " \t");
+            const char *end = strncmp(inc, "#include \"", 10) ? NULL : strchr(inc + 10, '"');
+            if (end) {
+                char path_inc[256];
+                snprintf(path_inc, sizeof path_inc, "%.*s", (int)(end - inc - 10), inc + 10);
+                if (!may_include(folder, e->d_name, path_inc)) {
+                    print_error("%s:%d: %s includes %s, a private header of another family\n",
+                                path, n, e->d_name, path_inc);
+                    bad++;
+                }
+            }
             if (!includes_upward(rank, line, to, sizeof to)) continue;
             print_error("%s:%d: layer %s includes from %s, %s: %s", path, n, folder, to,
                         layer_rank(to, strlen(to)) < 0 ? "a folder outside the order"
@@ -386,6 +416,17 @@ static void test_checker_sees_violations(void **state)
     assert_false(includes_upward(0, "#include <stdio.h>\n", to, sizeof to));
     assert_false(includes_upward(7, "#include \"cli.h\"\n", to, sizeof to));
     assert_int_equal(layer_rank("train", 5), layer_rank("models", 6));
+    /* Private headers: their family only, in their folder. */
+    assert_true(may_include("runtime", "collectives_shm.c", "runtime/collectives_impl.h"));
+    assert_true(may_include("runtime", "collectives_mpi_impl.h", "runtime/collectives_impl.h"));
+    assert_true(may_include("runtime", "collectives_mpi.c", "runtime/collectives_mpi_impl.h"));
+    assert_true(may_include("runtime", "collectives_mpi_xfer.c", "runtime/collectives_mpi_impl.h"));
+    assert_true(may_include("runtime", "kernels_collective.c", "runtime/collectives.h"));
+    assert_false(may_include("runtime", "kernels_collective.c", "runtime/collectives_impl.h"));
+    assert_false(may_include("runtime", "collectives_shm.c", "runtime/collectives_mpi_impl.h"));
+    assert_false(may_include("runtime", "collectivesx.c", "runtime/collectives_impl.h"));
+    assert_false(may_include("tools", "collectives.c", "runtime/collectives_impl.h"));
+    assert_true(may_include("tools", "flags.c", "flags.h"));
 }
 
 int main(void)

@@ -26,18 +26,25 @@
 typedef struct coll_world coll_world;
 typedef struct coll_group coll_group;
 
-typedef enum coll_dtype { COLL_F32 = 0, COLL_I32 = 1 } coll_dtype;
+/* The element type of a reduction (bf16: a gradient reduced in bf16,
+ * spmd_graph_set_reduce_precision).  Every member's values are widened to
+ * f32, summed in f32 in the canonical order, and the sum is stored in the
+ * type, rounded to nearest even: the same bits on every transport.  A new
+ * type (f16, say) is a size and two conversions (collectives_impl.h,
+ * collectives_tree.c), not new entries in coll_ops. */
+typedef enum coll_dtype { COLL_F32 = 0, COLL_BF16 = 1 } coll_dtype;
 
 typedef struct coll_ops {
-    /* buf [count] summed over the group, in place. */
-    spmd_status (*all_reduce)(coll_group *g, int member, float *buf, int64_t count);
+    /* buf [count] of `type` summed over the group, in place. */
+    spmd_status (*all_reduce)(coll_group *g, int member, void *buf, int64_t count,
+                              coll_dtype type);
     /* in [outer, inner] from every member -> out [outer, n * inner]. */
     spmd_status (*all_gather)(coll_group *g, int member, const void *in, void *out,
                               int64_t outer, int64_t inner_bytes);
-    /* in [outer, n * inner] summed over members -> out [outer, inner], the
-     * member's own column block. */
-    spmd_status (*reduce_scatter)(coll_group *g, int member, const float *in, float *out,
-                                  int64_t outer, int64_t inner);
+    /* in [outer, n * inner] of `type` summed over members -> out [outer,
+     * inner], the member's own column block. */
+    spmd_status (*reduce_scatter)(coll_group *g, int member, const void *in, void *out,
+                                  int64_t outer, int64_t inner, coll_dtype type);
     /* in: n blocks of `bytes`, block j for member j -> out: n blocks, block i
      * from member i. */
     spmd_status (*all_to_all)(coll_group *g, int member, const void *in, void *out,
@@ -48,13 +55,6 @@ typedef struct coll_ops {
      * src[i] < 0 leaves out untouched). */
     spmd_status (*permute)(coll_group *g, int member, const void *in, void *out, int64_t bytes,
                            const int *src);
-    /* all_reduce and reduce_scatter of bf16 values (a gradient reduced in
-     * bf16, spmd_graph_set_reduce_precision): each member's values widened
-     * to f32, summed in the canonical order in f32, the sum rounded to bf16
-     * (nearest even); the same bits on every transport. */
-    spmd_status (*all_reduce_bf16)(coll_group *g, int member, uint16_t *buf, int64_t count);
-    spmd_status (*reduce_scatter_bf16)(coll_group *g, int member, const uint16_t *in,
-                                       uint16_t *out, int64_t outer, int64_t inner);
 } coll_ops;
 
 struct coll_group {
@@ -68,7 +68,7 @@ coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc);
 
 #ifdef SPMD_HAVE_MPI
 #include <mpi.h>
-/* The MPI world (collectives_mpi.c): the P processes of `comm`, each
+/* The MPI world (collectives_mpi*.c): the P processes of `comm`, each
  * running `local_devices` device threads, P * local_devices devices in all.
  * World rank r lives in process r / local_devices (process-major, so the
  * minor mesh axes stay inside a process); this process holds ranks

@@ -7,13 +7,16 @@
  *
  * Sums run block by block: each node's block is the float sum of its two
  * children's blocks, element by element (vectorised), in buffers small
- * enough for L1.  A known node (a term) is read in place; only inner nodes
- * take a buffer, one per tree level.
+ * enough for L1.  A known node (a term) of f32 is read in place, one of
+ * another type widened into the buffer its parent would use; only inner
+ * nodes take a buffer, one per tree level.  The element type is looked at
+ * once per block, never in the loops that add.
  */
 #include "runtime/collectives_impl.h"
 
 #include "base/bf16.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 /* Floats per block: the buffers of one call (one per tree level, at most
@@ -37,6 +40,34 @@ static void add_into(float *restrict out, const float *restrict y, int64_t n)
     for (int64_t i = 0; i < n; i++) out[i] += y[i];
 }
 
+/* Widen a known node's `n` elements from element `at` of `base` into
+ * `out`; exact for every type. */
+static void widen(float *out, const void *base, coll_dtype type, int64_t at, int64_t n)
+{
+    switch (type) {
+    case COLL_F32: memcpy(out, (const float *)base + at, sizeof *out * (size_t)n); return;
+    case COLL_BF16: bf16_to_f32_n(out, (const uint16_t *)base + at, (size_t)n); return;
+    }
+}
+
+/* Store `n` f32 sums as `type`, rounded to nearest even. */
+static void narrow(void *out, coll_dtype type, const float *sum, int64_t n)
+{
+    switch (type) {
+    case COLL_F32: memcpy(out, sum, sizeof *sum * (size_t)n); return;
+    case COLL_BF16: bf16_from_f32_n(out, sum, (size_t)n); return;
+    }
+}
+
+/* A known node's block: f32 in place, any other type widened into `out`. */
+static const float *known(const tree_block *b, const coll_term *t, float *out)
+{
+    int64_t at = b->row * t->stride + b->col;
+    if (t->type == COLL_F32) return (const float *)t->base + at;
+    widen(out, t->base, t->type, at, b->len);
+    return out;
+}
+
 /* The block of node [lo, hi): a term's elements, or the sum of its children
  * computed into `out`.  The left child is computed into `out` too and the
  * right one into buf[level], which the left child's subtree no longer
@@ -44,11 +75,7 @@ static void add_into(float *restrict out, const float *restrict y, int64_t n)
 static const float *node(const tree_block *b, int lo, int hi, float *out, int level)
 {
     const coll_term *t = &b->terms[lo];
-    if (t->base && t->end == hi) return t->base + b->row * t->stride + b->col;
-    if (t->half && t->end == hi) { /* a bf16 value: widened, exactly */
-        bf16_to_f32_n(out, t->half + b->row * t->stride + b->col, (size_t)b->len);
-        return out;
-    }
+    if (t->base && t->end == hi) return known(b, t, out);
     int mid = coll_tree_mid(lo, hi);
     const float *x = node(b, lo, mid, out, level + 1);
     const float *y = node(b, mid, hi, b->buf[level], level + 1);
@@ -59,58 +86,46 @@ static const float *node(const tree_block *b, int lo, int hi, float *out, int le
     return out;
 }
 
-/* The root writes `out` only after both children are complete, so `out`
- * may be a term's elements: it is read in the same pass, element by
- * element (x + y is y + x, bit for bit, so either operand may be it). */
-void coll_tree_sum(const coll_term *terms, int lo, int hi, int64_t row, int64_t col, float *out,
-                   int64_t len)
+/* An f32 sum goes straight into `out`, any other type's into `sum` and is
+ * then narrowed.  The root writes a block only after both children's
+ * blocks are complete, so `out` may be a term's elements: it is read in
+ * the same pass, element by element (x + y is y + x, bit for bit, so
+ * either operand may be it), or, narrowed, after the whole block was
+ * read. */
+void coll_tree_sum(const coll_term *terms, int lo, int hi, int64_t row, int64_t col, void *out,
+                   coll_dtype type, int64_t len)
 {
-    float buf[LEVELS][SUM_BLOCK];
-    tree_block b = {.terms = terms, .row = row, .buf = buf};
     const coll_term *t = &terms[lo];
-    if (t->base && t->end == hi) {
-        const float *x = t->base + row * t->stride + col;
-        if (x != out) memcpy(out, x, sizeof *out * (size_t)len);
+    bool one = t->base && t->end == hi; /* one known node: its values */
+    if (one && t->type == COLL_F32 && type == COLL_F32) {
+        const float *x = (const float *)t->base + row * t->stride + col;
+        if (x != out) memcpy(out, x, sizeof *x * (size_t)len);
         return;
     }
-    int mid = coll_tree_mid(lo, hi);
-    for (int64_t c = 0; c < len; c += SUM_BLOCK) {
-        b.col = col + c;
-        b.len = len - c < SUM_BLOCK ? len - c : SUM_BLOCK;
-        const float *x = node(&b, lo, mid, buf[0], 1);
-        const float *y = node(&b, mid, hi, buf[1], 2);
-        float *o = out + c;
-        if (o == x)
-            add_into(o, y, b.len);
-        else if (o == y)
-            add_into(o, x, b.len);
-        else
-            add2(o, x, y, b.len);
-    }
-}
-
-/* Block by block as above, each block's f32 sum rounded once.  Every term
- * of a block is read before its rounded sum is written, so `out` may be
- * a term's elements. */
-void coll_tree_sum_bf16(const coll_term *terms, int lo, int hi, int64_t row, int64_t col,
-                        uint16_t *out, int64_t len)
-{
     float buf[LEVELS][SUM_BLOCK], sum[SUM_BLOCK];
     tree_block b = {.terms = terms, .row = row, .buf = buf};
-    const coll_term *t = &terms[lo];
+    int mid = one ? hi : coll_tree_mid(lo, hi);
     for (int64_t c = 0; c < len; c += SUM_BLOCK) {
         b.col = col + c;
         b.len = len - c < SUM_BLOCK ? len - c : SUM_BLOCK;
+        float *o = type == COLL_F32 ? (float *)out + c : sum;
         const float *x;
-        if ((t->base || t->half) && t->end == hi) {
-            x = node(&b, lo, hi, sum, 1); /* one known node: its values */
+        if (one) {
+            x = known(&b, t, o);
         } else {
-            int mid = coll_tree_mid(lo, hi);
             const float *l = node(&b, lo, mid, buf[0], 1);
             const float *r = node(&b, mid, hi, buf[1], 2);
-            add2(sum, l, r, b.len);
-            x = sum;
+            if (o == l)
+                add_into(o, r, b.len);
+            else if (o == r)
+                add_into(o, l, b.len);
+            else
+                add2(o, l, r, b.len);
+            x = o;
         }
-        bf16_from_f32_n(out + c, x, (size_t)b.len);
+        if (type != COLL_F32)
+            narrow(coll_elem(out, type, c), type, x, b.len);
+        else if (x != o)
+            memcpy(o, x, sizeof *o * (size_t)b.len);
     }
 }

@@ -23,6 +23,13 @@ static int64_t span(const spmd_tensor *t, int from, int to)
 static coll_group *group_of(const kern_args *a) { return a->dev->groups[a->node->attr.coll.spec]; }
 static int member_of(const kern_args *a) { return a->dev->member[a->node->attr.coll.spec]; }
 
+/* The element type a sum over the group is stored in: bf16 for a gradient
+ * reduced in bf16, else f32. */
+static coll_dtype sum_type(const spmd_tensor *t)
+{
+    return t->dtype == SPMD_BF16 ? COLL_BF16 : COLL_F32;
+}
+
 static void check(const kern_args *a, spmd_status st)
 {
     if (st == SPMD_OK) return;
@@ -54,10 +61,7 @@ void kern_all_reduce(const kern_args *a)
     const spmd_tensor *t = a->node;
     memcpy(a->out, a->in[0], ir_nbytes(t));
     coll_group *g = group_of(a);
-    if (t->dtype == SPMD_BF16) /* a gradient reduced in bf16 */
-        check(a, g->ops->all_reduce_bf16(g, member_of(a), a->out, ir_numel(t)));
-    else
-        check(a, g->ops->all_reduce(g, member_of(a), a->out, ir_numel(t)));
+    check(a, g->ops->all_reduce(g, member_of(a), a->out, ir_numel(t), sum_type(t)));
 }
 
 /* [.., b, ..] blocks from every member -> [.., n*b, ..] along dim. */
@@ -80,10 +84,8 @@ void kern_reduce_scatter(const kern_args *a)
     int d = t->attr.coll.dim;
     int64_t outer = span(t, 0, d), inner = span(t, d, t->rank);
     coll_group *g = group_of(a);
-    if (t->dtype == SPMD_BF16)
-        check(a, g->ops->reduce_scatter_bf16(g, member_of(a), a->in[0], a->out, outer, inner));
-    else
-        check(a, g->ops->reduce_scatter(g, member_of(a), a->in[0], a->out, outer, inner));
+    check(a, g->ops->reduce_scatter(g, member_of(a), a->in[0], a->out, outer, inner,
+                                    sum_type(t)));
 }
 
 /* Split `dim` into n blocks, block j to member j; received blocks are

@@ -26,7 +26,7 @@
  * the CPUs it may run on, the thread being waited for is often not
  * running at all and spinning only delays it: then barely spin.  The
  * pool goes straight from spinning to sleeping; only the collectives put
- * yields in between (collectives_shm.c says why). */
+ * yields in between (collectives_shm_world.c says why). */
 static const rt_wait_spin POOL_SPIN = {.pauses = 2048, .yields = 0};
 static const rt_wait_spin POOL_SPIN_OVERSUBSCRIBED = {.pauses = 16, .yields = 0};
 

@@ -33,7 +33,7 @@ typedef struct rt_wait_word {
 
 /* How long a waiter spins before it sleeps: pause instructions, then
  * sched_yield calls.  Owners tune these for their waits (see pool.c and
- * collectives_shm.c). */
+ * collectives_shm_world.c). */
 typedef struct rt_wait_spin {
     int pauses;
     int yields;
