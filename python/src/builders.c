@@ -32,7 +32,7 @@ static int init_arg(PyObject *o, float scale, spmd_init *init)
             return 0;
         }
     if (!PyErr_Occurred())
-        PyErr_Format(PyExc_ValueError, "init %R: one of 'zeros', 'ones', 'normal', 'uniform'", o);
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "init %R: one of 'zeros', 'ones', 'normal', 'uniform'", o);
     return -1;
 }
 
@@ -337,7 +337,7 @@ static PyObject *graph_permute(GraphObject *self, PyObject *args, PyObject *kw)
     /* The C side reads one entry per dimension of x: the length is ours
      * to check. */
     if (t && rank != spmd_tensor_rank(t)) {
-        PyErr_Format(PyExc_ValueError, "permute: %d entries for a tensor of rank %d", rank,
+        PyErr_Format(error_type(SPMD_ERR_SHAPE), "permute: %d entries for a tensor of rank %d", rank,
                      spmd_tensor_rank(t));
         return NULL;
     }

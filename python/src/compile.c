@@ -16,7 +16,8 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
         graph_open(self) < 0)
         return NULL;
     if (inflight_bytes < 0) {
-        PyErr_SetString(PyExc_ValueError, "compile: inflight_bytes must be 0 (the default) or more");
+        PyErr_SetString(error_type(SPMD_ERR_INVALID),
+                        "compile: inflight_bytes must be 0 (the default) or more");
         return NULL;
     }
     /* Over processes: MPI_COMM_WORLD (mpi.c). */
@@ -42,7 +43,8 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
         Py_XDECREF(mesh);
         PyObject *tuple = PySequence_Tuple(seeds_o);
         if (tuple && PyTuple_GET_SIZE(tuple) != copies)
-            PyErr_Format(PyExc_ValueError, "copy_seeds: %zd seeds for %d copies", PyTuple_GET_SIZE(tuple),
+            PyErr_Format(error_type(SPMD_ERR_INVALID),
+                         "copy_seeds: %zd seeds for %d copies", PyTuple_GET_SIZE(tuple),
                          copies);
         seeds = tuple && !PyErr_Occurred() ? PyMem_Calloc((size_t)copies, sizeof *seeds) : NULL;
         for (int i = 0; seeds && i < copies; i++) {

@@ -7,14 +7,14 @@
 int graph_open(GraphObject *g)
 {
     if (g && g->g) return 0;
-    PyErr_SetString(PyExc_ValueError, "the graph is closed");
+    PyErr_SetString(error_type(SPMD_ERR_INVALID), "the graph is closed");
     return -1;
 }
 
 int program_open(ProgramObject *p)
 {
     if (p->p) return 0;
-    PyErr_SetString(PyExc_ValueError, "the program is closed");
+    PyErr_SetString(error_type(SPMD_ERR_INVALID), "the program is closed");
     return -1;
 }
 
@@ -35,7 +35,7 @@ int tensor_arg(GraphObject *g, PyObject *o, spmd_tensor **out, bool allow_none)
     }
     TensorObject *t = (TensorObject *)o;
     if (t->graph != g) {
-        PyErr_Format(PyExc_ValueError, "tensor '%s' belongs to another graph",
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "tensor '%s' belongs to another graph",
                      t->graph && t->graph->g ? tensor_label(t->t) : "?");
         return -1;
     }
@@ -52,7 +52,7 @@ int tensor_list(GraphObject *g, PyObject *seq, spmd_tensor ***out, int *n)
     Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
     if (len > INT_MAX) {
         Py_DECREF(fast);
-        PyErr_SetString(PyExc_ValueError, "too many tensors");
+        PyErr_SetString(error_type(SPMD_ERR_INVALID), "too many tensors");
         return -1;
     }
     spmd_tensor **ts = PyMem_Calloc((size_t)(len ? len : 1), sizeof *ts);
@@ -88,7 +88,8 @@ int shape_arg(PyObject *o, int *rank, int64_t dims[SPMD_MAX_RANK])
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     if (n > SPMD_MAX_RANK) {
         Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError, "shape of rank %zd: at most %d dimensions", n, SPMD_MAX_RANK);
+        PyErr_Format(error_type(SPMD_ERR_INVALID),
+                     "shape of rank %zd: at most %d dimensions", n, SPMD_MAX_RANK);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -146,7 +147,8 @@ int axes_mask(PyObject *o, int rank, uint32_t *mask)
         if (a < 0) a += rank;
         if (a < 0 || a >= rank) {
             Py_DECREF(seq);
-            PyErr_Format(PyExc_ValueError, "axis %ld is out of range for a tensor of rank %d", given, rank);
+            PyErr_Format(error_type(SPMD_ERR_INVALID),
+                         "axis %ld is out of range for a tensor of rank %d", given, rank);
             return -1;
         }
         *mask |= 1u << a;
@@ -184,7 +186,7 @@ int dtype_arg(PyObject *o, spmd_dtype *out)
     if (num == NPY_FLOAT32) *out = SPMD_F32;
     else if (num == NPY_INT32) *out = SPMD_I32;
     else {
-        PyErr_Format(PyExc_ValueError, "dtype %R: libspmd tensors are float32 or int32", o);
+        PyErr_Format(error_type(SPMD_ERR_UNSUPPORTED), "dtype %R: libspmd tensors are float32 or int32", o);
         return -1;
     }
     return 0;
@@ -218,7 +220,8 @@ static PyObject *spec_entry_text(PyObject *e, const spmd_mesh *m, bool inner)
         long a = PyLong_AsLong(e);
         if (a == -1 && PyErr_Occurred()) return NULL;
         if (!m || a < 0 || a >= spmd_mesh_rank(m)) {
-            PyErr_Format(PyExc_ValueError, "mesh axis index %ld is out of range for a mesh of rank %d",
+            PyErr_Format(error_type(SPMD_ERR_INVALID),
+                         "mesh axis index %ld is out of range for a mesh of rank %d",
                          a, m ? spmd_mesh_rank(m) : 0);
             return NULL;
         }
@@ -297,7 +300,7 @@ int mesh_axis_arg(const spmd_mesh *m, PyObject *o, int *axis)
     long a = PyLong_AsLong(o);
     if (a == -1 && PyErr_Occurred()) return -1;
     if (a < 0 || a >= spmd_mesh_rank(m)) {
-        PyErr_Format(PyExc_ValueError, "mesh axis %ld is out of range for a mesh of rank %d", a,
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "mesh axis %ld is out of range for a mesh of rank %d", a,
                      spmd_mesh_rank(m));
         return -1;
     }

@@ -92,6 +92,10 @@ extern PyTypeObject *OptimizerTensorsType;
 
 /* ---- Errors (errors.c) --------------------------------------------------- */
 
+/* The class of libspmd.errors for a status (borrowed): the library's
+ * failures and the binding's own refusals alike raise it, e.g.
+ * error_type(SPMD_ERR_INVALID) for a bad argument. */
+PyObject *error_type(spmd_status st);
 /* Raise the exception for a failed status, carrying spmd_last_error();
  * returns NULL. */
 PyObject *raise_status(spmd_status st);
@@ -167,6 +171,7 @@ extern PyMethodDef graph_compile_methods[];  /* compile.c */
  * '.' of `name` (module.c). */
 PyTypeObject *add_type(PyObject *mod, const char *name, int basicsize, unsigned flags,
                        PyType_Slot *slots);
+int errors_register(PyObject *mod);
 int mpi_register(PyObject *mod);
 int mesh_register(PyObject *mod);
 int tensor_register(PyObject *mod);

@@ -65,7 +65,7 @@ static PyObject *graph_close(GraphObject *self, PyObject *unused)
 {
     (void)unused;
     if (self->programs) {
-        PyErr_Format(PyExc_RuntimeError, "the graph has %d open program%s: close them first",
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "the graph has %d open program%s: close them first",
                      self->programs, self->programs == 1 ? "" : "s");
         return NULL;
     }

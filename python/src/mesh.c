@@ -13,7 +13,7 @@ static PyObject *mesh_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (PyUnicode_Check(shape)) {
         /* The text form "4x2", "replica,fsdp", as spmd --mesh/--axes. */
         if (ids != Py_None) {
-            PyErr_SetString(PyExc_ValueError, "device_ids need the shape as a tuple, not text");
+            PyErr_SetString(error_type(SPMD_ERR_INVALID), "device_ids need the shape as a tuple, not text");
             return NULL;
         }
         const char *axes;
@@ -23,7 +23,7 @@ static PyObject *mesh_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         Py_XDECREF(keep);
     } else {
         if (names == Py_None) {
-            PyErr_SetString(PyExc_ValueError, "a mesh needs axis names (one per dimension)");
+            PyErr_SetString(error_type(SPMD_ERR_INVALID), "a mesh needs axis names (one per dimension)");
             return NULL;
         }
         PyObject *dims = PySequence_Tuple(shape);
@@ -39,7 +39,8 @@ static PyObject *mesh_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         long long devices = 1;
         if (!nm || (ids != Py_None && !idt)) goto mesh_fail;
         if (PySequence_Size(nm) != rank) {
-            PyErr_Format(PyExc_ValueError, "a mesh of rank %zd needs %zd axis names, got %zd", rank, rank,
+            PyErr_Format(error_type(SPMD_ERR_INVALID),
+                         "a mesh of rank %zd needs %zd axis names, got %zd", rank, rank,
                          PySequence_Size(nm));
             goto mesh_fail;
         }
@@ -68,7 +69,7 @@ static PyObject *mesh_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         }
         if (idt) {
             if (PyTuple_GET_SIZE(idt) != devices) {
-                PyErr_Format(PyExc_ValueError, "device_ids: %zd ids for a mesh of %lld devices",
+                PyErr_Format(error_type(SPMD_ERR_INVALID), "device_ids: %zd ids for a mesh of %lld devices",
                              PyTuple_GET_SIZE(idt), devices);
                 goto mesh_fail;
             }

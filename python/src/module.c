@@ -94,7 +94,7 @@ PyMODINIT_FUNC PyInit__core(void)
     import_array();
     PyObject *mod = PyModule_Create(&module_def);
     if (!mod) return NULL;
-    if (mpi_register(mod) < 0 || mesh_register(mod) < 0 || graph_register(mod) < 0 ||
+    if (errors_register(mod) < 0 || mpi_register(mod) < 0 || mesh_register(mod) < 0 || graph_register(mod) < 0 ||
         tensor_register(mod) < 0 || program_register(mod) < 0 || training_register(mod) < 0) {
         Py_DECREF(mod);
         return NULL;

@@ -51,24 +51,25 @@ static PyObject *mod_mpi_start(PyObject *mod, PyObject *unused)
         MPI_Initialized(&initialized);
         MPI_Finalized(&finalized);
         if (finalized) {
-            PyErr_SetString(PyExc_RuntimeError, "mpi_start: MPI is already finalized");
+            PyErr_SetString(error_type(SPMD_ERR_BACKEND), "mpi_start: MPI is already finalized");
             return NULL;
         }
         if (!initialized) {
             if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level) != MPI_SUCCESS) {
-                PyErr_SetString(PyExc_RuntimeError, "mpi_start: MPI_Init_thread failed");
+                PyErr_SetString(error_type(SPMD_ERR_BACKEND), "mpi_start: MPI_Init_thread failed");
                 return NULL;
             }
             mpi.owned = true;
             if (Py_AtExit(mpi_end) < 0) {
-                PyErr_SetString(PyExc_RuntimeError, "mpi_start: cannot register MPI_Finalize at exit");
+                PyErr_SetString(error_type(SPMD_ERR_BACKEND),
+                                "mpi_start: cannot register MPI_Finalize at exit");
                 return NULL;
             }
         } else {
             MPI_Query_thread(&level); /* started by another package (mpi4py) */
         }
         if (level != MPI_THREAD_MULTIPLE) {
-            PyErr_Format(PyExc_RuntimeError,
+            PyErr_Format(error_type(SPMD_ERR_BACKEND),
                          "mpi_start: MPI runs with %s, but the device threads call MPI at the same "
                          "time: MPI_THREAD_MULTIPLE is needed",
                          mpi_level_name(level));
@@ -86,7 +87,7 @@ static PyObject *mod_mpi_start(PyObject *mod, PyObject *unused)
     }
     return Py_BuildValue("(iii)", mpi.size, mpi.rank, mpi.here);
 #else
-    PyErr_SetString(PyExc_ValueError, NO_MPI);
+    PyErr_SetString(error_type(SPMD_ERR_UNSUPPORTED), NO_MPI);
     return NULL;
 #endif
 }
@@ -119,14 +120,15 @@ int mpi_compile_comm(bool over_processes, const void **comm)
     /* MPI_COMM_WORLD, which the world duplicates at compile. */
     static MPI_Comm world;
     if (!mpi.started) {
-        PyErr_SetString(PyExc_ValueError, "compile(mpi=True): MPI is not started (mpi_start() first)");
+        PyErr_SetString(error_type(SPMD_ERR_INVALID),
+                        "compile(mpi=True): MPI is not started (mpi_start() first)");
         return -1;
     }
     world = MPI_COMM_WORLD;
     *comm = &world;
     return 0;
 #else
-    PyErr_SetString(PyExc_ValueError, NO_MPI);
+    PyErr_SetString(error_type(SPMD_ERR_UNSUPPORTED), NO_MPI);
     return -1;
 #endif
 }

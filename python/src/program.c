@@ -79,7 +79,7 @@ static int copy_arg(PyObject *o, int *copy)
     long c = PyLong_AsLong(o);
     if (c == -1 && PyErr_Occurred()) return -1;
     if (c < 0 || c > INT_MAX) {
-        PyErr_Format(PyExc_ValueError, "copy %ld is out of range", c);
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "copy %ld is out of range", c);
         return -1;
     }
     *copy = (int)c;
@@ -93,13 +93,15 @@ static PyArrayObject *array_for(const spmd_tensor *t, PyObject *o, const char *w
 {
     int num = numpy_type(spmd_tensor_dtype(t));
     if (num < 0) {
-        PyErr_Format(PyExc_ValueError, "%s '%s': dtype %s has no NumPy type", what, tensor_label(t),
+        PyErr_Format(error_type(SPMD_ERR_UNSUPPORTED),
+                     "%s '%s': dtype %s has no NumPy type", what, tensor_label(t),
                      spmd_dtype_name(spmd_tensor_dtype(t)));
         return NULL;
     }
     if (PyArray_Check(o) && PyArray_TYPE((PyArrayObject *)o) != num) {
         PyArray_Descr *want = PyArray_DescrFromType(num);
-        PyErr_Format(PyExc_ValueError, "%s '%s': an array of %S for a tensor of %S", what, tensor_label(t),
+        PyErr_Format(error_type(SPMD_ERR_INVALID),
+                     "%s '%s': an array of %S for a tensor of %S", what, tensor_label(t),
                      (PyObject *)PyArray_DESCR((PyArrayObject *)o), (PyObject *)want);
         Py_XDECREF(want);
         return NULL;
@@ -113,7 +115,8 @@ static PyArrayObject *array_for(const spmd_tensor *t, PyObject *o, const char *w
         PyObject *want = tensor_shape_tuple(t);
         PyObject *got = PyObject_GetAttrString((PyObject *)a, "shape");
         if (want && got)
-            PyErr_Format(PyExc_ValueError, "%s '%s': an array of shape %R for a tensor of shape %R", what,
+            PyErr_Format(error_type(SPMD_ERR_SHAPE),
+                         "%s '%s': an array of shape %R for a tensor of shape %R", what,
                          tensor_label(t), got, want);
         Py_XDECREF(want);
         Py_XDECREF(got);

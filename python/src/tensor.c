@@ -21,7 +21,7 @@ PyObject *wrap_tensor(GraphObject *g, spmd_tensor *t)
 static int tensor_live(TensorObject *self)
 {
     if (self->graph && self->graph->g && self->t) return 0;
-    PyErr_SetString(PyExc_ValueError, "the tensor's graph is closed");
+    PyErr_SetString(error_type(SPMD_ERR_INVALID), "the tensor's graph is closed");
     return -1;
 }
 
@@ -142,7 +142,7 @@ static PyObject *tensor_text(TensorObject *self, text_fn f)
         }
         PyMem_Free(buf);
     }
-    PyErr_SetString(PyExc_RuntimeError, "text longer than 1 MiB");
+    PyErr_SetString(error_type(SPMD_ERR_INTERNAL), "text longer than 1 MiB");
     return NULL;
 }
 

@@ -18,7 +18,7 @@ static int optimizer_kind_arg(const char *kind, spmd_optimizer_kind *out)
     else if (!strcmp(kind, "adam")) *out = SPMD_OPTIMIZER_ADAM;
     else if (!strcmp(kind, "sgd")) *out = SPMD_OPTIMIZER_SGD;
     else {
-        PyErr_Format(PyExc_ValueError, "optimizer kind '%s': 'adamw', 'adam' or 'sgd'", kind);
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "optimizer kind '%s': 'adamw', 'adam' or 'sgd'", kind);
         return -1;
     }
     return 0;
@@ -107,7 +107,7 @@ static int optimizer_group_arg(PyObject *d, int index, spmd_optimizer_group *gr,
         if (!k || (strcmp(k, "params") && strcmp(k, "weight_decay") && strcmp(k, "momentum") &&
                    strcmp(k, "betas") && strcmp(k, "eps"))) {
             if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError,
+                PyErr_Format(error_type(SPMD_ERR_INVALID),
                              "groups[%d]: key %R is not one of params, weight_decay, momentum, betas, eps",
                              index, key);
             return -1;
@@ -115,14 +115,15 @@ static int optimizer_group_arg(PyObject *d, int index, spmd_optimizer_group *gr,
     }
     PyObject *params = PyDict_GetItemString(d, "params"); /* borrowed */
     if (!params) {
-        PyErr_Format(PyExc_ValueError, "groups[%d] has no 'params' (a list of parameter names)", index);
+        PyErr_Format(error_type(SPMD_ERR_INVALID),
+                     "groups[%d] has no 'params' (a list of parameter names)", index);
         return -1;
     }
     *keep = PySequence_List(params);
     if (!*keep) return -1;
     Py_ssize_t n = PyList_GET_SIZE(*keep);
     if (n > INT_MAX) {
-        PyErr_Format(PyExc_ValueError, "groups[%d]: too many parameters", index);
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "groups[%d]: too many parameters", index);
         return -1;
     }
     *names = PyMem_Calloc((size_t)(n ? n : 1), sizeof **names);
@@ -170,7 +171,8 @@ static PyObject *graph_optimizer_apply_groups(GraphObject *self, PyObject *args,
     Py_ssize_t n = PyTuple_GET_SIZE(groups);
     if (n < 1 || n > INT_MAX) {
         Py_DECREF(groups);
-        PyErr_SetString(PyExc_ValueError, "optimizer_apply_groups: groups must hold at least one group");
+        PyErr_SetString(error_type(SPMD_ERR_INVALID),
+                        "optimizer_apply_groups: groups must hold at least one group");
         return NULL;
     }
     spmd_optimizer_group *gr = PyMem_Calloc((size_t)n, sizeof *gr);
@@ -286,7 +288,7 @@ static PyObject *graph_mlp(GraphObject *self, PyObject *args, PyObject *kw)
         if (!strcmp(loss, "mse")) k = SPMD_MLP_MSE;
         else if (!strcmp(loss, "cross_entropy")) k = SPMD_MLP_CROSS_ENTROPY;
         else {
-            PyErr_Format(PyExc_ValueError, "mlp loss '%s': 'mse' or 'cross_entropy'", loss);
+            PyErr_Format(error_type(SPMD_ERR_INVALID), "mlp loss '%s': 'mse' or 'cross_entropy'", loss);
             return NULL;
         }
         if (check(spmd_mlp_add_loss(self->g, k, &t)) < 0) return NULL;

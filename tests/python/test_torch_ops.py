@@ -1,6 +1,7 @@
 """libspmd.torch's aten op table, op by op: each small loss maps and its
 NumPy evaluation gives eager PyTorch's value; each op without a mapping
-raises NotImplementedError naming the op and the user's source line."""
+raises libspmd.UnsupportedError (a NotImplementedError) naming the op and
+the user's source line."""
 import os
 import sys
 import types
@@ -16,6 +17,7 @@ try:
 except ImportError:  # run from the source tree
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     import libspmd.torch as xs
+import libspmd
 from libspmd.torch.aten import TABLE
 from libspmd.torch.reference import evaluate
 
@@ -156,6 +158,7 @@ def test_unmapped_op_raises_naming_op_and_line(op):
     torch.manual_seed(0)
     with pytest.raises(NotImplementedError) as e:
         xs.trace(loss_fn, Lin(), x46())
+    assert isinstance(e.value, libspmd.UnsupportedError)  # as the C side's refusals
     msg = str(e.value)
     head, _, where = msg.partition(" (at ")
     assert op in head, msg  # named by the message, not only by the quoted source line

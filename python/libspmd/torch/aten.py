@@ -5,7 +5,7 @@ Operands arrive as Refs (values computed at run time), torch tensors
 (constants folded at trace time) or Python values.  An op whose operands
 are all constants never reaches the table: trace() folds it with torch.
 A function returns a Ref, a tuple of values (ops with several outputs) or
-raises the lowering's NotImplementedError.
+raises the lowering's UnsupportedError (cx.unsupported).
 """
 import math
 

@@ -24,6 +24,7 @@ try:  # torch >= 2.0
 except ImportError:  # torch 1.13
     from torch.nn.utils.stateless import functional_call
 
+from ..errors import InvalidError, UnsupportedError
 from .graph import Call, InputSpec, Ref, TracedGraph
 from .sharding import get_sharding
 
@@ -148,14 +149,14 @@ class Lowering:
     # ---- messages
 
     def unsupported(self, why=None):
-        """NotImplementedError naming the node's op, why, and its source line."""
+        """UnsupportedError naming the node's op, why, and its source line."""
         name = op_name(self.node.target) if self.node is not None else "?"
         msg = f"libspmd.torch: aten op {name}"
         msg += f" {why}" if why else " has no libspmd mapping"
         where = source_location(self.node) if self.node is not None else None
         if where:
             msg += f" (at {where})"
-        return NotImplementedError(msg)
+        return UnsupportedError(msg)
 
     # ---- emitting calls
 
@@ -430,7 +431,7 @@ def trace(loss_fn, model, *batch):
         if m is None:
             return
         if mesh is not None and m.mesh != mesh:
-            raise ValueError(f"{name} is marked on {m.mesh!r} but another tensor on {mesh!r}; "
+            raise InvalidError(f"{name} is marked on {m.mesh!r} but another tensor on {mesh!r}; "
                              f"all marks of a program use one mesh")
         mesh = m.mesh
         marks[name] = m
@@ -498,9 +499,9 @@ def trace(loss_fn, model, *batch):
     while isinstance(out, (list, tuple)):
         out = out[0]
     if not isinstance(out, Ref):
-        raise ValueError("the loss does not depend on the parameters or the batch")
+        raise InvalidError("the loss does not depend on the parameters or the batch")
     if out.shape != () or out.dtype != "f32":
-        raise ValueError(f"the loss must be a float scalar, got {out!r}")
+        raise InvalidError(f"the loss must be a float scalar, got {out!r}")
 
     _group_fused_heads(cx, marks, names)
     calls = _live_calls(cx.calls, out)
