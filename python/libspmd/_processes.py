@@ -81,16 +81,16 @@ def compile_options(graph, options):
         mpi = _count > 1 and mesh is not None
     elif mpi and _count == 1:
         raise InvalidError("compile(mpi=True): this script runs as one process (mpirun -n P with "
-                         "P > 1 starts several)")
+                           "P > 1 starts several)")
     elif mpi and mesh is None:
         raise InvalidError("compile(mpi=True): the graph has no sharding marks, so it is one "
-                         "device, which does not spread over processes")
+                           "device, which does not spread over processes")
     if _count > 1 and mesh is not None:
         if mesh.devices() % _count and mpi:
             raise InvalidError(f"compile: the mesh {'x'.join(map(str, mesh.shape))} "
-                             f"({', '.join(mesh.axis_names)}) has {mesh.devices()} devices, which "
-                             f"do not divide over the {_count} processes mpirun started (each runs "
-                             f"devices / processes of them)")
+                               f"({', '.join(mesh.axis_names)}) has {mesh.devices()} devices, which "
+                               f"do not divide over the {_count} processes mpirun started (each runs "
+                               f"devices / processes of them)")
         if mesh.devices() % _count == 0:
             mesh.place_processes(_count)  # what explain reports: the axes across processes
     if mpi:

@@ -29,8 +29,8 @@ class SpmdFullyShardedDataParallel(torch.nn.Module):
                             f"got {type(module).__name__}")
         if shard_output is not None:
             raise UnsupportedError("SpmdFullyShardedDataParallel: shard_output is not "
-                                      "supported (mark the inputs and parameters; propagation "
-                                      "places the output)")
+                                   "supported (mark the inputs and parameters; propagation "
+                                   "places the output)")
         mesh = mesh if mesh is not None else get_global_mesh()
         if not isinstance(mesh, Mesh):
             raise InvalidError("SpmdFullyShardedDataParallel: no mesh given and no global mesh set")
@@ -38,10 +38,10 @@ class SpmdFullyShardedDataParallel(torch.nn.Module):
         for axis in (FSDP_AXIS,) + ((extra_data_axis,) if extra_data_axis is not None else ()):
             if axis not in names:
                 raise InvalidError(f"SpmdFullyShardedDataParallel: the mesh has no axis '{axis}' "
-                                 f"(its axes: {', '.join(names)})")
+                                   f"(its axes: {', '.join(names)})")
         if extra_data_axis == FSDP_AXIS:
             raise InvalidError("SpmdFullyShardedDataParallel: extra_data_axis must differ from "
-                             "'fsdp'")
+                               "'fsdp'")
         self.module = module
         self.mesh = mesh
         self.extra_data_axis = extra_data_axis

@@ -62,7 +62,7 @@ class Mesh:
             axis_names = tuple(axis_names)
             if len(axis_names) != len(mesh_shape):
                 raise InvalidError(f"{len(axis_names)} axis names {axis_names} for a mesh of "
-                                 f"{len(mesh_shape)} axes {mesh_shape}")
+                                   f"{len(mesh_shape)} axes {mesh_shape}")
             for name in axis_names:
                 if not isinstance(name, str) or not name.isidentifier():
                     raise InvalidError(f"axis name {name!r} is not an identifier")
@@ -71,7 +71,7 @@ class Mesh:
         size = int(np.prod(mesh_shape, dtype=np.int64))
         if ids.size != size:
             raise InvalidError(f"{ids.size} device ids for a mesh of shape {mesh_shape} "
-                             f"({size} devices)")
+                               f"({size} devices)")
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
             raise InvalidError(f"device ids must be integers, got {ids.dtype}")
         ids = ids.astype(np.int64)
@@ -144,7 +144,7 @@ class HybridMesh(Mesh):
             raise InvalidError(f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} have different ranks")
         if not ici or any(d < 1 for d in ici + dcn):
             raise InvalidError(f"ici_mesh_shape {ici}, dcn_mesh_shape {dcn}: need at least one "
-                             f"axis, every size positive")
+                               f"axis, every size positive")
         shape = tuple(i * d for i, d in zip(ici, dcn))
         coords = np.indices(shape).reshape(len(shape), -1)
         slice_of = np.ravel_multi_index(tuple(c // i for c, i in zip(coords, ici)), dcn)
@@ -163,13 +163,13 @@ class HybridMesh(Mesh):
         slices = int(np.prod(self.dcn_mesh_shape))
         if slices != processes:
             raise InvalidError(f"{shapes}: the dcn shape asks for {slices} processes (one per slice), "
-                             f"but mpirun started {processes}")
+                               f"but mpirun started {processes}")
         if not np.array_equal(self.device_ids, np.arange(self.size())):
             k = int(np.prod(self.ici_mesh_shape))
             raise InvalidError(f"{shapes} over {processes} processes: process p runs the devices at "
-                             f"row-major mesh positions {k}p .. {k}p + {k - 1}, so the dcn axes must "
-                             f"be the major ones (an axis before the last one with dcn > 1 must have "
-                             f"ici size 1)")
+                               f"row-major mesh positions {k}p .. {k}p + {k - 1}, so the dcn axes must "
+                               f"be the major ones (an axis before the last one with dcn > 1 must have "
+                               f"ici size 1)")
 
     def dcn_axes(self):
         return tuple(i for i, d in enumerate(self.dcn_mesh_shape) if d > 1)

@@ -86,16 +86,16 @@ _marks = _TensorMarks()
 def _axis_index(mesh, entry, dim, spec):
     if isinstance(entry, bool) or not isinstance(entry, (int, str)):
         raise InvalidError(f"partition_spec {spec!r}: entry {entry!r} of dim {dim} is neither an "
-                         f"axis name, an axis index, a tuple of those nor None")
+                           f"axis name, an axis index, a tuple of those nor None")
     if isinstance(entry, str):
         idx = mesh.get_axis_name_idx(entry)
         if idx is None:
             raise InvalidError(f"partition_spec {spec!r}: dim {dim} names axis {entry!r}, which the "
-                             f"mesh does not have (its axes: {mesh.axis_names})")
+                               f"mesh does not have (its axes: {mesh.axis_names})")
         return idx
     if not 0 <= entry < len(mesh.mesh_shape):
         raise InvalidError(f"partition_spec {spec!r}: dim {dim} names axis index {entry}, out of "
-                         f"range for a mesh of {len(mesh.mesh_shape)} axes {mesh.mesh_shape}")
+                           f"range for a mesh of {len(mesh.mesh_shape)} axes {mesh.mesh_shape}")
     return int(entry)
 
 
@@ -104,11 +104,11 @@ def normalize_spec(mesh, partition_spec, rank):
     ValueError naming the entry and the reason when it does not fit."""
     if isinstance(partition_spec, (str, bytes)) or not isinstance(partition_spec, (tuple, list)):
         raise InvalidError(f"partition_spec {partition_spec!r} must be a tuple with one entry per "
-                         f"dim (an axis name, an axis index, a tuple of those or None)")
+                           f"dim (an axis name, an axis index, a tuple of those or None)")
     spec = tuple(partition_spec)
     if len(spec) != rank:
         raise InvalidError(f"partition_spec {spec!r} has {len(spec)} entries for a tensor of rank "
-                         f"{rank}")
+                           f"{rank}")
     used = {}
     out = []
     for dim, entry in enumerate(spec):
@@ -118,14 +118,14 @@ def normalize_spec(mesh, partition_spec, rank):
         group = entry if isinstance(entry, (tuple, list)) else (entry,)
         if not group:
             raise InvalidError(f"partition_spec {spec!r}: dim {dim} is an empty tuple (write None "
-                             f"for a whole dim)")
+                               f"for a whole dim)")
         axes = []
         for e in group:
             a = _axis_index(mesh, e, dim, spec)
             if a in used:
                 name = mesh.libspmd_axis_names()[a]
                 raise InvalidError(f"partition_spec {spec!r}: axis {name!r} splits dim {used[a]} "
-                                 f"and dim {dim}; an axis is used at most once")
+                                   f"and dim {dim}; an axis is used at most once")
             used[a] = dim
             axes.append(a)
         out.append(tuple(axes))
@@ -182,11 +182,11 @@ def visualize_tensor_sharding(t, use_color=True, scale=1.0, min_width=9, max_wid
         mesh = get_global_mesh()
         if mesh is None:
             raise InvalidError("visualize_tensor_sharding: the tensor has no mark and no global mesh "
-                             "is set (mark_sharding it, or set_global_mesh)")
+                               "is set (mark_sharding it, or set_global_mesh)")
         spec = ", ".join(["None"] * t.dim())
     if t.dim() not in (1, 2):
         raise InvalidError(f"visualize_tensor_sharding draws 1-D and 2-D tensors, got shape "
-                         f"{list(t.shape)} (its mark: {spec})")
+                           f"{list(t.shape)} (its mark: {spec})")
     import libspmd
     text = libspmd.visualize(libspmd_mesh(mesh), spec, tuple(int(d) for d in t.shape))
     print(text)
