@@ -245,15 +245,18 @@ def _sdpa_program(name, q, k, v, **kw):
     scaled_dot_product_attention ops, which torch 1.13 cannot trace, through
     the table as the trace would call them."""
     from libspmd.torch.graph import TracedGraph
-    from libspmd.torch.trace import Lowering
+    from libspmd.torch.lowering import Lowering
     cx = Lowering()
     cx.node = types.SimpleNamespace(name="sdpa", target=name, meta={})  # the FX node's stand-in
-    refs = [cx.add_input(n, "f32", tuple(x.shape), i, lambda b, i=i: np.asarray(b[i], np.float32))
-            for i, (n, x) in enumerate(zip("qkv", (q, k, v)))]
-    out = TABLE[name](cx, *refs, **kw)
-    out = out[0] if isinstance(out, tuple) else out
-    sq = cx.emit("mul", out, out, shape=out.shape)
-    loss = cx.emit("sum", sq, tuple(range(out.rank)), False, shape=())
+    try:
+        refs = [cx.add_input(n, "f32", tuple(x.shape), i, lambda b, i=i: np.asarray(b[i], np.float32))
+                for i, (n, x) in enumerate(zip("qkv", (q, k, v)))]
+        out = TABLE[name](cx, *refs, **kw)
+        out = out[0] if isinstance(out, tuple) else out
+        sq = cx.emit("mul", out, out)
+        loss = cx.emit("sum", sq, tuple(range(out.rank)), False)
+    finally:
+        cx.close()
     return TracedGraph(cx.calls, loss, {}, {}, cx.states, cx.inputs, {})
 
 

@@ -141,3 +141,25 @@ class TracedGraph:
 
     def __repr__(self):
         return "\n".join(repr(c) for c in self.calls) + f"\nloss {self.loss!r}"
+
+
+class GraphBuilder:
+    """The builder protocol over a libspmd Graph.  The protocol passes
+    everything positionally; the Graph takes `input` as (name, shape,
+    dtype) and the transposes of matmul and bmm as keywords.  Every other
+    builder is the Graph's own."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def input(self, name, dtype, shape):
+        return self.graph.input(name, tuple(shape), dtype)
+
+    def matmul(self, a, b, trans_a=False, trans_b=False):
+        return self.graph.matmul(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
+
+    def bmm(self, a, b, trans_a=False, trans_b=False):
+        return self.graph.bmm(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
+
+    def __getattr__(self, op):
+        return getattr(self.graph, op)

@@ -17,30 +17,9 @@ import torch
 
 from ..errors import InvalidError, UnsupportedError
 from .fsdp import SpmdFullyShardedDataParallel
+from .graph import GraphBuilder
 from .sharding import get_sharding, libspmd_mesh, mark_sharding
 from .trace import trace
-
-
-class GraphBuilder:
-    """The builder protocol of graph.py over a libspmd.Graph.  The protocol
-    passes everything positionally; the Graph takes `input` as (name, shape,
-    dtype) and the transposes of matmul and bmm as keywords.  Every other
-    builder is the Graph's own."""
-
-    def __init__(self, graph):
-        self.graph = graph
-
-    def input(self, name, dtype, shape):
-        return self.graph.input(name, tuple(shape), dtype)
-
-    def matmul(self, a, b, trans_a=False, trans_b=False):
-        return self.graph.matmul(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
-
-    def bmm(self, a, b, trans_a=False, trans_b=False):
-        return self.graph.bmm(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
-
-    def __getattr__(self, op):
-        return getattr(self.graph, op)
 
 
 # ---- the optimizer ----------------------------------------------------------
@@ -62,7 +41,7 @@ class OptimizerPlan:
         cls = type(optimizer).__name__
         if cls not in _KIND or not isinstance(optimizer, torch.optim.Optimizer):
             raise UnsupportedError(f"libspmd.torch.compile: optimizer {cls} is not supported "
-                                      f"(torch.optim.SGD, Adam and AdamW are)")
+                                   f"(torch.optim.SGD, Adam and AdamW are)")
         self.optimizer = optimizer
         self.kind = _KIND[cls]
         by_id = {id(t): name for name, t in param_names.items()}
@@ -79,7 +58,7 @@ class OptimizerPlan:
                 name = by_id.get(id(p))
                 if name is None:
                     raise InvalidError(f"param group {i} holds a tensor of shape {list(p.shape)} that "
-                                     f"is not a parameter of the model")
+                                       f"is not a parameter of the model")
                 if name in seen:
                     if seen[name] != i:
                         raise InvalidError(f"parameter {name} is in param groups {seen[name]} and {i}")
@@ -100,7 +79,7 @@ class OptimizerPlan:
         missing = [n for n in param_names if n not in seen]
         if missing:
             raise InvalidError(f"parameters {missing} are in no param group of the optimizer; "
-                             f"libspmd trains every parameter of the model")
+                               f"libspmd trains every parameter of the model")
 
     def key(self):
         """The settings compiled into the program (everything but lr)."""
@@ -162,7 +141,7 @@ class Step:
         if (not isinstance(gradient_accumulation_steps, int) or isinstance(gradient_accumulation_steps, bool)
                 or gradient_accumulation_steps < 1):
             raise InvalidError(f"gradient_accumulation_steps must be an int >= 1, got "
-                             f"{gradient_accumulation_steps!r}")
+                               f"{gradient_accumulation_steps!r}")
         self.accumulation = gradient_accumulation_steps
         self.matmul_precision = _matmul_precision(mixed_precision)
         self.reduce_precision = _matmul_precision(reduce_dtype, "reduce_dtype")
@@ -232,7 +211,7 @@ class Step:
                 steps.add(float(state["step"]))
         if len(steps) > 1:
             raise InvalidError(f"the optimizer's parameters have taken different step counts "
-                             f"{sorted(steps)}; libspmd keeps one count for all")
+                               f"{sorted(steps)}; libspmd keeps one count for all")
         if steps:
             values[STEP_STATE] = np.array(steps.pop(), np.float32)
         return {n: v for n, v in values.items() if n in entry.carried}
@@ -277,8 +256,8 @@ class Step:
                 continue
             if b.dim() == 0 or b.shape[0] % k:
                 raise InvalidError(f"step: batch argument {i} of shape {tuple(b.shape)} does not split "
-                                 f"into gradient_accumulation_steps={k} micro-batches along its "
-                                 f"first dim")
+                                   f"into gradient_accumulation_steps={k} micro-batches along its "
+                                   f"first dim")
             pieces = list(torch.chunk(b, k, dim=0))
             mark = get_sharding(b)
             if mark is not None:
