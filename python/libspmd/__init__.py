@@ -41,13 +41,12 @@ _processes.start()
 
 Mesh = _core.Mesh
 Tensor = _core.Tensor
-OptimizerTensors = _core.OptimizerTensors
 visualize = _core.visualize
 lr_schedule = _core.lr_schedule
 blas_describe = _core.blas_describe
 blas_select = _core.blas_select
 
-__all__ = ["Mesh", "Graph", "Tensor", "Program", "OptimizerTensors", "mark_sharding",
+__all__ = ["Mesh", "Graph", "Tensor", "Program", "mark_sharding",
            "visualize", "lr_schedule", "blas_describe", "blas_select", "explain", "explain_text",
            "process_count", "process_index",
            "Error", "InvalidError", "ShapeError", "UnsupportedError", "OutOfMemoryError", "FileError",
