@@ -333,7 +333,7 @@ def stack(cx, tensors, dim=0):
 
 # aten overload -> the libspmd builder of the same function of one tensor.
 _UNARY = {f"aten.{op}.default": op for op in ("neg", "exp", "log", "tanh", "relu", "sqrt", "rsqrt",
-                                               "silu")}
+                                               "silu", "sigmoid")}
 
 
 @lowers(*_UNARY)
@@ -387,22 +387,15 @@ def div(cx, a, b):
 
 
 @lowers("aten.pow.Tensor_Scalar")
-def pow_(cx, x, e):
+def pow_tensor_scalar(cx, x, e):
+    """x ** e for a constant e: libspmd's pow_scalar (x^c), which computes
+    the exponents torch computes without pow (2, 3, 0.5, -0.5, -1, -2) as
+    torch does."""
     x = cx.ref(x)
     e = float(e)
     if e == 1:
         return x
-    if e == 2:
-        return cx.emit("mul", x, x)
-    if e == 3:
-        return cx.emit("mul", cx.emit("mul", x, x), x)
-    if e == 0.5:
-        return cx.emit("sqrt", x)
-    if e == -0.5:
-        return cx.emit("rsqrt", x)
-    if e == -1:
-        return cx.emit("div", cx.ref(1.0), x)
-    raise cx.unsupported(f"with exponent {e:g} (libspmd maps 1, 2, 3, 0.5, -0.5 and -1)")
+    return cx.emit("pow_scalar", x, e)
 
 
 @lowers("aten.reciprocal.default")
@@ -412,7 +405,9 @@ def reciprocal(cx, x):
 
 
 @lowers("aten.pow.Scalar")
-def pow_scalar(cx, base, x):
+def pow_scalar_tensor(cx, base, x):
+    """base ** x for a constant base b > 0, as exp(x log b); libspmd has no
+    op for it (pow_scalar is x ** c)."""
     x = cx.ref(x)
     base = float(base)
     if base <= 0:
@@ -423,9 +418,9 @@ def pow_scalar(cx, base, x):
 @lowers("aten.pow.Tensor_Tensor")
 def pow_tensors(cx, base, e):
     if cx.number(e) is not None and isinstance(base, Ref):
-        return pow_(cx, base, cx.number(e))
+        return pow_tensor_scalar(cx, base, cx.number(e))
     if cx.number(base) is not None and isinstance(e, Ref):
-        return pow_scalar(cx, cx.number(base), e)
+        return pow_scalar_tensor(cx, cx.number(base), e)
     raise cx.unsupported("with both base and exponent computed at run time")
 
 
