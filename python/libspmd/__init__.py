@@ -64,10 +64,6 @@ class Program(_core.Program):
         value it moves), memory per device and the fallbacks."""
         return explain(self)
 
-    def explain_text(self):
-        """The same report as text, in the layout `spmd explain` prints."""
-        return explain_text(self.explain())
-
 
 class Graph(_core.Graph):
     """A training step for one logical device: every builder of spmd.h is a

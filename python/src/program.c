@@ -325,6 +325,21 @@ static PyObject *program_load(ProgramObject *self, PyObject *args, PyObject *kw)
     return r;
 }
 
+/* The report `spmd explain` prints, made by the library. */
+static PyObject *program_explain_text(ProgramObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"model", "batch", NULL};
+    spmd_explain_options o = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$zz:explain_text", kwlist, &o.model, &o.batch) ||
+        program_open(self) < 0)
+        return NULL;
+    char *text;
+    if (check(spmd_program_explain(self->p, &o, &text)) < 0) return NULL;
+    PyObject *r = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    free(text); /* the C API's malloc'd text */
+    return r;
+}
+
 static PyMethodDef program_methods[] = {
     {"set_input", KW(program_set_input),
      "set_input(t, array, copy=None): fill input t (a Tensor or its name) of every copy, or of one"},
@@ -339,6 +354,10 @@ static PyMethodDef program_methods[] = {
      "collectives() -> a dict per collective of a step, in program order"},
     {"fallbacks", FN(program_fallbacks), METH_NOARGS,
      "fallbacks() -> the whole-tensor gathers an op forced, one line each"},
+    {"explain_text", KW(program_explain_text),
+     "explain_text(*, model=None, batch=None) -> the report `spmd explain` prints, as text: the\n"
+     "mesh, every named tensor's sharding, every collective, memory per device, the fallbacks;\n"
+     "model names what is planned on its first line (default 'graph'), batch follows it"},
     {"local_devices", FN(program_local_devices), METH_NOARGS,
      "local_devices() -> (first, count) of this process's devices"},
     {"input_rows", FN(program_input_rows), METH_O,
