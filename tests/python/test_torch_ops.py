@@ -203,6 +203,16 @@ def test_unmapped_op_raises_naming_op_and_line(op):
     assert where.startswith(f"test_torch_ops.py:{line_of(fragment)} in "), msg
 
 
+def test_a_refusal_of_the_library_names_the_op_and_line():
+    # Shapes come from libspmd's builders while mapping: what the library
+    # refuses (a rank over 6) raises its class, naming the op and the line.
+    with pytest.raises(libspmd.InvalidError) as e:
+        xs.trace(lambda m, x: m(x).view(1, 1, 1, 1, 1, 3, 6).sum(), Lin(), x46())
+    msg = str(e.value)
+    assert msg.startswith("libspmd.torch: aten op aten.view.default: ") and "at most 6 dimensions" in msg
+    assert f"(at test_torch_ops.py:{line_of('m(x).view(1, 1, 1, 1, 1, 3, 6)')} in " in msg
+
+
 def test_cross_entropy_forms_refused():
     y = torch.tensor([1, 2, 0])
     with pytest.raises(NotImplementedError, match="class weights"):

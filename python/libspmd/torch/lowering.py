@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from ..errors import UnsupportedError
+from ..errors import Error, UnsupportedError
 from .graph import Call, GraphBuilder, InputSpec, Ref
 
 # A Tensor's dtype (numpy's; the library's name where numpy has none, bf16)
@@ -78,13 +78,13 @@ class Lowering:
 
     def unsupported(self, why=None):
         """UnsupportedError naming the node's op, why, and its source line."""
+        return UnsupportedError(self._about_node(f" {why}" if why else " has no libspmd mapping"))
+
+    def _about_node(self, text):
+        """'libspmd.torch: aten op <op><text> (at <source line>)'."""
         name = op_name(self.node.target) if self.node is not None else "?"
-        msg = f"libspmd.torch: aten op {name}"
-        msg += f" {why}" if why else " has no libspmd mapping"
         where = self.locate(self.node) if self.node is not None and self.locate else None
-        if where:
-            msg += f" (at {where})"
-        return UnsupportedError(msg)
+        return f"libspmd.torch: aten op {name}{text}" + (f" (at {where})" if where else "")
 
     @property
     def overload(self):
@@ -104,7 +104,10 @@ class Lowering:
                 return [arg(x) for x in a]
             return a
 
-        t = getattr(self.builder, op)(*[arg(a) for a in args])
+        try:
+            t = getattr(self.builder, op)(*[arg(a) for a in args])
+        except Error as e:  # the library's refusal, of its class, naming the op and line
+            raise type(e)(self._about_node(f": {e}")) from e
         out = Ref(len(self.calls), t.shape, t.dtype if isinstance(t.dtype, str) else _DTYPES[t.dtype])
         self.tensors[out.id] = t
         call = Call(op, tuple(args), out)
