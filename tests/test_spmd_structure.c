@@ -527,6 +527,15 @@ static void test_unsplittable_batch_is_a_fallback(void **state)
     }
     assert_true(input_gathered);
     assert_true(spmd_program_fallback_count(c.p) >= 1);
+    /* The explain text (the library's, which the tool prints) lists it. */
+    char line[256], *text = NULL;
+    assert_int_equal(spmd_program_fallback(c.p, 0, line, sizeof line), SPMD_OK);
+    assert_int_equal(spmd_program_explain(c.p, NULL, &text), SPMD_OK);
+    assert_non_null(strstr(text, "spmd explain: graph, "));
+    assert_non_null(strstr(text, line));
+    free(text);
+    assert_int_equal(spmd_program_explain(NULL, NULL, &text), SPMD_ERR_INVALID);
+    assert_null(text);
     case_close(&c, build_mlp, &cfg);
 }
 

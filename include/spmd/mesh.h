@@ -138,6 +138,30 @@ SPMD_API spmd_status spmd_program_fallback(const spmd_program *p, int i, char *b
  * them: marking them settles it.  spmd explain and spmd train report it. */
 SPMD_API int spmd_program_propagation_unsettled(const spmd_program *p);
 
+/* What a caller knows of a program that the program does not: the parts
+ * of spmd_program_explain's text that come from outside.  Zero (or a NULL
+ * pointer to it) leaves each out or at its default. */
+typedef struct spmd_explain_options {
+    const char *model;          /* the first line's name of what is planned; NULL: "graph" */
+    const char *batch;          /* appended to the first line ("batch 32"); NULL: nothing */
+    const char *network_source; /* where the network's figures come from ("measured",
+                                 * "given"); NULL: "set_network" */
+    /* Each collective's measured median in microseconds (NaN: never
+     * measured), in program order, and the steps measured: a column
+     * beside the estimates (spmd explain --trace); NULL: none. */
+    const double *measured_us;
+    int first_step, last_step;
+} spmd_explain_options;
+
+/* The report `spmd explain` prints, for a compiled (or plan-only) program:
+ * the mesh and which axes cross processes, every named tensor's shape and
+ * sharding, every collective (phase, kind, axes, bytes per device, the
+ * estimated time, the value it moves; in flight or not), memory per
+ * device, the fallbacks and an unsettled propagation.  *text: the whole
+ * text, lines ending in a newline, to free() (NULL on failure). */
+SPMD_API spmd_status spmd_program_explain(const spmd_program *p, const spmd_explain_options *o,
+                                          char **text);
+
 #ifdef __cplusplus
 }
 #endif

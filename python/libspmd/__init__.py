@@ -15,9 +15,13 @@ program per device and run it, with NumPy arrays in and out.
     p.set_input(x, np.ones((16, 8), np.float32)); p.run(); p.read(loss)
 
 The classes wrap the C library's handles (libspmd._core, over the public
-C API); a failure raises ValueError (bad input), MemoryError, OSError
-(files) or RuntimeError with the library's message.  This package needs
-NumPy only; libspmd.torch (PyTorch models) is imported on its own.
+C API); a failure raises a libspmd.Error with the library's message, of
+the class of its kind (errors.py): InvalidError and ShapeError (also
+ValueErrors), UnsupportedError (also a NotImplementedError and a
+ValueError), OutOfMemoryError, FileError (an OSError), BackendError,
+InternalError (RuntimeErrors) or CollectiveTimeoutError (a TimeoutError).
+This package needs NumPy only; libspmd.torch (PyTorch models) is imported
+on its own.
 
 Under `mpirun -n P python3 script.py` every process runs the same script;
 a graph with marks compiles to a program whose mesh is spread over the P
@@ -28,6 +32,8 @@ import warnings
 
 from . import _core
 from . import _processes
+from .errors import (BackendError, CollectiveTimeoutError, Error, FileError, InternalError,
+                     InvalidError, OutOfMemoryError, ShapeError, UnsupportedError)
 from ._explain import explain, explain_text
 from ._processes import process_count, process_index
 
@@ -35,15 +41,16 @@ _processes.start()
 
 Mesh = _core.Mesh
 Tensor = _core.Tensor
-OptimizerTensors = _core.OptimizerTensors
 visualize = _core.visualize
 lr_schedule = _core.lr_schedule
 blas_describe = _core.blas_describe
 blas_select = _core.blas_select
 
-__all__ = ["Mesh", "Graph", "Tensor", "Program", "OptimizerTensors", "mark_sharding",
+__all__ = ["Mesh", "Graph", "Tensor", "Program", "mark_sharding",
            "visualize", "lr_schedule", "blas_describe", "blas_select", "explain", "explain_text",
-           "process_count", "process_index"]
+           "process_count", "process_index",
+           "Error", "InvalidError", "ShapeError", "UnsupportedError", "OutOfMemoryError", "FileError",
+           "BackendError", "InternalError", "CollectiveTimeoutError"]
 
 
 class Program(_core.Program):
@@ -56,10 +63,6 @@ class Program(_core.Program):
         every collective (phase, kind, axes, bytes, estimated seconds, the
         value it moves), memory per device and the fallbacks."""
         return explain(self)
-
-    def explain_text(self):
-        """The same report as text, in the layout `spmd explain` prints."""
-        return explain_text(self.explain())
 
 
 class Graph(_core.Graph):

@@ -14,6 +14,7 @@ import os
 import sys
 
 from . import _core
+from .errors import InvalidError
 
 # Open MPI's mpirun, PMIx and PMI (MPICH's Hydra) each name the job's size.
 _LAUNCHER_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE")
@@ -79,17 +80,17 @@ def compile_options(graph, options):
     elif mpi is None:
         mpi = _count > 1 and mesh is not None
     elif mpi and _count == 1:
-        raise ValueError("compile(mpi=True): this script runs as one process (mpirun -n P with "
-                         "P > 1 starts several)")
+        raise InvalidError("compile(mpi=True): this script runs as one process (mpirun -n P with "
+                           "P > 1 starts several)")
     elif mpi and mesh is None:
-        raise ValueError("compile(mpi=True): the graph has no sharding marks, so it is one "
-                         "device, which does not spread over processes")
+        raise InvalidError("compile(mpi=True): the graph has no sharding marks, so it is one "
+                           "device, which does not spread over processes")
     if _count > 1 and mesh is not None:
         if mesh.devices() % _count and mpi:
-            raise ValueError(f"compile: the mesh {'x'.join(map(str, mesh.shape))} "
-                             f"({', '.join(mesh.axis_names)}) has {mesh.devices()} devices, which "
-                             f"do not divide over the {_count} processes mpirun started (each runs "
-                             f"devices / processes of them)")
+            raise InvalidError(f"compile: the mesh {'x'.join(map(str, mesh.shape))} "
+                               f"({', '.join(mesh.axis_names)}) has {mesh.devices()} devices, which "
+                               f"do not divide over the {_count} processes mpirun started (each runs "
+                               f"devices / processes of them)")
         if mesh.devices() % _count == 0:
             mesh.place_processes(_count)  # what explain reports: the axes across processes
     if mpi:

@@ -30,6 +30,7 @@ spmd_status spmd_mark_sharding_impl(spmd_graph *g, spmd_tensor *t, const spmd_me
 spmd_status spmd_clear_sharding_impl(spmd_tensor *t);
 spmd_status spmd_program_collective_impl(const spmd_program *p, int i, spmd_collective_info *out);
 spmd_status spmd_program_fallback_impl(const spmd_program *p, int i, char *buf, size_t size);
+spmd_status spmd_program_explain_impl(const spmd_program *p, const spmd_explain_options *o, char **text);
 spmd_status spmd_mlp_validate_impl(const spmd_mlp_config *cfg);
 spmd_status spmd_mlp_build_impl(spmd_graph *g, const spmd_mlp_config *cfg, spmd_tensor *x, int batch, spmd_mlp_tensors *out);
 spmd_status spmd_mlp_add_loss_impl(spmd_graph *g, spmd_mlp_loss_kind kind, spmd_mlp_tensors *t);
@@ -264,6 +265,13 @@ spmd_status spmd_program_collective(const spmd_program *p, int i, spmd_collectiv
 spmd_status spmd_program_fallback(const spmd_program *p, int i, char *buf, size_t size)
 {
     spmd_status r = spmd_program_fallback_impl(p, i, buf, size);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_program_explain(const spmd_program *p, const spmd_explain_options *o, char **text)
+{
+    spmd_status r = spmd_program_explain_impl(p, o, text);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

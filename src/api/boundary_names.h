@@ -24,6 +24,7 @@
 #define spmd_clear_sharding spmd_clear_sharding_impl
 #define spmd_program_collective spmd_program_collective_impl
 #define spmd_program_fallback spmd_program_fallback_impl
+#define spmd_program_explain spmd_program_explain_impl
 #define spmd_mlp_validate spmd_mlp_validate_impl
 #define spmd_mlp_build spmd_mlp_build_impl
 #define spmd_mlp_add_loss spmd_mlp_add_loss_impl

@@ -99,3 +99,19 @@ spmd_status compiled_fallback(const compiled *c, int i, char *buf, size_t size)
              consumer->id, partition_phase_name(partition_phase(p->g, consumer->id)));
     return SPMD_OK;
 }
+
+int compiled_overlap(const compiled *c, size_t *bytes, size_t *arena_extra)
+{
+    const plan *pl = c ? &c->plan : NULL;
+    if (bytes) *bytes = pl ? pl->inflight_bytes : 0;
+    if (arena_extra)
+        *arena_extra = pl && pl->arena_bytes > pl->serial_arena_bytes
+                           ? pl->arena_bytes - pl->serial_arena_bytes : 0;
+    return pl ? pl->n_async : 0;
+}
+
+int compiled_propagation_unsettled(const compiled *c)
+{
+    if (!c || !c->partitioned || c->part.prop.settled) return 0;
+    return c->part.prop.rounds;
+}

@@ -18,6 +18,7 @@
 #include "base/address_space.h"
 #include "base/error.h"
 #include "base/rng.h"
+#include "compile/explain.h"
 #include "compile/report.h"
 #include "runtime/blas.h"
 #include "runtime/collectives.h"
@@ -1530,12 +1531,7 @@ spmd_status spmd_program_collective(const spmd_program *p, int i, spmd_collectiv
 
 int spmd_program_overlap(const spmd_program *p, size_t *bytes, size_t *arena_extra)
 {
-    const plan *pl = p ? &p->c.plan : NULL;
-    if (bytes) *bytes = pl ? pl->inflight_bytes : 0;
-    if (arena_extra)
-        *arena_extra = pl && pl->arena_bytes > pl->serial_arena_bytes
-                           ? pl->arena_bytes - pl->serial_arena_bytes : 0;
-    return pl ? pl->n_async : 0;
+    return compiled_overlap(p ? &p->c : NULL, bytes, arena_extra);
 }
 
 size_t spmd_program_inflight_budget(const spmd_program *p)
@@ -1555,8 +1551,12 @@ spmd_status spmd_program_fallback(const spmd_program *p, int i, char *buf, size_
 
 int spmd_program_propagation_unsettled(const spmd_program *p)
 {
-    if (!p || !p->c.partitioned || p->c.part.prop.settled) return 0;
-    return p->c.part.prop.rounds;
+    return compiled_propagation_unsettled(p ? &p->c : NULL);
+}
+
+spmd_status spmd_program_explain(const spmd_program *p, const spmd_explain_options *o, char **text)
+{
+    return compiled_explain(p ? &p->c : NULL, o, text);
 }
 
 const compiled *executor_compiled(const spmd_program *p) { return p ? &p->c : NULL; }

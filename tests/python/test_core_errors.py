@@ -1,7 +1,9 @@
-"""Every failure raises a Python exception with libspmd's message: ValueError
-for invalid input, shapes and unsupported requests, MemoryError, OSError for
-files, TimeoutError for the collective watchdog, RuntimeError otherwise; and nothing crashes the interpreter (None
-tensors, closed graphs and programs, wrong types, wrong arrays)."""
+"""Every failure raises a libspmd.Error with libspmd's message, of the class
+of its status and also the built-in exception of its kind: ValueError for
+invalid input, shapes and unsupported requests (NotImplementedError too),
+MemoryError, OSError for files, TimeoutError for the collective watchdog,
+RuntimeError otherwise; and nothing crashes the interpreter (None tensors,
+closed graphs and programs, wrong types, wrong arrays)."""
 import gc
 import os
 import subprocess
@@ -64,6 +66,34 @@ def test_shape_mismatch_names_the_shapes():
         fresh.exp(None)
     with pytest.raises(ValueError, match="operand 0 is NULL"):
         fresh.check()  # the NULL operand is fresh's first failure
+
+
+def test_the_classes_of_the_statuses():
+    # Each status its class, each class a libspmd.Error and the built-in
+    # exception callers caught before the classes existed.
+    kinds = {libspmd.InvalidError: ((ValueError,), "invalid argument"),
+             libspmd.ShapeError: ((ValueError,), "shape mismatch"),
+             libspmd.UnsupportedError: ((NotImplementedError, ValueError), "unsupported"),
+             libspmd.OutOfMemoryError: ((MemoryError,), "out of memory"),
+             libspmd.FileError: ((OSError,), "i/o error"),
+             libspmd.BackendError: ((RuntimeError,), "backend error"),
+             libspmd.InternalError: ((RuntimeError,), "internal error"),
+             libspmd.CollectiveTimeoutError: ((TimeoutError,), "timed out")}
+    for cls, (builtins, status) in kinds.items():
+        assert issubclass(cls, libspmd.Error) and all(issubclass(cls, b) for b in builtins), cls
+        assert cls.status == status, (cls, cls.status)
+    assert issubclass(libspmd.ShapeError, libspmd.InvalidError) and libspmd.Error.status is None
+
+    g = libspmd.Graph()
+    a, b = g.input("a", (4, 8)), g.input("b", (9, 3))
+    with pytest.raises(libspmd.ShapeError) as e:
+        g.matmul(a, b)
+    assert e.value.status == "shape mismatch"
+    with pytest.raises(libspmd.UnsupportedError) as e:
+        g.input("c", (2,), "bf16")  # a C refusal: caught as NotImplementedError or ValueError
+    assert isinstance(e.value, NotImplementedError) and isinstance(e.value, ValueError)
+    with pytest.raises(libspmd.InvalidError, match="belongs to another graph"):
+        libspmd.Graph().exp(a)  # the binding's own check
 
 
 def test_argument_checks_of_the_binding():
@@ -193,7 +223,7 @@ def test_backend_failure_is_runtime_error():
 def test_closed_handles_and_lifetimes():
     g, x, w, loss = small()
     p = g.compile(seed=1)
-    with pytest.raises(RuntimeError, match="1 open program: close them first"):
+    with pytest.raises(libspmd.InvalidError, match="1 open program: close them first"):
         g.close()
     p.close()
     p.close()  # twice is fine

@@ -1,5 +1,6 @@
-"""explain() and explain_text() of an FSDP-in-replicas MLP on a 4x2 mesh
-('replica', 'fsdp'): the weights gathered over 'fsdp'; with ZeRO (the
+"""explain() and explain_text() (the library's text, which the spmd tool
+prints too) of an FSDP-in-replicas MLP on a 4x2 mesh ('replica', 'fsdp'):
+the weights gathered over 'fsdp'; with ZeRO (the
 default) each gradient reduce-scattered over both axes, the optimizer
 state split over both and the new weights all-gathered over 'replica';
 without it the gradients reduce-scattered over 'fsdp', then all-reduced
@@ -73,7 +74,7 @@ def test_explain_text_layout(planned):
     assert "collectives per step (%d):" % n in lines
     assert any(l.split() == ["fc.0.weight", "[32,", "16]", "fsdp,", "None"] for l in lines)
     gathers = [l for l in lines if l.split()[:3] == ["forward", "all-gather", "fsdp"]]
-    assert gathers and gathers[0].split()[-1] == "fc.0.weight"
+    assert gathers and gathers[0].split("  ")[-1].startswith("fc.0.weight")  # ", read in place"
     assert any(l.startswith("memory per device: ") and l.endswith(" peak") for l in lines)
     assert "fallbacks (whole-tensor gathers an op forced): 0" in lines
     # Graph.explain: the same report from a plan-only compile of its own.
@@ -86,7 +87,8 @@ def test_explain_one_device():
     g.mark_output(loss)
     r = g.explain()
     assert r["mesh"] == {"shape": [1], "axes": ["data"]} and r["collectives"] == []
-    assert "mesh 1 device" in libspmd.explain_text(r).splitlines()[0]
+    with g.compile(plan_only=True) as p:
+        assert "mesh 1 device" in libspmd.explain_text(p).splitlines()[0]
 
 
 def test_processes_line():
@@ -96,8 +98,38 @@ def test_processes_line():
     g, *_ = train_step_graph(build_mlp, mesh)
     r = g.explain()
     assert r["mesh"]["processes"] == 2 and r["mesh"]["local"] == [False, True]
+    with g.compile(plan_only=True) as p:
+        text = p.explain_text()
     assert ("processes: 2 x 4 devices (mesh position r in process r / 4); across processes: replica; "
-            "inside a process: fsdp") in libspmd.explain_text(r)
+            "inside a process: fsdp") in text
+    assert "network (prices the axes across processes): 25.0 us per message, 1.25 GB/s (set_network)" \
+        in text
+
+
+def test_explain_text_is_the_tools():
+    # The text is the library's, as `spmd explain` prints it: the tool's
+    # first line with its model and batch, the collectives in flight (a
+    # column and a line), the copies along an independent axis.
+    mesh = libspmd.Mesh((4, 2), ("replica", "fsdp"))
+    g, *_ = train_step_graph(build_mlp, mesh)
+    with g.compile(plan_only=True, overlap=True) as p:
+        text = p.explain_text(model="mlp", batch="batch 32")
+        lines = text.splitlines()
+        assert lines[0].startswith("spmd explain: mlp, 0.00M parameters, mesh 4x2 (replica, fsdp), batch 32")
+        assert any("in flight" in l and l.split()[:2] == ["phase", "kind"] for l in lines)
+        assert any(l.startswith("  in flight: ") for l in lines)
+        assert text == libspmd.explain_text(p).replace("spmd explain: graph,", "spmd explain: mlp,", 1) \
+            .replace(" (replica, fsdp)\n", " (replica, fsdp), batch 32\n", 1)
+    copies = libspmd.Mesh((4, 2), ("replica", "fsdp"))
+    copies.set_axis_independent("replica")
+    g = libspmd.Graph()
+    x, targets, loss = build_mlp(g)
+    g.mark_sharding(x, copies, ("fsdp", None))
+    g.mark_output(loss)
+    with g.compile(plan_only=True) as p:
+        assert ("copies: 4 along 'replica', independent: each group along it trains a model of its own "
+                "and no collective crosses it; the plan below is one copy's, on its group") in \
+            p.explain_text().splitlines()
 
 
 def test_visualize():

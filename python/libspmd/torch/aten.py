@@ -5,7 +5,7 @@ Operands arrive as Refs (values computed at run time), torch tensors
 (constants folded at trace time) or Python values.  An op whose operands
 are all constants never reaches the table: trace() folds it with torch.
 A function returns a Ref, a tuple of values (ops with several outputs) or
-raises the lowering's NotImplementedError.
+raises the lowering's UnsupportedError (cx.unsupported).
 """
 import math
 
@@ -14,16 +14,22 @@ import torch
 
 from . import attention
 from .graph import Ref
-from .trace import Unavailable
+from .lowering import Unavailable
 
+# Overload name ("aten.mm.default", as str(torch.ops.aten.mm.default)) ->
+# its lowering; trace() looks a node up by its target's name.  Names, not
+# OpOverload objects, so that an overload newer than the torch at hand
+# (torch 2's attention) is still a key.
 TABLE = {}
 
 
-def aten(*names):
-    """Register the function under each 'aten.<op>.<overload>' name."""
+def lowers(*overloads):
+    """Register the decorated function as the lowering of each named
+    overload; one serving several reads which from cx.overload."""
     def register(fn):
-        for n in names:
-            TABLE["aten." + n] = fn
+        for name in overloads:
+            assert name.startswith("aten.") and name not in TABLE, name
+            TABLE[name] = fn
         return fn
     return register
 
@@ -36,20 +42,9 @@ def _dim(d, rank):
     return d + rank if d < 0 else d
 
 
-def _bcast(*shapes):
-    return tuple(int(d) for d in np.broadcast_shapes(*shapes))
-
-
 def _ewise(cx, op, a, b):
     a, b = cx.ref(a), cx.ref(b)
-    return cx.emit(op, a, b, shape=_bcast(a.shape, b.shape))
-
-
-def _unary(op):
-    def lower(cx, x):
-        x = cx.ref(x)
-        return cx.emit(op, x, shape=x.shape)
-    return lower
+    return cx.emit(op, a, b)
 
 
 def _reshape(cx, x, shape):
@@ -62,21 +57,20 @@ def _reshape(cx, x, shape):
         x = src.args[0]
         if shape == x.shape:
             return x
-    return cx.emit("reshape", x, shape, shape=shape, dtype=x.dtype)
+    return cx.emit("reshape", x, shape)
 
 
 def _permute(cx, x, perm):
     perm = tuple(_dim(p, x.rank) for p in perm)
     if perm == tuple(range(x.rank)):
         return x
-    return cx.emit("permute", x, perm, shape=tuple(x.shape[p] for p in perm), dtype=x.dtype)
+    return cx.emit("permute", x, perm)
 
 
 def _slice(cx, x, axis, start, length):
     if start == 0 and length == x.shape[axis]:
         return x
-    shape = x.shape[:axis] + (length,) + x.shape[axis + 1:]
-    return cx.emit("slice", x, axis, start, length, shape=shape, dtype=x.dtype)
+    return cx.emit("slice", x, axis, start, length)
 
 
 def _axes(dims, rank):
@@ -87,23 +81,17 @@ def _axes(dims, rank):
     return tuple(sorted({_dim(d, rank) for d in dims}))
 
 
-def _reduced(shape, axes, keepdim):
-    if keepdim:
-        return tuple(1 if i in axes else d for i, d in enumerate(shape))
-    return tuple(d for i, d in enumerate(shape) if i not in axes)
-
-
 def _last_dim(cx, op, x, dim):
     """op (softmax, log_softmax) over `dim`, permuted around it when it is
     not the last."""
     x = cx.ref(x)
     d = _dim(dim, x.rank)
     if d == x.rank - 1:
-        return cx.emit(op, x, shape=x.shape)
+        return cx.emit(op, x)
     perm = [i for i in range(x.rank) if i != d] + [d]
     inv = [perm.index(i) for i in range(x.rank)]
     y = _permute(cx, x, perm)
-    return _permute(cx, cx.emit(op, y, shape=y.shape), inv)
+    return _permute(cx, cx.emit(op, y), inv)
 
 
 def _no_alpha(cx, alpha):
@@ -113,7 +101,7 @@ def _no_alpha(cx, alpha):
 
 
 def _fill_like(cx, shape, value):
-    return cx.emit("fill", tuple(shape), float(value), shape=tuple(shape))
+    return cx.emit("fill", tuple(shape), float(value))
 
 
 # ---- matrix products -------------------------------------------------------
@@ -130,30 +118,29 @@ def _transposed_2d(cx, x):
 def _mm(cx, a, b):
     a, b = cx.ref(a), cx.ref(b)
     ta, tb = _transposed_2d(cx, a), _transposed_2d(cx, b)
-    shape = (a.shape[0], b.shape[1])
     if ta is not None and tb is not None:
-        return cx.emit("matmul", ta, tb, True, True, shape=shape)
+        return cx.emit("matmul", ta, tb, True, True)
     if ta is not None:
-        return cx.emit("matmul", ta, b, True, False, shape=shape)
+        return cx.emit("matmul", ta, b, True, False)
     if tb is not None:
-        return cx.emit("matmul", a, tb, False, True, shape=shape)
-    return cx.emit("matmul", a, b, False, False, shape=shape)
+        return cx.emit("matmul", a, tb, False, True)
+    return cx.emit("matmul", a, b, False, False)
 
 
-@aten("mm.default")
+@lowers("aten.mm.default")
 def mm(cx, a, b):
     return _mm(cx, a, b)
 
 
-@aten("addmm.default")
+@lowers("aten.addmm.default")
 def addmm(cx, bias, a, b, beta=1, alpha=1):
     y = _mm(cx, a, b)
     if alpha != 1:
-        y = cx.emit("scale", y, float(alpha), shape=y.shape)
+        y = cx.emit("scale", y, float(alpha))
     bias = cx.ref(bias)
     if beta != 1:
-        bias = cx.emit("scale", bias, float(beta), shape=bias.shape)
-    return cx.emit("add", y, bias, shape=_bcast(y.shape, bias.shape))
+        bias = cx.emit("scale", bias, float(beta))
+    return cx.emit("add", y, bias)
 
 
 def _batched_transpose(cx, x):
@@ -175,19 +162,18 @@ def _batched_transpose(cx, x):
     return None
 
 
-@aten("bmm.default")
+@lowers("aten.bmm.default")
 def bmm(cx, a, b):
     a, b = cx.ref(a), cx.ref(b)
     fused = attention.match(cx, a, b)  # softmax(q k^T / sqrt(hd), causal) @ v
     if fused is not None:
         return fused
-    shape = a.shape[:-1] + b.shape[-1:]
     ta, tb = _batched_transpose(cx, a), _batched_transpose(cx, b)
     return cx.emit("bmm", ta if ta is not None else a, tb if tb is not None else b,
-                   ta is not None, tb is not None, shape=shape)
+                   ta is not None, tb is not None)
 
 
-@aten("scaled_dot_product_attention.default")
+@lowers("aten.scaled_dot_product_attention.default")
 def scaled_dot_product_attention(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     if enable_gqa:
@@ -195,13 +181,13 @@ def scaled_dot_product_attention(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_
     return attention.scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale)
 
 
-@aten("_scaled_dot_product_flash_attention_for_cpu.default")
+@lowers("aten._scaled_dot_product_flash_attention_for_cpu.default")
 def sdpa_flash_cpu(cx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
     out = attention.scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale)
     return out, Unavailable("flash attention's logsumexp")
 
 
-@aten("_scaled_dot_product_flash_attention.default")
+@lowers("aten._scaled_dot_product_flash_attention.default")
 def sdpa_flash(cx, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
     out = attention.scaled_dot_product(cx, q, k, v, None, dropout_p, is_causal, scale)
     return (out,) + tuple(Unavailable("flash attention's statistics") for _ in range(8))
@@ -210,15 +196,15 @@ def sdpa_flash(cx, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=Fa
 # ---- layout ----------------------------------------------------------------
 
 
-@aten("t.default")
+@lowers("aten.t.default")
 def t(cx, x):
     x = cx.ref(x, None)
     if x.rank < 2:
         return x
-    return cx.emit("transpose", x, 0, 1, shape=x.shape[::-1], dtype=x.dtype)
+    return cx.emit("transpose", x, 0, 1)
 
 
-@aten("transpose.int")
+@lowers("aten.transpose.int")
 def transpose(cx, x, d0, d1):
     x = cx.ref(x, None)
     d0, d1 = _dim(d0, x.rank), _dim(d1, x.rank)
@@ -227,39 +213,37 @@ def transpose(cx, x, d0, d1):
     src = cx.producer.get(x.id)
     if src is not None and src.op == "transpose" and sorted(src.args[1:3]) == sorted((d0, d1)):
         return src.args[0]  # a transpose undone
-    shape = list(x.shape)
-    shape[d0], shape[d1] = shape[d1], shape[d0]
-    return cx.emit("transpose", x, d0, d1, shape=tuple(shape), dtype=x.dtype)
+    return cx.emit("transpose", x, d0, d1)
 
 
-@aten("permute.default")
+@lowers("aten.permute.default")
 def permute(cx, x, dims):
     return _permute(cx, cx.ref(x, None), dims)
 
 
-@aten("view.default", "_unsafe_view.default", "reshape.default", "_reshape_alias.default",
-      "unsqueeze.default", "squeeze.default", "squeeze.dim", "squeeze.dims", "flatten.using_ints",
-      "unflatten.int")
+@lowers("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+        "aten._reshape_alias.default", "aten.unsqueeze.default", "aten.squeeze.default",
+        "aten.squeeze.dim", "aten.squeeze.dims", "aten.flatten.using_ints", "aten.unflatten.int")
 def view(cx, x, *_shape_args, **_kw):
     return _reshape(cx, x, cx.out_shape())
 
 
-@aten("expand.default")
+@lowers("aten.expand.default")
 def expand(cx, x, _sizes, implicit=False):
     shape = cx.out_shape()
     x = cx.ref(x, None)
     if shape == x.shape:
         return x
-    return cx.emit("expand", cx.ref(x), shape, shape=shape)
+    return cx.emit("expand", cx.ref(x), shape)
 
 
-@aten("clone.default", "detach.default", "alias.default", "lift_fresh_copy.default",
-      "contiguous.default")
+@lowers("aten.clone.default", "aten.detach.default", "aten.alias.default",
+        "aten.lift_fresh_copy.default", "aten.contiguous.default")
 def identity(cx, x, **_kw):
     return cx.ref(x, None)
 
 
-@aten("_to_copy.default")
+@lowers("aten._to_copy.default")
 def to_copy(cx, x, dtype=None, **_kw):
     x = cx.ref(x, None)
     if dtype is None:
@@ -272,7 +256,7 @@ def to_copy(cx, x, dtype=None, **_kw):
     raise cx.unsupported(f"converts a {x.dtype} tensor computed at run time to {dtype}")
 
 
-@aten("slice.Tensor")
+@lowers("aten.slice.Tensor")
 def slice_(cx, x, dim=0, start=None, end=None, step=1):
     x = cx.ref(x, None)
     d = _dim(dim, x.rank)
@@ -283,7 +267,7 @@ def slice_(cx, x, dim=0, start=None, end=None, step=1):
     return _slice(cx, x, d, begin, max(stop - begin, 0))
 
 
-@aten("select.int")
+@lowers("aten.select.int")
 def select(cx, x, dim, index):
     x = cx.ref(x, None)
     d = _dim(dim, x.rank)
@@ -300,7 +284,7 @@ def _pieces(cx, x, sizes, d):
     return tuple(out)
 
 
-@aten("split.Tensor")
+@lowers("aten.split.Tensor")
 def split(cx, x, size, dim=0):
     x = cx.ref(x, None)
     d = _dim(dim, x.rank)
@@ -309,13 +293,13 @@ def split(cx, x, size, dim=0):
     return _pieces(cx, x, sizes, d)
 
 
-@aten("split_with_sizes.default")
+@lowers("aten.split_with_sizes.default")
 def split_with_sizes(cx, x, sizes, dim=0):
     x = cx.ref(x, None)
     return _pieces(cx, x, [int(s) for s in sizes], _dim(dim, x.rank))
 
 
-@aten("unbind.int")
+@lowers("aten.unbind.int")
 def unbind(cx, x, dim=0):
     x = cx.ref(x, None)
     d = _dim(dim, x.rank)
@@ -326,19 +310,17 @@ def _concat(cx, xs, d):
     xs = [x for x in xs if x.shape[d] != 0] or xs[:1]
     if len(xs) == 1:
         return xs[0]
-    shape = list(xs[0].shape)
-    shape[d] = sum(x.shape[d] for x in xs)
-    return cx.emit("concat", list(xs), d, shape=tuple(shape), dtype=xs[0].dtype)
+    return cx.emit("concat", list(xs), d)
 
 
-@aten("cat.default")
+@lowers("aten.cat.default")
 def cat(cx, tensors, dim=0):
     refs = [cx.ref(x, None) for x in tensors]
     refs = [r for r in refs if r.shape != (0,)]  # the legacy empty operand
     return _concat(cx, refs, _dim(dim, refs[0].rank))
 
 
-@aten("stack.default")
+@lowers("aten.stack.default")
 def stack(cx, tensors, dim=0):
     refs = [cx.ref(x, None) for x in tensors]
     d = _dim(dim, refs[0].rank + 1)
@@ -349,17 +331,23 @@ def stack(cx, tensors, dim=0):
 # ---- elementwise -----------------------------------------------------------
 
 
-for _op in ("neg", "exp", "log", "tanh", "relu", "sqrt", "rsqrt", "silu"):
-    TABLE[f"aten.{_op}.default"] = _unary(_op)
+# aten overload -> the libspmd builder of the same function of one tensor.
+_UNARY = {f"aten.{op}.default": op for op in ("neg", "exp", "log", "tanh", "relu", "sqrt", "rsqrt",
+                                               "silu", "sigmoid")}
 
 
-@aten("gelu.default")
+@lowers(*_UNARY)
+def unary(cx, x):
+    return cx.emit(_UNARY[cx.overload], cx.ref(x))
+
+
+@lowers("aten.gelu.default")
 def gelu(cx, x, approximate="none"):
     x = cx.ref(x)
-    return cx.emit("gelu" if approximate == "tanh" else "gelu_erf", x, shape=x.shape)
+    return cx.emit("gelu" if approximate == "tanh" else "gelu_erf", x)
 
 
-@aten("add.Tensor", "add.Scalar")
+@lowers("aten.add.Tensor", "aten.add.Scalar")
 def add(cx, a, b, alpha=1):
     c = _no_alpha(cx, alpha)
     if c is not None:
@@ -367,7 +355,7 @@ def add(cx, a, b, alpha=1):
     return _ewise(cx, "add", a, b)
 
 
-@aten("sub.Tensor", "sub.Scalar")
+@lowers("aten.sub.Tensor", "aten.sub.Scalar")
 def sub(cx, a, b, alpha=1):
     c = _no_alpha(cx, alpha)
     if c is not None:
@@ -375,73 +363,68 @@ def sub(cx, a, b, alpha=1):
     return _ewise(cx, "sub", a, b)
 
 
-@aten("rsub.Scalar", "rsub.Tensor")
+@lowers("aten.rsub.Scalar", "aten.rsub.Tensor")
 def rsub(cx, a, b, alpha=1):
     return sub(cx, b, a, alpha)
 
 
-@aten("mul.Tensor", "mul.Scalar")
+@lowers("aten.mul.Tensor", "aten.mul.Scalar")
 def mul(cx, a, b):
     ca, cb = cx.number(a), cx.number(b)
     if cb is not None and isinstance(a, Ref):
-        return cx.emit("scale", a, cb, shape=a.shape) if cb != 1 else a
+        return cx.emit("scale", a, cb) if cb != 1 else a
     if ca is not None and isinstance(b, Ref):
-        return cx.emit("scale", b, ca, shape=b.shape) if ca != 1 else b
+        return cx.emit("scale", b, ca) if ca != 1 else b
     return _ewise(cx, "mul", a, b)
 
 
-@aten("div.Tensor", "div.Scalar")
+@lowers("aten.div.Tensor", "aten.div.Scalar")
 def div(cx, a, b):
     cb = cx.number(b)
     if cb is not None and isinstance(a, Ref) and cb != 0:
-        return cx.emit("scale", a, 1.0 / cb, shape=a.shape) if cb != 1 else a
+        return cx.emit("scale", a, 1.0 / cb) if cb != 1 else a
     return _ewise(cx, "div", a, b)
 
 
-@aten("pow.Tensor_Scalar")
-def pow_(cx, x, e):
+@lowers("aten.pow.Tensor_Scalar")
+def pow_tensor_scalar(cx, x, e):
+    """x ** e for a constant e: libspmd's pow_scalar (x^c), which computes
+    the exponents torch computes without pow (2, 3, 0.5, -0.5, -1, -2) as
+    torch does."""
     x = cx.ref(x)
     e = float(e)
     if e == 1:
         return x
-    if e == 2:
-        return cx.emit("mul", x, x, shape=x.shape)
-    if e == 3:
-        return cx.emit("mul", cx.emit("mul", x, x, shape=x.shape), x, shape=x.shape)
-    if e == 0.5:
-        return cx.emit("sqrt", x, shape=x.shape)
-    if e == -0.5:
-        return cx.emit("rsqrt", x, shape=x.shape)
-    if e == -1:
-        return cx.emit("div", cx.ref(1.0), x, shape=x.shape)
-    raise cx.unsupported(f"with exponent {e:g} (libspmd maps 1, 2, 3, 0.5, -0.5 and -1)")
+    return cx.emit("pow_scalar", x, e)
 
 
-@aten("reciprocal.default")
+@lowers("aten.reciprocal.default")
 def reciprocal(cx, x):
     x = cx.ref(x)
-    return cx.emit("div", cx.ref(1.0), x, shape=x.shape)
+    return cx.emit("div", cx.ref(1.0), x)
 
 
-@aten("pow.Scalar")
-def pow_scalar(cx, base, x):
+@lowers("aten.pow.Scalar")
+def pow_scalar_tensor(cx, base, x):
+    """base ** x for a constant base b > 0, as exp(x log b); libspmd has no
+    op for it (pow_scalar is x ** c)."""
     x = cx.ref(x)
     base = float(base)
     if base <= 0:
         raise cx.unsupported(f"with base {base:g}; libspmd maps a positive base as exp(x log b)")
-    return cx.emit("exp", cx.emit("scale", x, math.log(base), shape=x.shape), shape=x.shape)
+    return cx.emit("exp", cx.emit("scale", x, math.log(base)))
 
 
-@aten("pow.Tensor_Tensor")
+@lowers("aten.pow.Tensor_Tensor")
 def pow_tensors(cx, base, e):
     if cx.number(e) is not None and isinstance(base, Ref):
-        return pow_(cx, base, cx.number(e))
+        return pow_tensor_scalar(cx, base, cx.number(e))
     if cx.number(base) is not None and isinstance(e, Ref):
-        return pow_scalar(cx, cx.number(base), e)
+        return pow_scalar_tensor(cx, cx.number(base), e)
     raise cx.unsupported("with both base and exponent computed at run time")
 
 
-@aten("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+@lowers("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
 def where(cx, cond, a, b):
     if isinstance(cond, torch.Tensor):
         for picked, other in ((a, cond.all()), (b, not cond.any())):
@@ -449,10 +432,10 @@ def where(cx, cond, a, b):
                 return picked
         cond = cx.const_state(cond.to(torch.float32), origin=cond)
     cond, a, b = cx.ref(cond), cx.ref(a), cx.ref(b)
-    return cx.emit("where", cond, a, b, shape=_bcast(cond.shape, a.shape, b.shape))
+    return cx.emit("where", cond, a, b)
 
 
-@aten("masked_fill.Scalar", "masked_fill.Tensor")
+@lowers("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
 def masked_fill(cx, x, mask, value):
     v = cx.number(value)
     if v is None:
@@ -460,45 +443,37 @@ def masked_fill(cx, x, mask, value):
     return where(cx, mask, v, x)
 
 
-def _triangle(upper):
-    def lower(cx, x, diagonal=0):
-        x = cx.ref(x)
-        rows, cols = x.shape[-2:]
-        keep = torch.ones(rows, cols, dtype=torch.bool)
-        keep = keep.triu(diagonal) if upper else keep.tril(diagonal)
-        return where(cx, keep, x, 0.0)
-    return lower
+@lowers("aten.tril.default", "aten.triu.default")
+def triangle(cx, x, diagonal=0):
+    x = cx.ref(x)
+    rows, cols = x.shape[-2:]
+    keep = torch.ones(rows, cols, dtype=torch.bool)
+    keep = keep.triu(diagonal) if cx.overload == "aten.triu.default" else keep.tril(diagonal)
+    return where(cx, keep, x, 0.0)
 
 
-TABLE["aten.tril.default"] = _triangle(False)
-TABLE["aten.triu.default"] = _triangle(True)
-
-
-def _runtime_compare(cx, *_args, **_kw):
+@lowers(*(f"aten.{op}.{form}" for op in ("eq", "ne", "lt", "gt", "le", "ge")
+          for form in ("Scalar", "Tensor")))
+def runtime_compare(cx, *_args, **_kw):
     raise cx.unsupported("compares a tensor computed at run time; libspmd folds comparisons "
                          "of constants (buffers, arange, ...) only")
 
 
-for _op in ("eq", "ne", "lt", "gt", "le", "ge"):
-    TABLE[f"aten.{_op}.Scalar"] = TABLE[f"aten.{_op}.Tensor"] = _runtime_compare
-
-
-@aten("zeros_like.default", "ones_like.default", "full_like.default")
+@lowers("aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default")
 def fill_like(cx, x, *args, **_kw):
-    value = args[0] if args else None
-    op = str(cx.node.target).split(".")[1]
-    v = {"zeros_like": 0.0, "ones_like": 1.0}.get(op, value)
-    return _fill_like(cx, cx.out_shape(), v)
+    value = {"aten.zeros_like.default": 0.0, "aten.ones_like.default": 1.0}.get(
+        cx.overload, args[0] if args else None)
+    return _fill_like(cx, cx.out_shape(), value)
 
 
-@aten("dropout.default")
+@lowers("aten.dropout.default")
 def dropout(cx, x, p, train):
     if p != 0 and train:
         raise cx.unsupported(f"with p = {p} in training; libspmd maps dropout with p = 0 only")
     return cx.ref(x, None)
 
 
-@aten("native_dropout.default")
+@lowers("aten.native_dropout.default")
 def native_dropout(cx, x, p, train):
     if p != 0 and train:
         raise cx.unsupported(f"with p = {p} in training; libspmd maps dropout with p = 0 only")
@@ -508,48 +483,37 @@ def native_dropout(cx, x, p, train):
 # ---- reductions and normalisations ----------------------------------------
 
 
-def _reduce(op):
-    def lower(cx, x, dim=None, keepdim=False, dtype=None):
-        x = cx.ref(x)
-        axes = _axes(dim, x.rank)
-        if not axes:
-            return x
-        return cx.emit(op, x, axes, bool(keepdim), shape=_reduced(x.shape, axes, keepdim))
-    return lower
+@lowers("aten.sum.dim_IntList", "aten.mean.dim", "aten.sum.default", "aten.mean.default")
+def reduce(cx, x, dim=None, keepdim=False, dtype=None):
+    """sum or mean over `dim` (the .default overloads: over all dims)."""
+    x = cx.ref(x)
+    axes = _axes(dim, x.rank)
+    if not axes:
+        return x
+    return cx.emit(cx.overload.split(".")[1], x, axes, bool(keepdim))
 
 
-TABLE["aten.sum.dim_IntList"] = _reduce("sum")
-TABLE["aten.mean.dim"] = _reduce("mean")
-
-
-@aten("sum.default", "mean.default")
-def reduce_all(cx, x, dtype=None):
-    op = str(cx.node.target).split(".")[1]
-    return _reduce(op)(cx, x)
-
-
-@aten("amax.default")
+@lowers("aten.amax.default")
 def amax(cx, x, dim=(), keepdim=False):
     x = cx.ref(x)
     axes = _axes(dim, x.rank)
     y = x
     for a in sorted(axes, reverse=True):
-        shape = _reduced(y.shape, (a,), keepdim)
-        y = cx.emit("max", y, a, bool(keepdim), shape=shape)
+        y = cx.emit("max", y, a, bool(keepdim))
     return y
 
 
-@aten("_softmax.default")
+@lowers("aten._softmax.default")
 def softmax(cx, x, dim, half_to_float=False):
     return _last_dim(cx, "softmax", x, dim)
 
 
-@aten("_log_softmax.default")
+@lowers("aten._log_softmax.default")
 def log_softmax(cx, x, dim, half_to_float=False):
     return _last_dim(cx, "log_softmax", x, dim)
 
 
-@aten("native_layer_norm.default")
+@lowers("aten.native_layer_norm.default")
 def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
     x = cx.ref(x)
     k = len(normalized_shape)
@@ -557,7 +521,7 @@ def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
     flat = _reshape(cx, x, x.shape[:x.rank - k] + (c,))
     gamma = _reshape(cx, cx.ref(weight), (c,)) if weight is not None else _fill_like(cx, (c,), 1)
     beta = _reshape(cx, cx.ref(bias), (c,)) if bias is not None else _fill_like(cx, (c,), 0)
-    y = cx.emit("layernorm", flat, gamma, beta, float(eps), shape=flat.shape)
+    y = cx.emit("layernorm", flat, gamma, beta, float(eps))
     return (_reshape(cx, y, x.shape), Unavailable("layer norm's saved mean"),
             Unavailable("layer norm's saved inverse deviation"))
 
@@ -565,7 +529,7 @@ def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
 # ---- lookups and losses ----------------------------------------------------
 
 
-@aten("embedding.default")
+@lowers("aten.embedding.default")
 def embedding(cx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if padding_idx is not None and padding_idx >= 0:
         raise cx.unsupported(f"with padding_idx {padding_idx} (its row gets no gradient in "
@@ -581,7 +545,7 @@ def embedding(cx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
             rows = _slice(cx, table, 0, int(flat[0]), n)
             return _reshape(cx, rows, out_shape)
     ids = cx.ref(indices, "i32")
-    return cx.emit("embedding", table, ids, shape=out_shape)
+    return cx.emit("embedding", table, ids)
 
 
 _LAYOUT = ("reshape", "slice", "permute", "transpose")
@@ -605,7 +569,7 @@ def _input_chain(cx, ref):
 
 def _replay(cx, chain, src):
     for call in chain:
-        src = cx.emit(call.op, src, *call.args[1:], shape=call.out.shape, dtype=src.dtype)
+        src = cx.emit(call.op, src, *call.args[1:])
     return src
 
 
@@ -628,7 +592,7 @@ def _ignore_inputs(cx, target, ignore):
     return _replay(cx, chain, safe), _replay(cx, chain, keep)
 
 
-@aten("nll_loss_forward.default")
+@lowers("aten.nll_loss_forward.default")
 def nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
     """nll_loss(log_softmax(logits)) as libspmd's cross_entropy of the logits.
     Rows whose target is ignore_index get zero logits (so zero gradient) and
@@ -650,19 +614,19 @@ def nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
     n, v = logits.shape
     safe, keep = _ignore_inputs(cx, target, int(ignore_index))
     col = _reshape(cx, keep, (n, 1))
-    masked = cx.emit("mul", logits, col, shape=logits.shape)
-    ce = cx.emit("cross_entropy", masked, safe, shape=())
-    kept = cx.emit("sum", keep, (0,), False, shape=())
-    total = cx.emit("add", cx.emit("scale", ce, float(n), shape=()),
-                    cx.emit("scale", kept, math.log(v), shape=()), shape=())
-    total = cx.emit("add", total, cx.ref(-n * math.log(v)), shape=())
-    loss = total if reduction == 2 else cx.emit("div", total, kept, shape=())
+    masked = cx.emit("mul", logits, col)
+    ce = cx.emit("cross_entropy", masked, safe)
+    kept = cx.emit("sum", keep, (0,), False)
+    total = cx.emit("add", cx.emit("scale", ce, float(n)),
+                    cx.emit("scale", kept, math.log(v)))
+    total = cx.emit("add", total, cx.ref(-n * math.log(v)))
+    loss = total if reduction == 2 else cx.emit("div", total, kept)
     return loss, Unavailable("nll_loss's total weight")
 
 
-@aten("mse_loss.default")
+@lowers("aten.mse_loss.default")
 def mse_loss(cx, a, b, reduction=1):
     if reduction != 1:
         raise cx.unsupported("with a reduction other than the mean")
     a, b = cx.ref(a), cx.ref(b)
-    return cx.emit("mse", a, b, shape=())
+    return cx.emit("mse", a, b)

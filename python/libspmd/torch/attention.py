@@ -46,7 +46,7 @@ def _heads_form(cx, x, shape4):
         x = call.args[0]  # a reshape of a reshape is one reshape
         if x.shape == shape4:
             return x
-    return cx.emit("reshape", x, shape4, shape=shape4)
+    return cx.emit("reshape", x, shape4)
 
 
 def _state_values(cx, ref):
@@ -137,8 +137,7 @@ def _transposed_last(cx, x):
     call = _call(cx, x)
     if call is not None and call.op == "transpose" and sorted(call.args[1:3]) == [2, 3]:
         return call.args[0]
-    shape = x.shape[:2] + (x.shape[3], x.shape[2])
-    return cx.emit("transpose", x, 2, 3, shape=shape)
+    return cx.emit("transpose", x, 2, 3)
 
 
 def _rows(cx, x4):
@@ -151,9 +150,9 @@ def _rows(cx, x4):
         src = _call(cx, split)
         if src is not None and src.op == "reshape" and src.args[0].shape == (b, t, h * hd):
             return src.args[0]
-        return cx.emit("reshape", split, (b, t, h * hd), shape=(b, t, h * hd))
-    y = cx.emit("transpose", x4, 1, 2, shape=(b, t, h, hd))
-    return cx.emit("reshape", y, (b, t, h * hd), shape=(b, t, h * hd))
+        return cx.emit("reshape", split, (b, t, h * hd))
+    y = cx.emit("transpose", x4, 1, 2)
+    return cx.emit("reshape", y, (b, t, h * hd))
 
 
 def _parts_view(cx, rows):
@@ -170,12 +169,11 @@ def _parts_view(cx, rows):
     if any(call.args[0] is not src or call.args[2] % c for call in calls) or src.shape[-1] % c:
         return rows
     n = src.shape[-1] // c
-    parts = cx.emit("reshape", src, src.shape[:-1] + (n, c), shape=src.shape[:-1] + (n, c))
+    parts = cx.emit("reshape", src, src.shape[:-1] + (n, c))
     out = []
     for call, r in zip(calls, rows):
-        part = cx.emit("slice", parts, src.rank - 1, call.args[2] // c, 1,
-                       shape=src.shape[:-1] + (1, c))
-        out.append(cx.emit("reshape", part, r.shape, shape=r.shape))
+        part = cx.emit("slice", parts, src.rank - 1, call.args[2] // c, 1)
+        out.append(cx.emit("reshape", part, r.shape))
     cx.fused_heads.append((src, n))
     return out
 
@@ -217,16 +215,16 @@ def match(cx, p, v):
     heads = _fused(cx, q4, k4, v4)
     if p.rank == 4:
         return heads
-    return cx.emit("reshape", heads, (b * h, t, hd), shape=(b * h, t, hd))
+    return cx.emit("reshape", heads, (b * h, t, hd))
 
 
 def _fused(cx, q4, k4, v4):
     """libspmd's attention of q, k, v [B, H, T, hd], as [B, H, T, hd]."""
     b, h, t, hd = q4.shape
     q, k, v = _parts_view(cx, [_rows(cx, x) for x in (q4, k4, v4)])
-    y = cx.emit("attention", q, k, v, h, shape=(b, t, h * hd))
-    y4 = cx.emit("reshape", y, (b, t, h, hd), shape=(b, t, h, hd))
-    return cx.emit("transpose", y4, 1, 2, shape=(b, h, t, hd))
+    y = cx.emit("attention", q, k, v, h)
+    y4 = cx.emit("reshape", y, (b, t, h, hd))
+    return cx.emit("transpose", y4, 1, 2)
 
 
 def scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale):
@@ -263,18 +261,18 @@ def scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale):
     # Composed, the leading dims as bmm's batch.
     lead = q.shape[:-2]
     n = int(np.prod(lead, dtype=np.int64))
-    q3, k3, v3 = (cx.emit("reshape", x, (n,) + x.shape[-2:], shape=(n,) + x.shape[-2:])
+    q3, k3, v3 = (cx.emit("reshape", x, (n,) + x.shape[-2:])
                   for x in (q, k, v))
-    scores = cx.emit("bmm", q3, k3, False, True, shape=(n, t, s_len))
-    scores = cx.emit("reshape", scores, lead + (t, s_len), shape=lead + (t, s_len))
+    scores = cx.emit("bmm", q3, k3, False, True)
+    scores = cx.emit("reshape", scores, lead + (t, s_len))
     if scale != 1:
-        scores = cx.emit("scale", scores, scale, shape=scores.shape)
+        scores = cx.emit("scale", scores, scale)
     if mask is not None and mask.is_floating_point():
-        scores = cx.emit("add", scores, cx.const_state(mask), shape=scores.shape)
+        scores = cx.emit("add", scores, cx.const_state(mask))
     elif mask is not None:
         dropped = cx.const_state((~mask.bool()).float())
-        scores = cx.emit("where", dropped, cx.ref(float("-inf")), scores, shape=scores.shape)
-    probs = cx.emit("softmax", scores, shape=scores.shape)
-    probs = cx.emit("reshape", probs, (n, t, s_len), shape=(n, t, s_len))
-    out = cx.emit("bmm", probs, v3, False, False, shape=(n, t, v.shape[-1]))
-    return cx.emit("reshape", out, lead + (t, v.shape[-1]), shape=lead + (t, v.shape[-1]))
+        scores = cx.emit("where", dropped, cx.ref(float("-inf")), scores)
+    probs = cx.emit("softmax", scores)
+    probs = cx.emit("reshape", probs, (n, t, s_len))
+    out = cx.emit("bmm", probs, v3, False, False)
+    return cx.emit("reshape", out, lead + (t, v.shape[-1]))

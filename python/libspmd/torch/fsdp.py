@@ -10,6 +10,7 @@ where it is used and reduce-scatters its gradient (ZeRO-3).
 """
 import torch
 
+from ..errors import InvalidError, UnsupportedError
 from .mesh import Mesh, get_global_mesh
 from .sharding import get_sharding, mark_sharding
 
@@ -27,20 +28,20 @@ class SpmdFullyShardedDataParallel(torch.nn.Module):
             raise TypeError(f"SpmdFullyShardedDataParallel wraps a torch.nn.Module, "
                             f"got {type(module).__name__}")
         if shard_output is not None:
-            raise NotImplementedError("SpmdFullyShardedDataParallel: shard_output is not "
-                                      "supported (mark the inputs and parameters; propagation "
-                                      "places the output)")
+            raise UnsupportedError("SpmdFullyShardedDataParallel: shard_output is not "
+                                   "supported (mark the inputs and parameters; propagation "
+                                   "places the output)")
         mesh = mesh if mesh is not None else get_global_mesh()
         if not isinstance(mesh, Mesh):
-            raise ValueError("SpmdFullyShardedDataParallel: no mesh given and no global mesh set")
+            raise InvalidError("SpmdFullyShardedDataParallel: no mesh given and no global mesh set")
         names = list(mesh.axis_names)
         for axis in (FSDP_AXIS,) + ((extra_data_axis,) if extra_data_axis is not None else ()):
             if axis not in names:
-                raise ValueError(f"SpmdFullyShardedDataParallel: the mesh has no axis '{axis}' "
-                                 f"(its axes: {', '.join(names)})")
+                raise InvalidError(f"SpmdFullyShardedDataParallel: the mesh has no axis '{axis}' "
+                                   f"(its axes: {', '.join(names)})")
         if extra_data_axis == FSDP_AXIS:
-            raise ValueError("SpmdFullyShardedDataParallel: extra_data_axis must differ from "
-                             "'fsdp'")
+            raise InvalidError("SpmdFullyShardedDataParallel: extra_data_axis must differ from "
+                               "'fsdp'")
         self.module = module
         self.mesh = mesh
         self.extra_data_axis = extra_data_axis

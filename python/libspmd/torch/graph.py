@@ -1,8 +1,8 @@
 """The mapped program: a list of builder calls, replayed on any builder.
 
 A builder is any object with these methods, named like libspmd's C builders
-without the ``spmd_`` prefix (libspmd.Graph, or the NumPy reference in
-reference.py).  Shapes are tuples of ints; dtypes are "f32" or "i32"; each
+without the ``spmd_`` prefix (a libspmd Graph through GraphBuilder below, or
+the tests' NumPy reference).  Shapes are tuples of ints; dtypes are "f32" or "i32"; each
 method returns the builder's own tensor handle.
 
     input(name, dtype, shape)            param(name, shape)
@@ -10,7 +10,8 @@ method returns the builder's own tensor handle.
     add(a, b)  sub(a, b)  mul(a, b)  div(a, b)     numpy broadcasting
     where(cond, a, b)                    cond != 0 picks a; broadcasting
     scale(x, c)  neg(x)  exp(x)  log(x)  tanh(x)  relu(x)  sqrt(x)  rsqrt(x)
-    gelu(x) (tanh form)  gelu_erf(x)  silu(x)
+    gelu(x) (tanh form)  gelu_erf(x)  silu(x)  sigmoid(x)
+    pow_scalar(x, c)                     x ** c for a constant c
     expand(x, shape)                     numpy broadcasting to shape
     sum(x, axes, keepdim)  mean(x, axes, keepdim)   axes: tuple of dims
     max(x, axis, keepdim)
@@ -141,3 +142,25 @@ class TracedGraph:
 
     def __repr__(self):
         return "\n".join(repr(c) for c in self.calls) + f"\nloss {self.loss!r}"
+
+
+class GraphBuilder:
+    """The builder protocol over a libspmd Graph.  The protocol passes
+    everything positionally; the Graph takes `input` as (name, shape,
+    dtype) and the transposes of matmul and bmm as keywords.  Every other
+    builder is the Graph's own."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def input(self, name, dtype, shape):
+        return self.graph.input(name, tuple(shape), dtype)
+
+    def matmul(self, a, b, trans_a=False, trans_b=False):
+        return self.graph.matmul(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
+
+    def bmm(self, a, b, trans_a=False, trans_b=False):
+        return self.graph.bmm(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
+
+    def __getattr__(self, op):
+        return getattr(self.graph, op)

@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from ..errors import InvalidError
+
 _device_count = None
 _global_mesh = None
 
@@ -22,7 +24,7 @@ def set_device_count(n):
     """Set how many libspmd devices get_1d_mesh and HybridMesh lay out."""
     n = int(n)
     if n < 1:
-        raise ValueError(f"device count must be positive, got {n}")
+        raise InvalidError(f"device count must be positive, got {n}")
     global _device_count
     _device_count = n
 
@@ -55,26 +57,26 @@ class Mesh:
             ids = np.array(list(device_ids)).ravel()
         mesh_shape = tuple(int(d) for d in mesh_shape)
         if any(d < 1 for d in mesh_shape):
-            raise ValueError(f"mesh_shape {mesh_shape}: every axis needs at least one device")
+            raise InvalidError(f"mesh_shape {mesh_shape}: every axis needs at least one device")
         if axis_names is not None:
             axis_names = tuple(axis_names)
             if len(axis_names) != len(mesh_shape):
-                raise ValueError(f"{len(axis_names)} axis names {axis_names} for a mesh of "
-                                 f"{len(mesh_shape)} axes {mesh_shape}")
+                raise InvalidError(f"{len(axis_names)} axis names {axis_names} for a mesh of "
+                                   f"{len(mesh_shape)} axes {mesh_shape}")
             for name in axis_names:
                 if not isinstance(name, str) or not name.isidentifier():
-                    raise ValueError(f"axis name {name!r} is not an identifier")
+                    raise InvalidError(f"axis name {name!r} is not an identifier")
             if len(set(axis_names)) != len(axis_names):
-                raise ValueError(f"axis names {axis_names} repeat a name")
+                raise InvalidError(f"axis names {axis_names} repeat a name")
         size = int(np.prod(mesh_shape, dtype=np.int64))
         if ids.size != size:
-            raise ValueError(f"{ids.size} device ids for a mesh of shape {mesh_shape} "
-                             f"({size} devices)")
+            raise InvalidError(f"{ids.size} device ids for a mesh of shape {mesh_shape} "
+                               f"({size} devices)")
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"device ids must be integers, got {ids.dtype}")
+            raise InvalidError(f"device ids must be integers, got {ids.dtype}")
         ids = ids.astype(np.int64)
         if sorted(ids.tolist()) != list(range(size)):
-            raise ValueError(f"device ids {ids.tolist()} are not a permutation of 0..{size - 1}")
+            raise InvalidError(f"device ids {ids.tolist()} are not a permutation of 0..{size - 1}")
         self.device_ids = ids
         self.mesh_shape = mesh_shape
         self.axis_names = axis_names
@@ -139,10 +141,10 @@ class HybridMesh(Mesh):
         ici = tuple(int(d) for d in ici_mesh_shape)
         dcn = tuple(int(d) for d in dcn_mesh_shape) if dcn_mesh_shape is not None else (1,) * len(ici)
         if len(ici) != len(dcn):
-            raise ValueError(f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} have different ranks")
+            raise InvalidError(f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} have different ranks")
         if not ici or any(d < 1 for d in ici + dcn):
-            raise ValueError(f"ici_mesh_shape {ici}, dcn_mesh_shape {dcn}: need at least one "
-                             f"axis, every size positive")
+            raise InvalidError(f"ici_mesh_shape {ici}, dcn_mesh_shape {dcn}: need at least one "
+                               f"axis, every size positive")
         shape = tuple(i * d for i, d in zip(ici, dcn))
         coords = np.indices(shape).reshape(len(shape), -1)
         slice_of = np.ravel_multi_index(tuple(c // i for c, i in zip(coords, ici)), dcn)
@@ -160,14 +162,14 @@ class HybridMesh(Mesh):
         shapes = f"HybridMesh(ici_mesh_shape={self.ici_mesh_shape}, dcn_mesh_shape={self.dcn_mesh_shape})"
         slices = int(np.prod(self.dcn_mesh_shape))
         if slices != processes:
-            raise ValueError(f"{shapes}: the dcn shape asks for {slices} processes (one per slice), "
-                             f"but mpirun started {processes}")
+            raise InvalidError(f"{shapes}: the dcn shape asks for {slices} processes (one per slice), "
+                               f"but mpirun started {processes}")
         if not np.array_equal(self.device_ids, np.arange(self.size())):
             k = int(np.prod(self.ici_mesh_shape))
-            raise ValueError(f"{shapes} over {processes} processes: process p runs the devices at "
-                             f"row-major mesh positions {k}p .. {k}p + {k - 1}, so the dcn axes must "
-                             f"be the major ones (an axis before the last one with dcn > 1 must have "
-                             f"ici size 1)")
+            raise InvalidError(f"{shapes} over {processes} processes: process p runs the devices at "
+                               f"row-major mesh positions {k}p .. {k}p + {k - 1}, so the dcn axes must "
+                               f"be the major ones (an axis before the last one with dcn > 1 must have "
+                               f"ici size 1)")
 
     def dcn_axes(self):
         return tuple(i for i, d in enumerate(self.dcn_mesh_shape) if d > 1)

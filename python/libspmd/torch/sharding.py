@@ -11,6 +11,7 @@ import weakref
 
 import torch
 
+from ..errors import InvalidError
 from .mesh import Mesh, get_global_mesh
 
 
@@ -84,17 +85,17 @@ _marks = _TensorMarks()
 
 def _axis_index(mesh, entry, dim, spec):
     if isinstance(entry, bool) or not isinstance(entry, (int, str)):
-        raise ValueError(f"partition_spec {spec!r}: entry {entry!r} of dim {dim} is neither an "
-                         f"axis name, an axis index, a tuple of those nor None")
+        raise InvalidError(f"partition_spec {spec!r}: entry {entry!r} of dim {dim} is neither an "
+                           f"axis name, an axis index, a tuple of those nor None")
     if isinstance(entry, str):
         idx = mesh.get_axis_name_idx(entry)
         if idx is None:
-            raise ValueError(f"partition_spec {spec!r}: dim {dim} names axis {entry!r}, which the "
-                             f"mesh does not have (its axes: {mesh.axis_names})")
+            raise InvalidError(f"partition_spec {spec!r}: dim {dim} names axis {entry!r}, which the "
+                               f"mesh does not have (its axes: {mesh.axis_names})")
         return idx
     if not 0 <= entry < len(mesh.mesh_shape):
-        raise ValueError(f"partition_spec {spec!r}: dim {dim} names axis index {entry}, out of "
-                         f"range for a mesh of {len(mesh.mesh_shape)} axes {mesh.mesh_shape}")
+        raise InvalidError(f"partition_spec {spec!r}: dim {dim} names axis index {entry}, out of "
+                           f"range for a mesh of {len(mesh.mesh_shape)} axes {mesh.mesh_shape}")
     return int(entry)
 
 
@@ -102,12 +103,12 @@ def normalize_spec(mesh, partition_spec, rank):
     """The spec as a tuple, per dim, of axis-index tuples (None for whole);
     ValueError naming the entry and the reason when it does not fit."""
     if isinstance(partition_spec, (str, bytes)) or not isinstance(partition_spec, (tuple, list)):
-        raise ValueError(f"partition_spec {partition_spec!r} must be a tuple with one entry per "
-                         f"dim (an axis name, an axis index, a tuple of those or None)")
+        raise InvalidError(f"partition_spec {partition_spec!r} must be a tuple with one entry per "
+                           f"dim (an axis name, an axis index, a tuple of those or None)")
     spec = tuple(partition_spec)
     if len(spec) != rank:
-        raise ValueError(f"partition_spec {spec!r} has {len(spec)} entries for a tensor of rank "
-                         f"{rank}")
+        raise InvalidError(f"partition_spec {spec!r} has {len(spec)} entries for a tensor of rank "
+                           f"{rank}")
     used = {}
     out = []
     for dim, entry in enumerate(spec):
@@ -116,15 +117,15 @@ def normalize_spec(mesh, partition_spec, rank):
             continue
         group = entry if isinstance(entry, (tuple, list)) else (entry,)
         if not group:
-            raise ValueError(f"partition_spec {spec!r}: dim {dim} is an empty tuple (write None "
-                             f"for a whole dim)")
+            raise InvalidError(f"partition_spec {spec!r}: dim {dim} is an empty tuple (write None "
+                               f"for a whole dim)")
         axes = []
         for e in group:
             a = _axis_index(mesh, e, dim, spec)
             if a in used:
                 name = mesh.libspmd_axis_names()[a]
-                raise ValueError(f"partition_spec {spec!r}: axis {name!r} splits dim {used[a]} "
-                                 f"and dim {dim}; an axis is used at most once")
+                raise InvalidError(f"partition_spec {spec!r}: axis {name!r} splits dim {used[a]} "
+                                   f"and dim {dim}; an axis is used at most once")
             used[a] = dim
             axes.append(a)
         out.append(tuple(axes))
@@ -139,7 +140,7 @@ def mark_sharding(t, mesh, partition_spec):
     if mesh is None:
         mesh = get_global_mesh()
     if mesh is None:
-        raise ValueError("mark_sharding: no mesh given and no global mesh set")
+        raise InvalidError("mark_sharding: no mesh given and no global mesh set")
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mark_sharding needs a Mesh, got {type(mesh).__name__}")
     axes = normalize_spec(mesh, partition_spec, t.dim())
@@ -180,12 +181,12 @@ def visualize_tensor_sharding(t, use_color=True, scale=1.0, min_width=9, max_wid
     else:
         mesh = get_global_mesh()
         if mesh is None:
-            raise ValueError("visualize_tensor_sharding: the tensor has no mark and no global mesh "
-                             "is set (mark_sharding it, or set_global_mesh)")
+            raise InvalidError("visualize_tensor_sharding: the tensor has no mark and no global mesh "
+                               "is set (mark_sharding it, or set_global_mesh)")
         spec = ", ".join(["None"] * t.dim())
     if t.dim() not in (1, 2):
-        raise ValueError(f"visualize_tensor_sharding draws 1-D and 2-D tensors, got shape "
-                         f"{list(t.shape)} (its mark: {spec})")
+        raise InvalidError(f"visualize_tensor_sharding draws 1-D and 2-D tensors, got shape "
+                           f"{list(t.shape)} (its mark: {spec})")
     import libspmd
     text = libspmd.visualize(libspmd_mesh(mesh), spec, tuple(int(d) for d in t.shape))
     print(text)

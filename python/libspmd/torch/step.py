@@ -15,31 +15,11 @@ live in the program between calls; sync() copies them back.
 import numpy as np
 import torch
 
+from ..errors import InvalidError, UnsupportedError
 from .fsdp import SpmdFullyShardedDataParallel
+from .graph import GraphBuilder
 from .sharding import get_sharding, libspmd_mesh, mark_sharding
 from .trace import trace
-
-
-class GraphBuilder:
-    """The builder protocol of graph.py over a libspmd.Graph.  The protocol
-    passes everything positionally; the Graph takes `input` as (name, shape,
-    dtype) and the transposes of matmul and bmm as keywords.  Every other
-    builder is the Graph's own."""
-
-    def __init__(self, graph):
-        self.graph = graph
-
-    def input(self, name, dtype, shape):
-        return self.graph.input(name, tuple(shape), dtype)
-
-    def matmul(self, a, b, trans_a=False, trans_b=False):
-        return self.graph.matmul(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
-
-    def bmm(self, a, b, trans_a=False, trans_b=False):
-        return self.graph.bmm(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
-
-    def __getattr__(self, op):
-        return getattr(self.graph, op)
 
 
 # ---- the optimizer ----------------------------------------------------------
@@ -60,8 +40,8 @@ class OptimizerPlan:
     def __init__(self, optimizer, param_names):
         cls = type(optimizer).__name__
         if cls not in _KIND or not isinstance(optimizer, torch.optim.Optimizer):
-            raise NotImplementedError(f"libspmd.torch.compile: optimizer {cls} is not supported "
-                                      f"(torch.optim.SGD, Adam and AdamW are)")
+            raise UnsupportedError(f"libspmd.torch.compile: optimizer {cls} is not supported "
+                                   f"(torch.optim.SGD, Adam and AdamW are)")
         self.optimizer = optimizer
         self.kind = _KIND[cls]
         by_id = {id(t): name for name, t in param_names.items()}
@@ -70,18 +50,18 @@ class OptimizerPlan:
         for i, group in enumerate(optimizer.param_groups):
             for option, ok in _REFUSED[cls].items():
                 if group.get(option, ok) != ok:
-                    raise NotImplementedError(
+                    raise UnsupportedError(
                         f"libspmd.torch.compile: {cls} with {option}={group[option]!r} (param group "
                         f"{i}) is not supported; libspmd's {cls} has {option}={ok!r}")
             names = []
             for p in group["params"]:
                 name = by_id.get(id(p))
                 if name is None:
-                    raise ValueError(f"param group {i} holds a tensor of shape {list(p.shape)} that "
-                                     f"is not a parameter of the model")
+                    raise InvalidError(f"param group {i} holds a tensor of shape {list(p.shape)} that "
+                                       f"is not a parameter of the model")
                 if name in seen:
                     if seen[name] != i:
-                        raise ValueError(f"parameter {name} is in param groups {seen[name]} and {i}")
+                        raise InvalidError(f"parameter {name} is in param groups {seen[name]} and {i}")
                     continue
                 seen[name] = i
                 names.append(name)
@@ -91,15 +71,15 @@ class OptimizerPlan:
             else:
                 b1, b2 = (float(b) for b in group["betas"])
                 if group["eps"] <= 0 or (b1 == 0 and b2 == 0):
-                    raise NotImplementedError(
+                    raise UnsupportedError(
                         f"libspmd.torch.compile: {cls} with eps={group['eps']} betas={group['betas']} "
                         f"(param group {i}): libspmd reads eps 0 and betas (0, 0) as its defaults")
                 settings["betas"], settings["eps"] = (b1, b2), float(group["eps"])
             self.groups.append(settings)
         missing = [n for n in param_names if n not in seen]
         if missing:
-            raise ValueError(f"parameters {missing} are in no param group of the optimizer; "
-                             f"libspmd trains every parameter of the model")
+            raise InvalidError(f"parameters {missing} are in no param group of the optimizer; "
+                               f"libspmd trains every parameter of the model")
 
     def key(self):
         """The settings compiled into the program (everything but lr)."""
@@ -156,17 +136,17 @@ class Step:
         self.loss_fn = loss_fn
         self.clip_grad_norm = float(clip_grad_norm) if clip_grad_norm else 0.0
         if self.clip_grad_norm < 0:
-            raise ValueError(f"clip_grad_norm {clip_grad_norm} must be positive (or None)")
+            raise InvalidError(f"clip_grad_norm {clip_grad_norm} must be positive (or None)")
         self.seed = seed
         if (not isinstance(gradient_accumulation_steps, int) or isinstance(gradient_accumulation_steps, bool)
                 or gradient_accumulation_steps < 1):
-            raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got "
-                             f"{gradient_accumulation_steps!r}")
+            raise InvalidError(f"gradient_accumulation_steps must be an int >= 1, got "
+                               f"{gradient_accumulation_steps!r}")
         self.accumulation = gradient_accumulation_steps
         self.matmul_precision = _matmul_precision(mixed_precision)
         self.reduce_precision = _matmul_precision(reduce_dtype, "reduce_dtype")
         if not isinstance(zero, bool):
-            raise ValueError(f"zero must be True (ZeRO, the default) or False, got {zero!r}")
+            raise InvalidError(f"zero must be True (ZeRO, the default) or False, got {zero!r}")
         self.zero = zero
         self.steps = 0
         self._cache = {}
@@ -230,8 +210,8 @@ class Step:
             if "step" in state:
                 steps.add(float(state["step"]))
         if len(steps) > 1:
-            raise ValueError(f"the optimizer's parameters have taken different step counts "
-                             f"{sorted(steps)}; libspmd keeps one count for all")
+            raise InvalidError(f"the optimizer's parameters have taken different step counts "
+                               f"{sorted(steps)}; libspmd keeps one count for all")
         if steps:
             values[STEP_STATE] = np.array(steps.pop(), np.float32)
         return {n: v for n, v in values.items() if n in entry.carried}
@@ -275,9 +255,9 @@ class Step:
                 parts.append([b] * k)
                 continue
             if b.dim() == 0 or b.shape[0] % k:
-                raise ValueError(f"step: batch argument {i} of shape {tuple(b.shape)} does not split "
-                                 f"into gradient_accumulation_steps={k} micro-batches along its "
-                                 f"first dim")
+                raise InvalidError(f"step: batch argument {i} of shape {tuple(b.shape)} does not split "
+                                   f"into gradient_accumulation_steps={k} micro-batches along its "
+                                   f"first dim")
             pieces = list(torch.chunk(b, k, dim=0))
             mark = get_sharding(b)
             if mark is not None:
@@ -377,7 +357,7 @@ def _matmul_precision(mixed_precision, keyword="mixed_precision"):
         return "f32"
     if mixed_precision in ("bf16", "bfloat16", torch.bfloat16):
         return "bf16"
-    raise ValueError(f"{keyword} {mixed_precision!r}: None (f32) or 'bf16'")
+    raise InvalidError(f"{keyword} {mixed_precision!r}: None (f32) or 'bf16'")
 
 
 def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulation_steps=1,

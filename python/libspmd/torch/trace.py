@@ -1,5 +1,6 @@
 """Tracing loss_fn(model, *batch) into an aten FX graph, and mapping the
-graph onto libspmd builder calls (graph.py) through the table in aten.py.
+graph onto libspmd builder calls (graph.py) through the table in aten.py,
+node by node, in a lowering context (lowering.py).
 
 Parameters enter the trace as explicit inputs through functional_call and
 become `param` leaves named by their module names.  Buffers, and every node
@@ -9,7 +10,6 @@ runtime op reads becomes a `state` leaf (its values written after compile).
 The batch's tensors become `input` leaves.  Everything is mapped into a list
 before any builder is called, so a failure leaves nothing half-built.
 """
-import hashlib
 import inspect
 import operator
 import os
@@ -24,7 +24,10 @@ try:  # torch >= 2.0
 except ImportError:  # torch 1.13
     from torch.nn.utils.stateless import functional_call
 
-from .graph import Call, InputSpec, Ref, TracedGraph
+from ..errors import InvalidError
+from .aten import TABLE
+from .graph import Ref, TracedGraph
+from .lowering import Lowering, Unavailable, op_name
 from .sharding import get_sharding
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -36,23 +39,6 @@ _RANDOM = frozenset(
                                "uniform", "native_dropout", "dropout", "multinomial",
                                "exponential", "rand_like", "randn_like", "randint_like")
     for suffix in ("", "_"))
-
-
-class Unavailable:
-    """An output of an aten op that the mapping does not compute (a layer
-    norm's saved mean, a loss's total weight); using it is an error."""
-
-    def __init__(self, what):
-        self.what = what
-
-
-def op_name(target):
-    """'aten.add.Tensor' for an OpOverload, the function name otherwise."""
-    if target is operator.getitem:
-        return "getitem"
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)
-    return getattr(target, "__name__", str(target))
 
 
 _FRAME = re.compile(r'\s*File "([^"]+)", line (\d+), in (\S+)')
@@ -116,140 +102,6 @@ def source_location(node):
         where = f"{os.path.basename(path)}:{line} in {function}"
         return f"{where}: {code}" if code else where
     return None
-
-
-def node_shape(node):
-    meta = node.meta
-    val = meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return tuple(int(d) for d in val.shape)
-    tm = meta.get("tensor_meta")
-    if tm is not None and hasattr(tm, "shape"):
-        return tuple(int(d) for d in tm.shape)
-    return None
-
-
-class Lowering:
-    """The state of one mapping: the call list, the leaves, the FX node
-    being mapped (for shapes and messages)."""
-
-    def __init__(self):
-        self.calls = []
-        self.producer = {}
-        self.states = {}
-        self.state_refs = {}
-        self.const_names = {}
-        self.folded = {}
-        self.inputs = []
-        self.derived = {}
-        self.fused_heads = []  # (a [.., n*C] tensor, n) whose n parts are q, k, v of attention
-        self.node = None
-
-    # ---- messages
-
-    def unsupported(self, why=None):
-        """NotImplementedError naming the node's op, why, and its source line."""
-        name = op_name(self.node.target) if self.node is not None else "?"
-        msg = f"libspmd.torch: aten op {name}"
-        msg += f" {why}" if why else " has no libspmd mapping"
-        where = source_location(self.node) if self.node is not None else None
-        if where:
-            msg += f" (at {where})"
-        return NotImplementedError(msg)
-
-    # ---- emitting calls
-
-    def emit(self, op, *args, shape, dtype="f32"):
-        out = Ref(len(self.calls), shape, dtype)
-        call = Call(op, tuple(args), out)
-        self.calls.append(call)
-        self.producer[out.id] = call
-        return out
-
-    def out_shape(self):
-        shape = node_shape(self.node)
-        if shape is None:
-            raise self.unsupported("has no recorded output shape")
-        return shape
-
-    # ---- operands
-
-    def ref(self, v, dtype="f32"):
-        """v as a Ref of `dtype` ("f32", "i32" or None for either): a runtime
-        value itself, a constant tensor as a state (f32) or constant input
-        (i32), a Python number as a fill."""
-        if isinstance(v, Unavailable):
-            raise self.unsupported(f"reads {v.what}, which libspmd does not compute")
-        if isinstance(v, Ref):
-            if dtype is not None and v.dtype != dtype:
-                kind = "an integer" if v.dtype == "i32" else "a float"
-                raise self.unsupported(f"on {kind} tensor computed at run time ({v!r}); "
-                                       f"libspmd computes {dtype} here")
-            return v
-        if isinstance(v, torch.Tensor):
-            if dtype == "i32" or (dtype is None and not v.is_floating_point()
-                                  and v.dtype != torch.bool):
-                return self.const_input(v)
-            return self.const_state(v)
-        if isinstance(v, (bool, int, float)):
-            return self.emit("fill", (), float(v), shape=())
-        raise self.unsupported(f"has an operand of type {type(v).__name__}")
-
-    def const_state(self, t, origin=None):
-        """A state leaf holding constant tensor t (float32); equal constants
-        share one, named after the buffer that holds those values if any,
-        else after the node that folded to it (or to `origin`, which t was
-        converted from)."""
-        arr = np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
-        key = _content_key(arr)
-        if key not in self.state_refs:
-            folded = self.folded.get(id(origin if origin is not None else t), self.node.name)
-            name = self._unique(self.const_names.get(key) or f"const.{folded}")
-            self.states[name] = arr
-            self.state_refs[key] = self.emit("state", name, arr.shape, shape=arr.shape)
-        return self.state_refs[key]
-
-    def name_buffer(self, name, t):
-        """Constants equal to buffer t's values take its name."""
-        if t.is_floating_point() or t.dtype == torch.bool:
-            arr = np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
-            self.const_names.setdefault(_content_key(arr), name)
-        self.const_names.setdefault(id(t), name)
-
-    def const_input(self, t):
-        """An i32 input fed with constant tensor t each step."""
-        key = ("const", id(t))
-        if key not in self.derived:
-            name = self._unique(self.const_names.get(id(t)) or f"const.{self.node.name}")
-            arr = np.ascontiguousarray(t.detach().cpu().numpy().astype(np.int32))
-            self.derived[key] = (self.add_input(name, "i32", arr.shape, None, lambda b, a=arr: a), t)
-        return self.derived[key][0]
-
-    def add_input(self, name, dtype, shape, arg, feed):
-        self.inputs.append(InputSpec(name, dtype, shape, arg, feed))
-        return self.emit("input", name, dtype, tuple(shape), shape=shape, dtype=dtype)
-
-    def _unique(self, name):
-        taken = set(self.states) | {s.name for s in self.inputs}
-        base, k = name, 1
-        while name in taken:
-            name, k = f"{base}.{k}", k + 1
-        return name
-
-    @staticmethod
-    def number(v):
-        """v as a Python float when it is a number or a one-element constant."""
-        if isinstance(v, bool):
-            return float(v)
-        if isinstance(v, (int, float)):
-            return float(v)
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
-            return float(v.item())
-        return None
-
-
-def _content_key(arr):
-    return (arr.shape, hashlib.sha1(arr.tobytes()).hexdigest())
 
 
 def _has_ref(v):
@@ -406,8 +258,6 @@ def _undecompose_dropout(gm):
 
 def trace(loss_fn, model, *batch):
     """Map loss_fn(model, *batch) onto libspmd builder calls: a TracedGraph."""
-    from .aten import TABLE
-
     for i, b in enumerate(batch):
         if not isinstance(b, torch.Tensor):
             raise TypeError(f"batch item {i} is a {type(b).__name__}; the batch holds tensors")
@@ -415,11 +265,30 @@ def trace(loss_fn, model, *batch):
             raise TypeError(f"batch item {i} has dtype {b.dtype}; inputs are float or integer")
     gm, params, aliases, buffers = make_aten_graph(loss_fn, model, *batch)
     names = _batch_names(loss_fn, len(batch))
+    cx = Lowering(locate=source_location)
+    try:
+        out, marks = _lower(cx, gm, params, buffers, batch, names)
+    finally:
+        cx.close()
+
+    _group_fused_heads(cx, marks, names)
+    calls = _live_calls(cx.calls, out)
+    live_leaves = {c.args[0] for c in calls if c.op in ("input", "state")}
+    states = {n: a for n, a in cx.states.items() if n in live_leaves}
+    inputs = [s for s in cx.inputs if s.name in live_leaves]
+    for spec in inputs:
+        if spec.name not in marks and spec.arg is not None and names[spec.arg] in marks:
+            marks[spec.name] = marks[names[spec.arg]]
+    marks = {n: m for n, m in marks.items() if n in live_leaves or n in params}
+    return TracedGraph(calls, out, params, aliases, states, inputs, marks)
+
+
+def _lower(cx, gm, params, buffers, batch, names):
+    """Map gm's nodes through the op table: (the loss's Ref, leaf name ->
+    ShardingMark of the marked parameters, buffers and batch tensors)."""
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     n_p, n_b = len(params), len(buffers)
-
-    cx = Lowering()
     env = {}
     marks = {}
     mesh = None
@@ -430,8 +299,8 @@ def trace(loss_fn, model, *batch):
         if m is None:
             return
         if mesh is not None and m.mesh != mesh:
-            raise ValueError(f"{name} is marked on {m.mesh!r} but another tensor on {mesh!r}; "
-                             f"all marks of a program use one mesh")
+            raise InvalidError(f"{name} is marked on {m.mesh!r} but another tensor on {mesh!r}; "
+                               f"all marks of a program use one mesh")
         mesh = m.mesh
         marks[name] = m
 
@@ -439,7 +308,7 @@ def trace(loss_fn, model, *batch):
         cx.node = ph
         if i < n_p:
             name, p = list(params.items())[i]
-            env[ph] = cx.emit("param", name, tuple(p.shape), shape=tuple(p.shape))
+            env[ph] = cx.emit("param", name, tuple(p.shape))
             note_mark(name, p)
         elif i < n_p + n_b:
             name, b = list(buffers.items())[i - n_p]
@@ -498,20 +367,10 @@ def trace(loss_fn, model, *batch):
     while isinstance(out, (list, tuple)):
         out = out[0]
     if not isinstance(out, Ref):
-        raise ValueError("the loss does not depend on the parameters or the batch")
+        raise InvalidError("the loss does not depend on the parameters or the batch")
     if out.shape != () or out.dtype != "f32":
-        raise ValueError(f"the loss must be a float scalar, got {out!r}")
-
-    _group_fused_heads(cx, marks, names)
-    calls = _live_calls(cx.calls, out)
-    live_leaves = {c.args[0] for c in calls if c.op in ("input", "state")}
-    states = {n: a for n, a in cx.states.items() if n in live_leaves}
-    inputs = [s for s in cx.inputs if s.name in live_leaves]
-    for spec in inputs:
-        if spec.name not in marks and spec.arg is not None and names[spec.arg] in marks:
-            marks[spec.name] = marks[names[spec.arg]]
-    marks = {n: m for n, m in marks.items() if n in live_leaves or n in params}
-    return TracedGraph(calls, out, params, aliases, states, inputs, marks)
+        raise InvalidError(f"the loss must be a float scalar, got {out!r}")
+    return out, marks
 
 
 def _column_weights(cx, ref):

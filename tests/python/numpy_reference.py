@@ -1,7 +1,8 @@
-"""A NumPy reference builder: the builder protocol (graph.py) evaluated at
-once in float32, with the semantics libspmd's C builders document in
-include/spmd/spmd.h.  It checks a mapped program against eager PyTorch
-without the C library.
+"""A NumPy reference builder for the tests: the builder protocol
+(libspmd/torch/graph.py) evaluated at once in float32, with the semantics
+libspmd's C builders document in include/spmd/spmd.h.  It checks a mapped
+program against eager PyTorch without running the C library's kernels (the
+package holds no second implementation; this one is the tests' oracle).
 """
 import math
 
@@ -114,6 +115,12 @@ class NumpyBuilder:
 
     def silu(self, x):
         return self._unary("silu", lambda v: v / (1 + np.exp(-v)), x)
+
+    def sigmoid(self, x):
+        return self._unary("sigmoid", lambda v: 1 / (1 + np.exp(-v)), x)
+
+    def pow_scalar(self, x, p):
+        return self._unary("pow_scalar", lambda v: np.power(v, np.float64(np.float32(p))), x)
 
     def expand(self, x, shape):
         self._f32("expand", x)

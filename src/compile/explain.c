@@ -1,0 +1,243 @@
+/*
+ * The text of `spmd explain` (see explain.h): read from the compiled
+ * object alone, through the reports of report.c, plus what the caller
+ * knows (spmd_explain_options).
+ */
+#include "compile/explain.h"
+#include "base/error.h"
+#include "compile/report.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- A growing text ----------------------------------------------------- */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    bool failed; /* an allocation failed: the text is incomplete */
+} text;
+
+__attribute__((format(printf, 2, 3))) static void put(text *t, const char *fmt, ...)
+{
+    if (t->failed) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->buf ? t->cap - t->len : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        t->failed = true;
+        return;
+    }
+    if (t->buf && t->len + (size_t)n < t->cap) {
+        t->len += (size_t)n;
+        return;
+    }
+    size_t cap = t->cap ? t->cap : 4096;
+    while (cap <= t->len + (size_t)n) cap *= 2;
+    char *grown = realloc(t->buf, cap);
+    if (!grown) {
+        t->failed = true;
+        return;
+    }
+    t->buf = grown;
+    t->cap = cap;
+    va_start(ap, fmt);
+    vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+    va_end(ap);
+    t->len += (size_t)n;
+}
+
+/* Bytes as "512 B", "1.5 KiB", "3.0 MiB", "2.0 GiB" (the units the spmd
+ * tool prints its other figures in). */
+static const char *bytes_text(double bytes, char *buf, size_t size)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 3) bytes /= 1024, u++;
+    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+    return buf;
+}
+
+/* ---- The parts of the report -------------------------------------------- */
+
+/* "4x2 (replica, fsdp)", or "1 device" without a mesh. */
+static void put_mesh(text *t, const spmd_mesh *m)
+{
+    if (!m) {
+        put(t, "1 device");
+        return;
+    }
+    for (int i = 0; i < spmd_mesh_rank(m); i++) put(t, i ? "x%d" : "%d", spmd_mesh_axis_size(m, i));
+    put(t, " (");
+    for (int i = 0; i < spmd_mesh_rank(m); i++) put(t, i ? ", %s" : "%s", spmd_mesh_axis_name(m, i));
+    put(t, ")");
+}
+
+/* Which axes cross processes, when planned over several. */
+static void put_processes(text *t, const spmd_mesh *m, const char *network_source)
+{
+    int procs = m ? spmd_mesh_processes(m) : 1;
+    if (procs < 2) return;
+    char across[256] = "", inside[256] = "";
+    for (int a = 0; a < spmd_mesh_rank(m); a++) {
+        char *list = spmd_mesh_axis_is_local(m, a) ? inside : across;
+        size_t n = strlen(list);
+        snprintf(list + n, sizeof across - n, "%s%s", n ? ", " : "", spmd_mesh_axis_name(m, a));
+    }
+    put(t,
+        "processes: %d x %d devices (mesh position r in process r / %d); across processes: %s; "
+        "inside a process: %s\n",
+        procs, spmd_mesh_devices(m) / procs, spmd_mesh_devices(m) / procs, across[0] ? across : "none",
+        inside[0] ? inside : "none");
+    double latency, bandwidth;
+    spmd_mesh_network(m, &latency, &bandwidth);
+    put(t, "network (prices the axes across processes): %.1f us per message, %.2f GB/s (%s)\n",
+        latency * 1e6, bandwidth / 1e9, network_source ? network_source : "set_network");
+}
+
+/* Copies along independent axes: the plan is one copy's. */
+static void put_copies(text *t, const spmd_mesh *m)
+{
+    int copies = m ? spmd_mesh_copies(m) : 1;
+    if (copies < 2) return;
+    put(t, "copies: %d along '", copies);
+    for (int a = 0, n = 0; a < spmd_mesh_rank(m); a++)
+        if (spmd_mesh_axis_is_independent(m, a)) put(t, n++ ? ", %s" : "%s", spmd_mesh_axis_name(m, a));
+    put(t, "', independent: each group along it trains a model of its own and no collective crosses "
+           "it; the plan below is one copy's, on its group\n");
+}
+
+static void put_tensors(text *t, const spmd_graph *g)
+{
+    put(t, "\ntensors (named):\n  %-34s %-18s %s\n", "name", "shape", "sharding");
+    for (int i = 0; i < spmd_graph_tensor_count(g); i++) {
+        const spmd_tensor *x = spmd_graph_tensor(g, i);
+        if (!spmd_tensor_name(x)) continue;
+        char shape[96], spec[256];
+        size_t n = (size_t)snprintf(shape, sizeof shape, "[");
+        for (int d = 0; d < spmd_tensor_rank(x); d++)
+            n += (size_t)snprintf(shape + n, sizeof shape - n, d ? ", %lld" : "%lld",
+                                  (long long)spmd_tensor_dim(x, d));
+        snprintf(shape + n, sizeof shape - n, "]");
+        spmd_get_sharding(x, spec, sizeof spec);
+        if (!spec[0]) snprintf(spec, sizeof spec, "replicated");
+        put(t, "  %-34s %-18s %s\n", spmd_tensor_name(x), shape, spec);
+    }
+}
+
+/* With accumulation the forward and backward collectives run once per
+ * micro-batch (column "x": `micro` a step), the update's once a step.
+ * With measures, each one's measured median next to its estimate. */
+static void put_collectives(text *t, const compiled *c, int micro, const spmd_explain_options *o)
+{
+    const double *meas = o ? o->measured_us : NULL;
+    int n = compiled_collective_count(c);
+    double total = 0, per_micro = 0;
+    put(t, "\ncollectives per step (%d):\n", n);
+    if (micro > 1 && n)
+        put(t, "  a step is %d micro-batches: the forward and backward ones run in each (x %d), "
+               "the update's (the gradients' reductions) once\n", micro, micro);
+    double est = 0, measured = 0;
+    size_t fly_bytes, fly_extra;
+    int flying = compiled_overlap(c, &fly_bytes, &fly_extra);
+    if (n && meas)
+        put(t, "  measured: the median of each collective's boxes in the trace (steps %d to %d, "
+               "every device; a wait for a peer counts)\n", o->first_step, o->last_step);
+    if (n)
+        put(t, "  %-9s %-15s %-16s %12s %9s%s  %s%s%s\n", "phase", "kind", "axes", "bytes/device",
+            "est. us", meas ? " meas. us" : "", micro > 1 ? "x   " : "", flying ? "in flight  " : "",
+            "moves");
+    for (int i = 0; i < n; i++) {
+        spmd_collective_info ci;
+        char b[32], times[16] = "";
+        compiled_collective(c, i, &ci);
+        total += (double)ci.bytes * ci.count;
+        if (ci.count > 1) per_micro += (double)ci.bytes;
+        est += ci.seconds * ci.count;
+        if (micro > 1) snprintf(times, sizeof times, "%-3d ", ci.count);
+        char took[16] = "";
+        if (meas && isnan(meas[i])) snprintf(took, sizeof took, " %9s", "-");
+        else if (meas) snprintf(took, sizeof took, " %9.1f", meas[i]);
+        if (meas && !isnan(meas[i])) measured += meas[i] * 1e-6 * ci.count;
+        /* In flight: over how many of the device's steps. */
+        char fly[24] = "";
+        if (flying && ci.in_flight_steps) snprintf(fly, sizeof fly, "%-5d      ", ci.in_flight_steps);
+        else if (flying) snprintf(fly, sizeof fly, "%-11s", "-");
+        put(t, "  %-9s %-15s %-16s %12s %9.1f%s  %s%s%s%s\n", ci.phase, ci.kind, ci.axes,
+            bytes_text((double)ci.bytes, b, sizeof b), ci.seconds * 1e6, took, times, fly, ci.tensor,
+            ci.written ? ", written in place" : ci.in_place ? ", read in place" : "");
+    }
+    char b[32], m[32], u[32], l[32];
+    if (n && micro > 1)
+        put(t, "  in all: %s per device per step (%s in each micro-batch, %s in the update), about "
+               "%.2f ms by the alpha-beta model\n",
+            bytes_text(total, b, sizeof b), bytes_text(per_micro, m, sizeof m),
+            bytes_text(total - per_micro * micro, u, sizeof u), est * 1e3);
+    else if (n)
+        put(t, "  in all: %s per device per step, about %.2f ms by the alpha-beta model\n",
+            bytes_text(total, b, sizeof b), est * 1e3);
+    size_t budget = c->plan.inflight_budget;
+    if (flying || budget)
+        put(t, "  in flight: %d of %d on each device's communication thread while it computes "
+               "%s, %s of operands and results at most at once of a budget of %s, the arena %s "
+               "larger\n",
+            flying, n, flying ? "(column: the steps they span; -: a blocking step)"
+                              : "(each over the budget, or unable to gain)",
+            bytes_text((double)fly_bytes, b, sizeof b), bytes_text((double)budget, l, sizeof l),
+            bytes_text((double)fly_extra, m, sizeof m));
+    if (n && meas)
+        put(t, "  measured: %.2f ms a step (the medians summed), %.2fx the estimate\n", measured * 1e3,
+            est > 0 ? measured / est : 0.0);
+}
+
+static void put_memory(text *t, const compiled *c)
+{
+    char a[32], b[32];
+    /* Gradients are resolved onto their parameter's sharding: one more
+     * copy of the parameter bytes beside parameters and optimizer state. */
+    size_t params = c->persistent_bytes + compiled_param_bytes(c);
+    put(t, "\nmemory per device: %s parameters + gradients + optimizer state, %s peak\n",
+        bytes_text((double)params, a, sizeof a), bytes_text((double)compiled_peak_bytes(c), b, sizeof b));
+    int nf = compiled_fallback_count(c);
+    put(t, "fallbacks (whole-tensor gathers an op forced): %d\n", nf);
+    for (int i = 0; i < nf; i++) {
+        char line[256];
+        compiled_fallback(c, i, line, sizeof line);
+        put(t, "  %s\n", line);
+    }
+    int unsettled = compiled_propagation_unsettled(c);
+    if (unsettled)
+        put(t, "propagation: not settled after %d rounds (a long chain of unmarked tensors): "
+               "some may stay replicated where more rounds would split them; mark them\n",
+            unsettled);
+}
+
+spmd_status compiled_explain(const compiled *c, const spmd_explain_options *o, char **out)
+{
+    if (!out) return base_error(SPMD_ERR_INVALID, "explain: text is NULL");
+    *out = NULL;
+    if (!c) return base_error(SPMD_ERR_INVALID, "explain: the program is NULL");
+    const spmd_graph *g = c->g;
+    int64_t params = spmd_graph_param_count(g);
+    text t = {0};
+    put(&t, "spmd explain: %s, %.2fM parameters, mesh ", o && o->model ? o->model : "graph",
+        (double)params / 1e6);
+    put_mesh(&t, c->mesh);
+    if (o && o->batch) put(&t, ", %s", o->batch);
+    put(&t, "\n");
+    put_processes(&t, c->mesh, o ? o->network_source : NULL);
+    put_copies(&t, c->mesh);
+    put_tensors(&t, g);
+    put_collectives(&t, c, g->accumulate_steps, o);
+    put_memory(&t, c);
+    if (t.failed) {
+        free(t.buf);
+        return base_error(SPMD_ERR_NOMEM, "explain: out of memory for the report's text");
+    }
+    *out = t.buf;
+    return SPMD_OK;
+}
