@@ -77,29 +77,15 @@ static PyObject *graph_fill(GraphObject *self, PyObject *args, PyObject *kw)
     return wrap_tensor(self, spmd_fill(self->g, rank, dims, value));
 }
 
-/* The builders whose arguments are tensors only, one row each: the
+/* The other builders whose arguments are tensors only, one row each: the
  * binding of each is generated from its row (UNARY: x; BINARY: a, b;
  * TERNARY: a, b, c), so adding a builder of spmd.h of such a signature is
- * one line here. */
+ * one line here.  The plain elementwise ops come from the op table
+ * (graph_add_table_builders, below). */
 #define UNARY_BUILDERS(X)                                              \
-    X(neg, "neg(x): -x")                                               \
-    X(exp, "exp(x)")                                                   \
-    X(log, "log(x)")                                                   \
-    X(tanh, "tanh(x)")                                                 \
-    X(gelu, "gelu(x): GELU, tanh form")                                \
-    X(relu, "relu(x)")                                                 \
-    X(sqrt, "sqrt(x)")                                                 \
-    X(rsqrt, "rsqrt(x): 1 / sqrt(x)")                                  \
-    X(gelu_erf, "gelu_erf(x): GELU, erf form (torch's nn.GELU())")      \
-    X(silu, "silu(x): x * sigmoid(x)")                                 \
-    X(sigmoid, "sigmoid(x): 1 / (1 + exp(-x))")                        \
     X(softmax, "softmax(x): over the last dim")                        \
     X(log_softmax, "log_softmax(x): over the last dim")
 #define BINARY_BUILDERS(X)                                                             \
-    X(add, "add(a, b): a + b, NumPy broadcasting")                                     \
-    X(sub, "sub(a, b): a - b, NumPy broadcasting")                                     \
-    X(mul, "mul(a, b): a * b, NumPy broadcasting")                                     \
-    X(div, "div(a, b): a / b, NumPy broadcasting")                                     \
     X(embedding, "embedding(table, ids): rows of table [V, D] at int32 ids -> [..., D]") \
     X(cross_entropy, "cross_entropy(logits, targets): mean over int32 targets [...]")  \
     X(mse, "mse(a, b): mean squared error, a scalar")
@@ -147,28 +133,6 @@ BINARY_BUILDERS(DEFINE_BINARY)
 TERNARY_BUILDERS(DEFINE_TERNARY)
 
 /* ---- Builders with other arguments ---------------------------------------- */
-
-static PyObject *graph_scale(GraphObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"x", "c", NULL};
-    PyObject *x;
-    float c;
-    spmd_tensor *t;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Of:scale", kwlist, &x, &c) || tensor_arg(self, x, &t, true) < 0)
-        return NULL;
-    return wrap_tensor(self, spmd_scale(self->g, t, c));
-}
-
-static PyObject *graph_pow_scalar(GraphObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"x", "p", NULL};
-    PyObject *x;
-    float e;
-    spmd_tensor *t;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Of:pow_scalar", kwlist, &x, &e) || tensor_arg(self, x, &t, true) < 0)
-        return NULL;
-    return wrap_tensor(self, spmd_pow_scalar(self->g, t, e));
-}
 
 static PyObject *graph_convert(GraphObject *self, PyObject *args, PyObject *kw)
 {
@@ -395,8 +359,6 @@ PyMethodDef graph_builder_methods[] = {
      "'normal' (standard deviation scale) or 'uniform' (in [-scale, scale))"},
     {"state", KW(graph_state), "state(name, shape, init='zeros', scale=0): persistent, not trained"},
     {"fill", KW(graph_fill), "fill(shape, value): a constant"},
-    {"scale", KW(graph_scale), "scale(x, c): c * x"},
-    {"pow_scalar", KW(graph_pow_scalar), "pow_scalar(x, p): x ** p for a constant p"},
     {"convert", KW(graph_convert), "convert(x, dtype): x as 'f32' or 'bf16' (rounded to nearest even)"},
     {"set_matmul_precision", FN(graph_set_matmul_precision), METH_O,
      "set_matmul_precision(dtype): 'bf16': the matmuls built from now on read bf16 copies of their\n"
@@ -421,3 +383,93 @@ PyMethodDef graph_builder_methods[] = {
     {"slice", KW(graph_slice), "slice(x, axis, start, length): x[..., start:start+length, ...]"},
     {"concat", KW(graph_concat), "concat(xs, axis)"},
     {NULL}};
+
+/* ---- The plain elementwise ops, from the op table ------------------------- */
+
+/* One method of Graph per plain elementwise op of the op table
+ * (spmd_op_describe), named as the op: NAME(x) or NAME(a, b), and a
+ * constant c after the tensors (positional, or c=) for an op whose formula
+ * reads one (scale, pow_scalar).  The table, not a list here, says which
+ * ops there are: a row added to ops.def is a method.  The function's
+ * `self` is the op's name; PyInstanceMethod binds the graph before the
+ * tensors. */
+static PyObject *build_by_name(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    const char *name = PyUnicode_AsUTF8(op);
+    if (!name) return NULL;
+    if (nargs < 1 || !PyObject_TypeCheck(args[0], GraphType)) {
+        PyErr_Format(PyExc_TypeError, "%s() is a method of libspmd.Graph", name);
+        return NULL;
+    }
+    GraphObject *g = (GraphObject *)args[0];
+    double c = 0.0;
+    Py_ssize_t n = nargs - 1, nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), "c") != 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name,
+                         PyTuple_GET_ITEM(kwnames, k));
+            return NULL;
+        }
+        if ((c = PyFloat_AsDouble(args[nargs + k])) == -1.0 && PyErr_Occurred()) return NULL;
+    }
+    /* A trailing number is the constant. */
+    if (!nkw && n > 0 && (PyFloat_Check(args[nargs - 1]) || PyLong_Check(args[nargs - 1]))) {
+        if ((c = PyFloat_AsDouble(args[nargs - 1])) == -1.0 && PyErr_Occurred()) return NULL;
+        n--;
+    }
+    spmd_tensor *t[2];
+    if (n < 1 || n > 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 1 or 2 tensors (%zd given)", name, n);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (tensor_arg(g, args[1 + i], &t[i], true) < 0) return NULL;
+    if (graph_open(g) < 0) return NULL;
+    return wrap_tensor(g, spmd_elementwise(g->g, name, t, (int)n, (float)c));
+}
+
+static PyMethodDef by_name_def = {
+    "elementwise", (PyCFunction)(void (*)(void))build_by_name, METH_FASTCALL | METH_KEYWORDS,
+    "A plain elementwise op of libspmd's op table: op(x) or op(a, b) (NumPy broadcasting), and the\n"
+    "constant c after the tensors for an op that reads one (scale: c * x; pow_scalar: x ** c)"};
+
+int graph_add_table_builders(PyTypeObject *type)
+{
+    for (int i = 0; i < spmd_op_count(); i++) {
+        spmd_op_info op;
+        if (spmd_op_describe(i, &op) != SPMD_OK) {
+            raise_last();
+            return -1;
+        }
+        if (!op.elementwise) continue;
+        PyObject *name = PyUnicode_FromString(op.name);
+        PyObject *fn = name ? PyCFunction_NewEx(&by_name_def, name, NULL) : NULL;
+        PyObject *method = fn ? PyInstanceMethod_New(fn) : NULL;
+        int st = method ? PyObject_SetAttr((PyObject *)type, name, method) : -1;
+        Py_XDECREF(method);
+        Py_XDECREF(fn);
+        Py_XDECREF(name);
+        if (st < 0) return -1;
+    }
+    return 0;
+}
+
+PyObject *op_table(PyObject *mod, PyObject *unused)
+{
+    (void)mod, (void)unused;
+    PyObject *list = PyList_New(0);
+    for (int i = 0; list && i < spmd_op_count(); i++) {
+        spmd_op_info op;
+        if (spmd_op_describe(i, &op) != SPMD_OK) {
+            Py_DECREF(list);
+            return raise_last();
+        }
+        PyObject *row = Py_BuildValue("{s:s,s:i,s:O,s:O,s:O}", "name", op.name, "arity", op.arity,
+                                      "elementwise", op.elementwise ? Py_True : Py_False,
+                                      "constant", op.constant ? Py_True : Py_False,
+                                      "differentiable", op.differentiable ? Py_True : Py_False);
+        if (!row || PyList_Append(list, row) < 0) Py_CLEAR(list);
+        Py_XDECREF(row);
+    }
+    return list;
+}

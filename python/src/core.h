@@ -162,6 +162,11 @@ int mpi_compile_comm(bool over_processes, const void **comm);
 /* The Graph's methods, one table per file of their concept, joined into
  * the type's table at registration (graph.c). */
 extern PyMethodDef graph_builder_methods[]; /* builders.c */
+/* The plain elementwise ops of the op table as methods of type (builders.c),
+ * and the table itself: _core.ops() -> [{name, arity, elementwise,
+ * constant, differentiable}, ...]. */
+int graph_add_table_builders(PyTypeObject *type);
+PyObject *op_table(PyObject *mod, PyObject *unused);
 extern PyMethodDef graph_training_methods[]; /* training.c */
 extern PyMethodDef graph_compile_methods[];  /* compile.c */
 

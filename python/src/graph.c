@@ -282,5 +282,5 @@ int graph_register(PyObject *mod)
         if (s->slot == Py_tp_methods) s->pfunc = methods;
     GraphType = add_type(mod, "libspmd._core.Graph", sizeof(GraphObject),
                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, graph_slots);
-    return GraphType ? 0 : -1;
+    return GraphType ? graph_add_table_builders(GraphType) : -1;
 }

@@ -66,6 +66,8 @@ static PyObject *mod_blas_select(PyObject *mod, PyObject *args, PyObject *kw)
 }
 
 static PyMethodDef module_methods[] = {
+    {"ops", FN(op_table), METH_NOARGS,
+     "ops() -> the op table: [{name, arity, elementwise, constant, differentiable}, ...]"},
     {"visualize", KW(mod_visualize),
      "visualize(mesh, spec, shape) -> text: which devices hold which block of a 1-D or 2-D tensor"},
     {"lr_schedule", KW(mod_lr_schedule),

@@ -545,7 +545,12 @@ const char *ir_op_name(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_names[
 int ir_op_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_arity[op] : 0; }
 bool ir_op_carries_groups(ir_op op) { return (unsigned)op < IR_OP_COUNT && op_carries_groups[op]; }
 int ir_op_formula_arity(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_formula_arity[op] : 0; }
-bool ir_op_is_plain_elementwise(ir_op op) { return (unsigned)op < IR_OP_COUNT && op_plain[op]; }
+/* The backward helpers (gelu_backward, ...) have formula kernels too, but
+ * no backward rule: only autodiff builds them. */
+bool ir_op_is_plain_elementwise(ir_op op)
+{
+    return (unsigned)op < IR_OP_COUNT && op_plain[op] && ir_op_has_vjp(op);
+}
 
 static bool ident_char(char ch)
 {
@@ -572,7 +577,7 @@ spmd_status spmd_op_describe(int index, spmd_op_info *info)
     ir_op op = (ir_op)index;
     *info = (spmd_op_info){.name = op_names[op],
                            .arity = op_arity[op],
-                           .elementwise = op_plain[op],
+                           .elementwise = ir_op_is_plain_elementwise(op),
                            .constant = ir_op_reads_constant(op),
                            .differentiable = ir_op_has_vjp(op)};
     return SPMD_OK;

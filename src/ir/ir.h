@@ -239,7 +239,9 @@ bool ir_op_carries_groups(ir_op op);
  * for an op without one.  The ops with a formula are the fusible ones (compile/fuse.c). */
 int ir_op_formula_arity(ir_op op);
 /* A plain elementwise op: its kernel is the standard loop over its
- * formula (kern_formula), so spmd_elementwise builds it by name. */
+ * formula (kern_formula) and it has a backward rule, so spmd_elementwise
+ * builds it by name (the backward helpers, built by autodiff alone, are
+ * not). */
 bool ir_op_is_plain_elementwise(ir_op op);
 /* Whether a unary formula reads the node's constant c (scale's factor,
  * pow_scalar's exponent): read from the formula as written. */

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from .. import _core
 from . import attention
 from .graph import Ref
 from .lowering import Unavailable
@@ -331,16 +332,6 @@ def stack(cx, tensors, dim=0):
 # ---- elementwise -----------------------------------------------------------
 
 
-# aten overload -> the libspmd builder of the same function of one tensor.
-_UNARY = {f"aten.{op}.default": op for op in ("neg", "exp", "log", "tanh", "relu", "sqrt", "rsqrt",
-                                               "silu", "sigmoid")}
-
-
-@lowers(*_UNARY)
-def unary(cx, x):
-    return cx.emit(_UNARY[cx.overload], cx.ref(x))
-
-
 @lowers("aten.gelu.default")
 def gelu(cx, x, approximate="none"):
     x = cx.ref(x)
@@ -630,3 +621,36 @@ def mse_loss(cx, a, b, reduction=1):
         raise cx.unsupported("with a reduction other than the mean")
     a, b = cx.ref(a), cx.ref(b)
     return cx.emit("mse", a, b)
+
+
+# ---- one to one, from the op table ----------------------------------------
+#
+# Every plain elementwise op of libspmd's op table (_core.ops()) that reads
+# no constant is the aten op of its name, where torch has one and no entry
+# above maps it otherwise: aten.NAME.default of one tensor, aten.NAME.Tensor
+# of two.  An op added to the C library's table is mapped so, with no line
+# here.
+
+
+def _aten_has(name, overload):
+    packet = getattr(torch.ops.aten, name, None)
+    return packet is not None and overload in packet.overloads()
+
+
+def _one_to_one(op):
+    def lower(cx, *xs):
+        return cx.emit(op, *(cx.ref(x) for x in xs))
+    lower.__name__ = op
+    return lower
+
+
+ONE_TO_ONE = {}
+for _op in _core.ops():
+    if not _op["elementwise"] or _op["constant"]:
+        continue
+    _form = "default" if _op["arity"] == 1 else "Tensor"
+    _key = f"aten.{_op['name']}.{_form}"
+    if _key not in TABLE and _aten_has(_op["name"], _form):
+        ONE_TO_ONE[_key] = _op["name"]
+        lowers(_key)(_one_to_one(_op["name"]))
+del _op, _form, _key
