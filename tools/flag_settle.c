@@ -41,11 +41,15 @@ static int optimizer_defaults(cli_opts *o)
 int flags_settle(cli_opts *o)
 {
     int rc;
-    if (o->init && (rc = weights_init_config(o->init, o->model, o->resume, &o->gpt))) return rc;
-    if (!o->gpt.seq) o->gpt.seq = 40;
-    if (!o->gpt.layers) o->gpt.layers = 2;
-    if (!o->gpt.heads) o->gpt.heads = 4;
-    if (!o->gpt.dim) o->gpt.dim = 96;
+    if (o->init) {
+        /* The file's shape replaces the table's defaults, not the flags. */
+        weights_shape_given given = {
+            .vocab = flags_given(o, "--vocab"), .seq = flags_given(o, "--seq"),
+            .context = flags_given(o, "--context"), .layers = flags_given(o, "--layers"),
+            .heads = flags_given(o, "--heads"), .dim = flags_given(o, "--dim")};
+        rc = weights_init_config(o->init, o->model, o->resume, &given, &o->gpt);
+        if (rc) return rc;
+    }
     o->mlp.layers = o->gpt.layers; /* --layers is either model's depth */
     rc = optimizer_defaults(o);
     if (rc) return rc;

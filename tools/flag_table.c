@@ -17,6 +17,9 @@
 #define STRING_(x) #x
 #define STRING(x) STRING_(x)
 
+/* --seq's default, which --init cuts to the file's context. */
+#define DEFAULT_SEQ "40"
+
 const flag_spec flag_rows[] = {
     /* The mesh and its sharding. */
     {.name = "--mesh", .commands = MODEL_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(mesh),
@@ -64,14 +67,14 @@ const flag_spec flag_rows[] = {
     {.name = "--model", .commands = RUN_COMMANDS, .kind = FLAG_CUSTOM, .offset = 0,
      .value = "gpt|mlp", .help = "model", .initial = "gpt", .set = flag_set_model},
     {.name = "--layers", .commands = MODEL_COMMANDS, .kind = FLAG_INT, .offset = FIELD(gpt.layers),
-     .value = "N", .help = "GPT blocks, or MLP hidden layers", .shown = "2", .min = 1,
+     .value = "N", .help = "GPT blocks, or MLP hidden layers", .initial = "2", .min = 1,
      .why_min = "a GPT needs at least one block and an MLP at least one hidden layer"},
     {.name = "--dim", .commands = MODEL_COMMANDS, .kind = FLAG_INT, .offset = FIELD(gpt.dim),
-     .value = "N", .help = "GPT width", .shown = "96", .min = 1},
+     .value = "N", .help = "GPT width", .initial = "96", .min = 1},
     {.name = "--heads", .commands = MODEL_COMMANDS, .kind = FLAG_INT, .offset = FIELD(gpt.heads),
-     .value = "N", .help = "GPT attention heads", .shown = "4", .min = 1},
+     .value = "N", .help = "GPT attention heads", .initial = "4", .min = 1},
     {.name = "--seq", .commands = MODEL_COMMANDS, .kind = FLAG_INT, .offset = FIELD(gpt.seq),
-     .value = "N", .help = "sequence length", .shown = "40", .min = 1},
+     .value = "N", .help = "sequence length", .initial = DEFAULT_SEQ, .min = 1},
     {.name = "--vocab", .commands = MODEL_COMMANDS, .kind = FLAG_INT, .offset = FIELD(gpt.vocab),
      .value = "N", .help = "vocabulary", .shown = "the data's", .min = 2,
      .why_min = "one token leaves nothing to predict"},
@@ -89,7 +92,7 @@ const flag_spec flag_rows[] = {
      .help = "start the GPT from GPT-2 weights: Hugging Face safetensors or an llm.c checkpoint; "
              "the shape is the file's (shape flags may only repeat it; heads: the file, "
              "config.json beside it, or dim/64); --seq at most its context",
-     .shown = "40 or the context"},
+     .shown = DEFAULT_SEQ " or the context"},
 
     /* Training. */
     {.name = "--batch", .commands = RUN_COMMANDS, .kind = FLAG_INT, .offset = FIELD(batch),

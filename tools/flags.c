@@ -29,8 +29,8 @@ static int defaults(cli_command command, cli_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->command = command;
+    /* sample, which has no --model, builds a GPT. */
     strcpy(o->model, "gpt");
-    o->mlp = (spmd_mlp_config){.hidden = 128, .layers = 2};
     o->optimizer.kind = SPMD_OPTIMIZER_ADAMW;
     /* Each row's initial value, parsed as a given one would be (a copy:
      * parsing may cut it). */
