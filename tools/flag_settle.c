@@ -6,6 +6,7 @@
 #include "flag_settle.h"
 
 #include "flag_table.h"
+#include "flag_values.h"
 #include "message.h"
 #include "processes.h"
 #include "settings_agree.h"
@@ -13,28 +14,26 @@
 
 #include <stdio.h>
 
-/* Each optimizer setting not given takes its kind's default (PyTorch's,
- * but AdamW decays 0.01 and clips at 1 as nanoGPT does); a setting of the
- * other kind is an error. */
+/* Each optimizer setting not given takes its row's default for the
+ * optimizer (PyTorch's, but AdamW decays 0.01 and clips at 1 as nanoGPT
+ * does); an AdamW setting given with sgd is an error.  The warmup's
+ * default then follows the schedule. */
 static int optimizer_defaults(cli_opts *o)
 {
-    spmd_optimizer *opt = &o->optimizer;
-    bool adamw = opt->kind == SPMD_OPTIMIZER_ADAMW;
-    const char *names[] = {"--beta1", "--beta2", "--eps"};
-    float *moments[] = {&opt->beta1, &opt->beta2, &opt->eps};
-    const float adam[] = {0.9f, 0.999f, 1e-8f};
-    for (int i = 0; i < 3; i++) {
-        bool given = flags_given(o, names[i]);
-        if (!adamw && given)
+    bool adamw = o->optimizer.kind == SPMD_OPTIMIZER_ADAMW;
+    for (int i = 0; i < flag_row_count; i++) {
+        const flag_spec *fs = &flag_rows[i];
+        if (!(fs->commands & o->command) || !fs->adamw) continue;
+        if (!adamw && !fs->sgd && o->given[i])
             return cli_fail("%s is an AdamW setting; --optimizer sgd takes --lr, --weight-decay "
-                            "and --clip", names[i]);
-        if (!given) *moments[i] = adamw ? adam[i] : 0.0f;
+                            "and --clip", fs->name);
+        if (o->given[i]) continue;
+        char value[32]; /* a copy: reading may cut it */
+        snprintf(value, sizeof value, "%s", adamw ? fs->adamw : fs->sgd ? fs->sgd : "0");
+        int rc = flag_set(fs, value, o);
+        if (rc) return rc;
     }
-    if (!flags_given(o, "--weight-decay")) opt->weight_decay = adamw ? 0.01f : 0.0f;
-    if (!flags_given(o, "--clip")) opt->clip_norm = adamw ? 1.0f : 0.0f;
-    if (!flags_given(o, "--schedule")) o->lr_constant = !adamw;
     if (!flags_given(o, "--warmup")) o->warmup = o->lr_constant ? 0 : o->steps / 10 + 1;
-    if (!flags_given(o, "--lr")) o->lr = adamw ? 3e-3f : 0.1f;
     return 0;
 }
 
@@ -54,8 +53,8 @@ int flags_settle(cli_opts *o)
     rc = optimizer_defaults(o);
     if (rc) return rc;
     o->optimizer.zero = o->zero ? SPMD_ZERO_ON : SPMD_ZERO_OFF;
-    /* Asked for in any way, validation reads --val-batches batches (4). */
-    if ((o->val_every || o->val_data) && !o->val_batches) o->val_batches = 4;
+    /* Asked for in any way, validation reads --val-batches batches. */
+    if ((o->val_every || o->val_data) && !o->val_batches) o->val_batches = VAL_BATCHES;
     if (flags_given(o, "--inflight-mib") && !o->overlap)
         return cli_fail("--inflight-mib bounds the collectives in flight: it needs --overlap on");
     if ((o->save_every || o->keep) && !o->save)

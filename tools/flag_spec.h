@@ -32,7 +32,11 @@ struct flag_spec {
     const char *value; /* the value's name in the usage: "N", "on|off" */
     const char *help;
     const char *initial; /* the value before any flag, parsed as a given one; NULL: zero */
-    const char *shown;   /* the default the usage shows; NULL: `initial`, "": none */
+    const char *shown;   /* the usage's default; NULL: `initial` or the two below; "": none */
+    /* The default by --optimizer, taken when it is settled (flag_settle.c):
+     * AdamW's value and SGD's; a row without SGD's is an AdamW setting, 0
+     * under SGD and refused if given. */
+    const char *adamw, *sgd;
     double min, max;
     bool max_included;   /* FLAG_FLOAT */
     const char *why_min; /* FLAG_INT: why less than min means nothing, or NULL */

@@ -16,6 +16,10 @@
 #define MODEL_COMMANDS (CMD_TRAIN | CMD_EXPLAIN | CMD_SAMPLE)
 #define RUN_COMMANDS (CMD_TRAIN | CMD_EXPLAIN)
 
+/* Batches a validation reads when the run asks for one (--val-every,
+ * --val-data) and --val-batches is not given. */
+#define VAL_BATCHES 4
+
 typedef struct command_spec {
     cli_command command;
     const char *name;

@@ -49,6 +49,14 @@ void flags_usage(FILE *f, cli_command command)
         char left[64], text[512];
         snprintf(left, sizeof left, "%s %s", fs->name, fs->value);
         const char *shown = fs->shown ? fs->shown : fs->initial;
+        char by_optimizer[64]; /* "adamw 0.01, sgd 0"; an AdamW setting's alone */
+        if (!shown && fs->adamw) {
+            if (fs->sgd)
+                snprintf(by_optimizer, sizeof by_optimizer, "adamw %s, sgd %s", fs->adamw, fs->sgd);
+            else
+                snprintf(by_optimizer, sizeof by_optimizer, "%s", fs->adamw);
+            shown = by_optimizer;
+        }
         if (shown && shown[0]) snprintf(text, sizeof text, "%s (%s)", fs->help, shown);
         else snprintf(text, sizeof text, "%s", fs->help);
         usage_row(f, left, text);
