@@ -31,7 +31,6 @@ static int defaults(cli_command command, cli_opts *o)
     o->command = command;
     /* sample, which has no --model, builds a GPT. */
     strcpy(o->model, "gpt");
-    o->optimizer.kind = SPMD_OPTIMIZER_ADAMW;
     /* Each row's initial value, parsed as a given one would be (a copy:
      * parsing may cut it). */
     for (int i = 0; i < flag_row_count; i++) {
