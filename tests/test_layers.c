@@ -168,8 +168,13 @@ static void test_every_include_goes_down(void **state)
 static const char *const tool_groups[] = {
     "message unicode_class",                          /* cli_fail; code point classes */
     "processes bpe",                                  /* MPI; GPT-2's BPE */
-    "test_hooks json_file plot vocab weights",        /* leaves */
-    "flags plot_curves plot_trace",                   /* the flag table; training curves, a trace's step */
+    "test_hooks json_file plot vocab weights options", /* leaves; a command's settings */
+    "flag_spec plot_curves plot_trace",               /* a flag row; training curves, a trace's step */
+    "flag_values",                                    /* reading a flag's value */
+    "flag_table",                                     /* the flag table and the commands */
+    "flag_usage settings_agree",                      /* usage text; settings across processes */
+    "flag_settle",                                    /* defaults that depend on other flags */
+    "flags",                                          /* the parser, the commands' interface */
     "copies outputs",                                 /* per-copy settings; the files a command writes */
     "model",                                          /* build, marks, compile */
     "feed report run_checkpoint trace explain_trace", /* pieces of a run; a trace read back */

@@ -6,7 +6,7 @@
 #ifndef SPMD_TOOLS_COPIES_H
 #define SPMD_TOOLS_COPIES_H
 
-#include "flags.h"
+#include "options.h"
 
 #include "spmd/data.h"
 #include "spmd/mesh.h"

@@ -10,6 +10,7 @@
 #include "processes.h"
 #include "test_hooks.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

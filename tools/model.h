@@ -7,7 +7,7 @@
 #ifndef SPMD_TOOLS_MODEL_H
 #define SPMD_TOOLS_MODEL_H
 
-#include "flags.h"
+#include "options.h"
 
 #include "spmd/data.h"
 #include "spmd/mesh.h"

@@ -1,7 +1,7 @@
 /* The files a command writes, checked before it runs (see outputs.h). */
 #include "outputs.h"
 
-#include "flags.h"
+#include "options.h"
 #include "message.h"
 
 #include <limits.h>

@@ -2,8 +2,8 @@
  * `spmd train --init FILE`: a GPT that starts from GPT-2 weights
  * (spmd/weights.h).  The file gives the model's shape; a shape flag may
  * only repeat it, since a model of another shape could not hold the
- * weights.  The sequence length is not in the file (its context is): --seq
- * defaults to 40 or the context if that is shorter.
+ * weights.  The sequence length is not in the file (its context is):
+ * --seq's default is cut to the context if that is shorter.
  */
 #include "weights.h"
 
@@ -13,8 +13,6 @@
 
 #include <stdio.h>
 #include <string.h>
-
-#define DEFAULT_SEQ 40
 
 static const char *format_words(spmd_weights_format f)
 {
@@ -46,13 +44,13 @@ static const char *heads_origin(const spmd_weights_info *info, int heads)
     return "--heads";
 }
 
-/* A shape field: the file's value unless a flag set it, and then it must
+/* A shape field: the file's value unless a flag gave it, and then it must
  * be the file's.  The value is said as before + value + after ("2" "
  * layers"). */
-static int take(const char *init, const char *flag, int *field, int from_file, const char *before,
-                const char *after)
+static int take(const char *init, const char *flag, bool given, int *field, int from_file,
+                const char *before, const char *after)
 {
-    if (!*field || *field == from_file) {
+    if (!given || *field == from_file) {
         *field = from_file;
         return 0;
     }
@@ -62,13 +60,14 @@ static int take(const char *init, const char *flag, int *field, int from_file, c
 
 /* --heads against the file's count, which may be unknown or only GPT-2's
  * rule (then any flag wins). */
-static int take_heads(const char *init, spmd_gpt_config *gpt, const spmd_weights_info *info)
+static int take_heads(const char *init, bool given, spmd_gpt_config *gpt,
+                      const spmd_weights_info *info)
 {
     const spmd_gpt_config *f = &info->config;
-    if (gpt->heads && recorded(info) && gpt->heads != f->heads)
+    if (given && recorded(info) && gpt->heads != f->heads)
         return cli_fail("--heads %d, but --init %s has %d heads (%s); leave --heads out to take "
                         "them", gpt->heads, init, f->heads, heads_words(info->heads_from));
-    if (gpt->heads) return 0;
+    if (given) return 0;
     if (info->heads_from == SPMD_HEADS_UNKNOWN)
         return cli_fail("--init %s: the number of heads is not in the file, there is no "
                         "config.json beside it, and dim %d is not a multiple of 64 (GPT-2's head "
@@ -78,9 +77,9 @@ static int take_heads(const char *init, spmd_gpt_config *gpt, const spmd_weights
 }
 
 /* --seq: not in the file, and at most its context. */
-static int take_seq(const char *init, spmd_gpt_config *gpt, int context)
+static int take_seq(const char *init, bool given, spmd_gpt_config *gpt, int context)
 {
-    if (!gpt->seq) gpt->seq = context < DEFAULT_SEQ ? context : DEFAULT_SEQ;
+    if (!given && gpt->seq > context) gpt->seq = context;
     if (gpt->seq > context)
         return cli_fail("--seq %d is longer than the context of --init %s (%d positions)",
                         gpt->seq, init, context);
@@ -88,7 +87,7 @@ static int take_seq(const char *init, spmd_gpt_config *gpt, int context)
 }
 
 int weights_init_config(const char *init, const char *model, const char *resume,
-                        spmd_gpt_config *gpt)
+                        const weights_shape_given *given, spmd_gpt_config *gpt)
 {
     if (strcmp(model, "gpt"))
         return cli_fail("--init loads GPT-2 weights; --model %s cannot take them", model);
@@ -99,12 +98,13 @@ int weights_init_config(const char *init, const char *model, const char *resume,
     if (spmd_weights_inspect(init, &info) != SPMD_OK)
         return cli_fail("--init: %s", spmd_last_error());
     const spmd_gpt_config *f = &info.config;
-    int rc = take(init, "--vocab", &gpt->vocab, f->vocab, "a vocabulary of ", "");
-    if (!rc) rc = take(init, "--context", &gpt->context, f->context, "", " positions");
-    if (!rc) rc = take(init, "--layers", &gpt->layers, f->layers, "", " layers");
-    if (!rc) rc = take(init, "--dim", &gpt->dim, f->dim, "dim ", "");
-    if (!rc) rc = take_heads(init, gpt, &info);
-    if (!rc) rc = take_seq(init, gpt, f->context);
+    int rc = take(init, "--vocab", given->vocab, &gpt->vocab, f->vocab, "a vocabulary of ", "");
+    if (!rc)
+        rc = take(init, "--context", given->context, &gpt->context, f->context, "", " positions");
+    if (!rc) rc = take(init, "--layers", given->layers, &gpt->layers, f->layers, "", " layers");
+    if (!rc) rc = take(init, "--dim", given->dim, &gpt->dim, f->dim, "dim ", "");
+    if (!rc) rc = take_heads(init, given->heads, gpt, &info);
+    if (!rc) rc = take_seq(init, given->seq, gpt, f->context);
     return rc;
 }
 

@@ -9,13 +9,20 @@
 #include "spmd/models.h"
 #include "spmd/spmd.h"
 
-/* Take the GPT's shape from the file `init` for every field of `gpt` no
- * flag set (0), refusing flags that differ from the file; `model` and
+#include <stdbool.h>
+
+/* Which fields of the GPT's shape the command line gave. */
+typedef struct weights_shape_given {
+    bool vocab, seq, context, layers, heads, dim;
+} weights_shape_given;
+
+/* Take the GPT's shape from the file `init` for every field of `gpt` not
+ * `given` (those hold the flags' defaults; --seq's is cut to the file's
+ * context), refusing given ones that differ from the file; `model` and
  * `resume` are the run's flags (--init is for a GPT, and not with
- * --resume).  Called before the shape defaults.  0, or an exit code with
- * a message. */
+ * --resume).  0, or an exit code with a message. */
 int weights_init_config(const char *init, const char *model, const char *resume,
-                        spmd_gpt_config *gpt);
+                        const weights_shape_given *given, spmd_gpt_config *gpt);
 /* Write the file's weights into the compiled training program p of a GPT
  * of shape `gpt` (every parameter, whole; the program shards them);
  * optimizer state stays zero.  0 without `init`; 0, or 1 with a message. */

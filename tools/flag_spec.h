@@ -1,0 +1,47 @@
+/*
+ * A row of the flag table (flag_table.c): a flag, the commands it applies
+ * to, how its value is read (flag_values.c) and what the usage says of it
+ * (flag_usage.c).  Every flag takes a value, as "--flag value" or
+ * "--flag=value".
+ */
+#ifndef SPMD_TOOLS_FLAG_SPEC_H
+#define SPMD_TOOLS_FLAG_SPEC_H
+
+#include "options.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Integer flags take min..CLI_INT_MAX unless their own range says less. */
+#define CLI_INT_MAX 1000000000
+
+typedef enum flag_kind {
+    FLAG_INT,    /* an int field, in [min, max] (max 0: CLI_INT_MAX) */
+    FLAG_FLOAT,  /* a float field, finite, in [min, max), or [min, max] when max_included */
+    FLAG_TEXT,   /* a const char * field, kept as given */
+    FLAG_CHOICE, /* a bool field: the first of `choices` ("off|on") false, the second true */
+    FLAG_CUSTOM  /* parsed by the row's own `set` */
+} flag_kind;
+
+typedef struct flag_spec flag_spec;
+struct flag_spec {
+    const char *name;
+    unsigned commands; /* cli_command bits */
+    flag_kind kind;
+    size_t offset;     /* the field in cli_opts (not FLAG_CUSTOM) */
+    const char *value; /* the value's name in the usage: "N", "on|off" */
+    const char *help;
+    const char *initial; /* the value before any flag, parsed as a given one; NULL: zero */
+    const char *shown;   /* the usage's default; NULL: `initial` or the two below; "": none */
+    /* The default by --optimizer, taken when it is settled (flag_settle.c):
+     * AdamW's value and SGD's; a row without SGD's is an AdamW setting, 0
+     * under SGD and refused if given. */
+    const char *adamw, *sgd;
+    double min, max;
+    bool max_included;   /* FLAG_FLOAT */
+    const char *why_min; /* FLAG_INT: why less than min means nothing, or NULL */
+    const char *choices; /* FLAG_CHOICE */
+    int (*set)(const flag_spec *fs, char *v, cli_opts *o); /* FLAG_CUSTOM */
+};
+
+#endif
