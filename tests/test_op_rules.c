@@ -24,7 +24,13 @@
  *     of its arity; fused, it computes its own kernel's bits, and the
  *     fused kernel refuses an op without a formula;
  *   - its kernel writes no scratch beyond the bytes its scratch column
- *     gives it on its sample.
+ *     gives it on its sample;
+ *   - its bf16 column: fed bf16 copies of its float operands, the op is
+ *     refused unless the column lets it read them, and computes from them
+ *     what it computes from the f32 values they hold where it does;
+ *   - its kind column: a leaf has no kernel, a collective's kernel calls
+ *     the transport (a counting group of one member) and a compute op's
+ *     never does, and a collective that may fly takes no scratch.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -42,10 +48,12 @@
 #include "compile/compiled.h"
 #include "compile/fuse.h"
 #include "ir/ir.h"
+#include "runtime/collectives.h"
 #include "runtime/executor.h"
 #include "runtime/kernels.h"
 #include "shard/partition.h"
 #include "shard/propagate.h"
+#include "mesh/mesh.h"
 #include "spmd/mesh.h"
 #include "spmd/spmd.h"
 #include "support_rng.h"
@@ -737,6 +745,152 @@ static void test_bf16_column_is_the_kernels(void **state)
     assert_true(checked >= 10);
 }
 
+/* ---- The kind column, by the kernels ------------------------------------------------------------ */
+
+/* A one-member group of the shared-memory transport whose calls are
+ * counted: a kernel that calls the transport is a collective's. */
+static const coll_ops *transport;
+static int transport_calls;
+
+static spmd_status count_all_reduce(coll_group *g, int m, void *buf, int64_t n, coll_dtype type)
+{
+    transport_calls++;
+    return transport->all_reduce(g, m, buf, n, type);
+}
+static spmd_status count_all_gather(coll_group *g, int m, const void *in, void *out, int64_t outer,
+                                    int64_t inner_bytes)
+{
+    transport_calls++;
+    return transport->all_gather(g, m, in, out, outer, inner_bytes);
+}
+static spmd_status count_reduce_scatter(coll_group *g, int m, const void *in, void *out,
+                                        int64_t outer, int64_t inner, coll_dtype type)
+{
+    transport_calls++;
+    return transport->reduce_scatter(g, m, in, out, outer, inner, type);
+}
+static spmd_status count_all_to_all(coll_group *g, int m, const void *in, void *out, int64_t bytes)
+{
+    transport_calls++;
+    return transport->all_to_all(g, m, in, out, bytes);
+}
+static spmd_status count_broadcast(coll_group *g, int m, void *buf, int64_t bytes, int root)
+{
+    transport_calls++;
+    return transport->broadcast(g, m, buf, bytes, root);
+}
+static spmd_status count_permute(coll_group *g, int m, const void *in, void *out, int64_t bytes,
+                                 const int *src)
+{
+    transport_calls++;
+    return transport->permute(g, m, in, out, bytes, src);
+}
+
+static const coll_ops counting_ops = {count_all_reduce, count_all_gather, count_reduce_scatter,
+                                      count_all_to_all, count_broadcast, count_permute};
+
+/* A node of a partitioner's op on x [4, 6] over a group of one member: its
+ * blocks are the whole dim 1. */
+static spmd_tensor *partitioner_node(spmd_graph *g, ir_op op, spmd_tensor **x)
+{
+    *x = spmd_input(g, "x", SPMD_F32, 2, D(4, 6));
+    spmd_tensor *t = ir_node_new(g, op, SPMD_F32, 2, (*x)->dims, x, 1);
+    assert_non_null(t);
+    t->attr.coll.spec = 0;
+    t->attr.coll.dim = op == IR_ALL_TO_ALL ? 0 : 1;
+    t->attr.coll.dim2 = 1;
+    t->attr.coll.global = 6;
+    t->attr.coll.exact = true;
+    return t;
+}
+
+/* Runs t's kernel (thread 0 of 1) with the counting group as every
+ * collective's; the transport's calls it made. */
+static int transport_calls_of(const spmd_tensor *t, const kern_device *dev, const values *v)
+{
+    kern_fn kernel = kern_for(t->op);
+    assert_non_null(kernel);
+    size_t need = compile_scratch_bytes(t);
+    void *scratch = calloc(1, need ? need : 1);
+    int64_t n = spmd_tensor_numel(t);
+    void *out = calloc((size_t)(n ? n : 1), 4);
+    assert_non_null(scratch);
+    assert_non_null(out);
+    _Atomic int status = SPMD_OK;
+    char message[256] = "";
+    kern_args a = {.node = t, .out = out, .scratch = scratch, .ith = 0, .nth = 1, .status = &status,
+                   .message = message, .message_size = sizeof message, .dev = dev};
+    for (int j = 0; j < t->n_in; j++) a.in[j] = v->in[j];
+    transport_calls = 0;
+    kernel(&a);
+    if (status != SPMD_OK) fail_msg("%s: its kernel failed: %s", ir_op_name(t->op), message);
+    free(out);
+    free(scratch);
+    return transport_calls;
+}
+
+/* Every op's kind is what its kernel does: a leaf has no kernel; a
+ * collective's kernel calls the transport and a compute op's never does;
+ * a collective that may fly needs no scratch (it reads only its operand
+ * and writes only its result). */
+static void test_kind_column_is_the_kernels(void **state)
+{
+    (void)state;
+    coll_world *w = coll_shm_world_create(1, NULL);
+    assert_non_null(w);
+    coll_group *real = coll_world_group(w, 1, (const int[]){0});
+    assert_non_null(real);
+    transport = real->ops;
+    coll_group counted = *real;
+    counted.ops = &counting_ops;
+    coll_group *groups[1] = {&counted};
+    const int member[1] = {0};
+    const mesh_axes specs[1] = {{0}};
+    const kern_device dev = {.device = 0, .groups = groups, .member = member, .world = w,
+                             .specs = specs};
+    int collectives = 0, computes = 0;
+    for (int op = 0; op < IR_OP_COUNT; op++) {
+        ir_op o = (ir_op)op;
+        if (ir_op_is_leaf(o)) {
+            assert_null(kern_for(o));
+            continue;
+        }
+        sample s;
+        spmd_graph *g = NULL;
+        const spmd_tensor *t;
+        values v = {0};
+        test_rng r = test_rng_for(29, ir_op_name(o));
+        if (new_sample(o, &s)) {
+            t = s.out;
+            draw(&s, &r, &v);
+        } else if (partitioner_only(o) && o != IR_VOCAB_CE_STATS && o != IR_VOCAB_CE_LOSS &&
+                   o != IR_VOCAB_CE_BACKWARD) {
+            g = spmd_graph_create(NULL);
+            spmd_tensor *x;
+            t = partitioner_node(g, o, &x);
+            s = (sample){.g = g, .n_in = 1, .in = {x}, .kind = {V_ANY}};
+            draw(&s, &r, &v);
+        } else {
+            continue; /* the vocabulary's loss ops: the vocabulary tests */
+        }
+        int calls = transport_calls_of(t, &dev, &v);
+        if (ir_op_is_collective(o) != (calls > 0))
+            fail_msg("%s: ops.def's kind column says %s, but its kernel made %d call%s to the "
+                     "transport", ir_op_name(o), ir_op_is_collective(o) ? "a collective" : "compute",
+                     calls, calls == 1 ? "" : "s");
+        if (ir_op_may_fly(o) && compile_scratch_bytes(t))
+            fail_msg("%s: may fly (ops.def's kind column) but its kernel takes scratch",
+                     ir_op_name(o));
+        collectives += ir_op_is_collective(o);
+        computes += !ir_op_is_collective(o);
+        free_values(&s, &v);
+        spmd_graph_free(s.g);
+    }
+    assert_int_equal(collectives, 4);
+    assert_true(computes >= 40);
+    coll_world_free(w);
+}
+
 /* ---- Scratch: what the kernel uses is what compile gives it ------------------------------------ */
 
 enum { GUARD = 1 << 20, GUARD_BYTE = 0xA5 };
@@ -798,6 +952,7 @@ int main(void)
         cmocka_unit_test(test_fused_formula_is_the_kernels),
         cmocka_unit_test(test_fused_refuses_op_without_formula),
         cmocka_unit_test(test_bf16_column_is_the_kernels),
+        cmocka_unit_test(test_kind_column_is_the_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
