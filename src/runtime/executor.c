@@ -762,9 +762,14 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         p->processes = n_dev / p->n_local;
         p->process = p->first / p->n_local;
     }
-    if (compile_graph(&p->c, g, opts ? opts->threads : 0, p->n_local, !(opts && opts->unfused),
-                      (opts && opts->overlap), opts ? opts->inflight_bytes : 0) != SPMD_OK)
-        goto fail;
+    compile_options how = {
+        .threads = opts ? opts->threads : 0,
+        .devices_here = p->n_local,
+        .fuse = !(opts && opts->unfused),
+        .overlap = opts && opts->overlap,
+        .inflight_bytes = opts ? opts->inflight_bytes : 0,
+    };
+    if (compile_graph(&p->c, g, &how) != SPMD_OK) goto fail;
     /* A plan-only program (explain) stops here: no devices, no BLAS. */
     if (plan_only) return p;
 
