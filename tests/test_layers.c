@@ -12,6 +12,9 @@
  * Every section of the design a source file cites (the file name, a
  * comma, then quoted section names) must be a heading of docs/DESIGN.md.
  *
+ * A private header (name_impl.h, what the files of module `name` share)
+ * is included only by that module's files: name.c, name_*.c and so on.
+ *
  * Inside tools/ the modules (each a .c with its own .h) keep an order of
  * their own, same-folder includes too (tool_groups below): a module may
  * include its own header and those of modules in earlier groups, so no
@@ -69,6 +72,28 @@ static bool includes_upward(int rank, const char *line, char *folder, size_t siz
     return to < 0 || to > rank;
 }
 
+/* Whether line `line` of file `file` in `folder` includes a private
+ * header (name_impl.h: what the files of module `name` share, as
+ * runtime/executor_impl.h for runtime/executor_*.c) of another module or
+ * folder; writes the header's path to `header`. */
+static bool includes_private(const char *folder, const char *file, const char *line, char *header,
+                             size_t size)
+{
+    const char *p = line;
+    while (*p == ' ' || *p == '\t') p++;
+    if (strncmp(p, "#include \"", 10) != 0) return false;
+    p += 10;
+    const char *quote = strchr(p, '"');
+    if (!quote || quote - p < 7 || strncmp(quote - 7, "_impl.h", 7) != 0) return false;
+    snprintf(header, size, "%.*s", (int)(quote - p), p);
+    const char *slash = memchr(p, '/', (size_t)(quote - p));
+    const char *name = slash ? slash + 1 : p;
+    if (slash && ((size_t)(slash - p) != strlen(folder) || strncmp(p, folder, strlen(folder))))
+        return true; /* another folder's */
+    size_t stem = (size_t)(quote - 7 - name);
+    return strncmp(file, name, stem) != 0 || (file[stem] != '_' && file[stem] != '.');
+}
+
 /* Scan every .c/.h/.def file of one folder; count and print violations. */
 static int scan_folder(const char *root, const char *folder)
 {
@@ -97,8 +122,13 @@ static int scan_folder(const char *root, const char *folder)
             bad++;
             continue;
         }
-        char line[1024], to[64];
+        char line[1024], to[64], header[256];
         for (int n = 1; fgets(line, sizeof line, f); n++) {
+            if (includes_private(folder, e->d_name, line, header, sizeof header)) {
+                print_error("%s:%d: includes %s, private to the files of another module\n", path,
+                            n, header);
+                bad++;
+            }
             if (!includes_upward(rank, line, to, sizeof to)) continue;
             print_error("%s:%d: layer %s includes from %s, %s: %s", path, n, folder, to,
                         layer_rank(to, strlen(to)) < 0 ? "a folder outside the order"
@@ -478,6 +508,19 @@ static void test_checker_sees_violations(void **state)
     assert_false(includes_upward(0, "#include <stdio.h>\n", to, sizeof to));
     assert_false(includes_upward(7, "#include \"cli.h\"\n", to, sizeof to));
     assert_int_equal(layer_rank("train", 5), layer_rank("models", 6));
+    /* A private header, from its own module's files only. */
+    char h[256];
+    const char *exec_impl = "#include \"runtime/executor_impl.h\"\n";
+    assert_false(includes_private("runtime", "executor_run.c", exec_impl, h, sizeof h));
+    assert_false(includes_private("runtime", "executor.h", exec_impl, h, sizeof h));
+    assert_true(includes_private("runtime", "kernels.c", exec_impl, h, sizeof h));
+    assert_string_equal(h, "runtime/executor_impl.h");
+    assert_true(includes_private("runtime", "executorx.c", exec_impl, h, sizeof h));
+    assert_true(includes_private("train", "executor_run.c", exec_impl, h, sizeof h));
+    assert_false(includes_private("compile", "plan.c", "#include \"compile/plan_impl.h\"\n", h, sizeof h));
+    assert_false(includes_private("compile", "plan_marks.c", "#include \"plan_impl.h\"\n", h, sizeof h));
+    assert_true(includes_private("compile", "fuse.c", "#include \"plan_impl.h\"\n", h, sizeof h));
+    assert_false(includes_private("compile", "fuse.c", "#include \"compile/plan.h\"\n", h, sizeof h));
 }
 
 int main(void)
