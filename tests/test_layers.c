@@ -432,6 +432,9 @@ static void test_checker_sees_violations(void **state)
     assert_false(may_include("runtime", "collectivesx.c", "runtime/collectives_impl.h"));
     assert_false(may_include("tools", "collectives.c", "runtime/collectives_impl.h"));
     assert_true(may_include("tools", "flags.c", "flags.h"));
+    assert_true(may_include("runtime", "executor_run.c", "runtime/executor_impl.h"));
+    assert_false(may_include("runtime", "executorx.c", "runtime/executor_impl.h"));
+    assert_true(may_include("compile", "plan_marks.c", "plan_impl.h"));
 }
 
 int main(void)

@@ -204,9 +204,9 @@ static spmd_status mark_shared(compiled *c)
     return SPMD_OK;
 }
 
-spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse,
-                          bool overlap, size_t inflight_bytes)
+spmd_status compile_graph(compiled *c, spmd_graph *g, const compile_options *opts)
 {
+    int threads = opts->threads, devices_here = opts->devices_here;
     memset(c, 0, sizeof *c);
     c->alloc = g->alloc;
     c->g = g;
@@ -237,7 +237,7 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
         if ((st = record_shardings(c, g)) != SPMD_OK) return st;
     }
     if (c->local->accumulate_steps > 1 && (st = mark_micro(c)) != SPMD_OK) return st;
-    if (fuse) {
+    if (opts->fuse) {
         size_t nn = (size_t)(c->local->n_nodes ? c->local->n_nodes : 1);
         bool *needed = base_calloc(&c->alloc, nn * sizeof *needed, "fusion");
         if (!needed) return SPMD_ERR_NOMEM;
@@ -246,8 +246,8 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_h
         base_free(&c->alloc, needed);
         if (st != SPMD_OK) return st;
     }
-    int depth = overlap && c->partitioned && c->n_dev > 1 ? PLAN_OVERLAP_DEPTH : 0;
-    size_t budget = inflight_bytes ? inflight_bytes : (size_t)SPMD_INFLIGHT_MIB << 20;
+    int depth = opts->overlap && c->partitioned && c->n_dev > 1 ? PLAN_OVERLAP_DEPTH : 0;
+    size_t budget = opts->inflight_bytes ? opts->inflight_bytes : (size_t)SPMD_INFLIGHT_MIB << 20;
     /* Peers' blocks can be read in place only where every peer is here
      * (and explain's plan over processes, spmd_mesh_place_processes, is
      * one that runs in one). */

@@ -46,17 +46,25 @@ typedef struct compiled {
     int *share_blocks, *sharers, *group_size;
 } compiled;
 
-/* Partition (with a mesh), fuse elementwise chains (with `fuse`) and plan
- * graph g for `threads` compute threads in all (0: every core), shared by
- * the `devices_here` devices this process runs (0: every device of the
- * mesh).  Records every tensor's sharding on g, for
- * spmd_get_sharding.  With `overlap`, on a mesh, collectives run in flight
- * while the device computes (plan.h, PLAN_OVERLAP_DEPTH at once, and
- * their operands and results at most `inflight_bytes` at once; 0:
- * SPMD_INFLIGHT_MIB MiB).  Errors: bf16 where no kernel takes it, marks
- * on another mesh, and whatever partitioning and planning report. */
-spmd_status compile_graph(compiled *c, spmd_graph *g, int threads, int devices_here, bool fuse,
-                          bool overlap, size_t inflight_bytes);
+/* How compile_graph compiles (spmd_compile_options, read by the runtime,
+ * which knows how many devices this process runs). */
+typedef struct compile_options {
+    int threads;           /* compute threads in all; 0: every core */
+    int devices_here;      /* the devices this process runs, which share the
+                            * threads; 0: every device of the mesh */
+    bool fuse;             /* fuse elementwise chains (fuse.h) */
+    /* On a mesh, run collectives in flight while the device computes
+     * (plan.h: PLAN_OVERLAP_DEPTH at once), their operands and results
+     * at most `inflight_bytes` at once (0: SPMD_INFLIGHT_MIB MiB). */
+    bool overlap;
+    size_t inflight_bytes;
+} compile_options;
+
+/* Partition graph g (with a mesh), fuse and plan it as `opts` says.
+ * Records every tensor's sharding on g, for spmd_get_sharding.  Errors:
+ * bf16 where no kernel takes it, marks on another mesh, and whatever
+ * partitioning and planning report. */
+spmd_status compile_graph(compiled *c, spmd_graph *g, const compile_options *opts);
 void compiled_free(compiled *c);
 /* A test hook: with false, the programs this thread compiles hold every
  * leaf in each device's own buffer (no gather read in place, no update

@@ -39,21 +39,23 @@ typedef struct plan {
     int *in_place;
     /* Per node id: for a slice that is a view of a parameter or state
      * (one run of its bytes, written only after the run: mark_views in
-     * plan.c), the leaf's node id; else -1.  No step, no arena: the
+     * plan_marks.c), the leaf's node id; else -1.  No step, no arena: the
      * executor reads the leaf's buffer at the device's block. */
     int *view_of;
     int n_views;
     /* Per node id: for an all-gather of a shared parameter read in place
-     * (its result is the parameter's buffer: mark_gathers in plan.c), the
-     * parameter's node id; else -1.  No step, no arena. */
+     * (its result is the parameter's buffer: mark_gathers in
+     * plan_marks.c), the parameter's node id; else -1.  No step, no
+     * arena. */
     int *gather_leaf;
     int n_gathers_in_place;
     /* Per node id: for an update's value that is an all-gather into a
-     * shared parameter or state (mark_lands in plan.c), the target's node
-     * id; else -1.  No step, no arena: each member's operand, which lives
-     * to the end, goes into its part of the target's buffer in the update
-     * phase, copied, or (swapped) computed into the target's next buffer
-     * that the update phase trades with the target's. */
+     * shared parameter or state (mark_lands in plan_marks.c), the
+     * target's node id; else -1.  No step, no arena: each member's
+     * operand, which lives to the end, goes into its part of the target's
+     * buffer in the update phase, copied, or (swapped) computed into the
+     * target's next buffer that the update phase trades with the
+     * target's. */
     int *lands_in;
     int n_lands;
     size_t arena_bytes;

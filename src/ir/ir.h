@@ -206,7 +206,8 @@ typedef enum ir_op_kind {
                          * through its thread's scratch: all-to-all) */
     IR_KIND_FLIES       /* a collective that reads only its operand and writes only
                          * its result, so a communication thread may run it while
-                         * the device computes (compile/plan.c, runtime/executor.c) */
+                         * the device computes (compile/plan_inflight.c,
+                         * runtime/executor_inflight.c) */
 } ir_op_kind;
 ir_op_kind ir_op_kind_of(ir_op op);
 bool ir_op_is_leaf(ir_op op);
