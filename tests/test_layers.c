@@ -14,6 +14,8 @@
  * collectives_mpi_impl.h: the collectives_mpi*.c files): only files of its
  * own folder named NAME or NAME_... include it.
  * (The design sections the sources cite are checked by test_docs.)
+ * Inside a layer the order allows any include, so the headers of src/
+ * are also checked for an include circle.
  *
  * Inside tools/ the modules (each a .c with its own .h) keep an order of
  * their own, same-folder includes too (tool_groups below): a module may
@@ -377,6 +379,120 @@ static void test_tools_order_sees_a_circle(void **state)
     free_tool_files(files, n);
 }
 
+/* ---- No include circle among src/'s headers ------------------------------------------------- */
+
+/* Within a layer the order says nothing, so two headers of one folder
+ * could include each other; this finds such a circle on the include
+ * graph of the headers (a name "ir/ir.h" and its text each). */
+enum { MAX_HEADERS = 256 };
+
+static int header_index(const source_text *hs, size_t n, const char *name, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strlen(hs[i].name) == len && !strncmp(hs[i].name, name, len)) return (int)i;
+    return -1;
+}
+
+/* The headers header i includes: project headers by their path from
+ * src/ ("ir/ir.h") or, without a folder, from header i's own. */
+static int header_edges(const source_text *hs, size_t n, size_t i, int *to)
+{
+    int k = 0;
+    const char *slash = strrchr(hs[i].name, '/');
+    size_t folder = slash ? (size_t)(slash - hs[i].name) + 1 : 0;
+    for (const char *p = hs[i].text; (p = strstr(p, "#include \""));) {
+        p += 10;
+        const char *q = strchr(p, '"');
+        if (!q) break;
+        char path[256];
+        if (memchr(p, '/', (size_t)(q - p)))
+            snprintf(path, sizeof path, "%.*s", (int)(q - p), p);
+        else
+            snprintf(path, sizeof path, "%.*s%.*s", (int)folder, hs[i].name, (int)(q - p), p);
+        int j = header_index(hs, n, path, strlen(path));
+        if (j >= 0) to[k++] = j;
+        p = q;
+    }
+    return k;
+}
+
+/* Depth-first from header i: 1 on a circle, printed from where it
+ * closes. */
+static int find_circle(const source_text *hs, size_t n, size_t i, char *state, int *stack, int depth)
+{
+    state[i] = 1; /* on the path */
+    stack[depth] = (int)i;
+    int to[64], k = header_edges(hs, n, i, to);
+    for (int e = 0; e < k; e++) {
+        if (state[to[e]] == 1) {
+            print_error("include circle:");
+            int from = depth;
+            while (stack[from] != to[e]) from--;
+            for (int d = from; d <= depth; d++) print_error(" %s ->", hs[stack[d]].name);
+            print_error(" %s\n", hs[to[e]].name);
+            return 1;
+        }
+        if (!state[to[e]] && find_circle(hs, n, (size_t)to[e], state, stack, depth + 1)) return 1;
+    }
+    state[i] = 2; /* done */
+    return 0;
+}
+
+/* 1 when the headers hold a circle (the first one found is printed). */
+static int count_circles(const source_text *hs, size_t n)
+{
+    char state[MAX_HEADERS] = {0};
+    int stack[MAX_HEADERS];
+    for (size_t i = 0; i < n; i++)
+        if (!state[i] && find_circle(hs, n, i, state, stack, 0)) return 1;
+    return 0;
+}
+
+/* Every header under src/, named by its path from src/. */
+static size_t read_src_headers(source_text *hs, size_t room)
+{
+    size_t n = 0;
+    for (size_t l = 0; l < sizeof layers / sizeof layers[0]; l++) {
+        if (!strcmp(layers[l].folder, "tools")) continue;
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/src/%s", SPMD_SOURCE_DIR, layers[l].folder);
+        DIR *d = opendir(dir);
+        if (!d) continue;
+        for (struct dirent *e; (e = readdir(d));) {
+            const char *dot = strrchr(e->d_name, '.');
+            if (!dot || (strcmp(dot, ".h") && strcmp(dot, ".def"))) continue;
+            assert_true(n < room);
+            char path[1536], *name = malloc(strlen(layers[l].folder) + strlen(e->d_name) + 2);
+            assert_non_null(name);
+            sprintf(name, "%s/%s", layers[l].folder, e->d_name);
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            size_t size;
+            hs[n++] = (source_text){name, support_read_file(path, &size)};
+        }
+        closedir(d);
+    }
+    return n;
+}
+
+static void test_no_include_circle_in_src(void **state)
+{
+    (void)state;
+    source_text hs[MAX_HEADERS];
+    size_t n = read_src_headers(hs, MAX_HEADERS);
+    assert_true(n > 40);
+    assert_int_equal(count_circles(hs, n), 0);
+    /* The check sees one planted in memory: two headers of one folder. */
+    const source_text planted_pair[] = {
+        {"ir/a.h", "#include \"ir/b.h\"\n#include <stdio.h>\n"},
+        {"ir/b.h", "#include \"c.h\"\n"},
+        {"ir/c.h", "#include \"ir/a.h\"\n"},
+        {"ir/d.h", "#include \"ir/a.h\"\n"},
+    };
+    assert_int_equal(count_circles(planted_pair, 4), 1);
+    assert_int_equal(count_circles(planted_pair + 3, 1), 0);
+    for (size_t i = 0; i < n; i++) free((char *)hs[i].name), free((char *)hs[i].text);
+}
+
 /* The other rules, on files made up here. */
 static void test_module_order_rules(void **state)
 {
@@ -442,6 +558,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checker_sees_violations),
         cmocka_unit_test(test_every_include_goes_down),
+        cmocka_unit_test(test_no_include_circle_in_src),
         cmocka_unit_test(test_module_order_rules),
         cmocka_unit_test(test_tools_keep_their_order),
         cmocka_unit_test(test_tools_order_sees_a_circle),
