@@ -119,7 +119,6 @@ size_t compile_scratch_bytes(const spmd_tensor *t)
     return (unsigned)t->op < IR_OP_COUNT ? scratch_table[t->op](t) : 0;
 }
 
-static bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
 
 /* No mark splits over an independent axis (one declared after marking):
  * copies share nothing. */
@@ -186,7 +185,7 @@ static spmd_status mark_shared(compiled *c)
     for (int s = 0; s < c->part.n_specs; s++) c->group_size[s] = mesh_axes_size(m, &c->part.specs[s]);
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i], *lt = c->part.local_of[i];
-        if (!lt || !is_persistent(t) || t->accumulator || lt->accumulator) continue;
+        if (!lt || !ir_is_persistent(t) || t->accumulator || lt->accumulator) continue;
         const sharding *held = &c->part.held[i];
         int split = -1, n_split = 0;
         bool plain = !held->partial;
@@ -267,7 +266,7 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, const compile_options *opt
     for (int i = 0; i < c->local->n_nodes; i++) {
         const spmd_tensor *t = c->local->nodes[i];
         if (!ir_op_is_leaf(t->op)) continue;
-        if (is_persistent(t)) c->persistent_bytes += ir_nbytes(t);
+        if (ir_is_persistent(t)) c->persistent_bytes += ir_nbytes(t);
         else c->input_bytes += ir_nbytes(t);
     }
     return SPMD_OK;

@@ -65,7 +65,7 @@ static void mark_views(plan *p, const spmd_graph *g)
         if (t->op != IR_SHARD_SLICE || !p->needed[i] || t->is_output || !t->attr.coll.exact) continue;
         const spmd_tensor *x = t->in[0];
         int d = t->attr.coll.dim;
-        if ((x->op != IR_PARAM && x->op != IR_STATE) || x->accumulator ||
+        if (!ir_is_persistent(x) || x->accumulator ||
             x->dims[d] != t->attr.coll.global)
             continue;
         if (runs_along(t, d)) p->view_of[i] = x->id;

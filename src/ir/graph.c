@@ -367,7 +367,7 @@ spmd_status spmd_graph_set_update(spmd_graph *g, spmd_tensor *target, spmd_tenso
         return base_error(SPMD_ERR_INVALID, "set_update: graph, target or value is NULL");
     if (target->graph != g || value->graph != g)
         return base_error(SPMD_ERR_INVALID, "set_update: tensors of another graph");
-    if (target->op != IR_PARAM && target->op != IR_STATE)
+    if (!ir_is_persistent(target))
         return base_error(SPMD_ERR_INVALID,
                           "set_update: target must be a param or state, '%s' is a %s",
                           target->name ? target->name : "(unnamed)", ir_op_name(target->op));
@@ -592,6 +592,7 @@ int ir_op_lookup(const char *name)
 
 ir_op_kind ir_op_kind_of(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_kind[op] : IR_KIND_COMPUTE; }
 bool ir_op_is_leaf(ir_op op) { return ir_op_kind_of(op) == IR_KIND_LEAF; }
+bool ir_is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
 bool ir_op_is_collective(ir_op op)
 {
     ir_op_kind k = ir_op_kind_of(op);

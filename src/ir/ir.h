@@ -211,6 +211,8 @@ typedef enum ir_op_kind {
 } ir_op_kind;
 ir_op_kind ir_op_kind_of(ir_op op);
 bool ir_op_is_leaf(ir_op op);
+/* A parameter or state: a leaf whose value persists from run to run. */
+bool ir_is_persistent(const spmd_tensor *t);
 bool ir_op_is_collective(ir_op op); /* IR_KIND_COLLECTIVE or IR_KIND_FLIES */
 bool ir_op_may_fly(ir_op op);       /* IR_KIND_FLIES */
 

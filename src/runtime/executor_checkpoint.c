@@ -10,7 +10,7 @@
 
 bool executor_keeps(const spmd_program *p, const spmd_tensor *t)
 {
-    return p && p->dev && t && t->graph == p->c.g && is_persistent(t) &&
+    return p && p->dev && t && t->graph == p->c.g && ir_is_persistent(t) &&
            compiled_local(&p->c, t) != NULL;
 }
 

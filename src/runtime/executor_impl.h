@@ -157,7 +157,6 @@ struct spmd_program {
     inflight fly;
 };
 
-static inline bool is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
 
 static inline void *data_of(const device *d, const spmd_tensor *t)
 {

@@ -45,7 +45,7 @@ static void init_worker(void *ctx, int ith, int nth)
         if (!lt) continue;
         block b = exec_block_of(p, t, d->id);
         if (d->share_rank && p->share_as[lt->id] >= 0 && d->share_rank[lt->id] != 0) continue;
-        if (!is_persistent(t)) {
+        if (!ir_is_persistent(t)) {
             if (ith == 0) memset(d->leaf_data[lt->id], 0, ir_nbytes(lt));
             continue;
         }

@@ -68,7 +68,7 @@ static spmd_status put(spmd_program *p, put_kind kind, bool one_copy, int copy,
     if (st == SPMD_OK && one_copy) st = check_copy(p, copy, what);
     if (st != SPMD_OK) return st;
     if (t->accumulator) return accumulator_refused(t, what);
-    if (kind == PUT_INPUT ? t->op != IR_INPUT : !is_persistent(t))
+    if (kind == PUT_INPUT ? t->op != IR_INPUT : !ir_is_persistent(t))
         return base_error(SPMD_ERR_INVALID, "%s: '%s' is a %s, not %s", what,
                           t->name ? t->name : "(unnamed)", ir_op_name(t->op),
                           kind == PUT_INPUT ? "an input" : "a param or state");

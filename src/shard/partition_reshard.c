@@ -389,7 +389,7 @@ bool part_check_fallback(builder *b, const spmd_tensor *t, int j, const sharding
 {
     const partition *p = b->p;
     const shard_node *n = &p->prop.nodes[t->id];
-    if (t->in[j]->op == IR_PARAM || t->in[j]->op == IR_STATE) return true;
+    if (ir_is_persistent(t->in[j])) return true;
     for (int i = 0; i < have->rank; i++) {
         if (have->dim[i].n <= need->dim[i].n) continue;
         int it = n->sig ? n->sig->in[j][i] : -1;
