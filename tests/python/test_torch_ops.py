@@ -134,6 +134,22 @@ def test_table_covers_the_listed_ops():
         assert str(overload) in TABLE
 
 
+def assert_one_sgd_step_as_eager(model, loss_fn, x):
+    """Traced, compiled and run by libspmd's kernels, one SGD step gives
+    eager PyTorch's loss and weights."""
+    eager = Lin()
+    eager.load_state_dict(model.state_dict())
+    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn)
+    got = step(x)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = loss_fn(eager, x)
+    want.backward()
+    opt.step()
+    assert abs(got - want.item()) <= 1e-5 * max(1.0, abs(want.item())), (got, want.item())
+    step.sync()
+    np.testing.assert_allclose(model.w.detach().numpy(), eager.w.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_pow_and_sigmoid_run_as_eager():
     # Traced, compiled and run by libspmd's kernels: pow_scalar is x ** c
     # for any exponent, pow.Scalar b ** x, sigmoid libspmd's; the loss and
@@ -149,17 +165,7 @@ def test_pow_and_sigmoid_run_as_eager():
     x = x46()
     ops = set(xs.trace(loss_fn, model, x).ops())
     assert {"pow_scalar", "sigmoid"} <= ops and "exp" in ops
-    eager = Lin()
-    eager.load_state_dict(model.state_dict())
-    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn)
-    got = step(x)
-    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
-    want = loss_fn(eager, x)
-    want.backward()
-    opt.step()
-    assert abs(got - want.item()) <= 1e-5 * max(1.0, abs(want.item())), (got, want.item())
-    step.sync()
-    np.testing.assert_allclose(model.w.detach().numpy(), eager.w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_one_sgd_step_as_eager(model, loss_fn, x)
 
 
 @pytest.mark.parametrize("overload", sorted(aten.ONE_TO_ONE))
@@ -171,13 +177,13 @@ def test_one_to_one_ops_run_as_eager(overload):
     fn = getattr(torch.ops.aten, overload.split(".")[1])
     two = overload.endswith(".Tensor")
 
-    def signed(m, x):
-        y = m(x)
-        return (fn(y, y.flip(0)) if two else fn(y)).mean() + (y * y).mean()
+    def loss_on(prepare):
+        def loss_fn(m, x):
+            y = prepare(m(x))
+            return (fn(y, y.flip(0)) if two else fn(y)).mean() + (y * y).mean()
+        return loss_fn
 
-    def positive(m, x):
-        y = m(x) ** 2 + 0.5
-        return (fn(y, y.flip(0)) if two else fn(y)).mean() + (y * y).mean()
+    signed, positive = loss_on(lambda y: y), loss_on(lambda y: y ** 2 + 0.5)
 
     torch.manual_seed(2)
     model = Lin()
@@ -185,17 +191,7 @@ def test_one_to_one_ops_run_as_eager(overload):
     with torch.no_grad():
         loss_fn = signed if torch.isfinite(signed(model, x)) else positive
     assert aten.ONE_TO_ONE[overload] in set(xs.trace(loss_fn, model, x).ops())
-    eager = Lin()
-    eager.load_state_dict(model.state_dict())
-    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn)
-    got = step(x)
-    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
-    want = loss_fn(eager, x)
-    want.backward()
-    opt.step()
-    assert abs(got - want.item()) <= 1e-5 * max(1.0, abs(want.item())), (got, want.item())
-    step.sync()
-    np.testing.assert_allclose(model.w.detach().numpy(), eager.w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_one_sgd_step_as_eager(model, loss_fn, x)
 
 
 def test_one_to_one_entries_come_from_the_op_table():
