@@ -1,6 +1,6 @@
 /*
  * The MPI collectives transport, through mpirun: each test runs
- * mpi_collectives_worker (tests/mpi_collectives_worker.c) on P processes
+ * mpi_collectives_worker (tests/runtime/mpi_collectives_worker.c) on P processes
  * of L device threads and checks that it printed PASS and exited 0.
  * Every sum must be the canonical tree's bits; see the worker for what it
  * runs.  P = 2, 3, 4 with one device each (pure MPI), 2 x 4 and 4 x 2

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The "remote shell" through which Open MPI reaches the simulated hosts of
-# tests/multihost/multihost.sh (mpirun --mca plm_rsh_agent THIS).  A host
+# tests/cli/multihost/multihost.sh (mpirun --mca plm_rsh_agent THIS).  A host
 # is a network namespace; its name is the "hostname" in the hostfile, so
 # this plays ssh: Open MPI calls it as `rsh-agent.sh HOST COMMAND-LINE...`
 # (its daemon, orted, with arguments quoted for a remote shell) and it

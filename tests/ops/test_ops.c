@@ -1,5 +1,5 @@
 /*
- * Forward ops against the reference oracle (tests/ref.c): every op of the
+ * Forward ops against the reference oracle (tests/support/ref.c): every op of the
  * public API, over shapes that cover broadcasting (rank 0 included), every
  * reduction mask, every transpose form, and sizes that cross the kernels'
  * blocking (GEMM tiles, 64-row attention blocks, 256-column reduction

@@ -28,7 +28,7 @@
  *   - every allocation of a save and of a load failing in turn is reported,
  *     leaks nothing and leaves the program and the directory as they were;
  *   - the files open with an independent safetensors reader
- *     (tests/read_safetensors.py, standard-library Python), whose sums of
+ *     (tests/support/read_safetensors.py, standard-library Python), whose sums of
  *     each block match the device's block.
  */
 #include <setjmp.h>
@@ -1029,7 +1029,7 @@ static void test_independent_reader(void **state)
     support_path_in(step_dir, dir, "step-00000001");
     shares sh;
     read_shares(step_dir, &sh);
-    size_t n = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/read_safetensors.py",
+    size_t n = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/support/read_safetensors.py",
                                 SPMD_SOURCE_DIR);
     for (int i = 0; i < sh.n_files; i++)
         n += (size_t)snprintf(cmd + n, sizeof cmd - n, " %s/%s", step_dir, sh.names[i]);

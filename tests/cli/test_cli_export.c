@@ -4,7 +4,7 @@
  * (so the checkpoint also holds optimizer state, which export leaves out):
  *   - both formats are written, and each loads back (spmd_weights_load)
  *     into a one-device GPT with the program's parameters bit for bit;
- *   - an independent reader (tests/read_export.py: standard-library Python
+ *   - an independent reader (tests/support/read_export.py: standard-library Python
  *     and numpy) checks each file against its format and finds every tensor
  *     equal, in both files, to a raw dump of the program's parameters;
  *   - refusals: no checkpoint or no --out (usage, exit 2), an unknown
@@ -196,7 +196,7 @@ static void test_export_both_formats(void **state)
         assert_int_equal(mkdir(support_path_in(dump, dir, "dump"), 0755), 0);
         dump_params(&m, dump);
         char cmd[4 * PATH];
-        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/read_export.py --hf %s --llmc %s "
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/support/read_export.py --hf %s --llmc %s "
                  "--expect %s 2>&1", SPMD_SOURCE_DIR, hf, llmc, dump);
         FILE *p = popen(cmd, "r");
         assert_non_null(p);
@@ -222,7 +222,7 @@ static void test_export_both_formats(void **state)
     assert_true(s16.st_size < s32.st_size && s16.st_size > s32.st_size / 2);
     if (have_numpy()) {
         char cmd[4 * PATH];
-        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/read_export.py --bf16 %s --expect %s 2>&1",
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/support/read_export.py --bf16 %s --expect %s 2>&1",
                  SPMD_SOURCE_DIR, half, dump);
         FILE *p = popen(cmd, "r");
         assert_non_null(p);

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
-// The outside oracle for spmd tokenize (tests/test_cli_tokenize.c): the
+// The outside oracle for spmd tokenize (tests/cli/test_cli_tokenize.c): the
 // npm package gpt-3-encoder's own JavaScript encoder on text files.
-//   node tests/gpt2_oracle.js ENCODER_DIR FILE...
+//   node tests/support/gpt2_oracle.js ENCODER_DIR FILE...
 // prints, for each file in turn, 50256 (<|endoftext|>) and then the file's
 // token ids, space-separated on one line, as spmd tokenize writes a shard.
 //

@@ -214,7 +214,7 @@ static bool build_sample(ir_op op, sample *s)
     /* An op without a case here lands on fail(): add a sample for it.
      * With operands fed as bf16, a builder may refuse them. */
     if (!o && s->bf16) return false;
-    if (!o) fail_msg("%s: no sample in tests/test_op_rules.c (%s)", ir_op_name(op), spmd_last_error());
+    if (!o) fail_msg("%s: no sample in tests/ops/test_op_rules.c (%s)", ir_op_name(op), spmd_last_error());
     assert_int_equal(o->op, op);
     s->out = o;
     /* Operand j of the sample is operand j of the op (C evaluates the

@@ -1,7 +1,7 @@
 /*
  * `spmd tokenize` and GPT-2's BPE (tools/bpe.c), against an outside
  * oracle: the npm package gpt-3-encoder's own JavaScript encoder, run with
- * node (tests/gpt2_oracle.js), must give exactly the token ids the shards
+ * node (tests/support/gpt2_oracle.js), must give exactly the token ids the shards
  * hold, on hand-made texts (ASCII, punctuation, contractions, white space
  * runs, numbers, accented letters, CJK, emoji, invalid UTF-8, random
  * bytes, random code points) and on over a megabyte of licences, package
@@ -106,7 +106,7 @@ static int32_t *read_shard(const char *path, size_t *n)
 static int32_t *oracle_ids(const char *files, size_t *n)
 {
     static char cmd[1 << 16];
-    snprintf(cmd, sizeof cmd, "node %s/tests/gpt2_oracle.js %s %s", SPMD_SOURCE_DIR,
+    snprintf(cmd, sizeof cmd, "node %s/tests/support/gpt2_oracle.js %s %s", SPMD_SOURCE_DIR,
              SPMD_ENCODER_DIR, files);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);

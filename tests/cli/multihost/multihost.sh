@@ -12,7 +12,7 @@
 # veth pairs meet on a Linux bridge in a namespace of its own, one subnet
 # for all.  The file system is shared, as a cluster's shared file system
 # would be.  mpirun runs inside the first host and starts its daemons in
-# the others through tests/multihost/rsh-agent.sh, which plays ssh; the
+# the others through tests/cli/multihost/rsh-agent.sh, which plays ssh; the
 # processes talk over TCP only (pml ob1, btl tcp,self), on the hosts'
 # subnet, so every message between hosts crosses a veth and the bridge.
 # Nothing is made in the machine's own network namespace.
@@ -56,7 +56,7 @@ case $0 in */*) HERE=${0%/*} ;; *) HERE=. ;; esac
 AGENT=$(cd "$HERE" && pwd)/rsh-agent.sh
 # mpirun as every test starts it (root allowed, oversubscribed, the
 # warnings of Open MPI 4.1 and 5.0 kept alike): scripts/mpirun.sh.
-MPIRUN_SH=$(cd "$HERE/../.." && pwd)/scripts/mpirun.sh
+MPIRUN_SH=$(cd "$HERE/../../.." && pwd)/scripts/mpirun.sh
 SKIP=77
 
 say() { printf 'multihost: %s\n' "$*"; }

@@ -96,7 +96,7 @@ static int scan_folder(const char *root, const char *folder)
     snprintf(dir, sizeof dir, "%s/%s", root, folder);
     int rank = layer_rank(folder, strlen(folder));
     if (rank < 0) {
-        print_error("folder %s is not in the layer order (tests/test_layers.c)\n", dir);
+        print_error("folder %s is not in the layer order (tests/project/test_layers.c)\n", dir);
         return 1;
     }
     DIR *d = opendir(dir);
@@ -235,7 +235,7 @@ static int check_module_order(const char *folder, const char *const *groups, siz
         size_t len = module_len(name);
         int from = module_group(groups, n_groups, name, len);
         if (from < 0) {
-            print_error("%s/%s: module %.*s is not in the order (tests/test_layers.c, "
+            print_error("%s/%s: module %.*s is not in the order (tests/project/test_layers.c, "
                         "tool_groups)\n", folder, name, (int)len, name);
             bad++;
             continue;
