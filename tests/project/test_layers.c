@@ -21,6 +21,11 @@
  * their own, same-folder includes too (tool_groups below): a module may
  * include its own header and those of modules in earlier groups, so no
  * include can go round in a circle.
+ *
+ * Every folder of src/ (a module: base, ir, ...; its subfolders are
+ * families inside it) has a test home: tests/<folder>/ holding at least
+ * one test_*.c, so a module's tests are found by its name and a new
+ * module comes with its tests (docs/tests.md).
  */
 #include <dirent.h>
 #include <stdlib.h>
@@ -493,6 +498,90 @@ static void test_no_include_circle_in_src(void **state)
     for (size_t i = 0; i < n; i++) free((char *)hs[i].name), free((char *)hs[i].text);
 }
 
+/* ---- A test home for every module of src/ -------------------------------------------------- */
+
+enum { MAX_TESTS = 256 };
+
+/* How many of `modules` (folders of src/) have no test among `tests`
+ * (paths under tests/: "ir/test_graph.c"); prints each. */
+static int count_homeless(const char *const *modules, size_t n_modules, const char *const *tests,
+                          size_t n_tests)
+{
+    int bad = 0;
+    for (size_t m = 0; m < n_modules; m++) {
+        size_t len = strlen(modules[m]);
+        bool found = false;
+        for (size_t t = 0; t < n_tests && !found; t++)
+            found = !strncmp(tests[t], modules[m], len) && !strncmp(tests[t] + len, "/test_", 6) &&
+                    !strchr(tests[t] + len + 1, '/') &&
+                    !strcmp(tests[t] + strlen(tests[t]) - 2, ".c");
+        if (!found) {
+            print_error("src/%s has no test home: no tests/%s/test_*.c\n", modules[m], modules[m]);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* The names of the folders under `dir` (on the heap). */
+static size_t read_folders(const char *dir, char **out, size_t room)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || e->d_type != DT_DIR) continue;
+        assert_true(n < room);
+        out[n] = strdup(e->d_name);
+        assert_non_null(out[n++]);
+    }
+    closedir(d);
+    return n;
+}
+
+static void test_every_module_has_a_test_home(void **state)
+{
+    (void)state;
+    char path[1024], *modules[32], *folders[32], *tests[MAX_TESTS];
+    snprintf(path, sizeof path, "%s/src", SPMD_SOURCE_DIR);
+    size_t n_modules = read_folders(path, modules, 32);
+    snprintf(path, sizeof path, "%s/tests", SPMD_SOURCE_DIR);
+    size_t n_folders = read_folders(path, folders, 32), n_tests = 0;
+    for (size_t f = 0; f < n_folders; f++) {
+        char dir[1536];
+        snprintf(dir, sizeof dir, "%s/%s", path, folders[f]);
+        DIR *d = opendir(dir);
+        assert_non_null(d);
+        for (struct dirent *e; (e = readdir(d));) {
+            if (e->d_type != DT_REG) continue;
+            assert_true(n_tests < MAX_TESTS);
+            tests[n_tests] = malloc(strlen(folders[f]) + strlen(e->d_name) + 2);
+            assert_non_null(tests[n_tests]);
+            sprintf(tests[n_tests++], "%s/%s", folders[f], e->d_name);
+        }
+        closedir(d);
+    }
+    assert_true(n_modules >= 9 && n_tests > 50);
+    assert_int_equal(count_homeless((const char *const *)modules, n_modules,
+                                    (const char *const *)tests, n_tests), 0);
+
+    /* A module planted in memory without a home fails, and so does one
+     * whose folder holds no test_*.c or holds one only deeper down. */
+    const char *with_new[33];
+    memcpy(with_new, modules, n_modules * sizeof *modules);
+    with_new[n_modules] = "plan";
+    assert_int_equal(count_homeless(with_new, n_modules + 1, (const char *const *)tests, n_tests), 1);
+    const char *const planted_modules[] = {"ir", "mesh", "shard"};
+    const char *const planted_tests[] = {"ir/test_graph.c", "mesh/support_mesh.c",
+                                         "shard/deeper/test_x.c", "mesh/test_mesh.py"};
+    assert_int_equal(count_homeless(planted_modules, 3, planted_tests, 4), 2);
+    assert_int_equal(count_homeless(planted_modules, 1, planted_tests, 1), 0);
+
+    for (size_t i = 0; i < n_modules; i++) free(modules[i]);
+    for (size_t i = 0; i < n_folders; i++) free(folders[i]);
+    for (size_t i = 0; i < n_tests; i++) free(tests[i]);
+}
+
 /* The other rules, on files made up here. */
 static void test_module_order_rules(void **state)
 {
@@ -559,6 +648,7 @@ int main(void)
         cmocka_unit_test(test_checker_sees_violations),
         cmocka_unit_test(test_every_include_goes_down),
         cmocka_unit_test(test_no_include_circle_in_src),
+        cmocka_unit_test(test_every_module_has_a_test_home),
         cmocka_unit_test(test_module_order_rules),
         cmocka_unit_test(test_tools_keep_their_order),
         cmocka_unit_test(test_tools_order_sees_a_circle),
