@@ -325,7 +325,9 @@ static void test_megabyte_matches_javascript(void **state)
     n = gather(SPMD_SOURCE_DIR "/docs/design/*.md", buf, n, MB);
     n = gather(SPMD_SOURCE_DIR "/README.md", buf, n, MB);
     n = gather(SPMD_SOURCE_DIR "/src/*/*.c", buf, n, MB);
+    n = gather(SPMD_SOURCE_DIR "/src/*/*/*.c", buf, n, MB);
     n = gather(SPMD_SOURCE_DIR "/tools/*.c", buf, n, MB);
+    n = gather(SPMD_SOURCE_DIR "/tools/*/*.c", buf, n, MB);
     support_path_in(code, dir, "corpus-code.txt");
     write_file(code, buf, n);
     total += n;

@@ -21,7 +21,7 @@
 
 #include "compile/fuse.h"
 #include "runtime/executor.h"
-#include "runtime/kernels.h"
+#include "runtime/kernels/kernels.h"
 #include "spmd/data.h"
 #include "spmd/mesh.h"
 #include "spmd/models.h"

@@ -30,7 +30,7 @@
 
 #include "ref.h"
 #include "runtime/blas.h"
-#include "runtime/kernels.h"
+#include "runtime/kernels/kernels.h"
 #include "spmd/spmd.h"
 #include "support_case.h"
 #include "support_rng.h"

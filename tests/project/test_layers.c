@@ -6,9 +6,12 @@
  *
  * A file may include headers of its own layer or of layers below it, and
  * the public headers (spmd/) from anywhere; never a header from a layer
- * above.  This test reads every source file under src/ and tools/ and
- * fails on an include that goes up, or on a folder the order does not
- * name (a new folder must be given its place here and in the design).
+ * above.  This test reads every source file under src/ and tools/, their
+ * subfolders too (src/runtime/kernels/ is part of runtime), and fails on
+ * an include that goes up, or on a folder the order does not name (a new
+ * folder must be given its place here and in the design).  A path that
+ * starts with a subfolder of the file's own layer stays in it (tools/
+ * includes its headers by their path from tools/: "commands/train.h").
  * A private header, NAME_impl.h, is what the files of one family share
  * (collectives_impl.h: collectives_shm.c, collectives_tree.c, ...;
  * collectives_mpi_impl.h: the collectives_mpi*.c files): only files of its
@@ -17,10 +20,10 @@
  * Inside a layer the order allows any include, so the headers of src/
  * are also checked for an include circle.
  *
- * Inside tools/ the modules (each a .c with its own .h) keep an order of
- * their own, same-folder includes too (tool_groups below): a module may
- * include its own header and those of modules in earlier groups, so no
- * include can go round in a circle.
+ * Inside tools/ the modules (each a .c with its own .h beside it, in
+ * tools/ or a subfolder: commands/) keep an order of their own
+ * (tool_groups below): a module may include its own header and those of
+ * modules in earlier groups, so no include can go round in a circle.
  *
  * Every folder of src/ (a module: base, ir, ...; its subfolders are
  * families inside it) has a test home: tests/<folder>/ holding at least
@@ -62,9 +65,25 @@ static int layer_rank(const char *folder, size_t len)
     return -1;
 }
 
+/* Whether `word` (its first `len` characters) is one of `words`,
+ * space-separated. */
+static bool names_word(const char *words, const char *word, size_t len)
+{
+    for (const char *p = words; *p;) {
+        size_t n = strcspn(p, " ");
+        if (n == len && !strncmp(p, word, len)) return true;
+        p += n;
+        while (*p == ' ') p++;
+    }
+    return false;
+}
+
 /* Whether line `line` of a file in layer `rank` includes a header from a
- * layer above; writes the included path's folder to `folder`. */
-static bool includes_upward(int rank, const char *line, char *folder, size_t size)
+ * layer above; writes the included path's folder to `folder`.  `own`
+ * names the layer's subfolders (space-separated): a path from the
+ * layer's own folder ("commands/train.h" in tools/) stays in it. */
+static bool includes_upward(int rank, const char *own, const char *line, char *folder,
+                            size_t size)
 {
     const char *p = line;
     while (*p == ' ' || *p == '\t') p++;
@@ -75,6 +94,7 @@ static bool includes_upward(int rank, const char *line, char *folder, size_t siz
     size_t len = (size_t)(slash - p);
     snprintf(folder, size, "%.*s", (int)len, p);
     if (len == 4 && !strncmp(p, "spmd", 4)) return false; /* public headers */
+    if (names_word(own, p, len)) return false;
     int to = layer_rank(p, len);
     return to < 0 || to > rank;
 }
@@ -94,12 +114,30 @@ static bool may_include(const char *folder, const char *file, const char *path)
     return !strncmp(file, name, family) && (file[family] == '.' || file[family] == '_');
 }
 
-/* Scan every .c/.h/.def file of one folder; count and print violations. */
-static int scan_folder(const char *root, const char *folder)
+/* The names of the subfolders of root/folder, space-separated, into out. */
+static void subfolders(const char *root, const char *folder, char *out, size_t size)
 {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, folder);
-    int rank = layer_rank(folder, strlen(folder));
+    size_t n = 0;
+    out[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.' && e->d_type == DT_DIR)
+            n += (size_t)snprintf(out + n, size - n, "%s%s", n ? " " : "", e->d_name);
+    closedir(d);
+    assert_true(n < size);
+}
+
+/* Scan every .c/.h/.def file of one folder under root ("runtime",
+ * "runtime/kernels") and of its subfolders; its layer is the path's first
+ * part, whose subfolders `own` names.  Counts and prints violations. */
+static int scan_folder(const char *root, const char *folder, const char *own)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, folder);
+    int rank = layer_rank(folder, strcspn(folder, "/"));
     if (rank < 0) {
         print_error("folder %s is not in the layer order (tests/project/test_layers.c)\n", dir);
         return 1;
@@ -112,6 +150,12 @@ static int scan_folder(const char *root, const char *folder)
     int bad = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
+        if (e->d_name[0] != '.' && e->d_type == DT_DIR) {
+            char sub[1024];
+            snprintf(sub, sizeof sub, "%s/%s", folder, e->d_name);
+            bad += scan_folder(root, sub, own);
+            continue;
+        }
         const char *dot = strrchr(e->d_name, '.');
         if (!dot || (strcmp(dot, ".c") && strcmp(dot, ".h") && strcmp(dot, ".def"))) continue;
         char path[1536];
@@ -135,7 +179,7 @@ static int scan_folder(const char *root, const char *folder)
                     bad++;
                 }
             }
-            if (!includes_upward(rank, line, to, sizeof to)) continue;
+            if (!includes_upward(rank, own, line, to, sizeof to)) continue;
             print_error("%s:%d: layer %s includes from %s, %s: %s", path, n, folder, to,
                         layer_rank(to, strlen(to)) < 0 ? "a folder outside the order"
                                                        : "a layer above it",
@@ -157,13 +201,16 @@ static void test_every_include_goes_down(void **state)
     assert_non_null(d);
     int bad = 0, folders = 0;
     struct dirent *e;
+    char own[512];
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.' || e->d_type != DT_DIR) continue;
-        bad += scan_folder(src, e->d_name);
+        subfolders(src, e->d_name, own, sizeof own);
+        bad += scan_folder(src, e->d_name, own);
         folders++;
     }
     closedir(d);
-    bad += scan_folder(SPMD_SOURCE_DIR, "tools");
+    subfolders(SPMD_SOURCE_DIR, "tools", own, sizeof own);
+    bad += scan_folder(SPMD_SOURCE_DIR, "tools", own);
     assert_int_equal(folders, 9); /* base ir mesh shard compile runtime train models api */
     assert_int_equal(bad, 0);
 }
@@ -192,7 +239,7 @@ static const char *const tool_entry_point = "spmd";
 
 /* One source file by name and text: the real tree's, or a test's own. */
 typedef struct source_text {
-    const char *name; /* "flags.c" */
+    const char *name; /* "flags.c", "commands/train.c": its path from the folder */
     const char *text;
 } source_text;
 
@@ -209,6 +256,13 @@ static int module_group(const char *const *groups, size_t n_groups, const char *
     return -1;
 }
 
+/* The file name of a path ("commands/train.c": "train.c"). */
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
 /* The module of a file name ("flags.c": "flags"), as a length of it. */
 static size_t module_len(const char *file)
 {
@@ -216,38 +270,60 @@ static size_t module_len(const char *file)
     return dot ? (size_t)(dot - file) : strlen(file);
 }
 
-static bool has_file(const source_text *files, size_t n, const char *module, size_t len,
-                     const char *ext)
+/* Whether a file is named `stem` (its first `len` characters) + `ext`;
+ * with `any_folder`, in any folder ("train" finds "commands/train.c"). */
+static bool has_file(const source_text *files, size_t n, const char *stem, size_t len,
+                     const char *ext, bool any_folder)
 {
-    for (size_t i = 0; i < n; i++)
-        if (module_len(files[i].name) == len && !strncmp(files[i].name, module, len) &&
-            !strcmp(files[i].name + len, ext))
+    for (size_t i = 0; i < n; i++) {
+        const char *name = any_folder ? base_name(files[i].name) : files[i].name;
+        if (module_len(name) == len && !strncmp(name, stem, len) && !strcmp(name + len, ext))
             return true;
+    }
     return false;
 }
 
+/* The module an include names, as a pointer into it and a length: a
+ * header with no folder ("x.h"), or one of `files` by its path
+ * ("commands/train.h"); 0 for any other (a layer's or a system's). */
+static size_t included_module(const source_text *files, size_t n, const char *inc, size_t len,
+                              const char **module)
+{
+    if (len <= 2 || strncmp(inc + len - 2, ".h", 2)) return 0;
+    const char *slash = memchr(inc, '/', len);
+    if (slash) {
+        bool listed = false;
+        for (size_t i = 0; i < n && !listed; i++)
+            listed = strlen(files[i].name) == len && !strncmp(files[i].name, inc, len);
+        if (!listed) return 0;
+        while ((slash = memchr(inc, '/', len))) len -= (size_t)(slash + 1 - inc), inc = slash + 1;
+    }
+    *module = inc;
+    return len - 2;
+}
+
 /* Check one folder's files against `groups`: every file's module is in
- * the order, every .c but the entry point's has its .h, every module of
- * the order has files, and every same-folder include ("x.h") names the
- * file's own module or one of an earlier group.  Prints each violation;
- * returns their count. */
+ * the order, every .c but the entry point's has its .h beside it, every
+ * module of the order has files, and every include of a module's header
+ * ("x.h", "commands/x.h") names the file's own module or one of an
+ * earlier group.  Prints each violation; returns their count. */
 static int check_module_order(const char *folder, const char *const *groups, size_t n_groups,
                               const char *entry, const source_text *files, size_t n_files)
 {
     int bad = 0;
     for (size_t i = 0; i < n_files; i++) {
-        const char *name = files[i].name;
+        const char *path = files[i].name, *name = base_name(path);
         size_t len = module_len(name);
         int from = module_group(groups, n_groups, name, len);
         if (from < 0) {
             print_error("%s/%s: module %.*s is not in the order (tests/project/test_layers.c, "
-                        "tool_groups)\n", folder, name, (int)len, name);
+                        "tool_groups)\n", folder, path, (int)len, name);
             bad++;
             continue;
         }
         if (!strcmp(name + len, ".c") && strncmp(name, entry, len) &&
-            !has_file(files, n_files, name, len, ".h")) {
-            print_error("%s/%s has no header %.*s.h of its own\n", folder, name, (int)len, name);
+            !has_file(files, n_files, path, module_len(path), ".h", false)) {
+            print_error("%s/%s has no header %.*s.h of its own\n", folder, path, (int)len, name);
             bad++;
         }
         int line = 1;
@@ -259,16 +335,13 @@ static int check_module_order(const char *folder, const char *const *groups, siz
             if ((size_t)(p + n - q) > 10 && !strncmp(q, "#include \"", 10)) {
                 const char *inc = q + 10, *quote = memchr(inc, '"', (size_t)(p + n - inc));
                 size_t inc_len = quote ? (size_t)(quote - inc) : 0;
-                bool same_folder = quote && !memchr(inc, '/', inc_len);
-                /* A header of this folder: "name.h", no slash. */
-                size_t mod = same_folder && inc_len > 2 && !strncmp(inc + inc_len - 2, ".h", 2)
-                                 ? inc_len - 2
-                                 : 0;
-                int to = mod ? module_group(groups, n_groups, inc, mod) : -1;
-                bool own = mod == len && !strncmp(inc, name, len);
+                const char *module = NULL;
+                size_t mod = included_module(files, n_files, inc, inc_len, &module);
+                int to = mod ? module_group(groups, n_groups, module, mod) : -1;
+                bool own = mod == len && !strncmp(module, name, len);
                 if (mod && !own && (to < 0 || to >= from)) {
                     print_error("%s/%s:%d: module %.*s (group %d) includes %.*s, %s\n", folder,
-                                name, line, (int)len, name, from, (int)inc_len, inc,
+                                path, line, (int)len, name, from, (int)inc_len, inc,
                                 to < 0   ? "of no module in the order"
                                 : to > from ? "of a later group"
                                             : "of its own group (modules of a group include "
@@ -282,7 +355,8 @@ static int check_module_order(const char *folder, const char *const *groups, siz
     for (size_t g = 0; g < n_groups; g++)
         for (const char *p = groups[g]; *p;) {
             size_t n = strcspn(p, " ");
-            if (!has_file(files, n_files, p, n, ".c") && !has_file(files, n_files, p, n, ".h")) {
+            if (!has_file(files, n_files, p, n, ".c", true) &&
+                !has_file(files, n_files, p, n, ".h", true)) {
                 print_error("%s: the order names module %.*s, which has no file\n", folder, (int)n,
                             p);
                 bad++;
@@ -293,29 +367,44 @@ static int check_module_order(const char *folder, const char *const *groups, siz
     return bad;
 }
 
-/* The .c and .h files of tools/, read whole (names and texts on the heap). */
+/* The files of root/sub and its subfolders whose extension is one of
+ * `exts` (space-separated: ".c .h"), read whole and named by their path
+ * from root ("runtime/kernels/kernels.h"; names and texts on the heap),
+ * after the n already in `files`; returns the new count. */
+static size_t read_sources(const char *root, const char *sub, const char *exts,
+                           source_text *files, size_t n, size_t room)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s%s%s", root, *sub ? "/" : "", sub);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        char name[512];
+        snprintf(name, sizeof name, "%s%s%s", sub, *sub ? "/" : "", e->d_name);
+        if (e->d_name[0] != '.' && e->d_type == DT_DIR) {
+            n = read_sources(root, name, exts, files, n, room);
+            continue;
+        }
+        const char *dot = strrchr(e->d_name, '.');
+        if (!dot || !names_word(exts, dot, strlen(dot))) continue;
+        assert_true(n < room);
+        char path[1536];
+        snprintf(path, sizeof path, "%s/%s", root, name);
+        size_t size;
+        files[n++] = (source_text){strdup(name), support_read_file(path, &size)};
+        assert_non_null(files[n - 1].name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* The .c and .h files of tools/, subfolders too, named by their path
+ * from tools/. */
 static size_t read_tool_files(source_text *files, size_t room)
 {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tools", SPMD_SOURCE_DIR);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    size_t n = 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        const char *dot = strrchr(e->d_name, '.');
-        if (!dot || (strcmp(dot, ".c") && strcmp(dot, ".h"))) continue;
-        assert_true(n < room);
-        char path[1536];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        size_t size;
-        char *text = support_read_file(path, &size);
-        char *name = malloc(strlen(e->d_name) + 1);
-        assert_non_null(name);
-        strcpy(name, e->d_name);
-        files[n++] = (source_text){name, text};
-    }
-    closedir(d);
-    return n;
+    return read_sources(dir, "", ".c .h", files, 0, room);
 }
 
 static void free_tool_files(source_text *files, size_t n)
@@ -366,10 +455,18 @@ static void test_tools_order_sees_a_circle(void **state)
     size_t n = read_tool_files(files, MAX_TOOL_FILES);
     source_text copy[MAX_TOOL_FILES];
     memcpy(copy, files, n * sizeof *files);
-    /* flags.c <- train.c already (train includes flags.h); flags.c
-     * including train.h closes a circle. */
+    /* flags.c <- commands/train.c already (train includes flags.h);
+     * flags.c including commands/train.h closes a circle, from a
+     * subfolder's header as from one beside it. */
     for (size_t i = 0; i < n; i++)
-        if (!strcmp(copy[i].name, "flags.c")) copy[i].text = planted(files, n, "flags.c", "#include \"train.h\"");
+        if (!strcmp(copy[i].name, "flags.c"))
+            copy[i].text = planted(files, n, "flags.c", "#include \"commands/train.h\"");
+    assert_int_equal(check_tools(copy, n), 1);
+    for (size_t i = 0; i < n; i++)
+        if (copy[i].text != files[i].text) free((char *)copy[i].text), copy[i].text = files[i].text;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(copy[i].name, "flags.c"))
+            copy[i].text = planted(files, n, "flags.c", "#include \"train.h\"");
     assert_int_equal(check_tools(copy, n), 1);
     for (size_t i = 0; i < n; i++)
         if (copy[i].text != files[i].text) free((char *)copy[i].text), copy[i].text = files[i].text;
@@ -453,30 +550,12 @@ static int count_circles(const source_text *hs, size_t n)
     return 0;
 }
 
-/* Every header under src/, named by its path from src/. */
+/* Every header under src/, named by its path from src/ ("ir/ir.h"). */
 static size_t read_src_headers(source_text *hs, size_t room)
 {
-    size_t n = 0;
-    for (size_t l = 0; l < sizeof layers / sizeof layers[0]; l++) {
-        if (!strcmp(layers[l].folder, "tools")) continue;
-        char dir[1024];
-        snprintf(dir, sizeof dir, "%s/src/%s", SPMD_SOURCE_DIR, layers[l].folder);
-        DIR *d = opendir(dir);
-        if (!d) continue;
-        for (struct dirent *e; (e = readdir(d));) {
-            const char *dot = strrchr(e->d_name, '.');
-            if (!dot || (strcmp(dot, ".h") && strcmp(dot, ".def"))) continue;
-            assert_true(n < room);
-            char path[1536], *name = malloc(strlen(layers[l].folder) + strlen(e->d_name) + 2);
-            assert_non_null(name);
-            sprintf(name, "%s/%s", layers[l].folder, e->d_name);
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            size_t size;
-            hs[n++] = (source_text){name, support_read_file(path, &size)};
-        }
-        closedir(d);
-    }
-    return n;
+    char src[1024];
+    snprintf(src, sizeof src, "%s/src", SPMD_SOURCE_DIR);
+    return read_sources(src, "", ".h .def", hs, 0, room);
 }
 
 static void test_no_include_circle_in_src(void **state)
@@ -609,6 +688,21 @@ static void test_module_order_rules(void **state)
     assert_int_equal(check_module_order("t", groups, 3, "top", bad, 7), 2);
     /* An entry point other than the order's last needs its header. */
     assert_int_equal(check_module_order("t", groups, 3, "base", ok, 7), 1);
+    /* A module in a subfolder: included by its path, its header beside it. */
+    static const char *const flat[] = {"base", "middle", "top"};
+    source_text nested[] = {
+        {"base.h", ""},
+        {"base.c", "#include \"base.h\"\n"},
+        {"sub/middle.h", "#include \"base.h\"\n"},
+        {"sub/middle.c", "#include \"sub/middle.h\"\n"},
+        {"top.c", "#include \"sub/middle.h\"\n#include \"base.h\"\n"},
+    };
+    assert_int_equal(check_module_order("t", flat, 3, "top", nested, 5), 0);
+    nested[1].text = "#include \"sub/middle.h\"\n"; /* up, from a subfolder's module */
+    assert_int_equal(check_module_order("t", flat, 3, "top", nested, 5), 1);
+    nested[1].text = "#include \"base.h\"\n";
+    nested[2].name = "middle.h"; /* a header not beside its .c */
+    assert_int_equal(check_module_order("t", flat, 3, "top", nested, 5), 1);
 }
 
 /* The checker itself: it must see an upward include, and only that. */
@@ -617,25 +711,37 @@ static void test_checker_sees_violations(void **state)
     (void)state;
     char to[64];
     int shard = layer_rank("shard", 5), runtime = layer_rank("runtime", 7);
-    assert_true(includes_upward(shard, "#include \"runtime/executor.h\"\n", to, sizeof to));
+    assert_true(includes_upward(shard, "", "#include \"runtime/executor.h\"\n", to, sizeof to));
     assert_string_equal(to, "runtime");
-    assert_true(includes_upward(shard, "#include \"nowhere/x.h\"\n", to, sizeof to));
-    assert_false(includes_upward(runtime, "#include \"shard/partition.h\"\n", to, sizeof to));
-    assert_false(includes_upward(shard, "#include \"shard/cost.h\"\n", to, sizeof to));
-    assert_false(includes_upward(0, "#include \"spmd/spmd.h\"\n", to, sizeof to));
-    assert_false(includes_upward(0, "#include <stdio.h>\n", to, sizeof to));
-    assert_false(includes_upward(7, "#include \"cli.h\"\n", to, sizeof to));
+    assert_true(includes_upward(shard, "", "#include \"nowhere/x.h\"\n", to, sizeof to));
+    assert_false(includes_upward(runtime, "", "#include \"shard/partition.h\"\n", to, sizeof to));
+    assert_false(includes_upward(shard, "", "#include \"shard/cost.h\"\n", to, sizeof to));
+    assert_false(includes_upward(0, "", "#include \"spmd/spmd.h\"\n", to, sizeof to));
+    assert_false(includes_upward(0, "", "#include <stdio.h>\n", to, sizeof to));
+    assert_false(includes_upward(7, "", "#include \"cli.h\"\n", to, sizeof to));
+    /* A path from the layer's own folder: its subfolders only. */
+    int tools = layer_rank("tools", 5);
+    assert_false(includes_upward(tools, "commands", "#include \"commands/train.h\"\n", to, sizeof to));
+    assert_true(includes_upward(tools, "", "#include \"commands/train.h\"\n", to, sizeof to));
+    assert_true(includes_upward(runtime, "kernels collectives", "#include \"commandos/x.h\"\n", to,
+                                sizeof to));
+    assert_false(includes_upward(runtime, "kernels collectives", "#include \"runtime/kernels/kernels.h\"\n",
+                                 to, sizeof to));
     assert_int_equal(layer_rank("train", 5), layer_rank("models", 6));
     /* Private headers: their family only, in their folder. */
-    assert_true(may_include("runtime", "collectives_shm.c", "runtime/collectives_impl.h"));
-    assert_true(may_include("runtime", "collectives_mpi_impl.h", "runtime/collectives_impl.h"));
-    assert_true(may_include("runtime", "collectives_mpi.c", "runtime/collectives_mpi_impl.h"));
-    assert_true(may_include("runtime", "collectives_mpi_xfer.c", "runtime/collectives_mpi_impl.h"));
-    assert_true(may_include("runtime", "kernels_collective.c", "runtime/collectives.h"));
-    assert_false(may_include("runtime", "kernels_collective.c", "runtime/collectives_impl.h"));
-    assert_false(may_include("runtime", "collectives_shm.c", "runtime/collectives_mpi_impl.h"));
-    assert_false(may_include("runtime", "collectivesx.c", "runtime/collectives_impl.h"));
-    assert_false(may_include("tools", "collectives.c", "runtime/collectives_impl.h"));
+    const char *coll = "runtime/collectives";
+    assert_true(may_include(coll, "collectives_shm.c", "runtime/collectives/collectives_impl.h"));
+    assert_true(may_include(coll, "collectives_mpi_impl.h", "runtime/collectives/collectives_impl.h"));
+    assert_true(may_include(coll, "collectives_mpi.c", "runtime/collectives/collectives_mpi_impl.h"));
+    assert_true(may_include(coll, "collectives_mpi_xfer.c", "runtime/collectives/collectives_mpi_impl.h"));
+    assert_true(may_include("runtime/kernels", "kernels_collective.c", "runtime/collectives/collectives.h"));
+    assert_false(may_include("runtime/kernels", "kernels_collective.c",
+                             "runtime/collectives/collectives_impl.h"));
+    assert_false(may_include(coll, "collectives_shm.c", "runtime/collectives/collectives_mpi_impl.h"));
+    assert_false(may_include(coll, "collectivesx.c", "runtime/collectives/collectives_impl.h"));
+    /* Its own folder only: not the folder above, nor another layer's. */
+    assert_false(may_include("runtime", "collectives_x.c", "runtime/collectives/collectives_impl.h"));
+    assert_false(may_include("tools", "collectives.c", "runtime/collectives/collectives_impl.h"));
     assert_true(may_include("tools", "flags.c", "flags.h"));
     assert_true(may_include("runtime", "executor_run.c", "runtime/executor_impl.h"));
     assert_false(may_include("runtime", "executorx.c", "runtime/executor_impl.h"));

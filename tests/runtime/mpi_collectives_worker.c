@@ -32,7 +32,7 @@
  */
 #include "base/bf16.h"
 #include "base/error.h"
-#include "runtime/collectives.h"
+#include "runtime/collectives/collectives.h"
 
 #include "support_values.h"
 #include <mpi.h>

@@ -28,8 +28,8 @@
 
 #include "base/bf16.h"
 #include "base/error.h"
-#include "runtime/collectives.h"
-#include "runtime/collectives_impl.h"
+#include "runtime/collectives/collectives.h"
+#include "runtime/collectives/collectives_impl.h"
 #include "support_alloc.h"
 
 #include <pthread.h>

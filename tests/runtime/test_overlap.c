@@ -23,7 +23,7 @@
 
 #include "compile/compiled.h"
 #include "compile/plan.h"
-#include "runtime/collectives.h"
+#include "runtime/collectives/collectives.h"
 #include "runtime/executor.h"
 #include "spmd/mesh.h"
 #include "spmd/spmd.h"
