@@ -24,7 +24,7 @@
  *   bench_collectives [--quick]
  *   mpirun -n P bench_collectives --mpi [--devices L] [--quick]
  */
-#include "runtime/collectives.h"
+#include "runtime/collectives/collectives.h"
 #include "runtime/pool.h"
 
 #include "bench_time.h"

@@ -45,7 +45,7 @@ declare -A why=(
   [openmpi-bin]="mpirun, which starts a run over several processes (and its tests)"
   [python3-dev]="Python 3's headers: the Python package libspmd (its extension module libspmd._core)"
   [libdnnl-dev]="oneDNN's headers (2.x on Debian 12, 3.x on Debian 13) and its library: its matmul is the bf16 GEMM backend and an f32 one (libdnnl is loaded at run time)"
-  [python3-numpy]="NumPy: the Python package's arrays (and, in the tests, tests/read_export.py, the independent reader of spmd export files)"
+  [python3-numpy]="NumPy: the Python package's arrays (and, in the tests, tests/support/read_export.py, the independent reader of spmd export files)"
 )
 packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev libcjson-dev zlib1g-dev
           libopenmpi-dev openmpi-bin python3-dev python3-numpy libdnnl-dev)

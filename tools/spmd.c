@@ -12,15 +12,15 @@
  *                           text files as GPT-2 token shards for spmd train --data
  * The entry point, at the top of the tool's modules: it has no header.
  */
-#include "explain.h"
-#include "export.h"
+#include "commands/explain.h"
+#include "commands/export.h"
+#include "commands/plot_cmd.h"
+#include "commands/sample.h"
+#include "commands/tokenize.h"
+#include "commands/train.h"
+#include "commands/visualize.h"
 #include "flags.h"
-#include "plot_cmd.h"
 #include "processes.h"
-#include "sample.h"
-#include "tokenize.h"
-#include "train.h"
-#include "visualize.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -32,9 +32,9 @@
 #ifndef SPMD_RUNTIME_EXECUTOR_IMPL_H
 #define SPMD_RUNTIME_EXECUTOR_IMPL_H
 
-#include "runtime/collectives.h"
+#include "runtime/collectives/collectives.h"
 #include "runtime/executor.h"
-#include "runtime/kernels.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/pool.h"
 #include "runtime/wait.h"
 

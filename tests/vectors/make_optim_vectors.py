@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Reference trajectories for libspmd's optimizers, from PyTorch's own
 torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW (with param groups)
-and torch.nn.utils.clip_grad_norm_ (tests/test_optim.c replays them with
+and torch.nn.utils.clip_grad_norm_ (tests/train/test_optim.c replays them with
 spmd_optimizer_apply and spmd_optimizer_apply_groups).
 
 Run with the system interpreter, which has Debian's python3-torch:

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Reference test vectors for libspmd's models, from an independent PyTorch
-implementation (tests/test_models.c compares against them).
+implementation (tests/models/test_models.c compares against them).
 
 Run with the system interpreter, which has Debian's python3-torch:
     /usr/bin/python3 tests/vectors/make_vectors.py

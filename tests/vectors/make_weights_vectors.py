@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Reference weights files and results for `--init` (tests/test_weights.c,
-tests/test_cli_init.c), from a small random GPT-2 written in PyTorch here.
+"""Reference weights files and results for `--init` (tests/train/test_weights.c,
+tests/cli/test_cli_init.c), from a small random GPT-2 written in PyTorch here.
 
 Run with the system interpreter, which has Debian's python3-torch:
     /usr/bin/python3 tests/vectors/make_weights_vectors.py

@@ -1,0 +1,150 @@
+/*
+ * `spmd explain`: how a training step is partitioned, without running it:
+ * each named tensor's sharding, each collective (kind, mesh axes, bytes per
+ * device, phase, the value it moves), per-device memory and the fallbacks.
+ * The text is the library's (spmd_program_explain, which the Python
+ * package prints too); the tool adds what only it knows, and --json.
+ */
+#include "commands/explain.h"
+
+#include "explain_trace.h"
+#include "flags.h"
+#include "json_file.h"
+#include "message.h"
+#include "model.h"
+#include "outputs.h"
+#include "report.h"
+
+#include <cJSON.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every named tensor's shape and sharding, for --json. */
+static cJSON *tensors_json(const spmd_graph *g)
+{
+    cJSON *list = cJSON_CreateArray();
+    for (int i = 0; i < spmd_graph_tensor_count(g); i++) {
+        const spmd_tensor *t = spmd_graph_tensor(g, i);
+        if (!spmd_tensor_name(t)) continue;
+        char spec[256];
+        spmd_get_sharding(t, spec, sizeof spec);
+        if (!spec[0]) snprintf(spec, sizeof spec, "replicated");
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", spmd_tensor_name(t));
+        cJSON *dims = cJSON_AddArrayToObject(o, "shape");
+        for (int d = 0; d < spmd_tensor_rank(t); d++)
+            cJSON_AddItemToArray(dims, cJSON_CreateNumber((double)spmd_tensor_dim(t, d)));
+        cJSON_AddStringToObject(o, "sharding", spec);
+        cJSON_AddItemToArray(list, o);
+    }
+    return list;
+}
+
+/* Each collective's estimate and measured median, for --json. */
+static cJSON *measured_json(const spmd_program *p, const explain_measured *meas)
+{
+    cJSON *list = cJSON_CreateArray();
+    for (int i = 0; i < meas->n; i++) {
+        spmd_collective_info c;
+        spmd_program_collective(p, i, &c);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "collective", i);
+        cJSON_AddStringToObject(o, "kind", c.kind);
+        cJSON_AddStringToObject(o, "value", c.tensor);
+        /* No step: never measured. */
+        cJSON_AddBoolToObject(o, "read_in_place", c.in_place && !c.written);
+        cJSON_AddBoolToObject(o, "written_in_place", c.written);
+        cJSON_AddNumberToObject(o, "estimate_us", c.seconds * 1e6);
+        if (isnan(meas->median_us[i])) cJSON_AddNullToObject(o, "measured_us");
+        else cJSON_AddNumberToObject(o, "measured_us", meas->median_us[i]);
+        cJSON_AddNumberToObject(o, "samples", meas->samples[i]);
+        cJSON_AddItemToArray(list, o);
+    }
+    return list;
+}
+
+int cmd_explain(int argc, char **argv)
+{
+    cli_opts o;
+    int rc = flags_parse(argc, argv, CMD_EXPLAIN, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    /* The report must not replace the trace it reads. */
+    const outputs_file out[] = {{"--json", o.json}}, in[] = {{"--trace", o.trace}};
+    if ((rc = outputs_check_apart(out, 1, in, 1))) return rc;
+    o.eval_samples = o.val_batches = 0; /* nothing is evaluated: no evaluation graph */
+    cli_model m;
+    rc = model_build(&o, &m);
+    spmd_program *p = rc ? NULL : model_compile(&o, m.train.g, true);
+    if (!p) {
+        model_free(&m);
+        return rc ? rc : 1;
+    }
+    char mesh[128];
+    model_mesh_text(&m, mesh, sizeof mesh);
+    explain_measured meas = {0};
+    if (o.trace && (rc = explain_trace_read(o.trace, o.model, (double)m.params, mesh, p, &meas))) {
+        spmd_program_free(p);
+        model_free(&m);
+        return rc;
+    }
+    /* The text is the library's (spmd_program_explain), with what only
+     * the tool knows: the model, the batch, where the network's figures
+     * come from and the trace's measures. */
+    char batch[64];
+    model_batch_text(&o, batch, sizeof batch);
+    spmd_explain_options how = {.model = o.model, .batch = batch, .network_source = m.network_source,
+                                .measured_us = o.trace ? meas.median_us : NULL,
+                                .first_step = meas.first_step, .last_step = meas.last_step};
+    char *text;
+    if (spmd_program_explain(p, &how, &text) != SPMD_OK) {
+        rc = cli_fail("explain: %s", spmd_last_error());
+        explain_measured_free(&meas);
+        spmd_program_free(p);
+        model_free(&m);
+        return rc;
+    }
+    fputs(text, stdout);
+    free(text);
+    /* The JSON report is built only when asked for: for a deep model it
+     * costs as much as the text. */
+    if (o.json) {
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddItemToObject(root, "mesh", report_mesh(&m));
+        cJSON_AddStringToObject(root, "model", o.model);
+        cJSON_AddNumberToObject(root, "params", (double)m.params);
+        if (m.copies > 1) {
+            cJSON *c = cJSON_AddObjectToObject(root, "copies");
+            cJSON_AddNumberToObject(c, "count", m.copies);
+            cJSON_AddStringToObject(c, "axis", o.copies);
+        }
+        cJSON_AddItemToObject(root, "tensors", tensors_json(m.train.g));
+        int unsettled = spmd_program_propagation_unsettled(p);
+        if (unsettled) cJSON_AddNumberToObject(root, "propagation_unsettled_rounds", unsettled);
+        cJSON_AddItemToObject(root, "collectives", report_collectives(p));
+        size_t fly_bytes, fly_extra;
+        cJSON *fly = cJSON_AddObjectToObject(root, "in_flight");
+        cJSON_AddNumberToObject(fly, "collectives", spmd_program_overlap(p, &fly_bytes, &fly_extra));
+        cJSON_AddNumberToObject(fly, "bytes", (double)fly_bytes);
+        cJSON_AddNumberToObject(fly, "budget_bytes", (double)spmd_program_inflight_budget(p));
+        cJSON_AddNumberToObject(fly, "arena_extra_bytes", (double)fly_extra);
+        if (o.trace) cJSON_AddItemToObject(root, "measured", measured_json(p, &meas));
+        cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));
+        cJSON_AddItemToObject(root, "peak_bytes_per_device", report_per_device(p, (double)spmd_program_peak_bytes(p)));
+        int nf = spmd_program_fallback_count(p);
+        cJSON *fb = cJSON_CreateArray();
+        for (int i = 0; i < nf; i++) {
+            char line[256];
+            spmd_program_fallback(p, i, line, sizeof line);
+            cJSON_AddItemToArray(fb, cJSON_CreateString(line));
+        }
+        cJSON_AddItemToObject(root, "fallbacks", fb);
+        cJSON_AddNumberToObject(root, "fallback_count", nf);
+        rc = json_file_write(o.json, root);
+    }
+    explain_measured_free(&meas);
+    spmd_program_free(p);
+    model_free(&m);
+    return rc;
+}
