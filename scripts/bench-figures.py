@@ -80,7 +80,9 @@ class Runner:
         """A command as the page shows it: build/... for BUILD_DIR's files."""
         out = []
         for w in words:
-            if w.startswith(self.build + "/"):
+            if w == self.build:
+                w = "build"
+            elif w.startswith(self.build + "/"):
                 w = "build/" + w[len(self.build) + 1:]
             elif w.startswith(self.scratch + "/"):
                 w = w[len(self.scratch) + 1:]
@@ -142,9 +144,12 @@ def needs_mpi(r):
         return "no mpirun (apt-get install openmpi-bin)"
     if not os.access(r.bench("bench_collectives"), os.X_OK):
         return "no build/bench/bench_collectives"
-    with open(os.path.join(r.build, "CMakeCache.txt")) as f:
-        if re.search(r"^SPMD_MPI:BOOL=OFF", f.read(), re.M):
-            return "the build has no MPI (SPMD_MPI=OFF)"
+    try:
+        with open(os.path.join(r.build, "CMakeCache.txt")) as f:
+            if re.search(r"^SPMD_MPI:BOOL=OFF", f.read(), re.M):
+                return "the build has no MPI (SPMD_MPI=OFF)"
+    except OSError:
+        return f"no CMake cache in {r.build}"
     return None
 
 
