@@ -12,7 +12,7 @@ class:
     <!-- bench-figures: NAME CLASS -->
 
     Measured by `scripts/bench-figures.py` on MODEL (CLASS), N cores; Debian R;
-    load average L at the start; DATE; commit C.
+    load average L at the start, L' at the end; DATE; commit C.
 
         $ COMMAND
         what it printed
@@ -30,7 +30,7 @@ The page is rewritten after each figure, so a run stopped halfway keeps
 what it measured.
 
 --only picks figures, --cheap the cheap ones (under a minute each on a
-quiet 2-core machine); --print writes the blocks to stdout instead;
+2-core machine); --print writes the blocks to stdout instead;
 --list names the figures with their cost and what each needs.  Measure on
 a quiet machine: the block records the load, but a busy machine's figures
 compare with nothing.
@@ -220,7 +220,9 @@ def fig_compile(r):
 
 
 def fig_checkpoint(r):
-    return plain(r, [r.bench("bench_checkpoint")])
+    # Its checkpoint under the scratch folder, which the output names
+    # by what is under it.
+    return plain(r, [r.bench("bench_checkpoint")], env={"TMPDIR": r.scratch})
 
 
 def fig_torch_mlp(r):
@@ -273,23 +275,24 @@ class Figure:
         self.run, self.seconds, self.needs = run, seconds, needs
 
 
-# Seconds on a quiet 2-core machine; --cheap takes those under a minute.
+# Seconds a figure took on a 2-core AVX-512 machine at a load of about 3
+# (the AMD EPYC, 2026-12-04); --cheap takes those under a minute.
 CHEAP_S = 60
 FIGURES = {
-    "step": Figure(fig_step, 600, needs_bench("bench_step")),
-    "step-meshes": Figure(fig_step_meshes, 150, needs_bench("bench_step")),
-    "step-overlap": Figure(fig_step_overlap, 600, needs_bench("bench_step")),
-    "torch-mlp": Figure(fig_torch_mlp, 60, needs_torch),
-    "torch-gpt": Figure(fig_torch_gpt, 120, needs_torch),
-    "train-fwd-bwd": Figure(fig_train_fwd_bwd, 120, needs_bench("bench_train")),
-    "train-124m": Figure(fig_train_124m, 60, needs_tool),
-    "gemm": Figure(fig_gemm, 120, needs_bench("bench_gemm")),
-    "collectives": Figure(fig_collectives, 40, needs_bench("bench_collectives")),
-    "collectives-mpi": Figure(fig_collectives_mpi, 300, needs_mpi),
-    "processes": Figure(fig_processes, 120, needs_mpi),
-    "compile": Figure(fig_compile, 20, needs_bench("bench_compile")),
-    "checkpoint": Figure(fig_checkpoint, 60, needs_bench("bench_checkpoint")),
-    "sample": Figure(fig_sample, 40, needs_tool),
+    "step": Figure(fig_step, 45, needs_bench("bench_step")),
+    "step-meshes": Figure(fig_step_meshes, 15, needs_bench("bench_step")),
+    "step-overlap": Figure(fig_step_overlap, 140, needs_bench("bench_step")),
+    "torch-mlp": Figure(fig_torch_mlp, 15, needs_torch),
+    "torch-gpt": Figure(fig_torch_gpt, 20, needs_torch),
+    "train-fwd-bwd": Figure(fig_train_fwd_bwd, 140, needs_bench("bench_train")),
+    "train-124m": Figure(fig_train_124m, 20, needs_tool),
+    "gemm": Figure(fig_gemm, 90, needs_bench("bench_gemm")),
+    "collectives": Figure(fig_collectives, 25, needs_bench("bench_collectives")),
+    "collectives-mpi": Figure(fig_collectives_mpi, 60, needs_mpi),
+    "processes": Figure(fig_processes, 45, needs_mpi),
+    "compile": Figure(fig_compile, 10, needs_bench("bench_compile")),
+    "checkpoint": Figure(fig_checkpoint, 20, needs_bench("bench_checkpoint")),
+    "sample": Figure(fig_sample, 15, needs_tool),
     "tokenize": Figure(fig_tokenize, 5, needs_encoder),
 }
 
@@ -306,11 +309,14 @@ MACHINE_LINE = re.compile(
     r"commit (?P<commit>[0-9a-f]{7,40}(?:-dirty)?)(?:[.:]|; .+[.:])$", re.S)
 
 
-def machine_line(load):
+def machine_line(start_load):
+    """The block's first line; the load at the start and at the end, since
+    other work may begin during a run."""
     return prose(f"Measured by `scripts/bench-figures.py` on {measured_on.cpu_model()} "
                  f"({measured_on.cpu_class()}), {measured_on.cores()} cores; Debian "
-                 f"{measured_on.debian()}; load average {load:.1f} at the start; "
-                 f"{measured_on.today()}; commit {measured_on.commit()}.")
+                 f"{measured_on.debian()}; load average {start_load:.1f} at the start, "
+                 f"{measured_on.load():.1f} at the end; {measured_on.today()}; commit "
+                 f"{measured_on.commit()}.")
 
 
 def check(text, where):
@@ -449,7 +455,7 @@ def main(argv):
             return run_check(args.pop(0) if args else PAGE)
         elif a == "--list":
             for n, fig in FIGURES.items():
-                print(f"{n:16} about {fig.seconds:4d} s quiet")
+                print(f"{n:16} about {fig.seconds:4d} s")
             return 0
         elif a in ("-h", "--help"):
             print(__doc__.strip())
@@ -473,7 +479,7 @@ def main(argv):
                 print(f"bench-figures: {n} skipped: {why}", file=sys.stderr)
                 skipped.append(n)
                 continue
-            print(f"bench-figures: {n} ({cls}, about {FIGURES[n].seconds} s when quiet) ...",
+            print(f"bench-figures: {n} ({cls}, about {FIGURES[n].seconds} s on 2 cores) ...",
                   file=sys.stderr, flush=True)
             start_load, start = measured_on.load(), time.monotonic()
             pairs = FIGURES[n].run(runner)
