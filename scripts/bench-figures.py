@@ -25,15 +25,18 @@ machine's class, adding one after the figure's last block when the page
 has none of the class; blocks of other classes were measured on other
 machines and are left alone.  A block that opens with "Recorded by hand"
 (several runs' medians, say) is replaced like any other when its class's
-machine reruns the figure.  Output is copied as printed, never edited.
+machine reruns the figure.  Output is copied as printed, never edited
+(the build folder shown as build/, and of spmd sample and tokenize only
+their rate lines).
 The page is rewritten after each figure, so a run stopped halfway keeps
 what it measured.
 
 --only picks figures, --cheap the cheap ones (under a minute each on a
 2-core machine); --print writes the blocks to stdout instead;
---list names the figures with their cost and what each needs.  Measure on
-a quiet machine: the block records the load, but a busy machine's figures
-compare with nothing.
+--list names the figures and their cost.  Measure on a quiet machine: the
+block records the load, but a busy machine's figures compare with
+nothing; a figure this machine cannot run (no mpirun, no torch, no GPT-2
+BPE data) is skipped, saying why.
 
 --check reads the page (or FILE) only, in well under a second, and fails
 unless every marker is well formed and closed, names a figure this script
@@ -69,7 +72,7 @@ def die(msg):
 
 
 class Runner:
-    """Runs a figure's commands from the source tree, BUILD_DIR's programs
+    """Runs a figure's commands in a scratch folder, BUILD_DIR's programs
     standing for the build/ the page shows."""
 
     def __init__(self, build_dir, scratch):
