@@ -477,6 +477,9 @@ SPMD_API spmd_status spmd_program_input_rows(const spmd_program *p, const spmd_t
 
 /* ---- BLAS ---------------------------------------------------------------- */
 
+/* The library's version ("0.1.0"), as the build that made it was told. */
+SPMD_API const char *spmd_version(void);
+
 /* The GEMM library is loaded when a program first runs (compiling, even
  * for reports, needs none), or by the two calls below. */
 /* Which GEMM library and kernel the runtime loaded for f32 products

@@ -45,6 +45,7 @@ visualize = _core.visualize
 lr_schedule = _core.lr_schedule
 blas_describe = _core.blas_describe
 blas_select = _core.blas_select
+__version__ = _core.version()
 
 __all__ = ["Mesh", "Graph", "Tensor", "Program", "mark_sharding",
            "visualize", "lr_schedule", "blas_describe", "blas_select", "explain", "explain_text",

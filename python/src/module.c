@@ -48,6 +48,21 @@ static PyObject *mod_lr_schedule(PyObject *mod, PyObject *args, PyObject *kw)
     return PyFloat_FromDouble(spmd_lr_schedule(step, warmup, total, peak, floor_lr));
 }
 
+static PyObject *mod_version(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    return PyUnicode_FromString(spmd_version());
+}
+
+static PyObject *mod_blas_describe_bf16(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    const char *s = spmd_blas_describe_bf16();
+    return s ? PyUnicode_FromString(s) : raise_last();
+}
+
 static PyObject *mod_blas_describe(PyObject *mod, PyObject *unused)
 {
     (void)mod;
@@ -72,8 +87,11 @@ static PyMethodDef module_methods[] = {
      "visualize(mesh, spec, shape) -> text: which devices hold which block of a 1-D or 2-D tensor"},
     {"lr_schedule", KW(mod_lr_schedule),
      "lr_schedule(step, warmup, total, peak, floor) -> linear warmup then cosine decay"},
+    {"version", FN(mod_version), METH_NOARGS, "version() -> the C library's version"},
     {"blas_describe", FN(mod_blas_describe), METH_NOARGS,
      "blas_describe() -> the GEMM library and kernel the runtime loads"},
+    {"blas_describe_bf16", FN(mod_blas_describe_bf16), METH_NOARGS,
+     "blas_describe_bf16() -> what runs bf16 products (native, or converted to f32 and why)"},
     {"blas_select", KW(mod_blas_select),
      "blas_select(library=None, coretype=None): choose the GEMM library before the first run"},
     {NULL}};
