@@ -233,6 +233,15 @@ static spmd_status vjp_abs(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_
     return done(t, dx);
 }
 
+/* softplus_b(x): dx = dy sigmoid(b x) (which is 1 in f32 past the
+ * threshold, where softplus is x). */
+static spmd_status vjp_softplus(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    float b = t->attr.scale.c == 0.0f ? 1.0f : t->attr.scale.c;
+    dx[0] = spmd_mul(g, dy, spmd_sigmoid(g, spmd_scale(g, t->in[0], b)));
+    return done(t, dx);
+}
+
 /* sign is flat wherever it has a slope: no gradient flows. */
 static spmd_status vjp_sign(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
 {

@@ -168,6 +168,18 @@ def test_pow_and_sigmoid_run_as_eager():
     assert_one_sgd_step_as_eager(model, loss_fn, x)
 
 
+def test_softplus_runs_as_eager():
+    def loss_fn(m, x):
+        y = m(x)
+        return (F.softplus(y) + F.softplus(y * 30, beta=2) + F.softplus(y - 12)).mean()
+
+    torch.manual_seed(3)
+    model = Lin()
+    x = x46()
+    assert "softplus" in set(xs.trace(loss_fn, model, x).ops())
+    assert_one_sgd_step_as_eager(model, loss_fn, x)
+
+
 @pytest.mark.parametrize("overload", sorted(aten.ONE_TO_ONE))
 def test_one_to_one_ops_run_as_eager(overload):
     # The entries made from the C op table (aten.ONE_TO_ONE), each traced,

@@ -389,6 +389,15 @@ def pow_tensor_scalar(cx, x, e):
     return cx.emit("pow_scalar", x, e)
 
 
+@lowers("aten.softplus.default")
+def softplus(cx, x, beta=1, threshold=20):
+    """libspmd's softplus (its constant is beta), at torch's default
+    threshold."""
+    if float(threshold) != 20:
+        raise cx.unsupported(f"with threshold {threshold}; libspmd's softplus is linear past 20")
+    return cx.emit("softplus", cx.ref(x), float(beta))
+
+
 @lowers("aten.reciprocal.default")
 def reciprocal(cx, x):
     x = cx.ref(x)

@@ -253,6 +253,12 @@ static inline float kn_pow(float x, float p)
 /* relu passes NaN through, as torch.relu does. */
 static inline float kn_relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
 static inline float kn_rsqrt(float x) { return 1.0f / sqrtf(x); }
+/* log1p keeps the small values of a very negative b x. */
+static inline float kn_softplus(float x, float c)
+{
+    const float b = c == 0.0f ? 1.0f : c;
+    return b * x > 20.0f ? x : log1pf(kn_expf(b * x)) / b;
+}
 
 /* ops.def's formula column, one function per op that has a formula:
  * ew_<ENUM>(x, c) for EW_UNARY (c is the node's attr.scale.c),
