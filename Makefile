@@ -10,7 +10,7 @@
 #                   WERROR=ON)
 #   make bench      build and run the benchmarks
 #   make clean      remove the build folders
-# Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=... PYTHON=/usr/bin/python3
+# Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=... PYTHON=<interpreter>
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD_TYPE ?= Release
@@ -18,7 +18,14 @@ NATIVE ?= ON
 WERROR ?= OFF
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
-PYTHON ?= /usr/bin/python3
+# The Python package is built for PYTHON when it is given, else for the
+# virtual environment `make test` makes in build/venv (torch 2 and what the
+# tests use: scripts/install-deps.sh --venv) once it is there, else for
+# Debian's /usr/bin/python3.
+PYTHON ?=
+VENV := $(BUILD)/venv
+python_for = $$(if [ -n "$(PYTHON)" ]; then echo "$(PYTHON)"; \
+	elif [ -x $(VENV)/bin/python ]; then echo "$(CURDIR)/$(VENV)/bin/python"; else echo /usr/bin/python3; fi)
 
 BUILD := build
 ASAN_BUILD := build-asan
@@ -54,8 +61,8 @@ all: build
 # npm/, where spmd tokenize looks by default; a target-specific variable
 # reaches `deps` through `build`.
 DEPS_ARGS :=
-test: DEPS_ARGS := --tests --npm $(BUILD)/npm
-test-asan: DEPS_ARGS := --tests --npm $(ASAN_BUILD)/npm
+test: DEPS_ARGS := --tests --npm $(BUILD)/npm --venv $(VENV)
+test-asan: DEPS_ARGS := --tests --npm $(ASAN_BUILD)/npm --venv $(VENV)
 
 deps:
 	@echo "==> checking system packages (scripts/install-deps.sh $(DEPS_ARGS))"
@@ -64,7 +71,7 @@ deps:
 build: deps
 	@echo "==> configuring $(BUILD)/ ($(BUILD_TYPE), native=$(NATIVE), werror=$(WERROR))"
 	@$(call configure,-S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPMD_NATIVE=$(NATIVE) \
-	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF $(CMAKE_ARGS))
+	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=OFF -DPython3_EXECUTABLE=$(python_for) $(CMAKE_ARGS))
 	@echo "==> building $(BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(BUILD) -j $(JOBS)
 
@@ -72,7 +79,7 @@ build-asan: deps
 	@echo "==> configuring $(ASAN_BUILD)/ (RelWithDebInfo, ASan+UBSan, werror=$(WERROR))"
 	@$(call configure,-S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_NATIVE=$(NATIVE) \
 	    -DSPMD_WERROR=$(WERROR) -DSPMD_SANITIZE=ON -DSPMD_BUILD_BENCH=OFF \
-	    -DSPMD_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
+	    -DSPMD_BUILD_EXAMPLES=OFF -DPython3_EXECUTABLE=$(python_for) $(CMAKE_ARGS))
 	@echo "==> building $(ASAN_BUILD)/ with $(JOBS) jobs"
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
@@ -126,10 +133,10 @@ bench: build
 	    [ -f "$$b" ] && [ -x "$$b" ] || continue; found=1; \
 	    echo "==> running $$b"; "$$b"; \
 	done; [ $$found = 1 ] || echo "==> no benchmarks built"
-	@if [ -d $(BUILD)/python/libspmd ] && $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	@py=$(python_for); if [ -d $(BUILD)/python/libspmd ] && $$py -c 'import torch' 2>/dev/null; then \
 	    echo "==> running bench/bench_torch_gpt.py"; \
-	    PYTHONPATH=$(BUILD)/python $(PYTHON) bench/bench_torch_gpt.py; \
-	else echo "==> bench/bench_torch_gpt.py skipped: no Python package in $(BUILD)/ or no torch for $(PYTHON)"; fi
+	    PYTHONPATH=$(BUILD)/python $$py bench/bench_torch_gpt.py; \
+	else echo "==> bench/bench_torch_gpt.py skipped: no Python package in $(BUILD)/ or no torch for $$py"; fi
 
 clean:
 	@echo "==> removing $(BUILD)/, $(ASAN_BUILD)/, $(TSAN_BUILD)/ and $(NOMPI_BUILD)/"

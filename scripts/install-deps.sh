@@ -13,10 +13,14 @@
 #               JavaScript encoder its tests compare with.  The one download
 #               from outside Debian; a failure is a warning (the tests that
 #               need it say so and skip).
+#   --venv DIR  also a Python virtual environment in DIR that runs the
+#               Python package and its tests (make test passes
+#               --venv build/venv; see python_venv below for what it holds).
 set -euo pipefail
 
 with_tests=0
 npm_prefix=
+venv=
 while (($#)); do
   case "$1" in
     --tests) with_tests=1 ;;
@@ -24,7 +28,11 @@ while (($#)); do
       [ $# -ge 2 ] || { echo "install-deps: --npm needs a folder" >&2; exit 2; }
       npm_prefix=$2
       shift ;;
-    *) echo "install-deps: unknown argument '$1' (--tests, --npm DIR)" >&2; exit 2 ;;
+    --venv)
+      [ $# -ge 2 ] || { echo "install-deps: --venv needs a folder" >&2; exit 2; }
+      venv=$2
+      shift ;;
+    *) echo "install-deps: unknown argument '$1' (--tests, --npm DIR, --venv DIR)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -52,18 +60,67 @@ packages=(cmake gcc libc6-dev make pkg-config libopenblas0-pthread libcmocka-dev
 # Only for the tests: without them the checks that need them print a note
 # and are skipped.
 why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot and docs/design/pipeline.svg to PNG and PDF (test_cli_plot, test_pipeline_svg)"
-why[python3-pytest]="tests only: pytest runs the Python package's tests (tests/python, the CTest test python_tests)"
-why[python3-torch]="tests only: PyTorch, for the tests of libspmd.torch (tests/python)"
 why[nodejs]="tests only: node runs gpt-3-encoder's own JavaScript encoder, the oracle of test_cli_tokenize"
 why[npm]="tests only: npm installs gpt-3-encoder (--npm DIR)"
 why[iproute2]="tests only: ip makes the network namespaces of test_multihost, hosts simulated on this machine (not in a minimal image such as a chroot or container)"
-test_packages=(librsvg2-bin python3-pytest python3-torch iproute2)
+test_packages=(librsvg2-bin iproute2)
 if ((with_tests)); then
   packages+=("${test_packages[@]}")
+fi
+
+# The virtual environment (--venv DIR) runs the Python package and its
+# tests on today's PyTorch: torch 2 with torchvision (the front end's
+# models), pytest, NumPy 2 and Hugging Face transformers (a GPT2LMHeadModel
+# built from its config: no weights are downloaded).  Where it comes from
+# depends on the release, so that nothing takes a download of several GB:
+#   Debian 12: the python3 first on PATH (Python 3.11), and pip installs
+#     torch 2.14.1 with torchvision 0.29.1, the pair that imports together
+#     (about 5.5 GB in the environment; these machines hold the wheels on
+#     their own disk), plus the rest from the package index;
+#   Debian 13: Debian's /usr/bin/python3 (3.13) with Debian's own
+#     python3-torch and python3-torchvision (torch 2.6) from apt, which
+#     the environment sees (--system-site-packages); pip adds transformers.
+debian_major=$(cut -d. -f1 /etc/debian_version 2>/dev/null || echo 0)
+venv_pip=(numpy pytest "transformers==5.17.0")
+if [ -n "$venv" ]; then
+  if [ "$debian_major" -ge 13 ]; then
+    why[python3-venv]="the virtual environment (--venv) of the Python package's tests"
+    why[python3-torch]="tests only: PyTorch 2 (Debian's), seen by the --venv environment: the tests of libspmd.torch"
+    why[python3-torchvision]="tests only: torchvision (Debian's), for the front end's tests on resnet18"
+    why[python3-pytest]="tests only: pytest runs the Python package's tests (tests/python, the CTest test python_tests)"
+    packages+=(python3-venv python3-torch python3-torchvision python3-pytest)
+    venv_base=/usr/bin/python3
+    venv_args=(--system-site-packages)
+  else
+    venv_base=$(command -v python3 || echo /usr/bin/python3)
+    venv_args=()
+    venv_pip=("torch==2.14.1" "torchvision==0.29.1" "${venv_pip[@]}")
+  fi
 fi
 # Optional: libblis4 is a slower fallback BLAS, used only without OpenBLAS.
 
 say() { echo "install-deps: $*"; }
+
+# The virtual environment into --venv DIR, when asked for and not there
+# yet (a stamp file records what was installed).
+install_venv() {
+  [ -n "$venv" ] || return 0
+  local stamp="$venv/libspmd-venv.txt" want="$venv_base ${venv_args[*]} ${venv_pip[*]}"
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    say "virtual environment present in $venv ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null))"
+    return 0
+  fi
+  say "running: $venv_base -m venv ${venv_args[*]:+${venv_args[*]} }$venv (the Python package's tests)"
+  rm -rf "$venv"
+  "$venv_base" -m venv "${venv_args[@]}" "$venv" || { say "could not make $venv"; exit 1; }
+  say "running: $venv/bin/pip install ${venv_pip[*]} (PyTorch 2 and what the tests of the Python package use)"
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check "${venv_pip[@]}"; then
+    say "pip install failed in $venv: ${venv_pip[*]}"
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+  say "installed in $venv: $("$venv/bin/python" -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__)')"
+}
 
 # The npm package into --npm DIR, when asked for and not there yet.
 install_npm() {
@@ -93,10 +150,11 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
   if ((${#missing_cmds[@]} == 0)) && pkg-config --exists cmocka libcjson zlib 2>/dev/null; then
     say "the tools and libraries are there; make sure OpenBLAS (libopenblas.so.0) is installed too."
     install_npm
+    install_venv
     exit 0
   fi
   say "please install the equivalents of: ${packages[*]}"
-  ((with_tests)) && say "(for the tests: pytest and torch for /usr/bin/python3, and rsvg-convert)"
+  ((with_tests)) && say "(for the tests: rsvg-convert, and python3 with venv and pip for --venv)"
   exit 1
 fi
 
@@ -117,6 +175,7 @@ fi
 if ((${#missing[@]} == 0)); then
   say "all ${#packages[@]} packages present (${packages[*]})"
   install_npm
+  install_venv
   exit 0
 fi
 
@@ -155,3 +214,4 @@ if ! apt_install; then
 fi
 say "installed: ${missing[*]}"
 install_npm
+install_venv

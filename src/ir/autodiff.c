@@ -242,8 +242,9 @@ static spmd_status vjp_softplus(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, 
     return done(t, dx);
 }
 
-/* sign is flat wherever it has a slope: no gradient flows. */
-static spmd_status vjp_sign(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+/* sign and the comparisons are flat wherever they have a slope: no
+ * gradient flows. */
+static spmd_status vjp_flat(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
 {
     (void)g, (void)t, (void)dy, (void)dx;
     return SPMD_OK;

@@ -72,6 +72,24 @@ class NumpyBuilder:
     def div(self, a, b):
         return self._binary("div", np.divide, a, b)
 
+    def lt(self, a, b):
+        return self._binary("lt", np.less, a, b)
+
+    def le(self, a, b):
+        return self._binary("le", np.less_equal, a, b)
+
+    def gt(self, a, b):
+        return self._binary("gt", np.greater, a, b)
+
+    def ge(self, a, b):
+        return self._binary("ge", np.greater_equal, a, b)
+
+    def eq(self, a, b):
+        return self._binary("eq", np.equal, a, b)
+
+    def ne(self, a, b):
+        return self._binary("ne", np.not_equal, a, b)
+
     def where(self, cond, a, b):
         self._f32("where", cond, a, b)
         return np.where(cond != 0, a, b).astype(F32)

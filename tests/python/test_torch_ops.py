@@ -81,6 +81,10 @@ LOSSES = {
     "masked_fill_where": (lambda m, x: torch.where(m.tri[:3] > 0, m(x), torch.zeros(()))
                           .masked_fill(m.tri[2:5] == 0, -3.0).sum()
                           + torch.where(m.tri[0] == 1, 1.0, m(x)).sum(), lambda: (x46(),)),
+    "runtime_comparisons": (lambda m, x: (torch.where(m(x) > 0, m(x), 0.1 * m(x))
+                                          + (m(x) < 0.2).float() * m(x) + (m(x) >= m(x) * 0.5 + 0.1)
+                                          + (m(x) <= -0.1) * 2.0 + (m(x) == 0) + (m(x) != m(x)[:, :1])
+                                          ).sum(), lambda: (x46(),)),
     "layer_norm_forms": (lambda m, x: (F.layer_norm(m(x), (6,)) * 2 + F.layer_norm(
                          m(x).view(3, 2, 3), (2, 3), m.w[:2, :3], m.w[2, :3].expand(2, 3))
                          .view(3, 6)).pow(2).mean(), lambda: (x46(),)),
@@ -220,30 +224,31 @@ def line_of(fragment):
     raise AssertionError(fragment)
 
 
-UNMAPPED = {
-    "aten.cumsum.default": (lambda m, x: torch.cumsum(m(x), 1).sum(), "torch.cumsum(m(x), 1)"),
-    "aten.atan.default": (lambda m, x: m(x).atan().sum(), "m(x).atan()"),
-    "aten.gt.Scalar": (lambda m, x: (m(x) > 0).float().sum(), "(m(x) > 0)"),
-    "aten.pow.Tensor_Tensor": (lambda m, x: (m(x) ** m(x)).sum(), "(m(x) ** m(x))"),
-    "aten.pow.Scalar": (lambda m, x: torch.pow(-2.0, m(x)).sum(), "torch.pow(-2.0, m(x))"),
-    "aten.slice.Tensor": (lambda m, x: m(x)[:, ::2].sum(), "m(x)[:, ::2]"),
-    "aten.native_dropout.default": (lambda m, x: F.dropout(m(x), 0.5).sum(),
-                                    "F.dropout(m(x), 0.5)"),
-    "aten.dropout_.default": (lambda m, x: F.dropout(m(x), 0.5, inplace=True).sum(),
-                              "F.dropout(m(x), 0.5, inplace=True)"),
-    "aten.feature_dropout.default": (lambda m, x: F.dropout1d(m(x), 0.5).sum(),
-                                     "F.dropout1d(m(x), 0.5)"),
-    "aten.embedding.default": (lambda m, x: F.embedding(torch.tensor([1, 2]), m.w.t(),
-                                                        padding_idx=0).sum(),
-                               "F.embedding(torch.tensor([1, 2]), m.w.t(),"),
-    "aten.nll_loss_forward.default": (lambda m, x: F.nll_loss(m(x), torch.tensor([1, 2, 3])),
-                                      "F.nll_loss(m(x)"),
-}
+# (case, the op the refusal names, loss_fn, the fragment of its line).
+UNMAPPED = [
+    ("cumsum", "aten.cumsum.default", lambda m, x: torch.cumsum(m(x), 1).sum(), "torch.cumsum(m(x), 1)"),
+    ("atan", "aten.atan.default", lambda m, x: m(x).atan().sum(), "m(x).atan()"),
+    ("pow_tensors", "aten.pow.Tensor_Tensor", lambda m, x: (m(x) ** m(x)).sum(), "(m(x) ** m(x))"),
+    ("pow_negative_base", "aten.pow.Scalar", lambda m, x: torch.pow(-2.0, m(x)).sum(),
+     "torch.pow(-2.0, m(x))"),
+    ("strided_slice", "aten.slice.Tensor", lambda m, x: m(x)[:, ::2].sum(), "m(x)[:, ::2]"),
+    ("dropout", "aten.native_dropout.default", lambda m, x: F.dropout(m(x), 0.5).sum(),
+     "F.dropout(m(x), 0.5)"),
+    ("dropout_inplace", "aten.native_dropout.default",
+     lambda m, x: F.dropout(m(x), 0.5, inplace=True).sum(), "F.dropout(m(x), 0.5, inplace=True)"),
+    ("dropout1d", "libspmd.feature_dropout.default", lambda m, x: F.dropout1d(m(x), 0.5).sum(),
+     "F.dropout1d(m(x), 0.5)"),
+    ("embedding_padding_idx", "aten.embedding.default",
+     lambda m, x: F.embedding(torch.tensor([1, 2]), m.w.t(), padding_idx=0).sum(),
+     "F.embedding(torch.tensor([1, 2]), m.w.t(),"),
+    ("nll_loss", "aten.nll_loss_forward.default",
+     lambda m, x: F.nll_loss(m(x), torch.tensor([1, 2, 3])), "F.nll_loss(m(x)"),
+]
 
 
-@pytest.mark.parametrize("op", sorted(UNMAPPED))
-def test_unmapped_op_raises_naming_op_and_line(op):
-    loss_fn, fragment = UNMAPPED[op]
+@pytest.mark.parametrize("case", UNMAPPED, ids=[c[0] for c in UNMAPPED])
+def test_unmapped_op_raises_naming_op_and_line(case):
+    _, op, loss_fn, fragment = case
     torch.manual_seed(0)
     with pytest.raises(NotImplementedError) as e:
         xs.trace(loss_fn, Lin(), x46())
@@ -395,3 +400,15 @@ def test_scaled_dot_product_attention_refusals():
         _sdpa_program("aten.scaled_dot_product_attention.default", q, q, q, dropout_p=0.1)
     with pytest.raises(NotImplementedError, match="enable_gqa"):
         _sdpa_program("aten.scaled_dot_product_attention.default", q, q, q, enable_gqa=True)
+
+
+def test_runtime_comparisons_and_where_train_as_eager():
+    # Comparisons of tensors computed at run time, through libspmd's
+    # kernels: a leaky ReLU by where(), a mask as a float, a mask times a
+    # number; one SGD step's loss and weights are eager PyTorch's.
+    def loss_fn(m, x):
+        y = m(x)
+        return (torch.where(y > 0, y, 0.1 * y) + (y < 0.2).float() * y + (y >= y[:, :1]) * 2.0).sum()
+
+    torch.manual_seed(4)
+    assert_one_sgd_step_as_eager(Lin(), loss_fn, x46())

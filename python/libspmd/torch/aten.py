@@ -454,9 +454,13 @@ def triangle(cx, x, diagonal=0):
 
 @lowers(*(f"aten.{op}.{form}" for op in ("eq", "ne", "lt", "gt", "le", "ge")
           for form in ("Scalar", "Tensor")))
-def runtime_compare(cx, *_args, **_kw):
-    raise cx.unsupported("compares a tensor computed at run time; libspmd folds comparisons "
-                         "of constants (buffers, arange, ...) only")
+def compare(cx, a, b):
+    """A comparison of a float tensor computed at run time with a tensor
+    or a number: libspmd's op of that name, 1 where it holds, else 0
+    (torch's bool, which where(), masks and .float() read alike).
+    Comparisons of constants alone are folded before they get here."""
+    op = cx.overload.split(".")[1]
+    return cx.emit(op, cx.ref(a), cx.ref(b))
 
 
 @lowers("aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default")
@@ -464,6 +468,13 @@ def fill_like(cx, x, *args, **_kw):
     value = {"aten.zeros_like.default": 0.0, "aten.ones_like.default": 1.0}.get(
         cx.overload, args[0] if args else None)
     return _fill_like(cx, cx.out_shape(), value)
+
+
+@lowers("aten._assert_tensor_metadata.default", "aten._assert_scalar.default")
+def capture_check(cx, *_args, **_kw):
+    """The capture's checks of what it assumed (a dtype, a shape): they
+    held when it ran, and the program runs on those shapes and dtypes."""
+    return None
 
 
 @lowers("aten.dropout.default")

@@ -1,6 +1,6 @@
 """Recognising causal self-attention in the mapped calls.
 
-make_fx records attention as the chain PyTorch computes it: heads split by
+The capture records attention as the chain PyTorch computes it: heads split by
 view + transpose, q @ k^T through expand/view/bmm, a scale, a causal mask
 (masked_fill from a tril buffer, or an added -inf triangle), softmax, and
 a second bmm with v.  Mapped op by op that is a [B, H, T, T] score tensor

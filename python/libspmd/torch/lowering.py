@@ -56,10 +56,13 @@ class Lowering:
     """The state of one mapping: the call list, the leaves, the FX node
     being mapped (for shapes and messages).  `locate(node)` names the
     user's source line of a node for messages (trace.py's
-    source_location), None for none.  close() frees the scratch graph."""
+    source_location), `module_path(node)` the layer that made it
+    (trace.py's module_path), None for none.  close() frees the scratch
+    graph."""
 
-    def __init__(self, locate=None):
+    def __init__(self, locate=None, module_path=None):
         self.locate = locate
+        self.module_path = module_path
         self.scratch = _core.Graph()
         self.builder = GraphBuilder(self.scratch)
         self.tensors = {}  # Ref id -> the scratch graph's Tensor
@@ -81,10 +84,13 @@ class Lowering:
         return UnsupportedError(self._about_node(f" {why}" if why else " has no libspmd mapping"))
 
     def _about_node(self, text):
-        """'libspmd.torch: aten op <op><text> (at <source line>)'."""
+        """'libspmd.torch: aten op <op><text> (in <module path> (<class>))
+        (at <source line>)'."""
         name = op_name(self.node.target) if self.node is not None else "?"
         where = self.locate(self.node) if self.node is not None and self.locate else None
-        return f"libspmd.torch: aten op {name}{text}" + (f" (at {where})" if where else "")
+        layer = self.module_path(self.node) if self.node is not None and self.module_path else None
+        return f"libspmd.torch: aten op {name}{text}" + (f" (in {layer})" if layer else "") + \
+            (f" (at {where})" if where else "")
 
     @property
     def overload(self):

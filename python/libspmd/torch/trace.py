@@ -2,8 +2,8 @@
 graph onto libspmd builder calls (graph.py) through the table in aten.py,
 node by node, in a lowering context (lowering.py).
 
-Parameters enter the trace as explicit inputs through functional_call and
-become `param` leaves named by their module names.  Buffers, and every node
+torch.export captures it (make_aten_graph); parameters become `param`
+leaves named by their module names.  Buffers, and every node
 computed from buffers and constants alone (a mask from a tril buffer, an
 arange, ...), are folded at trace time with torch itself; a folded value a
 runtime op reads becomes a `state` leaf (its values written after compile).
@@ -17,15 +17,10 @@ import re
 
 import numpy as np
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-try:  # torch >= 2.0
-    from torch.func import functional_call
-except ImportError:  # torch 1.13
-    from torch.nn.utils.stateless import functional_call
-
-from ..errors import InvalidError
+from ..errors import InvalidError, UnsupportedError
 from .aten import TABLE
+from .dropout_capture import DropoutAsOneOp
 from .graph import Ref, TracedGraph
 from .lowering import Lowering, Unavailable, op_name
 from .sharding import get_sharding
@@ -47,12 +42,8 @@ _THIS_FILE = os.path.splitext(os.path.abspath(__file__))[0]
 
 def _recorded_frames(trace):
     """The frames of a recorded stack trace, innermost first, as (path,
-    line, function, code).  torch 1.13 records them innermost first (a
-    walk up from the user's frame), torch 2 outermost first (a traceback):
-    the order is read from where make_aten_graph's frame, which encloses
-    the trace, stands against _LossCall.forward's, which the user's code
-    runs inside, and failing that from the recording frame (torch's own)
-    standing last."""
+    line, function, code); torch records them outermost first, as a
+    traceback does."""
     lines = trace.splitlines()
     frames = []
     for i, line in enumerate(lines):
@@ -62,20 +53,7 @@ def _recorded_frames(trace):
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         code = "" if _FRAME.match(nxt) else nxt.strip()
         frames.append((m.group(1), int(m.group(2)), m.group(3), code))
-    if not frames:
-        return frames
-
-    def ours(frame, function):
-        return frame[2] == function and not frame[0].startswith("<") and \
-            os.path.splitext(os.path.abspath(frame[0]))[0] == _THIS_FILE
-
-    outer = next((i for i, f in enumerate(frames) if ours(f, "make_aten_graph")), None)
-    entry = next((i for i, f in enumerate(frames) if ours(f, "forward")), None)
-    if outer is not None and entry is not None:
-        outermost_first = outer < entry
-    else:
-        outermost_first = _in_torch(frames[-1][0])
-    return frames[::-1] if outermost_first else frames
+    return frames[::-1]
 
 
 def _in_torch(path):
@@ -104,6 +82,24 @@ def source_location(node):
     return None
 
 
+def module_path(node):
+    """'enc.layers.0.dropout (torch.nn.Dropout)': the innermost module
+    whose forward made the node, from the capture's module stack; None
+    for a node of loss_fn itself."""
+    stack = node.meta.get("nn_module_stack") if hasattr(node, "meta") else None
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    if not path:
+        return None  # the capture's root: loss_fn itself
+    prefix = "model."  # _LossCall holds the user's model as .model
+    path = path[len(prefix):] if path.startswith(prefix) else ("" if path == "model" else path)
+    if not isinstance(cls, str):
+        cls = f"{cls.__module__}.{cls.__qualname__}"
+    cls = re.sub(r"^torch\.nn\.modules\.\w+\.", "torch.nn.", cls)
+    return f"{path or 'the model'} ({cls})"
+
+
 def _has_ref(v):
     if isinstance(v, (Ref, Unavailable)):
         return True
@@ -125,8 +121,7 @@ def _subst(v, env):
 
 
 class _LossCall(torch.nn.Module):
-    """loss_fn(model, *batch) as a module, so functional_call can swap the
-    model's parameters and buffers for the trace's inputs."""
+    """loss_fn(model, *batch) as a module, which torch.export captures."""
 
     def __init__(self, model, loss_fn):
         super().__init__()
@@ -171,89 +166,93 @@ def _batch_names(loss_fn, n):
     return names
 
 
+class Capture:
+    """What the capture of loss_fn(model, *batch) holds: the Core ATen FX
+    graph, the role of each placeholder, in order: ("param", name),
+    ("buffer", name, tensor), ("constant", tensor) or ("input", k), and
+    the graph's outputs: the loss's position among them and the buffers
+    the step assigns (BatchNorm's running statistics), as (buffer name,
+    position)."""
+
+    def __init__(self, gm, roles, loss_index, buffer_updates):
+        self.gm = gm
+        self.roles = roles
+        self.loss_index = loss_index
+        self.buffer_updates = buffer_updates
+
+
+def _keep_frames_of(loss_fn):
+    """Have the capture record loss_fn's own frames in stack traces, so a
+    refusal of an op there names its line: torch 2.8 and later keep only
+    the frames of forward methods and of functions registered as anchors
+    (a private hook; without it those nodes have no line)."""
+    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    fn = getattr(loss_fn, "func", loss_fn)  # functools.partial
+    if register is not None:
+        register(getattr(fn, "__func__", fn))
+
+
+def _decompositions():
+    """torch's decompositions to the Core ATen opset, less those of the ops
+    the lowering table maps whole (nll_loss_forward, _log_softmax, ...):
+    libspmd has fused ops for them, which the parts would not reach."""
+    table = torch.export.default_decompositions()
+    for op in list(table.keys()):
+        if op_name(op) in TABLE:
+            del table[op]
+    return table
+
+
 def make_aten_graph(loss_fn, model, *batch):
-    """The aten FX graph of loss_fn(model, *batch), its placeholders in the
-    order: parameters, buffers, batch."""
-    params, p_alias = _named_leaves(model, "param")
-    buffers, b_alias = _named_leaves(model, "buffer")
+    """Capture loss_fn(model, *batch) with torch.export (non-strict: the
+    user's Python runs as written) and lower it to the Core ATen opset with
+    run_decompositions: a functional graph (in-place and view ops
+    rewritten, so add_-style code such as nn.LSTM's traces), the
+    buffer mutations as outputs, and each node's module path and source
+    line in its meta.  Parameters, buffers and constants become
+    placeholders; names are the model's own (tied tensors take the
+    first)."""
+    params, _ = _named_leaves(model, "param")
+    buffers, _ = _named_leaves(model, "buffer")
+    name_of = {id(t): n for n, t in params.items()}
+    name_of.update({id(t): n for n, t in buffers.items()})
     wrapper = _LossCall(model, loss_fn)
-    p_names, b_names = list(params), list(buffers)
-
-    def f(p_vals, b_vals, *xs):
-        d = {}
-        for names, vals, alias in ((p_names, p_vals, p_alias), (b_names, b_vals, b_alias)):
-            by_name = dict(zip(names, vals))
-            d.update({"model." + n: v for n, v in by_name.items()})
-            d.update({"model." + a: by_name[c] for a, c in alias.items()})
-        return functional_call(wrapper, d, tuple(xs))
-
-    from torch.fx.experimental import proxy_tensor
-    tracer_cls = getattr(proxy_tensor, "PythonKeyTracer", None)
-    old = getattr(tracer_cls, "record_stack_traces", None)
-    if tracer_cls is not None:
-        tracer_cls.record_stack_traces = True
+    _keep_frames_of(loss_fn)
     try:
-        with torch.no_grad():
-            gm = make_fx(f)([p.detach() for p in params.values()],
-                            [b.detach() for b in buffers.values()], *batch)
-    finally:
-        if tracer_cls is not None:
-            tracer_cls.record_stack_traces = old
-    _undecompose_dropout(gm)
-    return gm, params, p_alias, buffers
-
-
-def _undecompose_dropout(gm):
-    """Dropout in training as one node again.  aten.dropout is composite:
-    on CPU tensors make_fx records its body (torch 1.13 and 2 alike),
-    noise = empty_like(x).bernoulli_(1 - p).div_(1 - p) then x * noise;
-    native_dropout only where torch has a fused kernel (CUDA).  That body
-    becomes native_dropout(x, p, True)[0], or dropout_ for x.mul_(noise)
-    (inplace=True); the feature forms (dropout1d/2d/3d: noise from
-    new_empty, one draw per channel) become feature_dropout and
-    feature_dropout_.  So the op table's dropout entries decide, and a
-    refusal names dropout, not empty_like."""
-    aten = torch.ops.aten
-    graph = gm.graph
-    changed = False
-    for b in list(graph.nodes):
-        if b.op != "call_function" or b.target is not aten.bernoulli_.float:
-            continue
-        e = b.args[0]
-        keep = b.args[1] if len(b.args) > 1 else b.kwargs.get("p", 0.5)
-        if not isinstance(e, torch.fx.Node) or len(e.users) != 1 or len(b.users) != 1 or \
-                e.target not in (aten.empty_like.default, aten.new_empty.default):
-            continue
-        d = next(iter(b.users))
-        if d.target is not aten.div_.Scalar or d.args[0] is not b or d.args[1] != keep or \
-                len(d.users) != 1 or not isinstance(keep, (int, float)):
-            continue
-        m = next(iter(d.users))
-        x = e.args[0]
-        in_place = m.target is aten.mul_.Tensor
-        if not ((m.target is aten.mul.Tensor and tuple(m.args) in ((x, d), (d, x)))
-                or (in_place and tuple(m.args) == (x, d))):
-            continue
-        p = float(f"{1 - keep:.12g}")
-        feature = e.target is aten.new_empty.default
-        with graph.inserting_before(m):
-            if feature:
-                op = aten.feature_dropout_ if in_place else aten.feature_dropout
-                new = graph.call_function(op.default, (x, p, True))
-            elif in_place:
-                new = graph.call_function(aten.dropout_.default, (x, p, True))
-            else:
-                pair = graph.call_function(aten.native_dropout.default, (x, p, True))
-                pair.meta["stack_trace"] = m.meta.get("stack_trace")
-                new = graph.call_function(operator.getitem, (pair, 0))
-        new.meta.update(m.meta)
-        m.replace_all_uses_with(new)
-        for n in (m, d, b, e):
-            graph.erase_node(n)
-        changed = True
-    if changed:
-        graph.lint()
-        gm.recompile()
+        with DropoutAsOneOp():
+            exported = torch.export.export(wrapper, tuple(batch), strict=False)
+        exported = exported.run_decompositions(_decompositions())
+    except Exception as e:  # torch's own refusal: say what was captured
+        raise UnsupportedError(f"libspmd.torch: torch.export could not capture loss_fn(model, *batch): "
+                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    sig = exported.graph_signature
+    gm = exported.graph_module
+    kinds = torch.export.graph_signature.InputKind
+    roles, k = [], 0
+    for spec in sig.input_specs:
+        if spec.kind == kinds.PARAMETER:
+            roles.append(("param", name_of[id(wrapper.get_parameter(spec.target))]))
+        elif spec.kind == kinds.BUFFER:
+            t = wrapper.get_buffer(spec.target)
+            roles.append(("buffer", name_of[id(t)], t))
+        elif spec.kind in (kinds.CONSTANT_TENSOR, kinds.CUSTOM_OBJ):
+            roles.append(("constant", exported.constants[spec.target]))
+        elif spec.kind == kinds.USER_INPUT:
+            roles.append(("input", k))
+            k += 1
+        else:
+            raise UnsupportedError(f"libspmd.torch: the captured graph has an input of kind {spec.kind.name}")
+    outs = torch.export.graph_signature.OutputKind
+    loss_index, updates = None, []
+    for i, spec in enumerate(sig.output_specs):
+        if spec.kind == outs.USER_OUTPUT and loss_index is None:
+            loss_index = i
+        elif spec.kind == outs.BUFFER_MUTATION:
+            updates.append((name_of[id(wrapper.get_buffer(spec.target))], i))
+        elif spec.kind != outs.USER_OUTPUT:
+            raise UnsupportedError(f"libspmd.torch: loss_fn changes {spec.target} "
+                                   f"({spec.kind.name}); a step may change buffers only")
+    return Capture(gm, roles, loss_index, updates)
 
 
 def trace(loss_fn, model, *batch):
@@ -263,11 +262,12 @@ def trace(loss_fn, model, *batch):
             raise TypeError(f"batch item {i} is a {type(b).__name__}; the batch holds tensors")
         if b.dtype == torch.bool or b.is_complex():
             raise TypeError(f"batch item {i} has dtype {b.dtype}; inputs are float or integer")
-    gm, params, aliases, buffers = make_aten_graph(loss_fn, model, *batch)
+    params, aliases = _named_leaves(model, "param")
+    capture = make_aten_graph(loss_fn, model, *batch)
     names = _batch_names(loss_fn, len(batch))
-    cx = Lowering(locate=source_location)
+    cx = Lowering(locate=source_location, module_path=module_path)
     try:
-        out, marks = _lower(cx, gm, params, buffers, batch, names)
+        out, marks = _lower(cx, capture, params, batch, names)
     finally:
         cx.close()
 
@@ -283,14 +283,16 @@ def trace(loss_fn, model, *batch):
     return TracedGraph(calls, out, params, aliases, states, inputs, marks)
 
 
-def _lower(cx, gm, params, buffers, batch, names):
-    """Map gm's nodes through the op table: (the loss's Ref, leaf name ->
-    ShardingMark of the marked parameters, buffers and batch tensors)."""
+def _lower(cx, capture, params, batch, names):
+    """Map the capture's nodes through the op table: (the loss's Ref, leaf
+    name -> ShardingMark of the marked parameters, buffers and batch
+    tensors)."""
+    gm = capture.gm
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    n_p, n_b = len(params), len(buffers)
     env = {}
     marks = {}
+    emitted = {}
     mesh = None
 
     def note_mark(name, t):
@@ -304,20 +306,25 @@ def _lower(cx, gm, params, buffers, batch, names):
         mesh = m.mesh
         marks[name] = m
 
-    for i, ph in enumerate(placeholders):
+    for ph, role in zip(placeholders, capture.roles):
         cx.node = ph
-        if i < n_p:
-            name, p = list(params.items())[i]
-            env[ph] = cx.emit("param", name, tuple(p.shape))
+        if role[0] == "param":
+            name = role[1]
+            p = params[name]
+            if name not in emitted:  # tied parameters: one leaf, two placeholders
+                emitted[name] = cx.emit("param", name, tuple(p.shape))
+            env[ph] = emitted[name]
             note_mark(name, p)
-        elif i < n_p + n_b:
-            name, b = list(buffers.items())[i - n_p]
+        elif role[0] == "buffer":
+            name, b = role[1], role[2]
             t = b.detach()
             cx.name_buffer(name, t)
             env[ph] = t
             note_mark(name, b)
+        elif role[0] == "constant":
+            env[ph] = role[1].detach() if isinstance(role[1], torch.Tensor) else role[1]
         else:
-            k = i - n_p - n_b
+            k = role[1]
             x = batch[k]
             dtype = "f32" if x.is_floating_point() else "i32"
             np_dtype = np.float32 if dtype == "f32" else np.int32
@@ -325,8 +332,6 @@ def _lower(cx, gm, params, buffers, batch, names):
                                    lambda b, k=k, d=np_dtype: np.ascontiguousarray(b[k], dtype=d))
             note_mark(names[k], x)
 
-    # The values make_fx captured as constants, keyed by id: when a
-    # placeholder's tensor is also used as a constant it keeps its name.
     out_node = None
     for node in nodes:
         cx.node = node
@@ -363,7 +368,8 @@ def _lower(cx, gm, params, buffers, batch, names):
             raise cx.unsupported()
         env[node] = fn(cx, *args, **kwargs)
 
-    out = _subst(out_node.args[0], env)
+    outs = _subst(out_node.args[0], env)
+    out = outs[capture.loss_index] if capture.loss_index is not None else None
     while isinstance(out, (list, tuple)):
         out = out[0]
     if not isinstance(out, Ref):
