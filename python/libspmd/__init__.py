@@ -30,7 +30,15 @@ one-process run's bits.  Every process reads whole values.
 """
 import warnings
 
-from . import _core
+from ._system_libraries import explain_import_error
+
+try:
+    from . import _core
+except ImportError as error:
+    explained = explain_import_error(error)
+    if explained is None:
+        raise
+    raise explained from None
 from . import _processes
 from .errors import (BackendError, CollectiveTimeoutError, Error, FileError, InternalError,
                      InvalidError, OutOfMemoryError, ShapeError, UnsupportedError)

@@ -68,6 +68,14 @@ def process_index():
     return _index
 
 
+def default_threads():
+    """The compute threads a program compiled in this process runs when
+    compile() is not told (threads=0): the host's online CPUs, shared
+    with the other processes of the run on this host; a mesh's devices
+    here share them."""
+    return max(1, (os.cpu_count() or 1) // _on_host)
+
+
 def compile_options(graph, options):
     """The options Graph.compile passes to the C side: under several
     processes a graph with marks runs its mesh over them (mpi=True) unless
@@ -96,5 +104,5 @@ def compile_options(graph, options):
     if mpi:
         options["mpi"] = True
         if not options.get("threads") and _on_host > 1:
-            options["threads"] = max(1, (os.cpu_count() or 1) // _on_host)
+            options["threads"] = default_threads()
     return options

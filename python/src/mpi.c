@@ -2,6 +2,7 @@
  * compiles over (core.h). */
 #include "core.h"
 
+#include <string.h>
 #include <time.h>
 
 #ifdef SPMD_HAVE_MPI
@@ -133,12 +134,38 @@ int mpi_compile_comm(bool over_processes, const void **comm)
 #endif
 }
 
+/* The MPI library's own line (MPI_Get_library_version, callable before
+ * MPI_Init) and the MPI standard it implements; None without MPI. */
+static PyObject *mod_mpi_library_version(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+#ifdef SPMD_HAVE_MPI
+    char text[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0, major = 0, minor = 0;
+    if (MPI_Get_library_version(text, &len) != MPI_SUCCESS ||
+        MPI_Get_version(&major, &minor) != MPI_SUCCESS) {
+        PyErr_SetString(error_type(SPMD_ERR_BACKEND), "mpi_library_version: MPI does not say");
+        return NULL;
+    }
+    if (len < 0 || len >= MPI_MAX_LIBRARY_VERSION_STRING) len = MPI_MAX_LIBRARY_VERSION_STRING - 1;
+    text[len] = '\0';
+    Py_ssize_t first_line = (Py_ssize_t)strcspn(text, "\n");
+    return Py_BuildValue("(s#ii)", text, first_line, major, minor);
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
 static PyMethodDef mpi_methods[] = {
     {"mpi_start", FN(mod_mpi_start), METH_NOARGS,
      "mpi_start() -> (processes, rank, processes on this host): initialise MPI (MPI_THREAD_MULTIPLE) "
      "unless it is, finalising it at exit if it was not; ValueError when built without MPI"},
     {"mpi_abort", FN(mod_mpi_abort), METH_O,
      "mpi_abort(code): end every process of the job (MPI_Abort); nothing before mpi_start"},
+    {"mpi_library_version", FN(mod_mpi_library_version), METH_NOARGS,
+     "mpi_library_version() -> (the MPI library's version line, MPI standard major, minor); None "
+     "when built without MPI"},
     {NULL}};
 
 #ifdef SPMD_HAVE_MPI

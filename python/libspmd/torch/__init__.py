@@ -9,8 +9,15 @@ compile(model, optimizer, loss_fn) gives a training step that runs on
 libspmd (step.py).  trace(loss_fn, model, *batch) maps loss_fn(model,
 *batch) onto libspmd's graph builders (trace.py, through the op table in
 aten.py); what it returns, the builder calls (graph.py), is the package's
-own and not exported here.
+own and not exported here.  It needs PyTorch (pip's extra libspmd[torch]
+installs torch>=2).
 """
+try:
+    import torch  # noqa: F401 (every module below imports it)
+except ImportError as error:
+    raise ImportError(f"libspmd.torch needs PyTorch ({error}): pip install 'libspmd[torch]' "
+                      f"installs torch>=2") from None
+
 from .mesh import (HybridMesh, Mesh, get_1d_mesh, get_global_mesh, global_runtime_device_count,
                    process_count, process_index, set_device_count, set_global_mesh)
 from .fsdp import SpmdFullyShardedDataParallel
