@@ -44,11 +44,13 @@ void gemm_tiles(int64_t batch, int64_t m, int64_t n, bool bf16, int64_t *tm, int
         tiles(batch, m, n, MM_MIN_TILES, MM_MIN_SIDE, tm, tn);
 }
 
-/* The im2col matrix: at most about 4 MiB per thread (a whole image's
- * matrix, one GEMM, at the shapes of resnet18 up to 56 x 56); dw: its rows
- * in about 16 work items, so that threads share a layer whatever its
- * batch, in multiples of 8. */
-enum { CONV_COL_FLOATS = 1 << 20, CONV_DW_ITEMS = 16, CONV_ROUND = 8 };
+/* The im2col matrix: at most about 4 MiB per thread, one tile (and one
+ * GEMM) per image for resnet18's layers from 28 x 28 down and for
+ * 32 x 32 images, two for its stem and 56 x 56 layers.  dw: its rows in 4
+ * work items (multiples of 8), so that threads share a layer whatever its
+ * batch: 16 items ran dw's 64 x 576 x 1024 products at 47 GFLOP/s a
+ * thread, 4 at 55-65 (bench_gemm's conv table). */
+enum { CONV_COL_FLOATS = 1 << 20, CONV_DW_ITEMS = 4, CONV_ROUND = 8 };
 
 void conv_plan_of(const spmd_tensor *t, conv_plan *p)
 {
