@@ -7,7 +7,7 @@
  * dw's rows over the whole batch for dw.  Each item runs the same GEMM
  * calls in the same order whatever nth is, so the bits do not depend on
  * the thread count, and an image's y and dx do not depend on which other
- * images a device holds.
+ * images a device holds (docs/DESIGN.md, "Convolutions").
  */
 #include "runtime/kernels/kernels_ops.h"
 
