@@ -9,7 +9,8 @@
  * every thread count.  Also: bad ids, targets and cache positions
  * are data errors at run time that name the op and the value, leave the
  * program usable, and do not hang a pool of threads; a GEMM that BLAS
- * cannot take fails the kernel with its status instead of passing.
+ * cannot take fails the kernel with its status instead of passing; and
+ * conv2d's builder refuses bad shapes naming both tensors.
  *
  * Inputs come from a seeded generator; each case draws from the seed and
  * its own label.  A failure prints the seed; SPMD_TEST_SEED=<seed> replays.
@@ -801,6 +802,45 @@ static const ref_conv conv_cases[] = {
     {.x = {1, 16, 90, 90}, .w = {4, 16, 3, 3}, .stride = {1, 1}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 1},
 };
 
+/* conv2d's refusals name both tensors of a mismatch, and the attribute. */
+static void test_conv2d_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t x[4], w[4];
+        spmd_conv2d_options o;
+        const char *want;
+    } cases[] = {
+        {{2, 6, 5, 5}, {4, 4, 3, 3}, {.groups = 2},
+         "conv2d: w 'w' [4, 4, 3, 3] has 4 input channels per group, x 'x' [2, 6, 5, 5] has 3 "
+         "(Cin 6 over 2 groups)"},
+        {{2, 6, 5, 5}, {4, 2, 3, 3}, {.groups = 3},
+         "conv2d: 3 groups do not divide the input channels of x 'x' [2, 6, 5, 5] (Cin 6) or "
+         "the output channels of w 'w' [4, 2, 3, 3] (Cout 4)"},
+        {{1, 2, 4, 4}, {3, 2, 3, 3}, {.dilation = {1, 2}},
+         "conv2d: the kernel of w 'w' [3, 2, 3, 3] spans 5 columns (dilation 2), more than the "
+         "4 of x 'x' [1, 2, 4, 4] padded by 0"},
+        {{1, 2, 4, 4}, {3, 2, 3, 3}, {.stride = {-1, 1}},
+         "conv2d: stride -1, padding 0, dilation 0 over the rows; none may be negative"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 4, cases[i].x);
+        spmd_tensor *w = spmd_input(g, "w", SPMD_F32, 4, cases[i].w);
+        assert_null(spmd_conv2d(g, x, w, &cases[i].o));
+        if (!strstr(spmd_last_error(), cases[i].want))
+            fail_msg("conv2d refusal #%zu: %s\n  want: %s", i, spmd_last_error(), cases[i].want);
+        spmd_graph_free(g);
+    }
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x3 = spmd_input(g, "x", SPMD_F32, 3, (const int64_t[]){2, 3, 5});
+    spmd_tensor *w = spmd_input(g, "w", SPMD_F32, 4, (const int64_t[]){4, 3, 3, 3});
+    assert_null(spmd_conv2d(g, x3, w, NULL));
+    if (!strstr(spmd_last_error(), "conv2d: x [N, Cin, H, W] must be 4-D, got 'x' [2, 3, 5]"))
+        fail_msg("conv2d's rank error: %s", spmd_last_error());
+    spmd_graph_free(g);
+}
+
 static void test_conv2d(void **state)
 {
     (void)state;
@@ -1357,6 +1397,7 @@ int main(void)
         cmocka_unit_test(test_bmm),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_conv2d),
+        cmocka_unit_test(test_conv2d_errors),
         cmocka_unit_test(test_cache_write),
         cmocka_unit_test(test_cached_attention),
         cmocka_unit_test(test_embedding),
