@@ -7,7 +7,11 @@
  * library).  GFLOP/s, median of several timed samples, on 1 thread and
  * on N threads that split the rows of C between them (every backend runs
  * single-threaded inside, as in the executor).  Then the shape classes
- * `--blas measure` compares (the executor's tiles) and what it would pick.
+ * `--blas measure` compares (the executor's tiles) and what it would pick,
+ * and conv2d at resnet18's shapes (batch 64, 32 x 32 images): forward,
+ * input gradient and weight gradient, each a one-op program run by the
+ * executor on 1 and N threads (im2col and the GEMM backend chosen), in
+ * GFLOP/s of the convolution's 2 N Cout OH OW Cin/groups KH KW.
  *
  * The core reported is the one the loaded OpenBLAS runs
  * (openblas_get_corename, through blas_name), not what was asked for:
@@ -16,18 +20,21 @@
  * every core it names.
  *
  *   bench_gemm [--library auto|openblas|blis] [--core NAME] [--threads N]
- *              [--quick] [--info]
+ *              [--quick] [--info] [--conv]
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread barriers, clock_gettime */
 #endif
 
 #include "base/bf16.h"
+#include "ir/ir.h"
 #include "runtime/blas.h"
 #include "runtime/gemm.h"
 #include "runtime/onednn.h"
 
 #include "bench_time.h"
+
+#include "spmd/spmd.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -236,17 +243,114 @@ static float *random_matrix(size_t n, unsigned *seed)
     return p;
 }
 
+/* ---- Convolutions ---------------------------------------------------------- */
+
+/* resnet18's 3x3 convolution of a stage, its strided one into the next
+ * stage and the 1x1 shortcut beside it, at 32 x 32 (CIFAR-sized images:
+ * a batch of 64 keeps x and y at 16 MiB each). */
+typedef struct conv_shape {
+    const char *label;
+    int64_t n, cin, h, cout, k;
+    int stride, pad;
+} conv_shape;
+
+static const conv_shape conv_shapes[] = {
+    {"3x3 64->64 s1", 64, 64, 32, 64, 3, 1, 1},
+    {"3x3 64->128 s2", 64, 64, 32, 128, 3, 2, 1},
+    {"1x1 64->128 s2", 64, 64, 32, 128, 1, 2, 0},
+};
+
+enum { CONV_FWD, CONV_DX, CONV_DW, CONV_OPS };
+static const char *conv_op_label[CONV_OPS] = {"forward", "dx", "dw"};
+
+static spmd_tensor *conv_input(spmd_graph *g, const char *name, const int64_t *dims)
+{
+    return spmd_input(g, name, SPMD_F32, 4, dims);
+}
+
+/* Median GFLOP/s of op `which` of conv `c` (batch n) on `threads`. */
+static double conv_rate(const conv_shape *c, int64_t n, int which, int threads, double min_s)
+{
+    const int64_t oh = (c->h + 2 * c->pad - c->k) / c->stride + 1;
+    const int64_t xd[4] = {n, c->cin, c->h, c->h}, wd[4] = {c->cout, c->cin, c->k, c->k},
+                  yd[4] = {n, c->cout, oh, oh};
+    const ir_conv attr = {{c->stride, c->stride}, {c->pad, c->pad}, {1, 1}, 1};
+    const spmd_conv2d_options opts = {{c->stride, c->stride}, {c->pad, c->pad}, {1, 1}, 1};
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *a, *b, *out;
+    if (which == CONV_FWD) {
+        a = conv_input(g, "x", xd), b = conv_input(g, "w", wd);
+        out = spmd_conv2d(g, a, b, &opts);
+    } else if (which == CONV_DX) {
+        a = conv_input(g, "dy", yd), b = conv_input(g, "w", wd);
+        out = ir_conv2d_backward_input(g, a, b, xd, &attr);
+    } else {
+        a = conv_input(g, "x", xd), b = conv_input(g, "dy", yd);
+        out = ir_conv2d_backward_weight(g, a, b, wd, &attr);
+    }
+    spmd_program *p = NULL;
+    if (out && spmd_graph_mark_output(g, out) == SPMD_OK)
+        p = spmd_compile(g, &(spmd_compile_options){.threads = threads});
+    if (!p) {
+        fprintf(stderr, "bench_gemm: conv %s %s: %s\n", c->label, conv_op_label[which],
+                spmd_last_error());
+        exit(1);
+    }
+    unsigned seed = 777;
+    spmd_tensor *in[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        size_t count = (size_t)spmd_tensor_numel(in[i]);
+        float *v = random_matrix(count, &seed);
+        spmd_program_set_input(p, in[i], v, count * sizeof *v);
+        free(v);
+    }
+    const double flops = 2.0 * n * c->cout * oh * oh * c->cin * c->k * c->k;
+    double t0 = now_s();
+    spmd_program_run(p); /* warm-up */
+    double t = now_s() - t0;
+    int iters = t < min_s ? (int)(min_s / (t > 1e-7 ? t : 1e-7)) + 1 : 1;
+    double rate[SAMPLES];
+    for (int i = 0; i < SAMPLES; i++) {
+        t0 = now_s();
+        for (int r = 0; r < iters; r++) spmd_program_run(p);
+        rate[i] = flops * iters / (now_s() - t0) * 1e-9;
+    }
+    spmd_program_free(p);
+    spmd_graph_free(g);
+    return median(rate, SAMPLES);
+}
+
+static void conv_table(int threads, bool quick)
+{
+    const int64_t n = quick ? 2 : 64;
+    const double min_s = quick ? 0.005 : 0.2;
+    printf("\nconv2d, batch %lld, 32 x 32 images (im2col and the GEMM chosen), GFLOP/s, median "
+           "of %d samples\n%-16s %12s %12s %12s %12s %12s %12s\n",
+           (long long)n, SAMPLES, "shape", "fwd 1 thr", "dx 1 thr", "dw 1 thr", "fwd all", "dx all",
+           "dw all");
+    size_t count = sizeof conv_shapes / sizeof conv_shapes[0];
+    for (size_t i = 0; i < (quick ? 1 : count); i++) {
+        printf("%-16s", conv_shapes[i].label);
+        for (int all = 0; all < 2; all++)
+            for (int op = 0; op < CONV_OPS; op++)
+                printf(" %12.1f", conv_rate(&conv_shapes[i], n, op, all ? threads : 1, min_s));
+        printf("\n");
+    }
+    printf("(all: %d threads)\n", threads);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_gemm [--library auto|openblas|blis] [--core NAME] "
-               "[--threads N] [--quick] [--info]\n"
+               "[--threads N] [--quick] [--info] [--conv]\n"
                "  --library  which CBLAS library to load (default auto: OpenBLAS, else BLIS)\n"
                "  --core     OpenBLAS core type, e.g. SkylakeX, Haswell (default: the one "
                "CPUID says fits;\n"
                "             OPENBLAS_CORETYPE is not used)\n"
                "  --threads  threads for the second table (default 2)\n"
                "  --quick    shorter samples and only the first shapes\n"
-               "  --info     print the libraries and core loaded, and stop\n");
+               "  --info     print the libraries and core loaded, and stop\n"
+               "  --conv     only the conv2d table\n");
 }
 
 static void print_table(const char *title, const double (*rates)[B_COUNT], size_t count)
@@ -271,7 +375,7 @@ int main(int argc, char **argv)
     blas_library lib = BLAS_AUTO;
     const char *core = NULL;
     int threads = 2;
-    bool quick = false, info = false;
+    bool quick = false, info = false, conv_only = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -296,6 +400,8 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(arg, "--quick")) {
             quick = true;
+        } else if (!strcmp(arg, "--conv")) {
+            conv_only = true;
         } else if (!strcmp(arg, "--info")) {
             info = true;
         } else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -332,6 +438,10 @@ int main(int argc, char **argv)
     printf("oneDNN: %s\n", onednn_available() ? onednn_name() : onednn_why_not());
     printf("bf16 GEMMs by default: %s\n", gemm_describe_bf16());
     if (info) return 0;
+    if (conv_only) {
+        conv_table(threads, quick);
+        return 0;
+    }
     backend_label[B_CBLAS] = strncmp(blas_name(), "OpenBLAS", 8) == 0 ? "OpenBLAS" : "cblas";
 
     size_t count = sizeof shapes / sizeof shapes[0];
@@ -396,5 +506,6 @@ int main(int argc, char **argv)
     }
     free(one), free(many);
     free(a), free(b), free(c), free(ha), free(hb);
+    conv_table(threads, quick);
     return 0;
 }

@@ -193,6 +193,22 @@ SPMD_API spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b,
 SPMD_API spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b,
                                bool trans_a, bool trans_b);
 
+/* 2-D convolution as PyTorch's conv2d, NCHW: x [N, Cin, H, W] and weight
+ * w [Cout, Cin / groups, KH, KW] give [N, Cout, OH, OW], OH = (H + 2 *
+ * padding[0] - dilation[0] * (KH - 1) - 1) / stride[0] + 1 (OW likewise
+ * with the [1]s).  Output channel o reads the input channels of its group,
+ * o / (Cout / groups).  A bias is an add of [1, Cout, 1, 1].  f32 only.
+ * opts NULL, or a zero field: stride 1, padding 0, dilation 1, groups 1. */
+typedef struct spmd_conv2d_options {
+    int stride[2];   /* rows, columns */
+    int padding[2];  /* zeros on both sides: rows, columns */
+    int dilation[2]; /* rows, columns */
+    int groups;      /* Cin and Cout are multiples of it */
+} spmd_conv2d_options;
+
+SPMD_API spmd_tensor *spmd_conv2d(spmd_graph *g, spmd_tensor *x, spmd_tensor *w,
+                                  const spmd_conv2d_options *opts);
+
 /* Mixed precision, as torch.autocast(dtype=torch.bfloat16) does for
  * matmuls: with SPMD_BF16, every matmul and bmm built from now on (the
  * backward pass's too) reads bf16 copies of its f32 operands (one

@@ -3,6 +3,7 @@
  * rows of UNARY_BUILDERS, BINARY_BUILDERS and TERNARY_BUILDERS. */
 #include "core.h"
 
+#include <limits.h>
 #include <string.h>
 
 static PyObject *graph_input(GraphObject *self, PyObject *args, PyObject *kw)
@@ -288,6 +289,52 @@ static PyObject *graph_cached_attention(GraphObject *self, PyObject *args, PyObj
     return wrap_tensor(self, spmd_cached_attention(self->g, t[0], t[1], t[2], t[3], heads));
 }
 
+/* An int, or a pair of ints (rows, columns) as PyTorch takes them; None:
+ * `fallback` for both. */
+static int pair_arg(const char *what, PyObject *o, int fallback, int out[2])
+{
+    out[0] = out[1] = fallback;
+    if (!o || o == Py_None) return 0;
+    int rank;
+    int64_t v[SPMD_MAX_RANK];
+    if (shape_arg(o, &rank, v) < 0) return -1;
+    if (rank != 1 && rank != 2) {
+        PyErr_Format(PyExc_ValueError, "conv2d: %s takes an int or 2 ints (rows, columns), got %d",
+                     what, rank);
+        return -1;
+    }
+    for (int d = 0; d < 2; d++) {
+        int64_t x = v[rank == 2 ? d : 0];
+        if (x < 0 || x > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "conv2d: %s %lld is out of range", what, (long long)x);
+            return -1;
+        }
+        out[d] = (int)x;
+    }
+    return 0;
+}
+
+static PyObject *graph_conv2d(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "w", "stride", "padding", "dilation", "groups", NULL};
+    PyObject *x, *w, *stride = NULL, *padding = NULL, *dilation = NULL;
+    int groups = 1;
+    spmd_tensor *t[2];
+    spmd_conv2d_options o;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOi:conv2d", kwlist, &x, &w, &stride, &padding,
+                                     &dilation, &groups) ||
+        tensor_arg(self, x, &t[0], true) < 0 || tensor_arg(self, w, &t[1], true) < 0 ||
+        pair_arg("stride", stride, 1, o.stride) < 0 || pair_arg("padding", padding, 0, o.padding) < 0 ||
+        pair_arg("dilation", dilation, 1, o.dilation) < 0)
+        return NULL;
+    if (groups < 1) {
+        PyErr_Format(PyExc_ValueError, "conv2d: %d groups; groups are at least 1", groups);
+        return NULL;
+    }
+    o.groups = groups;
+    return wrap_tensor(self, spmd_conv2d(self->g, t[0], t[1], &o));
+}
+
 static PyObject *graph_permute(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"x", "perm", NULL};
@@ -378,6 +425,10 @@ PyMethodDef graph_builder_methods[] = {
     {"attention", KW(graph_attention), "attention(q, k, v, heads): causal self-attention on [B, T, C]"},
     {"cached_attention", KW(graph_cached_attention),
      "cached_attention(q, k_cache, v_cache, pos, heads): causal attention over a KV cache"},
+    {"conv2d", KW(graph_conv2d),
+     "conv2d(x, w, *, stride=1, padding=0, dilation=1, groups=1): torch's conv2d without bias,\n"
+     "x [N, Cin, H, W], w [Cout, Cin / groups, KH, KW]; stride, padding and dilation an int or\n"
+     "(rows, columns)"},
     {"permute", KW(graph_permute), "permute(x, perm)"},
     {"transpose", KW(graph_transpose), "transpose(x, dim0, dim1)"},
     {"slice", KW(graph_slice), "slice(x, axis, start, length): x[..., start:start+length, ...]"},

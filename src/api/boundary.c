@@ -75,6 +75,7 @@ spmd_tensor *spmd_log_softmax_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_layernorm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma, spmd_tensor *beta, float eps);
 spmd_tensor *spmd_matmul_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_bmm_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
+spmd_tensor *spmd_conv2d_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *w, const spmd_conv2d_options *opts);
 spmd_status spmd_graph_set_matmul_precision_impl(spmd_graph *g, spmd_dtype dtype);
 spmd_status spmd_graph_set_reduce_precision_impl(spmd_graph *g, spmd_dtype dtype);
 spmd_tensor *spmd_convert_impl(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);
@@ -580,6 +581,13 @@ spmd_tensor *spmd_matmul(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool tra
 spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b)
 {
     spmd_tensor *r = spmd_bmm_impl(g, a, b, trans_a, trans_b);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_conv2d(spmd_graph *g, spmd_tensor *x, spmd_tensor *w, const spmd_conv2d_options *opts)
+{
+    spmd_tensor *r = spmd_conv2d_impl(g, x, w, opts);
     if (r) spmd_clear_error();
     return r;
 }

@@ -69,6 +69,7 @@
 #define spmd_layernorm spmd_layernorm_impl
 #define spmd_matmul spmd_matmul_impl
 #define spmd_bmm spmd_bmm_impl
+#define spmd_conv2d spmd_conv2d_impl
 #define spmd_graph_set_matmul_precision spmd_graph_set_matmul_precision_impl
 #define spmd_graph_set_reduce_precision spmd_graph_set_reduce_precision_impl
 #define spmd_convert spmd_convert_impl

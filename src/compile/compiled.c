@@ -4,6 +4,7 @@
  * compiled.h).
  */
 #include "compile/compiled.h"
+#include "compile/tiles.h"
 #include "base/arena.h"
 #include "base/error.h"
 #include "spmd/mesh.h"
@@ -101,6 +102,9 @@ static size_t scratch_widen_row(const spmd_tensor *t)
     if (!x || x->dtype != SPMD_BF16 || x->rank < 1) return 0;
     return (size_t)x->dims[x->rank - 1] * sizeof(float);
 }
+
+/* A tile of the im2col matrix (compile/tiles.h, conv_plan). */
+static size_t scratch_conv2d(const spmd_tensor *t) { return conv_scratch_bytes(t); }
 
 /* Packed send and receive buffers (thread 0 only). */
 static size_t scratch_all_to_all(const spmd_tensor *t) { return 2 * ir_nbytes(t->in[0]); }

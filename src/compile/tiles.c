@@ -1,5 +1,5 @@
 /*
- * GEMM tiling (see tiles.h).
+ * GEMM tiling and the convolutions' work (see tiles.h).
  */
 #include "compile/tiles.h"
 
@@ -42,4 +42,53 @@ void gemm_tiles(int64_t batch, int64_t m, int64_t n, bool bf16, int64_t *tm, int
         tiles(batch, m, n, MM_BF16_MIN_TILES, MM_BF16_MIN_SIDE, tm, tn);
     else
         tiles(batch, m, n, MM_MIN_TILES, MM_MIN_SIDE, tm, tn);
+}
+
+/* The im2col matrix: at most about 4 MiB per thread, one tile (and one
+ * GEMM) per image for resnet18's layers from 28 x 28 down and for
+ * 32 x 32 images, two for its stem and 56 x 56 layers.  dw: its rows in 4
+ * work items (multiples of 8), so that threads share a layer whatever its
+ * batch: 16 items ran dw's 64 x 576 x 1024 products at 47 GFLOP/s a
+ * thread, 4 at 55-65 (bench_gemm's conv table). */
+enum { CONV_COL_FLOATS = 1 << 20, CONV_DW_ITEMS = 4, CONV_ROUND = 8 };
+
+void conv_plan_of(const spmd_tensor *t, conv_plan *p)
+{
+    ir_conv_roles role = ir_conv_roles_of(t->op);
+    const int64_t *x = ir_conv_dims(t, role.x), *w = ir_conv_dims(t, role.w),
+                  *y = ir_conv_dims(t, role.y);
+    const ir_conv *c = &t->attr.conv;
+    p->n = x[0], p->cin = x[1], p->h = x[2], p->w = x[3];
+    p->cout = w[0], p->kh = w[2], p->kw = w[3];
+    p->oh = y[2], p->ow = y[3];
+    for (int d = 0; d < 2; d++) {
+        p->stride[d] = c->stride[d];
+        p->pad[d] = c->pad[d];
+        p->dilation[d] = c->dilation[d];
+    }
+    p->groups = c->groups > 0 ? c->groups : 1;
+    p->cpg = p->cin / p->groups;
+    p->opg = p->cout / p->groups;
+    p->kdim = p->cpg * p->kh * p->kw;
+    p->ohw = p->oh * p->ow;
+    p->pointwise = p->kh == 1 && p->kw == 1 && p->stride[0] == 1 && p->stride[1] == 1 &&
+                   p->pad[0] == 0 && p->pad[1] == 0;
+    int64_t k = p->kdim > 0 ? p->kdim : 1, cols = p->ohw > 0 ? p->ohw : 1;
+    if (k * cols > CONV_COL_FLOATS) {
+        int64_t tiles = ceil_div(k * cols, CONV_COL_FLOATS);
+        cols = round_up(ceil_div(cols, tiles), CONV_ROUND);
+        if (cols > p->ohw) cols = p->ohw > 0 ? p->ohw : 1;
+    }
+    p->cols = cols;
+    int64_t rows = round_up(ceil_div(k, CONV_DW_ITEMS), CONV_ROUND);
+    p->rows = rows < k ? rows : k;
+}
+
+size_t conv_scratch_bytes(const spmd_tensor *t)
+{
+    conv_plan p;
+    conv_plan_of(t, &p);
+    if (p.pointwise) return 0;
+    int64_t rows = t->op == IR_CONV2D_BACKWARD_WEIGHT ? p.rows : p.kdim;
+    return (size_t)rows * (size_t)p.cols * sizeof(float);
 }

@@ -432,6 +432,17 @@ static spmd_status vjp_bmm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_
     return done(t, dx);
 }
 
+/* y = conv2d(x, w): dx is the transposed convolution of dy with w, dw
+ * the correlation of x with dy summed over the batch; each its own op
+ * (ops.def), as a convolution with stride or dilation cannot give dx. */
+static spmd_status vjp_conv2d(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    spmd_tensor *x = t->in[0], *w = t->in[1];
+    if (wants(t, 0)) dx[0] = ir_conv2d_backward_input(g, dy, w, x->dims, &t->attr.conv);
+    if (wants(t, 1)) dx[1] = ir_conv2d_backward_weight(g, x, dy, w->dims, &t->attr.conv);
+    return done(t, dx);
+}
+
 /* One fused backward kernel gives dq, dk, dv stacked as [3, B, T, C]. */
 static spmd_status vjp_attention(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
                                  spmd_tensor **dx)

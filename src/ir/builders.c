@@ -9,6 +9,7 @@
 #include <string.h>
 
 #define SHAPE_BUF 96
+#define LABEL_BUF 160 /* a name and a shape: ir_label */
 
 /* Every failure below is recorded on g too (ir_error), so that the NULL a
  * failed builder returns reports it again where it is used (any_null). */
@@ -524,6 +525,187 @@ spmd_tensor *spmd_bmm(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_
         t->attr.matmul.ta = trans_a;
         t->attr.matmul.tb = trans_b;
     }
+    return t;
+}
+
+/* ---- Convolution ----------------------------------------------------------------- */
+
+ir_conv_roles ir_conv_roles_of(ir_op op)
+{
+    switch (op) {
+    case IR_CONV2D_BACKWARD_INPUT: return (ir_conv_roles){.x = -1, .w = 1, .y = 0};
+    case IR_CONV2D_BACKWARD_WEIGHT: return (ir_conv_roles){.x = 0, .w = -1, .y = 1};
+    default: return (ir_conv_roles){.x = 0, .w = 1, .y = -1};
+    }
+}
+
+const int64_t *ir_conv_dims(const spmd_tensor *t, int role)
+{
+    return role < 0 ? t->dims : t->in[role]->dims;
+}
+
+static const char *dims_str(const int64_t *dims, char *buf, size_t size)
+{
+    snprintf(buf, size, "[%lld, %lld, %lld, %lld]", (long long)dims[0], (long long)dims[1],
+             (long long)dims[2], (long long)dims[3]);
+    return buf;
+}
+
+/* The attributes opts asks for (a zero field: its default). */
+static bool conv_attr(spmd_graph *g, const spmd_conv2d_options *opts, ir_conv *c)
+{
+    static const spmd_conv2d_options plain = {{1, 1}, {0, 0}, {1, 1}, 1};
+    if (!opts) opts = &plain;
+    for (int d = 0; d < 2; d++) {
+        const char *axis = d ? "columns" : "rows";
+        if (opts->stride[d] < 0 || opts->dilation[d] < 0 || opts->padding[d] < 0) {
+            ir_error(g, SPMD_ERR_INVALID,
+                     "conv2d: stride %d, padding %d, dilation %d over the %s; none may be "
+                     "negative",
+                     opts->stride[d], opts->padding[d], opts->dilation[d], axis);
+            return false;
+        }
+        c->stride[d] = opts->stride[d] ? opts->stride[d] : 1;
+        c->dilation[d] = opts->dilation[d] ? opts->dilation[d] : 1;
+        c->pad[d] = opts->padding[d];
+    }
+    if (opts->groups < 0) {
+        ir_error(g, SPMD_ERR_INVALID, "conv2d: %d groups; groups are at least 1", opts->groups);
+        return false;
+    }
+    c->groups = opts->groups ? opts->groups : 1;
+    return true;
+}
+
+/* y's dims from x's and w's under c, or false with an error naming x as
+ * `xs` and w as `ws` (labels: names and shapes). */
+static bool conv_out_dims(spmd_graph *g, const char *op, const int64_t *x, const int64_t *w,
+                          const ir_conv *c, const char *xs, const char *ws, int64_t *y)
+{
+    for (int i = 0; i < 4; i++)
+        if (x[i] < 1 || (w[i] < 1)) {
+            ir_error(g, SPMD_ERR_SHAPE, "%s: x %s and w %s: every dim must be at least 1", op,
+                     xs, ws);
+            return false;
+        }
+    if (x[1] % c->groups != 0 || w[0] % c->groups != 0) {
+        ir_error(g, SPMD_ERR_SHAPE,
+                 "%s: %d groups do not divide the input channels of x %s (Cin %lld) or the "
+                 "output channels of w %s (Cout %lld)",
+                 op, c->groups, xs, (long long)x[1], ws, (long long)w[0]);
+        return false;
+    }
+    if (w[1] != x[1] / c->groups) {
+        ir_error(g, SPMD_ERR_SHAPE,
+                 "%s: w %s has %lld input channels per group, x %s has %lld (Cin %lld over %d "
+                 "groups)",
+                 op, ws, (long long)w[1], xs, (long long)(x[1] / c->groups), (long long)x[1],
+                 c->groups);
+        return false;
+    }
+    y[0] = x[0];
+    y[1] = w[0];
+    for (int d = 0; d < 2; d++) {
+        int64_t span = (int64_t)c->dilation[d] * (w[2 + d] - 1) + 1;
+        int64_t padded = x[2 + d] + 2 * (int64_t)c->pad[d];
+        if (padded < span) {
+            ir_error(g, SPMD_ERR_SHAPE,
+                     "%s: the kernel of w %s spans %lld %s (dilation %d), more than the %lld "
+                     "of x %s padded by %d",
+                     op, ws, (long long)span, d ? "columns" : "rows", c->dilation[d],
+                     (long long)padded, xs, c->pad[d]);
+            return false;
+        }
+        y[2 + d] = (padded - span) / c->stride[d] + 1;
+    }
+    return true;
+}
+
+static bool want_rank4(spmd_graph *g, const char *op, const char *what, const spmd_tensor *t)
+{
+    if (t->rank == 4) return true;
+    char s[LABEL_BUF];
+    ir_error(g, SPMD_ERR_SHAPE, "%s: %s must be 4-D, got %s", op, what, ir_label(t, s, sizeof s));
+    return false;
+}
+
+spmd_tensor *spmd_conv2d(spmd_graph *g, spmd_tensor *x, spmd_tensor *w,
+                         const spmd_conv2d_options *opts)
+{
+    spmd_tensor *in[2] = {x, w};
+    if (any_null(g, "conv2d", in, 2)) return NULL;
+    if (!want_f32(g, "conv2d", x) || !want_f32(g, "conv2d", w)) return NULL;
+    if (!want_rank4(g, "conv2d", "x [N, Cin, H, W]", x) ||
+        !want_rank4(g, "conv2d", "w [Cout, Cin / groups, KH, KW]", w))
+        return NULL;
+    ir_conv c;
+    if (!conv_attr(g, opts, &c)) return NULL;
+    char xs[LABEL_BUF], ws[LABEL_BUF];
+    int64_t y[4];
+    if (!conv_out_dims(g, "conv2d", x->dims, w->dims, &c, ir_label(x, xs, sizeof xs),
+                       ir_label(w, ws, sizeof ws), y))
+        return NULL;
+    spmd_tensor *t = ir_node_new(g, IR_CONV2D, SPMD_F32, 4, y, in, 2);
+    if (t) t->attr.conv = c;
+    return t;
+}
+
+/* The forward's y dims from x and w must be dy's. */
+static bool conv_check_dy(spmd_graph *g, const char *op, const int64_t *x, const int64_t *w,
+                          const ir_conv *c, const char *xs, const char *ws,
+                          const spmd_tensor *dy)
+{
+    int64_t y[4];
+    if (!conv_out_dims(g, op, x, w, c, xs, ws, y)) return false;
+    if (memcmp(y, dy->dims, sizeof y) == 0) return true;
+    char ys[SHAPE_BUF], ds[LABEL_BUF];
+    ir_error(g, SPMD_ERR_SHAPE, "%s: dy %s is not the forward's output %s (x %s, w %s)", op,
+             ir_label(dy, ds, sizeof ds), dims_str(y, ys, sizeof ys), xs, ws);
+    return false;
+}
+
+static bool conv_attr_valid(spmd_graph *g, const char *op, const ir_conv *c)
+{
+    bool ok = c && c->groups >= 1;
+    for (int d = 0; ok && d < 2; d++)
+        ok = c->stride[d] >= 1 && c->dilation[d] >= 1 && c->pad[d] >= 0;
+    if (!ok) ir_error(g, SPMD_ERR_INVALID, "%s: not a convolution's attributes", op);
+    return ok;
+}
+
+spmd_tensor *ir_conv2d_backward_input(spmd_graph *g, spmd_tensor *dy, spmd_tensor *w,
+                                      const int64_t *x_dims, const ir_conv *c)
+{
+    static const char op[] = "conv2d_backward_input";
+    spmd_tensor *in[2] = {dy, w};
+    if (any_null(g, op, in, 2)) return NULL;
+    if (!want_f32(g, op, dy) || !want_f32(g, op, w) || !want_rank4(g, op, "dy", dy) ||
+        !want_rank4(g, op, "w", w) || !conv_attr_valid(g, op, c))
+        return NULL;
+    char xs[LABEL_BUF], ws[LABEL_BUF];
+    if (!conv_check_dy(g, op, x_dims, w->dims, c, dims_str(x_dims, xs, sizeof xs),
+                       ir_label(w, ws, sizeof ws), dy))
+        return NULL;
+    spmd_tensor *t = ir_node_new(g, IR_CONV2D_BACKWARD_INPUT, SPMD_F32, 4, x_dims, in, 2);
+    if (t) t->attr.conv = *c;
+    return t;
+}
+
+spmd_tensor *ir_conv2d_backward_weight(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy,
+                                       const int64_t *w_dims, const ir_conv *c)
+{
+    static const char op[] = "conv2d_backward_weight";
+    spmd_tensor *in[2] = {x, dy};
+    if (any_null(g, op, in, 2)) return NULL;
+    if (!want_f32(g, op, x) || !want_f32(g, op, dy) || !want_rank4(g, op, "x", x) ||
+        !want_rank4(g, op, "dy", dy) || !conv_attr_valid(g, op, c))
+        return NULL;
+    char xs[LABEL_BUF], ws[LABEL_BUF];
+    if (!conv_check_dy(g, op, x->dims, w_dims, c, ir_label(x, xs, sizeof xs),
+                       dims_str(w_dims, ws, sizeof ws), dy))
+        return NULL;
+    spmd_tensor *t = ir_node_new(g, IR_CONV2D_BACKWARD_WEIGHT, SPMD_F32, 4, w_dims, in, 2);
+    if (t) t->attr.conv = *c;
     return t;
 }
 

@@ -25,6 +25,14 @@ typedef enum ir_op {
     IR_OP_COUNT
 } ir_op;
 
+/* A 2-D convolution's attributes (CONV2D and its backward ops): per
+ * spatial dim (rows, columns) the stride, the zeros padded on both sides
+ * and the dilation; and the groups the channels fall into. */
+typedef struct ir_conv {
+    int stride[2], pad[2], dilation[2];
+    int groups;
+} ir_conv;
+
 /* Per-op attributes; which member is live depends on the op. */
 typedef union ir_attr {
     struct { bool ta, tb; } matmul;          /* MATMUL, BMM */
@@ -38,6 +46,7 @@ typedef union ir_attr {
     struct { float c; } scale;              /* SCALE, POW_SCALAR; `c` of every unary formula (ops.def) */
     struct { float eps; } norm;              /* LAYERNORM* */
     struct { float value; } fill;
+    ir_conv conv;                            /* CONV2D* */
     /* EMBEDDING(_BACKWARD): `rows` is the backward's V and `table` the id
      * of the forward table whose gradient it is (-1: none), which
      * propagation splits the gradient's rows like.  In a per-device
@@ -329,6 +338,23 @@ spmd_tensor *ir_layernorm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *g
 /* [3, B, T, C]: dq, dk, dv stacked. */
 spmd_tensor *ir_attention_backward(spmd_graph *g, spmd_tensor *q, spmd_tensor *k,
                                    spmd_tensor *v, spmd_tensor *dout, int heads);
+/* conv2d's backward ops (shapes checked against the forward's, whose
+ * attributes `c` they take): dx [N, Cin, H, W] of x's dims `x_dims` from
+ * dy and w (a transposed convolution), and dw [Cout, Cin/groups, KH, KW]
+ * of w's dims `w_dims` from x and dy (a correlation summed over the
+ * batch). */
+spmd_tensor *ir_conv2d_backward_input(spmd_graph *g, spmd_tensor *dy, spmd_tensor *w,
+                                      const int64_t *x_dims, const ir_conv *c);
+spmd_tensor *ir_conv2d_backward_weight(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy,
+                                       const int64_t *w_dims, const ir_conv *c);
+/* Where conv2d and its backward ops keep x, w and y: the operand index
+ * of each, or -1 for the node's own output. */
+typedef struct ir_conv_roles {
+    int x, w, y;
+} ir_conv_roles;
+ir_conv_roles ir_conv_roles_of(ir_op op);
+/* x's, w's or y's dims in node t (role: one of ir_conv_roles_of's). */
+const int64_t *ir_conv_dims(const spmd_tensor *t, int role);
 /* [rows, D]: dout rows scatter-added at ids. */
 spmd_tensor *ir_embedding_backward(spmd_graph *g, spmd_tensor *ids, spmd_tensor *dout,
                                    int64_t rows);

@@ -200,6 +200,52 @@ static bool sig_attention(const spmd_tensor *t, ir_dimsig *s)
     return true;
 }
 
+/* conv2d and its backward ops over x [n,c,h,w], w [k,c,r,s] and y
+ * [n,k,p,q] (cuDNN's letters), whichever operand or output holds each
+ * (ir_conv_roles_of): "nchw,kcrs->nkpq" forward, "nkpq,kcrs->nchw" for
+ * dx and "nchw,nkpq->kcrs" for dw.  The batch is parallel but summed in
+ * dw; the input channels are summed in y, the output channels in dx.  Rows
+ * and columns are FULL: a device convolves whole images (no halo
+ * exchange), so a spatial split is gathered.  With groups, channel o of y
+ * reads the input channels of its group alone: where Cin = Cout the
+ * channels of x, y and w's rows are one parallel iteration split in whole
+ * groups (granule Cin / groups; any split when that is 1, depthwise), and
+ * w's per-group channels "g" are FULL; otherwise every channel dim is FULL
+ * and only the batch splits. */
+static bool sig_conv2d(const spmd_tensor *t, ir_dimsig *s)
+{
+    ir_conv_roles role = ir_conv_roles_of(t->op);
+    const int64_t *x = ir_conv_dims(t, role.x), *w = ir_conv_dims(t, role.w),
+                  *y = ir_conv_dims(t, role.y);
+    bool dw = t->op == IR_CONV2D_BACKWARD_WEIGHT, dx = t->op == IR_CONV2D_BACKWARD_INPUT;
+    int groups = t->attr.conv.groups;
+    int n = add_iter(s, x[0], dw ? IR_ITER_SUM : IR_ITER_PARALLEL, 'n');
+    int c, k, wc;
+    if (groups == 1) {
+        c = add_iter(s, x[1], dx || dw ? IR_ITER_PARALLEL : IR_ITER_SUM, 'c');
+        k = add_iter(s, w[0], dx ? IR_ITER_SUM : IR_ITER_PARALLEL, 'k');
+        wc = c;
+    } else if (x[1] == w[0]) {
+        c = k = add_iter(s, x[1], IR_ITER_PARALLEL, 'c');
+        if (w[1] > 1) s->granule[c] = w[1];
+        wc = add_iter(s, w[1], IR_ITER_FULL, 'g');
+    } else {
+        c = add_iter(s, x[1], IR_ITER_FULL, 'c');
+        k = add_iter(s, w[0], IR_ITER_FULL, 'k');
+        wc = add_iter(s, w[1], IR_ITER_FULL, 'g');
+    }
+    int h = add_iter(s, x[2], IR_ITER_FULL, 'h'), ww = add_iter(s, x[3], IR_ITER_FULL, 'w');
+    int r = add_iter(s, w[2], IR_ITER_FULL, 'r'), ss = add_iter(s, w[3], IR_ITER_FULL, 's');
+    int p = add_iter(s, y[2], IR_ITER_FULL, 'p'), q = add_iter(s, y[3], IR_ITER_FULL, 'q');
+    const int8_t xmap[4] = {(int8_t)n, (int8_t)c, (int8_t)h, (int8_t)ww};
+    const int8_t wmap[4] = {(int8_t)k, (int8_t)wc, (int8_t)r, (int8_t)ss};
+    const int8_t ymap[4] = {(int8_t)n, (int8_t)k, (int8_t)p, (int8_t)q};
+    memcpy(role.x < 0 ? s->out : s->in[role.x], xmap, 4);
+    memcpy(role.w < 0 ? s->out : s->in[role.w], wmap, 4);
+    memcpy(role.y < 0 ? s->out : s->in[role.y], ymap, 4);
+    return true;
+}
+
 /* cache_write(cache [b,s,c], rows [b,t,c], pos [1]) -> [b,s,c]: the
  * position is global, so the cache rows s and the new rows t stay whole;
  * pos maps to no iteration (every device reads the same scalar). */

@@ -35,6 +35,20 @@ static spmd_tensor *fix_heads(builder *b, const spmd_tensor *t, const sharding *
     return lt;
 }
 
+/* A grouped convolution split over its channels in whole groups
+ * (sig_conv2d): the device's channels hold local Cin / (Cin / groups)
+ * groups. */
+static spmd_tensor *fix_conv_groups(builder *b, const spmd_tensor *t, const sharding *need,
+                                    spmd_tensor *lt)
+{
+    (void)b, (void)need;
+    if (t->attr.conv.groups == 1) return lt;
+    ir_conv_roles role = ir_conv_roles_of(t->op);
+    int64_t per_group = ir_conv_dims(t, role.x)[1] / t->attr.conv.groups;
+    lt->attr.conv.groups = (int)(ir_conv_dims(lt, role.x)[1] / per_group);
+    return lt;
+}
+
 /* A mean over split dims is a local mean: rescale it to the global count
  * (the pending sum over the split axes then adds up to the mean). */
 static spmd_tensor *fix_mean(builder *b, const spmd_tensor *t, const sharding *need,

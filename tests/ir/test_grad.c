@@ -522,6 +522,31 @@ static void test_bmm(void **state)
     }
 }
 
+/* conv2d: x and w both parameters; strides, padding, dilation, 2 groups
+ * and depthwise, a pointwise 1x1 and a patch embedding. */
+static void test_conv2d(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t x[4], w[4];
+        spmd_conv2d_options o;
+    } cases[] = {
+        {{2, 3, 5, 5}, {4, 3, 3, 3}, {.padding = {1, 1}}},
+        {{2, 2, 7, 6}, {3, 2, 3, 2}, {.stride = {2, 3}, .padding = {1, 2}, .dilation = {2, 1}}},
+        {{1, 4, 5, 6}, {6, 2, 3, 3}, {.stride = {1, 2}, .padding = {1, 0}, .groups = 2}},
+        {{2, 3, 6, 6}, {3, 1, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}, .groups = 3}},
+        {{2, 3, 4, 3}, {5, 3, 1, 1}, {.groups = 1}},
+        {{1, 3, 8, 8}, {4, 3, 4, 4}, {.stride = {4, 4}}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gcheck c;
+        gc_init(&c, "conv2d %zu (groups %d)", i, cases[i].o.groups);
+        spmd_tensor *x = gc_param(&c, "x", 4, cases[i].x, GEN_ANY);
+        spmd_tensor *w = gc_param(&c, "w", 4, cases[i].w, GEN_ANY);
+        gc_run(&c, spmd_conv2d(c.g, x, w, &cases[i].o));
+    }
+}
+
 static void test_attention(void **state)
 {
     (void)state;
@@ -830,6 +855,7 @@ int main(void)
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_bmm),
+        cmocka_unit_test(test_conv2d),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_cross_entropy),

@@ -158,6 +158,13 @@ static bool build_sample(ir_op op, sample *s)
                      false);
         break;
     case IR_ATTENTION: o = spmd_attention(g, qkv(s), qkv(s), qkv(s), 2); break;
+    case IR_CONV2D: { /* strided, padded and dilated; groups 1: Cin summed */
+        spmd_conv2d_options opts = {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}};
+        spmd_tensor *x = operand(s, V_ANY, 4, D(2, 4, 5, 6));
+        o = spmd_conv2d(g, x, operand(s, V_ANY, 4, D(3, 4, 3, 2)), &opts);
+        break;
+    }
+
     case IR_CACHE_WRITE:
         o = spmd_cache_write(g, qkv(s), operand(s, V_ANY, 3, D(2, 2, 8)), ids(s, 1, D(1), 5));
         break;
@@ -193,6 +200,18 @@ static bool build_sample(ir_op op, sample *s)
         o = ir_layernorm_backward(g, x46(s), operand(s, V_POS, 1, D(6)), x46(s), 1e-5f);
         break;
     case IR_ATTENTION_BACKWARD: o = ir_attention_backward(g, qkv(s), qkv(s), qkv(s), qkv(s), 2); break;
+    case IR_CONV2D_BACKWARD_INPUT: { /* 2 groups of 2 channels: split in whole groups */
+        ir_conv c = {.stride = {2, 2}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 2};
+        spmd_tensor *dy = operand(s, V_ANY, 4, D(2, 4, 3, 3));
+        o = ir_conv2d_backward_input(g, dy, operand(s, V_ANY, 4, D(4, 2, 3, 3)), D(2, 4, 5, 5), &c);
+        break;
+    }
+    case IR_CONV2D_BACKWARD_WEIGHT: { /* depthwise: any channel split; the batch summed */
+        ir_conv c = {.stride = {1, 1}, .pad = {1, 0}, .dilation = {1, 1}, .groups = 4};
+        spmd_tensor *x = operand(s, V_ANY, 4, D(3, 4, 5, 5));
+        o = ir_conv2d_backward_weight(g, x, operand(s, V_ANY, 4, D(3, 4, 5, 3)), D(4, 1, 3, 3), &c);
+        break;
+    }
     case IR_EMBEDDING_BACKWARD: o = ir_embedding_backward(g, ids(s, 1, D(4), 10), x46(s), 10); break;
     case IR_CROSS_ENTROPY_BACKWARD:
         o = ir_cross_entropy_backward(g, operand(s, V_ANY, 2, D(4, 10)), ids(s, 1, D(4), 10),

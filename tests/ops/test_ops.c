@@ -9,7 +9,8 @@
  * every thread count.  Also: bad ids, targets and cache positions
  * are data errors at run time that name the op and the value, leave the
  * program usable, and do not hang a pool of threads; a GEMM that BLAS
- * cannot take fails the kernel with its status instead of passing.
+ * cannot take fails the kernel with its status instead of passing; and
+ * conv2d's builder refuses bad shapes naming both tensors.
  *
  * Inputs come from a seeded generator; each case draws from the seed and
  * its own label.  A failure prints the seed; SPMD_TEST_SEED=<seed> replays.
@@ -784,6 +785,101 @@ static void test_attention(void **state)
     }
 }
 
+/* conv2d and its two backward ops against the reference's loops: strides,
+ * padding (some rows all padding), dilation, groups (depthwise included),
+ * pointwise (1x1, the GEMM on the image itself, and strided), a patch
+ * embedding's kernel as large as its stride, and an im2col matrix past one
+ * tile of columns (16 channels of 90 x 90: two tiles). */
+static const ref_conv conv_cases[] = {
+    {.x = {2, 3, 6, 7}, .w = {4, 3, 3, 3}, .stride = {1, 1}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 1},
+    {.x = {2, 4, 9, 8}, .w = {6, 4, 3, 2}, .stride = {2, 3}, .pad = {1, 2}, .dilation = {2, 1}, .groups = 1},
+    {.x = {1, 4, 5, 5}, .w = {6, 2, 3, 3}, .stride = {1, 1}, .pad = {0, 1}, .dilation = {1, 1}, .groups = 2},
+    {.x = {2, 6, 7, 7}, .w = {6, 1, 3, 3}, .stride = {2, 2}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 6},
+    {.x = {3, 5, 4, 6}, .w = {7, 5, 1, 1}, .stride = {1, 1}, .pad = {0, 0}, .dilation = {1, 1}, .groups = 1},
+    {.x = {2, 4, 5, 5}, .w = {3, 4, 1, 1}, .stride = {2, 2}, .pad = {0, 0}, .dilation = {1, 1}, .groups = 1},
+    {.x = {2, 3, 32, 32}, .w = {8, 3, 16, 16}, .stride = {16, 16}, .pad = {0, 0}, .dilation = {1, 1}, .groups = 1},
+    {.x = {1, 2, 3, 3}, .w = {3, 2, 2, 2}, .stride = {2, 1}, .pad = {3, 2}, .dilation = {1, 2}, .groups = 1},
+    {.x = {1, 16, 90, 90}, .w = {4, 16, 3, 3}, .stride = {1, 1}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 1},
+};
+
+/* conv2d's refusals name both tensors of a mismatch, and the attribute. */
+static void test_conv2d_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t x[4], w[4];
+        spmd_conv2d_options o;
+        const char *want;
+    } cases[] = {
+        {{2, 6, 5, 5}, {4, 4, 3, 3}, {.groups = 2},
+         "conv2d: w 'w' [4, 4, 3, 3] has 4 input channels per group, x 'x' [2, 6, 5, 5] has 3 "
+         "(Cin 6 over 2 groups)"},
+        {{2, 6, 5, 5}, {4, 2, 3, 3}, {.groups = 3},
+         "conv2d: 3 groups do not divide the input channels of x 'x' [2, 6, 5, 5] (Cin 6) or "
+         "the output channels of w 'w' [4, 2, 3, 3] (Cout 4)"},
+        {{1, 2, 4, 4}, {3, 2, 3, 3}, {.dilation = {1, 2}},
+         "conv2d: the kernel of w 'w' [3, 2, 3, 3] spans 5 columns (dilation 2), more than the "
+         "4 of x 'x' [1, 2, 4, 4] padded by 0"},
+        {{1, 2, 4, 4}, {3, 2, 3, 3}, {.stride = {-1, 1}},
+         "conv2d: stride -1, padding 0, dilation 0 over the rows; none may be negative"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 4, cases[i].x);
+        spmd_tensor *w = spmd_input(g, "w", SPMD_F32, 4, cases[i].w);
+        assert_null(spmd_conv2d(g, x, w, &cases[i].o));
+        if (!strstr(spmd_last_error(), cases[i].want))
+            fail_msg("conv2d refusal #%zu: %s\n  want: %s", i, spmd_last_error(), cases[i].want);
+        spmd_graph_free(g);
+    }
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x3 = spmd_input(g, "x", SPMD_F32, 3, (const int64_t[]){2, 3, 5});
+    spmd_tensor *w = spmd_input(g, "w", SPMD_F32, 4, (const int64_t[]){4, 3, 3, 3});
+    assert_null(spmd_conv2d(g, x3, w, NULL));
+    if (!strstr(spmd_last_error(), "conv2d: x [N, Cin, H, W] must be 4-D, got 'x' [2, 3, 5]"))
+        fail_msg("conv2d's rank error: %s", spmd_last_error());
+    spmd_graph_free(g);
+}
+
+static void test_conv2d(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(conv_cases); i++) {
+        ref_conv rc = conv_cases[i];
+        ref_conv_shape(&rc);
+        const shape xs = SH(4, rc.x[0], rc.x[1], rc.x[2], rc.x[3]);
+        const shape ws = SH(4, rc.w[0], rc.w[1], rc.w[2], rc.w[3]);
+        const shape ys = SH(4, rc.y[0], rc.y[1], rc.y[2], rc.y[3]);
+        const ir_conv attr = {.stride = {rc.stride[0], rc.stride[1]},
+                              .pad = {rc.pad[0], rc.pad[1]},
+                              .dilation = {rc.dilation[0], rc.dilation[1]},
+                              .groups = rc.groups};
+        const spmd_conv2d_options opts = {.stride = {rc.stride[0], rc.stride[1]},
+                                          .padding = {rc.pad[0], rc.pad[1]},
+                                          .dilation = {rc.dilation[0], rc.dilation[1]},
+                                          .groups = rc.groups};
+        opcase c;
+        oc_init(&c, "conv2d #%zu, %d group(s)", i, rc.groups);
+        spmd_tensor *x = oc_input(&c, &xs, GEN_ANY), *w = oc_input(&c, &ws, GEN_ANY);
+        ref_conv2d(&rc, oc_f(&c, 0), oc_f(&c, 1), oc_expect(&c, spmd_conv2d(c.g, x, w, &opts)));
+        oc_check(&c);
+
+        oc_init(&c, "conv2d_backward_input #%zu", i);
+        spmd_tensor *dy = oc_input(&c, &ys, GEN_ANY);
+        w = oc_input(&c, &ws, GEN_ANY);
+        ref_conv2d_backward_input(&rc, oc_f(&c, 0), oc_f(&c, 1),
+                                  oc_expect(&c, ir_conv2d_backward_input(c.g, dy, w, rc.x, &attr)));
+        oc_check(&c);
+
+        oc_init(&c, "conv2d_backward_weight #%zu", i);
+        x = oc_input(&c, &xs, GEN_ANY);
+        dy = oc_input(&c, &ys, GEN_ANY);
+        ref_conv2d_backward_weight(&rc, oc_f(&c, 0), oc_f(&c, 1),
+                                   oc_expect(&c, ir_conv2d_backward_weight(c.g, x, dy, rc.w, &attr)));
+        oc_check(&c);
+    }
+}
+
 /* Decoding: T new rows at a drawn position of a cache of S rows.  T across
  * the 64-row query blocks, T = S (the whole cache: plain causal attention),
  * and one row, decoding's usual case. */
@@ -1300,6 +1396,8 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_bmm),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_conv2d),
+        cmocka_unit_test(test_conv2d_errors),
         cmocka_unit_test(test_cache_write),
         cmocka_unit_test(test_cached_attention),
         cmocka_unit_test(test_embedding),

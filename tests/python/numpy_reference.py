@@ -213,6 +213,27 @@ class NumpyBuilder:
         p /= p.sum(-1, keepdims=True)
         return (p @ split(v)).transpose(0, 2, 1, 3).reshape(b, t, c).astype(F32)
 
+    def conv2d(self, x, w, stride, padding, dilation, groups):
+        """A sum over the kernel's taps of strided views of the padded x."""
+        self._f32("conv2d", x, w)
+        n, cin, _, _ = x.shape
+        cout, cpg, kh, kw = w.shape
+        (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+        oh = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
+        ow = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
+        opg = cout // groups
+        y = np.zeros((n, cout, oh, ow))
+        for g in range(groups):
+            xg = xp[:, g * cpg:(g + 1) * cpg]
+            wg = w[g * opg:(g + 1) * opg].astype(np.float64)
+            for i in range(kh):
+                for j in range(kw):
+                    tap = xg[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh,
+                             j * dw:j * dw + sw * (ow - 1) + 1:sw]
+                    y[:, g * opg:(g + 1) * opg] += np.einsum("nchw,oc->nohw", tap, wg[:, :, i, j])
+        return y.astype(F32)
+
     # ---- lookups and losses
 
     def embedding(self, table, ids):

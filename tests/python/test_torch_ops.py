@@ -101,6 +101,12 @@ LOSSES = {
     "mse": (lambda m, x: F.mse_loss(m(x), torch.ones(3, 6)), lambda: (x46(),)),
     "dropout_p0_and_eval": (lambda m, x: F.dropout(m(x), 0.0).sum()
                             + F.dropout(m(x), 0.5, training=False).sum(), lambda: (x46(),)),
+    "conv2d_bias": (lambda m, x: F.conv2d(m(x).view(1, 3, 2, 3), m.w.view(4, 3, 2, 1),
+                                          m.w[1, :4], padding=(1, 0)).tanh().sum(),
+                    lambda: (x46(),)),
+    "conv2d_strided_dilated_groups": (lambda m, x: F.conv2d(
+        m(x).reshape(1, 2, 3, 3).expand(2, 2, 3, 3).reshape(1, 4, 3, 3), m.w.reshape(4, 2, 3, 1),
+        stride=(2, 1), padding=1, dilation=(1, 2), groups=2).pow(2).sum(), lambda: (x46(),)),
     "zeros_like_and_bmm": (lambda m, x: (torch.bmm(m(x).view(3, 2, 3), m(x).view(3, 3, 2))
                                          + torch.ones_like(m(x).view(3, 2, 3)[:, :, :2])).sum(),
                            lambda: (x46(),)),
@@ -127,7 +133,7 @@ def test_table_covers_the_listed_ops():
               "native_layer_norm", "gelu", "silu", "sigmoid", "relu", "tanh", "pow", "sqrt",
               "rsqrt", "mean", "sum", "add", "sub", "mul", "div", "neg", "exp", "log", "_softmax",
               "_log_softmax", "nll_loss_forward", "masked_fill", "where", "tril", "triu",
-              "dropout"]
+              "dropout", "convolution"]
     packets = {name.split(".")[1] for name in TABLE}
     assert [op for op in listed if op not in packets] == []
     for form in ("div.Tensor", "div.Scalar", "gelu.default", "pow.Tensor_Scalar", "pow.Scalar"):
@@ -286,6 +292,58 @@ def test_bad_loss_and_batch_refused():
         xs.trace(lambda m, x, k: m(x).sum() * k, Lin(), x46(), 3)
     with pytest.raises(TypeError, match="batch item 0 has dtype torch.bool"):
         xs.trace(lambda m, x: m.w.sum(), Lin(), torch.ones(2, dtype=torch.bool))
+
+
+class SmallCNN(nn.Module):
+    """conv, relu, a strided grouped conv, flatten, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 6, 3, stride=2, padding=1, groups=2)
+        self.fc = nn.Linear(6 * 4 * 4, 5)
+
+    def forward(self, x):
+        h = F.relu(self.conv1(x))
+        return self.fc(self.conv2(h).flatten(1))
+
+
+def test_small_cnn_trains_one_sgd_step_as_eager():
+    # aten.convolution with its bias, through the conv2d kernels and their
+    # backward ops: the loss and every weight after one SGD step are eager's.
+    torch.manual_seed(4)
+    model = SmallCNN()
+    eager = SmallCNN()
+    eager.load_state_dict(model.state_dict())
+    x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 3, 1, 4])
+
+    def loss_fn(m, x, y):
+        return F.cross_entropy(m(x), y)
+
+    assert "conv2d" in set(xs.trace(loss_fn, model, x, y).ops())
+    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn)
+    got = step(x, y)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = loss_fn(eager, x, y)
+    want.backward()
+    opt.step()
+    assert abs(got - want.item()) <= 1e-5 * max(1.0, abs(want.item())), (got, want.item())
+    step.sync()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("conv, missing", [
+    (lambda m, x: F.conv1d(m(x).view(1, 3, 6), m.w.view(4, 3, 2)).sum(), "a 1-D convolution"),
+    (lambda m, x: F.conv_transpose2d(m(x).view(1, 3, 2, 3), m.w.view(3, 4, 2, 1)).sum(),
+     "transposed"),
+])
+def test_convolution_forms_refused(conv, missing):
+    with pytest.raises(NotImplementedError) as e:
+        xs.trace(conv, Lin(), x46())
+    msg = str(e.value)
+    assert msg.startswith("libspmd.torch: aten op aten.convolution.default ") and missing in msg, msg
 
 
 class Attn(nn.Module):

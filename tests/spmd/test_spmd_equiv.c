@@ -31,7 +31,9 @@
  * collectives the cases made the partitioner emit.  Fixed regression cases
  * (minimized reproducers of bugs this test found) run every time, and so
  * do fixed cases of the KV-cache decoding ops, which the random training
- * graphs cannot hold (they have no gradient).
+ * graphs cannot hold (they have no gradient), and of convolutions (their
+ * 4-D images split over the batch, the channels and the rows, meshes 2, 4
+ * and 2x2).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -1591,6 +1593,73 @@ static void vocab_tied_even(eq_case *c) { vocab_tied_lm(c, 8, "tp, None", NULL);
 /* 11 rows over 4 (3, 3, 3, 2), the batch of 3 over data. */
 static void vocab_tied_uneven(eq_case *c) { vocab_tied_lm(c, 11, "tp, None", "data, None"); }
 
+/* ---- Convolutions: fixed cases on meshes 2, 4 and 2x2 ----------------------------------- */
+
+/* conv2d(x, w) with its attributes as text for the case's log. */
+static spmd_tensor *conv(eq_case *c, spmd_tensor *x, spmd_tensor *w, spmd_conv2d_options o)
+{
+    return note(c, spmd_conv2d(c->g, x, w, &o), "conv2d(%s, %s, stride %d %d, pad %d %d, groups %d)",
+                name_of(x), name_of(w), o.stride[0] ? o.stride[0] : 1, o.stride[1] ? o.stride[1] : 1,
+                o.padding[0], o.padding[1], o.groups ? o.groups : 1);
+}
+
+/* x [N, 3, 6, 6] over `x_spec`, a 3x3 padded conv to 6 channels with w1
+ * over `w1_spec`, tanh, and a strided conv to 4 channels with w2 over
+ * `w2_spec`: a batch split convolves each device's images and leaves the
+ * weight gradients pending sums over the batch; w1 over its output
+ * channels gives channel-split activations, and w2 over its input
+ * channels then a pending sum of y (Megatron's pair). */
+static void conv_pair(eq_case *c, int64_t N, const char *x_spec, const char *w1_spec,
+                      const char *w2_spec)
+{
+    spmd_tensor *x = input(c, 4, D(N, 3, 6, 6));
+    if (x_spec) mark(c, x, x_spec);
+    spmd_tensor *w1 = param(c, 4, D(6, 3, 3, 3), GEN_WEIGHT, 0.4f);
+    if (w1_spec) mark(c, w1, w1_spec);
+    spmd_tensor *w2 = param(c, 4, D(4, 6, 3, 3), GEN_WEIGHT, 0.3f);
+    if (w2_spec) mark(c, w2, w2_spec);
+    spmd_tensor *h = conv(c, x, w1, (spmd_conv2d_options){.padding = {1, 1}});
+    h = note(c, spmd_tanh(c->g, h), "tanh(%s)", name_of(h));
+    add_output(c, h);
+    spmd_tensor *y = conv(c, h, w2, (spmd_conv2d_options){.stride = {2, 2}, .padding = {1, 0}});
+    add_output(c, y);
+    square_loss(c, y);
+}
+
+static void conv_batch(eq_case *c) { conv_pair(c, 4, "data, None, None, None", NULL, NULL); }
+/* 5 images over 2 or 4: padding images, masked in the weight gradients' sums. */
+static void conv_batch_uneven(eq_case *c) { conv_pair(c, 5, "data, None, None, None", NULL, NULL); }
+static void conv_out_channels(eq_case *c) { conv_pair(c, 2, NULL, "tp, None, None, None", NULL); }
+static void conv_in_channels(eq_case *c)
+{
+    conv_pair(c, 2, NULL, "tp, None, None, None", "None, tp, None, None");
+}
+static void conv_batch_and_channels(eq_case *c)
+{
+    conv_pair(c, 4, "data, None, None, None", "tp, None, None, None", "None, tp, None, None");
+}
+/* Rows split: gathered, each device convolving whole images. */
+static void conv_rows(eq_case *c) { conv_pair(c, 2, "None, None, tp, None", NULL, NULL); }
+
+/* A depthwise conv (8 channels, one each) between pointwise ones, the
+ * channels over `spec`, and a 2-group conv whose channels split in whole
+ * groups. */
+static void conv_grouped(eq_case *c, const char *spec)
+{
+    spmd_tensor *x = input(c, 4, D(2, 8, 5, 5));
+    mark(c, x, spec);
+    spmd_tensor *dw = param(c, 4, D(8, 1, 3, 3), GEN_WEIGHT, 0.5f);
+    spmd_tensor *gw = param(c, 4, D(8, 4, 3, 3), GEN_WEIGHT, 0.3f);
+    spmd_tensor *pw = param(c, 4, D(3, 8, 1, 1), GEN_WEIGHT, 0.4f);
+    spmd_tensor *h = conv(c, x, dw, (spmd_conv2d_options){.padding = {1, 1}, .groups = 8});
+    h = conv(c, h, gw, (spmd_conv2d_options){.stride = {2, 1}, .padding = {1, 1}, .groups = 2});
+    add_output(c, h);
+    square_loss(c, conv(c, h, pw, (spmd_conv2d_options){0}));
+}
+
+static void conv_grouped_channels(eq_case *c) { conv_grouped(c, "None, tp, None, None"); }
+static void conv_grouped_batch(eq_case *c) { conv_grouped(c, "data, tp, None, None"); }
+
 typedef struct regression {
     const char *label;
     int rank, shape[3];
@@ -1619,6 +1688,22 @@ static const regression vocab_cases[] = {
      VOCAB_LOOKUP | VOCAB_GRAD | VOCAB_LOSS},
     {"vocab: tied embedding and LM head, uneven", 2, {2, 4}, {"data", "tp"}, vocab_tied_uneven,
      VOCAB_LOOKUP | VOCAB_GRAD | VOCAB_LOSS},
+};
+
+static const regression conv_cases[] = {
+    {"conv: batch over 2", 1, {2}, {"data"}, conv_batch, 0},
+    {"conv: batch over 4", 1, {4}, {"data"}, conv_batch, 0},
+    {"conv: 5 images over 2", 1, {2}, {"data"}, conv_batch_uneven, 0},
+    {"conv: 5 images over 4", 1, {4}, {"data"}, conv_batch_uneven, 0},
+    {"conv: weight over output channels, 2", 1, {2}, {"tp"}, conv_out_channels, 0},
+    {"conv: weight over output channels, 4", 1, {4}, {"tp"}, conv_out_channels, 0},
+    {"conv: input channels over 2 (pending sum)", 1, {2}, {"tp"}, conv_in_channels, 0},
+    {"conv: input channels over 4 (pending sum)", 1, {4}, {"tp"}, conv_in_channels, 0},
+    {"conv: batch and channels, 2x2", 2, {2, 2}, {"data", "tp"}, conv_batch_and_channels, 0},
+    {"conv: rows split, gathered", 1, {2}, {"tp"}, conv_rows, 0},
+    {"conv: grouped, channels over 2", 1, {2}, {"tp"}, conv_grouped_channels, 0},
+    {"conv: grouped, channels over 4", 1, {4}, {"tp"}, conv_grouped_channels, 0},
+    {"conv: grouped, batch and channels, 2x2", 2, {2, 2}, {"data", "tp"}, conv_grouped_batch, 0},
 };
 
 static const regression regressions[] = {
@@ -1687,6 +1772,15 @@ static void test_vocab_parallel(void **state)
     if (failed) fail_msg("%d of %zu vocabulary cases failed", failed, ARRAY_LEN(vocab_cases));
 }
 
+/* Convolutions split over the batch, the channels and the rows compute
+ * what one device computes. */
+static void test_conv_parallel(void **state)
+{
+    (void)state;
+    int failed = run_fixed(conv_cases, ARRAY_LEN(conv_cases), 3000);
+    if (failed) fail_msg("%d of %zu convolution cases failed", failed, ARRAY_LEN(conv_cases));
+}
+
 static void test_random_equivalence(void **state)
 {
     (void)state;
@@ -1736,6 +1830,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regressions),
         cmocka_unit_test(test_vocab_parallel),
+        cmocka_unit_test(test_conv_parallel),
         cmocka_unit_test(test_random_equivalence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

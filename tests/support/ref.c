@@ -399,6 +399,66 @@ void ref_bmm(const float *a, const int64_t *ad, int ar, const float *b, const in
                  tb ? K : 1, out + i * M * N);
 }
 
+/* ---- Convolution ---- */
+
+void ref_conv_shape(ref_conv *c)
+{
+    c->y[0] = c->x[0];
+    c->y[1] = c->w[0];
+    for (int d = 0; d < 2; d++)
+        c->y[2 + d] = (c->x[2 + d] + 2 * c->pad[d] - c->dilation[d] * (c->w[2 + d] - 1) - 1) /
+                          c->stride[d] + 1;
+}
+
+/* Which of the three the loop below accumulates into. */
+enum { CONV_Y, CONV_DX, CONV_DW };
+
+/* Every term x[n, ci, iy, ix] * w[o, cg, i, j] of y[n, o, oy, ox], summed
+ * in double into the one `what` names: y (from x and w), dx (from dy and
+ * w, a = dy) or dw (from x and dy, b = dy). */
+static void conv_terms(const ref_conv *c, int what, const float *a, const float *b, float *out)
+{
+    const int64_t *X = c->x, *W = c->w, *Y = c->y;
+    const int64_t cpg = X[1] / c->groups, opg = W[0] / c->groups;
+    const int64_t n_out = ref_numel(what == CONV_Y ? Y : what == CONV_DX ? X : W, 4);
+    double *acc = calloc((size_t)(n_out ? n_out : 1), sizeof *acc);
+    for (int64_t n = 0; n < X[0]; n++)
+        for (int64_t o = 0; o < W[0]; o++)
+            for (int64_t oy = 0; oy < Y[2]; oy++)
+                for (int64_t ox = 0; ox < Y[3]; ox++)
+                    for (int64_t cg = 0; cg < cpg; cg++)
+                        for (int64_t i = 0; i < W[2]; i++)
+                            for (int64_t j = 0; j < W[3]; j++) {
+                                int64_t iy = oy * c->stride[0] - c->pad[0] + i * c->dilation[0];
+                                int64_t ix = ox * c->stride[1] - c->pad[1] + j * c->dilation[1];
+                                if (iy < 0 || iy >= X[2] || ix < 0 || ix >= X[3]) continue;
+                                int64_t ci = o / opg * cpg + cg;
+                                int64_t xi = ((n * X[1] + ci) * X[2] + iy) * X[3] + ix;
+                                int64_t wi = ((o * W[1] + cg) * W[2] + i) * W[3] + j;
+                                int64_t yi = ((n * Y[1] + o) * Y[2] + oy) * Y[3] + ox;
+                                if (what == CONV_Y) acc[yi] += (double)a[xi] * b[wi];
+                                else if (what == CONV_DX) acc[xi] += (double)a[yi] * b[wi];
+                                else acc[wi] += (double)a[xi] * b[yi];
+                            }
+    for (int64_t i = 0; i < n_out; i++) out[i] = (float)acc[i];
+    free(acc);
+}
+
+void ref_conv2d(const ref_conv *c, const float *x, const float *w, float *y)
+{
+    conv_terms(c, CONV_Y, x, w, y);
+}
+
+void ref_conv2d_backward_input(const ref_conv *c, const float *dy, const float *w, float *dx)
+{
+    conv_terms(c, CONV_DX, dy, w, dx);
+}
+
+void ref_conv2d_backward_weight(const ref_conv *c, const float *x, const float *dy, float *dw)
+{
+    conv_terms(c, CONV_DW, x, dy, dw);
+}
+
 /* Probabilities p[s] (s <= t) of query t of head h in batch b. */
 static void attn_row(const float *q, const float *k, int64_t T, int64_t C, int64_t D,
                      int64_t b, int64_t h, int64_t t, double *p)

@@ -116,6 +116,23 @@ void ref_cached_attention(const float *q, const float *k, const float *v, int64_
 void ref_attention_backward(const float *q, const float *k, const float *v, const float *dout,
                             int64_t B, int64_t T, int64_t C, int heads, float *out);
 
+/* ---- Convolution ---------------------------------------------------------------- */
+
+/* A 2-D convolution: x [N, Cin, H, W], w [Cout, Cin / groups, KH, KW], y
+ * [N, Cout, OH, OW]; per spatial dim (rows, columns) the stride, the
+ * zeros padded on both sides and the dilation. */
+typedef struct ref_conv {
+    int64_t x[4], w[4], y[4];
+    int stride[2], pad[2], dilation[2], groups;
+} ref_conv;
+
+/* Fill c->y from x, w and the attributes (PyTorch's formula). */
+void ref_conv_shape(ref_conv *c);
+void ref_conv2d(const ref_conv *c, const float *x, const float *w, float *y);
+/* The adjoints of y = conv2d(x, w) for dy: dx [x] and dw [w]. */
+void ref_conv2d_backward_input(const ref_conv *c, const float *dy, const float *w, float *dx);
+void ref_conv2d_backward_weight(const ref_conv *c, const float *x, const float *dy, float *dw);
+
 /* ---- Lookups and losses -------------------------------------------------------- */
 
 /* table [V, D], n ids -> out [n, D]; a row of an id outside [0, V) is zero.

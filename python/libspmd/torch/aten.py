@@ -194,6 +194,30 @@ def sdpa_flash(cx, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=Fa
     return (out,) + tuple(Unavailable("flash attention's statistics") for _ in range(8))
 
 
+# ---- convolution -----------------------------------------------------------
+
+
+@lowers("aten.convolution.default")  # what make_fx records for torch's conv1d/2d/3d and conv_transpose
+def convolution(cx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """libspmd's conv2d, and the bias as an add of [1, Cout, 1, 1]."""
+    x, weight = cx.ref(x), cx.ref(weight)
+    if x.rank != 4:
+        kind = {3: "a 1-D convolution", 5: "a 3-D convolution"}.get(x.rank, f"an input of rank {x.rank}")
+        raise cx.unsupported(f"on {kind}; libspmd has 2-D convolution only (conv2d of NCHW "
+                             f"images [N, C, H, W])")
+    if transposed:
+        raise cx.unsupported("transposed (conv_transpose2d); libspmd has no transposed "
+                             "convolution op")
+    if any(int(p) != 0 for p in output_padding):
+        raise cx.unsupported(f"with output_padding {list(output_padding)}; libspmd's conv2d "
+                             f"has none")
+    pairs = [tuple(int(d) for d in v) for v in (stride, padding, dilation)]
+    y = cx.emit("conv2d", x, weight, *pairs, int(groups))
+    if bias is None:
+        return y
+    return cx.emit("add", y, _reshape(cx, cx.ref(bias), (1, weight.shape[0], 1, 1)))
+
+
 # ---- layout ----------------------------------------------------------------
 
 

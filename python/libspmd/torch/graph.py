@@ -20,6 +20,7 @@ method returns the builder's own tensor handle.
     matmul(a, b, trans_a, trans_b)       spmd_matmul's forms
     bmm(a, b, trans_a, trans_b)          batch dims equal, transposes on the last two
     attention(q, k, v, heads)
+    conv2d(x, w, stride, padding, dilation, groups)   NCHW; each of the three a pair
     embedding(table, ids)                ids i32
     cross_entropy(logits, targets)       mean over rows; targets i32
     mse(a, b)
@@ -147,8 +148,8 @@ class TracedGraph:
 class GraphBuilder:
     """The builder protocol over a libspmd Graph.  The protocol passes
     everything positionally; the Graph takes `input` as (name, shape,
-    dtype) and the transposes of matmul and bmm as keywords.  Every other
-    builder is the Graph's own."""
+    dtype), the transposes of matmul and bmm and conv2d's attributes as
+    keywords.  Every other builder is the Graph's own."""
 
     def __init__(self, graph):
         self.graph = graph
@@ -161,6 +162,10 @@ class GraphBuilder:
 
     def bmm(self, a, b, trans_a=False, trans_b=False):
         return self.graph.bmm(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b))
+
+    def conv2d(self, x, w, stride, padding, dilation, groups):
+        return self.graph.conv2d(x, w, stride=stride, padding=padding, dilation=dilation,
+                                 groups=groups)
 
     def __getattr__(self, op):
         return getattr(self.graph, op)
