@@ -405,10 +405,10 @@ spmd_tensor *ir_layernorm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *g
 
 static const char *const pool_axis[2] = {"rows", "columns"};
 
-/* torch's: rounded toward minus infinity (a window may be wider than the
- * padded input), and with ceil_mode no window starting in the right
- * padding. */
-int64_t ir_pool_out_size(int64_t size, int64_t kernel, int64_t stride, int64_t padding,
+/* A pooled dim's size, torch's: rounded toward minus infinity (a window
+ * may be wider than the padded input), and with ceil_mode no window
+ * starting in the right padding; < 1 when no window fits. */
+static int64_t pool_out_size(int64_t size, int64_t kernel, int64_t stride, int64_t padding,
                          int64_t dilation, bool ceil_mode)
 {
     int64_t span = size + 2 * padding - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
@@ -481,8 +481,8 @@ static bool pool_out_dims(spmd_graph *g, const char *op, const spmd_pool2d *p, i
 {
     const int64_t in[2] = {h, w};
     for (int d = 0; d < 2; d++) {
-        out[d] = ir_pool_out_size(in[d], p->kernel[d], p->stride[d], p->padding[d], p->dilation[d],
-                                  p->ceil_mode);
+        out[d] = pool_out_size(in[d], p->kernel[d], p->stride[d], p->padding[d], p->dilation[d],
+                               p->ceil_mode);
         if (out[d] < 1) {
             ir_error(g, SPMD_ERR_SHAPE,
                      "%s: a window of %lld %s (dilation %lld, padding %lld) does not fit in the "
@@ -581,8 +581,9 @@ spmd_tensor *ir_max_pool2d_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *
     return t;
 }
 
-/* The average pools' backward: dx [.., h, w] from dy, which must be the
- * pooled shape (`out`, the adaptive pool's: dy's own). */
+/* The average pools' backward: dx [.., h, w] from dy, which avg_pool2d's
+ * window p must pool [.., h, w] to (the adaptive pool's, p NULL, fits
+ * any). */
 static spmd_tensor *avg_pool_backward(spmd_graph *g, ir_op op, spmd_tensor *dy, int64_t h,
                                       int64_t w, const spmd_pool2d *p)
 {

@@ -330,10 +330,6 @@ spmd_tensor *ir_layernorm_xhat(spmd_graph *g, spmd_tensor *x, float eps);
 /* dx of layernorm(x, gamma, .) given dy. */
 spmd_tensor *ir_layernorm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma,
                                    spmd_tensor *dy, float eps);
-/* Output size of a pooled dim of `size` (spmd.h, spmd_pool2d); < 1 when
- * no window fits. */
-int64_t ir_pool_out_size(int64_t size, int64_t kernel, int64_t stride, int64_t padding,
-                         int64_t dilation, bool ceil_mode);
 /* dx [.., H, W] of max_pool2d(x, pool) given dy: dy at each window's
  * maximum, found again from x. */
 spmd_tensor *ir_max_pool2d_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy,
