@@ -31,7 +31,9 @@
  * collectives the cases made the partitioner emit.  Fixed regression cases
  * (minimized reproducers of bugs this test found) run every time, and so
  * do fixed cases of the KV-cache decoding ops, which the random training
- * graphs cannot hold (they have no gradient).
+ * graphs cannot hold (they have no gradient), of vocabulary parallelism,
+ * and of pooling over [N, C, H, W] (batch, channels, rows split; a
+ * pending sum through the averages).
  */
 #include <math.h>
 #include <setjmp.h>
