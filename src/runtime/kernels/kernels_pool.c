@@ -211,7 +211,11 @@ void kern_avg_pool2d_backward(const kern_args *a)
                 for (int64_t kj = 0; kj < p->kernel[1]; kj++) {
                     int64_t off = kj - p->padding[1], lo, hi;
                     tap_outputs(off, sw, s.w, s.ow, &lo, &hi);
-                    for (int64_t ow = lo; ow < hi; ow++) dxr[ow * sw + off] += share[ow];
+                    /* Stores a stride apart do not vectorise; adjacent ones do. */
+                    if (sw == 1)
+                        for (int64_t ow = lo; ow < hi; ow++) dxr[ow + off] += share[ow];
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++) dxr[ow * sw + off] += share[ow];
                 }
             }
         }
