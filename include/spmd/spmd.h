@@ -182,6 +182,33 @@ SPMD_API spmd_tensor *spmd_log_softmax(spmd_graph *g, spmd_tensor *x);
 SPMD_API spmd_tensor *spmd_layernorm(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma,
                                      spmd_tensor *beta, float eps);
 
+/* Pooling over the last two dims of x [N, C, H, W] or [C, H, W] (NCHW), as
+ * torch.nn.functional's.  Pairs are (rows, columns).  An output dim is
+ * (H + 2 padding - dilation (kernel - 1) - 1) / stride + 1, rounded down,
+ * or up with ceil_mode (then a window must start inside the input or its
+ * left padding); padding is at most half the kernel.  max_pool2d never
+ * takes a padded position; its gradient goes to each window's first
+ * maximum in row-major order (a NaN wins), as torch's.  avg_pool2d
+ * divides each window's sum by divisor_override when it is > 0, else by
+ * the window's size, padding counted when count_include_pad (torch's
+ * default is true; not the overhang ceil_mode adds past the padding). */
+typedef struct spmd_pool2d {
+    int64_t kernel[2];
+    int64_t stride[2];     /* 0: the kernel (torch's default) */
+    int64_t padding[2];    /* implicit, on both sides */
+    int64_t dilation[2];   /* 0 or 1: adjacent positions; max_pool2d only */
+    bool ceil_mode;
+    bool count_include_pad; /* avg_pool2d only */
+    int64_t divisor_override; /* avg_pool2d only; 0: none */
+} spmd_pool2d;
+SPMD_API spmd_tensor *spmd_max_pool2d(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *pool);
+SPMD_API spmd_tensor *spmd_avg_pool2d(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *pool);
+/* Average pooling to [.., out_h, out_w]: output row i averages input rows
+ * floor(i H / out_h) .. ceil((i + 1) H / out_h) - 1, and so the columns
+ * (torch's adaptive_avg_pool2d). */
+SPMD_API spmd_tensor *spmd_adaptive_avg_pool2d(spmd_graph *g, spmd_tensor *x, int64_t out_h,
+                                               int64_t out_w);
+
 /* Linear algebra.  matmul: a [..., M, K] times b [K, N] (b [N, K] with
  * trans_b); with trans_a, a [L..., K'] and b [L..., N] contract over all
  * leading dims (the weight-gradient form) and give [K', N].

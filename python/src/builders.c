@@ -238,6 +238,87 @@ static PyObject *graph_layernorm(GraphObject *self, PyObject *args, PyObject *kw
     return wrap_tensor(self, spmd_layernorm(self->g, t[0], t[1], t[2], eps));
 }
 
+/* An int or a pair of ints (rows, columns), as torch's pooling takes
+ * them; None (where allowed) leaves *out as it is. */
+static int pair_arg(PyObject *o, const char *what, int64_t out[2])
+{
+    if (!o || o == Py_None) return 0;
+    int rank;
+    int64_t dims[SPMD_MAX_RANK];
+    if (shape_arg(o, &rank, dims) < 0) return -1;
+    if (rank != 1 && rank != 2) {
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "%s %R: an int or a pair of ints", what, o);
+        return -1;
+    }
+    out[0] = dims[0];
+    out[1] = dims[rank - 1];
+    return 0;
+}
+
+/* torch.nn.functional's pooling arguments (stride None: the kernel). */
+static int pool_args(spmd_pool2d *p, PyObject *kernel, PyObject *stride, PyObject *padding,
+                     PyObject *dilation)
+{
+    if (pair_arg(kernel, "kernel_size", p->kernel) < 0 || pair_arg(stride, "stride", p->stride) < 0 ||
+        pair_arg(padding, "padding", p->padding) < 0 || pair_arg(dilation, "dilation", p->dilation) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *graph_max_pool2d(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "kernel_size", "stride", "padding", "dilation", "ceil_mode", NULL};
+    PyObject *x, *kernel, *stride = NULL, *padding = NULL, *dilation = NULL;
+    int ceil_mode = 0;
+    spmd_tensor *t;
+    spmd_pool2d p = {.ceil_mode = false};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOp:max_pool2d", kwlist, &x, &kernel, &stride,
+                                     &padding, &dilation, &ceil_mode) ||
+        tensor_arg(self, x, &t, true) < 0 || pool_args(&p, kernel, stride, padding, dilation) < 0)
+        return NULL;
+    p.ceil_mode = ceil_mode;
+    return wrap_tensor(self, spmd_max_pool2d(self->g, t, &p));
+}
+
+static PyObject *graph_avg_pool2d(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "kernel_size", "stride", "padding", "ceil_mode",
+                             "count_include_pad", "divisor_override", NULL};
+    PyObject *x, *kernel, *stride = NULL, *padding = NULL, *divisor = Py_None;
+    int ceil_mode = 0, include_pad = 1;
+    spmd_tensor *t;
+    spmd_pool2d p = {.ceil_mode = false};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOppO:avg_pool2d", kwlist, &x, &kernel, &stride,
+                                     &padding, &ceil_mode, &include_pad, &divisor) ||
+        tensor_arg(self, x, &t, true) < 0 || pool_args(&p, kernel, stride, padding, NULL) < 0)
+        return NULL;
+    if (divisor != Py_None) {
+        long long d = PyLong_AsLongLong(divisor);
+        if (d == -1 && PyErr_Occurred()) return NULL;
+        if (d == 0) { /* 0 means none to the C builder */
+            PyErr_SetString(error_type(SPMD_ERR_INVALID),
+                            "avg_pool2d: divisor_override 0; it must be positive (None: none)");
+            return NULL;
+        }
+        p.divisor_override = d;
+    }
+    p.ceil_mode = ceil_mode;
+    p.count_include_pad = include_pad;
+    return wrap_tensor(self, spmd_avg_pool2d(self->g, t, &p));
+}
+
+static PyObject *graph_adaptive_avg_pool2d(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "output_size", NULL};
+    PyObject *x, *size;
+    spmd_tensor *t;
+    int64_t out[2] = {0, 0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:adaptive_avg_pool2d", kwlist, &x, &size) ||
+        tensor_arg(self, x, &t, true) < 0 || pair_arg(size, "output_size", out) < 0)
+        return NULL;
+    return wrap_tensor(self, spmd_adaptive_avg_pool2d(self->g, t, out[0], out[1]));
+}
+
 typedef spmd_tensor *(*product_fn)(spmd_graph *, spmd_tensor *, spmd_tensor *, bool, bool);
 
 static PyObject *graph_product(GraphObject *self, PyObject *args, PyObject *kw, const char *fmt, product_fn f)
@@ -419,6 +500,14 @@ PyMethodDef graph_builder_methods[] = {
     {"mean", KW(graph_mean), "mean(x, axes=None, keepdim=False)"},
     {"max", KW(graph_max), "max(x, axis, keepdim=False)"},
     {"layernorm", KW(graph_layernorm), "layernorm(x, gamma, beta, eps=1e-5): over the last dim"},
+    {"max_pool2d", KW(graph_max_pool2d),
+     "max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False): over the\n"
+     "last two dims of [N, C, H, W] or [C, H, W], as torch.nn.functional.max_pool2d"},
+    {"avg_pool2d", KW(graph_avg_pool2d),
+     "avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,\n"
+     "divisor_override=None): as torch.nn.functional.avg_pool2d"},
+    {"adaptive_avg_pool2d", KW(graph_adaptive_avg_pool2d),
+     "adaptive_avg_pool2d(x, output_size): as torch.nn.functional.adaptive_avg_pool2d"},
     {"matmul", KW(graph_matmul),
      "matmul(a, b, *, trans_a=False, trans_b=False): a [..., M, K] times b [K, N] (b [N, K] with trans_b)"},
     {"bmm", KW(graph_bmm), "bmm(a, b, *, trans_a=False, trans_b=False): batched over leading dims"},

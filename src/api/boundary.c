@@ -73,6 +73,9 @@ spmd_tensor *spmd_max_impl(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim
 spmd_tensor *spmd_softmax_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_log_softmax_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_layernorm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma, spmd_tensor *beta, float eps);
+spmd_tensor *spmd_max_pool2d_impl(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *pool);
+spmd_tensor *spmd_avg_pool2d_impl(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *pool);
+spmd_tensor *spmd_adaptive_avg_pool2d_impl(spmd_graph *g, spmd_tensor *x, int64_t out_h, int64_t out_w);
 spmd_tensor *spmd_matmul_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_bmm_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_conv2d_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *w, const spmd_conv2d_options *opts);
@@ -567,6 +570,27 @@ spmd_tensor *spmd_log_softmax(spmd_graph *g, spmd_tensor *x)
 spmd_tensor *spmd_layernorm(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma, spmd_tensor *beta, float eps)
 {
     spmd_tensor *r = spmd_layernorm_impl(g, x, gamma, beta, eps);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_max_pool2d(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *pool)
+{
+    spmd_tensor *r = spmd_max_pool2d_impl(g, x, pool);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_avg_pool2d(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *pool)
+{
+    spmd_tensor *r = spmd_avg_pool2d_impl(g, x, pool);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_adaptive_avg_pool2d(spmd_graph *g, spmd_tensor *x, int64_t out_h, int64_t out_w)
+{
+    spmd_tensor *r = spmd_adaptive_avg_pool2d_impl(g, x, out_h, out_w);
     if (r) spmd_clear_error();
     return r;
 }

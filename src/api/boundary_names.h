@@ -67,6 +67,9 @@
 #define spmd_softmax spmd_softmax_impl
 #define spmd_log_softmax spmd_log_softmax_impl
 #define spmd_layernorm spmd_layernorm_impl
+#define spmd_max_pool2d spmd_max_pool2d_impl
+#define spmd_avg_pool2d spmd_avg_pool2d_impl
+#define spmd_adaptive_avg_pool2d spmd_adaptive_avg_pool2d_impl
 #define spmd_matmul spmd_matmul_impl
 #define spmd_bmm spmd_bmm_impl
 #define spmd_conv2d spmd_conv2d_impl

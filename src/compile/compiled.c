@@ -106,6 +106,22 @@ static size_t scratch_widen_row(const spmd_tensor *t)
 /* A tile of the im2col matrix (compile/tiles.h, conv_plan). */
 static size_t scratch_conv2d(const spmd_tensor *t) { return conv_scratch_bytes(t); }
 
+/* Pooling works a row of the pooled output at a time (kernels_pool.c):
+ * its sums in double (avg_pool2d), each output's share of its gradient
+ * (avg_pool2d_backward), or the running maxima and their positions
+ * (max_pool2d_backward); the pooled row is the result's, or the last
+ * operand's in the backward ops. */
+static size_t pooled_row(const spmd_tensor *pooled) { return (size_t)pooled->dims[pooled->rank - 1]; }
+static size_t scratch_pool_sums(const spmd_tensor *t) { return pooled_row(t) * sizeof(double); }
+static size_t scratch_pool_shares(const spmd_tensor *t)
+{
+    return pooled_row(t->in[0]) * sizeof(float);
+}
+static size_t scratch_max_pool_backward(const spmd_tensor *t)
+{
+    return pooled_row(t->in[1]) * (sizeof(int64_t) + sizeof(float));
+}
+
 /* Packed send and receive buffers (thread 0 only). */
 static size_t scratch_all_to_all(const spmd_tensor *t) { return 2 * ir_nbytes(t->in[0]); }
 

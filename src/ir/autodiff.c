@@ -326,6 +326,32 @@ static spmd_status vjp_max(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_
     return done(t, dx);
 }
 
+/* Pooling: the backward ops take the forward's windows; max_pool2d's finds
+ * each window's maximum again in x rather than keeping its position. */
+static spmd_status vjp_max_pool2d(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                  spmd_tensor **dx)
+{
+    dx[0] = ir_max_pool2d_backward(g, t->in[0], dy, &t->attr.pool);
+    return done(t, dx);
+}
+
+static spmd_status vjp_avg_pool2d(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                  spmd_tensor **dx)
+{
+    const spmd_tensor *x = t->in[0];
+    dx[0] = ir_avg_pool2d_backward(g, dy, x->dims[x->rank - 2], x->dims[x->rank - 1],
+                                   &t->attr.pool);
+    return done(t, dx);
+}
+
+static spmd_status vjp_adaptive_avg_pool2d(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                           spmd_tensor **dx)
+{
+    const spmd_tensor *x = t->in[0];
+    dx[0] = ir_adaptive_avg_pool2d_backward(g, dy, x->dims[x->rank - 2], x->dims[x->rank - 1]);
+    return done(t, dx);
+}
+
 /* y = softmax(x) over the last dim: dx = y (dy - sum(dy y)). */
 static spmd_status vjp_softmax(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
                                spmd_tensor **dx)

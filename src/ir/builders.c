@@ -402,6 +402,230 @@ spmd_tensor *ir_layernorm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *g
     return t;
 }
 
+/* ---- Pooling ------------------------------------------------------------------ */
+
+static const char *const pool_axis[2] = {"rows", "columns"};
+
+/* A pooled dim's size, torch's: rounded toward minus infinity (a window
+ * may be wider than the padded input), and with ceil_mode no window
+ * starting in the right padding; < 1 when no window fits. */
+static int64_t pool_out_size(int64_t size, int64_t kernel, int64_t stride, int64_t padding,
+                         int64_t dilation, bool ceil_mode)
+{
+    int64_t span = size + 2 * padding - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+    int64_t out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;
+    if (ceil_mode && (out - 1) * stride >= size + padding) out--;
+    return out;
+}
+
+/* *out: *in with torch's defaults resolved (stride the kernel, dilation
+ * 1), checked as torch checks them; false (recorded on g) if refused. */
+static bool pool_resolve(spmd_graph *g, const char *op, const spmd_pool2d *in, bool max,
+                         spmd_pool2d *out)
+{
+    if (!in) {
+        ir_error(g, SPMD_ERR_INVALID, "%s: the pooling's parameters are NULL", op);
+        return false;
+    }
+    *out = *in;
+    for (int d = 0; d < 2; d++) {
+        if (!out->stride[d]) out->stride[d] = out->kernel[d];
+        if (!out->dilation[d]) out->dilation[d] = 1;
+        long long k = out->kernel[d], s = out->stride[d], p = out->padding[d], dil = out->dilation[d];
+        if (k < 1 || s < 1 || dil < 1 || p < 0) {
+            ir_error(g, SPMD_ERR_INVALID,
+                     "%s: kernel %lld, stride %lld, dilation %lld over the %s: each must be "
+                     "positive (and padding %lld not negative)", op, k, s, dil, pool_axis[d], p);
+            return false;
+        }
+        if (2 * p > k) {
+            ir_error(g, SPMD_ERR_INVALID,
+                     "%s: padding %lld over the %s is more than half the kernel %lld", op, p,
+                     pool_axis[d], k);
+            return false;
+        }
+        if (!max && dil != 1) {
+            ir_error(g, SPMD_ERR_INVALID,
+                     "%s: dilation %lld over the %s; average pooling takes adjacent positions",
+                     op, dil, pool_axis[d]);
+            return false;
+        }
+    }
+    if (max ? out->divisor_override != 0 : out->divisor_override < 0) {
+        ir_error(g, SPMD_ERR_INVALID, "%s: divisor_override %lld; %s", op,
+                 (long long)out->divisor_override,
+                 max ? "only average pooling divides" : "it must be positive (0: none)");
+        return false;
+    }
+    if (max) out->count_include_pad = false;
+    return true;
+}
+
+/* x [N, C, H, W] or [C, H, W] with rows and columns, f32. */
+static bool pool_input_ok(spmd_graph *g, const char *op, const spmd_tensor *x)
+{
+    if (!want_f32(g, op, x)) return false;
+    if (x->rank != 3 && x->rank != 4) {
+        fail_shape1(g, op, "needs [N, C, H, W] or [C, H, W]", x);
+        return false;
+    }
+    if (x->dims[x->rank - 2] < 1 || x->dims[x->rank - 1] < 1) {
+        fail_shape1(g, op, "needs at least one row and one column", x);
+        return false;
+    }
+    return true;
+}
+
+/* The pooled size of x [.., h, w]; false (recorded) when a dim has none. */
+static bool pool_out_dims(spmd_graph *g, const char *op, const spmd_pool2d *p, int64_t h,
+                          int64_t w, int64_t *out)
+{
+    const int64_t in[2] = {h, w};
+    for (int d = 0; d < 2; d++) {
+        out[d] = pool_out_size(in[d], p->kernel[d], p->stride[d], p->padding[d], p->dilation[d],
+                               p->ceil_mode);
+        if (out[d] < 1) {
+            ir_error(g, SPMD_ERR_SHAPE,
+                     "%s: a window of %lld %s (dilation %lld, padding %lld) does not fit in the "
+                     "input's %lld %s",
+                     op, (long long)p->kernel[d], pool_axis[d], (long long)p->dilation[d],
+                     (long long)p->padding[d], (long long)in[d], pool_axis[d]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* x's dims with its last two replaced by (h, w). */
+static void pool_dims(const spmd_tensor *x, int64_t h, int64_t w, int64_t *dims)
+{
+    memcpy(dims, x->dims, (size_t)x->rank * sizeof *dims);
+    dims[x->rank - 2] = h;
+    dims[x->rank - 1] = w;
+}
+
+static spmd_tensor *pool(spmd_graph *g, ir_op op, spmd_tensor *x, const spmd_pool2d *p)
+{
+    const char *name = ir_op_name(op);
+    spmd_pool2d r;
+    int64_t out[2], dims[SPMD_MAX_RANK];
+    if (any_null(g, name, &x, 1) || !pool_input_ok(g, name, x) ||
+        !pool_resolve(g, name, p, op == IR_MAX_POOL2D, &r) ||
+        !pool_out_dims(g, name, &r, x->dims[x->rank - 2], x->dims[x->rank - 1], out))
+        return NULL;
+    pool_dims(x, out[0], out[1], dims);
+    spmd_tensor *t = ir_node_new(g, op, SPMD_F32, x->rank, dims, &x, 1);
+    if (t) t->attr.pool = r;
+    return t;
+}
+
+spmd_tensor *spmd_max_pool2d(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *p)
+{
+    return pool(g, IR_MAX_POOL2D, x, p);
+}
+
+spmd_tensor *spmd_avg_pool2d(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *p)
+{
+    return pool(g, IR_AVG_POOL2D, x, p);
+}
+
+spmd_tensor *spmd_adaptive_avg_pool2d(spmd_graph *g, spmd_tensor *x, int64_t out_h, int64_t out_w)
+{
+    const char *name = "adaptive_avg_pool2d";
+    if (any_null(g, name, &x, 1) || !pool_input_ok(g, name, x)) return NULL;
+    if (out_h < 1 || out_w < 1) {
+        char s[SHAPE_BUF];
+        ir_error(g, SPMD_ERR_INVALID, "%s: output size %lldx%lld for %s; both must be positive",
+                 name, (long long)out_h, (long long)out_w, ir_shape_str(x, s, sizeof s));
+        return NULL;
+    }
+    int64_t dims[SPMD_MAX_RANK];
+    pool_dims(x, out_h, out_w, dims);
+    return ir_node_new(g, IR_ADAPTIVE_AVG_POOL2D, SPMD_F32, x->rank, dims, &x, 1);
+}
+
+/* dy is the gradient of x (x_dims, x_rank) pooled to `out`: the same rank
+ * and leading dims, and that size. */
+static bool pool_grad_ok(spmd_graph *g, const char *op, const spmd_tensor *dy, int x_rank,
+                         const int64_t *x_dims, const int64_t *out)
+{
+    bool ok = dy->rank == x_rank && dy->dims[x_rank - 2] == out[0] &&
+              dy->dims[x_rank - 1] == out[1];
+    for (int i = 0; ok && i < x_rank - 2; i++) ok = dy->dims[i] == x_dims[i];
+    if (ok) return true;
+    char sd[SHAPE_BUF], sx[SHAPE_BUF];
+    size_t n = (size_t)snprintf(sx, sizeof sx, "[");
+    for (int i = 0; i < x_rank && n < sizeof sx; i++)
+        n += (size_t)snprintf(sx + n, sizeof sx - n, i ? ", %lld" : "%lld", (long long)x_dims[i]);
+    if (n < sizeof sx) snprintf(sx + n, sizeof sx - n, "]");
+    ir_error(g, SPMD_ERR_SHAPE,
+             "%s: the gradient %s is not the input %s pooled (to %lld rows and %lld columns)",
+             op, ir_shape_str(dy, sd, sizeof sd), sx, (long long)out[0], (long long)out[1]);
+    return false;
+}
+
+spmd_tensor *ir_max_pool2d_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy,
+                                    const spmd_pool2d *p)
+{
+    const char *name = "max_pool2d_backward";
+    spmd_tensor *in[2] = {x, dy};
+    spmd_pool2d r;
+    int64_t out[2];
+    if (any_null(g, name, in, 2) || !pool_input_ok(g, name, x) || !want_f32(g, name, dy) ||
+        !pool_resolve(g, name, p, true, &r))
+        return NULL;
+    int64_t h = x->dims[x->rank - 2], w = x->dims[x->rank - 1];
+    if (!pool_out_dims(g, name, &r, h, w, out) || !pool_grad_ok(g, name, dy, x->rank, x->dims, out))
+        return NULL;
+    spmd_tensor *t = ir_node_new(g, IR_MAX_POOL2D_BACKWARD, SPMD_F32, x->rank, x->dims, in, 2);
+    if (t) t->attr.pool = r;
+    return t;
+}
+
+/* The average pools' backward: dx [.., h, w] from dy, which avg_pool2d's
+ * window p must pool [.., h, w] to (the adaptive pool's, p NULL, fits
+ * any). */
+static spmd_tensor *avg_pool_backward(spmd_graph *g, ir_op op, spmd_tensor *dy, int64_t h,
+                                      int64_t w, const spmd_pool2d *p)
+{
+    const char *name = ir_op_name(op);
+    spmd_pool2d r = {.divisor_override = 0};
+    if (any_null(g, name, &dy, 1) || !pool_input_ok(g, name, dy) ||
+        (p && !pool_resolve(g, name, p, false, &r)))
+        return NULL;
+    if (h < 1 || w < 1) {
+        ir_error(g, SPMD_ERR_SHAPE, "%s: an input of %lld rows and %lld columns; both must be "
+                 "positive", name, (long long)h, (long long)w);
+        return NULL;
+    }
+    int64_t dims[SPMD_MAX_RANK];
+    pool_dims(dy, h, w, dims);
+    if (p) {
+        int64_t out[2];
+        if (!pool_out_dims(g, name, &r, h, w, out) || !pool_grad_ok(g, name, dy, dy->rank, dims, out))
+            return NULL;
+    }
+    spmd_tensor *t = ir_node_new(g, op, SPMD_F32, dy->rank, dims, &dy, 1);
+    if (t && p) t->attr.pool = r;
+    return t;
+}
+
+spmd_tensor *ir_avg_pool2d_backward(spmd_graph *g, spmd_tensor *dy, int64_t h, int64_t w,
+                                    const spmd_pool2d *p)
+{
+    if (!p) {
+        ir_error(g, SPMD_ERR_INVALID, "avg_pool2d_backward: the pooling's parameters are NULL");
+        return NULL;
+    }
+    return avg_pool_backward(g, IR_AVG_POOL2D_BACKWARD, dy, h, w, p);
+}
+
+spmd_tensor *ir_adaptive_avg_pool2d_backward(spmd_graph *g, spmd_tensor *dy, int64_t h,
+                                             int64_t w)
+{
+    return avg_pool_backward(g, IR_ADAPTIVE_AVG_POOL2D_BACKWARD, dy, h, w, NULL);
+}
+
 /* ---- Linear algebra ----------------------------------------------------------- */
 
 spmd_tensor *spmd_convert(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype)

@@ -47,6 +47,10 @@ typedef union ir_attr {
     struct { float eps; } norm;              /* LAYERNORM* */
     struct { float value; } fill;
     ir_conv conv;                            /* CONV2D* */
+    /* MAX_POOL2D, AVG_POOL2D and their backward ops: stride and dilation
+     * resolved (never 0).  The adaptive pools need none: their windows
+     * follow from the shapes. */
+    spmd_pool2d pool;
     /* EMBEDDING(_BACKWARD): `rows` is the backward's V and `table` the id
      * of the forward table whose gradient it is (-1: none), which
      * propagation splits the gradient's rows like.  In a per-device
@@ -335,6 +339,16 @@ spmd_tensor *ir_layernorm_xhat(spmd_graph *g, spmd_tensor *x, float eps);
 /* dx of layernorm(x, gamma, .) given dy. */
 spmd_tensor *ir_layernorm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma,
                                    spmd_tensor *dy, float eps);
+/* dx [.., H, W] of max_pool2d(x, pool) given dy: dy at each window's
+ * maximum, found again from x. */
+spmd_tensor *ir_max_pool2d_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy,
+                                    const spmd_pool2d *pool);
+/* dx [.., h, w] of avg_pool2d(x, pool) and of adaptive_avg_pool2d(x),
+ * x [.., h, w], given dy: each window's share of its dy spread over it. */
+spmd_tensor *ir_avg_pool2d_backward(spmd_graph *g, spmd_tensor *dy, int64_t h, int64_t w,
+                                    const spmd_pool2d *pool);
+spmd_tensor *ir_adaptive_avg_pool2d_backward(spmd_graph *g, spmd_tensor *dy, int64_t h,
+                                             int64_t w);
 /* [3, B, T, C]: dq, dk, dv stacked. */
 spmd_tensor *ir_attention_backward(spmd_graph *g, spmd_tensor *q, spmd_tensor *k,
                                    spmd_tensor *v, spmd_tensor *dout, int heads);

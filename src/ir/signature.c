@@ -346,6 +346,55 @@ static bool sig_mse(const spmd_tensor *t, ir_dimsig *s)
     return true;
 }
 
+/* Pooling over the last two dims: x [n, c, h, w] (or [c, h, w]) and the
+ * pooled [n, c, i, j].  A window reads neighbouring rows and columns, so
+ * h, w, i and j stay whole (a spatial split is gathered); each (n, c)
+ * plane pools alone, so the leading dims are parallel.  Operands and
+ * result map to these by their role: the forward reads x and makes the
+ * pooled; the backward makes x's gradient from the pooled gradient, its
+ * last operand, and (max) from x before it. */
+typedef struct pool_iters {
+    int lead[2], h, w, i, j, n_lead;
+} pool_iters;
+
+static pool_iters pool_iters_make(ir_dimsig *s, const spmd_tensor *x, const spmd_tensor *pooled)
+{
+    pool_iters p;
+    p.n_lead = x->rank - 2;
+    for (int d = 0; d < p.n_lead; d++)
+        p.lead[d] = add_iter(s, x->dims[d], IR_ITER_PARALLEL, "nc"[d + 2 - p.n_lead]);
+    p.h = add_iter(s, x->dims[x->rank - 2], IR_ITER_FULL, 'h');
+    p.w = add_iter(s, x->dims[x->rank - 1], IR_ITER_FULL, 'w');
+    p.i = add_iter(s, pooled->dims[pooled->rank - 2], IR_ITER_FULL, 'i');
+    p.j = add_iter(s, pooled->dims[pooled->rank - 1], IR_ITER_FULL, 'j');
+    return p;
+}
+
+static void pool_map(const pool_iters *p, int8_t *map, bool pooled)
+{
+    for (int d = 0; d < p->n_lead; d++) map[d] = (int8_t)p->lead[d];
+    map[p->n_lead] = (int8_t)(pooled ? p->i : p->h);
+    map[p->n_lead + 1] = (int8_t)(pooled ? p->j : p->w);
+}
+
+/* "nchw->ncij" */
+static bool sig_pool(const spmd_tensor *t, ir_dimsig *s)
+{
+    pool_iters p = pool_iters_make(s, t->in[0], t);
+    pool_map(&p, s->in[0], false);
+    pool_map(&p, s->out, true);
+    return true;
+}
+
+/* "nchw,ncij->nchw" (max), "ncij->nchw" (average) */
+static bool sig_pool_backward(const spmd_tensor *t, ir_dimsig *s)
+{
+    pool_iters p = pool_iters_make(s, t, t->in[t->n_in - 1]);
+    for (int k = 0; k < t->n_in; k++) pool_map(&p, s->in[k], k == t->n_in - 1);
+    pool_map(&p, s->out, false);
+    return true;
+}
+
 /* Reshape moves data between dims: no einsum form, an explicit rule. */
 static bool sig_reshape(const spmd_tensor *t, ir_dimsig *s)
 {

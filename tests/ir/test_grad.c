@@ -435,6 +435,57 @@ static void test_max(void **state)
         }
 }
 
+/* Pooling: max over distinct values (0.1 apart, so x +- h keeps each
+ * window's maximum), ResNet's stem window, a dilated ceil_mode one and a
+ * MaxPool1d-like row on [C, H, W]; the averages with padding counted and
+ * not, a divisor override, and adaptive windows of uneven size. */
+static const spmd_pool2d grad_pools[] = {
+    {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}},
+    {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1}, .dilation = {1, 2}, .ceil_mode = true},
+    {.kernel = {1, 3}, .stride = {1, 2}, .padding = {0, 1}, .ceil_mode = true},
+};
+
+static void test_max_pool2d(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof grad_pools / sizeof grad_pools[0]; i++) {
+        gcheck c;
+        gc_init(&c, "max_pool2d #%zu", i);
+        spmd_tensor *x = i == 2 ? gc_param(&c, "x", 3, D(3, 1, 9), GEN_DISTINCT)
+                                : gc_param(&c, "x", 4, D(2, 2, 7, 5), GEN_DISTINCT);
+        gc_run(&c, spmd_max_pool2d(c.g, x, &grad_pools[i]));
+    }
+}
+
+static void test_avg_pool2d(void **state)
+{
+    (void)state;
+    static const spmd_pool2d pools[] = {
+        {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .count_include_pad = true},
+        {.kernel = {3, 2}, .stride = {2, 2}, .padding = {1, 0}, .ceil_mode = true},
+        {.kernel = {2, 3}, .stride = {1, 2}, .padding = {1, 1}, .divisor_override = 5},
+    };
+    for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++) {
+        gcheck c;
+        gc_init(&c, "avg_pool2d #%zu", i);
+        spmd_tensor *x = gc_param(&c, "x", 4, D(2, 2, 7, 5), GEN_ANY);
+        gc_run(&c, spmd_avg_pool2d(c.g, x, &pools[i]));
+    }
+}
+
+static void test_adaptive_avg_pool2d(void **state)
+{
+    (void)state;
+    static const int64_t sizes[][2] = {{2, 3}, {1, 1}, {4, 7}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        gcheck c;
+        gc_init(&c, "adaptive_avg_pool2d to %lldx%lld", (long long)sizes[i][0],
+                (long long)sizes[i][1]);
+        spmd_tensor *x = gc_param(&c, "x", 4, D(2, 2, 7, 5), GEN_ANY);
+        gc_run(&c, spmd_adaptive_avg_pool2d(c.g, x, sizes[i][0], sizes[i][1]));
+    }
+}
+
 static void test_softmax(void **state)
 {
     (void)state;
@@ -850,6 +901,9 @@ int main(void)
         cmocka_unit_test(test_sum),
         cmocka_unit_test(test_mean),
         cmocka_unit_test(test_max),
+        cmocka_unit_test(test_max_pool2d),
+        cmocka_unit_test(test_avg_pool2d),
+        cmocka_unit_test(test_adaptive_avg_pool2d),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_log_softmax),
         cmocka_unit_test(test_layernorm),

@@ -103,6 +103,15 @@ static spmd_tensor *pos46(sample *s) { return operand(s, V_POS, 2, D(4, 6)); }
 static spmd_tensor *qkv(sample *s) { return operand(s, V_ANY, 3, D(2, 6, 8)); }
 static spmd_tensor *mask46(sample *s) { return operand(s, V_MASK, 2, D(4, 6)); }
 
+/* Pooling samples: x [N, C, H, W] = [4, 6, 7, 5] (N and C split evenly
+ * over 2 and in groups, H and W whole), windows of 3 rows and 2 columns
+ * with padding, a stride and ceil_mode; max's columns dilated. */
+static spmd_tensor *x4675(sample *s) { return operand(s, V_ANY, 4, D(4, 6, 7, 5)); }
+static const spmd_pool2d max_pool = {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1},
+                                     .dilation = {1, 2}, .ceil_mode = true};
+static const spmd_pool2d avg_pool = {.kernel = {3, 2}, .stride = {2, 2}, .padding = {1, 0},
+                                     .ceil_mode = true};
+
 /* Builds a sample of `op` into s->g; false for ops that never appear in a
  * global graph (leaves and the partitioner's own ops). */
 static bool build_sample(ir_op op, sample *s)
@@ -172,6 +181,9 @@ static bool build_sample(ir_op op, sample *s)
         o = spmd_cached_attention(g, operand(s, V_ANY, 3, D(2, 2, 8)), qkv(s), qkv(s),
                                   ids(s, 1, D(1), 5), 2);
         break;
+    case IR_MAX_POOL2D: o = spmd_max_pool2d(g, x4675(s), &max_pool); break;
+    case IR_AVG_POOL2D: o = spmd_avg_pool2d(g, x4675(s), &avg_pool); break;
+    case IR_ADAPTIVE_AVG_POOL2D: o = spmd_adaptive_avg_pool2d(g, x4675(s), 3, 2); break;
     case IR_EMBEDDING: o = spmd_embedding(g, operand(s, V_ANY, 2, D(10, 6)), ids(s, 1, D(4), 10)); break;
     case IR_CROSS_ENTROPY: o = spmd_cross_entropy(g, operand(s, V_ANY, 2, D(4, 10)), ids(s, 1, D(4), 10)); break;
     case IR_MSE: o = spmd_mse(g, x46(s), x46(s)); break;
@@ -213,6 +225,15 @@ static bool build_sample(ir_op op, sample *s)
         break;
     }
     case IR_EMBEDDING_BACKWARD: o = ir_embedding_backward(g, ids(s, 1, D(4), 10), x46(s), 10); break;
+    case IR_MAX_POOL2D_BACKWARD:
+        o = ir_max_pool2d_backward(g, x4675(s), operand(s, V_ANY, 4, D(4, 6, 4, 5)), &max_pool);
+        break;
+    case IR_AVG_POOL2D_BACKWARD:
+        o = ir_avg_pool2d_backward(g, operand(s, V_ANY, 4, D(4, 6, 4, 3)), 7, 5, &avg_pool);
+        break;
+    case IR_ADAPTIVE_AVG_POOL2D_BACKWARD:
+        o = ir_adaptive_avg_pool2d_backward(g, operand(s, V_ANY, 4, D(4, 6, 3, 2)), 7, 5);
+        break;
     case IR_CROSS_ENTROPY_BACKWARD:
         o = ir_cross_entropy_backward(g, operand(s, V_ANY, 2, D(4, 10)), ids(s, 1, D(4), 10),
                                       operand(s, V_ANY, 0, NULL));

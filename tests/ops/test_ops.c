@@ -688,6 +688,213 @@ static void test_layernorm(void **state)
     }
 }
 
+/* ---- Pooling ------------------------------------------------------------------------ */
+
+typedef struct pool_case {
+    shape x;
+    spmd_pool2d pool;
+} pool_case;
+
+/* torch's NCHW pools: ResNet's stem (3x3, stride 2, padding 1), the
+ * defaults (stride the kernel), MaxPool1d's [N, C, 1, L], rank 3,
+ * ceil_mode (a last window over the padding, or past it), dilation (max
+ * only), a window wider than the stride, and divisor_override. */
+static const pool_case max_cases[] = {
+    {SH(4, 2, 3, 12, 13), {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}},
+    {SH(4, 2, 3, 7, 5), {.kernel = {2, 2}}},
+    {SH(4, 2, 3, 1, 11), {.kernel = {1, 3}, .stride = {1, 2}, .padding = {0, 1}, .ceil_mode = true}},
+    {SH(3, 4, 9, 8),
+     {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1}, .dilation = {1, 2}, .ceil_mode = true}},
+    {SH(4, 1, 2, 10, 9), {.kernel = {4, 3}, .stride = {3, 2}, .padding = {2, 1}, .dilation = {2, 3}}},
+    {SH(4, 3, 5, 6, 6), {.kernel = {5, 5}, .stride = {1, 1}, .padding = {2, 2}}},
+};
+
+static const pool_case avg_cases[] = {
+    {SH(4, 2, 3, 12, 13),
+     {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .count_include_pad = true}},
+    {SH(4, 2, 3, 12, 13), {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}},
+    {SH(4, 2, 3, 7, 5), {.kernel = {2, 2}, .ceil_mode = true, .count_include_pad = true}},
+    {SH(4, 2, 3, 7, 5), {.kernel = {3, 2}, .stride = {2, 2}, .padding = {1, 0}, .ceil_mode = true}},
+    {SH(3, 4, 9, 8), {.kernel = {2, 3}, .stride = {1, 2}, .padding = {1, 1}, .divisor_override = 5}},
+    {SH(4, 2, 3, 1, 11),
+     {.kernel = {1, 4}, .stride = {1, 3}, .padding = {0, 2}, .ceil_mode = true,
+      .count_include_pad = true}},
+    {SH(4, 3, 5, 6, 6), {.kernel = {5, 5}, .stride = {1, 1}, .padding = {2, 2}}},
+};
+
+/* The reference's form of a case's window: stride and dilation given. */
+static ref_pool ref_pool_of(const spmd_pool2d *p)
+{
+    ref_pool r = {.ceil_mode = p->ceil_mode, .count_include_pad = p->count_include_pad,
+                  .divisor_override = p->divisor_override};
+    for (int d = 0; d < 2; d++) {
+        r.kernel[d] = p->kernel[d];
+        r.stride[d] = p->stride[d] ? p->stride[d] : p->kernel[d];
+        r.padding[d] = p->padding[d];
+        r.dilation[d] = p->dilation[d] ? p->dilation[d] : 1;
+    }
+    return r;
+}
+
+/* x's shape pooled by r. */
+static shape pooled_shape(const shape *x, const ref_pool *r)
+{
+    shape s = *x;
+    s.dims[s.rank - 2] = ref_pool_out(r, 0, x->dims[x->rank - 2]);
+    s.dims[s.rank - 1] = ref_pool_out(r, 1, x->dims[x->rank - 1]);
+    return s;
+}
+
+/* Values with many ties (0, 1 and 2), so that the first maximum matters. */
+static spmd_tensor *tied_input(opcase *c, const shape *s)
+{
+    spmd_tensor *t = oc_input(c, s, GEN_ANY);
+    float *v = c->val[c->n - 1];
+    for (int64_t i = 0; i < spmd_tensor_numel(t); i++) v[i] = (float)test_rng_int(&rng, 0, 2);
+    return t;
+}
+
+enum { POOL_PLAIN, POOL_TIED, POOL_NAN, POOL_VALUES };
+static const char *const pool_values[POOL_VALUES] = {"", ", tied", ", NaNs"};
+
+static spmd_tensor *pool_input(opcase *c, const shape *s, int values)
+{
+    if (values == POOL_TIED) return tied_input(c, s);
+    return oc_input(c, s, values == POOL_NAN ? GEN_NAN : GEN_WIDE);
+}
+
+/* max_pool2d and its backward against the reference: drawn values, ties
+ * (the gradient goes to the first maximum in row-major order) and NaNs. */
+static void test_max_pool2d(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(max_cases); i++)
+        for (int values = 0; values < POOL_VALUES; values++) {
+            const pool_case *pc = &max_cases[i];
+            ref_pool r = ref_pool_of(&pc->pool);
+            shape ys = pooled_shape(&pc->x, &r);
+            opcase c;
+            oc_init(&c, "max_pool2d #%zu%s", i, pool_values[values]);
+            spmd_tensor *x = pool_input(&c, &pc->x, values);
+            ref_max_pool2d(oc_f(&c, 0), pc->x.dims, pc->x.rank, &r,
+                           oc_expect(&c, spmd_max_pool2d(c.g, x, &pc->pool)));
+            oc_check(&c);
+
+            oc_init(&c, "max_pool2d_backward #%zu%s", i, pool_values[values]);
+            x = pool_input(&c, &pc->x, values);
+            spmd_tensor *dy = oc_input(&c, &ys, GEN_ANY);
+            ref_max_pool2d_backward(oc_f(&c, 0), pc->x.dims, pc->x.rank, &r, oc_f(&c, 1),
+                                    oc_expect(&c, ir_max_pool2d_backward(c.g, x, dy, &pc->pool)));
+            oc_check(&c);
+        }
+}
+
+static void test_avg_pool2d(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(avg_cases); i++) {
+        const pool_case *pc = &avg_cases[i];
+        ref_pool r = ref_pool_of(&pc->pool);
+        shape ys = pooled_shape(&pc->x, &r);
+        opcase c;
+        oc_init(&c, "avg_pool2d #%zu", i);
+        spmd_tensor *x = oc_input(&c, &pc->x, GEN_WIDE);
+        ref_avg_pool2d(oc_f(&c, 0), pc->x.dims, pc->x.rank, &r,
+                       oc_expect(&c, spmd_avg_pool2d(c.g, x, &pc->pool)));
+        oc_check(&c);
+
+        oc_init(&c, "avg_pool2d_backward #%zu", i);
+        spmd_tensor *dy = oc_input(&c, &ys, GEN_ANY);
+        int64_t h = pc->x.dims[pc->x.rank - 2], w = pc->x.dims[pc->x.rank - 1];
+        ref_avg_pool2d_backward(oc_f(&c, 0), pc->x.dims, pc->x.rank, &r,
+                                oc_expect(&c, ir_avg_pool2d_backward(c.g, dy, h, w, &pc->pool)));
+        oc_check(&c);
+    }
+}
+
+/* Adaptive windows: uneven (7 rows to 2), one output (the mean), the
+ * identity, more outputs than inputs, rank 3, and a large plane. */
+static void test_adaptive_avg_pool2d(void **state)
+{
+    (void)state;
+    static const struct {
+        shape x;
+        int64_t oh, ow;
+    } cases[] = {
+        {SH(4, 2, 3, 7, 5), 2, 3}, {SH(4, 2, 3, 7, 5), 1, 1}, {SH(4, 2, 3, 7, 5), 7, 5},
+        {SH(4, 2, 3, 7, 5), 4, 7}, {SH(3, 4, 9, 8), 4, 3},    {SH(4, 1, 2, 33, 40), 3, 5},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        const shape *xs = &cases[i].x;
+        shape ys = *xs;
+        ys.dims[ys.rank - 2] = cases[i].oh;
+        ys.dims[ys.rank - 1] = cases[i].ow;
+        opcase c;
+        oc_init(&c, "adaptive_avg_pool2d #%zu", i);
+        spmd_tensor *x = oc_input(&c, xs, GEN_WIDE);
+        ref_adaptive_avg_pool2d(oc_f(&c, 0), xs->dims, xs->rank, cases[i].oh, cases[i].ow,
+                                oc_expect(&c, spmd_adaptive_avg_pool2d(c.g, x, cases[i].oh,
+                                                                       cases[i].ow)));
+        oc_check(&c);
+
+        oc_init(&c, "adaptive_avg_pool2d_backward #%zu", i);
+        spmd_tensor *dy = oc_input(&c, &ys, GEN_ANY);
+        int64_t h = xs->dims[xs->rank - 2], w = xs->dims[xs->rank - 1];
+        ref_adaptive_avg_pool2d_backward(oc_f(&c, 0), xs->dims, xs->rank, cases[i].oh, cases[i].ow,
+                                         oc_expect(&c, ir_adaptive_avg_pool2d_backward(c.g, dy, h, w)));
+        oc_check(&c);
+    }
+}
+
+/* The pooling builders' refusals name the op, the cause and the shapes
+ * or sizes on both sides. */
+static void test_pool_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        int rank;
+        int64_t dims[4];
+        spmd_pool2d pool;
+        bool max;
+        const char *message;
+    } cases[] = {
+        {2, {7, 5}, {.kernel = {2, 2}}, true, "max_pool2d: needs [N, C, H, W] or [C, H, W]: [7, 5]"},
+        {4, {1, 2, 7, 5}, {.kernel = {3, 3}, .padding = {2, 1}}, true,
+         "max_pool2d: padding 2 over the rows is more than half the kernel 3"},
+        {4, {1, 2, 7, 5}, {.kernel = {3, 0}}, false, "avg_pool2d: kernel 0, stride 0, dilation 1 "
+                                                      "over the columns: each must be positive"},
+        {4, {1, 2, 7, 5}, {.kernel = {2, 2}, .dilation = {1, 2}}, false,
+         "avg_pool2d: dilation 2 over the columns; average pooling takes adjacent positions"},
+        {4, {1, 2, 7, 5}, {.kernel = {2, 2}, .divisor_override = 3}, true,
+         "max_pool2d: divisor_override 3; only average pooling divides"},
+        {4, {1, 2, 7, 2}, {.kernel = {3, 3}}, true,
+         "max_pool2d: a window of 3 columns (dilation 1, padding 0) does not fit in the input's 2 "
+         "columns"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        spmd_tensor *x = spmd_input(g, "x", SPMD_F32, cases[i].rank, cases[i].dims);
+        spmd_tensor *y = cases[i].max ? spmd_max_pool2d(g, x, &cases[i].pool)
+                                      : spmd_avg_pool2d(g, x, &cases[i].pool);
+        assert_null(y);
+        if (!strstr(spmd_last_error(), cases[i].message))
+            fail_msg("pool error #%zu: %s\n  want: %s", i, spmd_last_error(), cases[i].message);
+        spmd_graph_free(g);
+    }
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 4, (const int64_t[]){2, 3, 7, 5});
+    spmd_tensor *dy = spmd_input(g, "dy", SPMD_F32, 4, (const int64_t[]){2, 3, 4, 4});
+    const spmd_pool2d p = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+    assert_null(ir_max_pool2d_backward(g, x, dy, &p));
+    if (!strstr(spmd_last_error(), "max_pool2d_backward: the gradient [2, 3, 4, 4] is not the "
+                                   "input [2, 3, 7, 5] pooled (to 4 rows and 3 columns)"))
+        fail_msg("max_pool2d_backward's shape error: %s", spmd_last_error());
+    assert_null(spmd_adaptive_avg_pool2d(g, x, 0, 3));
+    if (!strstr(spmd_last_error(), "adaptive_avg_pool2d: output size 0x3 for [2, 3, 7, 5]"))
+        fail_msg("adaptive_avg_pool2d's size error: %s", spmd_last_error());
+    spmd_graph_free(g);
+}
+
 /* ---- Linear algebra and attention ------------------------------------------------ */
 
 typedef struct mm_case {
@@ -1393,6 +1600,10 @@ int main(void)
         cmocka_unit_test(test_nan),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_max_pool2d),
+        cmocka_unit_test(test_avg_pool2d),
+        cmocka_unit_test(test_adaptive_avg_pool2d),
+        cmocka_unit_test(test_pool_errors),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_bmm),
         cmocka_unit_test(test_attention),

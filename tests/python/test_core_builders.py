@@ -40,6 +40,16 @@ def test_every_builder_gives_its_shape():
     assert g.cross_entropy(logits, ids).shape == () and g.mse(x, x).shape == ()
     assert g.permute(x, (2, 0, 1)).shape == (8, 2, 4) and g.transpose(x, 0, 2).shape == (8, 4, 2)
     assert g.slice(x, 2, 2, 4).shape == (2, 4, 4) and g.concat([x, x], 1).shape == (2, 8, 8)
+    img = g.reshape(x, (2, 4, 2, 4))
+    assert g.max_pool2d(img, 3, 2, 1).shape == (2, 4, 1, 2)
+    assert g.max_pool2d(img, (1, 2), dilation=(1, 2), ceil_mode=True).shape == (2, 4, 2, 2)
+    assert g.avg_pool2d(img, 2, stride=1, count_include_pad=False).shape == (2, 4, 1, 3)
+    assert g.avg_pool2d(x, (2, 3), divisor_override=5).shape == (2, 2, 2)
+    assert g.adaptive_avg_pool2d(img, (3, 5)).shape == (2, 4, 3, 5)
+    with pytest.raises(libspmd.InvalidError, match="divisor_override 0"):
+        g.avg_pool2d(img, 2, divisor_override=0)
+    with pytest.raises(libspmd.InvalidError, match="kernel_size"):
+        g.max_pool2d(img, (1, 2, 3))
     written = g.cache_write(st, x, pos)
     assert written.shape == (2, 6, 8)
     assert g.cached_attention(x, written, written, pos, 2).shape == (2, 4, 8)

@@ -2,6 +2,8 @@
 NumPy evaluation gives eager PyTorch's value; each op without a mapping
 raises libspmd.UnsupportedError (a NotImplementedError) naming the op and
 the user's source line."""
+import copy
+import math
 import os
 import sys
 import types
@@ -147,8 +149,7 @@ def test_table_covers_the_listed_ops():
 def assert_one_sgd_step_as_eager(model, loss_fn, x):
     """Traced, compiled and run by libspmd's kernels, one SGD step gives
     eager PyTorch's loss and weights."""
-    eager = Lin()
-    eager.load_state_dict(model.state_dict())
+    eager = copy.deepcopy(model)
     step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn)
     got = step(x)
     opt = torch.optim.SGD(eager.parameters(), lr=0.1)
@@ -157,7 +158,69 @@ def assert_one_sgd_step_as_eager(model, loss_fn, x):
     opt.step()
     assert abs(got - want.item()) <= 1e-5 * max(1.0, abs(want.item())), (got, want.item())
     step.sync()
-    np.testing.assert_allclose(model.w.detach().numpy(), eager.w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+class Pooled(nn.Module):
+    """A linear layer to train, its output viewed as [N, *shape] (images
+    [C, H, W]; [H, W] for an unbatched image; [C, L] for the 1-d pools)
+    and pooled."""
+
+    def __init__(self, pool, shape):
+        super().__init__()
+        self.pool, self.shape = pool, shape
+        self.w = nn.Parameter(torch.randn(4, math.prod(shape)) * 0.5)
+
+    def forward(self, x):
+        return self.pool((x @ self.w).view(-1, *self.shape))
+
+
+POOLS = {
+    "max_pool2d_resnet_stem": (nn.MaxPool2d(3, 2, 1), (2, 7, 5), "max_pool2d"),
+    "max_pool2d_dilated_ceil": (nn.MaxPool2d((3, 2), (2, 1), (1, 1), dilation=(1, 2),
+                                             ceil_mode=True), (2, 7, 6), "max_pool2d"),
+    "max_pool2d_unbatched": (nn.MaxPool2d(2), (7, 5), "max_pool2d"),
+    "max_pool1d": (nn.MaxPool1d(3, 2, 1), (3, 9), "max_pool2d"),
+    "avg_pool2d": (nn.AvgPool2d(3, 2, 1), (2, 7, 5), "avg_pool2d"),
+    "avg_pool2d_ceil_pad_not_counted": (nn.AvgPool2d((3, 2), 2, (1, 0), ceil_mode=True,
+                                                     count_include_pad=False), (2, 7, 5),
+                                        "avg_pool2d"),
+    "avg_pool2d_divisor_override": (nn.AvgPool2d(2, 1, divisor_override=3), (2, 5, 4),
+                                    "avg_pool2d"),
+    "avg_pool1d": (nn.AvgPool1d(3, 2, 1), (3, 9), "avg_pool2d"),
+    "adaptive_avg_pool2d_1x1": (nn.AdaptiveAvgPool2d((1, 1)), (2, 7, 5), "mean"),
+    "adaptive_avg_pool2d_2x3": (nn.AdaptiveAvgPool2d((2, 3)), (2, 7, 5), "adaptive_avg_pool2d"),
+    "adaptive_avg_pool1d": (nn.AdaptiveAvgPool1d(4), (3, 9), "adaptive_avg_pool2d"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pooling_runs_as_eager(name):
+    # torch's pooling modules (ResNet's max pool and its adaptive average
+    # to 1x1 among them) traced, compiled and run by libspmd's kernels:
+    # the loss and the weights after one SGD step are eager PyTorch's.
+    pool, shape, op = POOLS[name]
+
+    def loss_fn(m, x):
+        return ((m(x) - 0.3) ** 2).mean()
+
+    torch.manual_seed(4)
+    model = Pooled(pool, shape)
+    x = x46()
+    assert op in set(xs.trace(loss_fn, model, x).ops())
+    assert_one_sgd_step_as_eager(model, loss_fn, x)
+
+
+def test_max_pool_indices_refused_where_read():
+    def loss_fn(m, x):
+        y, at = F.max_pool2d(m(x).view(3, 1, 2, 3), 2, return_indices=True)
+        return y.sum() + at.float().sum()
+
+    with pytest.raises(NotImplementedError, match="reads max_pool2d's indices, which libspmd "
+                                                  "does not compute"):
+        xs.trace(loss_fn, Lin(), x46())
 
 
 def test_pow_and_sigmoid_run_as_eager():

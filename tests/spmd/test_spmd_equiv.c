@@ -31,9 +31,10 @@
  * collectives the cases made the partitioner emit.  Fixed regression cases
  * (minimized reproducers of bugs this test found) run every time, and so
  * do fixed cases of the KV-cache decoding ops, which the random training
- * graphs cannot hold (they have no gradient), and of convolutions (their
- * 4-D images split over the batch, the channels and the rows, meshes 2, 4
- * and 2x2).
+ * graphs cannot hold (they have no gradient), of vocabulary parallelism,
+ * of convolutions (their 4-D images split over the batch, the channels and
+ * the rows, meshes 2, 4 and 2x2), and of pooling over [N, C, H, W] (batch,
+ * channels, rows split; a pending sum through the averages).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -130,11 +131,13 @@ struct eq_case {
     unsigned expect;       /* fixed cases: VOCAB_* forms the program must use */
 };
 
-/* Vocabulary-parallel forms a fixed case must make the partitioner use. */
+/* Vocabulary-parallel forms a fixed case must make the partitioner use,
+ * and what its program must go without. */
 enum {
     VOCAB_LOOKUP = 1u << 0, /* embedding over a table split on V */
     VOCAB_GRAD = 1u << 1,   /* embedding_backward into a gradient split on V */
     VOCAB_LOSS = 1u << 2,   /* cross-entropy (and backward) over logits split on V */
+    POOL_LOCAL = 1u << 3,   /* every pooling op pools its own block, no collective feeding it */
 };
 
 /* The VOCAB_* forms in program p's per-device graph. */
@@ -149,6 +152,34 @@ static unsigned vocab_forms(const spmd_program *p)
         if (t->op == IR_VOCAB_CE_LOSS || t->op == IR_VOCAB_CE_BACKWARD) found |= VOCAB_LOSS;
     }
     return found;
+}
+
+static bool is_pool(ir_op op)
+{
+    return op == IR_MAX_POOL2D || op == IR_AVG_POOL2D || op == IR_ADAPTIVE_AVG_POOL2D ||
+           op == IR_MAX_POOL2D_BACKWARD || op == IR_AVG_POOL2D_BACKWARD ||
+           op == IR_ADAPTIVE_AVG_POOL2D_BACKWARD;
+}
+
+/* The pooling ops of program p that do not pool a block of their own:
+ * whole on every device, or reading an operand a collective made (through
+ * the block picks and masks that may follow it). */
+static int pools_not_local(const spmd_program *p)
+{
+    const partition *part = executor_partition(p);
+    int n = 0;
+    for (int i = 0; part && i < part->g->n_nodes; i++) {
+        const spmd_tensor *t = part->local_of[i];
+        if (!t || !is_pool(t->op)) continue;
+        bool whole = spmd_tensor_numel(t) == spmd_tensor_numel(part->g->nodes[i]), fed = false;
+        for (int j = 0; j < t->n_in; j++) {
+            const spmd_tensor *x = t->in[j];
+            while (x->op == IR_SHARD_SLICE || x->op == IR_MASK_PADDING) x = x->in[0];
+            fed = fed || ir_op_is_collective(x->op);
+        }
+        n += whole || fed;
+    }
+    return n;
 }
 
 static void textf(char *buf, size_t size, size_t *len, const char *fmt, ...)
@@ -1252,9 +1283,17 @@ static outcome run_case(eq_case *c, bool verbose, int *n_outputs)
         goto done;
     }
     count_program(pb);
-    if ((vocab_forms(pb) & c->expect) != c->expect) {
+    unsigned forms = c->expect & ~POOL_LOCAL;
+    if ((vocab_forms(pb) & forms) != forms) {
         REPORT(&rep, "    the program lacks a vocabulary-parallel form (wanted 0x%x, found 0x%x)\n",
-               c->expect, vocab_forms(pb));
+               forms, vocab_forms(pb));
+        result = CASE_FAIL;
+    }
+    int not_local = pools_not_local(pb);
+    if ((c->expect & POOL_LOCAL) && not_local) {
+        REPORT(&rep, "    %d pooling op%s of the program pool%s no block of its own or read%s a "
+               "collective's result\n", not_local, not_local == 1 ? "" : "s",
+               not_local == 1 ? "s" : "", not_local == 1 ? "s" : "");
         result = CASE_FAIL;
     }
     if (trace) {
@@ -1660,6 +1699,75 @@ static void conv_grouped(eq_case *c, const char *spec)
 static void conv_grouped_channels(eq_case *c) { conv_grouped(c, "None, tp, None, None"); }
 static void conv_grouped_batch(eq_case *c) { conv_grouped(c, "data, tp, None, None"); }
 
+/* ---- Pooling: batch and channels split need no communication --------------------------- */
+
+/* x [N, C, 7, 5] marked `x_spec`, scaled and shifted per channel (w, b
+ * [C, 1, 1] marked `w_spec`), then ResNet's max pool (3x3, stride 2,
+ * padding 1) to [N, C, 4, 3], an average pool of that (3x3, stride 1,
+ * padding 1 not counted), the adaptive average to 2x3, and MaxPool1d's
+ * window on a row [N, C, 1, 5]; the loss reads the last three. */
+static void pool_net(eq_case *c, int64_t N, int64_t C, const char *x_spec, const char *w_spec)
+{
+    spmd_tensor *x = input(c, 4, D(N, C, 7, 5));
+    if (x_spec) mark(c, x, x_spec);
+    spmd_tensor *w = param(c, 3, D(C, 1, 1), GEN_WEIGHT, 1.0f);
+    spmd_tensor *b = param(c, 3, D(C, 1, 1), GEN_WEIGHT, 0.5f);
+    if (w_spec) mark(c, w, w_spec), mark(c, b, w_spec);
+    spmd_tensor *h = note(c, spmd_tanh(c->g, spmd_add(c->g, spmd_mul(c->g, x, w), b)),
+                          "tanh(%s * %s + %s)", name_of(x), name_of(w), name_of(b));
+    const spmd_pool2d stem = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+    const spmd_pool2d avg = {.kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1}};
+    const spmd_pool2d row = {.kernel = {1, 3}, .stride = {1, 2}, .padding = {0, 1},
+                             .ceil_mode = true};
+    spmd_tensor *m = note(c, spmd_max_pool2d(c->g, h, &stem), "max_pool2d(%s, 3x3 /2 pad 1)",
+                          name_of(h));
+    spmd_tensor *a = note(c, spmd_avg_pool2d(c->g, m, &avg), "avg_pool2d(%s, 3x3 /1 pad 1)",
+                          name_of(m));
+    spmd_tensor *r = note(c, spmd_slice(c->g, h, 2, 3, 1), "slice(%s, 2, 3, 1)", name_of(h));
+    spmd_tensor *mr = note(c, spmd_max_pool2d(c->g, r, &row), "max_pool2d(%s, 1x3 /2 pad 1)",
+                           name_of(r));
+    spmd_tensor *ad = note(c, spmd_adaptive_avg_pool2d(c->g, h, 2, 3),
+                           "adaptive_avg_pool2d(%s, 2x3)", name_of(h));
+    add_output(c, m);
+    add_output(c, ad);
+    spmd_tensor *both = note(c, spmd_concat(c->g, (spmd_tensor *[]){a, ad}, 2, 2),
+                             "concat(%s, %s, 2)", name_of(a), name_of(ad));
+    square_loss(c, note(c, spmd_add(c->g, both, mr), "add(%s, %s)", name_of(both), name_of(mr)));
+}
+
+static void pool_batch(eq_case *c) { pool_net(c, 4, 3, "data, None, None, None", NULL); }
+/* 6 channels over 4 blocks (2, 2, 2, 0). */
+static void pool_channels(eq_case *c) { pool_net(c, 2, 6, "None, tp, None, None", "tp, None, None"); }
+/* 3 rows of the batch over 2 (2, 1). */
+static void pool_both(eq_case *c) { pool_net(c, 3, 4, "data, tp, None, None", "tp, None, None"); }
+static void pool_channels_grouped(eq_case *c)
+{
+    pool_net(c, 2, 6, "None, 3*tp, None, None", "3*tp, None, None");
+}
+/* Rows split: every window reads across the blocks, so x is gathered. */
+static void pool_rows(eq_case *c) { pool_net(c, 2, 3, "None, None, data, None", NULL); }
+
+/* A pending sum through the averages: x [2, 3, 7, K] @ w [K, 5] with K
+ * split leaves each device an addend, which avg_pool2d and
+ * adaptive_avg_pool2d (linear) pool before it is summed. */
+static void pool_pending_sum(eq_case *c)
+{
+    spmd_tensor *x = input(c, 4, D(2, 3, 7, 4));
+    mark(c, x, "None, None, None, tp");
+    spmd_tensor *w = param(c, 2, D(4, 5), GEN_WEIGHT, 0.6f);
+    mark(c, w, "tp, None");
+    spmd_tensor *y = note(c, spmd_matmul(c->g, x, w, false, false), "matmul(%s, %s)", name_of(x),
+                          name_of(w));
+    const spmd_pool2d avg = {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 0},
+                             .ceil_mode = true, .count_include_pad = true};
+    spmd_tensor *a = note(c, spmd_avg_pool2d(c->g, y, &avg), "avg_pool2d(%s, 3x2 /2x1 pad 1x0)",
+                          name_of(y));
+    spmd_tensor *ad = note(c, spmd_adaptive_avg_pool2d(c->g, a, 3, 2),
+                           "adaptive_avg_pool2d(%s, 3x2)", name_of(a));
+    add_output(c, ad);
+    square_loss(c, ad);
+}
+
 typedef struct regression {
     const char *label;
     int rank, shape[3];
@@ -1714,6 +1822,15 @@ static const regression regressions[] = {
     {"decoding: batch and heads split", 2, {2, 2}, {"data", "tp"}, reg_decode_batch_heads, 0},
     {"decoding: batch split unevenly", 1, {3}, {"data"}, reg_decode_uneven_batch, 0},
     {"decoding: cache split on positions", 1, {3}, {"data"}, reg_decode_cache_split_on_positions, 0},
+};
+
+static const regression pool_cases[] = {
+    {"pool: batch over 2", 1, {2}, {"data"}, pool_batch, POOL_LOCAL},
+    {"pool: channels over 4, unevenly", 1, {4}, {"tp"}, pool_channels, POOL_LOCAL},
+    {"pool: batch and channels over 2x2", 2, {2, 2}, {"data", "tp"}, pool_both, POOL_LOCAL},
+    {"pool: channels in 3 groups over 2", 1, {2}, {"tp"}, pool_channels_grouped, POOL_LOCAL},
+    {"pool: rows split over 2, gathered", 1, {2}, {"data"}, pool_rows, 0},
+    {"pool: a pending sum through the averages", 1, {2}, {"tp"}, pool_pending_sum, 0},
 };
 
 /* ---- The tests --------------------------------------------------------------------------- */
@@ -1781,6 +1898,16 @@ static void test_conv_parallel(void **state)
     if (failed) fail_msg("%d of %zu convolution cases failed", failed, ARRAY_LEN(conv_cases));
 }
 
+/* Pooling split over the batch or the channels computes what one device
+ * computes, no collective feeding a pooling op; a split of the rows is
+ * gathered. */
+static void test_pooling(void **state)
+{
+    (void)state;
+    int failed = run_fixed(pool_cases, ARRAY_LEN(pool_cases), 3000);
+    if (failed) fail_msg("%d of %zu pooling cases failed", failed, ARRAY_LEN(pool_cases));
+}
+
 static void test_random_equivalence(void **state)
 {
     (void)state;
@@ -1831,6 +1958,7 @@ int main(void)
         cmocka_unit_test(test_regressions),
         cmocka_unit_test(test_vocab_parallel),
         cmocka_unit_test(test_conv_parallel),
+        cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_random_equivalence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -355,6 +355,177 @@ void ref_layernorm_backward(const float *x, const int64_t *xd, int xr, const flo
     }
 }
 
+/* ---- Pooling ------------------------------------------------------------------------ */
+
+int64_t ref_pool_out(const ref_pool *p, int d, int64_t size)
+{
+    double span = (double)(size + 2 * p->padding[d] - p->dilation[d] * (p->kernel[d] - 1) - 1);
+    double q = span / (double)p->stride[d];
+    int64_t out = (int64_t)(p->ceil_mode ? ceil(q) : floor(q)) + 1;
+    /* ceil_mode: the last window starts inside the input or its left padding */
+    if (p->ceil_mode && (out - 1) * p->stride[d] >= size + p->padding[d]) out--;
+    return out;
+}
+
+/* The planes, rows and columns of x [.., H, W] and of its pooled form. */
+typedef struct ref_planes {
+    int64_t n, h, w, oh, ow;
+} ref_planes;
+
+static ref_planes planes_of(const int64_t *xd, int xr, int64_t oh, int64_t ow)
+{
+    return (ref_planes){ref_numel(xd, xr - 2), xd[xr - 2], xd[xr - 1], oh, ow};
+}
+
+/* The window's maximum over its positions inside the input, scanned in
+ * row-major order; *at its flat position in the plane (the first valid
+ * one when no value beats -inf), -1 for none. */
+static double max_window(const float *x, const ref_planes *s, const ref_pool *p, int64_t i,
+                         int64_t j, int64_t *at)
+{
+    double m = -INFINITY;
+    *at = -1;
+    for (int64_t ki = 0; ki < p->kernel[0]; ki++) {
+        int64_t r = i * p->stride[0] - p->padding[0] + ki * p->dilation[0];
+        if (r < 0 || r >= s->h) continue;
+        for (int64_t kj = 0; kj < p->kernel[1]; kj++) {
+            int64_t c = j * p->stride[1] - p->padding[1] + kj * p->dilation[1];
+            if (c < 0 || c >= s->w) continue;
+            double v = x[r * s->w + c];
+            if (*at < 0 || v > m || isnan(v)) {
+                m = v;
+                *at = r * s->w + c;
+            }
+        }
+    }
+    return m;
+}
+
+void ref_max_pool2d(const float *x, const int64_t *xd, int xr, const ref_pool *p, float *out)
+{
+    ref_planes s = planes_of(xd, xr, ref_pool_out(p, 0, xd[xr - 2]), ref_pool_out(p, 1, xd[xr - 1]));
+    for (int64_t n = 0; n < s.n; n++)
+        for (int64_t i = 0; i < s.oh; i++)
+            for (int64_t j = 0; j < s.ow; j++) {
+                int64_t at;
+                out[(n * s.oh + i) * s.ow + j] = (float)max_window(x + n * s.h * s.w, &s, p, i, j, &at);
+            }
+}
+
+void ref_max_pool2d_backward(const float *x, const int64_t *xd, int xr, const ref_pool *p,
+                             const float *dy, float *out)
+{
+    ref_planes s = planes_of(xd, xr, ref_pool_out(p, 0, xd[xr - 2]), ref_pool_out(p, 1, xd[xr - 1]));
+    int64_t n_in = ref_numel(xd, xr);
+    double *acc = calloc((size_t)(n_in ? n_in : 1), sizeof *acc);
+    if (!acc) abort();
+    for (int64_t n = 0; n < s.n; n++)
+        for (int64_t i = 0; i < s.oh; i++)
+            for (int64_t j = 0; j < s.ow; j++) {
+                int64_t at;
+                max_window(x + n * s.h * s.w, &s, p, i, j, &at);
+                if (at >= 0) acc[n * s.h * s.w + at] += dy[(n * s.oh + i) * s.ow + j];
+            }
+    for (int64_t k = 0; k < n_in; k++) out[k] = (float)acc[k];
+    free(acc);
+}
+
+/* Output (i, j)'s window inside the input, rows [r0, r1) and columns
+ * [c0, c1), and its divisor (0 when the window is empty). */
+static int64_t avg_window(const ref_planes *s, const ref_pool *p, int64_t i, int64_t j,
+                          int64_t *r0, int64_t *r1, int64_t *c0, int64_t *c1)
+{
+    int64_t rs = i * p->stride[0] - p->padding[0], cs = j * p->stride[1] - p->padding[1];
+    /* A window ends at its kernel's end or the far padding's, whichever is first. */
+    int64_t re = rs + p->kernel[0] < s->h + p->padding[0] ? rs + p->kernel[0] : s->h + p->padding[0];
+    int64_t ce = cs + p->kernel[1] < s->w + p->padding[1] ? cs + p->kernel[1] : s->w + p->padding[1];
+    int64_t padded = (re - rs) * (ce - cs);
+    *r0 = rs < 0 ? 0 : rs, *r1 = re > s->h ? s->h : re;
+    *c0 = cs < 0 ? 0 : cs, *c1 = ce > s->w ? s->w : ce;
+    if (*r1 <= *r0 || *c1 <= *c0) return 0;
+    if (p->divisor_override > 0) return p->divisor_override;
+    return p->count_include_pad ? padded : (*r1 - *r0) * (*c1 - *c0);
+}
+
+void ref_avg_pool2d(const float *x, const int64_t *xd, int xr, const ref_pool *p, float *out)
+{
+    ref_planes s = planes_of(xd, xr, ref_pool_out(p, 0, xd[xr - 2]), ref_pool_out(p, 1, xd[xr - 1]));
+    for (int64_t n = 0; n < s.n; n++)
+        for (int64_t i = 0; i < s.oh; i++)
+            for (int64_t j = 0; j < s.ow; j++) {
+                int64_t r0, r1, c0, c1, div = avg_window(&s, p, i, j, &r0, &r1, &c0, &c1);
+                double sum = 0;
+                for (int64_t r = r0; r < r1; r++)
+                    for (int64_t c = c0; c < c1; c++) sum += x[(n * s.h + r) * s.w + c];
+                out[(n * s.oh + i) * s.ow + j] = div ? (float)(sum / (double)div) : 0.0f;
+            }
+}
+
+void ref_avg_pool2d_backward(const float *dy, const int64_t *xd, int xr, const ref_pool *p,
+                             float *out)
+{
+    ref_planes s = planes_of(xd, xr, ref_pool_out(p, 0, xd[xr - 2]), ref_pool_out(p, 1, xd[xr - 1]));
+    int64_t n_in = ref_numel(xd, xr);
+    double *acc = calloc((size_t)(n_in ? n_in : 1), sizeof *acc);
+    if (!acc) abort();
+    for (int64_t n = 0; n < s.n; n++)
+        for (int64_t i = 0; i < s.oh; i++)
+            for (int64_t j = 0; j < s.ow; j++) {
+                int64_t r0, r1, c0, c1, div = avg_window(&s, p, i, j, &r0, &r1, &c0, &c1);
+                if (!div) continue;
+                double share = dy[(n * s.oh + i) * s.ow + j] / (double)div;
+                for (int64_t r = r0; r < r1; r++)
+                    for (int64_t c = c0; c < c1; c++) acc[(n * s.h + r) * s.w + c] += share;
+            }
+    for (int64_t k = 0; k < n_in; k++) out[k] = (float)acc[k];
+    free(acc);
+}
+
+/* Output i of `out` along a dim of `size`: [floor(i size / out), ceil((i + 1) size / out)). */
+static void adaptive_range(int64_t i, int64_t out, int64_t size, int64_t *lo, int64_t *hi)
+{
+    *lo = (int64_t)floor((double)i * (double)size / (double)out);
+    *hi = (int64_t)ceil((double)(i + 1) * (double)size / (double)out);
+}
+
+void ref_adaptive_avg_pool2d(const float *x, const int64_t *xd, int xr, int64_t oh, int64_t ow,
+                             float *out)
+{
+    ref_planes s = planes_of(xd, xr, oh, ow);
+    for (int64_t n = 0; n < s.n; n++)
+        for (int64_t i = 0; i < s.oh; i++)
+            for (int64_t j = 0; j < s.ow; j++) {
+                int64_t r0, r1, c0, c1;
+                adaptive_range(i, s.oh, s.h, &r0, &r1);
+                adaptive_range(j, s.ow, s.w, &c0, &c1);
+                double sum = 0;
+                for (int64_t r = r0; r < r1; r++)
+                    for (int64_t c = c0; c < c1; c++) sum += x[(n * s.h + r) * s.w + c];
+                out[(n * s.oh + i) * s.ow + j] = (float)(sum / (double)((r1 - r0) * (c1 - c0)));
+            }
+}
+
+void ref_adaptive_avg_pool2d_backward(const float *dy, const int64_t *xd, int xr, int64_t oh,
+                                      int64_t ow, float *out)
+{
+    ref_planes s = planes_of(xd, xr, oh, ow);
+    int64_t n_in = ref_numel(xd, xr);
+    double *acc = calloc((size_t)(n_in ? n_in : 1), sizeof *acc);
+    if (!acc) abort();
+    for (int64_t n = 0; n < s.n; n++)
+        for (int64_t i = 0; i < s.oh; i++)
+            for (int64_t j = 0; j < s.ow; j++) {
+                int64_t r0, r1, c0, c1;
+                adaptive_range(i, s.oh, s.h, &r0, &r1);
+                adaptive_range(j, s.ow, s.w, &c0, &c1);
+                double share = dy[(n * s.oh + i) * s.ow + j] / (double)((r1 - r0) * (c1 - c0));
+                for (int64_t r = r0; r < r1; r++)
+                    for (int64_t c = c0; c < c1; c++) acc[(n * s.h + r) * s.w + c] += share;
+            }
+    for (int64_t k = 0; k < n_in; k++) out[k] = (float)acc[k];
+    free(acc);
+}
+
 /* ---- Linear algebra --------------------------------------------------------------------- */
 
 /* out[m, n] = sum_k A(m, k) B(k, n), with A(m, k) = a[m * sam + k * sak]

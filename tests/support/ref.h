@@ -90,6 +90,37 @@ void ref_layernorm_xhat(const float *x, const int64_t *xd, int xr, float eps, fl
 void ref_layernorm_backward(const float *x, const int64_t *xd, int xr, const float *gamma,
                             const float *dy, float eps, float *out);
 
+/* ---- Pooling over the last two dims (x [.., H, W]) ----------------------------- */
+
+/* A window (torch's pooling arguments), pairs (rows, columns), stride
+ * and dilation given (never 0). */
+typedef struct ref_pool {
+    int64_t kernel[2], stride[2], padding[2], dilation[2];
+    bool ceil_mode, count_include_pad;
+    int64_t divisor_override; /* > 0: every window's divisor */
+} ref_pool;
+
+/* The pooled size of a dim of `size` along pair member d. */
+int64_t ref_pool_out(const ref_pool *p, int d, int64_t size);
+/* out [.., OH, OW]: each window's maximum of the positions inside x (a
+ * NaN wins), -inf for a window without one. */
+void ref_max_pool2d(const float *x, const int64_t *xd, int xr, const ref_pool *p, float *out);
+/* dx (x's shape): dy [.., OH, OW] added at each window's first maximum in
+ * row-major order (the last NaN, if any). */
+void ref_max_pool2d_backward(const float *x, const int64_t *xd, int xr, const ref_pool *p,
+                             const float *dy, float *out);
+/* out [.., OH, OW]: each window's mean (its divisor as torch's). */
+void ref_avg_pool2d(const float *x, const int64_t *xd, int xr, const ref_pool *p, float *out);
+/* dx (shape xd): each dy over its window's divisor, spread over the window. */
+void ref_avg_pool2d_backward(const float *dy, const int64_t *xd, int xr, const ref_pool *p,
+                             float *out);
+/* out [.., oh, ow]: output (i, j) the mean of rows floor(i H / oh) ..
+ * ceil((i + 1) H / oh) - 1 and the columns alike. */
+void ref_adaptive_avg_pool2d(const float *x, const int64_t *xd, int xr, int64_t oh, int64_t ow,
+                             float *out);
+void ref_adaptive_avg_pool2d_backward(const float *dy, const int64_t *xd, int xr, int64_t oh,
+                                      int64_t ow, float *out);
+
 /* ---- Linear algebra ---------------------------------------------------------- */
 
 /* spmd_matmul: !ta: a [L..., K], b [K, N] (tb: [N, K]) -> [L..., N];

@@ -250,6 +250,11 @@ def permute(cx, x, dims):
         "aten._reshape_alias.default", "aten.unsqueeze.default", "aten.squeeze.default",
         "aten.squeeze.dim", "aten.squeeze.dims", "aten.flatten.using_ints", "aten.unflatten.int")
 def view(cx, x, *_shape_args, **_kw):
+    if isinstance(x, Unavailable):
+        # A view of an output libspmd does not compute (max_pool1d squeezes
+        # max_pool2d's indices whether or not anything reads them) is
+        # refused where it is read, as the output itself.
+        return x
     return _reshape(cx, x, cx.out_shape())
 
 
@@ -559,6 +564,48 @@ def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
     y = cx.emit("layernorm", flat, gamma, beta, float(eps))
     return (_reshape(cx, y, x.shape), Unavailable("layer norm's saved mean"),
             Unavailable("layer norm's saved inverse deviation"))
+
+
+# ---- pooling ---------------------------------------------------------------
+
+
+def _pair(v):
+    """torch's int[2] argument (one value stands for both) as a tuple."""
+    v = [int(a) for a in v] if isinstance(v, (list, tuple)) else [int(v)]
+    return tuple(v * 2) if len(v) == 1 else tuple(v)
+
+
+def _stride(stride):
+    return _pair(stride) if stride not in (None, [], ()) else None  # None: the kernel
+
+
+@lowers("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
+def max_pool2d(cx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """libspmd's max_pool2d.  with_indices' second output, the positions of
+    the maxima, is not computed (the backward finds each maximum again):
+    reading it is refused.  MaxPool1d reaches here on an unsqueezed
+    [N, C, 1, L]."""
+    y = cx.emit("max_pool2d", cx.ref(x), _pair(kernel_size), _stride(stride), _pair(padding),
+                _pair(dilation), bool(ceil_mode))
+    if cx.overload == "aten.max_pool2d_with_indices.default":
+        return y, Unavailable("max_pool2d's indices")
+    return y
+
+
+@lowers("aten.avg_pool2d.default")
+def avg_pool2d(cx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return cx.emit("avg_pool2d", cx.ref(x), _pair(kernel_size), _stride(stride), _pair(padding),
+                   bool(ceil_mode), bool(count_include_pad),
+                   None if divisor_override is None else int(divisor_override))
+
+
+@lowers("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+def adaptive_avg_pool2d(cx, x, output_size):
+    """torch's adaptive_avg_pool2d is composite: to 1x1 it is a mean over
+    the last two dims (aten.mean.dim, mapped as such), else
+    _adaptive_avg_pool2d."""
+    return cx.emit("adaptive_avg_pool2d", cx.ref(x), _pair(output_size))
 
 
 # ---- lookups and losses ----------------------------------------------------

@@ -17,6 +17,10 @@ method returns the builder's own tensor handle.
     max(x, axis, keepdim)
     softmax(x)  log_softmax(x)           over the last dim
     layernorm(x, gamma, beta, eps)       over the last dim
+    max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)
+    avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    adaptive_avg_pool2d(x, output_size)  pooling over the last two dims, torch's
+                                         arguments as pairs; stride None: the kernel
     matmul(a, b, trans_a, trans_b)       spmd_matmul's forms
     bmm(a, b, trans_a, trans_b)          batch dims equal, transposes on the last two
     attention(q, k, v, heads)
