@@ -3,7 +3,8 @@
  * (seed, stream, index), so a parameter's initial values depend only on
  * its name and global element index, never on how it is sharded or on
  * which thread fills it.  Two generators: splitmix64 finalisers (the
- * initial values, the data sets' draws) and Philox-4x32-10.
+ * initial values, the data sets' draws) and Philox-4x32-10 (dropout's
+ * masks, keyed by seed, step and site: docs/DESIGN.md, "Random numbers").
  */
 #ifndef SPMD_BASE_RNG_H
 #define SPMD_BASE_RNG_H
