@@ -466,18 +466,35 @@ def fill_like(cx, x, *args, **_kw):
     return _fill_like(cx, cx.out_shape(), value)
 
 
-@lowers("aten.dropout.default")
+def _dropout(cx, x, p, train, feature=False):
+    """x under dropout in training, libspmd's op (its own draws: PyTorch's
+    random stream is not reproduced, docs/python.md); x itself in eval or
+    with p = 0.  The feature forms (Dropout1d/2d/3d) draw once per (n, c):
+    dropout of ones over [N, C, 1, ...] times x."""
+    if not (train is None or train) or float(p) == 0.0:
+        return cx.ref(x, None)
+    x = cx.ref(x)
+    if not feature:
+        return cx.emit("dropout", x, float(p))
+    if x.rank < 2:
+        raise cx.unsupported(f"on a tensor of rank {x.rank}; feature dropout needs (N, C, ...)")
+    ones = _fill_like(cx, x.shape[:2] + (1,) * (x.rank - 2), 1.0)
+    return cx.emit("mul", x, cx.emit("dropout", ones, float(p)))
+
+
+@lowers("aten.dropout.default", "aten.dropout_.default")
 def dropout(cx, x, p, train):
-    if p != 0 and train:
-        raise cx.unsupported(f"with p = {p} in training; libspmd maps dropout with p = 0 only")
-    return cx.ref(x, None)
+    return _dropout(cx, x, p, train)
+
+
+@lowers("aten.feature_dropout.default", "aten.feature_dropout_.default")
+def feature_dropout(cx, x, p, train):
+    return _dropout(cx, x, p, train, feature=True)
 
 
 @lowers("aten.native_dropout.default")
 def native_dropout(cx, x, p, train):
-    if p != 0 and train:
-        raise cx.unsupported(f"with p = {p} in training; libspmd maps dropout with p = 0 only")
-    return cx.ref(x, None), Unavailable("dropout's mask")
+    return _dropout(cx, x, p, train), Unavailable("dropout's mask")
 
 
 # ---- reductions and normalisations ----------------------------------------
