@@ -444,9 +444,9 @@ DROPOUT_MESHES = {
 }
 
 
-def _dropout_training(p, mesh_name, steps=5):
-    """SGD over `steps` batches through libspmd.torch.compile; the losses,
-    the trained weights and the program's step count."""
+def _dropout_step(p, mesh_name, steps=5):
+    """A DropMLP (eager's copy too), SGD through libspmd.torch.compile, and
+    `steps` batches marked for the mesh."""
     torch.manual_seed(7)
     model = DropMLP(p).train()
     eager = copy.deepcopy(model)
@@ -460,9 +460,16 @@ def _dropout_training(p, mesh_name, steps=5):
             mark(model, mesh, batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = xs.compile(model, opt, lambda m, x, y: F.cross_entropy(m(x), y), seed=5)
+    return step, model, eager, data
+
+
+def _dropout_training(p, mesh_name, steps=5):
+    """SGD over `steps` batches; the losses, the trained model, eager's
+    untrained copy, the batches and the program's step count."""
+    step, model, eager, data = _dropout_step(p, mesh_name, steps)
     losses = [step(*batch) for batch in data]
     step.sync()
-    names = {t.name for t in step._active.graph.tensors()}
+    names = {t.name for t in step.program.graph.tensors()}
     count = float(step.program.read("rng.step")) if "rng.step" in names else None
     return losses, model, eager, data, count
 
@@ -494,3 +501,18 @@ def test_dropout_with_p_0_trains_as_eager():
     np.testing.assert_allclose(got, want, rtol=1e-4)
     for a, b in zip(model.parameters(), eager.parameters()):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), atol=1e-4)
+
+
+def test_dropout_resumes_from_a_checkpoint(tmp_path):
+    """Saved after 3 steps on one device and loaded on 2x2, the next steps
+    draw the masks of the run that went on: its losses."""
+    step, _, _, data = _dropout_step(0.1, "1")
+    for batch in data[:3]:
+        step(*batch)
+    step.save(str(tmp_path))
+    want = [step(*batch) for batch in data[3:]]
+    resumed, _, _, _ = _dropout_step(0.1, "2x2")
+    resumed.load(str(tmp_path))
+    got = [resumed(*batch) for batch in data[3:]]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert float(resumed.program.read("rng.step")) == 5.0
