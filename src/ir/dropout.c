@@ -16,6 +16,9 @@
 
 #define STEP_NAME "rng.step"
 
+_Static_assert(sizeof(((ir_attr *)0)->dropout) <= sizeof(((ir_attr *)0)->rows),
+               "dropout's attributes would grow every node");
+
 static bool probability_ok(spmd_graph *g, float p)
 {
     if (p >= 0.0f && p <= 1.0f) return true;

@@ -72,11 +72,12 @@ typedef union ir_attr {
      * dropouts: spmd_dropout numbers them), and per dim where a device's
      * block lies in the whole tensor (fix_dropout): the group whose member
      * rank is the block (-1: the dim is whole), the split's groups (1:
-     * plain) and the whole size. */
+     * plain) and the whole size.  Sixteen bits each keep the union (and
+     * every node) at the size `rows` gives it. */
     struct {
         float p;
         int site;
-        int spec[SPMD_MAX_RANK];
+        int16_t spec[SPMD_MAX_RANK];
         int16_t groups[SPMD_MAX_RANK];
         int64_t global[SPMD_MAX_RANK];
     } dropout;

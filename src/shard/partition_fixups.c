@@ -142,9 +142,15 @@ static spmd_tensor *fix_dropout(builder *b, const spmd_tensor *t, const sharding
     for (int i = 0; i < t->rank; i++) {
         const mesh_axes *axes = &out.dim[i];
         if (!axes->n) continue;
-        lt->attr.dropout.spec[i] = part_spec_index(p, axes);
+        int spec = part_spec_index(p, axes);
+        if (spec < 0) return part_fail_nomem(b, "the collective groups");
+        if (spec > INT16_MAX) {
+            part_record(b, SPMD_ERR_UNSUPPORTED, "dropout: the program has more than %d axis "
+                        "lists (collective groups)", INT16_MAX);
+            return NULL;
+        }
+        lt->attr.dropout.spec[i] = (int16_t)spec;
         lt->attr.dropout.groups[i] = (int16_t)mesh_axes_groups(axes);
-        if (lt->attr.dropout.spec[i] < 0) return part_fail_nomem(b, "the collective groups");
     }
     return lt;
 }
