@@ -171,6 +171,19 @@ SPMD_API spmd_tensor *spmd_where(spmd_graph *g, spmd_tensor *cond, spmd_tensor *
 /* Broadcast x to `dims` (numpy rules). */
 SPMD_API spmd_tensor *spmd_expand(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims);
 
+/* Dropout in training, as torch.nn.Dropout(p): each element of f32 x kept
+ * with probability 1 - p and scaled by 1 / (1 - p), else 0.  The draws
+ * are libspmd's own (Philox-4x32-10 of the program's seed, the step, this
+ * dropout's site and the element's index in the whole tensor: not
+ * PyTorch's stream), the same on any mesh and any thread or process
+ * count.  Every run draws anew: the graph's state "rng.step", made with
+ * its first dropout, counts the runs (a checkpoint keeps it), and each
+ * micro-batch of gradient accumulation draws its own.  Sites are numbered
+ * in the order the dropouts are built.  The gradient is dy under the same
+ * mask.  p in [0, 1]; p = 0 is x itself (no op and no state), so an
+ * evaluation graph is built with p = 0. */
+SPMD_API spmd_tensor *spmd_dropout(spmd_graph *g, spmd_tensor *x, float p);
+
 /* Reductions.  `axes` is a bit mask of dimensions (bit i = dim i). */
 SPMD_API spmd_tensor *spmd_sum(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
 SPMD_API spmd_tensor *spmd_mean(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);

@@ -147,6 +147,17 @@ static PyObject *graph_convert(GraphObject *self, PyObject *args, PyObject *kw)
     return wrap_tensor(self, spmd_convert(self->g, t, dtype));
 }
 
+static PyObject *graph_dropout(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "p", NULL};
+    PyObject *x;
+    float p;
+    spmd_tensor *t;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Of:dropout", kwlist, &x, &p) || tensor_arg(self, x, &t, true) < 0)
+        return NULL;
+    return wrap_tensor(self, spmd_dropout(self->g, t, p));
+}
+
 static PyObject *graph_set_matmul_precision(GraphObject *self, PyObject *d)
 {
     spmd_dtype dtype;
@@ -488,6 +499,10 @@ PyMethodDef graph_builder_methods[] = {
     {"state", KW(graph_state), "state(name, shape, init='zeros', scale=0): persistent, not trained"},
     {"fill", KW(graph_fill), "fill(shape, value): a constant"},
     {"convert", KW(graph_convert), "convert(x, dtype): x as 'f32' or 'bf16' (rounded to nearest even)"},
+    {"dropout", KW(graph_dropout),
+     "dropout(x, p): in training, each element kept with probability 1 - p and scaled by 1 / (1 - p),\n"
+     "else 0; libspmd's own draws (seed, step, site, global index), the same on any mesh; every run\n"
+     "draws anew (the state 'rng.step' counts them); p = 0 is x itself"},
     {"set_matmul_precision", FN(graph_set_matmul_precision), METH_O,
      "set_matmul_precision(dtype): 'bf16': the matmuls built from now on read bf16 copies of their\n"
      "f32 operands and sum in f32 (mixed precision); 'f32' (the default): f32 matmuls"},

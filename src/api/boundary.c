@@ -67,6 +67,7 @@ spmd_tensor *spmd_sigmoid_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_pow_scalar_impl(spmd_graph *g, spmd_tensor *x, float p);
 spmd_tensor *spmd_where_impl(spmd_graph *g, spmd_tensor *cond, spmd_tensor *a, spmd_tensor *b);
 spmd_tensor *spmd_expand_impl(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims);
+spmd_tensor *spmd_dropout_impl(spmd_graph *g, spmd_tensor *x, float p);
 spmd_tensor *spmd_sum_impl(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
 spmd_tensor *spmd_mean_impl(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
 spmd_tensor *spmd_max_impl(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim);
@@ -528,6 +529,13 @@ spmd_tensor *spmd_where(spmd_graph *g, spmd_tensor *cond, spmd_tensor *a, spmd_t
 spmd_tensor *spmd_expand(spmd_graph *g, spmd_tensor *x, int rank, const int64_t *dims)
 {
     spmd_tensor *r = spmd_expand_impl(g, x, rank, dims);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_dropout(spmd_graph *g, spmd_tensor *x, float p)
+{
+    spmd_tensor *r = spmd_dropout_impl(g, x, p);
     if (r) spmd_clear_error();
     return r;
 }

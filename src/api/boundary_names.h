@@ -61,6 +61,7 @@
 #define spmd_pow_scalar spmd_pow_scalar_impl
 #define spmd_where spmd_where_impl
 #define spmd_expand spmd_expand_impl
+#define spmd_dropout spmd_dropout_impl
 #define spmd_sum spmd_sum_impl
 #define spmd_mean spmd_mean_impl
 #define spmd_max spmd_max_impl

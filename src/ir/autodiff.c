@@ -159,6 +159,15 @@ static spmd_status vjp_scale(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spm
     return done(t, dx);
 }
 
+/* The same mask on dy: the same op with the forward's step and site, so
+ * the mask is drawn again, never kept.  No adjoint reaches the step. */
+static spmd_status vjp_dropout(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    if (!wants(t, 0)) return SPMD_OK;
+    dx[0] = ir_dropout(g, dy, t->in[1], t->attr.dropout.p, t->attr.dropout.site);
+    return dx[0] ? SPMD_OK : builder_failed(g);
+}
+
 /* The constraint is x itself: the adjoint passes through (mark_adjoint
  * gives it the constraint's mark, as JAX transposes a sharding
  * constraint). */

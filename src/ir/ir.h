@@ -81,6 +81,19 @@ typedef union ir_attr {
         int vocab_spec;
         int64_t vocab;
     } rows;
+    /* DROPOUT: the probability of a drop, the site (which of its graph's
+     * dropouts: spmd_dropout numbers them), and per dim where a device's
+     * block lies in the whole tensor (fix_dropout): the group whose member
+     * rank is the block (-1: the dim is whole), the split's groups (1:
+     * plain) and the whole size.  Sixteen bits each keep the union (and
+     * every node) at the size `rows` gives it. */
+    struct {
+        float p;
+        int site;
+        int16_t spec[SPMD_MAX_RANK];
+        int16_t groups[SPMD_MAX_RANK];
+        int64_t global[SPMD_MAX_RANK];
+    } dropout;
 } ir_attr;
 
 struct spmd_tensor {
@@ -161,6 +174,11 @@ struct spmd_graph {
      * or SPMD_BF16 (the partitioner sends them as bf16). */
     spmd_dtype reduce_precision;
     const struct spmd_mesh *mesh; /* the mesh of every mark; NULL when none */
+    /* Dropout (dropout.c): the state scalar "rng.step" that counts the runs
+     * and keys the masks with the step, created with the first dropout
+     * (NULL before), and the dropouts built so far, each one's site. */
+    spmd_tensor *rng_step;
+    int dropout_sites;
     /* The first failure of a builder call on this graph: what a NULL that
      * a failed builder returned stands for when it reaches the next one. */
     ir_failure failure;
@@ -327,6 +345,10 @@ spmd_tensor *ir_gelu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
 spmd_tensor *ir_relu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
 spmd_tensor *ir_gelu_erf_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
 spmd_tensor *ir_silu_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy);
+/* dropout of x with drop probability p, keyed by the f32 scalar `step`
+ * and `site` (dropout.c): what spmd_dropout builds with the graph's step
+ * state and next site, and the backward pass with the forward's key. */
+spmd_tensor *ir_dropout(spmd_graph *g, spmd_tensor *x, spmd_tensor *step, float p, int site);
 /* x under a node of its own, for the caller to mark: a sharding
  * constraint.  Its value is x; the partitioner emits no op for it, only
  * x resharded to the mark (docs/DESIGN.md, "Partition"). */

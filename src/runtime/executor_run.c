@@ -41,6 +41,10 @@ static void run_worker(void *ctx, int ith, int nth)
     a.message_size = sizeof d->message;
     a.scratch = d->scratch ? d->scratch + (size_t)ith * p->c.scratch_each : NULL;
     a.dev = p->c.partitioned ? &d->kd : NULL;
+    /* Dropout's key: the same on every device of a copy, and a
+     * micro-batch's own (spmd_program_run runs a step's last). */
+    a.seed = d->seed;
+    a.micro = p->micro_done;
     int64_t *tr = ith == 0 ? d->trace_row : NULL; /* NULL: not tracing */
     if (tr) tr[0] = trace_clock(p);
     dev_comm *c = d->comm;

@@ -1,9 +1,9 @@
 /*
  * The per-op fixups of the partitioner (partition_impl.h): where an op's
  * local form differs from its global one (heads split, means over split
- * dims, padded rows, a vocabulary split), the fixup that ops.def names
- * for the op turns the local node into one that computes the device's
- * share.
+ * dims, padded rows, a vocabulary split, dropout's global indices), the
+ * fixup that ops.def names for the op turns the local node into one that
+ * computes the device's share.
  */
 #include "shard/partition_impl.h"
 
@@ -142,6 +142,31 @@ static spmd_tensor *fix_loss_rows(builder *b, const spmd_tensor *t, const shardi
     if (vocab->n && !(lt = split_vocab_loss(b, t, vocab, lt))) return NULL;
     if (!sharding_dim_axes(&need[1])) return lt;
     return LOCAL(b, spmd_scale(p->local, lt, (float)part_local_share(p, targets, &need[1], rows)));
+}
+
+/* Dropout draws by an element's index in the whole tensor: per split dim
+ * of its output, the group whose member rank is the device's block and
+ * the split's groups (the whole sizes are in the attributes already). */
+static spmd_tensor *fix_dropout(builder *b, const spmd_tensor *t, const sharding *need,
+                                spmd_tensor *lt)
+{
+    (void)need;
+    partition *p = b->p;
+    sharding out = shard_produced(&p->prop, t);
+    for (int i = 0; i < t->rank; i++) {
+        const mesh_axes *axes = &out.dim[i];
+        if (!axes->n) continue;
+        int spec = part_spec_index(p, axes);
+        if (spec < 0) return part_fail_nomem(b, "the collective groups");
+        if (spec > INT16_MAX) {
+            part_record(b, SPMD_ERR_UNSUPPORTED, "dropout: the program has more than %d axis "
+                        "lists (collective groups)", INT16_MAX);
+            return NULL;
+        }
+        lt->attr.dropout.spec[i] = (int16_t)spec;
+        lt->attr.dropout.groups[i] = (int16_t)mesh_axes_groups(axes);
+    }
+    return lt;
 }
 
 static const part_fixup_fn fixup_table[] = {

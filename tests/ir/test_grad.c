@@ -748,6 +748,63 @@ static void test_composite(void **state)
     gc_run(&c, spmd_mean(c.g, y, 1, false));
 }
 
+/* Dropout with its key held (the step an input fed the same each run, as
+ * finite differences run the program again and again): linear in x, its
+ * adjoint is the same mask on dy. */
+static void test_dropout(void **state)
+{
+    (void)state;
+    static const float ps[] = {0.25f, 0.6f, 1.0f};
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        gcheck c;
+        gc_init(&c, "dropout p %g", (double)ps[k]);
+        spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 5), GEN_ANY);
+        spmd_tensor *step = gc_input(&c, "step", 0, NULL, GEN_ANY);
+        *(float *)c.iv[c.ni - 1] = 3.0f;
+        gc_run(&c, ir_dropout(c.g, x, step, ps[k], 2));
+    }
+}
+
+/* spmd_dropout's gradient in the run that drew its mask, exactly: dloss/dx
+ * = R / (1 - p) where y kept x (y != 0: x has no zeros), else 0. */
+static void test_dropout_masks_the_adjoint(void **state)
+{
+    (void)state;
+    const float p = 0.3f, scale = (float)(1.0 / (1.0 - (double)p));
+    enum { N = 4096 };
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_param(g, "x", 1, D(N), (spmd_init){SPMD_INIT_UNIFORM, 1.0f});
+    spmd_tensor *r = spmd_input(g, "R", SPMD_F32, 1, D(N));
+    spmd_tensor *y = spmd_dropout(g, x, p);
+    spmd_tensor *loss = spmd_sum(g, spmd_mul(g, y, r), 1, false);
+    assert_int_equal(spmd_grad(g, loss), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(g, y), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(g, spmd_tensor_grad(x)), SPMD_OK);
+    spmd_program *prog = spmd_compile(g, &(spmd_compile_options){.threads = 2, .seed = 9});
+    assert_non_null(prog);
+    static float rv[N], xv[N], yv[N], dx[N];
+    for (int i = 0; i < N; i++) rv[i] = (float)(i % 7) - 3.5f;
+    assert_int_equal(spmd_program_set_input(prog, r, rv, sizeof rv), SPMD_OK);
+    assert_int_equal(spmd_program_run(prog), SPMD_OK);
+    assert_int_equal(spmd_program_read(prog, x, xv, sizeof xv), SPMD_OK);
+    assert_int_equal(spmd_program_read(prog, y, yv, sizeof yv), SPMD_OK);
+    assert_int_equal(spmd_program_read(prog, spmd_tensor_grad(x), dx, sizeof dx), SPMD_OK);
+    int kept = 0;
+    for (int i = 0; i < N; i++) {
+        assert_true(xv[i] != 0.0f);
+        bool keep = yv[i] != 0.0f;
+        kept += keep;
+        if (keep) assert_true(yv[i] == xv[i] * scale);
+        float want = keep ? rv[i] * scale : 0.0f;
+        if (memcmp(&dx[i], &want, sizeof want) != 0)
+            fail_msg("dx[%d] is %.9g, want %.9g (y %.9g)", i, (double)dx[i], (double)want,
+                     (double)yv[i]);
+    }
+    assert_true(kept > N / 2 && kept < N * 9 / 10);
+    spmd_program_free(prog);
+    spmd_graph_free(g);
+}
+
 /* ---- What spmd_grad refuses ----------------------------------------------------------------- */
 
 static void test_grad_names(void **state)
@@ -919,6 +976,8 @@ int main(void)
         cmocka_unit_test(test_slice),
         cmocka_unit_test(test_concat),
         cmocka_unit_test(test_composite),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_dropout_masks_the_adjoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

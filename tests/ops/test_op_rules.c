@@ -21,7 +21,7 @@
  *     grouped splits and indexes along the dim fails here;
  *   - an op has an elementwise formula exactly when its signature is
  *     elementwise (every dim parallel, operands broadcast to the output),
- *     of its arity; fused, it computes its own kernel's bits, and the
+ *     of its arity, unless its local form needs a fixup (dropout); fused, it computes its own kernel's bits, and the
  *     fused kernel refuses an op without a formula;
  *   - its kernel writes no scratch beyond the bytes its scratch column
  *     gives it on its sample;
@@ -152,6 +152,7 @@ static bool build_sample(ir_op op, sample *s)
     case IR_SILU: o = spmd_silu(g, x46(s)); break;
     case IR_SIGMOID: o = spmd_sigmoid(g, x46(s)); break;
     case IR_POW_SCALAR: o = spmd_pow_scalar(g, pos46(s), 1.5f); break;
+    case IR_DROPOUT: o = ir_dropout(g, x46(s), operand(s, V_POS, 0, NULL), 0.5f, 3); break;
     case IR_SUM: o = spmd_sum(g, x46(s), 1u << 1, false); break;
     case IR_MEAN: o = spmd_mean(g, x46(s), 1u << 1, false); break;
     case IR_MAX: o = spmd_max(g, x46(s), 1, false); break;
@@ -425,10 +426,16 @@ static void test_every_op_has_rules(void **state)
         }
         /* An elementwise op has its formula (fusion and its kernel share
          * it), and only an elementwise op has one; convert, which changes
-         * the type, has none (fusion computes f32). */
+         * the type, has none (fusion computes f32), nor has an op whose
+         * local form needs a fixup (dropout's global indices: a fused pass
+         * has no fixup). */
         int formula = ir_op_formula_arity((ir_op)op);
-        if (elementwise_signature(t, &sig) && !formula && t->dtype == t->in[0]->dtype)
+        bool fixup = partition_has_fixup((ir_op)op);
+        if (elementwise_signature(t, &sig) && !formula && t->dtype == t->in[0]->dtype && !fixup)
             fail_msg("%s: an elementwise signature but no formula in ops.def",
+                     ir_op_name((ir_op)op));
+        if (formula && fixup)
+            fail_msg("%s: a formula and a fixup in ops.def: a fused pass would lose the fixup",
                      ir_op_name((ir_op)op));
         if (formula && !elementwise_signature(t, &sig))
             fail_msg("%s: a formula in ops.def but its signature is not elementwise",

@@ -502,6 +502,55 @@ static void test_activation_backward(void **state)
         }
 }
 
+/* Dropout against the reference's own Philox: spmd_dropout (the graph's
+ * step state, 0 on the first run; site 0) and the op keyed by a step fed
+ * as an input and another site; the seed is oc_compile's.  Then the
+ * builder's refusals. */
+static void test_dropout(void **state)
+{
+    (void)state;
+    static const float ps[] = {0.1f, 0.5f, 1.0f};
+    static const shape shapes[] = {SH(3, 3, 5, 37), SH(0), SH(2, 1, 20), SH(1, 1000)};
+    for (size_t k = 0; k < ARRAY_LEN(ps); k++)
+        for (size_t i = 0; i < ARRAY_LEN(shapes); i++)
+            for (int keyed = 0; keyed <= 1; keyed++) {
+                opcase c;
+                oc_init(&c, "dropout p %g%s #%zu", (double)ps[k], keyed ? " keyed" : "", i);
+                spmd_tensor *x = oc_input(&c, &shapes[i], GEN_ANY), *y;
+                if (keyed) {
+                    spmd_tensor *step = oc_leaf(&c, SPMD_F32, 0, NULL);
+                    *(float *)c.val[1] = 70001.0f;
+                    y = ir_dropout(c.g, x, step, ps[k], 5);
+                } else {
+                    y = spmd_dropout(c.g, x, ps[k]);
+                }
+                ref_dropout(oc_f(&c, 0), spmd_tensor_numel(x), ps[k], 1, keyed ? 70001 : 0, 0,
+                            keyed ? 5 : 0, oc_expect(&c, y));
+                oc_check(&c);
+            }
+
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, (const int64_t[]){2, 3});
+    assert_ptr_equal(spmd_dropout(g, x, 0.0f), x); /* nothing dropped: x itself */
+    assert_null(spmd_graph_find(g, "rng.step"));
+    assert_null(spmd_dropout(g, x, 1.5f));
+    assert_non_null(strstr(spmd_last_error(), "p 1.5 is outside [0, 1]"));
+    assert_null(spmd_dropout(g, x, NAN));
+    spmd_tensor *ids = spmd_input(g, "ids", SPMD_I32, 1, (const int64_t[]){3});
+    assert_null(spmd_dropout(g, ids, 0.5f));
+    assert_non_null(strstr(spmd_last_error(), "dropout: expects f32, got i32 [3]"));
+    assert_null(ir_dropout(g, x, x, 0.5f, 0));
+    assert_non_null(strstr(spmd_last_error(), "the step must be an f32 scalar, got f32 [2, 3]"));
+    assert_null(spmd_graph_find(g, "rng.step")); /* a refused dropout makes no state */
+    spmd_graph_free(g);
+
+    g = spmd_graph_create(NULL);
+    x = spmd_input(g, "rng.step", SPMD_F32, 2, (const int64_t[]){2, 3});
+    assert_null(spmd_dropout(g, x, 0.5f));
+    assert_non_null(strstr(spmd_last_error(), "already has a tensor named 'rng.step'"));
+    spmd_graph_free(g);
+}
+
 /* where(cond, a, b) over broadcast triples, the condition a 0/1 mask in
  * f32 and in i32 (drawn ids below 2; some i32 values beyond 0 and 1 too). */
 static void test_where(void **state)
@@ -1594,6 +1643,7 @@ int main(void)
         cmocka_unit_test(test_activation_tails),
         cmocka_unit_test(test_activation_backward),
         cmocka_unit_test(test_where),
+        cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_new_op_errors),
         cmocka_unit_test(test_sum_mean),
         cmocka_unit_test(test_max),

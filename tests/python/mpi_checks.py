@@ -5,6 +5,9 @@ Each check asserts; the script prints "ok <rank>" when all pass.
   four devices of the 4x2 mesh) with the bits of the same graph compiled
   in this process alone (mpi=False), and every process reads whole values;
   a graph without marks runs whole in each process.
+- Dropout: its masks, values and gradients over both processes are those
+  of one process, and of one device, bit for bit, run after run (the
+  step advancing).
 - The errors: a mesh whose devices do not divide over the processes, and
   mpi=True for a graph without marks, each a ValueError naming it.
 
@@ -60,6 +63,38 @@ def check_graph_over_processes(rank):
     assert np.frombuffer(losses[-1], np.float32) < np.frombuffer(losses[0], np.float32)
 
 
+def dropout_graph(mesh):
+    """x -> dropout -> tanh -> dropout, x split over both axes of `mesh`
+    (None: no marks); the graph, the dropped value and x's gradient."""
+    g = libspmd.Graph()
+    x = g.param("x", (6, 10), init="uniform", scale=1.0)
+    y = g.dropout(g.tanh(g.dropout(x, 0.3)), 0.5)
+    loss = g.sum(y)
+    if mesh is not None:
+        g.mark_sharding(x, mesh, ("replica", "fsdp"))
+    g.mark_output(y)
+    g.grad(loss)
+    g.mark_output(x.grad)
+    return g, y, x.grad
+
+
+def check_dropout_over_processes():
+    g, y, dx = dropout_graph(libspmd.Mesh((4, 2), ("replica", "fsdp")))
+    one, y1, dx1 = dropout_graph(None)
+    programs = [(g.compile(seed=3), y, dx), (g.compile(seed=3, mpi=False), y, dx),
+                (one.compile(seed=3), y1, dx1)]
+    assert programs[0][0].processes == 2
+    masks = set()
+    for _ in range(3):
+        runs = []
+        for p, out, grad in programs:
+            p.run()
+            runs.append((p.read(out).tobytes(), p.read(grad).tobytes()))
+        assert runs[0] == runs[1] == runs[2]
+        masks.add(runs[0][0])
+    assert len(masks) == 3  # each run drew anew
+
+
 def check_errors():
     g = libspmd.Graph()
     x = g.input("x", (6, 4))
@@ -73,5 +108,6 @@ if __name__ == "__main__":
     rank = libspmd.process_index()
     assert libspmd.process_count() == 2
     check_graph_over_processes(rank)
+    check_dropout_over_processes()
     check_errors()
     print(f"ok {rank}")

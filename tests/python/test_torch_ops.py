@@ -1,7 +1,9 @@
 """libspmd.torch's aten op table, op by op: each small loss maps and its
 NumPy evaluation gives eager PyTorch's value; each op without a mapping
 raises libspmd.UnsupportedError (a NotImplementedError) naming the op and
-the user's source line."""
+the user's source line.  Dropout in training maps onto libspmd's own
+op: a model with nn.Dropout trains alike on every mesh, and as eager
+PyTorch with p = 0."""
 import copy
 import math
 import os
@@ -301,12 +303,6 @@ UNMAPPED = [
     ("pow_negative_base", "aten.pow.Scalar", lambda m, x: torch.pow(-2.0, m(x)).sum(),
      "torch.pow(-2.0, m(x))"),
     ("strided_slice", "aten.slice.Tensor", lambda m, x: m(x)[:, ::2].sum(), "m(x)[:, ::2]"),
-    ("dropout", "aten.native_dropout.default", lambda m, x: F.dropout(m(x), 0.5).sum(),
-     "F.dropout(m(x), 0.5)"),
-    ("dropout_inplace", "aten.native_dropout.default",
-     lambda m, x: F.dropout(m(x), 0.5, inplace=True).sum(), "F.dropout(m(x), 0.5, inplace=True)"),
-    ("dropout1d", "libspmd.feature_dropout.default", lambda m, x: F.dropout1d(m(x), 0.5).sum(),
-     "F.dropout1d(m(x), 0.5)"),
     ("embedding_padding_idx", "aten.embedding.default",
      lambda m, x: F.embedding(torch.tensor([1, 2]), m.w.t(), padding_idx=0).sum(),
      "F.embedding(torch.tensor([1, 2]), m.w.t(),"),
@@ -533,3 +529,127 @@ def test_runtime_comparisons_and_where_train_as_eager():
 
     torch.manual_seed(4)
     assert_one_sgd_step_as_eager(Lin(), loss_fn, x46())
+
+
+# ---- dropout in training ----------------------------------------------------
+
+
+@pytest.mark.parametrize("form, ops", [
+    (lambda y: F.dropout(y, 0.5), {"dropout"}),
+    (lambda y: F.dropout(y, 0.5, inplace=True), {"dropout"}),
+    (lambda y: nn.Dropout(0.1)(y), {"dropout"}),
+    (lambda y: F.dropout1d(y, 0.5), {"fill", "dropout", "mul"}),  # one draw per channel
+    (lambda y: F.dropout2d(y.view(1, 3, 2, 3), 0.25).view(3, 6), {"fill", "dropout", "mul"}),
+    (lambda y: F.dropout(y, 0.5, training=False), set()),
+    (lambda y: F.dropout(y, 0.0), set()),
+])
+def test_dropout_forms_map_onto_the_op(form, ops):
+    traced = xs.trace(lambda m, x: form(m(x)).sum(), Lin(), x46())
+    assert ops <= set(traced.ops())
+    assert ("dropout" in traced.ops()) == bool(ops)
+    feature = [c for c in traced.calls if c.op == "dropout"]
+    if "fill" in ops:  # over ones of [N, C, 1, ...]
+        assert all(c.args[0].shape[2:] == (1,) * (len(c.args[0].shape) - 2) for c in feature)
+
+
+class DropMLP(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 32)
+        self.drop = nn.Dropout(p)
+        self.fc2 = nn.Linear(32, 5)
+
+    def forward(self, x):
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+def _mark_data(model, mesh, batch):
+    xs.mark_sharding(batch[0], mesh, ("data", None))
+
+
+def _mark_data_tensor(model, mesh, batch):
+    _mark_data(model, mesh, batch)
+    xs.mark_sharding(model.fc1.weight, mesh, ("tensor", None))  # the dropped hidden dim split
+    xs.mark_sharding(model.fc1.bias, mesh, ("tensor",))
+    xs.mark_sharding(model.fc2.weight, mesh, (None, "tensor"))
+
+
+DROPOUT_MESHES = {
+    "1": None,
+    "4": (lambda: xs.Mesh(range(4), (4,), ("data",)), _mark_data),
+    "2x2": (lambda: xs.Mesh(range(4), (2, 2), ("data", "tensor")), _mark_data_tensor),
+}
+
+
+def _dropout_step(p, mesh_name, steps=5):
+    """A DropMLP (eager's copy too), SGD through libspmd.torch.compile, and
+    `steps` batches marked for the mesh."""
+    torch.manual_seed(7)
+    model = DropMLP(p).train()
+    eager = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(8, 12, generator=g), torch.randint(0, 5, (8,), generator=g))
+            for _ in range(steps)]
+    if DROPOUT_MESHES[mesh_name] is not None:
+        make_mesh, mark = DROPOUT_MESHES[mesh_name]
+        mesh = make_mesh()
+        for batch in data:
+            mark(model, mesh, batch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = xs.compile(model, opt, lambda m, x, y: F.cross_entropy(m(x), y), seed=5)
+    return step, model, eager, data
+
+
+def _dropout_training(p, mesh_name, steps=5):
+    """SGD over `steps` batches; the losses, the trained model, eager's
+    untrained copy, the batches and the program's step count."""
+    step, model, eager, data = _dropout_step(p, mesh_name, steps)
+    losses = [step(*batch) for batch in data]
+    step.sync()
+    names = {t.name for t in step.program.graph.tensors()}
+    count = float(step.program.read("rng.step")) if "rng.step" in names else None
+    return losses, model, eager, data, count
+
+
+def test_dropout_trains_alike_on_every_mesh():
+    want, model, _, _, count = _dropout_training(0.1, "1")
+    assert count == 5.0  # every step drew anew
+    without, _, _, _, _ = _dropout_training(0.0, "1")
+    assert not np.allclose(want, without, rtol=1e-4)  # the masks act
+    for mesh_name in ("4", "2x2"):
+        got, trained, _, _, _ = _dropout_training(0.1, mesh_name)
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=mesh_name)
+        for (name, a), b in zip(trained.named_parameters(), model.parameters()):
+            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), atol=1e-5,
+                                       err_msg=f"{mesh_name}: {name}")
+
+
+def test_dropout_with_p_0_trains_as_eager():
+    got, model, eager, data, count = _dropout_training(0.0, "2x2")
+    assert count is None  # no dropout op, no step state
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = F.cross_entropy(eager(x), y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    for a, b in zip(model.parameters(), eager.parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), atol=1e-4)
+
+
+def test_dropout_resumes_from_a_checkpoint(tmp_path):
+    """Saved after 3 steps on one device and loaded on 2x2, the next steps
+    draw the masks of the run that went on: its losses."""
+    step, _, _, data = _dropout_step(0.1, "1")
+    for batch in data[:3]:
+        step(*batch)
+    step.save(str(tmp_path))
+    want = [step(*batch) for batch in data[3:]]
+    resumed, _, _, _ = _dropout_step(0.1, "2x2")
+    resumed.load(str(tmp_path))
+    got = [resumed(*batch) for batch in data[3:]]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert float(resumed.program.read("rng.step")) == 5.0

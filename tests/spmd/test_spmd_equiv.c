@@ -8,7 +8,7 @@
  * broadcasting arithmetic, unary ops (the activations, pow_scalar), where
  * over broadcast masks, reductions, max, softmax,
  * log_softmax, layernorm, attention, embedding, cross entropy, mse,
- * reshape, permute, slice, concat) with random partition specs on some
+ * reshape, permute, slice, concat, dropout keyed by a step input) with random partition specs on some
  * inputs, parameters, intermediates and gradients: None, one axis or a
  * tuple of two per dim, uneven splits (and now and then empty blocks)
  * included, and grouped splits (2*x, 3*(x, y)) where they divide.  The same graph is built twice: without marks (compiled for
@@ -49,6 +49,7 @@
 #include <cmocka.h>
 
 #include "base/error.h"
+#include "ir/ir.h"
 #include "runtime/executor.h"
 #include "shard/partition.h"
 #include "spmd/mesh.h"
@@ -78,7 +79,8 @@ typedef enum gen {
     GEN_GAMMA,  /* [0.5, 1.5): layernorm scales */
     GEN_IDS,    /* int32 in [0, limit) */
     GEN_LR,     /* [0.05, 0.2): a learning rate */
-    GEN_MASK    /* f32 0 or 1: where's condition */
+    GEN_MASK,   /* f32 0 or 1: where's condition */
+    GEN_STEP    /* a whole number in [0, 1000): dropout's step */
 } gen;
 
 typedef struct leaf {
@@ -312,7 +314,7 @@ static void maybe_split_vocab(eq_case *c, spmd_tensor *t, int dim, double p)
 
 static const char *gen_name(gen k)
 {
-    static const char *const names[] = {"any", "weight", "pos", "gamma", "ids", "lr", "mask"};
+    static const char *const names[] = {"any", "weight", "pos", "gamma", "ids", "lr", "mask", "step"};
     return names[k];
 }
 
@@ -877,6 +879,21 @@ static spmd_tensor *op_concat(eq_case *c, spmd_tensor *x)
     return note(c, spmd_concat(c->g, parts, n, axis), "concat(%s; axis %d)", desc, axis);
 }
 
+/* dropout(x, p) keyed by a step fed as an input (a program run twice must
+ * give the same bits; spmd_dropout's step state advances) and a site of
+ * its own: each element's draw by its index in the whole tensor, however
+ * x is split. */
+static spmd_tensor *op_dropout(eq_case *c, spmd_tensor *x)
+{
+    static const float ps[] = {0.1f, 0.5f, 0.9f};
+    float p = ps[test_rng_int(&c->r, 0, 2)];
+    int site = test_rng_int(&c->r, 0, 99);
+    spmd_tensor *step = input_of(c, 0, NULL, GEN_STEP);
+    if (!step) return NULL;
+    return note(c, ir_dropout(c->g, x, step, p, site), "dropout(%s, %g, step %s, site %d)",
+                name_of(x), (double)p, name_of(step), site);
+}
+
 typedef spmd_tensor *(*op_fn)(eq_case *c, spmd_tensor *x);
 
 static const struct {
@@ -886,7 +903,7 @@ static const struct {
     {op_linear, 6},    {op_matmul_ta, 2}, {op_matmul_tt, 2}, {op_bmm, 3},      {op_unary, 4},
     {op_broadcast, 4}, {op_branch, 3},    {op_reduce, 3},    {op_max, 2},      {op_softmax, 2},
     {op_layernorm, 3}, {op_attention, 3}, {op_embed_add, 2}, {op_reshape, 3},  {op_permute, 3},
-    {op_slice, 2},     {op_concat, 2},    {op_where, 2},
+    {op_slice, 2},     {op_concat, 2},    {op_where, 2},     {op_dropout, 2},
 };
 
 static op_fn pick_op(eq_case *c)
@@ -1132,6 +1149,7 @@ static void draw_values(eq_case *c)
             case GEN_IDS: ids[k] = (int32_t)(test_rng_next(&r) % (uint64_t)l->limit); break;
             case GEN_LR: f[k] = test_rng_float(&r, 0.05f, 0.2f); break;
             case GEN_MASK: f[k] = (float)(test_rng_next(&r) % 2u); break;
+            case GEN_STEP: f[k] = (float)(test_rng_next(&r) % 1000u); break;
             }
         }
     }

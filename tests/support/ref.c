@@ -102,6 +102,37 @@ static double gelu_d(double x)
     return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
 }
 
+/* Philox-4x32-10 as its paper states it: ten rounds of two 32 x 32-bit
+ * products whose halves are crossed with the other words and the round
+ * key, the key bumped by the Weyl constants between rounds. */
+static void ref_philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+{
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        uint64_t a = (uint64_t)0xD2511F53u * c0, b = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(b >> 32) ^ c1 ^ k0, n2 = (uint32_t)(a >> 32) ^ c3 ^ k1;
+        c0 = n0, c1 = (uint32_t)b, c2 = n2, c3 = (uint32_t)a;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
+}
+
+void ref_dropout(const float *x, int64_t n, float p, uint64_t seed, uint64_t step, int micro,
+                 int site, float *out)
+{
+    uint32_t words[4] = {(uint32_t)step, (uint32_t)(step >> 32), (uint32_t)micro, (uint32_t)site};
+    uint32_t seed_key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)}, k[4];
+    ref_philox(words, seed_key, k);
+    double threshold = (double)p * 4294967296.0;
+    float scale = (float)(1.0 / (1.0 - (double)p));
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t ctr[4] = {(uint32_t)(i / 4), (uint32_t)((uint64_t)i >> 34), 0, 0}, bits[4];
+        ref_philox(ctr, k, bits);
+        out[i] = (double)bits[i % 4] >= floor(threshold) ? x[i] * scale : 0.0f;
+    }
+}
+
 void ref_unary(ref_unop op, const float *x, int64_t n, float c, float *out)
 {
     for (int64_t i = 0; i < n; i++) {

@@ -55,6 +55,13 @@ void ref_expand(const float *x, const int64_t *xd, int xr, const int64_t *od, in
                 float *out);
 /* out[i] = f(x[i]) for n elements; c is used by REF_SCALE and REF_POW only. */
 void ref_unary(ref_unop op, const float *x, int64_t n, float c, float *out);
+/* Dropout of n elements, element i the i-th of the whole tensor:
+ * x[i] / (1 - p) unless 32 bits of Philox-4x32-10 fall below p * 2^32,
+ * else 0.  The bits are word i % 4 of Philox(counter (i / 4, 0, 0),
+ * key k), k the first two words of Philox(counter (step, 0, micro, site),
+ * key seed) (docs/DESIGN.md, "Random numbers"). */
+void ref_dropout(const float *x, int64_t n, float p, uint64_t seed, uint64_t step, int micro,
+                 int site, float *out);
 /* dx = dy * gelu'(x), dy * (x > 0); n elements. */
 void ref_gelu_backward(const float *x, const float *dy, int64_t n, float *out);
 void ref_relu_backward(const float *x, const float *dy, int64_t n, float *out);

@@ -506,18 +506,37 @@ def capture_check(cx, *_args, **_kw):
     return None
 
 
+def _dropout(cx, x, p, train, draw_dims=None):
+    """x under dropout in training, libspmd's op (its own draws: PyTorch's
+    random stream is not reproduced, docs/python.md); x itself in eval or
+    with p = 0.  The channel-wise forms (Dropout1d/2d/3d) draw once per
+    index of the first draw_dims dims ((n, c), or (c) unbatched): dropout
+    of ones over [N, C, 1, ...] times x."""
+    if not (train is None or train) or float(p) == 0.0:
+        return cx.ref(x, None)
+    x = cx.ref(x)
+    if draw_dims is None:
+        return cx.emit("dropout", x, float(p))
+    if not 1 <= draw_dims < x.rank:
+        raise cx.unsupported(f"on a tensor of rank {x.rank}; channel-wise dropout needs (N, C, ...)")
+    ones = _fill_like(cx, x.shape[:draw_dims] + (1,) * (x.rank - draw_dims), 1.0)
+    return cx.emit("mul", x, cx.emit("dropout", ones, float(p)))
+
+
 @lowers("aten.dropout.default")
 def dropout(cx, x, p, train):
-    if p != 0 and train:
-        raise cx.unsupported(f"with p = {p} in training; libspmd maps dropout with p = 0 only")
-    return cx.ref(x, None)
+    return _dropout(cx, x, p, train)
+
+
+@lowers("libspmd.feature_dropout.default")
+def feature_dropout(cx, x, p, draw_dims):
+    """dropout_capture.py's channel-wise dropout, in training only."""
+    return _dropout(cx, x, p, True, int(draw_dims))
 
 
 @lowers("aten.native_dropout.default")
 def native_dropout(cx, x, p, train):
-    if p != 0 and train:
-        raise cx.unsupported(f"with p = {p} in training; libspmd maps dropout with p = 0 only")
-    return cx.ref(x, None), Unavailable("dropout's mask")
+    return _dropout(cx, x, p, train), Unavailable("dropout's mask")
 
 
 # ---- reductions and normalisations ----------------------------------------

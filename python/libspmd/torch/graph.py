@@ -30,6 +30,7 @@ method returns the builder's own tensor handle.
     mse(a, b)
     reshape(x, shape)  permute(x, perm)  transpose(x, dim0, dim1)
     slice(x, axis, start, length)  concat(xs, axis)
+    dropout(x, p)                        in training; libspmd's own draws
 
 param, state and input create leaves whose values are written (params and
 states) or fed (inputs) once the program is compiled; TracedGraph says which.

@@ -361,7 +361,7 @@ def _matmul_precision(mixed_precision, keyword="mixed_precision"):
 
 
 def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulation_steps=1,
-            mixed_precision=None, reduce_dtype=None, zero=True):
+            mixed_precision=None, reduce_dtype=None, zero=True, seed=0):
     """A training step for `model`: `loss = step(*batch)` runs forward,
     backward and `optimizer`'s update (torch.optim.SGD, Adam or AdamW, every
     param group with its own settings, lr read at each call) as one libspmd
@@ -384,10 +384,13 @@ def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulatio
     the bytes.  zero=True (the default) runs the update ZeRO's way on a
     mesh: the optimizer state and the update split over the axes each
     parameter is replicated over (reduce-scatter, update a share,
-    all-gather); zero=False updates every replica whole."""
+    all-gather); zero=False updates every replica whole.  `seed` is the
+    program's: dropout in training draws its masks from it, the step and
+    each element's index (libspmd's own draws, the same on any mesh; the
+    parameters start from the model's values)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
     OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option
-    return Step(model, optimizer, loss_fn, clip_grad_norm,
+    return Step(model, optimizer, loss_fn, clip_grad_norm, seed=seed,
                 gradient_accumulation_steps=gradient_accumulation_steps,
                 mixed_precision=mixed_precision, reduce_dtype=reduce_dtype, zero=zero)

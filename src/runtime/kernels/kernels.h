@@ -42,6 +42,11 @@ typedef struct kern_args {
     const kern_device *dev; /* NULL on a one-device program */
     const struct fuse_group *fused; /* kern_fused's group (compile/fuse.h) */
     void *stored[4];                /* where its stored members go (FUSE_MAX_STORED) */
+    /* What the run tells the kernels that draw random numbers (dropout):
+     * the device's seed (its copy's), and the micro-batch's index in its
+     * step (0 without gradient accumulation). */
+    uint64_t seed;
+    int micro;
 } kern_args;
 
 typedef void (*kern_fn)(const kern_args *a);
