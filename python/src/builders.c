@@ -381,27 +381,17 @@ static PyObject *graph_cached_attention(GraphObject *self, PyObject *args, PyObj
     return wrap_tensor(self, spmd_cached_attention(self->g, t[0], t[1], t[2], t[3], heads));
 }
 
-/* An int, or a pair of ints (rows, columns) as PyTorch takes them; None:
- * `fallback` for both. */
-static int pair_arg(const char *what, PyObject *o, int fallback, int out[2])
+/* pair_arg for conv2d's int attributes: None gives `fallback` for both. */
+static int int_pair_arg(const char *what, PyObject *o, int fallback, int out[2])
 {
-    out[0] = out[1] = fallback;
-    if (!o || o == Py_None) return 0;
-    int rank;
-    int64_t v[SPMD_MAX_RANK];
-    if (shape_arg(o, &rank, v) < 0) return -1;
-    if (rank != 1 && rank != 2) {
-        PyErr_Format(PyExc_ValueError, "conv2d: %s takes an int or 2 ints (rows, columns), got %d",
-                     what, rank);
-        return -1;
-    }
+    int64_t v[2] = {fallback, fallback};
+    if (pair_arg(o, what, v) < 0) return -1;
     for (int d = 0; d < 2; d++) {
-        int64_t x = v[rank == 2 ? d : 0];
-        if (x < 0 || x > INT_MAX) {
-            PyErr_Format(PyExc_ValueError, "conv2d: %s %lld is out of range", what, (long long)x);
+        if (v[d] < 0 || v[d] > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "conv2d: %s %lld is out of range", what, (long long)v[d]);
             return -1;
         }
-        out[d] = (int)x;
+        out[d] = (int)v[d];
     }
     return 0;
 }
@@ -416,8 +406,8 @@ static PyObject *graph_conv2d(GraphObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOi:conv2d", kwlist, &x, &w, &stride, &padding,
                                      &dilation, &groups) ||
         tensor_arg(self, x, &t[0], true) < 0 || tensor_arg(self, w, &t[1], true) < 0 ||
-        pair_arg("stride", stride, 1, o.stride) < 0 || pair_arg("padding", padding, 0, o.padding) < 0 ||
-        pair_arg("dilation", dilation, 1, o.dilation) < 0)
+        int_pair_arg("stride", stride, 1, o.stride) < 0 || int_pair_arg("padding", padding, 0, o.padding) < 0 ||
+        int_pair_arg("dilation", dilation, 1, o.dilation) < 0)
         return NULL;
     if (groups < 1) {
         PyErr_Format(PyExc_ValueError, "conv2d: %d groups; groups are at least 1", groups);

@@ -511,10 +511,18 @@ def test_scaled_dot_product_attention(name, kw, fused):
     assert abs(evaluate(traced, q, k, v) - want) <= 1e-5 * max(1.0, abs(want))
 
 
+def test_scaled_dot_product_attention_with_dropout_is_composed():
+    # Causal or not, dropout_p drops the probabilities: the fused op has no
+    # dropout, so the product, mask, softmax and dropout are composed.
+    q = torch.randn(2, 3, 5, 4)
+    for causal in (False, True):
+        ops = _sdpa_program("aten.scaled_dot_product_attention.default", q, q, q,
+                            dropout_p=0.1, is_causal=causal).ops()
+        assert "dropout" in ops and "softmax" in ops and "attention" not in ops
+
+
 def test_scaled_dot_product_attention_refusals():
     q = torch.randn(2, 3, 5, 4)
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        _sdpa_program("aten.scaled_dot_product_attention.default", q, q, q, dropout_p=0.1)
     with pytest.raises(NotImplementedError, match="enable_gqa"):
         _sdpa_program("aten.scaled_dot_product_attention.default", q, q, q, enable_gqa=True)
 

@@ -26,10 +26,11 @@ TABLE = {}
 
 def lowers(*overloads):
     """Register the decorated function as the lowering of each named
-    overload; one serving several reads which from cx.overload."""
+    overload (aten's, or the capture's own libspmd ops); one serving
+    several reads which from cx.overload."""
     def register(fn):
         for name in overloads:
-            assert name.startswith("aten.") and name not in TABLE, name
+            assert name.startswith(("aten.", "libspmd.")) and name not in TABLE, name
             TABLE[name] = fn
         return fn
     return register
@@ -345,9 +346,32 @@ def _concat(cx, xs, d):
 
 @lowers("aten.cat.default")
 def cat(cx, tensors, dim=0):
-    refs = [cx.ref(x, None) for x in tensors]
-    refs = [r for r in refs if r.shape != (0,)]  # the legacy empty operand
+    # Empty constant operands (the legacy (0,), or a key/value cache
+    # before its first entry) add nothing.
+    refs = [cx.ref(x, None) for x in tensors if not (isinstance(x, torch.Tensor) and x.numel() == 0)]
     return _concat(cx, refs, _dim(dim, refs[0].rank))
+
+
+@lowers("aten.constant_pad_nd.default")
+def constant_pad_nd(cx, x, pad, value=0):
+    """F.pad with a constant (Hugging Face's shift of the labels pads them
+    with -100): per dim from the last, a negative amount crops (a slice),
+    a positive one concatenates a constant block of `value`."""
+    x = cx.ref(x, None)
+    if len(pad) % 2 or len(pad) // 2 > x.rank:
+        raise cx.unsupported(f"with pad {list(pad)} on a tensor of rank {x.rank}")
+    dtype = torch.float32 if x.dtype == "f32" else torch.int32
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        before, after = int(pad[2 * i]), int(pad[2 * i + 1])
+        start, stop = max(-before, 0), x.shape[d] - max(-after, 0)
+        x = _slice(cx, x, d, start, max(stop - start, 0))
+        parts = []
+        for amount in (before, after):
+            shape = x.shape[:d] + (max(amount, 0),) + x.shape[d + 1:]
+            parts.append(cx.ref(torch.full(shape, value, dtype=dtype), None) if amount > 0 else None)
+        x = _concat(cx, [p for p in (parts[0], x, parts[1]) if p is not None], d)
+    return x
 
 
 @lowers("aten.stack.default")
@@ -652,45 +676,33 @@ def embedding(cx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
 _LAYOUT = ("reshape", "slice", "permute", "transpose")
 
 
-def _input_chain(cx, ref):
-    """(the input call ref derives from, the layout calls from it to ref),
-    or (None, None) when ref is not a view of an input."""
-    chain = []
-    while True:
-        call = cx.producer.get(ref.id)
-        if call is None:
-            return None, None
-        if call.op == "input":
-            return call, chain[::-1]
-        if call.op not in _LAYOUT:
-            return None, None
-        chain.append(call)
-        ref = call.args[0]
-
-
-def _replay(cx, chain, src):
-    for call in chain:
-        src = cx.emit(call.op, src, *call.args[1:])
-    return src
-
-
 def _ignore_inputs(cx, target, ignore):
     """The targets with `ignore` replaced by class 0 (i32) and where they are
-    kept (f32 1/0), as inputs derived from the batch tensor they view."""
-    inp, chain = _input_chain(cx, target)
-    spec = next((s for s in cx.inputs if inp is not None and s.name == inp.args[0]), None)
-    if spec is None or spec.arg is None:
-        raise cx.unsupported("with targets that are not a view of a batch tensor")
+    kept (f32 1/0), as inputs derived on the host from the inputs the
+    targets are made of: batch tensors and constants, through layout ops
+    and concatenations (Hugging Face shifts its labels by a slice and a
+    pad of -100)."""
+    call = cx.producer.get(target.id)
+    if call is not None and call.op in _LAYOUT:
+        safe, keep = _ignore_inputs(cx, call.args[0], ignore)
+        return (cx.emit(call.op, safe, *call.args[1:]), cx.emit(call.op, keep, *call.args[1:]))
+    if call is not None and call.op == "concat":
+        parts = [_ignore_inputs(cx, x, ignore) for x in call.args[0]]
+        return tuple(cx.emit("concat", [p[i] for p in parts], call.args[1]) for i in (0, 1))
+    spec = next((s for s in cx.inputs if call is not None and call.op == "input"
+                 and s.name == call.args[0]), None)
+    if spec is None:
+        raise cx.unsupported("with targets that are not made of batch tensors and constants "
+                             "by views and concatenations")
     key = ("ignore", spec.name, ignore)
     if key not in cx.derived:
-        arg = spec.arg
+        feed = spec.feed
         safe = cx.add_input(cx._unique(f"{spec.name}.ignore{ignore}.targets"), "i32", spec.shape,
-                            arg, lambda b: np.where(b[arg] == ignore, 0, b[arg]).astype(np.int32))
+                            spec.arg, lambda b: np.where(feed(b) == ignore, 0, feed(b)).astype(np.int32))
         keep = cx.add_input(cx._unique(f"{spec.name}.ignore{ignore}.kept"), "f32", spec.shape,
-                            arg, lambda b: (b[arg] != ignore).astype(np.float32))
+                            spec.arg, lambda b: (feed(b) != ignore).astype(np.float32))
         cx.derived[key] = (safe, keep)
-    safe, keep = cx.derived[key]
-    return _replay(cx, chain, safe), _replay(cx, chain, keep)
+    return cx.derived[key]
 
 
 @lowers("aten.nll_loss_forward.default")

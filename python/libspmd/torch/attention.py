@@ -231,11 +231,9 @@ def scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale):
     """F.scaled_dot_product_attention (torch 2) on q [..., T, E], k [..., S, E],
     v [..., S, Ev]: libspmd's attention when it is causal (is_causal, or a
     constant mask that is) with the default scale over heads [B, H, T, hd];
-    otherwise the product, scale, mask and softmax composed as written."""
+    otherwise the product, scale, mask, softmax and dropout composed as
+    written."""
     q, k, v = cx.ref(q), cx.ref(k), cx.ref(v)
-    if dropout_p:
-        raise cx.unsupported(f"with dropout_p = {dropout_p}; libspmd maps attention without "
-                             f"dropout")
     if not (q.rank == k.rank == v.rank >= 3) or not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) \
             or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise cx.unsupported(f"on q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}; "
@@ -255,8 +253,8 @@ def scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale):
         values = mask.detach().cpu().numpy()
         causal = _causal_bias(values.astype(np.float32), t) if mask.is_floating_point() \
             else _causal_condition(values, t, False)
-    if causal and q.rank == 4 and q.shape == v.shape and math.isclose(scale, default,
-                                                                      rel_tol=1e-6):
+    if causal and not dropout_p and q.rank == 4 and q.shape == v.shape and \
+            math.isclose(scale, default, rel_tol=1e-6):
         return _fused(cx, q, k, v)
     # Composed, the leading dims as bmm's batch.
     lead = q.shape[:-2]
@@ -273,6 +271,8 @@ def scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale):
         dropped = cx.const_state((~mask.bool()).float())
         scores = cx.emit("where", dropped, cx.ref(float("-inf")), scores)
     probs = cx.emit("softmax", scores)
+    if dropout_p:  # on the probabilities, as torch drops them
+        probs = cx.emit("dropout", probs, float(dropout_p))
     probs = cx.emit("reshape", probs, (n, t, s_len))
     out = cx.emit("bmm", probs, v3, False, False)
     return cx.emit("reshape", out, lead + (t, v.shape[-1]))
