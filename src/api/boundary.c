@@ -73,6 +73,9 @@ spmd_tensor *spmd_max_impl(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim
 spmd_tensor *spmd_softmax_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_log_softmax_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_layernorm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma, spmd_tensor *beta, float eps);
+spmd_tensor *spmd_batch_norm_var_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean);
+spmd_status spmd_batch_norm_stats_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor **mean, spmd_tensor **var);
+spmd_tensor *spmd_batch_norm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean, spmd_tensor *var, spmd_tensor *weight, spmd_tensor *bias, float eps);
 spmd_tensor *spmd_matmul_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_bmm_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_status spmd_graph_set_matmul_precision_impl(spmd_graph *g, spmd_dtype dtype);
@@ -566,6 +569,27 @@ spmd_tensor *spmd_log_softmax(spmd_graph *g, spmd_tensor *x)
 spmd_tensor *spmd_layernorm(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma, spmd_tensor *beta, float eps)
 {
     spmd_tensor *r = spmd_layernorm_impl(g, x, gamma, beta, eps);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_batch_norm_var(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean)
+{
+    spmd_tensor *r = spmd_batch_norm_var_impl(g, x, mean);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_batch_norm_stats(spmd_graph *g, spmd_tensor *x, spmd_tensor **mean, spmd_tensor **var)
+{
+    spmd_status r = spmd_batch_norm_stats_impl(g, x, mean, var);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_batch_norm(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean, spmd_tensor *var, spmd_tensor *weight, spmd_tensor *bias, float eps)
+{
+    spmd_tensor *r = spmd_batch_norm_impl(g, x, mean, var, weight, bias, eps);
     if (r) spmd_clear_error();
     return r;
 }

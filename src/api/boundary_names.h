@@ -67,6 +67,9 @@
 #define spmd_softmax spmd_softmax_impl
 #define spmd_log_softmax spmd_log_softmax_impl
 #define spmd_layernorm spmd_layernorm_impl
+#define spmd_batch_norm_var spmd_batch_norm_var_impl
+#define spmd_batch_norm_stats spmd_batch_norm_stats_impl
+#define spmd_batch_norm spmd_batch_norm_impl
 #define spmd_matmul spmd_matmul_impl
 #define spmd_bmm spmd_bmm_impl
 #define spmd_graph_set_matmul_precision spmd_graph_set_matmul_precision_impl

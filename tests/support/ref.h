@@ -90,6 +90,16 @@ void ref_layernorm_xhat(const float *x, const int64_t *xd, int xr, float eps, fl
 void ref_layernorm_backward(const float *x, const int64_t *xd, int xr, const float *gamma,
                             const float *dy, float eps, float *out);
 
+/* ---- Batch normalisation (per channel, dim 1) ---------------------------------- */
+
+/* x [N, C, ...], mean [C] -> the biased variance around mean [C]. */
+void ref_batch_norm_var(const float *x, const int64_t *xd, int xr, const float *mean, float *out);
+/* (x - mean) / sqrt(var + eps) * weight + bias per channel; mean and var
+ * NULL: x's batch statistics (training mode). */
+void ref_batch_norm(const float *x, const int64_t *xd, int xr, const float *mean,
+                    const float *var, const float *weight, const float *bias, float eps,
+                    float *out);
+
 /* ---- Linear algebra ---------------------------------------------------------- */
 
 /* spmd_matmul: !ta: a [L..., K], b [K, N] (tb: [N, K]) -> [L..., N];
