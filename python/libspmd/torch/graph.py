@@ -17,6 +17,8 @@ method returns the builder's own tensor handle.
     max(x, axis, keepdim)
     softmax(x)  log_softmax(x)           over the last dim
     layernorm(x, gamma, beta, eps)       over the last dim
+    batch_norm_var(x, mean)              x [N, C, ...]: biased variance [C] around mean
+    batch_norm(x, mean, var, weight, bias, eps)   per channel (dim 1); weight, bias may be None
     matmul(a, b, trans_a, trans_b)       spmd_matmul's forms
     bmm(a, b, trans_a, trans_b)          batch dims equal, transposes on the last two
     attention(q, k, v, heads)
@@ -101,9 +103,12 @@ class TracedGraph:
     states   name -> float32 NumPy array: buffers and folded constants
     inputs   InputSpecs, in call order
     marks    leaf name -> ShardingMark from mark_sharding
+    updates  state name -> (buffer name, the state's Ref, its new value's
+             Ref): the buffers each step writes (BatchNorm's running
+             statistics), updated in the program and written back by sync
     """
 
-    def __init__(self, calls, loss, params, aliases, states, inputs, marks):
+    def __init__(self, calls, loss, params, aliases, states, inputs, marks, updates=None):
         self.calls = calls
         self.loss = loss
         self.params = params
@@ -111,6 +116,7 @@ class TracedGraph:
         self.states = states
         self.inputs = inputs
         self.marks = marks
+        self.updates = dict(updates or {})
 
     def ops(self):
         """The distinct builder ops the program uses."""

@@ -194,8 +194,10 @@ def make_aten_graph(loss_fn, model, *batch):
         tracer_cls.record_stack_traces = True
     try:
         with torch.no_grad():
+            # Buffers as copies: the trace runs the step, which may write
+            # them in place (BatchNorm's running statistics).
             gm = make_fx(f)([p.detach() for p in params.values()],
-                            [b.detach() for b in buffers.values()], *batch)
+                            [b.detach().clone() for b in buffers.values()], *batch)
     finally:
         if tracer_cls is not None:
             tracer_cls.record_stack_traces = old
@@ -272,7 +274,8 @@ def trace(loss_fn, model, *batch):
         cx.close()
 
     _group_fused_heads(cx, marks, names)
-    calls = _live_calls(cx.calls, out)
+    updates = cx.updates()
+    calls = _live_calls(cx.calls, out, [value for _, _, value in updates.values()])
     live_leaves = {c.args[0] for c in calls if c.op in ("input", "state")}
     states = {n: a for n, a in cx.states.items() if n in live_leaves}
     inputs = [s for s in cx.inputs if s.name in live_leaves]
@@ -280,7 +283,7 @@ def trace(loss_fn, model, *batch):
         if spec.name not in marks and spec.arg is not None and names[spec.arg] in marks:
             marks[spec.name] = marks[names[spec.arg]]
     marks = {n: m for n, m in marks.items() if n in live_leaves or n in params}
-    return TracedGraph(calls, out, params, aliases, states, inputs, marks)
+    return TracedGraph(calls, out, params, aliases, states, inputs, marks, updates)
 
 
 def _lower(cx, gm, params, buffers, batch, names):
@@ -312,7 +315,7 @@ def _lower(cx, gm, params, buffers, batch, names):
             note_mark(name, p)
         elif i < n_p + n_b:
             name, b = list(buffers.items())[i - n_p]
-            t = b.detach()
+            t = b.detach().clone()
             cx.name_buffer(name, t)
             env[ph] = t
             note_mark(name, b)
@@ -344,6 +347,9 @@ def _lower(cx, gm, params, buffers, batch, names):
         kwargs = _subst(node.kwargs, env)
         if node.target is operator.getitem:
             env[node] = args[0][args[1]]
+            continue
+        if cx.writes_buffer(node.target, args):  # the step writes a buffer: lowering.py
+            env[node] = env[node.args[0]] = cx.lower_buffer_write(TABLE, node.target, args, kwargs)
             continue
         name = op_name(node.target)
         if not _has_ref(args) and not _has_ref(kwargs):
@@ -429,10 +435,11 @@ def _group_fused_heads(cx, marks, batch_names):
                 marks[name] = m.grouped(dim, n)
 
 
-def _live_calls(calls, loss):
-    """The calls the loss needs, plus every param (each parameter stays a
-    leaf of the program even when the loss does not read it)."""
-    live = {loss.id}
+def _live_calls(calls, loss, written=()):
+    """The calls the loss and the values written into buffers need, plus
+    every param (each parameter stays a leaf of the program even when the
+    loss does not read it)."""
+    live = {loss.id} | {ref.id for ref in written}
     for call in reversed(calls):
         if call.out.id in live or call.op == "param":
             live.add(call.out.id)
