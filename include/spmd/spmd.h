@@ -222,6 +222,30 @@ SPMD_API spmd_tensor *spmd_avg_pool2d(spmd_graph *g, spmd_tensor *x, const spmd_
 SPMD_API spmd_tensor *spmd_adaptive_avg_pool2d(spmd_graph *g, spmd_tensor *x, int64_t out_h,
                                                int64_t out_w);
 
+/* Batch normalisation (PyTorch's BatchNorm1d, 2d and 3d), x [N, C, ...]
+ * f32 with the channels on dim 1, every other dim (the batch and the
+ * spatial dims) averaged over.
+ * batch_norm_var: the biased variance [C] of x around `mean` [C].
+ * batch_norm_stats: x's batch statistics, *mean = spmd_mean over every
+ * dim but 1 and *var = spmd_batch_norm_var(x, *mean).  A partitioned
+ * program computes them over the global batch (the partitioner
+ * all-reduces the sums of a split batch), as one device would.
+ * batch_norm: (x - mean) / sqrt(var + eps) * weight + bias per channel,
+ * mean, var, weight and bias [C]; weight NULL is 1 and bias NULL is 0
+ * (affine=False).  With mean and var from spmd_batch_norm_stats of this
+ * same x (training mode) the gradient flows through the statistics, as
+ * PyTorch's training mode; any other mean and var (running statistics:
+ * evaluation mode) are taken as they are, each with its own gradient.
+ * Updating running statistics is the caller's spmd_graph_set_update of
+ * state tensors (PyTorch: (1 - momentum) running + momentum batch, the
+ * variance unbiased, n / (n - 1)). */
+SPMD_API spmd_tensor *spmd_batch_norm_var(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean);
+SPMD_API spmd_status spmd_batch_norm_stats(spmd_graph *g, spmd_tensor *x, spmd_tensor **mean,
+                                           spmd_tensor **var);
+SPMD_API spmd_tensor *spmd_batch_norm(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean,
+                                      spmd_tensor *var, spmd_tensor *weight, spmd_tensor *bias,
+                                      float eps);
+
 /* Linear algebra.  matmul: a [..., M, K] times b [K, N] (b [N, K] with
  * trans_b); with trans_a, a [L..., K'] and b [L..., N] contract over all
  * leading dims (the weight-gradient form) and give [K', N].

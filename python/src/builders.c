@@ -330,6 +330,43 @@ static PyObject *graph_adaptive_avg_pool2d(GraphObject *self, PyObject *args, Py
     return wrap_tensor(self, spmd_adaptive_avg_pool2d(self->g, t, out[0], out[1]));
 }
 
+static PyObject *graph_batch_norm_var(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "mean", NULL};
+    PyObject *x, *mean;
+    spmd_tensor *t[2];
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:batch_norm_var", kwlist, &x, &mean) ||
+        tensor_arg(self, x, &t[0], true) < 0 || tensor_arg(self, mean, &t[1], true) < 0)
+        return NULL;
+    return wrap_tensor(self, spmd_batch_norm_var(self->g, t[0], t[1]));
+}
+
+static PyObject *graph_batch_norm_stats(GraphObject *self, PyObject *x)
+{
+    spmd_tensor *t, *mean, *var;
+    if (tensor_arg(self, x, &t, true) < 0 || check(spmd_batch_norm_stats(self->g, t, &mean, &var)) < 0)
+        return NULL;
+    PyObject *m = wrap_tensor(self, mean), *v = m ? wrap_tensor(self, var) : NULL;
+    PyObject *pair = v ? PyTuple_Pack(2, m, v) : NULL;
+    Py_XDECREF(m);
+    Py_XDECREF(v);
+    return pair;
+}
+
+static PyObject *graph_batch_norm(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "mean", "var", "weight", "bias", "eps", NULL};
+    PyObject *o[5] = {NULL, NULL, NULL, Py_None, Py_None};
+    float eps = 1e-5f;
+    spmd_tensor *t[5];
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOf:batch_norm", kwlist, &o[0], &o[1], &o[2],
+                                     &o[3], &o[4], &eps))
+        return NULL;
+    for (int i = 0; i < 5; i++)
+        if (tensor_arg(self, o[i], &t[i], true) < 0) return NULL;
+    return wrap_tensor(self, spmd_batch_norm(self->g, t[0], t[1], t[2], t[3], t[4], eps));
+}
+
 typedef spmd_tensor *(*product_fn)(spmd_graph *, spmd_tensor *, spmd_tensor *, bool, bool);
 
 static PyObject *graph_product(GraphObject *self, PyObject *args, PyObject *kw, const char *fmt, product_fn f)
@@ -513,6 +550,14 @@ PyMethodDef graph_builder_methods[] = {
      "divisor_override=None): as torch.nn.functional.avg_pool2d"},
     {"adaptive_avg_pool2d", KW(graph_adaptive_avg_pool2d),
      "adaptive_avg_pool2d(x, output_size): as torch.nn.functional.adaptive_avg_pool2d"},
+    {"batch_norm_var", KW(graph_batch_norm_var),
+     "batch_norm_var(x, mean): the biased variance [C] of x [N, C, ...] around mean [C] over every "
+     "dim but 1"},
+    {"batch_norm_stats", FN(graph_batch_norm_stats), METH_O,
+     "batch_norm_stats(x) -> (mean, var): x's batch statistics [C], x [N, C, ...]"},
+    {"batch_norm", KW(graph_batch_norm),
+     "batch_norm(x, mean, var, weight=None, bias=None, eps=1e-5): per channel (dim 1); training "
+     "mode when mean and var are batch_norm_stats(x)"},
     {"matmul", KW(graph_matmul),
      "matmul(a, b, *, trans_a=False, trans_b=False): a [..., M, K] times b [K, N] (b [N, K] with trans_b)"},
     {"bmm", KW(graph_bmm), "bmm(a, b, *, trans_a=False, trans_b=False): batched over leading dims"},

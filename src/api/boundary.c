@@ -77,6 +77,9 @@ spmd_tensor *spmd_layernorm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *gam
 spmd_tensor *spmd_max_pool2d_impl(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *pool);
 spmd_tensor *spmd_avg_pool2d_impl(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *pool);
 spmd_tensor *spmd_adaptive_avg_pool2d_impl(spmd_graph *g, spmd_tensor *x, int64_t out_h, int64_t out_w);
+spmd_tensor *spmd_batch_norm_var_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean);
+spmd_status spmd_batch_norm_stats_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor **mean, spmd_tensor **var);
+spmd_tensor *spmd_batch_norm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean, spmd_tensor *var, spmd_tensor *weight, spmd_tensor *bias, float eps);
 spmd_tensor *spmd_matmul_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_bmm_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool trans_a, bool trans_b);
 spmd_tensor *spmd_conv2d_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *w, const spmd_conv2d_options *opts);
@@ -599,6 +602,27 @@ spmd_tensor *spmd_avg_pool2d(spmd_graph *g, spmd_tensor *x, const spmd_pool2d *p
 spmd_tensor *spmd_adaptive_avg_pool2d(spmd_graph *g, spmd_tensor *x, int64_t out_h, int64_t out_w)
 {
     spmd_tensor *r = spmd_adaptive_avg_pool2d_impl(g, x, out_h, out_w);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_batch_norm_var(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean)
+{
+    spmd_tensor *r = spmd_batch_norm_var_impl(g, x, mean);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_batch_norm_stats(spmd_graph *g, spmd_tensor *x, spmd_tensor **mean, spmd_tensor **var)
+{
+    spmd_status r = spmd_batch_norm_stats_impl(g, x, mean, var);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_batch_norm(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean, spmd_tensor *var, spmd_tensor *weight, spmd_tensor *bias, float eps)
+{
+    spmd_tensor *r = spmd_batch_norm_impl(g, x, mean, var, weight, bias, eps);
     if (r) spmd_clear_error();
     return r;
 }

@@ -71,6 +71,9 @@
 #define spmd_max_pool2d spmd_max_pool2d_impl
 #define spmd_avg_pool2d spmd_avg_pool2d_impl
 #define spmd_adaptive_avg_pool2d spmd_adaptive_avg_pool2d_impl
+#define spmd_batch_norm_var spmd_batch_norm_var_impl
+#define spmd_batch_norm_stats spmd_batch_norm_stats_impl
+#define spmd_batch_norm spmd_batch_norm_impl
 #define spmd_matmul spmd_matmul_impl
 #define spmd_bmm spmd_bmm_impl
 #define spmd_conv2d spmd_conv2d_impl

@@ -395,6 +395,74 @@ static spmd_status vjp_layernorm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
     return done(t, dx);
 }
 
+/* v [C] as [C, 1, ...], which broadcasts against x [N, C, S...]. */
+static spmd_tensor *channel_column(spmd_graph *g, spmd_tensor *v, const spmd_tensor *x)
+{
+    int64_t dims[SPMD_MAX_RANK];
+    dims[0] = x->dims[1];
+    for (int i = 1; i < x->rank - 1; i++) dims[i] = 1;
+    return spmd_reshape(g, v, x->rank - 1, dims);
+}
+
+/* Every dim of x [N, C, ...] but the channels. */
+static uint32_t non_channel_axes(const spmd_tensor *x) { return ((1u << x->rank) - 1) & ~2u; }
+
+/* v = sum((x - m)^2) / n per channel: dx = 2 (x - m) dv / n, and dm = -the
+ * sum of that over the batch and spatial dims.  A training-mode
+ * batch_norm does not come here: its rule covers its statistics. */
+static spmd_status vjp_batch_norm_var(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                      spmd_tensor **dx)
+{
+    spmd_tensor *x = t->in[0], *m = t->in[1];
+    float k = (float)(2.0 / (double)t->attr.bnorm.count);
+    spmd_tensor *d = spmd_sub(g, x, channel_column(g, m, x));
+    spmd_tensor *gx = spmd_mul(g, d, channel_column(g, spmd_scale(g, dy, k), x));
+    if (wants(t, 0)) dx[0] = gx;
+    if (wants(t, 1)) dx[1] = spmd_neg(g, spmd_sum(g, gx, non_channel_axes(x), false));
+    return done(t, dx);
+}
+
+/* y = (x - mean) r weight + bias per channel, r = 1 / sqrt(var + eps),
+ * xhat = (x - mean) r.  One batch_norm_sums row gives sum(dy) (the bias's
+ * gradient) and sum(dy xhat) (the weight's), one pending sum for both
+ * over a split batch.
+ *   training (mean and var are x's batch statistics): dx is the whole
+ *   derivative through them, r weight (dy - sum(dy) / n - xhat sum(dy
+ *   xhat) / n), from batch_norm_backward; mean and var get nothing here
+ *   (their share is in dx; any other use of them adds its own);
+ *   evaluation: dx = dy r weight, dmean = -r weight sum(dy), dvar =
+ *   -r^2 weight sum(dy xhat) / 2. */
+static spmd_status vjp_batch_norm(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                  spmd_tensor **dx)
+{
+    spmd_tensor *x = t->in[0], *mean = t->in[1], *var = t->in[2], *w = t->in[3];
+    const float eps = t->attr.bnorm.eps;
+    const bool training = t->attr.bnorm.training;
+    const int64_t c = x->dims[1];
+    bool need_sums = wants(t, 3) || wants(t, 4) ||
+                     (training ? wants(t, 0) : wants(t, 1) || wants(t, 2));
+    spmd_tensor *sums = need_sums ? ir_batch_norm_sums(g, x, mean, var, dy, eps) : NULL;
+    spmd_tensor *sum_dy = NULL, *sum_dy_xhat = NULL;
+    if (sums) {
+        sum_dy = spmd_reshape(g, spmd_slice(g, sums, 0, 0, 1), 1, &c);
+        sum_dy_xhat = spmd_reshape(g, spmd_slice(g, sums, 0, 1, 1), 1, &c);
+    }
+    if (wants(t, 3)) dx[3] = sum_dy_xhat;
+    if (wants(t, 4)) dx[4] = sum_dy;
+    if (training) {
+        if (wants(t, 0)) dx[0] = ir_batch_norm_backward(g, x, mean, var, w, dy, sums, eps);
+        for (int j = 0; j < t->n_in; j++)
+            if (j != 1 && j != 2 && wants(t, j) && !dx[j]) return builder_failed(g);
+        return SPMD_OK;
+    }
+    spmd_tensor *r = spmd_rsqrt(g, spmd_add(g, var, spmd_fill(g, 0, NULL, eps)));
+    spmd_tensor *wr = spmd_mul(g, w, r);
+    if (wants(t, 0)) dx[0] = spmd_mul(g, dy, channel_column(g, wr, x));
+    if (wants(t, 1)) dx[1] = spmd_neg(g, spmd_mul(g, wr, sum_dy));
+    if (wants(t, 2)) dx[2] = spmd_scale(g, spmd_mul(g, spmd_mul(g, wr, r), sum_dy_xhat), -0.5f);
+    return done(t, dx);
+}
+
 /*
  * matmul has three forms (spmd.h); each adjoint is again one of them:
  *   A  !ta:     a [L..., M, K], b [K, N] or [N, K] (tb), y [L..., M, N]

@@ -626,6 +626,144 @@ spmd_tensor *ir_adaptive_avg_pool2d_backward(spmd_graph *g, spmd_tensor *dy, int
     return avg_pool_backward(g, IR_ADAPTIVE_AVG_POOL2D_BACKWARD, dy, h, w, NULL);
 }
 
+/* ---- Batch normalisation --------------------------------------------------- */
+
+/* x [N, C, ...]: f32, rank 2 or more, the channels on dim 1. */
+static bool check_channels_input(spmd_graph *g, const char *op, const spmd_tensor *x)
+{
+    if (!want_f32(g, op, x)) return false;
+    if (x->rank >= 2) return true;
+    fail_shape1(g, op, "needs x [N, C, ...] (rank >= 2, the channels on dim 1)", x);
+    return false;
+}
+
+/* v must be f32 [C] for x [N, C, ...]; `what` names it in the message. */
+static bool check_channel_vector(spmd_graph *g, const char *op, const char *what,
+                                 const spmd_tensor *x, const spmd_tensor *v)
+{
+    if (!want_f32(g, op, v)) return false;
+    if (v->rank == 1 && v->dims[0] == x->dims[1]) return true;
+    char sx[SHAPE_BUF], sv[SHAPE_BUF];
+    ir_error(g, SPMD_ERR_SHAPE, "%s: %s must be [C] for x [N, C, ...]: x %s, %s %s", op, what,
+             ir_shape_str(x, sx, sizeof sx), what, ir_shape_str(v, sv, sizeof sv));
+    return false;
+}
+
+/* Every dim of x but the channels: what the statistics run over. */
+static uint32_t non_channel_axes(const spmd_tensor *x) { return ((1u << x->rank) - 1) & ~2u; }
+
+/* The elements one channel's statistics run over (N times the spatial size). */
+static int64_t per_channel_count(const spmd_tensor *x)
+{
+    return x->dims[1] > 0 ? ir_numel(x) / x->dims[1] : 0;
+}
+
+spmd_tensor *spmd_batch_norm_var(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean)
+{
+    spmd_tensor *in[2] = {x, mean};
+    if (any_null(g, "batch_norm_var", in, 2)) return NULL;
+    if (!check_channels_input(g, "batch_norm_var", x) ||
+        !check_channel_vector(g, "batch_norm_var", "mean", x, mean))
+        return NULL;
+    spmd_tensor *t = ir_node_new(g, IR_BATCH_NORM_VAR, SPMD_F32, 1, &x->dims[1], in, 2);
+    if (t) t->attr.bnorm.count = per_channel_count(x);
+    return t;
+}
+
+spmd_status spmd_batch_norm_stats(spmd_graph *g, spmd_tensor *x, spmd_tensor **mean,
+                                  spmd_tensor **var)
+{
+    if (!mean || !var)
+        return base_error(SPMD_ERR_INVALID, "batch_norm_stats: mean and var must not be NULL");
+    *mean = *var = NULL;
+    if (any_null(g, "batch_norm_stats", &x, 1)) return spmd_last_status();
+    if (!check_channels_input(g, "batch_norm_stats", x)) return spmd_last_status();
+    spmd_tensor *m = spmd_mean(g, x, non_channel_axes(x), false);
+    spmd_tensor *v = spmd_batch_norm_var(g, x, m);
+    if (!v) return spmd_last_status();
+    *mean = m;
+    *var = v;
+    return SPMD_OK;
+}
+
+/* Whether mean and var are x's batch statistics as spmd_batch_norm_stats
+ * makes them. */
+static bool is_batch_stats(const spmd_tensor *x, const spmd_tensor *mean, const spmd_tensor *var)
+{
+    return mean->op == IR_MEAN && mean->in[0] == x && !mean->attr.reduce.keepdim &&
+           mean->attr.reduce.axes == non_channel_axes(x) && var->op == IR_BATCH_NORM_VAR &&
+           var->in[0] == x && var->in[1] == mean;
+}
+
+spmd_tensor *spmd_batch_norm(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean, spmd_tensor *var,
+                             spmd_tensor *weight, spmd_tensor *bias, float eps)
+{
+    spmd_tensor *in[5] = {x, mean, var, weight, bias};
+    if (any_null(g, "batch_norm", in, 3)) return NULL;
+    if (!check_channels_input(g, "batch_norm", x) ||
+        !check_channel_vector(g, "batch_norm", "mean", x, mean) ||
+        !check_channel_vector(g, "batch_norm", "var", x, var) ||
+        (weight && !check_channel_vector(g, "batch_norm", "weight", x, weight)) ||
+        (bias && !check_channel_vector(g, "batch_norm", "bias", x, bias)))
+        return NULL;
+    if (!(eps > 0)) {
+        ir_error(g, SPMD_ERR_INVALID, "batch_norm: eps must be positive, got %g", (double)eps);
+        return NULL;
+    }
+    /* No weight: 1, no bias: 0 (PyTorch's affine=False). */
+    if (!weight && !(in[3] = spmd_fill(g, 1, &x->dims[1], 1.0f))) return NULL;
+    if (!bias && !(in[4] = spmd_fill(g, 1, &x->dims[1], 0.0f))) return NULL;
+    spmd_tensor *t = ir_node_new(g, IR_BATCH_NORM, SPMD_F32, x->rank, x->dims, in, 5);
+    if (t) {
+        t->attr.bnorm.eps = eps;
+        t->attr.bnorm.count = per_channel_count(x);
+        t->attr.bnorm.training = is_batch_stats(x, mean, var);
+    }
+    return t;
+}
+
+spmd_tensor *ir_batch_norm_sums(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean,
+                                spmd_tensor *var, spmd_tensor *dy, float eps)
+{
+    spmd_tensor *in[4] = {x, mean, var, dy};
+    if (any_null(g, "batch_norm_sums", in, 4)) return NULL;
+    if (!check_channels_input(g, "batch_norm_sums", x) ||
+        !check_channel_vector(g, "batch_norm_sums", "mean", x, mean) ||
+        !check_channel_vector(g, "batch_norm_sums", "var", x, var))
+        return NULL;
+    if (!ir_same_shape(x, dy)) return fail_shape2(g, "batch_norm_sums", "shapes differ", x, dy);
+    spmd_tensor *t = ir_node_new(g, IR_BATCH_NORM_SUMS, SPMD_F32, 2, (int64_t[]){2, x->dims[1]},
+                                 in, 4);
+    if (t) {
+        t->attr.bnorm.eps = eps;
+        t->attr.bnorm.count = per_channel_count(x);
+    }
+    return t;
+}
+
+spmd_tensor *ir_batch_norm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean,
+                                    spmd_tensor *var, spmd_tensor *weight, spmd_tensor *dy,
+                                    spmd_tensor *sums, float eps)
+{
+    spmd_tensor *in[6] = {x, mean, var, weight, dy, sums};
+    if (any_null(g, "batch_norm_backward", in, 6)) return NULL;
+    if (!check_channels_input(g, "batch_norm_backward", x) ||
+        !check_channel_vector(g, "batch_norm_backward", "mean", x, mean) ||
+        !check_channel_vector(g, "batch_norm_backward", "var", x, var) ||
+        !check_channel_vector(g, "batch_norm_backward", "weight", x, weight))
+        return NULL;
+    if (!ir_same_shape(x, dy)) return fail_shape2(g, "batch_norm_backward", "shapes differ", x, dy);
+    if (sums->rank != 2 || sums->dims[0] != 2 || sums->dims[1] != x->dims[1])
+        return fail_shape2(g, "batch_norm_backward", "sums must be [2, C] for x [N, C, ...]", x,
+                           sums);
+    spmd_tensor *t = ir_node_new(g, IR_BATCH_NORM_BACKWARD, SPMD_F32, x->rank, x->dims, in, 6);
+    if (t) {
+        t->attr.bnorm.eps = eps;
+        t->attr.bnorm.count = per_channel_count(x);
+    }
+    return t;
+}
+
 /* ---- Linear algebra ----------------------------------------------------------- */
 
 spmd_tensor *spmd_convert(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype)

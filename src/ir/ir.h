@@ -45,6 +45,22 @@ typedef union ir_attr {
     struct { int heads; } attention;         /* (CACHED_)ATTENTION(_BACKWARD) */
     struct { float c; } scale;              /* SCALE, POW_SCALAR; `c` of every unary formula (ops.def) */
     struct { float eps; } norm;              /* LAYERNORM* */
+    /* BATCH_NORM*: x [N, C, ...], the channels on dim 1.  `count`: the
+     * elements one channel's statistics run over in the global graph (N
+     * times the spatial size), which a device's kernel divides by, so its
+     * share of a split sum is exact; `training` (BATCH_NORM): the mean and
+     * var operands are x's own batch statistics, and its backward rule
+     * differentiates through them (autodiff.c).  BATCH_NORM_VAR in a
+     * per-device program: for each dim of x split unevenly, its group
+     * (spec) and whole size (global; 0: not padded), so that the kernel
+     * leaves the padding out of the sum. */
+    struct {
+        float eps;
+        bool training;
+        int64_t count;
+        int spec[SPMD_MAX_RANK];
+        int64_t global[SPMD_MAX_RANK];
+    } bnorm;
     struct { float value; } fill;
     ir_conv conv;                            /* CONV2D* */
     /* MAX_POOL2D, AVG_POOL2D and their backward ops: stride and dilation
@@ -371,6 +387,14 @@ spmd_tensor *ir_avg_pool2d_backward(spmd_graph *g, spmd_tensor *dy, int64_t h, i
                                     const spmd_pool2d *pool);
 spmd_tensor *ir_adaptive_avg_pool2d_backward(spmd_graph *g, spmd_tensor *dy, int64_t h,
                                              int64_t w);
+
+/* Batch normalisation's backward rows: [2, C] of sum(dy) and sum(dy *
+ * xhat) per channel, and dx of a training-mode batch_norm from them. */
+spmd_tensor *ir_batch_norm_sums(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean,
+                                spmd_tensor *var, spmd_tensor *dy, float eps);
+spmd_tensor *ir_batch_norm_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *mean,
+                                    spmd_tensor *var, spmd_tensor *weight, spmd_tensor *dy,
+                                    spmd_tensor *sums, float eps);
 /* [3, B, T, C]: dq, dk, dv stacked. */
 spmd_tensor *ir_attention_backward(spmd_graph *g, spmd_tensor *q, spmd_tensor *k,
                                    spmd_tensor *v, spmd_tensor *dout, int heads);

@@ -111,6 +111,62 @@ static bool sig_rowwise(const spmd_tensor *t, ir_dimsig *s)
     return true;
 }
 
+/* How operand j of a batch-norm op is laid out: like x, [C], or [2, C]
+ * (batch_norm_sums' output, which batch_norm_backward reads last). */
+typedef enum bn_form { BN_LIKE_X, BN_CHANNELS, BN_PAIR } bn_form;
+
+static bn_form bn_operand_form(ir_op op, int j)
+{
+    if (j == 0) return BN_LIKE_X;
+    if (op == IR_BATCH_NORM_SUMS && j == 3) return BN_LIKE_X;      /* dy */
+    if (op == IR_BATCH_NORM_BACKWARD && j == 4) return BN_LIKE_X;  /* dy */
+    if (op == IR_BATCH_NORM_BACKWARD && j == 5) return BN_PAIR;    /* the sums */
+    return BN_CHANNELS;
+}
+
+/* Batch normalisation, x [N, C, S...] with the channels on dim 1
+ * ("nchw,c->c", "nchw,c,c,c,c->nchw").  The statistics rows
+ * (batch_norm_var, batch_norm_sums) sum over every dim but C: a batch
+ * split leaves a pending sum, which the partitioner resolves with an
+ * all-reduce.  The other rows are elementwise with the [C] operands on
+ * the channel iteration.  The [2] of the sums is FULL: the two sums
+ * travel together. */
+static bool sig_channels(const spmd_tensor *t, ir_dimsig *s)
+{
+    static const char *const spatial[] = {"", "", "", "l", "hw", "dhw", "tdhw"};
+    const spmd_tensor *x = t->in[0];
+    bool reduces = t->op == IR_BATCH_NORM_VAR || t->op == IR_BATCH_NORM_SUMS;
+    int it[SPMD_MAX_RANK], pair = -1;
+    for (int i = 0; i < x->rank; i++) {
+        char letter = i == 0 ? 'n' : i == 1 ? 'c' : spatial[x->rank][i - 2];
+        ir_iter_kind kind = i == 1 || !reduces ? IR_ITER_PARALLEL : IR_ITER_SUM;
+        it[i] = add_iter(s, x->dims[i], kind, letter);
+    }
+    if (t->op == IR_BATCH_NORM_SUMS || t->op == IR_BATCH_NORM_BACKWARD)
+        pair = add_iter(s, 2, IR_ITER_FULL, 's');
+    for (int j = 0; j < t->n_in; j++) {
+        switch (bn_operand_form(t->op, j)) {
+        case BN_LIKE_X:
+            for (int i = 0; i < x->rank; i++) s->in[j][i] = (int8_t)it[i];
+            break;
+        case BN_CHANNELS: s->in[j][0] = (int8_t)it[1]; break;
+        case BN_PAIR:
+            s->in[j][0] = (int8_t)pair;
+            s->in[j][1] = (int8_t)it[1];
+            break;
+        }
+    }
+    if (t->op == IR_BATCH_NORM_VAR) {
+        s->out[0] = (int8_t)it[1];
+    } else if (t->op == IR_BATCH_NORM_SUMS) {
+        s->out[0] = (int8_t)pair;
+        s->out[1] = (int8_t)it[1];
+    } else {
+        for (int i = 0; i < x->rank; i++) s->out[i] = (int8_t)it[i];
+    }
+    return true;
+}
+
 static bool sig_matmul(const spmd_tensor *t, ir_dimsig *s)
 {
     const spmd_tensor *a = t->in[0], *b = t->in[1];

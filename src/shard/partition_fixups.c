@@ -169,6 +169,24 @@ static spmd_tensor *fix_dropout(builder *b, const spmd_tensor *t, const sharding
     return lt;
 }
 
+/* batch_norm_var over x split unevenly along a summed dim: the padding
+ * the partitioner zeroed would add (0 - mean)^2, so the kernel is told
+ * the dim's group and whole size and leaves the padding out.  (The sum is
+ * divided by the global count already: attr.bnorm.count.) */
+static spmd_tensor *fix_channel_padding(builder *b, const spmd_tensor *t, const sharding *need,
+                                        spmd_tensor *lt)
+{
+    partition *p = b->p;
+    const spmd_tensor *x = t->in[0];
+    for (int i = 0; i < x->rank; i++) {
+        if (i == 1 || x->dims[i] % sharding_blocks(&need[0], p->m, i) == 0) continue;
+        lt->attr.bnorm.spec[i] = part_spec_index(p, &need[0].dim[i]);
+        lt->attr.bnorm.global[i] = x->dims[i];
+        if (lt->attr.bnorm.spec[i] < 0) return part_fail_nomem(b, "the collective groups");
+    }
+    return lt;
+}
+
 static const part_fixup_fn fixup_table[] = {
 #define OP(e, name, arity, sig, lin, fix, vjp, kern, groups, formula, scratch, kind, bf16) fix,
 #include "ir/ops.def"

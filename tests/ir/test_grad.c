@@ -523,6 +523,76 @@ static void test_layernorm(void **state)
     gc_run(&c, spmd_layernorm(c.g, x, gamma, beta, 1e-5f));
 }
 
+/* Training mode: the gradient through x's batch statistics (the fused
+ * backward rows); evaluation mode: each of x, mean, var, weight and bias
+ * its own; the variance row alone. */
+static void test_batch_norm(void **state)
+{
+    (void)state;
+    static const shape shapes[] = {{2, {5, 3}}, {3, {3, 2, 4}}, {4, {2, 3, 2, 3}}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const shape *s = &shapes[i];
+        const int64_t *ch = &s->dims[1];
+        gcheck c;
+        gc_init(&c, "batch_norm training, shape %zu", i);
+        spmd_tensor *x = gc_param(&c, "x", s->rank, s->dims, GEN_ANY);
+        spmd_tensor *w = gc_param(&c, "w", 1, ch, GEN_POS);
+        spmd_tensor *b = gc_param(&c, "b", 1, ch, GEN_ANY);
+        spmd_tensor *mean, *var;
+        assert_int_equal(spmd_batch_norm_stats(c.g, x, &mean, &var), SPMD_OK);
+        gc_run(&c, spmd_batch_norm(c.g, x, mean, var, w, b, 1e-5f));
+
+        gc_init(&c, "batch_norm evaluation, shape %zu", i);
+        x = gc_param(&c, "x", s->rank, s->dims, GEN_ANY);
+        mean = gc_param(&c, "mean", 1, ch, GEN_ANY);
+        var = gc_param(&c, "var", 1, ch, GEN_POS);
+        w = gc_param(&c, "w", 1, ch, GEN_ANY);
+        b = gc_param(&c, "b", 1, ch, GEN_ANY);
+        gc_run(&c, spmd_batch_norm(c.g, x, mean, var, w, b, 1e-3f));
+
+        gc_init(&c, "batch_norm_var, shape %zu", i);
+        x = gc_param(&c, "x", s->rank, s->dims, GEN_ANY);
+        mean = gc_param(&c, "mean", 1, ch, GEN_ANY);
+        gc_run(&c, spmd_batch_norm_var(c.g, x, mean));
+    }
+}
+
+static int count_ops(const spmd_graph *g, const char *op)
+{
+    int n = 0;
+    for (int i = 0; i < spmd_graph_tensor_count(g); i++)
+        n += strcmp(spmd_tensor_op_name(spmd_graph_tensor(g, i)), op) == 0;
+    return n;
+}
+
+/* Training mode's backward is batch_norm_sums and batch_norm_backward (x
+ * read twice), not the statistics' own rules (a pass over x for each);
+ * evaluation mode has no batch_norm_backward. */
+static void test_batch_norm_backward_rows(void **state)
+{
+    (void)state;
+    for (int training = 0; training <= 1; training++) {
+        spmd_graph *g = spmd_graph_create(NULL);
+        const int64_t *dims = D(4, 3, 5), *ch = D(3);
+        spmd_tensor *x = spmd_param(g, "x", 3, dims, (spmd_init){SPMD_INIT_NORMAL, 1.0f});
+        spmd_tensor *w = spmd_param(g, "w", 1, ch, (spmd_init){SPMD_INIT_ONES, 0.0f});
+        spmd_tensor *mean, *var;
+        if (training) {
+            assert_int_equal(spmd_batch_norm_stats(g, x, &mean, &var), SPMD_OK);
+        } else {
+            mean = spmd_state(g, "running_mean", 1, ch, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
+            var = spmd_state(g, "running_var", 1, ch, (spmd_init){SPMD_INIT_ONES, 0.0f});
+        }
+        spmd_tensor *y = spmd_batch_norm(g, x, mean, var, w, NULL, 1e-5f);
+        spmd_tensor *loss = spmd_sum(g, spmd_mul(g, y, y), 7u, false);
+        assert_int_equal(spmd_grad(g, loss), SPMD_OK);
+        assert_int_equal(count_ops(g, "batch_norm_sums"), 1);
+        assert_int_equal(count_ops(g, "batch_norm_backward"), training);
+        assert_int_equal(count_ops(g, "sub"), 0); /* no rule of batch_norm_var ran */
+        spmd_graph_free(g);
+    }
+}
+
 /* ---- Linear algebra and attention ------------------------------------------------- */
 
 typedef struct mm_case {
@@ -964,6 +1034,8 @@ int main(void)
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_log_softmax),
         cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_batch_norm),
+        cmocka_unit_test(test_batch_norm_backward_rows),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_bmm),
         cmocka_unit_test(test_conv2d),

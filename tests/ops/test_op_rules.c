@@ -102,6 +102,10 @@ static spmd_tensor *x46(sample *s) { return operand(s, V_ANY, 2, D(4, 6)); }
 static spmd_tensor *pos46(sample *s) { return operand(s, V_POS, 2, D(4, 6)); }
 static spmd_tensor *qkv(sample *s) { return operand(s, V_ANY, 3, D(2, 6, 8)); }
 static spmd_tensor *mask46(sample *s) { return operand(s, V_MASK, 2, D(4, 6)); }
+/* Batch normalisation: x [N, C, L] (split unevenly over 3 on N and L, and
+ * over 2 on C), per-channel [C] operands (a variance is positive). */
+static spmd_tensor *nch(sample *s) { return operand(s, V_ANY, 3, D(4, 3, 5)); }
+static spmd_tensor *per_channel(sample *s, value_kind kind) { return operand(s, kind, 1, D(3)); }
 
 /* Pooling samples: x [N, C, H, W] = [4, 6, 7, 5] (N and C split evenly
  * over 2 and in groups, H and W whole), windows of 3 rows and 2 columns
@@ -162,6 +166,11 @@ static bool build_sample(ir_op op, sample *s)
         o = spmd_layernorm(g, x46(s), operand(s, V_POS, 1, D(6)), operand(s, V_ANY, 1, D(6)),
                            1e-5f);
         break;
+    case IR_BATCH_NORM_VAR: o = spmd_batch_norm_var(g, nch(s), per_channel(s, V_ANY)); break;
+    case IR_BATCH_NORM:
+        o = spmd_batch_norm(g, nch(s), per_channel(s, V_ANY), per_channel(s, V_POS),
+                            per_channel(s, V_ANY), per_channel(s, V_ANY), 1e-5f);
+        break;
     case IR_MATMUL: o = spmd_matmul(g, x46(s), operand(s, V_ANY, 2, D(6, 5)), false, false); break;
     case IR_BMM:
         o = spmd_bmm(g, operand(s, V_ANY, 3, D(2, 4, 6)), operand(s, V_ANY, 3, D(2, 6, 5)), false,
@@ -211,6 +220,14 @@ static bool build_sample(ir_op op, sample *s)
     case IR_LAYERNORM_XHAT: o = ir_layernorm_xhat(g, x46(s), 1e-5f); break;
     case IR_LAYERNORM_BACKWARD:
         o = ir_layernorm_backward(g, x46(s), operand(s, V_POS, 1, D(6)), x46(s), 1e-5f);
+        break;
+    case IR_BATCH_NORM_SUMS:
+        o = ir_batch_norm_sums(g, nch(s), per_channel(s, V_ANY), per_channel(s, V_POS), nch(s), 1e-5f);
+        break;
+    case IR_BATCH_NORM_BACKWARD:
+        o = ir_batch_norm_backward(g, nch(s), per_channel(s, V_ANY), per_channel(s, V_POS),
+                                   per_channel(s, V_ANY), nch(s), operand(s, V_ANY, 2, D(2, 3)),
+                                   1e-5f);
         break;
     case IR_ATTENTION_BACKWARD: o = ir_attention_backward(g, qkv(s), qkv(s), qkv(s), qkv(s), 2); break;
     case IR_CONV2D_BACKWARD_INPUT: { /* 2 groups of 2 channels: split in whole groups */

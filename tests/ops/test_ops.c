@@ -944,6 +944,49 @@ static void test_pool_errors(void **state)
     spmd_graph_free(g);
 }
 
+/* Batch normalisation over [N, C] (a row of 300 channels crosses the
+ * kernels' chunks of 256), [N, C, L], NCHW and NCDHW: the variance around
+ * a given mean, training mode (x's batch statistics), evaluation mode
+ * (given statistics), without weight and bias too. */
+static void test_batch_norm(void **state)
+{
+    (void)state;
+    static const shape shapes[] = {SH(2, 4, 3), SH(2, 5, 300), SH(3, 2, 3, 5), SH(4, 2, 3, 4, 5),
+                                   SH(5, 2, 4, 1, 1, 3), SH(3, 1, 2, 1)};
+    for (size_t i = 0; i < ARRAY_LEN(shapes); i++) {
+        const shape *s = &shapes[i];
+        const shape ch = SH(1, s->dims[1]);
+        opcase c;
+        oc_init(&c, "batch_norm_var #%zu", i);
+        spmd_tensor *x = oc_input(&c, s, GEN_WIDE);
+        spmd_tensor *mean = oc_input(&c, &ch, GEN_ANY);
+        ref_batch_norm_var(oc_f(&c, 0), s->dims, s->rank, oc_f(&c, 1),
+                           oc_expect(&c, spmd_batch_norm_var(c.g, x, mean)));
+        oc_check(&c);
+
+        oc_init(&c, "batch_norm training #%zu", i);
+        x = oc_input(&c, s, GEN_WIDE);
+        spmd_tensor *w = oc_input(&c, &ch, GEN_ANY), *b = oc_input(&c, &ch, GEN_ANY), *var;
+        assert_int_equal(spmd_batch_norm_stats(c.g, x, &mean, &var), SPMD_OK);
+        ref_batch_norm(oc_f(&c, 0), s->dims, s->rank, NULL, NULL, oc_f(&c, 1), oc_f(&c, 2), 1e-5f,
+                       oc_expect(&c, spmd_batch_norm(c.g, x, mean, var, w, b, 1e-5f)));
+        oc_check(&c);
+
+        oc_init(&c, "batch_norm evaluation #%zu", i);
+        x = oc_input(&c, s, GEN_WIDE);
+        mean = oc_input(&c, &ch, GEN_ANY);
+        var = oc_input(&c, &ch, GEN_POS);
+        float *ones = xmalloc((size_t)s->dims[1] * sizeof *ones);
+        float *zeros = xmalloc((size_t)s->dims[1] * sizeof *zeros);
+        for (int64_t k = 0; k < s->dims[1]; k++) ones[k] = 1.0f, zeros[k] = 0.0f;
+        ref_batch_norm(oc_f(&c, 0), s->dims, s->rank, oc_f(&c, 1), oc_f(&c, 2), ones, zeros, 1e-3f,
+                       oc_expect(&c, spmd_batch_norm(c.g, x, mean, var, NULL, NULL, 1e-3f)));
+        oc_check(&c);
+        free(ones);
+        free(zeros);
+    }
+}
+
 /* ---- Linear algebra and attention ------------------------------------------------ */
 
 typedef struct mm_case {
@@ -1654,6 +1697,7 @@ int main(void)
         cmocka_unit_test(test_avg_pool2d),
         cmocka_unit_test(test_adaptive_avg_pool2d),
         cmocka_unit_test(test_pool_errors),
+        cmocka_unit_test(test_batch_norm),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_bmm),
         cmocka_unit_test(test_attention),

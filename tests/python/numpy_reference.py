@@ -178,6 +178,26 @@ class NumpyBuilder:
         var = ((v - mu) ** 2).mean(-1, keepdims=True)
         return ((v - mu) / np.sqrt(var + eps) * gamma + beta).astype(F32)
 
+    @staticmethod
+    def _per_channel(v, x):
+        """v [C] shaped to broadcast against x [N, C, ...]."""
+        return v.reshape((-1,) + (1,) * (x.ndim - 2))
+
+    def batch_norm_var(self, x, mean):
+        self._f32("batch_norm_var", x, mean)
+        axes = (0,) + tuple(range(2, x.ndim))
+        d = x.astype(np.float64) - self._per_channel(mean.astype(np.float64), x)
+        return (d ** 2).mean(axes).astype(F32)
+
+    def batch_norm(self, x, mean, var, weight, bias, eps):
+        self._f32("batch_norm", x, mean, var)
+        c = x.shape[1]
+        w = np.ones(c) if weight is None else weight.astype(np.float64)
+        b = np.zeros(c) if bias is None else bias.astype(np.float64)
+        col = lambda v: self._per_channel(np.asarray(v, np.float64), x)
+        y = (x.astype(np.float64) - col(mean)) / np.sqrt(col(var) + eps) * col(w) + col(b)
+        return y.astype(F32)
+
     # ---- linear algebra
 
     def matmul(self, a, b, trans_a=False, trans_b=False):

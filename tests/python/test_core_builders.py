@@ -30,6 +30,11 @@ def test_every_builder_gives_its_shape():
     assert g.sum(x, (0, 2)).shape == (4,) and g.mean(x, 1, keepdim=True).shape == (2, 1, 8)
     assert g.max(x, 2).shape == (2, 4)
     assert g.layernorm(x, gamma, beta).shape == (2, 4, 8)
+    mean, var = g.batch_norm_stats(x)  # channels on dim 1: x is [N, C, L]
+    assert (mean.op, var.op, var.shape) == ("mean", "batch_norm_var", (4,))
+    assert g.batch_norm_var(x, mean).shape == (4,)
+    assert g.batch_norm(x, mean, var).shape == (2, 4, 8)
+    assert g.batch_norm(x, mean, var, var, mean, eps=1e-3).op == "batch_norm"
     w = g.param("w", (5, 8))
     assert g.matmul(x, w, trans_b=True).shape == (2, 4, 5)
     assert g.bmm(x, x, trans_b=True).shape == (2, 4, 4)

@@ -24,6 +24,7 @@ except ImportError:  # run from the source tree
 import libspmd
 from libspmd.torch import aten
 from libspmd.torch.aten import TABLE
+from libspmd.torch.graph import Ref
 from numpy_reference import evaluate
 
 
@@ -111,6 +112,11 @@ LOSSES = {
     "conv2d_strided_dilated_groups": (lambda m, x: F.conv2d(
         m(x).reshape(1, 2, 3, 3).expand(2, 2, 3, 3).reshape(1, 4, 3, 3), m.w.reshape(4, 2, 3, 1),
         stride=(2, 1), padding=1, dilation=(1, 2), groups=2).pow(2).sum(), lambda: (x46(),)),
+    "batch_norm_forms": (lambda m, x: (F.batch_norm(m(x), None, None, m.w[0], m.w[1], training=True)
+                                       + F.batch_norm(m(x).view(3, 2, 3), torch.zeros(2), torch.ones(2) * 2,
+                                                      training=False, eps=0.1).view(3, 6) ** 2
+                                       + F.batch_norm(m(x).view(3, 3, 2), None, None, training=True)
+                                       .view(3, 6) * m(x)).mean(), lambda: (x46(),)),
     "zeros_like_and_bmm": (lambda m, x: (torch.bmm(m(x).view(3, 2, 3), m(x).view(3, 3, 2))
                                          + torch.ones_like(m(x).view(3, 2, 3)[:, :, :2])).sum(),
                            lambda: (x46(),)),
@@ -285,6 +291,200 @@ def test_one_to_one_entries_come_from_the_op_table():
     table = {op["name"] for op in libspmd._core.ops() if op["elementwise"]}
     assert {"abs", "sign", "neg", "exp", "sigmoid"} <= set(aten.ONE_TO_ONE.values()) <= table
     assert aten.TABLE["aten.abs.default"].__name__ == "abs"
+
+
+# ---- batch normalisation ---------------------------------------------------
+
+
+class BatchNormNet(nn.Module):
+    """BatchNorm2d on NCHW, BatchNorm1d on [N, C, L] (no affine) and on
+    [N, C] (its own momentum), between linear layers (libspmd has no
+    convolution yet: the NCHW values come from a linear layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(6, 4 * 3 * 5)
+        self.bn2d = nn.BatchNorm2d(4)
+        self.bn_ncl = nn.BatchNorm1d(4, affine=False)
+        self.l2 = nn.Linear(60, 8)
+        self.bn_nc = nn.BatchNorm1d(8, momentum=0.3)
+        self.l3 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.bn2d(self.l1(x).view(-1, 4, 3, 5)))
+        h = h + self.bn_ncl(h.flatten(2)).view_as(h)
+        return self.l3(torch.relu(self.bn_nc(self.l2(h.flatten(1)))))
+
+
+def bn_loss(m, x, y):
+    return F.mse_loss(m(x), y)
+
+
+def _bn_mesh(name):
+    return {"1": None, "4": lambda: xs.Mesh(range(4), (4,), ("data",)),
+            "2x2": lambda: xs.Mesh(range(4), (2, 2), ("data", "fsdp"))}[name]
+
+
+@pytest.mark.parametrize("mesh_name", ["1", "4", "2x2"])
+def test_batch_norm_trains_as_eager(mesh_name):
+    # Two SGD steps in training mode: the losses, the weights and the
+    # running statistics after sync() are eager PyTorch's.  With the batch
+    # split over the mesh the statistics are the global batch's.
+    import copy
+    torch.manual_seed(4)
+    model = BatchNormNet()
+    eager = copy.deepcopy(model)
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+    make_mesh = _bn_mesh(mesh_name)
+    if make_mesh is not None:
+        mesh = make_mesh()
+        batch_axes = tuple(mesh.shape())
+        xs.mark_sharding(x, mesh, (batch_axes, None))
+        xs.mark_sharding(y, mesh, (batch_axes, None))
+    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), bn_loss)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for k in range(2):
+        xk = x * (1 + k)
+        if make_mesh is not None:
+            xs.mark_sharding(xk, mesh, (batch_axes, None))
+        got = step(xk, y)
+        opt.zero_grad()
+        want = bn_loss(eager, xk, y)
+        want.backward()
+        opt.step()
+        assert abs(got - want.item()) <= 1e-5 * max(1.0, abs(want.item())), (k, got, want.item())
+    step.sync()
+    for (name, a), (_, b) in zip(model.state_dict().items(), eager.state_dict().items()):
+        np.testing.assert_allclose(a.double().numpy(), b.double().numpy(), rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+    assert int(model.bn2d.num_batches_tracked) == 2
+
+
+def test_batch_norm_statistics_are_all_reduced():
+    # The batch split over 4: the sums of the statistics (forward) and of
+    # their gradients (backward) are all-reduced, as explain shows.
+    torch.manual_seed(5)
+    model = BatchNormNet()
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+    mesh = xs.Mesh(range(4), (4,), ("data",))
+    xs.mark_sharding(x, mesh, ("data", None))
+    xs.mark_sharding(y, mesh, ("data", None))
+    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), bn_loss)
+    step(x, y)
+    moved = {(c["phase"], c["value"].split("#")[0]) for c in step.explain()["collectives"]
+             if c["kind"] == "all-reduce"}
+    assert {("forward", "mean"), ("forward", "batch_norm_var"), ("backward", "batch_norm_sums")} <= moved
+    assert "batch_norm_var#" in step.explain_text()
+
+
+def test_batch_norm_evaluation_mode_as_eager():
+    # model.eval(): normalised by the running statistics, which stay.
+    import copy
+    torch.manual_seed(6)
+    model = BatchNormNet()
+    with torch.no_grad():
+        model(torch.randn(16, 6) * 2)  # running statistics away from 0 and 1
+    model.eval()
+    eager = copy.deepcopy(model)
+    x, y = torch.randn(5, 6), torch.randn(5, 3)
+    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), bn_loss)
+    got = step(x, y)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = bn_loss(eager, x, y)
+    want.backward()
+    opt.step()
+    assert abs(got - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+    step.sync()
+    for (name, a), (_, b) in zip(model.state_dict().items(), eager.state_dict().items()):
+        np.testing.assert_allclose(a.double().numpy(), b.double().numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_batch_norm_cumulative_average_refused():
+    model = BatchNormNet()
+    model.bn_nc.momentum = None
+    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), bn_loss)
+    with pytest.raises(NotImplementedError, match="bn_nc has momentum=None"):
+        step(torch.randn(4, 6), torch.randn(4, 3))
+
+
+# Each aten form of batch norm (those this torch has): (its arguments after
+# x, weight and bias as (training) -> tuple, whether it writes the running
+# statistics in place, the outputs that are the new running statistics).
+BN_FORMS = {
+    "native_batch_norm.default": (lambda rm, rv, t: (rm, rv, t, 0.1, 1e-5), True, ()),
+    "_native_batch_norm_legit.default": (lambda rm, rv, t: (rm, rv, t, 0.1, 1e-5), True, ()),
+    "_native_batch_norm_legit.no_stats": (lambda rm, rv, t: (t, 0.1, 1e-5), False, ()),
+    "_native_batch_norm_legit_functional.default": (lambda rm, rv, t: (rm, rv, t, 0.1, 1e-5),
+                                                    False, (3, 4)),
+    "_native_batch_norm_legit_no_training.default": (lambda rm, rv, t: (rm, rv, 0.1, 1e-5), False, ()),
+    "batch_norm.default": (lambda rm, rv, t: (rm, rv, t, 0.1, 1e-5, False), True, ()),
+    "_batch_norm_impl_index.default": (lambda rm, rv, t: (rm, rv, t, 0.1, 1e-5, False), True, ()),
+    "_batch_norm_with_update.default": (lambda rm, rv, t: (rm, rv, 0.1, 1e-5), True, ()),
+    "_batch_norm_with_update_functional.default": (lambda rm, rv, t: (rm, rv, 0.1, 1e-5), False,
+                                                   (4, 5)),
+    "_batch_norm_no_update.default": (lambda rm, rv, t: (rm, rv, 0.1, 1e-5), False, ()),
+}
+# The forms that take no training flag: their mode.
+BN_MODE = {"_native_batch_norm_legit_no_training.default": False, "_batch_norm_with_update.default": True,
+           "_batch_norm_with_update_functional.default": True, "_batch_norm_no_update.default": False}
+
+
+def _bn_cases():
+    for form in sorted(BN_FORMS):
+        packet, overload = form.split(".")
+        if not aten._aten_has(packet, overload):
+            continue
+        for training in ((BN_MODE[form],) if form in BN_MODE else (True, False)):
+            if form == "_native_batch_norm_legit.no_stats" and not training:
+                continue
+            yield form, training
+
+
+@pytest.mark.parametrize("form, training", list(_bn_cases()))
+def test_batch_norm_forms_map_to_eager(form, training):
+    # Each form lowered by the op table and evaluated by NumPy gives eager
+    # PyTorch's outputs; the in-place forms write the running statistics
+    # into their buffers, the functional forms return them.
+    from libspmd.torch.graph import TracedGraph
+    from libspmd.torch.lowering import Lowering
+    from numpy_reference import NumpyBuilder
+    args_of, in_place, new_stats = BN_FORMS[form]
+    packet, overload = form.split(".")
+    op = getattr(getattr(torch.ops.aten, packet), overload)
+    torch.manual_seed(7)
+    x, w, b = torch.randn(4, 3, 5), torch.randn(3), torch.randn(3)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    ermn, ervr = rm.clone(), rv.clone()
+    want = op(x, w, b, *args_of(ermn, ervr, training))
+    want = want if isinstance(want, tuple) else (want,)
+
+    cx = Lowering()
+    cx.node = types.SimpleNamespace(target=op, meta={}, name="bn")
+    xr = cx.add_input("x", "f32", x.shape, 0, lambda batch: batch[0])
+    wr, br = cx.emit("param", "w", (3,)), cx.emit("param", "b", (3,))
+    trm, trv = rm.clone(), rv.clone()
+    cx.name_buffer("bn.running_mean", trm)
+    cx.name_buffer("bn.running_var", trv)
+    got = aten.TABLE["aten." + form](cx, xr, wr, br, *args_of(trm, trv, training))
+    got = got if isinstance(got, tuple) else (got,)
+    traced = TracedGraph(cx.calls, xr, {}, {}, dict(cx.states), cx.inputs, {}, cx.updates())
+    values = {"w": w.numpy(), "b": b.numpy(), "x": x.numpy(), **cx.states}
+    _, env = traced.build(NumpyBuilder(values))
+    cx.close()
+    for k, (g, wt) in enumerate(zip(got, want)):
+        if isinstance(g, Ref):  # the others are unavailable or the backend's index
+            np.testing.assert_allclose(env[g.id], wt.numpy(), rtol=1e-5, atol=1e-5, err_msg=str(k))
+    written = {buffer: env[value.id] for buffer, _, value in traced.updates.values()}
+    if in_place and training:
+        assert sorted(written) == ["bn.running_mean", "bn.running_var"]
+        np.testing.assert_allclose(written["bn.running_mean"], ermn.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(written["bn.running_var"], ervr.numpy(), rtol=1e-5, atol=1e-6)
+    else:
+        assert written == {}
+    if new_stats and training:
+        np.testing.assert_allclose(env[got[new_stats[0]].id], want[new_stats[0]].numpy(), rtol=1e-5)
+        np.testing.assert_allclose(env[got[new_stats[1]].id], want[new_stats[1]].numpy(), rtol=1e-5)
 
 
 def line_of(fragment):

@@ -33,8 +33,11 @@
  * do fixed cases of the KV-cache decoding ops, which the random training
  * graphs cannot hold (they have no gradient), of vocabulary parallelism,
  * of convolutions (their 4-D images split over the batch, the channels and
- * the rows, meshes 2, 4 and 2x2), and of pooling over [N, C, H, W] (batch,
- * channels, rows split; a pending sum through the averages).
+ * the rows, meshes 2, 4 and 2x2), of pooling over [N, C, H, W] (batch,
+ * channels, rows split; a pending sum through the averages), and of batch
+ * normalisation over a batch split over 2, 4 and 2x2 devices, unevenly
+ * over 3, with the channels or the spatial rows split (its statistics must
+ * be the global batch's: the program must all-reduce their sums).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -130,7 +133,7 @@ struct eq_case {
     char specs[SPEC_SIZE];
     size_t specs_len;
     int threads;           /* partitioned program's thread count */
-    unsigned expect;       /* fixed cases: VOCAB_* forms the program must use */
+    unsigned expect;       /* fixed cases: VOCAB_*, POOL_LOCAL and BN_* forms the program must use */
 };
 
 /* Vocabulary-parallel forms a fixed case must make the partitioner use,
@@ -142,8 +145,15 @@ enum {
     POOL_LOCAL = 1u << 3,   /* every pooling op pools its own block, no collective feeding it */
 };
 
-/* The VOCAB_* forms in program p's per-device graph. */
-static unsigned vocab_forms(const spmd_program *p)
+/* Batch normalisation over a split batch: the statistics' pending sums
+ * are all-reduced (the global batch's statistics, never a device's). */
+enum {
+    BN_VAR_SUM = 1u << 4,  /* an all-reduce of batch_norm_var's pending sum */
+    BN_GRAD_SUM = 1u << 5, /* an all-reduce of batch_norm_sums' */
+};
+
+/* The VOCAB_* and BN_* forms in program p's per-device graph. */
+static unsigned program_forms(const spmd_program *p)
 {
     const partition *part = executor_partition(p);
     unsigned found = 0;
@@ -152,6 +162,8 @@ static unsigned vocab_forms(const spmd_program *p)
         if (t->op == IR_EMBEDDING && t->attr.embed.global) found |= VOCAB_LOOKUP;
         if (t->op == IR_EMBEDDING_BACKWARD && t->attr.embed.global) found |= VOCAB_GRAD;
         if (t->op == IR_VOCAB_CE_LOSS || t->op == IR_VOCAB_CE_BACKWARD) found |= VOCAB_LOSS;
+        if (t->op == IR_ALL_REDUCE && t->in[0]->op == IR_BATCH_NORM_VAR) found |= BN_VAR_SUM;
+        if (t->op == IR_ALL_REDUCE && t->in[0]->op == IR_BATCH_NORM_SUMS) found |= BN_GRAD_SUM;
     }
     return found;
 }
@@ -1302,9 +1314,9 @@ static outcome run_case(eq_case *c, bool verbose, int *n_outputs)
     }
     count_program(pb);
     unsigned forms = c->expect & ~POOL_LOCAL;
-    if ((vocab_forms(pb) & forms) != forms) {
-        REPORT(&rep, "    the program lacks a vocabulary-parallel form (wanted 0x%x, found 0x%x)\n",
-               forms, vocab_forms(pb));
+    if ((program_forms(pb) & forms) != forms) {
+        REPORT(&rep, "    the program lacks a form it must use (wanted 0x%x, found 0x%x)\n",
+               forms, program_forms(pb));
         result = CASE_FAIL;
     }
     int not_local = pools_not_local(pb);
@@ -1791,7 +1803,7 @@ typedef struct regression {
     int rank, shape[3];
     const char *names[3];
     build_fn build;
-    unsigned expect; /* VOCAB_* */
+    unsigned expect; /* VOCAB_*, BN_* */
 } regression;
 
 static const regression vocab_cases[] = {
@@ -1830,6 +1842,70 @@ static const regression conv_cases[] = {
     {"conv: grouped, channels over 2", 1, {2}, {"tp"}, conv_grouped_channels, 0},
     {"conv: grouped, channels over 4", 1, {4}, {"tp"}, conv_grouped_channels, 0},
     {"conv: grouped, batch and channels, 2x2", 2, {2, 2}, {"data", "tp"}, conv_grouped_batch, 0},
+};
+
+/* ---- Batch normalisation over a split batch ------------------------------------------ */
+
+/* A small convolution-free CNN step: x [N, C, H, W] marked `x_spec`, a
+ * linear layer along W, BatchNorm2d in training mode (its batch
+ * statistics kept as outputs: the global batch's), relu, a linear layer
+ * to [N, 5], BatchNorm1d in training mode, then evaluation mode over
+ * given running statistics.  Values and gradients must be one device's. */
+static void bn_step(eq_case *c, const int64_t *xd, const char *x_spec)
+{
+    const int64_t n = xd[0], ch = xd[1], h = xd[2], w = xd[3];
+    spmd_tensor *x = input(c, 4, xd);
+    mark(c, x, x_spec);
+    spmd_tensor *wl = param(c, 2, D(w, 4), GEN_WEIGHT, fan_scale(w));
+    spmd_tensor *hl = note(c, spmd_matmul(c->g, x, wl, false, false), "matmul(%s, %s)",
+                           name_of(x), name_of(wl));
+    spmd_tensor *gamma = param(c, 1, D(ch), GEN_GAMMA, 1), *beta = param(c, 1, D(ch), GEN_WEIGHT, 0.5f);
+    spmd_tensor *mean = NULL, *var = NULL;
+    if (hl && spmd_batch_norm_stats(c->g, hl, &mean, &var) != SPMD_OK) build_fail(c, "batch_norm_stats");
+    note(c, mean, "mean of %s", name_of(hl));
+    note(c, var, "batch_norm_var(%s, %s)", name_of(hl), name_of(mean));
+    add_output(c, mean);
+    add_output(c, var);
+    spmd_tensor *y = note(c, spmd_batch_norm(c->g, hl, mean, var, gamma, beta, 1e-5f),
+                          "batch_norm(%s, %s, %s, %s, %s)", name_of(hl), name_of(mean),
+                          name_of(var), name_of(gamma), name_of(beta));
+    add_output(c, y);
+    spmd_tensor *r = note(c, spmd_relu(c->g, y), "relu(%s)", name_of(y));
+    spmd_tensor *flat = note(c, spmd_reshape(c->g, r, 2, D(n, ch * h * 4)), "reshape(%s)", name_of(r));
+    spmd_tensor *w2 = param(c, 2, D(ch * h * 4, 5), GEN_WEIGHT, fan_scale(ch * h * 4));
+    spmd_tensor *z = note(c, spmd_matmul(c->g, flat, w2, false, false), "matmul(%s, %s)",
+                          name_of(flat), name_of(w2));
+    spmd_tensor *m2 = NULL, *v2 = NULL;
+    if (z && spmd_batch_norm_stats(c->g, z, &m2, &v2) != SPMD_OK) build_fail(c, "batch_norm_stats");
+    spmd_tensor *g2 = param(c, 1, D(5), GEN_GAMMA, 1);
+    spmd_tensor *y2 = note(c, spmd_batch_norm(c->g, z, m2, v2, g2, NULL, 1e-5f),
+                           "batch_norm(%s, its statistics, %s)", name_of(z), name_of(g2));
+    add_output(c, v2);
+    spmd_tensor *rm = input(c, 1, D(5)), *rv = input_of(c, 1, D(5), GEN_POS);
+    spmd_tensor *y3 = note(c, spmd_batch_norm(c->g, y2, rm, rv, NULL, NULL, 1e-5f),
+                           "batch_norm(%s, %s, %s)", name_of(y2), name_of(rm), name_of(rv));
+    square_loss(c, y3);
+}
+
+static void bn_batch_over_2(eq_case *c) { bn_step(c, D(4, 3, 2, 5), "data, None, None, None"); }
+static void bn_batch_over_4(eq_case *c) { bn_step(c, D(8, 3, 2, 5), "data, None, None, None"); }
+static void bn_batch_over_2x2(eq_case *c) { bn_step(c, D(8, 3, 2, 5), "(data, tp), None, None, None"); }
+static void bn_batch_and_channels(eq_case *c) { bn_step(c, D(4, 4, 2, 5), "data, tp, None, None"); }
+/* 5 rows over 3 devices (2, 2, 1): padding rows left out of the sums. */
+static void bn_batch_uneven(eq_case *c) { bn_step(c, D(5, 3, 2, 5), "data, None, None, None"); }
+/* The spatial rows split (3 over 2: padding) with the batch whole. */
+static void bn_spatial_uneven(eq_case *c) { bn_step(c, D(4, 3, 3, 5), "None, None, data, None"); }
+
+static const regression batch_norm_cases[] = {
+    {"batch norm: batch over 2", 1, {2}, {"data"}, bn_batch_over_2, BN_VAR_SUM | BN_GRAD_SUM},
+    {"batch norm: batch over 4", 1, {4}, {"data"}, bn_batch_over_4, BN_VAR_SUM | BN_GRAD_SUM},
+    {"batch norm: batch over 2x2", 2, {2, 2}, {"data", "tp"}, bn_batch_over_2x2,
+     BN_VAR_SUM | BN_GRAD_SUM},
+    {"batch norm: batch over data, channels over tp", 2, {2, 2}, {"data", "tp"},
+     bn_batch_and_channels, BN_VAR_SUM | BN_GRAD_SUM},
+    {"batch norm: batch over 3, uneven", 1, {3}, {"data"}, bn_batch_uneven,
+     BN_VAR_SUM | BN_GRAD_SUM},
+    {"batch norm: spatial rows over 2, uneven", 1, {2}, {"data"}, bn_spatial_uneven, 0},
 };
 
 static const regression regressions[] = {
@@ -1926,6 +2002,15 @@ static void test_pooling(void **state)
     if (failed) fail_msg("%d of %zu pooling cases failed", failed, ARRAY_LEN(pool_cases));
 }
 
+/* Batch normalisation over a split batch: the statistics are the global
+ * batch's (all-reduced), values and gradients one device's. */
+static void test_batch_norm(void **state)
+{
+    (void)state;
+    int failed = run_fixed(batch_norm_cases, ARRAY_LEN(batch_norm_cases), 3000);
+    if (failed) fail_msg("%d of %zu batch norm cases failed", failed, ARRAY_LEN(batch_norm_cases));
+}
+
 static void test_random_equivalence(void **state)
 {
     (void)state;
@@ -1977,6 +2062,7 @@ int main(void)
         cmocka_unit_test(test_vocab_parallel),
         cmocka_unit_test(test_conv_parallel),
         cmocka_unit_test(test_pooling),
+        cmocka_unit_test(test_batch_norm),
         cmocka_unit_test(test_random_equivalence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -352,6 +352,56 @@ void ref_layernorm(const float *x, const int64_t *xd, int xr, const float *gamma
     }
 }
 
+/* x [N, C, S...] as (n, c, s): the element of channel c at batch row n
+ * and spatial offset s. */
+static int64_t bn_spatial(const int64_t *xd, int xr) { return ref_numel(xd + 2, xr - 2); }
+
+/* Per-channel mean and biased variance, the variance around `mean` when
+ * given (else around the channel's own mean). */
+static void channel_moments(const float *x, const int64_t *xd, int xr, int64_t c,
+                            const float *mean, double *mu, double *var)
+{
+    int64_t n = xd[0], ch = xd[1], s = bn_spatial(xd, xr);
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t k = 0; k < s; k++) sum += x[(i * ch + c) * s + k];
+    *mu = mean ? (double)mean[c] : sum / (double)(n * s);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t k = 0; k < s; k++) {
+            double d = x[(i * ch + c) * s + k] - *mu;
+            sq += d * d;
+        }
+    *var = sq / (double)(n * s);
+}
+
+void ref_batch_norm_var(const float *x, const int64_t *xd, int xr, const float *mean, float *out)
+{
+    for (int64_t c = 0; c < xd[1]; c++) {
+        double mu, var;
+        channel_moments(x, xd, xr, c, mean, &mu, &var);
+        out[c] = (float)var;
+    }
+}
+
+void ref_batch_norm(const float *x, const int64_t *xd, int xr, const float *mean,
+                    const float *var, const float *weight, const float *bias, float eps,
+                    float *out)
+{
+    int64_t n = xd[0], ch = xd[1], s = bn_spatial(xd, xr);
+    for (int64_t c = 0; c < ch; c++) {
+        double mu, v;
+        channel_moments(x, xd, xr, c, NULL, &mu, &v);
+        if (mean) mu = mean[c];
+        if (var) v = var[c];
+        double rstd = 1.0 / sqrt(v + eps);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t k = 0; k < s; k++) {
+                int64_t at = (i * ch + c) * s + k;
+                out[at] = (float)((x[at] - mu) * rstd * weight[c] + bias[c]);
+            }
+    }
+}
+
 void ref_layernorm_xhat(const float *x, const int64_t *xd, int xr, float eps, float *out)
 {
     int64_t d = last_dim(xd, xr), rows = d ? ref_numel(xd, xr) / d : 0;

@@ -128,6 +128,16 @@ void ref_adaptive_avg_pool2d(const float *x, const int64_t *xd, int xr, int64_t 
 void ref_adaptive_avg_pool2d_backward(const float *dy, const int64_t *xd, int xr, int64_t oh,
                                       int64_t ow, float *out);
 
+/* ---- Batch normalisation (per channel, dim 1) ---------------------------------- */
+
+/* x [N, C, ...], mean [C] -> the biased variance around mean [C]. */
+void ref_batch_norm_var(const float *x, const int64_t *xd, int xr, const float *mean, float *out);
+/* (x - mean) / sqrt(var + eps) * weight + bias per channel; mean and var
+ * NULL: x's batch statistics (training mode). */
+void ref_batch_norm(const float *x, const int64_t *xd, int xr, const float *mean,
+                    const float *var, const float *weight, const float *bias, float eps,
+                    float *out);
+
 /* ---- Linear algebra ---------------------------------------------------------- */
 
 /* spmd_matmul: !ta: a [L..., K], b [K, N] (tb: [N, K]) -> [L..., N];

@@ -650,6 +650,122 @@ def adaptive_avg_pool2d(cx, x, output_size):
     _adaptive_avg_pool2d."""
     return cx.emit("adaptive_avg_pool2d", cx.ref(x), _pair(output_size))
 
+# ---- batch normalisation ---------------------------------------------------
+#
+# Every aten form of batch norm lowers through _batch_norm: training mode
+# normalises by x's batch statistics (mean, then batch_norm_var: the
+# partitioner all-reduces their sums over a split batch, so they are the
+# global batch's) and computes the new running statistics as PyTorch
+# does; evaluation mode normalises by the running statistics.  A running
+# statistic that is a model's buffer is read as the buffer's own state
+# leaf (Lowering.buffer_value).  The in-place forms write the new running
+# statistics into their buffers (Lowering.write_buffer); the functional
+# forms return them, for the capture to write.
+
+
+def _running(cx, t):
+    """A running statistic: its buffer's value as the step sees it, or
+    any other value as it is."""
+    name = cx.buffer_name(t)
+    return cx.buffer_value(name) if name is not None else cx.ref(t)
+
+
+def _running_average(cx, old, new, momentum):
+    """(1 - momentum) old + momentum new; momentum a number, or a Ref
+    (a scalar computed at run time: momentum=None's 1 / batches seen)."""
+    m = cx.number(momentum)
+    if m is not None:
+        return cx.emit("add", cx.emit("scale", old, 1.0 - m), cx.emit("scale", new, m))
+    m = cx.ref(momentum)
+    return cx.emit("add", old, cx.emit("mul", cx.emit("sub", new, old), m))
+
+
+def _batch_norm(cx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(y, saved mean, saved 1 / std, new running mean, new running var);
+    the saved and new values are Unavailable where the mode has none."""
+    x = cx.ref(x)
+    if x.rank < 2:
+        raise cx.unsupported(f"on {x!r}: batch norm takes [N, C, ...]")
+    w = cx.ref(weight) if weight is not None else None
+    b = cx.ref(bias) if bias is not None else None
+    eps = float(eps)
+    none = Unavailable("batch norm's saved statistics in evaluation mode")
+    if not training:
+        if running_mean is None or running_var is None:
+            raise cx.unsupported("in evaluation mode without running statistics")
+        y = cx.emit("batch_norm", x, _running(cx, running_mean), _running(cx, running_var), w, b, eps)
+        return y, none, none, none, none
+    count = int(np.prod(x.shape, dtype=np.int64)) // x.shape[1]
+    if count < 2:
+        raise cx.unsupported(f"in training mode on {x!r}: {count} value per channel "
+                             f"(PyTorch refuses it too)")
+    mean = cx.emit("mean", x, (0,) + tuple(range(2, x.rank)), False)
+    var = cx.emit("batch_norm_var", x, mean)
+    y = cx.emit("batch_norm", x, mean, var, w, b, eps)
+    invstd = cx.emit("rsqrt", cx.emit("add", var, cx.emit("fill", (), eps)))
+    new_mean = new_var = Unavailable("batch norm's running statistics (none were given)")
+    if running_mean is not None and running_var is not None:
+        new_mean = _running_average(cx, _running(cx, running_mean), mean, momentum)
+        unbiased = cx.emit("scale", var, count / (count - 1))
+        new_var = _running_average(cx, _running(cx, running_var), unbiased, momentum)
+    return y, mean, invstd, new_mean, new_var
+
+
+def _write_running(cx, running_mean, running_var, new_mean, new_var):
+    """An in-place form's update: the new running statistics into the
+    buffers that hold them (a statistic that is no buffer is not kept)."""
+    for t, value in ((running_mean, new_mean), (running_var, new_var)):
+        name = cx.buffer_name(t)
+        if name is not None and isinstance(value, Ref):
+            cx.write_buffer(name, value)
+
+
+@lowers("aten.native_batch_norm.default", "aten._native_batch_norm_legit.default")
+def native_batch_norm(cx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    y, mean, invstd, new_mean, new_var = _batch_norm(cx, x, weight, bias, running_mean,
+                                                     running_var, training, momentum, eps)
+    _write_running(cx, running_mean, running_var, new_mean, new_var)
+    return y, mean, invstd
+
+
+@lowers("aten._native_batch_norm_legit.no_stats")
+def native_batch_norm_no_stats(cx, x, weight, bias, training, momentum, eps):
+    return _batch_norm(cx, x, weight, bias, None, None, training, momentum, eps)[:3]
+
+
+@lowers("aten._native_batch_norm_legit_functional.default")
+def native_batch_norm_functional(cx, x, weight, bias, running_mean, running_var, training,
+                                 momentum, eps):
+    return _batch_norm(cx, x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lowers("aten._native_batch_norm_legit_no_training.default", "aten._batch_norm_no_update.default")
+def native_batch_norm_no_training(cx, x, weight, bias, running_mean, running_var, momentum, eps):
+    out = _batch_norm(cx, x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+    return out + ((Unavailable("batch norm's reserve"),) if "no_update" in cx.overload else ())
+
+
+@lowers("aten.batch_norm.default", "aten._batch_norm_impl_index.default")
+def batch_norm(cx, x, weight, bias, running_mean, running_var, training, momentum, eps,
+               cudnn_enabled=False):
+    y, mean, invstd, new_mean, new_var = _batch_norm(cx, x, weight, bias, running_mean,
+                                                     running_var, training, momentum, eps)
+    _write_running(cx, running_mean, running_var, new_mean, new_var)
+    if "impl_index" in cx.overload:  # (y, mean, invstd, reserve, which backend)
+        return y, mean, invstd, Unavailable("batch norm's reserve"), 0
+    return y
+
+
+@lowers("aten._batch_norm_with_update.default", "aten._batch_norm_with_update_functional.default")
+def batch_norm_with_update(cx, x, weight, bias, running_mean, running_var, momentum, eps):
+    y, mean, invstd, new_mean, new_var = _batch_norm(cx, x, weight, bias, running_mean,
+                                                     running_var, True, momentum, eps)
+    reserve = Unavailable("batch norm's reserve")
+    if "functional" in cx.overload:
+        return y, mean, invstd, reserve, new_mean, new_var
+    _write_running(cx, running_mean, running_var, new_mean, new_var)
+    return y, mean, invstd, reserve
+
 
 # ---- lookups and losses ----------------------------------------------------
 

@@ -21,6 +21,8 @@ method returns the builder's own tensor handle.
     avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
     adaptive_avg_pool2d(x, output_size)  pooling over the last two dims, torch's
                                          arguments as pairs; stride None: the kernel
+    batch_norm_var(x, mean)              x [N, C, ...]: biased variance [C] around mean
+    batch_norm(x, mean, var, weight, bias, eps)   per channel (dim 1); weight, bias may be None
     matmul(a, b, trans_a, trans_b)       spmd_matmul's forms
     bmm(a, b, trans_a, trans_b)          batch dims equal, transposes on the last two
     attention(q, k, v, heads)
@@ -107,9 +109,12 @@ class TracedGraph:
     states   name -> float32 NumPy array: buffers and folded constants
     inputs   InputSpecs, in call order
     marks    leaf name -> ShardingMark from mark_sharding
+    updates  state name -> (buffer name, the state's Ref, its new value's
+             Ref): the buffers each step writes (BatchNorm's running
+             statistics), updated in the program and written back by sync
     """
 
-    def __init__(self, calls, loss, params, aliases, states, inputs, marks):
+    def __init__(self, calls, loss, params, aliases, states, inputs, marks, updates=None):
         self.calls = calls
         self.loss = loss
         self.params = params
@@ -117,6 +122,7 @@ class TracedGraph:
         self.states = states
         self.inputs = inputs
         self.marks = marks
+        self.updates = dict(updates or {})
 
     def ops(self):
         """The distinct builder ops the program uses."""

@@ -76,6 +76,14 @@ class Lowering:
         self.derived = {}
         self.fused_heads = []  # (a [.., n*C] tensor, n) whose n parts are q, k, v of attention
         self.node = None
+        # The model's buffers (name_buffer), and those the step reads as
+        # state leaves of their own and writes (BatchNorm's running
+        # statistics): buffer name -> its tensor, its state's Ref, its
+        # value now (the state's Ref until the step writes it).
+        self.buffers = {}
+        self.buffer_ids = {}
+        self.buffer_states = {}
+        self.buffer_values = {}
 
     # ---- messages
 
@@ -170,11 +178,51 @@ class Lowering:
         return self.state_refs[key]
 
     def name_buffer(self, name, t):
-        """Constants equal to buffer t's values take its name."""
+        """Constants equal to buffer t's values take its name; t is the
+        trace's tensor for buffer `name` (buffer_name finds it)."""
         if t.is_floating_point() or t.dtype == torch.bool:
             arr = np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
             self.const_names.setdefault(_content_key(arr), name)
         self.const_names.setdefault(id(t), name)
+        self.buffers[name] = t
+        self.buffer_ids[id(t)] = name
+
+    # ---- buffers the step writes (BatchNorm's running statistics)
+
+    def buffer_name(self, t):
+        """The name of the buffer whose trace tensor t is; None for any
+        other value."""
+        return self.buffer_ids.get(id(t)) if isinstance(t, torch.Tensor) else None
+
+    def buffer_value(self, name):
+        """Buffer `name` as the step sees it now: a state leaf of its own
+        (one per buffer, not shared with equal constants, float32 whatever
+        the buffer's dtype), or the value the step last wrote into it."""
+        if name not in self.buffer_values:
+            t = self.buffers[name].detach().cpu().to(torch.float32)
+            arr = np.array(t.numpy(), dtype=np.float32, order="C")  # 0-d stays 0-d
+            state = self._unique(name)
+            self.states[state] = arr
+            ref = self.emit("state", state, arr.shape)
+            self.buffer_states[name] = (state, ref)
+            self.buffer_values[name] = ref
+        return self.buffer_values[name]
+
+    def write_buffer(self, name, value):
+        """The step writes `value` (a float Ref of the buffer's shape) into
+        buffer `name`: later reads see it, and the program updates the
+        buffer's state leaf with the last value written (updates())."""
+        old = self.buffer_value(name)
+        if not isinstance(value, Ref) or value.shape != old.shape or value.dtype != "f32":
+            raise self.unsupported(f"writes {value!r} into buffer {name} of shape {list(old.shape)}")
+        self.buffer_values[name] = value
+
+    def updates(self):
+        """state name -> (buffer name, the state's Ref, the value written
+        last) for every buffer the step writes."""
+        return {state: (name, ref, self.buffer_values[name])
+                for name, (state, ref) in self.buffer_states.items()
+                if self.buffer_values[name] is not ref}
 
     def const_input(self, t):
         """An i32 input fed with constant tensor t each step."""

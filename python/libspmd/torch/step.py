@@ -117,10 +117,11 @@ class _Compiled:
         self.loss = loss
         self.lrs = lrs
         self.batch_marks = batch_marks
-        # What moves between programs: the parameters and the optimizer's
-        # state (not the gradient accumulators, a sum within a step).
+        # What moves between programs: the parameters, the buffers the step
+        # writes and the optimizer's state (not the gradient accumulators,
+        # a sum within a step).
         accumulators = {name + ACCUMULATOR_SUFFIX for name in traced.params}
-        self.carried = list(traced.params) + [
+        self.carried = list(traced.params) + list(traced.updates) + [
             t.name for t in graph.tensors()
             if t.op == "state" and t.name not in traced.states and t.name not in accumulators]
 
@@ -169,6 +170,7 @@ class Step:
 
     def _compile(self, batch, batch_marks):
         import libspmd
+        _refuse_cumulative_batch_norm(self.model)
         traced = trace(self.loss_fn, self.model, *batch)
         plan = OptimizerPlan(self.optimizer, traced.params)
         g = libspmd.Graph()
@@ -177,6 +179,8 @@ class Step:
             g.set_reduce_precision(self.reduce_precision)
             loss, env = traced.build(GraphBuilder(g))
             g.mark_output(loss)
+            for _buffer, state, value in traced.updates.values():
+                g.set_update(env[state.id], env[value.id])
             for call in traced.calls:
                 if call.op in ("param", "state", "input") and call.args[0] in traced.marks:
                     m = traced.marks[call.args[0]]
@@ -200,6 +204,8 @@ class Step:
             names = set(self._active.carried)
             return {n: prog.read(n) for n in entry.carried if n in names}
         values = entry.traced.param_values()
+        for state, (buffer, _, _) in entry.traced.updates.items():
+            values[state] = self.model.get_buffer(buffer).detach().cpu().float().numpy()
         plan = OptimizerPlan(self.optimizer, entry.traced.params)
         steps = set()
         for name, p in entry.traced.params.items():
@@ -303,7 +309,8 @@ class Step:
         return self._active
 
     def sync(self):
-        """Write the trained parameters into the model and the optimizer's
+        """Write the trained parameters and the buffers the step writes
+        (BatchNorm's running statistics) into the model and the optimizer's
         state (exp_avg, exp_avg_sq, step; momentum_buffer) into
         optimizer.state, so state_dict() and eager code see them."""
         if self._active is None:
@@ -314,6 +321,9 @@ class Step:
         # SGD without clipping keeps no step count; the calls count then.
         step = float(prog.read(STEP_STATE)) if STEP_STATE in names else float(self.steps)
         with torch.no_grad():
+            for state, (buffer, _, _) in entry.traced.updates.items():
+                b = self.model.get_buffer(buffer)
+                b.copy_(torch.from_numpy(prog.read(state)).to(b.dtype))
             for name, p in entry.traced.params.items():
                 p.copy_(torch.from_numpy(prog.read(name)).to(p.dtype))
                 if not step:
@@ -346,6 +356,18 @@ class Step:
             return
         step, _meta = self._active.program.load(directory)
         self.steps = int(step)
+
+
+def _refuse_cumulative_batch_norm(model):
+    """BatchNorm with momentum=None in training mode averages by 1 /
+    num_batches_tracked, a factor computed in Python from the buffer's
+    value, which any trace records as the constant of the step it
+    traced."""
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training and \
+                m.track_running_stats and m.momentum is None:
+            raise UnsupportedError(f"libspmd.torch.compile: {name or type(m).__name__} has "
+                                   f"momentum=None (a cumulative average); give it a momentum")
 
 
 def _matmul_precision(mixed_precision, keyword="mixed_precision"):

@@ -272,7 +272,8 @@ def trace(loss_fn, model, *batch):
         cx.close()
 
     _group_fused_heads(cx, marks, names)
-    calls = _live_calls(cx.calls, out)
+    updates = cx.updates()
+    calls = _live_calls(cx.calls, out, [value for _, _, value in updates.values()])
     live_leaves = {c.args[0] for c in calls if c.op in ("input", "state")}
     states = {n: a for n, a in cx.states.items() if n in live_leaves}
     inputs = [s for s in cx.inputs if s.name in live_leaves]
@@ -280,7 +281,7 @@ def trace(loss_fn, model, *batch):
         if spec.name not in marks and spec.arg is not None and names[spec.arg] in marks:
             marks[spec.name] = marks[names[spec.arg]]
     marks = {n: m for n, m in marks.items() if n in live_leaves or n in params}
-    return TracedGraph(calls, out, params, aliases, states, inputs, marks)
+    return TracedGraph(calls, out, params, aliases, states, inputs, marks, updates)
 
 
 def _lower(cx, capture, params, batch, names):
@@ -293,6 +294,7 @@ def _lower(cx, capture, params, batch, names):
     env = {}
     marks = {}
     emitted = {}
+    assigned = {name for name, _ in capture.buffer_updates}
     mesh = None
 
     def note_mark(name, t):
@@ -319,7 +321,9 @@ def _lower(cx, capture, params, batch, names):
             name, b = role[1], role[2]
             t = b.detach()
             cx.name_buffer(name, t)
-            env[ph] = t
+            # A buffer the step assigns is a state the program updates;
+            # any other is a constant, folded where it is read.
+            env[ph] = cx.buffer_value(name) if name in assigned else t
             note_mark(name, b)
         elif role[0] == "constant":
             env[ph] = role[1].detach() if isinstance(role[1], torch.Tensor) else role[1]
@@ -369,6 +373,8 @@ def _lower(cx, capture, params, batch, names):
         env[node] = fn(cx, *args, **kwargs)
 
     outs = _subst(out_node.args[0], env)
+    for name, i in capture.buffer_updates:  # BatchNorm's running statistics
+        cx.write_buffer(name, cx.ref(outs[i]))
     out = outs[capture.loss_index] if capture.loss_index is not None else None
     while isinstance(out, (list, tuple)):
         out = out[0]
@@ -435,10 +441,11 @@ def _group_fused_heads(cx, marks, batch_names):
                 marks[name] = m.grouped(dim, n)
 
 
-def _live_calls(calls, loss):
-    """The calls the loss needs, plus every param (each parameter stays a
-    leaf of the program even when the loss does not read it)."""
-    live = {loss.id}
+def _live_calls(calls, loss, written=()):
+    """The calls the loss and the values written into buffers need, plus
+    every param (each parameter stays a leaf of the program even when the
+    loss does not read it)."""
+    live = {loss.id} | {ref.id for ref in written}
     for call in reversed(calls):
         if call.out.id in live or call.op == "param":
             live.add(call.out.id)
