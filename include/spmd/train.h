@@ -76,7 +76,8 @@ typedef struct spmd_optimizer_tensors {
     spmd_tensor *weight_decay; /* input "weight_decay" (weight_decay_input), else NULL */
 } spmd_optimizer_tensors;
 
-/* Append the update of every parameter (spmd_grad first).  State tensors
+/* Append the update of every trained parameter (spmd_grad first; a
+ * frozen one, spmd_param_freeze, has neither update nor state).  State tensors
  * ("<param>.momentum", "<param>.exp_avg", "<param>.exp_avg_sq", "opt.step")
  * start at zero and take their parameter's sharding; each gradient is held
  * in its parameter's sharding too (so FSDP reduce-scatters it), through a
@@ -105,7 +106,8 @@ SPMD_API spmd_status spmd_optimizer_apply(spmd_graph *g, const spmd_optimizer *o
 typedef struct spmd_optimizer_group {
     /* n_params parameter names, each exact or a pattern where '*' stands
      * for any run of characters (dots too) and '?' for any one: "*.bias",
-     * "h.*.attn.c_attn.weight".  A group may be empty (n_params 0). */
+     * "h.*.attn.c_attn.weight".  A group may be empty (n_params 0).
+     * Patterns pass over frozen parameters (spmd_param_freeze). */
     const char *const *params;
     int n_params;
     float weight_decay;
@@ -114,9 +116,9 @@ typedef struct spmd_optimizer_group {
     float eps;          /* Adam, AdamW */
 } spmd_optimizer_group;
 
-/* spmd_optimizer_apply with parameter groups: every parameter in exactly
- * one of the n_groups groups, updated with that group's settings and
- * learning rate.  The kind, clip_norm and zero come from `opt`
+/* spmd_optimizer_apply with parameter groups: every trained parameter in
+ * exactly one of the n_groups groups, updated with that group's settings
+ * and learning rate.  The kind, clip_norm and zero come from `opt`
  * and hold for all groups (clipping scales every gradient by the norm
  * over all of them, as clip_grad_norm_ over all parameters does); opt's
  * momentum, weight_decay, beta1, beta2 and eps must be 0 (each group has
@@ -133,7 +135,8 @@ typedef struct spmd_optimizer_group {
  * spmd_optimizer_apply refuses (a group's settings named by its index)
  * and: NULL groups or n_groups < 1; a NULL or negative parameter list; a
  * parameter in two groups or in none; a name or pattern that matches no
- * parameter; per-group settings or weight_decay_input in `opt`; a tensor
+ * trained parameter (the message says when it names a frozen one);
+ * per-group settings or weight_decay_input in `opt`; a tensor
  * "lr.<i>" that is not an f32 scalar input. */
 SPMD_API spmd_status spmd_optimizer_apply_groups(spmd_graph *g, const spmd_optimizer *opt,
                                                  const spmd_optimizer_group *groups, int n_groups,

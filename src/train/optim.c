@@ -194,8 +194,9 @@ static void lr_name(int group, char *buf)
  * learning rate, each parameter's group.  One allocation (plan_alloc). */
 typedef struct shared shared;
 typedef struct plan {
+    const spmd_graph *g;
     int n_groups, n_params;
-    spmd_tensor **params; /* the parameters in graph order */
+    spmd_tensor **params; /* the trained parameters in graph order */
     spmd_tensor **grads;  /* what each update reads */
     spmd_tensor **lr;     /* each group's; NULL until created */
     shared *s;            /* each group's scalars */
@@ -226,6 +227,22 @@ static bool name_matches(const char *pattern, const char *name)
     return *pattern == '\0';
 }
 
+/* A group's name or pattern that matches no trained parameter: say so,
+ * and whether it names a frozen one. */
+static spmd_status matches_none(const spmd_graph *g, int group, const char *pattern,
+                                const char *who)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        if (t->op == IR_PARAM && t->frozen && name_matches(pattern, t->name))
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: group %d's '%s' matches only frozen parameters ('%s'): a "
+                              "frozen parameter has no update", who, group, pattern, t->name);
+    }
+    return base_error(SPMD_ERR_INVALID, "%s: group %d's '%s' matches no parameter", who, group,
+                      pattern);
+}
+
 /* Each parameter's group from the groups' names and patterns: exactly one. */
 static spmd_status assign_groups(plan *pl, const spmd_optimizer_group *groups, const char *who)
 {
@@ -253,9 +270,7 @@ static spmd_status assign_groups(plan *pl, const spmd_optimizer_group *groups, c
                                       pl->params[k]->name, pl->group[k], i, pattern);
                 pl->group[k] = i;
             }
-            if (!matched)
-                return base_error(SPMD_ERR_INVALID, "%s: group %d's '%s' matches no parameter",
-                                  who, i, pattern);
+            if (!matched) return matches_none(pl->g, i, pattern, who);
         }
     }
     for (int k = 0; k < pl->n_params; k++)
@@ -317,7 +332,8 @@ static spmd_status check_graph(const spmd_graph *g, plan *pl,
         st = BASE_INTERNAL("accumulation needs the optimizer's bookkeeping");
     if (st != SPMD_OK || !bookkeeping) return st;
     if (pl->n_params == 0)
-        return base_error(SPMD_ERR_INVALID, "%s: the graph has no parameters", who);
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: the graph has no trained parameters (none, or all frozen)", who);
     const spmd_optimizer *o = &pl->o[0];
     st = name_free(g, STEP_NAME, who);
     if (st == SPMD_OK && accumulates(o)) st = name_free(g, KEEP_NAME, who);
@@ -669,7 +685,8 @@ static spmd_status append(spmd_graph *g, plan *pl, bool bookkeeping, const char 
 static void *plan_alloc(spmd_graph *g, plan *pl, int n_groups)
 {
     memset(pl, 0, sizeof *pl);
-    for (int i = 0; i < g->n_nodes; i++) pl->n_params += g->nodes[i]->op == IR_PARAM;
+    pl->g = g;
+    for (int i = 0; i < g->n_nodes; i++) pl->n_params += ir_is_trained(g->nodes[i]);
     pl->n_groups = n_groups;
     size_t np = (size_t)(pl->n_params ? pl->n_params : 1), ng = (size_t)n_groups;
     /* Pointers first, then 4-byte fields, then bytes: each aligned. */
@@ -687,7 +704,7 @@ static void *plan_alloc(spmd_graph *g, plan *pl, int n_groups)
     pl->group = (int *)(pl->o + ng);
     pl->grouped = (bool *)(pl->group + np);
     for (int i = 0, k = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == IR_PARAM) pl->params[k++] = g->nodes[i];
+        if (ir_is_trained(g->nodes[i])) pl->params[k++] = g->nodes[i];
     return block;
 }
 
