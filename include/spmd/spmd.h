@@ -104,7 +104,8 @@ typedef enum spmd_init_kind {
     SPMD_INIT_ZEROS = 0,
     SPMD_INIT_ONES,
     SPMD_INIT_NORMAL,  /* mean 0, standard deviation `scale` */
-    SPMD_INIT_UNIFORM  /* uniform in [-scale, scale) */
+    SPMD_INIT_UNIFORM, /* uniform in [-scale, scale) */
+    SPMD_INIT_CONSTANT /* every element `scale` (Adagrad's initial accumulator) */
 } spmd_init_kind;
 
 typedef struct spmd_init {

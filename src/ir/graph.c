@@ -307,6 +307,11 @@ static spmd_tensor *leaf(spmd_graph *g, ir_op op, const char *name, spmd_dtype d
                  ir_op_name(op), name, spmd_dtype_name(dtype));
         return NULL;
     }
+    if ((unsigned)init.kind > SPMD_INIT_CONSTANT) {
+        ir_error(g, SPMD_ERR_INVALID, "%s '%s': unknown init kind %d", ir_op_name(op), name,
+                 (int)init.kind);
+        return NULL;
+    }
     spmd_tensor *t = ir_node_new(g, op, dtype, rank, dims, NULL, 0);
     if (!t) return NULL;
     t->name = base_arena_strdup(&g->arena, name);
