@@ -13,23 +13,55 @@
 #include "weights.h"
 
 #include <stdio.h>
+#include <string.h>
+
+/* Whether row fs is some optimizer's setting. */
+static bool optimizer_row(const flag_spec *fs)
+{
+    for (int k = 0; k < CLI_OPTIMIZERS; k++)
+        if (fs->by_optimizer[k]) return true;
+    return false;
+}
+
+/* A setting of other optimizers given: refused, naming them and what
+ * this one takes. */
+static int not_this_optimizers(const cli_opts *o, const flag_spec *fs)
+{
+    char theirs[96] = "", ours[320] = "";
+    for (int k = 0; k < CLI_OPTIMIZERS; k++) {
+        if (!fs->by_optimizer[k]) continue;
+        size_t n = strlen(theirs);
+        snprintf(theirs + n, sizeof theirs - n, "%s%s", n ? ", " : "",
+                 cli_optimizer_word((spmd_optimizer_kind)k));
+    }
+    for (int i = 0; i < flag_row_count; i++) {
+        const flag_spec *r = &flag_rows[i];
+        if (!(r->commands & o->command) || !r->by_optimizer[o->optimizer.kind]) continue;
+        size_t n = strlen(ours);
+        snprintf(ours + n, sizeof ours - n, "%s%s", n ? ", " : "", r->name);
+    }
+    return cli_fail("%s is a setting of --optimizer %s; --optimizer %s takes %s", fs->name, theirs,
+                    cli_optimizer_word(o->optimizer.kind), ours);
+}
 
 /* Each optimizer setting not given takes its row's default for the
- * optimizer (PyTorch's, but AdamW decays 0.01 and clips at 1 as nanoGPT
- * does); an AdamW setting given with sgd is an error.  The warmup's
- * default then follows the schedule. */
+ * optimizer (PyTorch's, but AdamW and Adam clip at 1 and warm up to a
+ * cosine, AdamW decaying 0.01, as nanoGPT does); a setting of other
+ * optimizers given is an error.  The warmup's default then follows the
+ * schedule. */
 static int optimizer_defaults(cli_opts *o)
 {
-    bool adamw = o->optimizer.kind == SPMD_OPTIMIZER_ADAMW;
+    spmd_optimizer_kind kind = o->optimizer.kind;
     for (int i = 0; i < flag_row_count; i++) {
         const flag_spec *fs = &flag_rows[i];
-        if (!(fs->commands & o->command) || !fs->adamw) continue;
-        if (!adamw && !fs->sgd && o->given[i])
-            return cli_fail("%s is an AdamW setting; --optimizer sgd takes --lr, --weight-decay "
-                            "and --clip", fs->name);
+        if (!(fs->commands & o->command) || !optimizer_row(fs)) continue;
+        if (!fs->by_optimizer[kind]) {
+            if (o->given[i]) return not_this_optimizers(o, fs);
+            continue; /* left 0, which the library takes as unset */
+        }
         if (o->given[i]) continue;
         char value[32]; /* a copy: reading may cut it */
-        snprintf(value, sizeof value, "%s", adamw ? fs->adamw : fs->sgd ? fs->sgd : "0");
+        snprintf(value, sizeof value, "%s", fs->by_optimizer[kind]);
         int rc = flag_set(fs, value, o);
         if (rc) return rc;
     }

@@ -33,10 +33,11 @@ struct flag_spec {
     const char *help;
     const char *initial; /* the value before any flag, parsed as a given one; NULL: zero */
     const char *shown;   /* the usage's default; NULL: `initial` or the two below; "": none */
-    /* The default by --optimizer, taken when it is settled (flag_settle.c):
-     * AdamW's value and SGD's; a row without SGD's is an AdamW setting, 0
-     * under SGD and refused if given. */
-    const char *adamw, *sgd;
+    /* The default by --optimizer (indexed by spmd_optimizer_kind), taken
+     * when it is settled (flag_settle.c); a row with some but not this
+     * optimizer's is a setting of the others: 0 under it, refused if
+     * given.  All NULL: no optimizer's setting. */
+    const char *by_optimizer[CLI_OPTIMIZERS];
     double min, max;
     bool max_included;   /* FLAG_FLOAT */
     const char *why_min; /* FLAG_INT: why less than min means nothing, or NULL */

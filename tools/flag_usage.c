@@ -37,6 +37,34 @@ static void usage_row(FILE *f, const char *left, const char *text)
     if (col) fputs("\n", f);
 }
 
+/* A row's defaults by optimizer, the optimizers of one value together:
+ * "adamw, adam 1; sgd, rmsprop, adagrad 0"; one value alone when every
+ * optimizer taking the row has it ("0.99").  False: no optimizer's row. */
+static bool optimizer_defaults_text(const flag_spec *fs, char *buf, size_t size)
+{
+    bool done[CLI_OPTIMIZERS] = {0};
+    int takers = 0, values = 0;
+    for (int k = 0; k < CLI_OPTIMIZERS; k++) takers += fs->by_optimizer[k] != NULL;
+    buf[0] = '\0';
+    for (int k = 0; k < CLI_OPTIMIZERS; k++) {
+        if (!fs->by_optimizer[k] || done[k]) continue;
+        size_t n = strlen(buf);
+        int same = 0;
+        for (int j = k; j < CLI_OPTIMIZERS; j++) {
+            if (!fs->by_optimizer[j] || strcmp(fs->by_optimizer[j], fs->by_optimizer[k])) continue;
+            done[j] = true;
+            same++;
+            n += (size_t)snprintf(buf + n, n < size ? size - n : 0, "%s%s",
+                                  same > 1 ? ", " : values ? "; " : "",
+                                  cli_optimizer_word((spmd_optimizer_kind)j));
+        }
+        if (same == takers) n = 0; /* every taker's: the value alone */
+        snprintf(buf + n, n < size ? size - n : 0, "%s%s", n ? " " : "", fs->by_optimizer[k]);
+        values++;
+    }
+    return takers > 0;
+}
+
 void flags_usage(FILE *f, cli_command command)
 {
     const command_spec *c = flag_command_of(command);
@@ -49,14 +77,9 @@ void flags_usage(FILE *f, cli_command command)
         char left[64], text[512];
         snprintf(left, sizeof left, "%s %s", fs->name, fs->value);
         const char *shown = fs->shown ? fs->shown : fs->initial;
-        char by_optimizer[64]; /* "adamw 0.01, sgd 0"; an AdamW setting's alone */
-        if (!shown && fs->adamw) {
-            if (fs->sgd)
-                snprintf(by_optimizer, sizeof by_optimizer, "adamw %s, sgd %s", fs->adamw, fs->sgd);
-            else
-                snprintf(by_optimizer, sizeof by_optimizer, "%s", fs->adamw);
+        char by_optimizer[160];
+        if (!shown && optimizer_defaults_text(fs, by_optimizer, sizeof by_optimizer))
             shown = by_optimizer;
-        }
         if (shown && shown[0]) snprintf(text, sizeof text, "%s (%s)", fs->help, shown);
         else snprintf(text, sizeof text, "%s", fs->help);
         usage_row(f, left, text);

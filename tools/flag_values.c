@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,12 +83,18 @@ int flag_set_model(const flag_spec *fs, char *v, cli_opts *o)
 
 int flag_set_optimizer(const flag_spec *fs, char *v, cli_opts *o)
 {
-    static const flag_spec choice = {.name = "--optimizer", .choices = "adamw|sgd"};
-    (void)fs;
-    bool sgd = false;
-    int rc = parse_choice(&choice, v, &sgd);
-    o->optimizer.kind = sgd ? SPMD_OPTIMIZER_SGD : SPMD_OPTIMIZER_ADAMW;
-    return rc;
+    for (int k = 0; k < CLI_OPTIMIZERS; k++)
+        if (!strcmp(v, cli_optimizer_word((spmd_optimizer_kind)k))) {
+            o->optimizer.kind = (spmd_optimizer_kind)k;
+            return 0;
+        }
+    char words[96] = "";
+    for (int k = 0; k < CLI_OPTIMIZERS; k++) {
+        size_t n = strlen(words);
+        snprintf(words + n, sizeof words - n, "%s%s", k == 0 ? "" : k + 1 < CLI_OPTIMIZERS ? ", " : " or ",
+                 cli_optimizer_word((spmd_optimizer_kind)k));
+    }
+    return cli_fail("%s is %s, got '%s'", fs->name, words, v);
 }
 
 /* --seed, --lr, --warmup or --weight-decay: one value, or a comma-separated list of one

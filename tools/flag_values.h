@@ -14,7 +14,7 @@ int flag_set(const flag_spec *fs, char *v, cli_opts *o);
 
 /* The FLAG_CUSTOM rows' readers. */
 int flag_set_model(const flag_spec *fs, char *v, cli_opts *o);     /* gpt|mlp */
-int flag_set_optimizer(const flag_spec *fs, char *v, cli_opts *o); /* adamw|sgd */
+int flag_set_optimizer(const flag_spec *fs, char *v, cli_opts *o); /* sgd|adamw|adam|rmsprop|adagrad */
 /* --seed, --lr, --warmup or --weight-decay: one value, or one per copy. */
 int flag_set_copy_list(const flag_spec *fs, char *v, cli_opts *o);
 int flag_set_shard(const flag_spec *fs, char *v, cli_opts *o);  /* PATTERN=SPEC */

@@ -214,6 +214,19 @@ static const char *mem_text(double bytes, char *buf, size_t size);
  * nodes, gradient and plan on one device). */
 #define GRAPH_BYTES_PER_LAYER (64.0 * 1024)
 
+/* The tensors the optimizer keeps per parameter (torch.optim's state). */
+static int optimizer_states(const spmd_optimizer *opt)
+{
+    switch (opt->kind) {
+    case SPMD_OPTIMIZER_SGD: return opt->momentum != 0.0f;
+    case SPMD_OPTIMIZER_ADAMW:
+    case SPMD_OPTIMIZER_ADAM: return 2 + opt->amsgrad;
+    case SPMD_OPTIMIZER_RMSPROP: return 1 + opt->centered + (opt->momentum != 0.0f);
+    case SPMD_OPTIMIZER_ADAGRAD: return 1;
+    }
+    return 2;
+}
+
 /* The model's size against the memory, before its graph is built (which
  * grows with --layers for as long as the memory lasts): the graph's
  * nodes and, for a run, the parameters with their gradients and the
@@ -231,7 +244,7 @@ static int check_model_size(const cli_opts *o, int copies)
                      : (double)o->mlp.layers * o->mlp.hidden * o->mlp.hidden;
         params *= copies / (o->processes > 1 ? (double)o->processes : 1.0);
     }
-    double per_param = o->optimizer.kind == SPMD_OPTIMIZER_ADAMW ? 16 : 8;
+    double per_param = 4.0 * (2 + optimizer_states(&o->optimizer)); /* value, gradient, state */
     double need = (double)o->gpt.layers * GRAPH_BYTES_PER_LAYER + params * per_param;
     if (need <= avail) return 0;
     char a[32], b[32], shape[96];

@@ -66,7 +66,7 @@ typedef struct cli_opts {
     const char *data;  /* NULL: the synthetic addition set */
     spmd_optimizer optimizer;
     bool zero;         /* --zero (on by default): optimizer.zero ON or OFF */
-    bool lr_constant;  /* --schedule constant (default for sgd) */
+    bool lr_constant;  /* --schedule constant (default but for adamw and adam) */
     int warmup;        /* warmup steps: the flag's, else steps / 10 + 1 with cosine, 0 constant */
     bool data_sequential; /* --data-order sequential */
     const char *save;  /* --save DIR: checkpoint at the end (and every save_every) */
@@ -126,5 +126,33 @@ typedef struct cli_opts {
     bool plot_grad_norm; /* plot --metric grad_norm */
     bool export_bf16;    /* export --dtype bf16 */
 } cli_opts;
+
+/* The optimizers --optimizer names, by spmd_optimizer_kind: the flag's
+ * word (also the checkpoint's "kind") and the name a run prints. */
+#define CLI_OPTIMIZERS 5
+
+static inline const char *cli_optimizer_word(spmd_optimizer_kind k)
+{
+    switch (k) {
+    case SPMD_OPTIMIZER_SGD: return "sgd";
+    case SPMD_OPTIMIZER_ADAMW: return "adamw";
+    case SPMD_OPTIMIZER_ADAM: return "adam";
+    case SPMD_OPTIMIZER_RMSPROP: return "rmsprop";
+    case SPMD_OPTIMIZER_ADAGRAD: return "adagrad";
+    }
+    return "?";
+}
+
+static inline const char *cli_optimizer_title(spmd_optimizer_kind k)
+{
+    switch (k) {
+    case SPMD_OPTIMIZER_SGD: return "SGD";
+    case SPMD_OPTIMIZER_ADAMW: return "AdamW";
+    case SPMD_OPTIMIZER_ADAM: return "Adam";
+    case SPMD_OPTIMIZER_RMSPROP: return "RMSprop";
+    case SPMD_OPTIMIZER_ADAGRAD: return "Adagrad";
+    }
+    return "?";
+}
 
 #endif

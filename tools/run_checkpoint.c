@@ -5,8 +5,11 @@
  *
  *   config     the model: {model, vocab, seq, context, layers, heads, dim}
  *              for a GPT, {model, vocab, seq, layers, hidden} for the MLP
- *   optimizer  {kind, lr, schedule, warmup, steps, weight_decay, beta1,
- *              beta2, eps, clip}
+ *   optimizer  {kind, lr, schedule, warmup, steps, weight_decay, clip,
+ *              and the kind's own: momentum, dampening, nesterov (sgd);
+ *              beta1, beta2, eps, amsgrad (adamw, adam); momentum,
+ *              alpha, eps, centered (rmsprop); lr_decay,
+ *              initial_accumulator, eps (adagrad)}
  *   data       {source, order, seed, batch, samples}: samples is the data
  *              position, the training samples consumed so far
  *   rng        {seed}: every random draw is a pure function of (seed,
@@ -66,16 +69,37 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
     cJSON_AddStringToObject(config, "reduce_precision", o->bf16_reduce ? "bf16" : "fp32");
     const spmd_optimizer *opt = &o->optimizer;
     cJSON *optim = cJSON_AddObjectToObject(root, "optimizer");
-    cJSON_AddStringToObject(optim, "kind", opt->kind == SPMD_OPTIMIZER_ADAMW ? "adamw" : "sgd");
+    cJSON_AddStringToObject(optim, "kind", cli_optimizer_word(opt->kind));
     cJSON_AddNumberToObject(optim, "lr", o->lr);
     cJSON_AddStringToObject(optim, "schedule", o->lr_constant ? "constant" : "cosine");
     cJSON_AddNumberToObject(optim, "warmup", o->warmup);
     cJSON_AddNumberToObject(optim, "steps", o->steps);
     cJSON_AddNumberToObject(optim, "weight_decay", opt->weight_decay);
-    if (opt->kind == SPMD_OPTIMIZER_ADAMW) {
+    /* Each optimizer's own settings. */
+    switch (opt->kind) {
+    case SPMD_OPTIMIZER_SGD:
+        cJSON_AddNumberToObject(optim, "momentum", opt->momentum);
+        cJSON_AddNumberToObject(optim, "dampening", opt->dampening);
+        cJSON_AddStringToObject(optim, "nesterov", opt->nesterov ? "on" : "off");
+        break;
+    case SPMD_OPTIMIZER_ADAMW:
+    case SPMD_OPTIMIZER_ADAM:
         cJSON_AddNumberToObject(optim, "beta1", opt->beta1);
         cJSON_AddNumberToObject(optim, "beta2", opt->beta2);
         cJSON_AddNumberToObject(optim, "eps", opt->eps);
+        cJSON_AddStringToObject(optim, "amsgrad", opt->amsgrad ? "on" : "off");
+        break;
+    case SPMD_OPTIMIZER_RMSPROP:
+        cJSON_AddNumberToObject(optim, "momentum", opt->momentum);
+        cJSON_AddNumberToObject(optim, "alpha", opt->alpha);
+        cJSON_AddNumberToObject(optim, "eps", opt->eps);
+        cJSON_AddStringToObject(optim, "centered", opt->centered ? "on" : "off");
+        break;
+    case SPMD_OPTIMIZER_ADAGRAD:
+        cJSON_AddNumberToObject(optim, "lr_decay", opt->lr_decay);
+        cJSON_AddNumberToObject(optim, "initial_accumulator", opt->initial_accumulator_value);
+        cJSON_AddNumberToObject(optim, "eps", opt->eps);
+        break;
     }
     cJSON_AddNumberToObject(optim, "clip", opt->clip_norm);
     cJSON *data = cJSON_AddObjectToObject(root, "data");
@@ -296,13 +320,28 @@ static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *
     }
     bool any = false;
     const cJSON *nopt = item(now, "optimizer"), *ndata = item(now, "data");
-    const char *numbers[][2] = {{"--lr", "lr"},           {"--warmup", "warmup"},
-                                {"--steps", "steps"},     {"--weight-decay", "weight_decay"},
-                                {"--beta1", "beta1"},     {"--beta2", "beta2"},
-                                {"--eps", "eps"},         {"--clip", "clip"}};
+    const char *numbers[][2] = {{"--lr", "lr"},
+                                {"--warmup", "warmup"},
+                                {"--steps", "steps"},
+                                {"--weight-decay", "weight_decay"},
+                                {"--momentum", "momentum"},
+                                {"--dampening", "dampening"},
+                                {"--beta1", "beta1"},
+                                {"--beta2", "beta2"},
+                                {"--alpha", "alpha"},
+                                {"--lr-decay", "lr_decay"},
+                                {"--initial-accumulator", "initial_accumulator"},
+                                {"--eps", "eps"},
+                                {"--clip", "clip"}};
     for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++) {
         const cJSON *n = item(nopt, numbers[i][1]);
         if (n) any |= differs_number(numbers[i][0], item(opt, numbers[i][1]), n->valuedouble);
+    }
+    const char *choices[][2] = {{"--nesterov", "nesterov"}, {"--amsgrad", "amsgrad"},
+                                {"--centered", "centered"}};
+    for (size_t i = 0; i < sizeof choices / sizeof *choices; i++) {
+        const cJSON *c = item(nopt, choices[i][1]);
+        if (c) any |= differs_text(choices[i][0], item(opt, choices[i][1]), c->valuestring);
     }
     any |= differs_text("--schedule", item(opt, "schedule"), item(nopt, "schedule")->valuestring);
     any |= differs_text("--precision", item(cfg, "precision"),

@@ -84,8 +84,8 @@ static void settings_value(settings_text *t, const flag_spec *fs, const cli_opts
     case FLAG_CUSTOM:
         if (!strcmp(name, "--model")) settings_put(t, o->model, strlen(o->model));
         else if (!strcmp(name, "--optimizer"))
-            settings_put(t, o->optimizer.kind == SPMD_OPTIMIZER_SGD ? "sgd" : "adamw",
-                         o->optimizer.kind == SPMD_OPTIMIZER_SGD ? 3 : 5);
+            settings_put(t, cli_optimizer_word(o->optimizer.kind),
+                         strlen(cli_optimizer_word(o->optimizer.kind)));
         else if (!strcmp(name, "--shard"))
             for (int i = 0; i < o->n_shards; i++) {
                 settings_printf(t, "%s", i ? " " : "");

@@ -104,7 +104,8 @@ typedef enum spmd_init_kind {
     SPMD_INIT_ZEROS = 0,
     SPMD_INIT_ONES,
     SPMD_INIT_NORMAL,  /* mean 0, standard deviation `scale` */
-    SPMD_INIT_UNIFORM  /* uniform in [-scale, scale) */
+    SPMD_INIT_UNIFORM, /* uniform in [-scale, scale) */
+    SPMD_INIT_CONSTANT /* every element `scale` (Adagrad's initial accumulator) */
 } spmd_init_kind;
 
 typedef struct spmd_init {
@@ -120,6 +121,14 @@ SPMD_API spmd_tensor *spmd_param(spmd_graph *g, const char *name, int rank,
 /* Persistent but not trained (optimizer moments, step counters). */
 SPMD_API spmd_tensor *spmd_state(spmd_graph *g, const char *name, int rank,
                                  const int64_t *dims, spmd_init init);
+/* Hold parameter p constant, as fine-tuning holds a layer PyTorch gives
+ * requires_grad=False or leaves out of the optimizer: spmd_grad gives it
+ * no gradient (nor computes one) and the optimizer neither updates it nor
+ * keeps state for it.  It stays a parameter in every other way: its
+ * initialisation, its mark (spmd_fsdp_wrap marks it too, and FSDP gathers
+ * it where it is read), spmd_program_write and _read, checkpoints.  Before
+ * spmd_grad; freezing twice is freezing once. */
+SPMD_API spmd_status spmd_param_freeze(spmd_tensor *p);
 SPMD_API spmd_tensor *spmd_fill(spmd_graph *g, int rank, const int64_t *dims, float value);
 
 /* Elementwise with numpy broadcasting. */
@@ -338,7 +347,9 @@ SPMD_API const char *spmd_tensor_name(const spmd_tensor *t); /* NULL if unnamed 
 SPMD_API spmd_status spmd_tensor_set_name(spmd_tensor *t, const char *name);
 SPMD_API const char *spmd_tensor_op_name(const spmd_tensor *t);
 SPMD_API bool spmd_tensor_is_param(const spmd_tensor *t);
-/* The gradient of a parameter after spmd_grad (NULL before). */
+SPMD_API bool spmd_tensor_is_frozen(const spmd_tensor *t); /* spmd_param_freeze */
+/* The gradient of a parameter after spmd_grad (NULL before, and for a
+ * frozen one). */
 SPMD_API spmd_tensor *spmd_tensor_grad(const spmd_tensor *t);
 /* The iteration-space signature of the op, einsum style ("mk,nk->mn"). */
 SPMD_API const char *spmd_tensor_signature(const spmd_tensor *t, char *buf, size_t size);
@@ -346,7 +357,7 @@ SPMD_API const char *spmd_tensor_signature(const spmd_tensor *t, char *buf, size
 SPMD_API spmd_tensor *spmd_graph_find(const spmd_graph *g, const char *name);
 SPMD_API int spmd_graph_tensor_count(const spmd_graph *g);
 SPMD_API spmd_tensor *spmd_graph_tensor(const spmd_graph *g, int index); /* creation order */
-SPMD_API int64_t spmd_graph_param_count(const spmd_graph *g); /* trained elements */
+SPMD_API int64_t spmd_graph_param_count(const spmd_graph *g); /* trained elements (not frozen) */
 
 /* Keep `t` readable after a run. */
 SPMD_API spmd_status spmd_graph_mark_output(spmd_graph *g, spmd_tensor *t);
@@ -356,12 +367,12 @@ SPMD_API spmd_status spmd_graph_set_update(spmd_graph *g, spmd_tensor *target, s
 /* ---- Autodiff ---------------------------------------------------------- */
 
 /* Append the reverse-mode backward pass of the scalar `loss`.  Afterwards
- * spmd_tensor_grad(p) gives dloss/dp for every parameter p. */
+ * spmd_tensor_grad(p) gives dloss/dp for every parameter p not frozen. */
 SPMD_API spmd_status spmd_grad(spmd_graph *g, spmd_tensor *loss);
 
 /* ---- Optimizer updates -------------------------------------------------- */
 
-/* Append plain SGD: p <- p - lr * dloss/dp for every parameter, with `lr`
+/* Append plain SGD: p <- p - lr * dloss/dp for every trained parameter, with `lr`
  * a scalar f32 input (so schedules change it without recompiling).
  * Every replica updates whole (no ZeRO, which spmd_optimizer_apply uses
  * by default).  Requires spmd_grad first. */

@@ -17,9 +17,11 @@ extern "C" {
 /* ---- Optimizers ----------------------------------------------------------- */
 
 typedef enum spmd_optimizer_kind {
-    SPMD_OPTIMIZER_SGD = 0,  /* with momentum and (L2) weight decay */
+    SPMD_OPTIMIZER_SGD = 0,  /* momentum (dampening, Nesterov), L2 weight decay */
     SPMD_OPTIMIZER_ADAMW,    /* decoupled weight decay */
-    SPMD_OPTIMIZER_ADAM      /* L2 weight decay, added to the gradient */
+    SPMD_OPTIMIZER_ADAM,     /* L2 weight decay, added to the gradient */
+    SPMD_OPTIMIZER_RMSPROP,  /* L2 weight decay; momentum, centered */
+    SPMD_OPTIMIZER_ADAGRAD   /* L2 weight decay; lr decay */
 } spmd_optimizer_kind;
 
 /* ZeRO (stages 1 and 2), spmd_optimizer.zero: keep the optimizer state,
@@ -39,14 +41,25 @@ typedef enum spmd_zero {
     SPMD_ZERO_OFF
 } spmd_zero;
 
-/* PyTorch's semantics (torch.optim.SGD with dampening 0 and no Nesterov,
- * torch.optim.Adam and torch.optim.AdamW without amsgrad). */
+/* PyTorch's semantics and order of operations: torch.optim.SGD,
+ * torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop and
+ * torch.optim.Adagrad, each setting of the same name meaning what it
+ * means there.  A setting the kind does not take must be 0 (false). */
 typedef struct spmd_optimizer {
     spmd_optimizer_kind kind;
-    float momentum;     /* SGD: 0 for plain SGD */
-    float weight_decay; /* SGD, Adam: added to the gradient; AdamW: decoupled */
+    float momentum;     /* SGD, RMSprop: 0 for none */
+    float weight_decay; /* AdamW: decoupled; the others: added to the gradient */
     float beta1, beta2; /* Adam, AdamW (0.9, 0.999 when both are 0) */
-    float eps;          /* Adam, AdamW (1e-8 when 0) */
+    /* Adam, AdamW, RMSprop: 1e-8 when 0; Adagrad: 1e-10 when 0 */
+    float eps;
+    float dampening;    /* SGD: momentum's dampening (needs momentum) */
+    bool nesterov;      /* SGD: Nesterov momentum (needs momentum, no dampening) */
+    bool amsgrad;       /* Adam, AdamW: the running maximum of the second moment */
+    float alpha;        /* RMSprop: the square average's decay (0.99 when 0) */
+    bool centered;      /* RMSprop: divide by the variance, not the square average */
+    float lr_decay;     /* Adagrad: step t's lr is lr / (1 + (t - 1) lr_decay) */
+    float initial_accumulator_value; /* Adagrad: where the sum of squares starts */
+    bool maximize;      /* every kind: ascend, as if the gradient were negated */
     float clip_norm;    /* > 0: scale gradients so their global norm is at most this */
     spmd_zero zero;     /* ZeRO: on unless SPMD_ZERO_OFF (spmd_zero above) */
     /* Read the decay from the f32 scalar input "weight_decay", fed each
@@ -76,22 +89,33 @@ typedef struct spmd_optimizer_tensors {
     spmd_tensor *weight_decay; /* input "weight_decay" (weight_decay_input), else NULL */
 } spmd_optimizer_tensors;
 
-/* Append the update of every parameter (spmd_grad first).  State tensors
- * ("<param>.momentum", "<param>.exp_avg", "<param>.exp_avg_sq", "opt.step")
- * start at zero and take their parameter's sharding; each gradient is held
+/* Append the update of every trained parameter (spmd_grad first; a
+ * frozen one, spmd_param_freeze, has neither update nor state).  State
+ * tensors, each kind's as torch.optim names them ("<param>.momentum" for
+ * SGD; "<param>.exp_avg", "<param>.exp_avg_sq" and with amsgrad
+ * "<param>.max_exp_avg_sq" for Adam and AdamW; "<param>.square_avg",
+ * "<param>.grad_avg" when centered and "<param>.momentum" for RMSprop;
+ * "<param>.sum" for Adagrad) and "opt.step" start at zero (Adagrad's sum
+ * at initial_accumulator_value) and take their parameter's sharding; each
+ * gradient is held
  * in its parameter's sharding too (so FSDP reduce-scatters it), through a
  * marked copy that the update reads (spmd_tensor_grad stays the raw
  * gradient).  The global norm, "opt.grad_norm", is a sum over every shard
  * and an output whether or not clip_norm is set.  "opt.step" counts the
- * steps run, and Adam's and AdamW's bias corrections come from it.
+ * steps run; Adam's and AdamW's bias corrections, Adagrad's lr decay and
+ * SGD's first step with dampening (the buffer takes the whole gradient)
+ * come from it.
  *
  * The learning rate is the graph's f32 scalar input "lr", created here or
  * reused when the graph already has it.  `out` may be NULL.
  *
  * Refused with a message, leaving the graph as it was: NULL graph or
  * settings; no spmd_grad yet; negative or non-finite momentum, weight
- * decay, clip_norm or eps; a beta outside [0, 1); settings of the other
- * kind (betas or eps for SGD, momentum for AdamW); a tensor "lr" that is
+ * decay, dampening, clip_norm, eps, lr_decay or initial accumulator; a
+ * beta outside [0, 1), an alpha outside [0, 1]; a setting of another kind
+ * (betas or eps for SGD, momentum for AdamW), named with the kinds that
+ * take it; dampening without momentum, Nesterov without momentum or with
+ * dampening (as torch refuses); no trained parameter; a tensor "lr" that is
  * not an f32 scalar input; a parameter that already has an update
  * (spmd_sgd or a second call) or was created after spmd_grad; state
  * names already taken.  After SPMD_ERR_NOMEM the graph may hold part of
@@ -105,22 +129,31 @@ SPMD_API spmd_status spmd_optimizer_apply(spmd_graph *g, const spmd_optimizer *o
 typedef struct spmd_optimizer_group {
     /* n_params parameter names, each exact or a pattern where '*' stands
      * for any run of characters (dots too) and '?' for any one: "*.bias",
-     * "h.*.attn.c_attn.weight".  A group may be empty (n_params 0). */
+     * "h.*.attn.c_attn.weight".  A group may be empty (n_params 0).
+     * Patterns pass over frozen parameters (spmd_param_freeze). */
     const char *const *params;
     int n_params;
     float weight_decay;
-    float momentum;     /* SGD */
+    float momentum;     /* SGD, RMSprop */
     float beta1, beta2; /* Adam, AdamW */
-    float eps;          /* Adam, AdamW */
+    float eps;          /* Adam, AdamW, RMSprop, Adagrad */
+    float dampening;    /* SGD */
+    bool nesterov;      /* SGD */
+    bool amsgrad;       /* Adam, AdamW */
+    float alpha;        /* RMSprop */
+    bool centered;      /* RMSprop */
+    float lr_decay;     /* Adagrad */
+    float initial_accumulator_value; /* Adagrad */
+    bool maximize;
 } spmd_optimizer_group;
 
-/* spmd_optimizer_apply with parameter groups: every parameter in exactly
- * one of the n_groups groups, updated with that group's settings and
- * learning rate.  The kind, clip_norm and zero come from `opt`
- * and hold for all groups (clipping scales every gradient by the norm
- * over all of them, as clip_grad_norm_ over all parameters does); opt's
- * momentum, weight_decay, beta1, beta2 and eps must be 0 (each group has
- * its own) and weight_decay_input false.
+/* spmd_optimizer_apply with parameter groups: every trained parameter in
+ * exactly one of the n_groups groups, updated with that group's settings
+ * and learning rate.  The kind, clip_norm, zero and accumulate_steps come
+ * from `opt` and hold for all groups (clipping scales every gradient by
+ * the norm over all of them, as clip_grad_norm_ over all parameters
+ * does); opt's settings a group has (weight_decay to maximize) must be 0
+ * (each group has its own) and weight_decay_input false.
  *
  * Group i's learning rate is its own f32 scalar input, fed each step:
  * "lr" for group 0 (as spmd_optimizer_apply's), "lr.1", "lr.2", ... for
@@ -133,7 +166,8 @@ typedef struct spmd_optimizer_group {
  * spmd_optimizer_apply refuses (a group's settings named by its index)
  * and: NULL groups or n_groups < 1; a NULL or negative parameter list; a
  * parameter in two groups or in none; a name or pattern that matches no
- * parameter; per-group settings or weight_decay_input in `opt`; a tensor
+ * trained parameter (the message says when it names a frozen one);
+ * per-group settings or weight_decay_input in `opt`; a tensor
  * "lr.<i>" that is not an f32 scalar input. */
 SPMD_API spmd_status spmd_optimizer_apply_groups(spmd_graph *g, const spmd_optimizer *opt,
                                                  const spmd_optimizer_group *groups, int n_groups,

@@ -25,7 +25,7 @@ static int init_arg(PyObject *o, float scale, spmd_init *init)
 {
     static const struct { const char *name; spmd_init_kind kind; } kinds[] = {
         {"zeros", SPMD_INIT_ZEROS}, {"ones", SPMD_INIT_ONES},
-        {"normal", SPMD_INIT_NORMAL}, {"uniform", SPMD_INIT_UNIFORM}};
+        {"normal", SPMD_INIT_NORMAL}, {"uniform", SPMD_INIT_UNIFORM}, {"constant", SPMD_INIT_CONSTANT}};
     const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
     for (size_t i = 0; s && i < sizeof kinds / sizeof kinds[0]; i++)
         if (!strcmp(s, kinds[i].name)) {
@@ -33,7 +33,7 @@ static int init_arg(PyObject *o, float scale, spmd_init *init)
             return 0;
         }
     if (!PyErr_Occurred())
-        PyErr_Format(error_type(SPMD_ERR_INVALID), "init %R: one of 'zeros', 'ones', 'normal', 'uniform'", o);
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "init %R: one of 'zeros', 'ones', 'normal', 'uniform', 'constant'", o);
     return -1;
 }
 

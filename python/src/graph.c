@@ -168,6 +168,13 @@ static PyObject *graph_mark_output(GraphObject *self, PyObject *x)
     RETURN_STATUS(spmd_graph_mark_output(self->g, t));
 }
 
+static PyObject *graph_param_freeze(GraphObject *self, PyObject *x)
+{
+    spmd_tensor *t;
+    if (tensor_arg(self, x, &t, true) < 0) return NULL;
+    RETURN_STATUS(spmd_param_freeze(t));
+}
+
 static PyObject *graph_set_update(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"target", "value", NULL};
@@ -227,6 +234,9 @@ static PyMethodDef graph_core_methods[] = {
     {"check", FN(graph_check), METH_NOARGS,
      "check(): raise the first failure of a builder on this graph, if any"},
     {"mark_output", FN(graph_mark_output), METH_O, "mark_output(t): keep t readable after a run"},
+    {"param_freeze", FN(graph_param_freeze), METH_O,
+     "param_freeze(p): hold parameter p constant (no gradient, no update, no optimizer state); "
+     "before grad"},
     {"set_update", KW(graph_set_update), "set_update(target, value): copy value into target after each run"},
     {"mark_sharding", KW(graph_mark_sharding),
      "mark_sharding(t, mesh, spec): spec as text \"(replica, fsdp), None\" or a tuple\n"

@@ -108,6 +108,12 @@ static PyObject *tensor_get_is_param(TensorObject *self, void *unused)
     return tensor_live(self) < 0 ? NULL : PyBool_FromLong(spmd_tensor_is_param(self->t));
 }
 
+static PyObject *tensor_get_is_frozen(TensorObject *self, void *unused)
+{
+    (void)unused;
+    return tensor_live(self) < 0 ? NULL : PyBool_FromLong(spmd_tensor_is_frozen(self->t));
+}
+
 static PyObject *tensor_get_grad(TensorObject *self, void *unused)
 {
     (void)unused;
@@ -199,7 +205,9 @@ static PyGetSetDef tensor_getset[] = {
     {"ndim", GET(tensor_get_rank), NULL, "the number of dimensions", NULL},
     {"size", GET(tensor_get_size), NULL, "the number of elements", NULL},
     {"op", GET(tensor_get_op), NULL, "the op's name (\"matmul\", \"param\", ...)", NULL},
-    {"is_param", GET(tensor_get_is_param), NULL, "whether it is a trained parameter", NULL},
+    {"is_param", GET(tensor_get_is_param), NULL, "whether it is a parameter (frozen or trained)", NULL},
+    {"is_frozen", GET(tensor_get_is_frozen), NULL, "whether it is a frozen parameter (Graph.param_freeze)",
+     NULL},
     {"grad", GET(tensor_get_grad), NULL, "a parameter's gradient after Graph.grad, else None", NULL},
     {"graph", GET(tensor_get_graph), NULL, "the Graph it belongs to", NULL},
     {"sharding", GET(tensor_get_sharding), NULL,

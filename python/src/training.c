@@ -2,6 +2,7 @@
  * marks, and the ready-made models of spmd/models.h. */
 #include "core.h"
 
+#include <stddef.h>
 #include <string.h>
 
 PyTypeObject *OptimizerTensorsType;
@@ -17,15 +18,65 @@ static int optimizer_kind_arg(const char *kind, spmd_optimizer_kind *out)
     if (!strcmp(kind, "adamw")) *out = SPMD_OPTIMIZER_ADAMW;
     else if (!strcmp(kind, "adam")) *out = SPMD_OPTIMIZER_ADAM;
     else if (!strcmp(kind, "sgd")) *out = SPMD_OPTIMIZER_SGD;
+    else if (!strcmp(kind, "rmsprop")) *out = SPMD_OPTIMIZER_RMSPROP;
+    else if (!strcmp(kind, "adagrad")) *out = SPMD_OPTIMIZER_ADAGRAD;
     else {
-        PyErr_Format(error_type(SPMD_ERR_INVALID), "optimizer kind '%s': 'adamw', 'adam' or 'sgd'", kind);
+        PyErr_Format(error_type(SPMD_ERR_INVALID),
+                     "optimizer kind '%s': 'adamw', 'adam', 'sgd', 'rmsprop' or 'adagrad'", kind);
         return -1;
     }
     return 0;
 }
 
+/* The settings a group has of its own besides betas (a pair): the keys of
+ * a group's dict, and where each lives in spmd_optimizer_group. */
+typedef struct setting_key {
+    const char *key;
+    bool flag; /* bool, else float */
+    size_t in_group;
+} setting_key;
+
+#define SETTING_KEY(field, flag) {#field, flag, offsetof(spmd_optimizer_group, field)}
+static const setting_key setting_keys[] = {
+    SETTING_KEY(weight_decay, false), SETTING_KEY(momentum, false),  SETTING_KEY(eps, false),
+    SETTING_KEY(dampening, false),    SETTING_KEY(nesterov, true),   SETTING_KEY(amsgrad, true),
+    SETTING_KEY(alpha, false),        SETTING_KEY(centered, true),   SETTING_KEY(lr_decay, false),
+    SETTING_KEY(initial_accumulator_value, false), SETTING_KEY(maximize, true),
+};
+#undef SETTING_KEY
+#define N_SETTING_KEYS ((int)(sizeof setting_keys / sizeof setting_keys[0]))
+
+/* Each setting in a group's dict `d` (absent or None keeps the zero, the
+ * C API's "default") into `gr`. */
+static int setting_values(PyObject *d, spmd_optimizer_group *gr)
+{
+    for (int i = 0; i < N_SETTING_KEYS; i++) {
+        const setting_key *k = &setting_keys[i];
+        PyObject *v = PyDict_GetItemString(d, k->key); /* borrowed */
+        if (!v || v == Py_None) continue;
+        char *at = (char *)gr + k->in_group;
+        if (k->flag) {
+            int on = PyObject_IsTrue(v);
+            if (on < 0) return -1;
+            *(bool *)at = on;
+        } else {
+            *(float *)at = (float)PyFloat_AsDouble(v);
+            if (PyErr_Occurred()) return -1;
+        }
+    }
+    return 0;
+}
+
+static bool is_setting_key(const char *k)
+{
+    for (int i = 0; i < N_SETTING_KEYS; i++)
+        if (!strcmp(k, setting_keys[i].key)) return true;
+    return false;
+}
+
 /* Betas and eps left out (None) are 0, the C API's "default"; given ones
- * go through as they are, so SGD refuses them with its own message. */
+ * go through as they are, so SGD refuses them with its own message.  (A
+ * group's eps is read with its other settings: eps_o NULL.) */
 static int betas_eps_args(PyObject *betas, PyObject *eps_o, float *beta1, float *beta2, float *eps)
 {
     if (betas && betas != Py_None) {
@@ -56,22 +107,29 @@ static int zero_arg(PyObject *o, spmd_zero *zero)
 
 static PyObject *graph_optimizer_apply(GraphObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"kind",      "momentum",    "weight_decay",       "betas",
-                             "eps",       "clip_norm",   "shard_state",        "weight_decay_input",
-                             "accumulate_steps", NULL};
+    static char *kwlist[] = {"kind",      "momentum",  "weight_decay", "betas",    "eps",
+                             "clip_norm", "shard_state", "weight_decay_input", "accumulate_steps",
+                             "dampening", "nesterov",  "amsgrad",      "alpha",    "centered",
+                             "lr_decay",  "initial_accumulator_value", "maximize", NULL};
     const char *kind = "adamw";
     PyObject *betas = Py_None, *eps_o = Py_None;
     spmd_optimizer opt = {0};
     PyObject *shard = Py_None;
-    int wd_input = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s$ffOOfOpi:optimizer_apply", kwlist, &kind, &opt.momentum,
-                                     &opt.weight_decay, &betas, &eps_o, &opt.clip_norm, &shard, &wd_input,
-                                     &opt.accumulate_steps) ||
+    int wd_input = 0, nesterov = 0, amsgrad = 0, centered = 0, maximize = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s$ffOOfOpifppfpffp:optimizer_apply", kwlist, &kind,
+                                     &opt.momentum, &opt.weight_decay, &betas, &eps_o, &opt.clip_norm,
+                                     &shard, &wd_input, &opt.accumulate_steps, &opt.dampening, &nesterov,
+                                     &amsgrad, &opt.alpha, &centered, &opt.lr_decay,
+                                     &opt.initial_accumulator_value, &maximize) ||
         graph_open(self) < 0 || optimizer_kind_arg(kind, &opt.kind) < 0 ||
         betas_eps_args(betas, eps_o, &opt.beta1, &opt.beta2, &opt.eps) < 0 ||
         zero_arg(shard, &opt.zero) < 0)
         return NULL;
     opt.weight_decay_input = wd_input;
+    opt.nesterov = nesterov;
+    opt.amsgrad = amsgrad;
+    opt.centered = centered;
+    opt.maximize = maximize;
     spmd_optimizer_tensors out = {0};
     if (check(spmd_optimizer_apply(self->g, &opt, &out)) < 0) return NULL;
     PyObject *r = PyStructSequence_New(OptimizerTensorsType);
@@ -104,11 +162,12 @@ static int optimizer_group_arg(PyObject *d, int index, spmd_optimizer_group *gr,
     Py_ssize_t pos = 0;
     while (PyDict_Next(d, &pos, &key, &value)) {
         const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
-        if (!k || (strcmp(k, "params") && strcmp(k, "weight_decay") && strcmp(k, "momentum") &&
-                   strcmp(k, "betas") && strcmp(k, "eps"))) {
+        if (!k || (strcmp(k, "params") && strcmp(k, "betas") && !is_setting_key(k))) {
             if (!PyErr_Occurred())
                 PyErr_Format(error_type(SPMD_ERR_INVALID),
-                             "groups[%d]: key %R is not one of params, weight_decay, momentum, betas, eps",
+                             "groups[%d]: key %R is not one of params, betas, weight_decay, momentum, eps, "
+                             "dampening, nesterov, amsgrad, alpha, centered, lr_decay, "
+                             "initial_accumulator_value, maximize",
                              index, key);
             return -1;
         }
@@ -142,17 +201,8 @@ static int optimizer_group_arg(PyObject *d, int index, spmd_optimizer_group *gr,
         }
     }
     *gr = (spmd_optimizer_group){.params = *names, .n_params = (int)n};
-    float *floats[] = {&gr->weight_decay, &gr->momentum};
-    const char *float_keys[] = {"weight_decay", "momentum"};
-    for (int i = 0; i < 2; i++) {
-        PyObject *v = PyDict_GetItemString(d, float_keys[i]);
-        if (v && v != Py_None) {
-            *floats[i] = (float)PyFloat_AsDouble(v);
-            if (PyErr_Occurred()) return -1;
-        }
-    }
-    return betas_eps_args(PyDict_GetItemString(d, "betas"), PyDict_GetItemString(d, "eps"), &gr->beta1,
-                          &gr->beta2, &gr->eps);
+    if (setting_values(d, gr) < 0) return -1;
+    return betas_eps_args(PyDict_GetItemString(d, "betas"), NULL, &gr->beta1, &gr->beta2, &gr->eps);
 }
 
 static PyObject *graph_optimizer_apply_groups(GraphObject *self, PyObject *args, PyObject *kw)
@@ -327,14 +377,19 @@ static PyObject *graph_gpt(GraphObject *self, PyObject *args, PyObject *kw)
 
 PyMethodDef graph_training_methods[] = {
     {"optimizer_apply", KW(graph_optimizer_apply),
-     "optimizer_apply(kind='adamw' (or 'adam', 'sgd'), *, momentum=0, weight_decay=0, betas=None, eps=None,\n"
-     "clip_norm=0, shard_state=None, weight_decay_input=False, accumulate_steps=0)\n"
-     "-> (lr, grad_norm, weight_decay); shard_state None or True: ZeRO (the default), False: off"},
+     "optimizer_apply(kind='adamw' (or 'adam', 'sgd', 'rmsprop', 'adagrad'), *, weight_decay=0,\n"
+     "momentum=0, betas=None, eps=None, dampening=0, nesterov=False, amsgrad=False, alpha=0,\n"
+     "centered=False, lr_decay=0, initial_accumulator_value=0, maximize=False, clip_norm=0,\n"
+     "shard_state=None, weight_decay_input=False, accumulate_steps=0)\n"
+     "-> (lr, grad_norm, weight_decay); each setting as spmd_optimizer's (0 or None: the kind's\n"
+     "default); shard_state None or True: ZeRO (the default), False: off"},
     {"optimizer_apply_groups", KW(graph_optimizer_apply_groups),
      "optimizer_apply_groups(kind, groups, *, clip_norm=0, shard_state=None, accumulate_steps=0)\n"
      "-> each group's lr input:\n"
-     "groups a list of dicts {params: [names], weight_decay, momentum, betas, eps}; group i's lr is\n"
-     "the input 'lr' (i = 0) or 'lr.<i>'; shard_state None or True: ZeRO (the default), False: off"},
+     "groups a list of dicts {params: [names], and any of optimizer_apply's settings: weight_decay,\n"
+     "momentum, betas, eps, dampening, nesterov, amsgrad, alpha, centered, lr_decay,\n"
+     "initial_accumulator_value, maximize}; group i's lr is the input 'lr' (i = 0) or 'lr.<i>';\n"
+     "shard_state None or True: ZeRO (the default), False: off"},
     {"sgd", FN(graph_sgd), METH_O, "sgd(lr): plain SGD with lr an f32 scalar input"},
     {"fsdp_wrap", KW(graph_fsdp_wrap),
      "fsdp_wrap(mesh, axis='fsdp', inputs=(), data_axes=None): FSDPv2's marks"},

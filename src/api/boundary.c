@@ -45,6 +45,7 @@ spmd_graph *spmd_graph_create_impl(const spmd_allocator *alloc);
 spmd_tensor *spmd_input_impl(spmd_graph *g, const char *name, spmd_dtype dtype, int rank, const int64_t *dims);
 spmd_tensor *spmd_param_impl(spmd_graph *g, const char *name, int rank, const int64_t *dims, spmd_init init);
 spmd_tensor *spmd_state_impl(spmd_graph *g, const char *name, int rank, const int64_t *dims, spmd_init init);
+spmd_status spmd_param_freeze_impl(spmd_tensor *p);
 spmd_tensor *spmd_fill_impl(spmd_graph *g, int rank, const int64_t *dims, float value);
 spmd_tensor *spmd_add_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b);
 spmd_tensor *spmd_sub_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b);
@@ -379,6 +380,13 @@ spmd_tensor *spmd_state(spmd_graph *g, const char *name, int rank, const int64_t
 {
     spmd_tensor *r = spmd_state_impl(g, name, rank, dims, init);
     if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_param_freeze(spmd_tensor *p)
+{
+    spmd_status r = spmd_param_freeze_impl(p);
+    if (r == SPMD_OK) spmd_clear_error();
     return r;
 }
 

@@ -39,6 +39,7 @@
 #define spmd_input spmd_input_impl
 #define spmd_param spmd_param_impl
 #define spmd_state spmd_state_impl
+#define spmd_param_freeze spmd_param_freeze_impl
 #define spmd_fill spmd_fill_impl
 #define spmd_add spmd_add_impl
 #define spmd_sub spmd_sub_impl

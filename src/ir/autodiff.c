@@ -734,12 +734,12 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
         goto out;
     }
 
-    /* need = depends on a param (forward sweep) and reaches the loss
-     * (backward sweep), floating types only (not ids). */
+    /* need = depends on a trained (not frozen) param (forward sweep) and
+     * reaches the loss (backward sweep), floating types only (not ids). */
     int last = loss->id;
     for (int i = 0; i <= last; i++) {
         const spmd_tensor *t = g->nodes[i];
-        bool f = t->op == IR_PARAM;
+        bool f = ir_is_trained(t);
         for (int j = 0; j < t->n_in && !f; j++) f = from_param[t->in[j]->id];
         from_param[i] = f && t->dtype != SPMD_I32;
     }
@@ -805,7 +805,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
 
     for (int i = 0; i < n; i++) {
         spmd_tensor *p = g->nodes[i];
-        if (p->op != IR_PARAM) continue;
+        if (!ir_is_trained(p)) continue;
         spmd_tensor *gr = i <= last ? adj[i] : NULL;
         if (!gr) { /* the loss does not depend on p */
             gr = spmd_fill(g, p->rank, p->dims, 0.0f);

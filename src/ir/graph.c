@@ -307,6 +307,11 @@ static spmd_tensor *leaf(spmd_graph *g, ir_op op, const char *name, spmd_dtype d
                  ir_op_name(op), name, spmd_dtype_name(dtype));
         return NULL;
     }
+    if ((unsigned)init.kind > SPMD_INIT_CONSTANT) {
+        ir_error(g, SPMD_ERR_INVALID, "%s '%s': unknown init kind %d", ir_op_name(op), name,
+                 (int)init.kind);
+        return NULL;
+    }
     spmd_tensor *t = ir_node_new(g, op, dtype, rank, dims, NULL, 0);
     if (!t) return NULL;
     t->name = base_arena_strdup(&g->arena, name);
@@ -404,6 +409,21 @@ spmd_dtype spmd_tensor_dtype(const spmd_tensor *t) { return t ? t->dtype : SPMD_
 const char *spmd_tensor_name(const spmd_tensor *t) { return t ? t->name : NULL; }
 const char *spmd_tensor_op_name(const spmd_tensor *t) { return t ? ir_op_name(t->op) : "?"; }
 bool spmd_tensor_is_param(const spmd_tensor *t) { return t && t->op == IR_PARAM; }
+bool spmd_tensor_is_frozen(const spmd_tensor *t) { return t && t->op == IR_PARAM && t->frozen; }
+
+spmd_status spmd_param_freeze(spmd_tensor *p)
+{
+    if (!p) return base_error(SPMD_ERR_INVALID, "param_freeze: tensor is NULL");
+    if (p->op != IR_PARAM)
+        return base_error(SPMD_ERR_INVALID, "param_freeze: '%s' is not a parameter (its op is %s)",
+                          p->name ? p->name : "(unnamed)", ir_op_name(p->op));
+    if (p->graph->has_grad && !p->frozen)
+        return base_error(SPMD_ERR_INVALID,
+                          "param_freeze: '%s': the graph has its backward pass already "
+                          "(freeze before spmd_grad)", p->name);
+    p->frozen = true;
+    return SPMD_OK;
+}
 spmd_tensor *spmd_tensor_grad(const spmd_tensor *t) { return t ? t->grad : NULL; }
 
 spmd_status spmd_tensor_set_name(spmd_tensor *t, const char *name)
@@ -454,7 +474,7 @@ int64_t spmd_graph_param_count(const spmd_graph *g)
 {
     int64_t n = 0;
     for (int i = 0; g && i < g->n_nodes; i++)
-        if (g->nodes[i]->op == IR_PARAM) n += ir_numel(g->nodes[i]);
+        if (ir_is_trained(g->nodes[i])) n += ir_numel(g->nodes[i]);
     return n;
 }
 
@@ -593,6 +613,7 @@ int ir_op_lookup(const char *name)
 ir_op_kind ir_op_kind_of(ir_op op) { return (unsigned)op < IR_OP_COUNT ? op_kind[op] : IR_KIND_COMPUTE; }
 bool ir_op_is_leaf(ir_op op) { return ir_op_kind_of(op) == IR_KIND_LEAF; }
 bool ir_is_persistent(const spmd_tensor *t) { return t->op == IR_PARAM || t->op == IR_STATE; }
+bool ir_is_trained(const spmd_tensor *t) { return t->op == IR_PARAM && !t->frozen; }
 bool ir_op_is_collective(ir_op op)
 {
     ir_op_kind k = ir_op_kind_of(op);

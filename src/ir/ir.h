@@ -134,6 +134,7 @@ struct spmd_tensor {
      * (autodiff.c, backward_operand). */
     spmd_tensor *bf16;
     bool accumulator;       /* STATE: a gradient accumulator (above; kept in local graphs too) */
+    bool frozen;            /* PARAM: held constant, not trained (spmd_param_freeze) */
     spmd_graph *graph;
     struct sharding *mark;     /* the user's spmd_mark_sharding, arena-owned; NULL if none */
     /* What the last compile decided (shared copies, never written
@@ -260,6 +261,8 @@ ir_op_kind ir_op_kind_of(ir_op op);
 bool ir_op_is_leaf(ir_op op);
 /* A parameter or state: a leaf whose value persists from run to run. */
 bool ir_is_persistent(const spmd_tensor *t);
+/* A parameter the backward pass and the optimizer train: not frozen. */
+bool ir_is_trained(const spmd_tensor *t);
 bool ir_op_is_collective(ir_op op); /* IR_KIND_COLLECTIVE or IR_KIND_FLIES */
 bool ir_op_may_fly(ir_op op);       /* IR_KIND_FLIES */
 

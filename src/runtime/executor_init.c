@@ -28,6 +28,7 @@ static void init_row(void *ctx, int64_t local, int64_t global, int64_t n, int64_
         case SPMD_INIT_UNIFORM:
             x[i] = s * (2.0f * base_rng_uniform(c->seed, c->stream, gi) - 1.0f);
             break;
+        case SPMD_INIT_CONSTANT: x[i] = s; break;
         }
     }
     memset(x + n, 0, (size_t)pad * sizeof *x);

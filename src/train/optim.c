@@ -1,10 +1,17 @@
 /*
  * Optimizers as graph ops appended after spmd_grad (spmd/train.h): SGD
- * with momentum and L2 weight decay, Adam (L2 decay), AdamW (decoupled
- * decay), parameter groups with their own settings and learning rates,
- * and clipping by the global gradient norm, each with PyTorch's semantics
- * (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, param_groups,
- * torch.nn.utils.clip_grad_norm_), plus the learning rate schedule.
+ * (momentum, dampening, Nesterov), Adam (L2 decay), AdamW (decoupled
+ * decay), both with amsgrad, RMSprop (centered, momentum) and Adagrad (lr
+ * decay), all with L2 decay where torch adds it and maximize; parameter
+ * groups with their own settings and learning rates, and clipping by the
+ * global gradient norm, each with PyTorch's semantics (torch.optim's
+ * classes, param_groups, torch.nn.utils.clip_grad_norm_), plus the
+ * learning rate schedule.  Frozen parameters (spmd_param_freeze) have no
+ * gradient, so no update.  The settings are checked in optim_settings.c.
+ *
+ * Each update is a chain of elementwise ops per parameter (amsgrad's
+ * maximum a where), which fusion runs as fused passes over the
+ * parameter's shard (docs/DESIGN.md, "Fusion").
  *
  * Being graph ops, the updates are partitioned with the rest of the step.
  * A marked parameter's moments, and the copy of its gradient the update
@@ -21,6 +28,7 @@
  * checkpoint of the state resumes them exactly.
  */
 #include "train/optim.h"
+#include "train/optim_impl.h"
 
 #include "base/error.h"
 #include "ir/ir.h"
@@ -37,16 +45,19 @@
 #define NORM_NAME "opt.grad_norm"
 #define KEEP_NAME "accumulate.keep"
 #define ACC_SUFFIX ".grad_acc"
-#define MAX_ACCUMULATE (1 << 20)
 #define NAME_SIZE 256
 #define CLIP_EPS 1e-6f /* clip_grad_norm_'s guard against a zero norm */
-#define ADAM_BETA1 0.9f
-#define ADAM_BETA2 0.999f
-#define ADAM_EPS 1e-8f
 
-/* The state each kind keeps per parameter: "<param><suffix>". */
-static const char *const sgd_momentum_state[] = {".momentum"};
-static const char *const adamw_state[] = {".exp_avg", ".exp_avg_sq"};
+/* The state each kind keeps per parameter, "<param><suffix>", named as
+ * torch.optim names it. */
+#define MOMENTUM_STATE ".momentum"             /* SGD, RMSprop: momentum_buffer */
+#define EXP_AVG_STATE ".exp_avg"               /* Adam, AdamW */
+#define EXP_AVG_SQ_STATE ".exp_avg_sq"         /* Adam, AdamW */
+#define MAX_EXP_AVG_SQ_STATE ".max_exp_avg_sq" /* Adam, AdamW with amsgrad */
+#define SQUARE_AVG_STATE ".square_avg"         /* RMSprop */
+#define GRAD_AVG_STATE ".grad_avg"             /* RMSprop, centered */
+#define SUM_STATE ".sum"                       /* Adagrad */
+#define MAX_STATES 3
 
 /* Adam and AdamW: the same moments, decay aside. */
 static bool is_adam(spmd_optimizer_kind k)
@@ -54,15 +65,38 @@ static bool is_adam(spmd_optimizer_kind k)
     return k == SPMD_OPTIMIZER_ADAMW || k == SPMD_OPTIMIZER_ADAM;
 }
 
-static int state_count(const spmd_optimizer *o)
+/* The suffixes of the state o keeps per parameter; their count. */
+static int state_suffixes(const spmd_optimizer *o, const char *out[MAX_STATES])
 {
-    if (is_adam(o->kind)) return 2;
-    return o->momentum != 0.0f ? 1 : 0;
+    int n = 0;
+    switch (o->kind) {
+    case SPMD_OPTIMIZER_SGD:
+        if (o->momentum != 0.0f) out[n++] = MOMENTUM_STATE;
+        break;
+    case SPMD_OPTIMIZER_ADAMW:
+    case SPMD_OPTIMIZER_ADAM:
+        out[n++] = EXP_AVG_STATE;
+        out[n++] = EXP_AVG_SQ_STATE;
+        if (o->amsgrad) out[n++] = MAX_EXP_AVG_SQ_STATE;
+        break;
+    case SPMD_OPTIMIZER_RMSPROP:
+        out[n++] = SQUARE_AVG_STATE;
+        if (o->centered) out[n++] = GRAD_AVG_STATE;
+        if (o->momentum != 0.0f) out[n++] = MOMENTUM_STATE;
+        break;
+    case SPMD_OPTIMIZER_ADAGRAD:
+        out[n++] = SUM_STATE;
+        break;
+    }
+    return n;
 }
 
-static const char *state_suffix(const spmd_optimizer *o, int i)
+/* Whether o's update reads the step count: Adam's bias corrections,
+ * Adagrad's lr decay, SGD's first step with dampening. */
+static bool reads_step(const spmd_optimizer *o)
 {
-    return is_adam(o->kind) ? adamw_state[i] : sgd_momentum_state[i];
+    return is_adam(o->kind) || (o->kind == SPMD_OPTIMIZER_ADAGRAD && o->lr_decay != 0.0f) ||
+           (o->kind == SPMD_OPTIMIZER_SGD && o->dampening != 0.0f);
 }
 
 /* A graph op returned NULL: the failure it recorded on g, this call's own
@@ -74,68 +108,6 @@ static spmd_status builder_failed(const spmd_graph *g, const char *who)
     if (ir_graph_status(g) == SPMD_OK)
         return base_error(SPMD_ERR_INTERNAL, "%s: a graph op failed without a message", who);
     return ir_error_raise(g);
-}
-
-/* ---- Settings ---------------------------------------------------------------------------- */
-
-static bool nonneg(float x) { return x >= 0.0f && isfinite(x); }
-
-/* Check `opt` and fill `r` with the settings in force (AdamW defaults in). */
-static spmd_status resolve(const spmd_optimizer *opt, const char *who, spmd_optimizer *r)
-{
-    *r = *opt;
-    if (!nonneg(opt->weight_decay))
-        return base_error(SPMD_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", who,
-                          (double)opt->weight_decay);
-    if (opt->accumulate_steps < 0 || opt->accumulate_steps > MAX_ACCUMULATE)
-        return base_error(SPMD_ERR_INVALID,
-                          "%s: accumulate_steps %d is outside 0 .. %d (0 or 1: no accumulation)",
-                          who, opt->accumulate_steps, MAX_ACCUMULATE);
-    if ((unsigned)opt->zero > SPMD_ZERO_OFF)
-        return base_error(SPMD_ERR_INVALID,
-                          "%s: zero %d is not SPMD_ZERO_DEFAULT, SPMD_ZERO_ON or SPMD_ZERO_OFF", who,
-                          (int)opt->zero);
-    if (!nonneg(opt->clip_norm))
-        return base_error(SPMD_ERR_INVALID,
-                          "%s: clip_norm %g must be finite and >= 0 (0 turns clipping off)", who,
-                          (double)opt->clip_norm);
-    switch (opt->kind) {
-    case SPMD_OPTIMIZER_SGD:
-        if (!nonneg(opt->momentum))
-            return base_error(SPMD_ERR_INVALID, "%s: SGD momentum %g must be finite and >= 0",
-                              who, (double)opt->momentum);
-        /* Settings SGD would silently ignore are most likely a mistaken kind. */
-        if (opt->beta1 != 0.0f || opt->beta2 != 0.0f || opt->eps != 0.0f)
-            return base_error(SPMD_ERR_INVALID,
-                              "%s: beta1, beta2 and eps are AdamW settings; SGD takes momentum, "
-                              "weight_decay and clip_norm", who);
-        return SPMD_OK;
-    case SPMD_OPTIMIZER_ADAMW:
-    case SPMD_OPTIMIZER_ADAM: {
-        const char *kind = opt->kind == SPMD_OPTIMIZER_ADAM ? "Adam" : "AdamW";
-        if (opt->momentum != 0.0f)
-            return base_error(SPMD_ERR_INVALID,
-                              "%s: momentum is an SGD setting; %s's first moment decays by "
-                              "beta1", who, kind);
-        if (opt->beta1 == 0.0f && opt->beta2 == 0.0f) {
-            r->beta1 = ADAM_BETA1;
-            r->beta2 = ADAM_BETA2;
-        }
-        if (!(r->beta1 >= 0.0f && r->beta1 < 1.0f))
-            return base_error(SPMD_ERR_INVALID, "%s: %s beta1 %g is outside [0, 1)", who, kind,
-                              (double)r->beta1);
-        if (!(r->beta2 >= 0.0f && r->beta2 < 1.0f))
-            return base_error(SPMD_ERR_INVALID, "%s: %s beta2 %g is outside [0, 1)", who, kind,
-                              (double)r->beta2);
-        if (opt->eps == 0.0f) r->eps = ADAM_EPS;
-        if (!(r->eps > 0.0f && isfinite(r->eps)))
-            return base_error(SPMD_ERR_INVALID,
-                              "%s: %s eps %g must be finite and > 0 (0 means 1e-8)", who, kind,
-                              (double)opt->eps);
-        return SPMD_OK;
-    }
-    }
-    return base_error(SPMD_ERR_INVALID, "%s: unknown optimizer kind %d", who, (int)opt->kind);
 }
 
 /* ---- Checks on the graph, before anything is appended ------------------------------------ */
@@ -194,8 +166,9 @@ static void lr_name(int group, char *buf)
  * learning rate, each parameter's group.  One allocation (plan_alloc). */
 typedef struct shared shared;
 typedef struct plan {
+    const spmd_graph *g;
     int n_groups, n_params;
-    spmd_tensor **params; /* the parameters in graph order */
+    spmd_tensor **params; /* the trained parameters in graph order */
     spmd_tensor **grads;  /* what each update reads */
     spmd_tensor **lr;     /* each group's; NULL until created */
     shared *s;            /* each group's scalars */
@@ -226,6 +199,22 @@ static bool name_matches(const char *pattern, const char *name)
     return *pattern == '\0';
 }
 
+/* A group's name or pattern that matches no trained parameter: say so,
+ * and whether it names a frozen one. */
+static spmd_status matches_none(const spmd_graph *g, int group, const char *pattern,
+                                const char *who)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *t = g->nodes[i];
+        if (t->op == IR_PARAM && t->frozen && name_matches(pattern, t->name))
+            return base_error(SPMD_ERR_INVALID,
+                              "%s: group %d's '%s' matches only frozen parameters ('%s'): a "
+                              "frozen parameter has no update", who, group, pattern, t->name);
+    }
+    return base_error(SPMD_ERR_INVALID, "%s: group %d's '%s' matches no parameter", who, group,
+                      pattern);
+}
+
 /* Each parameter's group from the groups' names and patterns: exactly one. */
 static spmd_status assign_groups(plan *pl, const spmd_optimizer_group *groups, const char *who)
 {
@@ -253,9 +242,7 @@ static spmd_status assign_groups(plan *pl, const spmd_optimizer_group *groups, c
                                       pl->params[k]->name, pl->group[k], i, pattern);
                 pl->group[k] = i;
             }
-            if (!matched)
-                return base_error(SPMD_ERR_INVALID, "%s: group %d's '%s' matches no parameter",
-                                  who, i, pattern);
+            if (!matched) return matches_none(pl->g, i, pattern, who);
         }
     }
     for (int k = 0; k < pl->n_params; k++)
@@ -288,9 +275,11 @@ static spmd_status check_state_names(const spmd_graph *g, const spmd_optimizer *
                                      const spmd_tensor *p, const char *who)
 {
     char name[NAME_SIZE];
+    const char *suffixes[MAX_STATES];
+    int n = state_suffixes(o, suffixes);
     spmd_status st = SPMD_OK;
-    for (int k = 0; k < state_count(o) && st == SPMD_OK; k++) {
-        st = state_name(p, state_suffix(o, k), name, who);
+    for (int k = 0; k < n && st == SPMD_OK; k++) {
+        st = state_name(p, suffixes[k], name, who);
         if (st == SPMD_OK) st = name_free(g, name, who);
     }
     if (st == SPMD_OK && accumulates(o)) {
@@ -317,7 +306,8 @@ static spmd_status check_graph(const spmd_graph *g, plan *pl,
         st = BASE_INTERNAL("accumulation needs the optimizer's bookkeeping");
     if (st != SPMD_OK || !bookkeeping) return st;
     if (pl->n_params == 0)
-        return base_error(SPMD_ERR_INVALID, "%s: the graph has no parameters", who);
+        return base_error(SPMD_ERR_INVALID,
+                          "%s: the graph has no trained parameters (none, or all frozen)", who);
     const spmd_optimizer *o = &pl->o[0];
     st = name_free(g, STEP_NAME, who);
     if (st == SPMD_OK && accumulates(o)) st = name_free(g, KEEP_NAME, who);
@@ -372,16 +362,24 @@ static bool state_mark(const spmd_graph *g, const spmd_optimizer *o, const spmd_
     return marked;
 }
 
-/* "<param><suffix>", zeros, in the update's sharding (state_mark). */
-static spmd_tensor *param_state(spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
-                                const char *suffix)
+/* "<param><suffix>", starting as `init` says, in the update's sharding
+ * (state_mark). */
+static spmd_tensor *param_state_from(spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
+                                     const char *suffix, spmd_init init)
 {
     char name[NAME_SIZE];
     snprintf(name, sizeof name, "%s%s", p->name, suffix); /* length checked up front */
-    spmd_tensor *s = spmd_state(g, name, p->rank, p->dims, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
+    spmd_tensor *s = spmd_state(g, name, p->rank, p->dims, init);
     sharding mark;
     if (s && state_mark(g, o, p, &mark) && copy_mark(g, s, &mark) != SPMD_OK) return NULL;
     return s;
+}
+
+/* "<param><suffix>", zeros. */
+static spmd_tensor *param_state(spmd_graph *g, const spmd_optimizer *o, const spmd_tensor *p,
+                                const char *suffix)
+{
+    return param_state_from(g, o, p, suffix, (spmd_init){SPMD_INIT_ZEROS, 0.0f});
 }
 
 /* p as the update reads it: itself, or with ZeRO a sharding
@@ -433,20 +431,30 @@ static spmd_tensor *bias_correction(spmd_graph *g, spmd_tensor *t, spmd_tensor *
     return spmd_neg(g, spmd_mul(g, th, e));
 }
 
+/* max(a, b) elementwise, as torch.maximum: a where a - b > 0 or is NaN
+ * (relu passes NaN), else b.  There is no maximum op; the difference of
+ * two distinct floats is never 0, so the pick is exact. */
+static spmd_tensor *maximum(spmd_graph *g, spmd_tensor *a, spmd_tensor *b)
+{
+    return spmd_where(g, spmd_relu(g, spmd_sub(g, a, b)), a, b);
+}
+
 /* Scalars every parameter's update in one group shares. */
 typedef struct shared {
     spmd_tensor *lr;
     spmd_tensor *wd;         /* the input "weight_decay", or NULL: the constant */
     spmd_tensor *clip_scale; /* NULL: no clipping (the same for every group) */
+    spmd_tensor *eps;        /* Adam, AdamW, RMSprop, Adagrad */
     /* Adam, AdamW */
     spmd_tensor *decay;      /* AdamW: 1 - lr wd; NULL without weight decay */
     spmd_tensor *step_size;  /* lr / (1 - b1^t) */
     spmd_tensor *bc2_sqrt;   /* sqrt(1 - b2^t) */
-    spmd_tensor *eps;
+    spmd_tensor *damp;       /* SGD: 1 on the first step, 1 - dampening after; NULL: 1 */
+    spmd_tensor *clr;        /* Adagrad: lr / (1 + (t - 1) lr_decay) */
 } shared;
 
-/* x + wd p: the L2 decay SGD and Adam add to the gradient (torch's
- * grad.add(param, alpha=weight_decay)); x itself without decay. */
+/* x + wd p: the L2 decay every kind but AdamW adds to the gradient
+ * (torch's grad.add(param, alpha=weight_decay)); x itself without decay. */
 static spmd_tensor *add_l2_decay(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *x,
                                  spmd_tensor *p, const shared *s)
 {
@@ -454,11 +462,15 @@ static spmd_tensor *add_l2_decay(spmd_graph *g, const spmd_optimizer *o, spmd_te
     return spmd_add(g, x, s->wd ? spmd_mul(g, p, s->wd) : spmd_scale(g, p, o->weight_decay));
 }
 
-/* torch.optim.SGD (dampening 0, no Nesterov):
- *   d = g + wd p;  buf = momentum buf + d;  p -= lr buf  (lr d without momentum).
+/* torch.optim.SGD:
+ *   d = g + wd p
+ *   buf = momentum buf + (1 - dampening) d   (buf = d on the first step)
+ *   d = nesterov ? d + momentum buf : buf
+ *   p -= lr d  (lr d without momentum).
  * torch starts buf as a copy of the first d; a zero buffer gives exactly
- * that (momentum * 0 + d == d), and a buffer restored from a checkpoint
- * resumes where it was. */
+ * that (momentum * 0 + d == d; with dampening the factor is 1 on the
+ * first step), and a buffer restored from a checkpoint resumes where it
+ * was. */
 static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
                              spmd_tensor *grad, const shared *s, const char *who)
 {
@@ -466,11 +478,12 @@ static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor
     p = param_in_update(g, o, p);
     spmd_tensor *d = add_l2_decay(g, o, grad, p, s);
     if (o->momentum != 0.0f) {
-        spmd_tensor *buf = param_state(g, o, target, sgd_momentum_state[0]);
-        spmd_tensor *next = spmd_add(g, spmd_scale(g, buf, o->momentum), d);
+        spmd_tensor *buf = param_state(g, o, target, MOMENTUM_STATE);
+        spmd_tensor *added = s->damp ? spmd_mul(g, d, s->damp) : d;
+        spmd_tensor *next = spmd_add(g, spmd_scale(g, buf, o->momentum), added);
         spmd_status st = update(g, buf, next, who);
         if (st != SPMD_OK) return st;
-        d = next;
+        d = o->nesterov ? spmd_add(g, d, spmd_scale(g, next, o->momentum)) : next;
     }
     return update(g, target, spmd_sub(g, p, spmd_mul(g, d, s->lr)), who);
 }
@@ -478,12 +491,13 @@ static spmd_status sgd_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor
 /* torch.optim.AdamW and torch.optim.Adam, in their order of operations:
  *   AdamW: p *= 1 - lr wd          Adam: g = g + wd p
  *   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
+ *   amsgrad: v_max = max(v_max, v), read below in v's place
  *   p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
 static spmd_status adam_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
                               spmd_tensor *grad, const shared *s, const char *who)
 {
-    spmd_tensor *m = param_state(g, o, p, adamw_state[0]);
-    spmd_tensor *v = param_state(g, o, p, adamw_state[1]);
+    spmd_tensor *m = param_state(g, o, p, EXP_AVG_STATE);
+    spmd_tensor *v = param_state(g, o, p, EXP_AVG_SQ_STATE);
     spmd_tensor *at = NULL;
     if (o->kind == SPMD_OPTIMIZER_ADAM && o->weight_decay != 0.0f) {
         at = param_in_update(g, o, p);
@@ -497,11 +511,130 @@ static spmd_status adam_param(spmd_graph *g, const spmd_optimizer *o, spmd_tenso
     spmd_status st = update(g, m, m_next, who);
     if (st == SPMD_OK) st = update(g, v, v_next, who);
     if (st != SPMD_OK) return st;
+    if (o->amsgrad) {
+        spmd_tensor *v_max = param_state(g, o, p, MAX_EXP_AVG_SQ_STATE);
+        spmd_tensor *v_max_next = maximum(g, v_next, v_max);
+        if ((st = update(g, v_max, v_max_next, who)) != SPMD_OK) return st;
+        v_next = v_max_next;
+    }
     spmd_tensor *denom = spmd_add(g, spmd_div(g, spmd_sqrt(g, v_next), s->bc2_sqrt), s->eps);
     spmd_tensor *delta = spmd_div(g, spmd_mul(g, m_next, s->step_size), denom);
     if (!at) at = param_in_update(g, o, p);
     spmd_tensor *base = s->decay ? spmd_mul(g, at, s->decay) : at;
     return update(g, p, spmd_sub(g, base, delta), who);
+}
+
+/* torch.optim.RMSprop:
+ *   g = g + wd p;   v = alpha v + (1 - alpha) g^2
+ *   centered: a = alpha a + (1 - alpha) g, and v - a^2 below in v's place
+ *   u = g / (sqrt(v) + eps)
+ *   momentum: buf = momentum buf + u, and buf in u's place
+ *   p -= lr u
+ * Every state starts at zero, as torch's. */
+static spmd_status rmsprop_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
+                                 spmd_tensor *grad, const shared *s, const char *who)
+{
+    spmd_tensor *v = param_state(g, o, p, SQUARE_AVG_STATE);
+    spmd_tensor *a = o->centered ? param_state(g, o, p, GRAD_AVG_STATE) : NULL;
+    spmd_tensor *buf = o->momentum != 0.0f ? param_state(g, o, p, MOMENTUM_STATE) : NULL;
+    spmd_tensor *at = param_in_update(g, o, p);
+    grad = add_l2_decay(g, o, grad, at, s);
+    float c = (float)(1.0 - (double)o->alpha); /* rounded from double, as torch passes it */
+    spmd_tensor *v_next =
+        spmd_add(g, spmd_scale(g, v, o->alpha), spmd_scale(g, spmd_mul(g, grad, grad), c));
+    spmd_status st = update(g, v, v_next, who);
+    if (st != SPMD_OK) return st;
+    spmd_tensor *var = v_next;
+    if (a) {
+        spmd_tensor *a_next = spmd_add(g, spmd_scale(g, a, o->alpha), spmd_scale(g, grad, c));
+        if ((st = update(g, a, a_next, who)) != SPMD_OK) return st;
+        var = spmd_sub(g, v_next, spmd_mul(g, a_next, a_next));
+    }
+    spmd_tensor *u = spmd_div(g, grad, spmd_add(g, spmd_sqrt(g, var), s->eps));
+    if (buf) {
+        spmd_tensor *buf_next = spmd_add(g, spmd_scale(g, buf, o->momentum), u);
+        if ((st = update(g, buf, buf_next, who)) != SPMD_OK) return st;
+        u = buf_next;
+    }
+    return update(g, p, spmd_sub(g, at, spmd_mul(g, u, s->lr)), who);
+}
+
+/* torch.optim.Adagrad:
+ *   g = g + wd p;   sum = sum + g^2
+ *   p -= (lr / (1 + (t - 1) lr_decay)) g / (sqrt(sum) + eps)
+ * The sum starts at initial_accumulator_value, as torch's. */
+static spmd_status adagrad_param(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
+                                 spmd_tensor *grad, const shared *s, const char *who)
+{
+    spmd_tensor *sum = param_state_from(
+        g, o, p, SUM_STATE, (spmd_init){SPMD_INIT_CONSTANT, o->initial_accumulator_value});
+    spmd_tensor *at = param_in_update(g, o, p);
+    grad = add_l2_decay(g, o, grad, at, s);
+    spmd_tensor *sum_next = spmd_add(g, sum, spmd_mul(g, grad, grad));
+    spmd_status st = update(g, sum, sum_next, who);
+    if (st != SPMD_OK) return st;
+    spmd_tensor *u = spmd_div(g, grad, spmd_add(g, spmd_sqrt(g, sum_next), s->eps));
+    return update(g, p, spmd_sub(g, at, spmd_mul(g, u, s->clr)), who);
+}
+
+/* One parameter's update by its group's kind; `grad` clipped already. */
+static spmd_status param_update(spmd_graph *g, const spmd_optimizer *o, spmd_tensor *p,
+                                spmd_tensor *grad, const shared *s, const char *who)
+{
+    /* maximize: every kind negates the gradient first, as torch does. */
+    if (o->maximize && !(grad = spmd_neg(g, grad))) return builder_failed(g, who);
+    switch (o->kind) {
+    case SPMD_OPTIMIZER_SGD: return sgd_param(g, o, p, grad, s, who);
+    case SPMD_OPTIMIZER_ADAMW:
+    case SPMD_OPTIMIZER_ADAM: return adam_param(g, o, p, grad, s, who);
+    case SPMD_OPTIMIZER_RMSPROP: return rmsprop_param(g, o, p, grad, s, who);
+    case SPMD_OPTIMIZER_ADAGRAD: return adagrad_param(g, o, p, grad, s, who);
+    }
+    return BASE_INTERNAL("an optimizer kind without its update");
+}
+
+/* Group o's scalars but eps (s->lr, wd and clip_scale set): t is this
+ * step's count from 1 (NULL without bookkeeping), `one` the scalar 1. */
+static spmd_status kind_scalars(spmd_graph *g, const spmd_optimizer *o, shared *s, spmd_tensor *t,
+                                spmd_tensor *one, const char *who)
+{
+    switch (o->kind) {
+    case SPMD_OPTIMIZER_SGD:
+        /* where(t - 1, 1 - dampening, 1): the first step's buffer is the
+         * whole gradient; (1 - dampening) rounded from double, as torch's. */
+        if (o->dampening != 0.0f &&
+            !(s->damp = spmd_where(g, spmd_sub(g, t, one),
+                                   spmd_fill(g, 0, NULL, (float)(1.0 - (double)o->dampening)),
+                                   one)))
+            return builder_failed(g, who); /* NULL would mean "no dampening" */
+        return SPMD_OK;
+    case SPMD_OPTIMIZER_ADAMW:
+    case SPMD_OPTIMIZER_ADAM:
+        if (o->kind == SPMD_OPTIMIZER_ADAMW && o->weight_decay != 0.0f &&
+            !(s->decay = spmd_sub(g, one, s->wd ? spmd_mul(g, s->lr, s->wd)
+                                                : spmd_scale(g, s->lr, o->weight_decay))))
+            return builder_failed(g, who); /* NULL would mean "no decay" */
+        s->step_size = spmd_div(g, s->lr, bias_correction(g, t, one, o->beta1));
+        s->bc2_sqrt = spmd_sqrt(g, bias_correction(g, t, one, o->beta2));
+        return SPMD_OK;
+    case SPMD_OPTIMIZER_RMSPROP: return SPMD_OK;
+    case SPMD_OPTIMIZER_ADAGRAD:
+        s->clr = s->lr;
+        if (o->lr_decay != 0.0f)
+            s->clr = spmd_div(g, s->lr, spmd_add(g, one, spmd_scale(g, spmd_sub(g, t, one), o->lr_decay)));
+        return SPMD_OK;
+    }
+    return BASE_INTERNAL("an optimizer kind without its scalars");
+}
+
+/* Group o's scalars, eps the last (where Adam's always was). */
+static spmd_status group_scalars(spmd_graph *g, const spmd_optimizer *o, shared *s, spmd_tensor *t,
+                                 spmd_tensor *one, const char *who)
+{
+    spmd_status st = kind_scalars(g, o, s, t, one, who);
+    if (st == SPMD_OK && o->kind != SPMD_OPTIMIZER_SGD && !(s->eps = spmd_fill(g, 0, NULL, o->eps)))
+        return builder_failed(g, who);
+    return st;
 }
 /* ---- The whole update -------------------------------------------------------------------- */
 
@@ -631,26 +764,15 @@ static spmd_status append(spmd_graph *g, plan *pl, bool bookkeeping, const char 
         if (!clip_scale) return builder_failed(g, who); /* NULL would mean "no clipping" */
     }
     for (int i = 0; i < pl->n_groups; i++) {
-        const spmd_optimizer *o = &pl->o[i];
-        shared *s = &pl->s[i];
-        *s = (shared){.lr = pl->lr[i], .wd = wd, .clip_scale = clip_scale};
-        if (!is_adam(o->kind)) continue;
-        if (o->kind == SPMD_OPTIMIZER_ADAMW && o->weight_decay != 0.0f &&
-            !(s->decay = spmd_sub(g, one, wd ? spmd_mul(g, s->lr, wd)
-                                             : spmd_scale(g, s->lr, o->weight_decay))))
-            return builder_failed(g, who); /* NULL would mean "no decay" */
-        s->step_size = spmd_div(g, s->lr, bias_correction(g, t, one, o->beta1));
-        s->bc2_sqrt = spmd_sqrt(g, bias_correction(g, t, one, o->beta2));
-        s->eps = spmd_fill(g, 0, NULL, o->eps);
+        pl->s[i] = (shared){.lr = pl->lr[i], .wd = wd, .clip_scale = clip_scale};
+        if ((st = group_scalars(g, &pl->o[i], &pl->s[i], t, one, who)) != SPMD_OK) return st;
     }
 
     for (int k = 0; k < pl->n_params; k++) {
         const spmd_optimizer *o = &pl->o[pl->group[k]];
         const shared *s = &pl->s[pl->group[k]];
         spmd_tensor *grad = clip_scale ? spmd_mul(g, pl->grads[k], clip_scale) : pl->grads[k];
-        st = is_adam(o->kind) ? adam_param(g, o, pl->params[k], grad, s, who)
-                              : sgd_param(g, o, pl->params[k], grad, s, who);
-        if (st != SPMD_OK) return st;
+        if ((st = param_update(g, o, pl->params[k], grad, s, who)) != SPMD_OK) return st;
     }
     if (out) {
         out->lr = pl->lr[0];
@@ -669,7 +791,8 @@ static spmd_status append(spmd_graph *g, plan *pl, bool bookkeeping, const char 
 static void *plan_alloc(spmd_graph *g, plan *pl, int n_groups)
 {
     memset(pl, 0, sizeof *pl);
-    for (int i = 0; i < g->n_nodes; i++) pl->n_params += g->nodes[i]->op == IR_PARAM;
+    pl->g = g;
+    for (int i = 0; i < g->n_nodes; i++) pl->n_params += ir_is_trained(g->nodes[i]);
     pl->n_groups = n_groups;
     size_t np = (size_t)(pl->n_params ? pl->n_params : 1), ng = (size_t)n_groups;
     /* Pointers first, then 4-byte fields, then bytes: each aligned. */
@@ -687,7 +810,7 @@ static void *plan_alloc(spmd_graph *g, plan *pl, int n_groups)
     pl->group = (int *)(pl->o + ng);
     pl->grouped = (bool *)(pl->group + np);
     for (int i = 0, k = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == IR_PARAM) pl->params[k++] = g->nodes[i];
+        if (ir_is_trained(g->nodes[i])) pl->params[k++] = g->nodes[i];
     return block;
 }
 
@@ -696,30 +819,11 @@ static void *plan_alloc(spmd_graph *g, plan *pl, int n_groups)
 static spmd_status resolve_groups(plan *pl, const spmd_optimizer *opt,
                                   const spmd_optimizer_group *groups, const char *who)
 {
-    if (!groups) return resolve(opt, who, &pl->o[0]);
-    if (opt->momentum != 0.0f || opt->weight_decay != 0.0f || opt->beta1 != 0.0f ||
-        opt->beta2 != 0.0f || opt->eps != 0.0f)
-        return base_error(SPMD_ERR_INVALID,
-                          "%s: with groups, momentum, weight_decay, beta1, beta2 and eps are "
-                          "each group's own: set them in spmd_optimizer_group, not in the "
-                          "shared settings", who);
-    if (opt->weight_decay_input)
-        return base_error(SPMD_ERR_INVALID,
-                          "%s: weight_decay_input is for spmd_optimizer_apply's single group",
-                          who);
-    for (int i = 0; i < pl->n_groups; i++) {
-        spmd_optimizer gi = *opt;
-        gi.weight_decay = groups[i].weight_decay;
-        gi.momentum = groups[i].momentum;
-        gi.beta1 = groups[i].beta1;
-        gi.beta2 = groups[i].beta2;
-        gi.eps = groups[i].eps;
-        char gwho[64];
-        snprintf(gwho, sizeof gwho, "%s: group %d", who, i);
-        spmd_status st = resolve(&gi, gwho, &pl->o[i]);
-        if (st != SPMD_OK) return st;
-    }
-    return SPMD_OK;
+    if (!groups) return optim_resolve(opt, who, &pl->o[0]);
+    spmd_status st = optim_check_shared(opt, who);
+    for (int i = 0; i < pl->n_groups && st == SPMD_OK; i++)
+        st = optim_resolve_group(opt, &groups[i], i, who, &pl->o[i]);
+    return st;
 }
 
 /* The update of every parameter: in one group of opt's settings (groups
@@ -742,8 +846,8 @@ static spmd_status build(spmd_graph *g, const spmd_optimizer *opt,
     pl.lr[0] = lr;
     char name[LR_NAME_SIZE];
     spmd_status st = resolve_groups(&pl, opt, groups, who);
-    if (st == SPMD_OK && is_adam(opt->kind) && !bookkeeping)
-        st = BASE_INTERNAL("Adam needs the step counter");
+    for (int i = 0; i < n_groups && st == SPMD_OK && !bookkeeping; i++)
+        if (reads_step(&pl.o[i])) st = BASE_INTERNAL("an update that reads the step count without it");
     for (int i = 0; i < n_groups && st == SPMD_OK; i++) {
         lr_name(i, name);
         st = check_lr(g, &pl.lr[i], name, who);

@@ -4,7 +4,8 @@
  * save killed at any point leaves the previous checkpoint to resume from;
  * a damaged or mismatched checkpoint is refused before the first step,
  * naming the file and the cause.  Also the optimizer and schedule flags,
- * which a checkpoint records.
+ * which a checkpoint records, and the other optimizers (RMSprop, Adagrad,
+ * Adam with amsgrad, SGD with dampening or Nesterov) resumed bit for bit.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -162,6 +163,30 @@ static void test_resume_same_mesh_is_bitwise(void **state)
             snprintf(from, sizeof from, "%s/step-%08d", ck, HALF);
             expect_resumed(flags, from, HALF, full, 0);
         }
+}
+
+/* The other optimizers, their own settings on, saved halfway on 4x2 and
+ * resumed there: bit for bit, every state of theirs in the checkpoint. */
+static void test_resume_other_optimizers_is_bitwise(void **state)
+{
+    (void)state;
+    const char *optimizers[] = {
+        "--optimizer rmsprop --momentum 0.5 --centered on --weight-decay 0.01",
+        "--optimizer adagrad --lr-decay 0.1 --initial-accumulator 0.1",
+        "--optimizer adam --amsgrad on --weight-decay 0.01",
+        "--optimizer sgd --momentum 0.9 --dampening 0.1",
+        "--optimizer sgd --momentum 0.9 --nesterov on",
+    };
+    for (size_t o = 0; o < sizeof optimizers / sizeof *optimizers; o++) {
+        char flags[192], ck[128], from[160];
+        snprintf(flags, sizeof flags, "--mesh 4x2 --axes replica,fsdp %s", optimizers[o]);
+        snprintf(ck, sizeof ck, "%s/other%zu", dir, o);
+        double full[STEPS];
+        full_run(flags, full);
+        tool(0, "train " SMALL " %s --save %s --save-every %d", flags, ck, HALF);
+        snprintf(from, sizeof from, "%s/step-%08d", ck, HALF);
+        expect_resumed(flags, from, HALF, full, 0);
+    }
 }
 
 /* Saved on one mesh, resumed on another: each device reads the blocks it
@@ -443,21 +468,53 @@ static void test_optimizer_flags(void **state)
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(opt, "schedule")->valuestring, "constant");
     cJSON_Delete(j);
 
+    /* The other optimizers' settings reach the report too. */
+    const struct {
+        const char *flags, *kind, *key;
+        double want;
+    } others[] = {
+        {"--optimizer sgd --momentum 0.9 --dampening 0.25", "sgd", "dampening", 0.25},
+        {"--optimizer rmsprop --alpha 0.9 --eps 1e-6", "rmsprop", "alpha", 0.9},
+        {"--optimizer adagrad --lr-decay 0.5", "adagrad", "lr_decay", 0.5},
+        {"--optimizer adagrad --initial-accumulator 0.25", "adagrad", "initial_accumulator", 0.25},
+    };
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+        tool(0, "train " SMALL " %s --json %s", others[i].flags, report);
+        text = read_text(report);
+        j = cJSON_Parse(text);
+        free(text);
+        opt = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "settings"),
+                                               "optimizer");
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(opt, others[i].key);
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(opt, "kind")->valuestring, others[i].kind);
+        if (!cJSON_IsNumber(n) || (float)n->valuedouble != (float)others[i].want)
+            fail_msg("%s: optimizer.%s is not %g", others[i].flags, others[i].key, others[i].want);
+        cJSON_Delete(j);
+    }
+
     /* Each flag changes the losses (step 1's lr is 0 during warmup, so compare the end). */
     double base[STEPS], other[STEPS];
     tool(0, "train " SMALL " --json %s", report);
     report_losses(report, base, STEPS);
     const char *flags[] = {"--weight-decay 0.5", "--beta1 0.5", "--beta2 0.9", "--eps 1e-3",
-                           "--clip 0.01", "--schedule constant", "--warmup 0"};
+                           "--clip 0.01", "--schedule constant", "--warmup 0", "--amsgrad on",
+                           "--optimizer adam", "--optimizer rmsprop", "--optimizer adagrad"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
         tool(0, "train " SMALL " %s --json %s", flags[i], report);
         report_losses(report, other, STEPS);
         if (other[STEPS - 1] == base[STEPS - 1]) fail_msg("%s changed nothing", flags[i]);
     }
 
-    /* Settings of the other optimizer, and values out of range. */
+    /* Settings of the other optimizers, and values out of range. */
     tool(2, "train --optimizer sgd --beta2 0.9");
-    has(out, "--beta2 is an AdamW setting");
+    has(out, "--beta2 is a setting of --optimizer adamw, adam; --optimizer sgd takes --lr, "
+             "--schedule, --weight-decay, --momentum, --dampening, --nesterov, --clip");
+    tool(2, "train --optimizer adagrad --centered on");
+    has(out, "--centered is a setting of --optimizer rmsprop; --optimizer adagrad takes");
+    tool(2, "train --optimizer lamb");
+    has(out, "--optimizer is sgd, adamw, adam, rmsprop or adagrad, got 'lamb'");
+    tool(2, "train --optimizer sgd --nesterov on");
+    has(out, "Nesterov momentum needs a momentum and zero dampening");
     tool(2, "train --beta1 1");
     has(out, "--beta1 wants a number from 0 to 1 (excluded), got '1'");
     tool(2, "train --clip -1");
@@ -486,6 +543,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_changed_settings_warned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_accumulate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_optimizer_flags, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_other_optimizers_is_bitwise, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -187,6 +187,36 @@ def test_optimizer_groups_give_each_group_its_lr_and_settings():
     np.testing.assert_allclose(p.read(b), b0 - 0.1 * (0.5 + 0.5 * b0), rtol=1e-6)
 
 
+def test_optimizer_kinds_and_settings_by_keyword():
+    """Each kind's settings by name, in optimizer_apply and in a group's
+    dict; Adagrad's sum starts at its initial accumulator (init
+    'constant'), a frozen parameter gets no state."""
+    g = libspmd.Graph()
+    x = g.input("x", (4, 3))
+    w = g.param("w", (2, 3), init="normal", scale=0.5)
+    f = g.param("f", (2,), init="constant", scale=0.25)
+    g.param_freeze(f)
+    assert f.is_param and f.is_frozen and not w.is_frozen
+    g.grad(g.mean(g.add(g.matmul(x, w, trans_b=True), f)))
+    assert f.grad is None and g.param_count == 6
+    g.optimizer_apply("adagrad", lr_decay=0.1, initial_accumulator_value=0.5, eps=1e-6, maximize=True)
+    assert g.find("w.sum") is not None and g.find("f.sum") is None
+    p = g.compile(seed=1)
+    np.testing.assert_array_equal(p.read("w.sum"), np.full((2, 3), 0.5, np.float32))
+    np.testing.assert_array_equal(p.read(f), np.full((2,), 0.25, np.float32))
+
+    g = libspmd.Graph()
+    w = g.param("w", (2,), init="ones")
+    b = g.param("b", (2,), init="ones")
+    g.grad(g.sum(g.mul(g.mul(w, b), w)))
+    g.optimizer_apply_groups("rmsprop", [
+        {"params": ["w"], "momentum": 0.9, "centered": True, "alpha": 0.9, "eps": 1e-6},
+        {"params": ["b"], "weight_decay": 0.1, "maximize": True}])
+    assert {t.name for t in g.tensors() if t.op == "state"} >= {
+        "w.square_avg", "w.grad_avg", "w.momentum", "b.square_avg"}
+    assert g.find("b.momentum") is None
+
+
 def test_optimizer_groups_refuse_bad_groups():
     g = libspmd.Graph()
     w = g.param("w", (2,), init="ones")
@@ -195,7 +225,7 @@ def test_optimizer_groups_refuse_bad_groups():
         g.optimizer_apply_groups("adamw", [{"params": ["w"], "lr": 1.0}])
     with pytest.raises(ValueError, match="no 'params'"):
         g.optimizer_apply_groups("adamw", [{}])
-    with pytest.raises(ValueError, match="'adamw', 'adam' or 'sgd'"):
+    with pytest.raises(ValueError, match="'adamw', 'adam', 'sgd', 'rmsprop' or 'adagrad'"):
         g.optimizer_apply_groups("lamb", [{"params": ["w"]}])
     with pytest.raises(ValueError, match="nope"):
         g.optimizer_apply_groups("adam", [{"params": ["w"]}, {"params": ["nope"]}])

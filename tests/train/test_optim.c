@@ -784,8 +784,8 @@ static void test_errors(void **state)
         {{.kind = SPMD_OPTIMIZER_SGD, .momentum = NAN}, "momentum"},
         {{.kind = SPMD_OPTIMIZER_SGD, .weight_decay = -0.01f}, "weight_decay"},
         {{.kind = SPMD_OPTIMIZER_SGD, .clip_norm = -1.0f}, "clip_norm"},
-        {{.kind = SPMD_OPTIMIZER_SGD, .beta1 = 0.9f}, "AdamW settings"},
-        {{.kind = SPMD_OPTIMIZER_ADAMW, .momentum = 0.9f}, "SGD setting"},
+        {{.kind = SPMD_OPTIMIZER_SGD, .beta1 = 0.9f}, "beta1 is a setting of AdamW and Adam; SGD takes"},
+        {{.kind = SPMD_OPTIMIZER_ADAMW, .momentum = 0.9f}, "momentum is a setting of SGD and RMSprop"},
         {{.kind = SPMD_OPTIMIZER_ADAMW, .beta1 = 1.0f, .beta2 = 0.999f}, "beta1"},
         {{.kind = SPMD_OPTIMIZER_ADAMW, .beta1 = 0.9f, .beta2 = 1.5f}, "beta2"},
         {{.kind = SPMD_OPTIMIZER_ADAMW, .beta1 = -0.1f, .beta2 = 0.9f}, "beta1"},
@@ -966,12 +966,12 @@ static void test_group_errors(void **state)
     expect_groups_refused(g, &adamw, bad, 2, SPMD_ERR_INVALID, "group 1: AdamW beta1 1.5");
     bad[1] = split[1], bad[1].momentum = 0.9f;
     expect_groups_refused(g, &(spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAM}, bad, 2,
-                          SPMD_ERR_INVALID, "group 1: momentum is an SGD setting; Adam's");
+                          SPMD_ERR_INVALID, "group 1: momentum is a setting of SGD and RMSprop; Adam takes");
     bad[1] = split[1], bad[1].eps = 1e-8f;
     expect_groups_refused(g, &(spmd_optimizer){.kind = SPMD_OPTIMIZER_SGD}, bad, 2,
-                          SPMD_ERR_INVALID, "group 1: beta1, beta2 and eps are AdamW settings");
+                          SPMD_ERR_INVALID, "group 1: eps is a setting of AdamW, Adam, RMSprop and Adagrad; SGD");
     expect_groups_refused(g, &(spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f},
-                          split, 2, SPMD_ERR_INVALID, "each group's own");
+                          split, 2, SPMD_ERR_INVALID, "with groups, weight_decay is each group's own");
     expect_groups_refused(g, &(spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW,
                                                .weight_decay_input = true},
                           split, 2, SPMD_ERR_INVALID, "weight_decay_input");

@@ -488,7 +488,7 @@ static int train(cli_opts *o_in, FILE *log)
     model_batch_text(&o, batch, sizeof batch);
     printf("spmd train: %s, %.2fM parameters, mesh %s, %s, %s, %s\n", o.model,
            (double)m.params / 1e6, mesh, batch,
-           o.optimizer.kind == SPMD_OPTIMIZER_ADAMW ? "AdamW" : "SGD", spmd_blas_describe());
+           cli_optimizer_title(o.optimizer.kind), spmd_blas_describe());
     if (o.blas && !strncmp(o.blas, "measure", 7))
         printf("GEMM backends measured: --blas '%s' repeats this choice (and these bits)\n",
                spmd_blas_choice());

@@ -15,90 +15,14 @@ live in the program between calls; sync() copies them back.
 import numpy as np
 import torch
 
-from ..errors import InvalidError, UnsupportedError
+from ..errors import InvalidError
 from .fsdp import SpmdFullyShardedDataParallel
 from .graph import GraphBuilder
+from .optim import STEP_STATE, OptimizerPlan, one_step_count, read_torch_state, write_torch_state
 from .sharding import get_sharding, libspmd_mesh, mark_sharding
 from .trace import trace
 
 
-# ---- the optimizer ----------------------------------------------------------
-
-# Option -> the value libspmd implements; anything else is refused by name.
-_REFUSED = {
-    "SGD": {"dampening": 0, "nesterov": False, "maximize": False},
-    "Adam": {"amsgrad": False, "maximize": False},
-    "AdamW": {"amsgrad": False, "maximize": False},
-}
-_KIND = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
-
-
-class OptimizerPlan:
-    """What a torch.optim optimizer means for libspmd: its kind, and per
-    param group the parameter names and settings (lr is fed each call)."""
-
-    def __init__(self, optimizer, param_names):
-        cls = type(optimizer).__name__
-        if cls not in _KIND or not isinstance(optimizer, torch.optim.Optimizer):
-            raise UnsupportedError(f"libspmd.torch.compile: optimizer {cls} is not supported "
-                                   f"(torch.optim.SGD, Adam and AdamW are)")
-        self.optimizer = optimizer
-        self.kind = _KIND[cls]
-        by_id = {id(t): name for name, t in param_names.items()}
-        seen = {}
-        self.groups = []
-        for i, group in enumerate(optimizer.param_groups):
-            for option, ok in _REFUSED[cls].items():
-                if group.get(option, ok) != ok:
-                    raise UnsupportedError(
-                        f"libspmd.torch.compile: {cls} with {option}={group[option]!r} (param group "
-                        f"{i}) is not supported; libspmd's {cls} has {option}={ok!r}")
-            names = []
-            for p in group["params"]:
-                name = by_id.get(id(p))
-                if name is None:
-                    raise InvalidError(f"param group {i} holds a tensor of shape {list(p.shape)} that "
-                                       f"is not a parameter of the model")
-                if name in seen:
-                    if seen[name] != i:
-                        raise InvalidError(f"parameter {name} is in param groups {seen[name]} and {i}")
-                    continue
-                seen[name] = i
-                names.append(name)
-            settings = {"params": names, "weight_decay": float(group.get("weight_decay", 0.0))}
-            if self.kind == "sgd":
-                settings["momentum"] = float(group.get("momentum", 0.0))
-            else:
-                b1, b2 = (float(b) for b in group["betas"])
-                if group["eps"] <= 0 or (b1 == 0 and b2 == 0):
-                    raise UnsupportedError(
-                        f"libspmd.torch.compile: {cls} with eps={group['eps']} betas={group['betas']} "
-                        f"(param group {i}): libspmd reads eps 0 and betas (0, 0) as its defaults")
-                settings["betas"], settings["eps"] = (b1, b2), float(group["eps"])
-            self.groups.append(settings)
-        missing = [n for n in param_names if n not in seen]
-        if missing:
-            raise InvalidError(f"parameters {missing} are in no param group of the optimizer; "
-                               f"libspmd trains every parameter of the model")
-
-    def key(self):
-        """The settings compiled into the program (everything but lr)."""
-        return (self.kind, tuple((tuple(g["params"]),) + tuple(sorted((k, v) for k, v in g.items()
-                                                                       if k != "params"))
-                                 for g in self.groups))
-
-    def lrs(self):
-        """Each group's learning rate as the optimizer holds it now."""
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
-
-    def state_names(self, name):
-        """libspmd state name -> torch.optim state key for parameter `name`."""
-        if self.kind == "sgd":
-            return {f"{name}.momentum": "momentum_buffer"}
-        return {f"{name}.exp_avg": "exp_avg", f"{name}.exp_avg_sq": "exp_avg_sq"}
-
-
-STEP_STATE = "opt.step"
 ACCUMULATOR_SUFFIX = ".grad_acc"  # the accumulator of parameter p is state p + this
 
 
@@ -110,8 +34,9 @@ def _mark_key(t):
 class _Compiled:
     """One program: for one batch signature and one set of marks."""
 
-    def __init__(self, traced, graph, program, loss, lrs, batch_marks):
+    def __init__(self, traced, graph, program, loss, lrs, batch_marks, trained):
         self.traced = traced
+        self.trained = trained  # the parameters it updates (the others are frozen)
         self.graph = graph
         self.program = program
         self.loss = loss
@@ -181,10 +106,13 @@ class Step:
             g.mark_output(loss)
             for _buffer, state, value in traced.updates.values():
                 g.set_update(env[state.id], env[value.id])
+            frozen = set(plan.frozen)
             for call in traced.calls:
                 if call.op in ("param", "state", "input") and call.args[0] in traced.marks:
                     m = traced.marks[call.args[0]]
                     g.mark_sharding(env[call.out.id], self._libspmd_mesh(m.mesh), m.spec_text())
+                if call.op == "param" and call.args[0] in frozen:
+                    g.param_freeze(env[call.out.id])
             g.grad(loss)
             lrs = g.optimizer_apply_groups(plan.kind, plan.groups, clip_norm=self.clip_grad_norm,
                                            shard_state=self.zero, accumulate_steps=self.accumulation)
@@ -194,37 +122,38 @@ class Step:
             raise
         for name, value in traced.states.items():
             program.write(name, value)
-        return _Compiled(traced, g, program, loss, lrs, batch_marks)
+        return _Compiled(traced, g, program, loss, lrs, batch_marks, plan.trained())
 
     def _values_now(self, entry):
-        """The carried tensors' values: from the active program, else from
-        the model and the optimizer's state."""
+        """The carried tensors' values: from the active program, and for
+        the parameters it does not train (frozen there), from the model
+        and the optimizer's state."""
+        plan = OptimizerPlan(self.optimizer, entry.traced.params)
+        counts, values = {}, {}
         if self._active is not None:
             prog = self._active.program
-            names = set(self._active.carried)
-            return {n: prog.read(n) for n in entry.carried if n in names}
-        values = entry.traced.param_values()
-        for state, (buffer, _, _) in entry.traced.updates.items():
-            values[state] = self.model.get_buffer(buffer).detach().cpu().float().numpy()
-        plan = OptimizerPlan(self.optimizer, entry.traced.params)
-        steps = set()
-        for name, p in entry.traced.params.items():
-            state = self.optimizer.state.get(p, {})
-            for ours, theirs in plan.state_names(name).items():
-                if theirs in state and state[theirs] is not None:
-                    values[ours] = state[theirs].detach().cpu().float().numpy()
-            if "step" in state:
-                steps.add(float(state["step"]))
-        if len(steps) > 1:
-            raise InvalidError(f"the optimizer's parameters have taken different step counts "
-                               f"{sorted(steps)}; libspmd keeps one count for all")
-        if steps:
-            values[STEP_STATE] = np.array(steps.pop(), np.float32)
+            held = set(self._active.carried)
+            values = {n: prog.read(n) for n in entry.carried if n in held}
+            step = float(values.pop(STEP_STATE, 0.0))
+            counts = {n: step for n in plan.trained() if n in self._active.trained}
+        else:
+            values = entry.traced.param_values()
+            for state, (buffer, _, _) in entry.traced.updates.items():
+                values[state] = self.model.get_buffer(buffer).detach().cpu().float().numpy()
+        rest = [n for n in plan.trained() if n not in counts]
+        counts.update(read_torch_state(plan, entry.traced.params, rest, values))
+        step = one_step_count(plan, counts, self.steps)
+        if step is not None:
+            values[STEP_STATE] = np.array(step, np.float32)
         return {n: v for n, v in values.items() if n in entry.carried}
 
     def _activate(self, entry):
         if entry is self._active:
             return
+        if self._active is not None:
+            # The state of what the new program freezes stays in torch's
+            # optimizer, as torch keeps it while no gradient comes.
+            self._sync_states(self._active, [n for n in self._active.trained if n not in entry.trained])
         values = self._values_now(entry)
         for name, value in values.items():
             entry.program.write(name, np.array(value, dtype=np.float32, order="C"))  # 0-d stays 0-d
@@ -309,31 +238,36 @@ class Step:
         return self._active
 
     def sync(self):
-        """Write the trained parameters and the buffers the step writes
-        (BatchNorm's running statistics) into the model and the optimizer's
-        state (exp_avg, exp_avg_sq, step; momentum_buffer) into
+        """Write the parameters into the model (the frozen ones unchanged),
+        the buffers the step writes (BatchNorm's running statistics) into
+        their buffers, and the optimizer's state (exp_avg, exp_avg_sq,
+        max_exp_avg_sq, step; momentum_buffer; square_avg, grad_avg; sum) into
         optimizer.state, so state_dict() and eager code see them."""
         if self._active is None:
             return
         entry, prog = self._active, self._active.program
-        plan = OptimizerPlan(self.optimizer, entry.traced.params)
-        names = {t.name for t in entry.graph.tensors()}
-        # SGD without clipping keeps no step count; the calls count then.
-        step = float(prog.read(STEP_STATE)) if STEP_STATE in names else float(self.steps)
         with torch.no_grad():
             for state, (buffer, _, _) in entry.traced.updates.items():
                 b = self.model.get_buffer(buffer)
                 b.copy_(torch.from_numpy(prog.read(state)).to(b.dtype))
             for name, p in entry.traced.params.items():
                 p.copy_(torch.from_numpy(prog.read(name)).to(p.dtype))
-                if not step:
-                    continue  # no update has run: torch keeps no state either
-                state = self.optimizer.state[p]
-                for ours, theirs in plan.state_names(name).items():
-                    if ours in names:
-                        state[theirs] = torch.from_numpy(prog.read(ours)).to(p.dtype)
-                if plan.kind != "sgd":
-                    state["step"] = torch.tensor(step)
+        self._sync_states(entry, entry.trained)
+
+    def _sync_states(self, entry, names):
+        """The optimizer state of trained parameters `names` from entry's
+        program into optimizer.state."""
+        prog = entry.program
+        held = {t.name for t in entry.graph.tensors()}
+        # SGD without clipping keeps no step count; the calls count then.
+        step = float(prog.read(STEP_STATE)) if STEP_STATE in held else float(self.steps)
+        if not step:
+            return  # no update has run: torch keeps no state either
+        plan = OptimizerPlan(self.optimizer, entry.traced.params)
+        with torch.no_grad():
+            for name in names:
+                write_torch_state(plan, name, entry.traced.params[name],
+                                  lambda ours: prog.read(ours) if ours in held else None, step)
 
     def explain(self):
         """The plan of the last call's program (libspmd.Program.explain)."""
@@ -385,9 +319,12 @@ def _matmul_precision(mixed_precision, keyword="mixed_precision"):
 def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulation_steps=1,
             mixed_precision=None, reduce_dtype=None, zero=True, seed=0):
     """A training step for `model`: `loss = step(*batch)` runs forward,
-    backward and `optimizer`'s update (torch.optim.SGD, Adam or AdamW, every
-    param group with its own settings, lr read at each call) as one libspmd
-    program on the mesh of the marks (one device without marks), clipping
+    backward and `optimizer`'s update (torch.optim.SGD, Adam, AdamW, RMSprop
+    or Adagrad, every param group with its own settings, lr read at each
+    call) as one libspmd program on the mesh of the marks (one device
+    without marks); a parameter with requires_grad=False or in no param
+    group is held constant (marked and gathered as marked, saved, written
+    back by sync() unchanged), clipping
     the gradients' global norm to clip_grad_norm when given.  With
     gradient_accumulation_steps K > 1 each call's batch is cut along its
     first dim into K micro-batches (marked as the batch is): each runs
