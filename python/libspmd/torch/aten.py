@@ -547,6 +547,15 @@ def _dropout(cx, x, p, train, draw_dims=None):
     return cx.emit("mul", x, cx.emit("dropout", ones, float(p)))
 
 
+@lowers("aten.copy.default")
+def copy_(cx, x, src, non_blocking=False):
+    """The functional form of x.copy_(src) (an in-place write the capture
+    made functional): src, broadcast to x's shape."""
+    x = cx.ref(x, None)
+    src = cx.ref(src, x.dtype)
+    return src if src.shape == x.shape else cx.emit("expand", src, x.shape)
+
+
 @lowers("aten.dropout.default")
 def dropout(cx, x, p, train):
     return _dropout(cx, x, p, train)

@@ -15,7 +15,7 @@ live in the program between calls; sync() copies them back.
 import numpy as np
 import torch
 
-from ..errors import InvalidError
+from ..errors import InvalidError, UnsupportedError
 from .fsdp import SpmdFullyShardedDataParallel
 from .graph import GraphBuilder
 from .optim import STEP_STATE, OptimizerPlan, one_step_count, read_torch_state, write_torch_state
