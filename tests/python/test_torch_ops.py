@@ -103,6 +103,11 @@ LOSSES = {
                          lambda: (x46(), torch.tensor([2, 5, 1]))),
     "cross_entropy_view_of_slice": (lambda m, x, y: F.cross_entropy(m(x)[:2], y[0, 1:3]),
                                     lambda: (x46(), torch.tensor([[2, 5, 1, 0]]))),
+    "label_smoothing": (lambda m, x, y: F.cross_entropy(m(x), y, label_smoothing=0.1)
+                        + F.cross_entropy(m(x), y, label_smoothing=0.2, ignore_index=5,
+                                          reduction="sum")
+                        + F.cross_entropy(m(x)[1], y[0], label_smoothing=0.3),
+                        lambda: (x46(), torch.tensor([2, 5, 1]))),
     "mse": (lambda m, x: F.mse_loss(m(x), torch.ones(3, 6)), lambda: (x46(),)),
     "dropout_p0_and_eval": (lambda m, x: F.dropout(m(x), 0.0).sum()
                             + F.dropout(m(x), 0.5, training=False).sum(), lambda: (x46(),)),
@@ -861,3 +866,27 @@ def test_dropout_resumes_from_a_checkpoint(tmp_path):
     got = [resumed(*batch) for batch in data[3:]]
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert float(resumed.program.read("rng.step")) == 5.0
+
+
+def test_label_smoothing_trains_as_eager():
+    # F.cross_entropy with label_smoothing, through libspmd's kernels: one
+    # SGD step's loss and weights are eager PyTorch's.
+    y = torch.tensor([2, 5, 1])
+    torch.manual_seed(5)
+    assert_one_sgd_step_as_eager(Lin(), lambda m, x: F.cross_entropy(m(x), y, label_smoothing=0.1), x46())
+
+
+class _Atan(nn.Module):
+    def forward(self, x):
+        return x.atan()
+
+
+def test_a_refusal_names_the_layer():
+    # The module path and class of the layer whose forward made the op,
+    # from the capture's module stack, besides the op and the line.
+    model = nn.Sequential(nn.Linear(4, 6), nn.Sequential(nn.ReLU(), _Atan()))
+    with pytest.raises(libspmd.UnsupportedError) as e:
+        xs.trace(lambda m, x: m(x).sum(), model, x46())
+    msg = str(e.value)
+    assert "aten.atan.default" in msg and "(in 1.1 (test_torch_ops._Atan))" in msg, msg
+    assert f"(at test_torch_ops.py:{line_of('return x.atan()')} in forward" in msg, msg

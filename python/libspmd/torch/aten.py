@@ -862,6 +862,36 @@ def nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
     return loss, Unavailable("nll_loss's total weight")
 
 
+@lowers("aten.cross_entropy_loss.default")
+def cross_entropy_loss(cx, logits, target, weight=None, reduction=1, ignore_index=-100,
+                       label_smoothing=0.0):
+    """F.cross_entropy whole (the capture keeps it, so label smoothing
+    maps): nll_loss of the log_softmax, and with smoothing eps, as torch
+    computes it without class weights,
+        (1 - eps) nll + eps / C * (-sum_c logp[c]) summed over the kept rows
+    (and divided by their count for the mean)."""
+    logits = cx.ref(logits)
+    if logits.rank not in (1, 2):
+        raise cx.unsupported(f"on logits of rank {logits.rank}; libspmd maps [N, C] and [C]")
+    if weight is not None:
+        raise cx.unsupported("with class weights")
+    logp = cx.emit("log_softmax", logits)
+    nll = nll_loss_forward(cx, logp, target, None, reduction, ignore_index)[0]
+    eps = float(label_smoothing)
+    if eps == 0.0:
+        return nll
+    if logits.rank == 1:
+        logp = _reshape(cx, logp, (1,) + logp.shape)
+        target = _reshape(cx, cx.ref(target, "i32"), (1,))
+    n, classes = logp.shape
+    _, keep = _ignore_inputs(cx, cx.ref(target, "i32"), int(ignore_index))
+    rows = cx.emit("mul", cx.emit("sum", logp, (1,), False), keep)
+    smooth = cx.emit("scale", cx.emit("sum", rows, (0,), False), -eps / classes)
+    if reduction == 1:
+        smooth = cx.emit("div", smooth, cx.emit("sum", keep, (0,), False))
+    return cx.emit("add", cx.emit("scale", nll, 1.0 - eps), smooth)
+
+
 @lowers("aten.mse_loss.default")
 def mse_loss(cx, a, b, reduction=1):
     if reduction != 1:
