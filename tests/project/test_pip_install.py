@@ -14,6 +14,10 @@ environment, with nothing of the source or the build tree in reach:
   - the package requires numpy alone, torch>=2 only through the extra
     `torch`, and the install pulled in no torch; `import libspmd.torch`
     without torch says to install libspmd[torch];
+  - README.md's PyTorch example runs as written, with the torch of the
+    interpreter running this test (the tests' environment) made visible
+    to the new one by a .pth file, not installed again (several GB);
+    skipped, saying so, where the two Pythons differ;
   - the wheel installed the package and the tool, and no headers, static
     library, pkg-config file or CMake package;
   - the extension module without libspmd.so.0 beside it fails to import
@@ -89,6 +93,21 @@ def losses(out):
     return re.findall(r"^step +\d+/\d+ +loss (\S+)", out, re.M)
 
 
+def example_blocks(source):
+    """README.md's Python examples, in order: libspmd's, then PyTorch's."""
+    with open(os.path.join(source, "README.md")) as f:
+        return re.findall(r"```python\n(.*?)```", f.read(), re.S)
+
+
+def torch_site_packages():
+    """The folder torch is installed in for this interpreter, or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+
+
 def test(work, compare_tool):
     python3 = shutil.which("python3")
     if not python3:
@@ -133,9 +152,7 @@ def test(work, compare_tool):
                                        "bf16 products: ", "MPI: ", "processes: 1")):
         check(line.startswith(start) and "None" not in line, f"its line {start.strip()!r}", line)
 
-    with open(os.path.join(source, "README.md")) as f:
-        example = re.findall(r"```python\n(.*?)```", f.read(), re.S)[0]
-    ran = py(example, timeout=300)
+    ran = py(example_blocks(source)[0], timeout=300)
     check(ran.returncode == 0 and "mesh 4x2 (replica, fsdp)" in ran.stdout
           and re.search(r"fc\.weight\s+\[4, 8\]\s+fsdp, None", ran.stdout),
           "README.md's Python example runs", tail(ran))
@@ -164,6 +181,25 @@ def test(work, compare_tool):
     no_torch = py("import libspmd.torch")
     check(no_torch.returncode != 0 and "pip install 'libspmd[torch]'" in no_torch.stderr,
           "import libspmd.torch without torch says to install libspmd[torch]", tail(no_torch, 5))
+
+    torch_site = torch_site_packages()
+    if torch_site is None:
+        print("test_pip_install: README.md's PyTorch example not run: no torch for "
+              f"{sys.executable}")
+    elif py("import sys; print('%d.%d' % sys.version_info[:2])").stdout.strip() != \
+            "%d.%d" % sys.version_info[:2]:
+        print(f"test_pip_install: README.md's PyTorch example not run: {python3} is not "
+              f"Python {sys.version_info[0]}.{sys.version_info[1]}, whose torch this test has")
+    else:
+        with open(os.path.join(site, "libspmd-test-torch.pth"), "w") as f:
+            f.write(torch_site + "\n")  # after the environment's own paths: its NumPy first
+        torch_example = example_blocks(source)[1]
+        ran = py(torch_example, timeout=600)
+        check(ran.returncode == 0 and "import torch, libspmd.torch as xs" in torch_example
+              and re.match(r"[0-9.]+ spmd explain: .*mesh 4x2 \(replica, fsdp\)", ran.stdout)
+              and re.search(r"^\s+weight\s+\[4, 8\]\s+fsdp, None", ran.stdout, re.M),
+              "README.md's PyTorch example runs", tail(ran))
+        os.remove(os.path.join(site, "libspmd-test-torch.pth"))
 
     files = py("import importlib.metadata as m\n"
                "for f in m.files('libspmd'): print(f.locate())").stdout.splitlines()
