@@ -890,3 +890,14 @@ def test_a_refusal_names_the_layer():
     msg = str(e.value)
     assert "aten.atan.default" in msg and "(in 1.1 (test_torch_ops._Atan))" in msg, msg
     assert f"(at test_torch_ops.py:{line_of('return x.atan()')} in forward" in msg, msg
+
+
+@pytest.mark.parametrize("rnn", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
+def test_recurrent_layers_train_as_eager(rnn):
+    # torch.export's decomposition of nn.LSTM and nn.GRU (2 layers, batch
+    # first): their gates' matmuls, sigmoids, tanhs and products, a step
+    # per position; one SGD step's loss and weights are eager PyTorch's.
+    torch.manual_seed(6)
+    model = rnn(4, 5, num_layers=2, batch_first=True)
+    x = torch.randn(3, 6, 4)
+    assert_one_sgd_step_as_eager(model, lambda m, x: (m(x)[0] ** 2).mean(), x)
