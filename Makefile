@@ -23,7 +23,7 @@ CTEST_ARGS ?=
 # tests use: scripts/install-deps.sh --venv) once it is there, else for
 # Debian's /usr/bin/python3.
 PYTHON ?=
-VENV := $(BUILD)/venv
+VENV = $(BUILD)/venv
 python_for = $$(if [ -n "$(PYTHON)" ]; then echo "$(PYTHON)"; \
 	elif [ -x $(VENV)/bin/python ]; then echo "$(CURDIR)/$(VENV)/bin/python"; else echo /usr/bin/python3; fi)
 
