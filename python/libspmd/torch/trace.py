@@ -10,10 +10,12 @@ runtime op reads becomes a `state` leaf (its values written after compile).
 The batch's tensors become `input` leaves.  Everything is mapped into a list
 before any builder is called, so a failure leaves nothing half-built.
 """
+import functools
 import inspect
 import operator
 import os
 import re
+import types
 
 import numpy as np
 import torch
@@ -77,7 +79,7 @@ def source_location(node):
             break  # _LossCall.forward: what follows is outside loss_fn
         if path.startswith(os.path.join(_OUR_DIR, "")):
             continue
-        where = f"{os.path.basename(path)}:{line} in {function}"
+        where = f"{os.path.basename(path)}:{line} in {_function_name(path, line, function)}"
         return f"{where}: {code}" if code else where
     return None
 
@@ -181,15 +183,36 @@ class Capture:
         self.buffer_updates = buffer_updates
 
 
-def _keep_frames_of(loss_fn):
-    """Have the capture record loss_fn's own frames in stack traces, so a
-    refusal of an op there names its line: torch 2.8 and later keep only
-    the frames of forward methods and of functions registered as anchors
-    (a private hook; without it those nodes have no line)."""
-    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
-    fn = getattr(loss_fn, "func", loss_fn)  # functools.partial
-    if register is not None:
-        register(getattr(fn, "__func__", fn))
+# Functions renamed "forward" for the capture: (file, first line, last
+# line) -> the name they have (source_location reports that one).
+_RENAMED = {}
+
+
+def _as_forward(loss_fn):
+    """loss_fn with its code named "forward", else the same: torch records
+    in a node's stack trace only the frames of functions so named (and, from
+    2.8, of registered anchors), so a refusal of an op that loss_fn itself
+    calls could not name its line.  Plain functions and lambdas, and
+    functools.partial of them; any other callable is left as it is."""
+    if isinstance(loss_fn, functools.partial):
+        return functools.partial(_as_forward(loss_fn.func), *loss_fn.args, **loss_fn.keywords)
+    if not isinstance(loss_fn, types.FunctionType) or loss_fn.__code__.co_name == "forward":
+        return loss_fn
+    code = loss_fn.__code__
+    lines = [line for _, _, line in code.co_lines() if line is not None] or [code.co_firstlineno]
+    _RENAMED[(os.path.abspath(code.co_filename), min(lines), max(lines))] = code.co_name
+    renamed = types.FunctionType(code.replace(co_name="forward"), loss_fn.__globals__,
+                                 loss_fn.__name__, loss_fn.__defaults__, loss_fn.__closure__)
+    renamed.__kwdefaults__ = loss_fn.__kwdefaults__
+    return renamed
+
+
+def _function_name(path, line, function):
+    if function == "forward":
+        for (file, first, last), name in _RENAMED.items():
+            if file == path and first <= line <= last:
+                return name
+    return function
 
 
 def _decompositions():
@@ -216,8 +239,7 @@ def make_aten_graph(loss_fn, model, *batch):
     buffers, _ = _named_leaves(model, "buffer")
     name_of = {id(t): n for n, t in params.items()}
     name_of.update({id(t): n for n, t in buffers.items()})
-    wrapper = _LossCall(model, loss_fn)
-    _keep_frames_of(loss_fn)
+    wrapper = _LossCall(model, _as_forward(loss_fn))
     try:
         with DropoutAsOneOp():
             exported = torch.export.export(wrapper, tuple(batch), strict=False)
