@@ -406,6 +406,101 @@ def stack(cx, tensors, dim=0):
     return _concat(cx, parts, d)
 
 
+@lowers("aten.repeat.default")
+def repeat(cx, x, repeats):
+    """libspmd's expand between two reshapes: each repeated dim [s] viewed as
+    [1, s], expanded to [r, s] and merged into r s."""
+    x = cx.ref(x)
+    reps = [int(r) for r in repeats]
+    shape = (1,) * (len(reps) - x.rank) + x.shape
+    split, expanded = [], []
+    for r, s in zip(reps, shape):
+        split += [1, s] if r != 1 else [s]
+        expanded += [r, s] if r != 1 else [s]
+    y = _reshape(cx, x, split)
+    if tuple(expanded) != y.shape:
+        y = cx.emit("expand", y, tuple(expanded))
+    return _reshape(cx, y, tuple(r * s for r, s in zip(reps, shape)))
+
+
+def _take(cx, x, d, index):
+    """x's entries at `index` (an integer tensor) along dim d, the index's
+    dims in place of d: libspmd's embedding of x as a table [x.shape[d],
+    everything else] (d permuted to the front), its gradient added into
+    the rows taken.  A constant index counts from the end where negative."""
+    if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+        raise cx.unsupported("with a boolean mask; libspmd takes integer indices")
+    n = x.shape[d]
+    if isinstance(index, torch.Tensor):
+        index = torch.where(index < 0, index + n, index)
+    perm = [d] + [i for i in range(x.rank) if i != d]
+    rest = tuple(x.shape[i] for i in perm[1:])
+    table = _reshape(cx, _permute(cx, x, perm), (n, int(np.prod(rest, dtype=np.int64))))
+    rows = _rows(cx, table, index)  # index.shape + (everything else,)
+    k = len(index.shape)
+    y = _reshape(cx, rows, tuple(index.shape) + rest)
+    # [index dims, dims before d, dims after d] -> [before, index dims, after]
+    order = list(range(k, k + d)) + list(range(k)) + list(range(k + d, y.rank))
+    return _permute(cx, y, order)
+
+
+@lowers("aten.index_select.default")
+def index_select(cx, x, dim, index):
+    """libspmd's embedding of x as a table whose rows are dim's entries (the
+    dim permuted to the front), reshaped and permuted back."""
+    x = cx.ref(x)
+    d = _dim(dim, x.rank)
+    if isinstance(index, torch.Tensor):
+        index = index.reshape(-1)
+    elif index.rank != 1:
+        index = _reshape(cx, index, (int(np.prod(index.shape, dtype=np.int64)),))
+    return _take(cx, x, d, index)
+
+
+@lowers("aten.index.Tensor")
+def index(cx, x, indices):
+    """x[..., idx] with one integer index tensor (the dims before it taken
+    whole): as index_select, the index's dims in place of the dim."""
+    x = cx.ref(x)
+    taken = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(taken) != 1:
+        raise cx.unsupported(f"with {len(taken)} index tensors; libspmd maps one "
+                             f"(x[idx], x[:, idx], ...)")
+    d, idx = taken[0]
+    return _take(cx, x, d, idx)
+
+
+@lowers("aten.slice_scatter.default")
+def slice_scatter(cx, x, src, dim=0, start=None, end=None, step=1):
+    """x with src in place of x[start:end] along dim (the functional form of
+    a write into a slice): libspmd's concat of the slices of x around src."""
+    x, src = cx.ref(x), cx.ref(src)
+    d = _dim(dim, x.rank)
+    n = x.shape[d]
+    begin, stop, stride = slice(start, end, step).indices(n)
+    if stride != 1:
+        raise cx.unsupported(f"with step {step}; libspmd slices are contiguous")
+    stop = max(stop, begin)
+    parts = [_slice(cx, x, d, 0, begin), src, _slice(cx, x, d, stop, n - stop)]
+    return _concat(cx, [p for p in parts if p.shape[d] != 0] or [src], d)
+
+
+@lowers("aten.upsample_nearest2d.vec")
+def upsample_nearest2d(cx, x, output_size, scale_factors=None):
+    """Nearest upsampling of [N, C, H, W] by whole factors: libspmd's expand of
+    [N, C, H, 1, W, 1] to [N, C, H, fh, W, fw], reshaped."""
+    x = cx.ref(x)
+    out = cx.out_shape()
+    (h, w), (oh, ow) = x.shape[-2:], out[-2:]
+    if oh % h or ow % w:
+        raise cx.unsupported(f"from {h}x{w} to {oh}x{ow}; libspmd upsamples by whole factors")
+    fh, fw = oh // h, ow // w
+    lead = x.shape[:-2]
+    y = _reshape(cx, x, lead + (h, 1, w, 1))
+    y = cx.emit("expand", y, lead + (h, fh, w, fw))
+    return _reshape(cx, y, out)
+
+
 # ---- elementwise -----------------------------------------------------------
 
 
@@ -552,6 +647,140 @@ def compare(cx, a, b):
     return cx.emit(op, cx.ref(a), cx.ref(b))
 
 
+def _clamp(cx, x, lo, hi, below, above):
+    """where(below(y, lo), lo, y) then where(above(y, hi), hi, y): the
+    comparisons say where a bound is taken (and so where the gradient goes to
+    it rather than x)."""
+    y = cx.ref(x)
+    for bound, op in ((lo, below), (hi, above)):
+        if bound is not None:
+            b = cx.ref(bound)
+            y = cx.emit("where", cx.emit(op, y, b), b, y)
+    return y
+
+
+@lowers("aten.clamp.default", "aten.clamp.Tensor")
+def clamp(cx, x, min=None, max=None):
+    """libspmd's where of x and the bounds by lt and gt: the gradient passes
+    where min <= x <= max, as torch's clamp."""
+    return _clamp(cx, x, min, max, "lt", "gt")
+
+
+@lowers("aten.hardtanh.default")
+def hardtanh(cx, x, min_val=-1.0, max_val=1.0):
+    """libspmd's where of x and the bounds by le and ge: the gradient passes
+    where min_val < x < max_val, as torch's hardtanh (ReLU6 is one)."""
+    return _clamp(cx, x, float(min_val), float(max_val), "le", "ge")
+
+
+@lowers("aten.leaky_relu.default")
+def leaky_relu(cx, x, negative_slope=0.01):
+    """libspmd's where(x > 0, x, negative_slope x)."""
+    x = cx.ref(x)
+    pos = cx.emit("gt", x, cx.ref(0.0))
+    return cx.emit("where", pos, x, cx.emit("scale", x, float(negative_slope)))
+
+
+@lowers("aten.elu.default")
+def elu(cx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """libspmd's where(x > 0, scale x, alpha scale (exp(input_scale x) - 1)),
+    the exp read on min(x, 0) so that neither side overflows (SELU and CELU
+    are ELUs)."""
+    x = cx.ref(x)
+    pos = cx.emit("gt", x, cx.ref(0.0))
+    neg = cx.emit("where", pos, cx.ref(0.0), x)
+    e = cx.emit("sub", cx.emit("exp", cx.emit("scale", neg, float(input_scale))), cx.ref(1.0))
+    return cx.emit("where", pos, cx.emit("scale", x, float(scale)),
+                   cx.emit("scale", e, float(alpha) * float(scale)))
+
+
+@lowers("aten.maximum.default", "aten.minimum.default")
+def extremum(cx, a, b):
+    """libspmd's where(a > b, a, b) (a < b for minimum), and (a + b) / 2
+    where a == b, so that the gradient is split between them at ties, as
+    torch's."""
+    a, b = cx.ref(a), cx.ref(b)
+    op = "gt" if cx.overload == "aten.maximum.default" else "lt"
+    pick = cx.emit("where", cx.emit(op, a, b), a, b)
+    tie = cx.emit("scale", cx.emit("add", a, b), 0.5)
+    return cx.emit("where", cx.emit("eq", a, b), tie, pick)
+
+
+@lowers("aten.log1p.default")
+def log1p(cx, x):
+    """libspmd's log(1 + x) (its rounding of 1 + x loses x's digits below
+    float's precision where |x| is far below 1, which torch's log1p keeps)."""
+    return cx.emit("log", cx.emit("add", cx.ref(x), cx.ref(1.0)))
+
+
+@lowers("aten.expm1.default")
+def expm1(cx, x):
+    """libspmd's exp(x) - 1 (near 0 it keeps fewer digits than torch's expm1)."""
+    return cx.emit("sub", cx.emit("exp", cx.ref(x)), cx.ref(1.0))
+
+
+@lowers("aten.log2.default", "aten.log10.default")
+def log_base(cx, x):
+    """libspmd's log, scaled by 1 / log(2) (log2) or 1 / log(10) (log10)."""
+    base = 2.0 if cx.overload == "aten.log2.default" else 10.0
+    return cx.emit("scale", cx.emit("log", cx.ref(x)), 1.0 / math.log(base))
+
+
+@lowers("aten.isnan.default", "aten.isinf.default")
+def isnan_isinf(cx, x):
+    """libspmd's ne(x, x) (isnan: only NaN differs from itself) or
+    eq(abs(x), inf) (isinf): 1 or 0, as the comparisons."""
+    x = cx.ref(x)
+    if cx.overload == "aten.isnan.default":
+        return cx.emit("ne", x, x)
+    return cx.emit("eq", cx.emit("abs", x), cx.ref(math.inf))
+
+
+def _truth(cx, x):
+    """x != 0 as libspmd's 1 or 0."""
+    return cx.emit("ne", cx.ref(x), cx.ref(0.0))
+
+
+def _out_is_bool(cx):
+    val = getattr(cx.node, "meta", {}).get("val")
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool
+
+
+@lowers("aten.logical_not.default", "aten.logical_and.default", "aten.logical_or.default",
+        "aten.logical_xor.default")
+def logical(cx, a, b=None):
+    """Truth values by libspmd's eq, ne, add and mul (1 or 0, as the
+    comparisons give): not a is a == 0, a and b the product of a != 0 and
+    b != 0, a or b their sum != 0, a xor b their ne."""
+    op = cx.overload.split(".")[1].split("_")[1]
+    if op == "not":
+        return cx.emit("eq", cx.ref(a), cx.ref(0.0))
+    ta, tb = _truth(cx, a), _truth(cx, b)
+    if op == "and":
+        return cx.emit("mul", ta, tb)
+    if op == "or":
+        return cx.emit("ne", cx.emit("add", ta, tb), cx.ref(0.0))
+    return cx.emit("ne", ta, tb)
+
+
+@lowers("aten.bitwise_not.default", *(f"aten.bitwise_{op}.{form}" for op in ("and", "or", "xor")
+                                      for form in ("Tensor", "Scalar")))
+def bitwise(cx, a, b=None):
+    """On booleans (`~mask`, `m1 & m2`), as the logical op of its name."""
+    if not _out_is_bool(cx):
+        raise cx.unsupported("on integers; libspmd has no bit operations (booleans are mapped)")
+    return logical(cx, a, b)
+
+
+@lowers("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def div_mode(cx, a, b, rounding_mode=None):
+    """As div without a rounding mode."""
+    if rounding_mode is not None:
+        raise cx.unsupported(f"with rounding_mode '{rounding_mode}'; libspmd has no floor or "
+                             f"trunc op")
+    return div(cx, a, b)
+
+
 @lowers("aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default")
 def fill_like(cx, x, *args, **_kw):
     """libspmd's fill of the recorded shape."""
@@ -636,6 +865,57 @@ def amax(cx, x, dim=(), keepdim=False):
     return y
 
 
+@lowers("aten.amin.default")
+def amin(cx, x, dim=(), keepdim=False):
+    """-amax(-x): libspmd's max of neg, once per reduced dim."""
+    return cx.emit("neg", amax(cx, cx.emit("neg", cx.ref(x)), dim, keepdim))
+
+
+@lowers("aten.max.dim", "aten.min.dim")
+def max_dim(cx, x, dim, keepdim=False):
+    """The values of torch.max(x, dim) by libspmd's max (min: of neg,
+    negated), the gradient to each row's first extremum as torch's; the
+    indices are not computed (reading them is refused)."""
+    x = cx.ref(x)
+    d = _dim(dim, x.rank)
+    if cx.overload == "aten.max.dim":
+        y = cx.emit("max", x, d, bool(keepdim))
+    else:
+        y = cx.emit("neg", cx.emit("max", cx.emit("neg", x), d, bool(keepdim)))
+    return y, Unavailable(f"{cx.overload.split('.')[1]}'s indices")
+
+
+def _variance(cx, x, dim, correction, keepdim):
+    """(var, mean) over `dim` of x: libspmd's mean, and the sum of the
+    squared deviations divided by N - correction (default 1)."""
+    x = cx.ref(x)
+    axes = _axes(dim, x.rank)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    mean = cx.emit("mean", x, axes, True)
+    dev = cx.emit("sub", x, mean)
+    total = cx.emit("sum", cx.emit("mul", dev, dev), axes, bool(keepdim))
+    c = 1.0 if correction is None else float(correction)
+    if n - c > 0:
+        var = cx.emit("scale", total, 1.0 / (n - c))
+    else:  # torch's division by 0 or less, inf or NaN
+        var = cx.emit("div", total, cx.ref(n - c))
+    return var, (mean if keepdim else _reshape(cx, mean, var.shape))
+
+
+@lowers("aten.var.correction")
+def var(cx, x, dim=None, *, correction=None, keepdim=False):
+    """libspmd's mean, sub, mul and sum: the sum of the squared deviations
+    from the mean over N - correction (torch.var, and torch.std by its
+    sqrt)."""
+    return _variance(cx, x, dim, correction, keepdim)[0]
+
+
+@lowers("aten.var_mean.correction")
+def var_mean(cx, x, dim=None, *, correction=None, keepdim=False):
+    """As var.correction, and the mean it subtracts."""
+    return _variance(cx, x, dim, correction, keepdim)
+
+
 @lowers("aten._softmax.default")
 def softmax(cx, x, dim, half_to_float=False):
     """libspmd's softmax (over the last dim; another dim permuted around it)."""
@@ -661,6 +941,26 @@ def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
     y = cx.emit("layernorm", flat, gamma, beta, float(eps))
     return (_reshape(cx, y, x.shape), Unavailable("layer norm's saved mean"),
             Unavailable("layer norm's saved inverse deviation"))
+
+
+@lowers("aten.native_group_norm.default")
+def native_group_norm(cx, x, weight, bias, n, c, hw, group, eps):
+    """libspmd's layernorm (without its affine part) over each group's
+    channels and positions, x viewed as [N G, C / G HW], then the weight and
+    bias per channel by mul and add; the saved statistics are not computed."""
+    x = cx.ref(x)
+    n, c, hw, g = int(n), int(c), int(hw), int(group)
+    width = c // g * hw
+    flat = _reshape(cx, x, (n * g, width))
+    ones, zeros = _fill_like(cx, (width,), 1), _fill_like(cx, (width,), 0)
+    y = cx.emit("layernorm", flat, ones, zeros, float(eps))
+    y = _reshape(cx, y, (n, c, hw))
+    if weight is not None:
+        y = cx.emit("mul", y, _reshape(cx, cx.ref(weight), (c, 1)))
+    if bias is not None:
+        y = cx.emit("add", y, _reshape(cx, cx.ref(bias), (c, 1)))
+    return (_reshape(cx, y, x.shape), Unavailable("group norm's saved mean"),
+            Unavailable("group norm's saved inverse deviation"))
 
 
 # ---- pooling ---------------------------------------------------------------
