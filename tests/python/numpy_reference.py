@@ -106,6 +106,9 @@ class NumpyBuilder:
     def neg(self, x):
         return self._unary("neg", np.negative, x)
 
+    def abs(self, x):
+        return self._unary("abs", np.abs, x)
+
     def exp(self, x):
         return self._unary("exp", np.exp, x)
 

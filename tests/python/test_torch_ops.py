@@ -48,6 +48,13 @@ def ids():
     return torch.tensor([[1, 0, 3], [2, 2, 5]])
 
 
+def _written(y):
+    """y with a slice written in place (a slice_scatter in the capture)."""
+    z = y.clone()
+    z[:, 1:3] = y[:, :2] * 2
+    return z
+
+
 # name -> (loss(model, *batch), batch maker)
 LOSSES = {
     "transpose_permute": (lambda m, x: (m(x).t() @ m(x)).permute(1, 0).sum(), lambda: (x46(),)),
@@ -125,6 +132,57 @@ LOSSES = {
     "zeros_like_and_bmm": (lambda m, x: (torch.bmm(m(x).view(3, 2, 3), m(x).view(3, 3, 2))
                                          + torch.ones_like(m(x).view(3, 2, 3)[:, :, :2])).sum(),
                            lambda: (x46(),)),
+    # Mapped onto where, the comparisons, exp, log, reductions, reshapes,
+    # expand, concat, embedding and layernorm (aten.py): each also trains
+    # as eager (TRAINED_AS_EAGER).
+    "clamp_forms": (lambda m, x: (torch.clamp(m(x), -0.5, 0.7) + torch.clamp(m(x), min=0.1)
+                                  + torch.clamp_max(m(x), 0.2) * 2
+                                  + torch.clamp(m(x), m(x)[:, :1], m(x)[:, 1:2] + 0.5)
+                                  + F.hardtanh(m(x)) * 3 + F.relu6(m(x) * 4)
+                                  + F.hardtanh(m(x), -0.3, 0.4)).pow(2).sum(), lambda: (x46(),)),
+    "leaky_relu_elu": (lambda m, x: (F.leaky_relu(m(x)) + F.leaky_relu(m(x), 0.2) * 2 + F.elu(m(x))
+                                     + F.elu(m(x), 0.5) * 3 + F.selu(m(x)) + F.celu(m(x), 1.5)
+                                     + F.elu(m(x) * 100) / 100).pow(2).sum(), lambda: (x46(),)),
+    "maximum_minimum": (lambda m, x: (torch.maximum(m(x), 0.3 * m(x)).pow(2)
+                                      + torch.minimum(m(x), torch.linspace(-1, 1, 6)) * 2
+                                      + torch.maximum(m(x), m(x)) * m(x)).sum(), lambda: (x46(),)),
+    "log_exp_forms": (lambda m, x: (torch.log1p(m(x) ** 2) + torch.expm1(m(x))
+                                    + torch.log2(m(x) ** 2 + 1) * 2
+                                    + torch.log10(m(x) ** 2 + 1) * 3).sum(), lambda: (x46(),)),
+    "logical_masks": (lambda m, x: (((m(x) > 0) & (m(x) < 0.5)) * m(x) + (~(m(x) > 0)) * m(x) * 2
+                                    + ((m(x) > 0) | (m(x) < -0.5)) * 3 * m(x)
+                                    + ((m(x) > 0) ^ (m(x) > 0.3)) * m(x) ** 2
+                                    + torch.logical_not(m(x) > 0.1) + torch.logical_and(m(x), m.tri[2:5])
+                                    + torch.logical_or(m(x) > 1, m.tri[:3] == 0)
+                                    + torch.logical_xor(m(x) > 0, m.tri[:3]) * m(x)
+                                    + torch.isinf(torch.exp(m(x) * 100)) * m(x)
+                                    + torch.isnan(torch.log(m(x))) * m(x)).sum(), lambda: (x46(),)),
+    "var_std": (lambda m, x: m(x).var(1).sum() + m(x).std(0, keepdim=True).sum() * 2
+                + m(x).var(correction=0) + torch.var_mean(m(x), 1)[0].pow(2).sum()
+                + torch.var_mean(m(x), 1, keepdim=True)[1].pow(2).sum() + m(x).std(),
+                lambda: (x46(),)),
+    "amin_max_min_dim": (lambda m, x: m(x).amin(1).pow(2).sum() + m(x).amin((0, 1))
+                         + m(x).max(1).values.pow(2).sum()
+                         + (m(x).min(0, keepdim=True).values * m(x)).sum()
+                         + torch.logsumexp(m(x), 1).sum(), lambda: (x46(),)),
+    "div_rounding_none": (lambda m, x: torch.div(m(x), m(x) ** 2 + 1, rounding_mode=None).sum(),
+                          lambda: (x46(),)),
+    "repeat_and_index": (lambda m, x: (m(x).repeat(2, 3) * torch.arange(108.0).view(6, 18)).sum()
+                         + (m(x).repeat(2, 1, 1) * torch.arange(2.0).view(2, 1, 1)).sum()
+                         + (m(x).index_select(1, torch.tensor([4, 0, 0])) ** 2).sum()
+                         + (m(x)[torch.tensor([2, 0])] * torch.arange(6.0)).sum()
+                         + (m(x)[:, torch.tensor([[1, 5], [-1, 0]])] ** 2).sum(),
+                         lambda: (x46(),)),
+    "slice_scatter_writes": (lambda m, x: (torch.slice_scatter(m(x), m(x)[:, :2] ** 2, 1, 2, 4)
+                                           * torch.arange(6.0)).sum() + _written(m(x)).pow(2).sum(),
+                             lambda: (x46(),)),
+    "upsample_nearest": (lambda m, x: (F.interpolate(m(x).view(1, 3, 2, 3), scale_factor=2)
+                                       * torch.arange(24.0).view(1, 1, 4, 6)).sum()
+                         + F.interpolate(m(x).view(1, 3, 2, 3), size=(6, 3)).pow(2).sum(),
+                         lambda: (x46(),)),
+    "group_norm": (lambda m, x: (F.group_norm(m(x).view(3, 6, 1), 2, m.w[0], m.w[1])
+                                 * torch.arange(6.0).view(6, 1)).sum()
+                   + F.group_norm(m(x).view(1, 6, 3), 3).pow(3).sum(), lambda: (x46(),)),
 }
 
 
@@ -139,6 +197,22 @@ def test_op_maps_to_eager_value(name):
         want = loss_fn(model, *batch).item()
     got = evaluate(traced, *batch)
     assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (got, want)
+
+
+# The LOSSES of the ops mapped onto other libspmd ops by a few lines each.
+TRAINED_AS_EAGER = ["clamp_forms", "leaky_relu_elu", "maximum_minimum", "log_exp_forms",
+                    "logical_masks", "var_std", "amin_max_min_dim", "div_rounding_none",
+                    "repeat_and_index", "slice_scatter_writes", "upsample_nearest", "group_norm"]
+
+
+@pytest.mark.parametrize("name", TRAINED_AS_EAGER)
+def test_composed_ops_train_as_eager(name):
+    # Traced, compiled and run by libspmd's kernels: the loss and the
+    # weights after one SGD step (the gradient through the where, the
+    # comparisons, the embedding, ...) are eager PyTorch's.
+    loss_fn, make = LOSSES[name]
+    torch.manual_seed(5)
+    assert_one_sgd_step_as_eager(Lin(), loss_fn, *make())
 
 
 def test_table_covers_the_listed_ops():
@@ -527,6 +601,25 @@ def test_unmapped_op_raises_naming_op_and_line(case):
     head, _, where = msg.partition(" (at ")
     assert op in head, msg  # named by the message, not only by the quoted source line
     assert where.startswith(f"test_torch_ops.py:{line_of(fragment)} in "), msg
+
+
+@pytest.mark.parametrize("loss_fn, op, why", [
+    (lambda m, x: m(x)[torch.tensor([0, 1]), torch.tensor([2, 3])].sum(), "aten.index.Tensor",
+     "with 2 index tensors"),
+    (lambda m, x, k: (m(x) * (k & 1)).sum(), "aten.bitwise_and.Scalar", "on integers"),
+    (lambda m, x: torch.div(m(x), 2.5, rounding_mode="floor").sum(), "aten.div.Tensor_mode",
+     "with rounding_mode 'floor'"),
+    (lambda m, x: F.interpolate(m(x).view(1, 3, 2, 3), scale_factor=1.5).sum(),
+     "aten.upsample_nearest2d.vec", "from 2x3 to 3x4; libspmd upsamples by whole factors"),
+    (lambda m, x: torch.slice_scatter(m(x), m(x)[:, :2], 1, 0, 4, 2).sum(),
+     "aten.slice_scatter.default", "with step 2"),
+])
+def test_composed_ops_refusals(loss_fn, op, why):
+    batch = (x46(), torch.ones(3, 6, dtype=torch.int64))[:loss_fn.__code__.co_argcount - 1]
+    with pytest.raises(NotImplementedError) as e:
+        xs.trace(loss_fn, Lin(), *batch)
+    msg = str(e.value)
+    assert msg.startswith(f"libspmd.torch: aten op {op} {why}"), msg
 
 
 def test_a_refusal_of_the_library_names_the_op_and_line():

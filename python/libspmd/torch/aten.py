@@ -131,11 +131,13 @@ def _mm(cx, a, b):
 
 @lowers("aten.mm.default")
 def mm(cx, a, b):
+    """libspmd's matmul; a transposed operand is read through matmul's transpose flag."""
     return _mm(cx, a, b)
 
 
 @lowers("aten.addmm.default")
 def addmm(cx, bias, a, b, beta=1, alpha=1):
+    """libspmd's matmul, scaled by alpha, plus the bias scaled by beta."""
     y = _mm(cx, a, b)
     if alpha != 1:
         y = cx.emit("scale", y, float(alpha))
@@ -166,6 +168,8 @@ def _batched_transpose(cx, x):
 
 @lowers("aten.bmm.default")
 def bmm(cx, a, b):
+    """libspmd's bmm (a transposed operand read through its flag), or its attention where the
+    operands are causal self-attention's."""
     a, b = cx.ref(a), cx.ref(b)
     fused = attention.match(cx, a, b)  # softmax(q k^T / sqrt(hd), causal) @ v
     if fused is not None:
@@ -178,6 +182,8 @@ def bmm(cx, a, b):
 @lowers("aten.scaled_dot_product_attention.default")
 def scaled_dot_product_attention(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
+    """libspmd's attention when causal with the default scale, else bmm, scale, mask, softmax
+    and dropout composed (attention.py)."""
     if enable_gqa:
         raise cx.unsupported("with enable_gqa; expand k and v to the query heads")
     return attention.scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale)
@@ -185,12 +191,14 @@ def scaled_dot_product_attention(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_
 
 @lowers("aten._scaled_dot_product_flash_attention_for_cpu.default")
 def sdpa_flash_cpu(cx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    """As scaled_dot_product_attention; the logsumexp output is not computed."""
     out = attention.scaled_dot_product(cx, q, k, v, attn_mask, dropout_p, is_causal, scale)
     return out, Unavailable("flash attention's logsumexp")
 
 
 @lowers("aten._scaled_dot_product_flash_attention.default")
 def sdpa_flash(cx, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+    """As scaled_dot_product_attention; the statistics outputs are not computed."""
     out = attention.scaled_dot_product(cx, q, k, v, None, dropout_p, is_causal, scale)
     return (out,) + tuple(Unavailable("flash attention's statistics") for _ in range(8))
 
@@ -224,6 +232,7 @@ def convolution(cx, x, weight, bias, stride, padding, dilation, transposed, outp
 
 @lowers("aten.t.default")
 def t(cx, x):
+    """libspmd's transpose of a matrix (a vector as it is)."""
     x = cx.ref(x, None)
     if x.rank < 2:
         return x
@@ -232,6 +241,7 @@ def t(cx, x):
 
 @lowers("aten.transpose.int")
 def transpose(cx, x, d0, d1):
+    """libspmd's transpose of two dims (a transpose of a transpose cancels)."""
     x = cx.ref(x, None)
     d0, d1 = _dim(d0, x.rank), _dim(d1, x.rank)
     if d0 == d1:
@@ -244,6 +254,7 @@ def transpose(cx, x, d0, d1):
 
 @lowers("aten.permute.default")
 def permute(cx, x, dims):
+    """libspmd's permute."""
     return _permute(cx, cx.ref(x, None), dims)
 
 
@@ -251,6 +262,7 @@ def permute(cx, x, dims):
         "aten._reshape_alias.default", "aten.unsqueeze.default", "aten.squeeze.default",
         "aten.squeeze.dim", "aten.squeeze.dims", "aten.flatten.using_ints", "aten.unflatten.int")
 def view(cx, x, *_shape_args, **_kw):
+    """libspmd's reshape to the recorded shape (a reshape of a reshape collapses)."""
     if isinstance(x, Unavailable):
         # A view of an output libspmd does not compute (max_pool1d squeezes
         # max_pool2d's indices whether or not anything reads them) is
@@ -261,6 +273,7 @@ def view(cx, x, *_shape_args, **_kw):
 
 @lowers("aten.expand.default")
 def expand(cx, x, _sizes, implicit=False):
+    """libspmd's expand (broadcast) to the recorded shape."""
     shape = cx.out_shape()
     x = cx.ref(x, None)
     if shape == x.shape:
@@ -271,11 +284,14 @@ def expand(cx, x, _sizes, implicit=False):
 @lowers("aten.clone.default", "aten.detach.default", "aten.alias.default",
         "aten.lift_fresh_copy.default", "aten.contiguous.default")
 def identity(cx, x, **_kw):
+    """x itself: libspmd's values have no storage to copy or detach."""
     return cx.ref(x, None)
 
 
 @lowers("aten._to_copy.default")
 def to_copy(cx, x, dtype=None, **_kw):
+    """x itself where the dtype stays of its kind (a float as a float, an integer as an
+    integer)."""
     x = cx.ref(x, None)
     if dtype is None:
         return x
@@ -289,6 +305,7 @@ def to_copy(cx, x, dtype=None, **_kw):
 
 @lowers("aten.slice.Tensor")
 def slice_(cx, x, dim=0, start=None, end=None, step=1):
+    """libspmd's slice (nothing when it takes the whole dim)."""
     x = cx.ref(x, None)
     d = _dim(dim, x.rank)
     n = x.shape[d]
@@ -300,6 +317,7 @@ def slice_(cx, x, dim=0, start=None, end=None, step=1):
 
 @lowers("aten.select.int")
 def select(cx, x, dim, index):
+    """libspmd's slice of one index, reshaped without the dim."""
     x = cx.ref(x, None)
     d = _dim(dim, x.rank)
     i = int(index) + x.shape[d] if index < 0 else int(index)
@@ -317,6 +335,7 @@ def _pieces(cx, x, sizes, d):
 
 @lowers("aten.split.Tensor")
 def split(cx, x, size, dim=0):
+    """libspmd's slices of `size` along dim."""
     x = cx.ref(x, None)
     d = _dim(dim, x.rank)
     n = x.shape[d]
@@ -326,12 +345,14 @@ def split(cx, x, size, dim=0):
 
 @lowers("aten.split_with_sizes.default")
 def split_with_sizes(cx, x, sizes, dim=0):
+    """libspmd's slices of the given sizes along dim."""
     x = cx.ref(x, None)
     return _pieces(cx, x, [int(s) for s in sizes], _dim(dim, x.rank))
 
 
 @lowers("aten.unbind.int")
 def unbind(cx, x, dim=0):
+    """One select (a slice and a reshape) per index of dim."""
     x = cx.ref(x, None)
     d = _dim(dim, x.rank)
     return tuple(select(cx, x, d, i) for i in range(x.shape[d]))
@@ -346,6 +367,7 @@ def _concat(cx, xs, d):
 
 @lowers("aten.cat.default")
 def cat(cx, tensors, dim=0):
+    """libspmd's concat (empty constants dropped)."""
     # Empty constant operands (the legacy (0,), or a key/value cache
     # before its first entry) add nothing.
     refs = [cx.ref(x, None) for x in tensors if not (isinstance(x, torch.Tensor) and x.numel() == 0)]
@@ -359,7 +381,8 @@ def constant_pad_nd(cx, x, pad, value=0):
     a positive one concatenates a constant block of `value`."""
     x = cx.ref(x, None)
     if len(pad) % 2 or len(pad) // 2 > x.rank:
-        raise cx.unsupported(f"with pad {list(pad)} on a tensor of rank {x.rank}")
+        raise cx.unsupported(f"with pad {list(pad)} on a tensor of rank {x.rank} (PyTorch "
+                             f"refuses it too)")
     dtype = torch.float32 if x.dtype == "f32" else torch.int32
     for i in range(len(pad) // 2):
         d = x.rank - 1 - i
@@ -376,10 +399,106 @@ def constant_pad_nd(cx, x, pad, value=0):
 
 @lowers("aten.stack.default")
 def stack(cx, tensors, dim=0):
+    """libspmd's concat of the operands reshaped with a new dim."""
     refs = [cx.ref(x, None) for x in tensors]
     d = _dim(dim, refs[0].rank + 1)
     parts = [_reshape(cx, r, r.shape[:d] + (1,) + r.shape[d:]) for r in refs]
     return _concat(cx, parts, d)
+
+
+@lowers("aten.repeat.default")
+def repeat(cx, x, repeats):
+    """libspmd's expand between two reshapes: each repeated dim [s] viewed as
+    [1, s], expanded to [r, s] and merged into r s."""
+    x = cx.ref(x)
+    reps = [int(r) for r in repeats]
+    shape = (1,) * (len(reps) - x.rank) + x.shape
+    split, expanded = [], []
+    for r, s in zip(reps, shape):
+        split += [1, s] if r != 1 else [s]
+        expanded += [r, s] if r != 1 else [s]
+    y = _reshape(cx, x, split)
+    if tuple(expanded) != y.shape:
+        y = cx.emit("expand", y, tuple(expanded))
+    return _reshape(cx, y, tuple(r * s for r, s in zip(reps, shape)))
+
+
+def _take(cx, x, d, index):
+    """x's entries at `index` (an integer tensor) along dim d, the index's
+    dims in place of d: libspmd's embedding of x as a table [x.shape[d],
+    everything else] (d permuted to the front), its gradient added into
+    the rows taken.  A constant index counts from the end where negative."""
+    if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+        raise cx.unsupported("with a boolean mask; libspmd takes integer indices")
+    n = x.shape[d]
+    if isinstance(index, torch.Tensor):
+        index = torch.where(index < 0, index + n, index)
+    perm = [d] + [i for i in range(x.rank) if i != d]
+    rest = tuple(x.shape[i] for i in perm[1:])
+    table = _reshape(cx, _permute(cx, x, perm), (n, int(np.prod(rest, dtype=np.int64))))
+    rows = _rows(cx, table, index)  # index.shape + (everything else,)
+    k = len(index.shape)
+    y = _reshape(cx, rows, tuple(index.shape) + rest)
+    # [index dims, dims before d, dims after d] -> [before, index dims, after]
+    order = list(range(k, k + d)) + list(range(k)) + list(range(k + d, y.rank))
+    return _permute(cx, y, order)
+
+
+@lowers("aten.index_select.default")
+def index_select(cx, x, dim, index):
+    """libspmd's embedding of x as a table whose rows are dim's entries (the
+    dim permuted to the front), reshaped and permuted back."""
+    x = cx.ref(x)
+    d = _dim(dim, x.rank)
+    if isinstance(index, torch.Tensor):
+        index = index.reshape(-1)
+    elif index.rank != 1:
+        index = _reshape(cx, index, (int(np.prod(index.shape, dtype=np.int64)),))
+    return _take(cx, x, d, index)
+
+
+@lowers("aten.index.Tensor")
+def index(cx, x, indices):
+    """x[..., idx] with one integer index tensor (the dims before it taken
+    whole): as index_select, the index's dims in place of the dim."""
+    x = cx.ref(x)
+    taken = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(taken) != 1:
+        raise cx.unsupported(f"with {len(taken)} index tensors; libspmd maps one "
+                             f"(x[idx], x[:, idx], ...)")
+    d, idx = taken[0]
+    return _take(cx, x, d, idx)
+
+
+@lowers("aten.slice_scatter.default")
+def slice_scatter(cx, x, src, dim=0, start=None, end=None, step=1):
+    """x with src in place of x[start:end] along dim (the functional form of
+    a write into a slice): libspmd's concat of the slices of x around src."""
+    x, src = cx.ref(x), cx.ref(src)
+    d = _dim(dim, x.rank)
+    n = x.shape[d]
+    begin, stop, stride = slice(start, end, step).indices(n)
+    if stride != 1:
+        raise cx.unsupported(f"with step {step}; libspmd slices are contiguous")
+    stop = max(stop, begin)
+    parts = [_slice(cx, x, d, 0, begin), src, _slice(cx, x, d, stop, n - stop)]
+    return _concat(cx, [p for p in parts if p.shape[d] != 0] or [src], d)
+
+
+@lowers("aten.upsample_nearest2d.vec")
+def upsample_nearest2d(cx, x, output_size, scale_factors=None):
+    """Nearest upsampling of [N, C, H, W] by whole factors: libspmd's expand of
+    [N, C, H, 1, W, 1] to [N, C, H, fh, W, fw], reshaped."""
+    x = cx.ref(x)
+    out = cx.out_shape()
+    (h, w), (oh, ow) = x.shape[-2:], out[-2:]
+    if oh % h or ow % w:
+        raise cx.unsupported(f"from {h}x{w} to {oh}x{ow}; libspmd upsamples by whole factors")
+    fh, fw = oh // h, ow // w
+    lead = x.shape[:-2]
+    y = _reshape(cx, x, lead + (h, 1, w, 1))
+    y = cx.emit("expand", y, lead + (h, fh, w, fw))
+    return _reshape(cx, y, out)
 
 
 # ---- elementwise -----------------------------------------------------------
@@ -387,12 +506,14 @@ def stack(cx, tensors, dim=0):
 
 @lowers("aten.gelu.default")
 def gelu(cx, x, approximate="none"):
+    """libspmd's gelu_erf, or gelu with approximate='tanh'."""
     x = cx.ref(x)
     return cx.emit("gelu" if approximate == "tanh" else "gelu_erf", x)
 
 
 @lowers("aten.add.Tensor", "aten.add.Scalar")
 def add(cx, a, b, alpha=1):
+    """libspmd's add (b scaled by alpha)."""
     c = _no_alpha(cx, alpha)
     if c is not None:
         b = mul(cx, b, c)
@@ -401,6 +522,7 @@ def add(cx, a, b, alpha=1):
 
 @lowers("aten.sub.Tensor", "aten.sub.Scalar")
 def sub(cx, a, b, alpha=1):
+    """libspmd's sub (b scaled by alpha)."""
     c = _no_alpha(cx, alpha)
     if c is not None:
         b = mul(cx, b, c)
@@ -409,11 +531,13 @@ def sub(cx, a, b, alpha=1):
 
 @lowers("aten.rsub.Scalar", "aten.rsub.Tensor")
 def rsub(cx, a, b, alpha=1):
+    """libspmd's sub, operands swapped."""
     return sub(cx, b, a, alpha)
 
 
 @lowers("aten.mul.Tensor", "aten.mul.Scalar")
 def mul(cx, a, b):
+    """libspmd's mul, or scale by a number."""
     ca, cb = cx.number(a), cx.number(b)
     if cb is not None and isinstance(a, Ref):
         return cx.emit("scale", a, cb) if cb != 1 else a
@@ -424,6 +548,7 @@ def mul(cx, a, b):
 
 @lowers("aten.div.Tensor", "aten.div.Scalar")
 def div(cx, a, b):
+    """libspmd's div, or scale by the reciprocal of a number."""
     cb = cx.number(b)
     if cb is not None and isinstance(a, Ref) and cb != 0:
         return cx.emit("scale", a, 1.0 / cb) if cb != 1 else a
@@ -453,6 +578,7 @@ def softplus(cx, x, beta=1, threshold=20):
 
 @lowers("aten.reciprocal.default")
 def reciprocal(cx, x):
+    """libspmd's div of 1 by x."""
     x = cx.ref(x)
     return cx.emit("div", cx.ref(1.0), x)
 
@@ -470,6 +596,7 @@ def pow_scalar_tensor(cx, base, x):
 
 @lowers("aten.pow.Tensor_Tensor")
 def pow_tensors(cx, base, e):
+    """As pow.Tensor_Scalar or pow.Scalar where the exponent or the base is a constant."""
     if cx.number(e) is not None and isinstance(base, Ref):
         return pow_tensor_scalar(cx, base, cx.number(e))
     if cx.number(base) is not None and isinstance(e, Ref):
@@ -479,6 +606,8 @@ def pow_tensors(cx, base, e):
 
 @lowers("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
 def where(cx, cond, a, b):
+    """libspmd's where (a constant condition folded to 0/1; one that picks one side throughout
+    is that side)."""
     if isinstance(cond, torch.Tensor):
         for picked, other in ((a, cond.all()), (b, not cond.any())):
             if other and isinstance(picked, Ref) and picked.shape == cx.out_shape():
@@ -490,6 +619,7 @@ def where(cx, cond, a, b):
 
 @lowers("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
 def masked_fill(cx, x, mask, value):
+    """libspmd's where(mask, value, x)."""
     v = cx.number(value)
     if v is None:
         raise cx.unsupported("with a fill value computed at run time")
@@ -498,6 +628,7 @@ def masked_fill(cx, x, mask, value):
 
 @lowers("aten.tril.default", "aten.triu.default")
 def triangle(cx, x, diagonal=0):
+    """libspmd's where with the triangle as a constant condition."""
     x = cx.ref(x)
     rows, cols = x.shape[-2:]
     keep = torch.ones(rows, cols, dtype=torch.bool)
@@ -516,8 +647,143 @@ def compare(cx, a, b):
     return cx.emit(op, cx.ref(a), cx.ref(b))
 
 
+def _clamp(cx, x, lo, hi, below, above):
+    """where(below(y, lo), lo, y) then where(above(y, hi), hi, y): the
+    comparisons say where a bound is taken (and so where the gradient goes to
+    it rather than x)."""
+    y = cx.ref(x)
+    for bound, op in ((lo, below), (hi, above)):
+        if bound is not None:
+            b = cx.ref(bound)
+            y = cx.emit("where", cx.emit(op, y, b), b, y)
+    return y
+
+
+@lowers("aten.clamp.default", "aten.clamp.Tensor")
+def clamp(cx, x, min=None, max=None):
+    """libspmd's where of x and the bounds by lt and gt: the gradient passes
+    where min <= x <= max, as torch's clamp."""
+    return _clamp(cx, x, min, max, "lt", "gt")
+
+
+@lowers("aten.hardtanh.default")
+def hardtanh(cx, x, min_val=-1.0, max_val=1.0):
+    """libspmd's where of x and the bounds by le and ge: the gradient passes
+    where min_val < x < max_val, as torch's hardtanh (ReLU6 is one)."""
+    return _clamp(cx, x, float(min_val), float(max_val), "le", "ge")
+
+
+@lowers("aten.leaky_relu.default")
+def leaky_relu(cx, x, negative_slope=0.01):
+    """libspmd's where(x > 0, x, negative_slope x)."""
+    x = cx.ref(x)
+    pos = cx.emit("gt", x, cx.ref(0.0))
+    return cx.emit("where", pos, x, cx.emit("scale", x, float(negative_slope)))
+
+
+@lowers("aten.elu.default")
+def elu(cx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """libspmd's where(x > 0, scale x, alpha scale (exp(input_scale x) - 1)),
+    the exp read on min(x, 0) so that neither side overflows (SELU and CELU
+    are ELUs)."""
+    x = cx.ref(x)
+    pos = cx.emit("gt", x, cx.ref(0.0))
+    neg = cx.emit("where", pos, cx.ref(0.0), x)
+    e = cx.emit("sub", cx.emit("exp", cx.emit("scale", neg, float(input_scale))), cx.ref(1.0))
+    return cx.emit("where", pos, cx.emit("scale", x, float(scale)),
+                   cx.emit("scale", e, float(alpha) * float(scale)))
+
+
+@lowers("aten.maximum.default", "aten.minimum.default")
+def extremum(cx, a, b):
+    """libspmd's where(a > b, a, b) (a < b for minimum), and (a + b) / 2
+    where a == b, so that the gradient is split between them at ties, as
+    torch's."""
+    a, b = cx.ref(a), cx.ref(b)
+    op = "gt" if cx.overload == "aten.maximum.default" else "lt"
+    pick = cx.emit("where", cx.emit(op, a, b), a, b)
+    tie = cx.emit("scale", cx.emit("add", a, b), 0.5)
+    return cx.emit("where", cx.emit("eq", a, b), tie, pick)
+
+
+@lowers("aten.log1p.default")
+def log1p(cx, x):
+    """libspmd's log(1 + x) (its rounding of 1 + x loses x's digits below
+    float's precision where |x| is far below 1, which torch's log1p keeps)."""
+    return cx.emit("log", cx.emit("add", cx.ref(x), cx.ref(1.0)))
+
+
+@lowers("aten.expm1.default")
+def expm1(cx, x):
+    """libspmd's exp(x) - 1 (near 0 it keeps fewer digits than torch's expm1)."""
+    return cx.emit("sub", cx.emit("exp", cx.ref(x)), cx.ref(1.0))
+
+
+@lowers("aten.log2.default", "aten.log10.default")
+def log_base(cx, x):
+    """libspmd's log, scaled by 1 / log(2) (log2) or 1 / log(10) (log10)."""
+    base = 2.0 if cx.overload == "aten.log2.default" else 10.0
+    return cx.emit("scale", cx.emit("log", cx.ref(x)), 1.0 / math.log(base))
+
+
+@lowers("aten.isnan.default", "aten.isinf.default")
+def isnan_isinf(cx, x):
+    """libspmd's ne(x, x) (isnan: only NaN differs from itself) or
+    eq(abs(x), inf) (isinf): 1 or 0, as the comparisons."""
+    x = cx.ref(x)
+    if cx.overload == "aten.isnan.default":
+        return cx.emit("ne", x, x)
+    return cx.emit("eq", cx.emit("abs", x), cx.ref(math.inf))
+
+
+def _truth(cx, x):
+    """x != 0 as libspmd's 1 or 0."""
+    return cx.emit("ne", cx.ref(x), cx.ref(0.0))
+
+
+def _out_is_bool(cx):
+    val = getattr(cx.node, "meta", {}).get("val")
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool
+
+
+@lowers("aten.logical_not.default", "aten.logical_and.default", "aten.logical_or.default",
+        "aten.logical_xor.default")
+def logical(cx, a, b=None):
+    """Truth values by libspmd's eq, ne, add and mul (1 or 0, as the
+    comparisons give): not a is a == 0, a and b the product of a != 0 and
+    b != 0, a or b their sum != 0, a xor b their ne."""
+    op = cx.overload.split(".")[1].split("_")[1]
+    if op == "not":
+        return cx.emit("eq", cx.ref(a), cx.ref(0.0))
+    ta, tb = _truth(cx, a), _truth(cx, b)
+    if op == "and":
+        return cx.emit("mul", ta, tb)
+    if op == "or":
+        return cx.emit("ne", cx.emit("add", ta, tb), cx.ref(0.0))
+    return cx.emit("ne", ta, tb)
+
+
+@lowers("aten.bitwise_not.default", *(f"aten.bitwise_{op}.{form}" for op in ("and", "or", "xor")
+                                      for form in ("Tensor", "Scalar")))
+def bitwise(cx, a, b=None):
+    """On booleans (`~mask`, `m1 & m2`), as the logical op of its name."""
+    if not _out_is_bool(cx):
+        raise cx.unsupported("on integers; libspmd has no bit operations (booleans are mapped)")
+    return logical(cx, a, b)
+
+
+@lowers("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def div_mode(cx, a, b, rounding_mode=None):
+    """As div without a rounding mode."""
+    if rounding_mode is not None:
+        raise cx.unsupported(f"with rounding_mode '{rounding_mode}'; libspmd has no floor or "
+                             f"trunc op")
+    return div(cx, a, b)
+
+
 @lowers("aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default")
 def fill_like(cx, x, *args, **_kw):
+    """libspmd's fill of the recorded shape."""
     value = {"aten.zeros_like.default": 0.0, "aten.ones_like.default": 1.0}.get(
         cx.overload, args[0] if args else None)
     return _fill_like(cx, cx.out_shape(), value)
@@ -541,8 +807,6 @@ def _dropout(cx, x, p, train, draw_dims=None):
     x = cx.ref(x)
     if draw_dims is None:
         return cx.emit("dropout", x, float(p))
-    if not 1 <= draw_dims < x.rank:
-        raise cx.unsupported(f"on a tensor of rank {x.rank}; channel-wise dropout needs (N, C, ...)")
     ones = _fill_like(cx, x.shape[:draw_dims] + (1,) * (x.rank - draw_dims), 1.0)
     return cx.emit("mul", x, cx.emit("dropout", ones, float(p)))
 
@@ -558,17 +822,22 @@ def copy_(cx, x, src, non_blocking=False):
 
 @lowers("aten.dropout.default")
 def dropout(cx, x, p, train):
+    """libspmd's dropout in training; x itself in evaluation or with p = 0."""
     return _dropout(cx, x, p, train)
 
 
 @lowers("libspmd.feature_dropout.default")
 def feature_dropout(cx, x, p, draw_dims):
     """dropout_capture.py's channel-wise dropout, in training only."""
+    rank = cx.ref(x, None).rank
+    if float(p) != 0.0 and not 1 <= int(draw_dims) < rank:
+        raise cx.unsupported(f"on a tensor of rank {rank}; channel-wise dropout needs (N, C, ...)")
     return _dropout(cx, x, p, True, int(draw_dims))
 
 
 @lowers("aten.native_dropout.default")
 def native_dropout(cx, x, p, train):
+    """libspmd's dropout in training, x itself otherwise; the mask output is not computed."""
     return _dropout(cx, x, p, train), Unavailable("dropout's mask")
 
 
@@ -587,6 +856,7 @@ def reduce(cx, x, dim=None, keepdim=False, dtype=None):
 
 @lowers("aten.amax.default")
 def amax(cx, x, dim=(), keepdim=False):
+    """libspmd's max, once per reduced dim."""
     x = cx.ref(x)
     axes = _axes(dim, x.rank)
     y = x
@@ -595,18 +865,73 @@ def amax(cx, x, dim=(), keepdim=False):
     return y
 
 
+@lowers("aten.amin.default")
+def amin(cx, x, dim=(), keepdim=False):
+    """-amax(-x): libspmd's max of neg, once per reduced dim."""
+    return cx.emit("neg", amax(cx, cx.emit("neg", cx.ref(x)), dim, keepdim))
+
+
+@lowers("aten.max.dim", "aten.min.dim")
+def max_dim(cx, x, dim, keepdim=False):
+    """The values of torch.max(x, dim) by libspmd's max (min: of neg,
+    negated), the gradient to each row's first extremum as torch's; the
+    indices are not computed (reading them is refused)."""
+    x = cx.ref(x)
+    d = _dim(dim, x.rank)
+    if cx.overload == "aten.max.dim":
+        y = cx.emit("max", x, d, bool(keepdim))
+    else:
+        y = cx.emit("neg", cx.emit("max", cx.emit("neg", x), d, bool(keepdim)))
+    return y, Unavailable(f"{cx.overload.split('.')[1]}'s indices")
+
+
+def _variance(cx, x, dim, correction, keepdim):
+    """(var, mean) over `dim` of x: libspmd's mean, and the sum of the
+    squared deviations divided by N - correction (default 1)."""
+    x = cx.ref(x)
+    axes = _axes(dim, x.rank)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    mean = cx.emit("mean", x, axes, True)
+    dev = cx.emit("sub", x, mean)
+    total = cx.emit("sum", cx.emit("mul", dev, dev), axes, bool(keepdim))
+    c = 1.0 if correction is None else float(correction)
+    if n - c > 0:
+        var = cx.emit("scale", total, 1.0 / (n - c))
+    else:  # torch's division by 0 or less, inf or NaN
+        var = cx.emit("div", total, cx.ref(n - c))
+    return var, (mean if keepdim else _reshape(cx, mean, var.shape))
+
+
+@lowers("aten.var.correction")
+def var(cx, x, dim=None, *, correction=None, keepdim=False):
+    """libspmd's mean, sub, mul and sum: the sum of the squared deviations
+    from the mean over N - correction (torch.var, and torch.std by its
+    sqrt)."""
+    return _variance(cx, x, dim, correction, keepdim)[0]
+
+
+@lowers("aten.var_mean.correction")
+def var_mean(cx, x, dim=None, *, correction=None, keepdim=False):
+    """As var.correction, and the mean it subtracts."""
+    return _variance(cx, x, dim, correction, keepdim)
+
+
 @lowers("aten._softmax.default")
 def softmax(cx, x, dim, half_to_float=False):
+    """libspmd's softmax (over the last dim; another dim permuted around it)."""
     return _last_dim(cx, "softmax", x, dim)
 
 
 @lowers("aten._log_softmax.default")
 def log_softmax(cx, x, dim, half_to_float=False):
+    """libspmd's log_softmax (over the last dim; another dim permuted around it)."""
     return _last_dim(cx, "log_softmax", x, dim)
 
 
 @lowers("aten.native_layer_norm.default")
 def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
+    """libspmd's layernorm over the normalized dims flattened into one; the saved statistics
+    are not computed."""
     x = cx.ref(x)
     k = len(normalized_shape)
     c = int(np.prod(x.shape[x.rank - k:], dtype=np.int64))
@@ -616,6 +941,26 @@ def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
     y = cx.emit("layernorm", flat, gamma, beta, float(eps))
     return (_reshape(cx, y, x.shape), Unavailable("layer norm's saved mean"),
             Unavailable("layer norm's saved inverse deviation"))
+
+
+@lowers("aten.native_group_norm.default")
+def native_group_norm(cx, x, weight, bias, n, c, hw, group, eps):
+    """libspmd's layernorm (without its affine part) over each group's
+    channels and positions, x viewed as [N G, C / G HW], then the weight and
+    bias per channel by mul and add; the saved statistics are not computed."""
+    x = cx.ref(x)
+    n, c, hw, g = int(n), int(c), int(hw), int(group)
+    width = c // g * hw
+    flat = _reshape(cx, x, (n * g, width))
+    ones, zeros = _fill_like(cx, (width,), 1), _fill_like(cx, (width,), 0)
+    y = cx.emit("layernorm", flat, ones, zeros, float(eps))
+    y = _reshape(cx, y, (n, c, hw))
+    if weight is not None:
+        y = cx.emit("mul", y, _reshape(cx, cx.ref(weight), (c, 1)))
+    if bias is not None:
+        y = cx.emit("add", y, _reshape(cx, cx.ref(bias), (c, 1)))
+    return (_reshape(cx, y, x.shape), Unavailable("group norm's saved mean"),
+            Unavailable("group norm's saved inverse deviation"))
 
 
 # ---- pooling ---------------------------------------------------------------
@@ -647,6 +992,7 @@ def max_pool2d(cx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=F
 @lowers("aten.avg_pool2d.default")
 def avg_pool2d(cx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
+    """libspmd's avg_pool2d."""
     return cx.emit("avg_pool2d", cx.ref(x), _pair(kernel_size), _stride(stride), _pair(padding),
                    bool(ceil_mode), bool(count_include_pad),
                    None if divisor_override is None else int(divisor_override))
@@ -694,14 +1040,15 @@ def _batch_norm(cx, x, weight, bias, running_mean, running_var, training, moment
     the saved and new values are Unavailable where the mode has none."""
     x = cx.ref(x)
     if x.rank < 2:
-        raise cx.unsupported(f"on {x!r}: batch norm takes [N, C, ...]")
+        raise cx.unsupported(f"on {x!r}: batch norm takes [N, C, ...] (PyTorch refuses it too)")
     w = cx.ref(weight) if weight is not None else None
     b = cx.ref(bias) if bias is not None else None
     eps = float(eps)
     none = Unavailable("batch norm's saved statistics in evaluation mode")
     if not training:
         if running_mean is None or running_var is None:
-            raise cx.unsupported("in evaluation mode without running statistics")
+            raise cx.unsupported("in evaluation mode without running statistics (PyTorch "
+                                 "refuses it too)")
         y = cx.emit("batch_norm", x, _running(cx, running_mean), _running(cx, running_var), w, b, eps)
         return y, none, none, none, none
     count = int(np.prod(x.shape, dtype=np.int64)) // x.shape[1]
@@ -731,6 +1078,8 @@ def _write_running(cx, running_mean, running_var, new_mean, new_var):
 
 @lowers("aten.native_batch_norm.default", "aten._native_batch_norm_legit.default")
 def native_batch_norm(cx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """libspmd's batch_norm (training: batch statistics by mean and batch_norm_var), writing
+    the new running statistics into their buffers."""
     y, mean, invstd, new_mean, new_var = _batch_norm(cx, x, weight, bias, running_mean,
                                                      running_var, training, momentum, eps)
     _write_running(cx, running_mean, running_var, new_mean, new_var)
@@ -739,17 +1088,20 @@ def native_batch_norm(cx, x, weight, bias, running_mean, running_var, training, 
 
 @lowers("aten._native_batch_norm_legit.no_stats")
 def native_batch_norm_no_stats(cx, x, weight, bias, training, momentum, eps):
+    """libspmd's batch_norm over the batch's statistics (mean and batch_norm_var)."""
     return _batch_norm(cx, x, weight, bias, None, None, training, momentum, eps)[:3]
 
 
 @lowers("aten._native_batch_norm_legit_functional.default")
 def native_batch_norm_functional(cx, x, weight, bias, running_mean, running_var, training,
                                  momentum, eps):
+    """libspmd's batch_norm, returning the new running statistics."""
     return _batch_norm(cx, x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
 @lowers("aten._native_batch_norm_legit_no_training.default", "aten._batch_norm_no_update.default")
 def native_batch_norm_no_training(cx, x, weight, bias, running_mean, running_var, momentum, eps):
+    """libspmd's batch_norm over the running statistics."""
     out = _batch_norm(cx, x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
     return out + ((Unavailable("batch norm's reserve"),) if "no_update" in cx.overload else ())
 
@@ -757,6 +1109,7 @@ def native_batch_norm_no_training(cx, x, weight, bias, running_mean, running_var
 @lowers("aten.batch_norm.default", "aten._batch_norm_impl_index.default")
 def batch_norm(cx, x, weight, bias, running_mean, running_var, training, momentum, eps,
                cudnn_enabled=False):
+    """As native_batch_norm."""
     y, mean, invstd, new_mean, new_var = _batch_norm(cx, x, weight, bias, running_mean,
                                                      running_var, training, momentum, eps)
     _write_running(cx, running_mean, running_var, new_mean, new_var)
@@ -767,6 +1120,8 @@ def batch_norm(cx, x, weight, bias, running_mean, running_var, training, momentu
 
 @lowers("aten._batch_norm_with_update.default", "aten._batch_norm_with_update_functional.default")
 def batch_norm_with_update(cx, x, weight, bias, running_mean, running_var, momentum, eps):
+    """libspmd's batch_norm in training mode, the new running statistics written into their
+    buffers (functional form: returned)."""
     y, mean, invstd, new_mean, new_var = _batch_norm(cx, x, weight, bias, running_mean,
                                                      running_var, True, momentum, eps)
     reserve = Unavailable("batch norm's reserve")
@@ -781,12 +1136,18 @@ def batch_norm_with_update(cx, x, weight, bias, running_mean, running_var, momen
 
 @lowers("aten.embedding.default")
 def embedding(cx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """libspmd's embedding (a slice of the table for constant consecutive ids)."""
     if padding_idx is not None and padding_idx >= 0:
         raise cx.unsupported(f"with padding_idx {padding_idx} (its row gets no gradient in "
                              f"PyTorch; libspmd's embedding trains every row)")
     if scale_grad_by_freq or sparse:
         raise cx.unsupported("with scale_grad_by_freq or sparse gradients")
-    table = cx.ref(weight)
+    return _rows(cx, cx.ref(weight), indices)
+
+
+def _rows(cx, table, indices):
+    """The rows of table [V, D] at indices: libspmd's embedding, or a slice
+    for constant consecutive ids."""
     out_shape = tuple(indices.shape) + (table.shape[1],)
     if isinstance(indices, torch.Tensor):
         flat = indices.reshape(-1)
@@ -894,6 +1255,7 @@ def cross_entropy_loss(cx, logits, target, weight=None, reduction=1, ignore_inde
 
 @lowers("aten.mse_loss.default")
 def mse_loss(cx, a, b, reduction=1):
+    """libspmd's mse."""
     if reduction != 1:
         raise cx.unsupported("with a reduction other than the mean")
     a, b = cx.ref(a), cx.ref(b)
@@ -918,6 +1280,7 @@ def _one_to_one(op):
     def lower(cx, *xs):
         return cx.emit(op, *(cx.ref(x) for x in xs))
     lower.__name__ = op
+    lower.__doc__ = f"libspmd's {op}, one to one (from the C op table)."
     return lower
 
 
