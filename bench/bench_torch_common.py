@@ -1,7 +1,8 @@
 """What the PyTorch benchmarks (bench_torch_*.py) share: libspmd from the
 build next to the source tree when it is not on the path, the machine's
 description, eager PyTorch's thread counts, the training step eagerly,
-through libspmd.torch.compile and as a graph of the C API, and timing the cases in interleaved rounds.
+through libspmd.torch.compile and as a graph of the C API, and timing the
+cases in interleaved rounds.
 
 A round runs one step of every case, so a change in the machine's load
 falls on all of them alike, with a pause before each so that the threads

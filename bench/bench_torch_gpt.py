@@ -36,8 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_torch_common import Built, Eager, Traced, eager_threads, libspmd, machine, threads_label, \
-    time_rounds, xs
+from bench_torch_common import (Built, Eager, Traced, eager_threads, libspmd, machine,
+                                threads_label, time_rounds, xs)
 
 # bench_step's optimizer: AdamW, the gradients clipped at norm 1.
 LR, WEIGHT_DECAY, CLIP = 1e-3, 0.01, 1.0
@@ -155,7 +155,8 @@ def main():
     batch = (torch.randint(0, cfg["vocab"], (batch_size, cfg["seq"]), generator=gen),
              torch.randint(0, cfg["vocab"], (batch_size, cfg["seq"]), generator=gen))
 
-    eager_rows = [("eager PyTorch", threads_label(n), eager(cfg, batch, n)) for n in eager_threads()]
+    eager_rows = [("eager PyTorch", threads_label(n), eager(cfg, batch, n))
+                  for n in eager_threads()]
     ours = [("libspmd.torch", "1", traced(cfg, batch, False)),
             ("libspmd.torch", "4x2 replica,fsdp", traced(cfg, batch, True)),
             ("libspmd C API", "1", built(cfg, batch, False)),

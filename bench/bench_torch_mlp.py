@@ -30,8 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_torch_common import Built, Eager, Traced, eager_threads, libspmd, machine, threads_label, \
-    time_rounds
+from bench_torch_common import (Built, Eager, Traced, eager_threads, libspmd, machine,
+                                threads_label, time_rounds)
 from bench_torch_gpt import CLIP, LR, WEIGHT_DECAY
 
 
@@ -93,7 +93,8 @@ def main():
     batch = (F.one_hot(ids, cfg["in_dim"]).float(),
              torch.randint(0, cfg["out_dim"], (batch_size,), generator=gen))
 
-    eager_rows = [("eager PyTorch", threads_label(n), eager(cfg, batch, n)) for n in eager_threads()]
+    eager_rows = [("eager PyTorch", threads_label(n), eager(cfg, batch, n))
+                  for n in eager_threads()]
     cases = eager_rows + [("libspmd C API", "1", built(cfg, batch)),
                           ("libspmd.torch", "1", traced(cfg, batch))]
     ms, best, first = time_rounds([case for _, _, case in cases], reps)

@@ -83,7 +83,8 @@ def traced(batch, mesh):
     if mesh:
         mesh = xs.Mesh(range(8), (4, 2), ("replica", "fsdp"))
         model = xs.SpmdFullyShardedDataParallel(model, mesh, extra_data_axis="replica")
-    return Traced(model, opt, classify, tuple(t.clone() for t in batch))  # marks go with the tensors
+    batch = tuple(t.clone() for t in batch)  # marks go with the tensors
+    return Traced(model, opt, classify, batch)
 
 
 def main():
