@@ -20,7 +20,7 @@ machine's load falls on all of them alike (with a pause before each, so the
 threads of the case before have stopped spinning); each case reports the
 median of --reps rounds after one unmeasured.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/bench_torch_gpt.py [--reps N] [--quick]
+    PYTHONPATH=build/python build/venv/bin/python bench/bench_torch_gpt.py [--reps N] [--quick]
 
 --quick: a small shape (2 blocks of 64, sequence 32) and 3 rounds, for the
 tests.  The report names the machine (CPU, cores, BLAS, torch) and gives
@@ -30,30 +30,17 @@ faster eager row (above 1: libspmd is faster) and libspmd.torch / C API
 """
 import argparse
 import math
-import os
-import platform
-import statistics
 import sys
-import time
 
-try:
-    import libspmd
-except ImportError:  # run from the source tree next to a build
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
-                                    "python"))
-    import libspmd
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import libspmd.torch as xs
+from bench_torch_common import (Built, Eager, Traced, eager_threads, libspmd, machine,
+                                threads_label, time_rounds, xs)
 
+# bench_step's optimizer: AdamW, the gradients clipped at norm 1.
 LR, WEIGHT_DECAY, CLIP = 1e-3, 0.01, 1.0
-# Idle time before each timed step: the threads of the case before (torch's
-# OpenMP pool, a program's device workers) spin a while after their work
-# and would take the cores from the next case.
-SETTLE_S = 0.05
 
 
 class Block(nn.Module):
@@ -114,24 +101,10 @@ def adamw(model):
     return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
 
 
-class Eager:
-    def __init__(self, cfg, batch, threads):
-        torch.manual_seed(0)
-        self.model = GPT(**cfg)
-        self.opt = adamw(self.model)
-        self.batch = batch
-        self.threads = threads
-
-    def prepare(self):
-        torch.set_num_threads(self.threads)
-
-    def step(self):
-        self.opt.zero_grad()
-        loss = gpt_loss(self.model, *self.batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
-        self.opt.step()
-        return loss.item()
+def eager(cfg, batch, threads):
+    torch.manual_seed(0)
+    model = GPT(**cfg)
+    return Eager(model, adamw(model), gpt_loss, batch, threads, clip=CLIP)
 
 
 def fsdp_marks(model, mesh, batch):
@@ -146,63 +119,26 @@ def fsdp_marks(model, mesh, batch):
         xs.mark_sharding(t, mesh, (("replica", "fsdp"), None))
 
 
-class Traced:
+def traced(cfg, batch, mesh):
     """The PyTorch GPT through libspmd.torch.compile."""
-
-    def __init__(self, cfg, batch, mesh):
-        torch.manual_seed(0)
-        self.model = GPT(**cfg)
-        self.batch = tuple(t.clone() for t in batch)  # marks go with the tensors
-        if mesh:
-            fsdp_marks(self.model, xs.Mesh(range(8), (4, 2), ("replica", "fsdp")), self.batch)
-        self.step_fn = xs.compile(self.model, adamw(self.model), gpt_loss, clip_grad_norm=CLIP)
-
-    def prepare(self):
-        pass
-
-    def step(self):
-        return self.step_fn(*self.batch)
+    torch.manual_seed(0)
+    model = GPT(**cfg)
+    batch = tuple(t.clone() for t in batch)  # marks go with the tensors
+    if mesh:
+        fsdp_marks(model, xs.Mesh(range(8), (4, 2), ("replica", "fsdp")), batch)
+    return Traced(model, adamw(model), gpt_loss, batch, clip_grad_norm=CLIP)
 
 
-class CApi:
+def built(cfg, batch, mesh):
     """The same GPT built by spmd_gpt_build, trained by the same AdamW."""
-
-    def __init__(self, cfg, batch, mesh):
-        g = libspmd.Graph()
-        t = g.gpt(cfg["vocab"], cfg["seq"], cfg["layers"], cfg["heads"], cfg["dim"],
-                  batch[0].shape[0])
-        if mesh:
-            self.mesh = libspmd.Mesh((4, 2), ("replica", "fsdp"))
-            g.fsdp_wrap(self.mesh, "fsdp", [t["input"], t["targets"]])
-        g.mark_output(t["loss"])
-        g.grad(t["loss"])
-        opt = g.optimizer_apply("adamw", weight_decay=WEIGHT_DECAY, clip_norm=CLIP)
-        self.graph, self.loss = g, t["loss"]
-        self.program = g.compile(seed=1)
-        self.inputs = (t["input"], t["targets"])
-        self.batch = batch
-        self.lr = opt.lr
-
-    def prepare(self):
-        pass
-
-    def step(self):
-        # A training loop's step: this step's batch in, as libspmd.torch's does.
-        for tensor, value in zip(self.inputs, self.batch):
-            self.program.set_input(tensor, value.numpy().astype(np.int32))
-        self.program.set_input(self.lr, np.float32(LR))
-        self.program.run()
-        return float(self.program.read(self.loss))
-
-
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores; {libspmd.blas_describe()}; torch {torch.__version__}"
+    g = libspmd.Graph()
+    t = g.gpt(cfg["vocab"], cfg["seq"], cfg["layers"], cfg["heads"], cfg["dim"], batch[0].shape[0])
+    if mesh:
+        g.fsdp_wrap(libspmd.Mesh((4, 2), ("replica", "fsdp")), "fsdp", [t["input"], t["targets"]])
+    g.mark_output(t["loss"])
+    g.grad(t["loss"])
+    opt = g.optimizer_apply("adamw", weight_decay=WEIGHT_DECAY, clip_norm=CLIP)
+    return Built(g, t["loss"], (t["input"], t["targets"]), batch, opt.lr, LR)
 
 
 def main():
@@ -219,29 +155,15 @@ def main():
     batch = (torch.randint(0, cfg["vocab"], (batch_size, cfg["seq"]), generator=gen),
              torch.randint(0, cfg["vocab"], (batch_size, cfg["seq"]), generator=gen))
 
-    cores = os.cpu_count() or 1
-    eager = [("eager PyTorch", f"{n} thread" + ("s" if n > 1 else ""), Eager(cfg, batch, n))
-             for n in sorted({cores, 1}, reverse=True)]
-    ours = [("libspmd.torch", "1", Traced(cfg, batch, False)),
-            ("libspmd.torch", "4x2 replica,fsdp", Traced(cfg, batch, True)),
-            ("libspmd C API", "1", CApi(cfg, batch, False)),
-            ("libspmd C API", "4x2 replica,fsdp", CApi(cfg, batch, True))]
-    cases = eager + ours
-    times = [[] for _ in cases]
-    first = [None] * len(cases)
-    for r in range(reps + 1):  # round 0 compiles and warms up
-        for i, (_, _, case) in enumerate(cases):
-            case.prepare()
-            time.sleep(SETTLE_S)
-            t0 = time.perf_counter()
-            loss = case.step()
-            if r:
-                times[i].append(time.perf_counter() - t0)
-            else:
-                first[i] = loss
-    ms = [statistics.median(t) * 1e3 for t in times]
-    best = [min(t) * 1e3 for t in times]
-    fastest_eager = min(ms[:len(eager)])
+    eager_rows = [("eager PyTorch", threads_label(n), eager(cfg, batch, n))
+                  for n in eager_threads()]
+    ours = [("libspmd.torch", "1", traced(cfg, batch, False)),
+            ("libspmd.torch", "4x2 replica,fsdp", traced(cfg, batch, True)),
+            ("libspmd C API", "1", built(cfg, batch, False)),
+            ("libspmd C API", "4x2 replica,fsdp", built(cfg, batch, True))]
+    cases = eager_rows + ours
+    ms, best, first = time_rounds([case for _, _, case in cases], reps)
+    fastest_eager = min(ms[:len(eager_rows)])
     c_api = {i: cases.index(next(c for c in ours if c[0] == "libspmd C API" and c[1] == mesh))
              for i, (what, mesh, _) in enumerate(cases) if what == "libspmd.torch"}
 
@@ -249,7 +171,7 @@ def main():
           f"{cfg['dim']}, {cfg['heads']} heads, vocab {cfg['vocab']}, seq {cfg['seq']}, batch "
           f"{batch_size}), median of {reps} rounds")
     print(f"machine: {machine()}")
-    n = len(eager)
+    n = len(eager_rows)
     print(f"first-step loss: eager {first[0]:.6f}, libspmd.torch {first[n]:.6f} (mesh 1), "
           f"{first[n + 1]:.6f} (4x2)")
     print(f"{'model':<16} {'mesh':<18} {'ms/step':>9} {'best':>9} {'eager/this':>11} "

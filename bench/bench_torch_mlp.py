@@ -18,30 +18,21 @@ threads of the case before have stopped spinning); each case reports the
 median and the best of --reps rounds after one unmeasured, and the faster
 eager median over its own (above 1: faster than eager PyTorch).
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/bench_torch_mlp.py [--reps N] [--quick]
+    PYTHONPATH=build/python build/venv/bin/python bench/bench_torch_mlp.py [--reps N] [--quick]
 
 --quick: a small shape (hidden 64) and 3 rounds, for a look.
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 
-try:
-    import libspmd
-except ImportError:  # run from the source tree next to a build
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
-                                    "python"))
-    import libspmd
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import libspmd.torch as xs
-
-from bench_torch_gpt import CLIP, LR, SETTLE_S, WEIGHT_DECAY, machine
+from bench_torch_common import (Built, Eager, Traced, eager_threads, libspmd, machine,
+                                threads_label, time_rounds)
+from bench_torch_gpt import CLIP, LR, WEIGHT_DECAY
 
 
 class MLP(nn.Module):
@@ -66,63 +57,27 @@ def adamw(model):
     return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
 
 
-class Eager:
-    def __init__(self, cfg, batch, threads):
-        torch.manual_seed(0)
-        self.model = MLP(**cfg)
-        self.opt = adamw(self.model)
-        self.batch = batch
-        self.threads = threads
-
-    def prepare(self):
-        torch.set_num_threads(self.threads)
-
-    def step(self):
-        self.opt.zero_grad()
-        loss = mlp_loss(self.model, *self.batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
-        self.opt.step()
-        return loss.item()
+def eager(cfg, batch, threads):
+    torch.manual_seed(0)
+    model = MLP(**cfg)
+    return Eager(model, adamw(model), mlp_loss, batch, threads, clip=CLIP)
 
 
-class Traced:
-    def __init__(self, cfg, batch):
-        torch.manual_seed(0)
-        self.model = MLP(**cfg)
-        self.batch = batch
-        self.step_fn = xs.compile(self.model, adamw(self.model), mlp_loss, clip_grad_norm=CLIP)
-
-    def prepare(self):
-        pass
-
-    def step(self):
-        return self.step_fn(*self.batch)
+def traced(cfg, batch):
+    torch.manual_seed(0)
+    model = MLP(**cfg)
+    return Traced(model, adamw(model), mlp_loss, batch, clip_grad_norm=CLIP)
 
 
-class CApi:
-    def __init__(self, cfg, batch):
-        g = libspmd.Graph()
-        t = g.mlp(cfg["in_dim"], cfg["hidden"], cfg["layers"], cfg["out_dim"], batch[0].shape[0],
-                  loss="cross_entropy")
-        g.mark_output(t["loss"])
-        g.grad(t["loss"])
-        opt = g.optimizer_apply("adamw", weight_decay=WEIGHT_DECAY, clip_norm=CLIP)
-        self.graph, self.loss = g, t["loss"]
-        self.program = g.compile(seed=1)
-        self.inputs = (t["input"], t["targets"])
-        self.batch = (batch[0].numpy().astype(np.float32), batch[1].numpy().astype(np.int32))
-        self.lr = opt.lr
-
-    def prepare(self):
-        pass
-
-    def step(self):
-        for tensor, value in zip(self.inputs, self.batch):
-            self.program.set_input(tensor, value)
-        self.program.set_input(self.lr, np.float32(LR))
-        self.program.run()
-        return float(self.program.read(self.loss))
+def built(cfg, batch):
+    """bench_step's MLP built by spmd_mlp_build, trained by the same AdamW."""
+    g = libspmd.Graph()
+    t = g.mlp(cfg["in_dim"], cfg["hidden"], cfg["layers"], cfg["out_dim"], batch[0].shape[0],
+              loss="cross_entropy")
+    g.mark_output(t["loss"])
+    g.grad(t["loss"])
+    opt = g.optimizer_apply("adamw", weight_decay=WEIGHT_DECAY, clip_norm=CLIP)
+    return Built(g, t["loss"], (t["input"], t["targets"]), batch, opt.lr, LR)
 
 
 def main():
@@ -138,26 +93,12 @@ def main():
     batch = (F.one_hot(ids, cfg["in_dim"]).float(),
              torch.randint(0, cfg["out_dim"], (batch_size,), generator=gen))
 
-    cores = os.cpu_count() or 1
-    eager = [("eager PyTorch", f"{n} thread" + ("s" if n > 1 else ""), Eager(cfg, batch, n))
-             for n in sorted({cores, 1}, reverse=True)]
-    cases = eager + [("libspmd C API", "1", CApi(cfg, batch)),
-                     ("libspmd.torch", "1", Traced(cfg, batch))]
-    times = [[] for _ in cases]
-    first = [None] * len(cases)
-    for r in range(reps + 1):  # round 0 compiles and warms up
-        for i, (_, _, case) in enumerate(cases):
-            case.prepare()
-            time.sleep(SETTLE_S)
-            t0 = time.perf_counter()
-            loss = case.step()
-            if r:
-                times[i].append(time.perf_counter() - t0)
-            else:
-                first[i] = loss
-    ms = [statistics.median(t) * 1e3 for t in times]
-    best = [min(t) * 1e3 for t in times]
-    fastest_eager = min(ms[:len(eager)])
+    eager_rows = [("eager PyTorch", threads_label(n), eager(cfg, batch, n))
+                  for n in eager_threads()]
+    cases = eager_rows + [("libspmd C API", "1", built(cfg, batch)),
+                          ("libspmd.torch", "1", traced(cfg, batch))]
+    ms, best, first = time_rounds([case for _, _, case in cases], reps)
+    fastest_eager = min(ms[:len(eager_rows)])
     print(f"bench_torch_mlp: the AdamW training step of an MLP ({cfg['in_dim']} -> "
           f"{cfg['layers']} x {cfg['hidden']} -> {cfg['out_dim']}, batch {batch_size}), median of "
           f"{reps} rounds; load average {os.getloadavg()[0]:.1f} at the end")

@@ -156,12 +156,30 @@ def needs_mpi(r):
     return None
 
 
-def needs_torch(r):
-    if not os.path.isdir(os.path.join(r.build, "python", "libspmd")):
-        return "no Python package in the build (python3-dev, python3-numpy)"
-    ok = subprocess.run(["/usr/bin/python3", "-c", "import torch"], stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL).returncode == 0
-    return None if ok else "no torch for /usr/bin/python3 (apt-get install python3-torch)"
+def torch_python(r):
+    """The interpreter BUILD_DIR's Python package was built for (CMake's
+    Python3_EXECUTABLE: make test configures the virtual environment it
+    makes, build/venv, where torch 2 is), or None."""
+    try:
+        with open(os.path.join(r.build, "CMakeCache.txt")) as f:
+            m = re.search(r"^Python3_EXECUTABLE:[A-Z]*=(.+)$", f.read(), re.M)
+    except OSError:
+        m = None
+    return m.group(1).strip() if m else None
+
+
+def needs_torch(*modules):
+    def needs(r):
+        if not os.path.isdir(os.path.join(r.build, "python", "libspmd")):
+            return "no Python package in the build (python3-dev, python3-numpy)"
+        python = torch_python(r)
+        if not python or not os.access(python, os.X_OK):
+            return f"no interpreter in {r.shown([r.build])}'s CMake cache (Python3_EXECUTABLE)"
+        ok = subprocess.run([python, "-c", "import " + ", ".join(modules)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+        return None if ok else (f"no {' or '.join(modules)} for {r.shown([python])} "
+                                "(scripts/install-deps.sh --venv build/venv, which make test runs)")
+    return needs
 
 
 def encoder_dir(r):
@@ -228,16 +246,14 @@ def fig_checkpoint(r):
     return plain(r, [r.bench("bench_checkpoint")], env={"TMPDIR": r.scratch})
 
 
-def fig_torch_mlp(r):
-    env = {"PYTHONPATH": os.path.join(r.build, "python")}
-    argv = ["/usr/bin/python3", os.path.join(ROOT, "bench", "bench_torch_mlp.py")]
-    return [("PYTHONPATH=build/python /usr/bin/python3 bench/bench_torch_mlp.py", r.run(argv, env))]
-
-
-def fig_torch_gpt(r):
-    env = {"PYTHONPATH": os.path.join(r.build, "python")}
-    argv = ["/usr/bin/python3", os.path.join(ROOT, "bench", "bench_torch_gpt.py")]
-    return [("PYTHONPATH=build/python /usr/bin/python3 bench/bench_torch_gpt.py", r.run(argv, env))]
+def torch_bench(script):
+    """A bench/bench_torch_*.py on the build's interpreter, the package
+    from the build."""
+    def run(r):
+        argv = [torch_python(r), os.path.join(ROOT, "bench", script)]
+        env = {"PYTHONPATH": os.path.join(r.build, "python")}
+        return [(f"PYTHONPATH=build/python {r.shown(argv[:1])} bench/{script}", r.run(argv, env))]
+    return run
 
 
 def fig_train_124m(r):
@@ -285,8 +301,12 @@ FIGURES = {
     "step": Figure(fig_step, 45, needs_bench("bench_step")),
     "step-meshes": Figure(fig_step_meshes, 15, needs_bench("bench_step")),
     "step-overlap": Figure(fig_step_overlap, 140, needs_bench("bench_step")),
-    "torch-mlp": Figure(fig_torch_mlp, 15, needs_torch),
-    "torch-gpt": Figure(fig_torch_gpt, 20, needs_torch),
+    "torch-mlp": Figure(torch_bench("bench_torch_mlp.py"), 15, needs_torch("torch")),
+    "torch-gpt": Figure(torch_bench("bench_torch_gpt.py"), 20, needs_torch("torch")),
+    # torch.compile's first compile of resnet18 takes most of it; 30 s with
+    # inductor's cache.
+    "torch-resnet": Figure(torch_bench("bench_torch_resnet.py"), 150,
+                           needs_torch("torch", "torchvision")),
     "train-fwd-bwd": Figure(fig_train_fwd_bwd, 140, needs_bench("bench_train")),
     "train-124m": Figure(fig_train_124m, 20, needs_tool),
     "gemm": Figure(fig_gemm, 90, needs_bench("bench_gemm")),

@@ -49,8 +49,13 @@ void gemm_tiles(int64_t batch, int64_t m, int64_t n, bool bf16, int64_t *tm, int
  * 32 x 32 images, two for its stem and 56 x 56 layers.  dw: its rows in 4
  * work items (multiples of 8), so that threads share a layer whatever its
  * batch: 16 items ran dw's 64 x 576 x 1024 products at 47 GFLOP/s a
- * thread, 4 at 55-65 (bench_gemm's conv table). */
-enum { CONV_COL_FLOATS = 1 << 20, CONV_DW_ITEMS = 4, CONV_ROUND = 8 };
+ * thread, 4 at 55-65 (bench_gemm's conv table).  An image of fewer than
+ * CONV_COLS output positions shares its GEMM with the next images, up to
+ * CONV_COLS columns in all (and the matrices and the product within the
+ * 4 MiB): the BLAS packs the weights once per call, which for resnet18's
+ * last layers on 32 x 32 images (2 x 2 and 1 x 1 outputs) took most of a
+ * per-image call, and dw's product summed a single position per call. */
+enum { CONV_COL_FLOATS = 1 << 20, CONV_DW_ITEMS = 4, CONV_ROUND = 8, CONV_COLS = 128 };
 
 void conv_plan_of(const spmd_tensor *t, conv_plan *p)
 {
@@ -82,13 +87,23 @@ void conv_plan_of(const spmd_tensor *t, conv_plan *p)
     p->cols = cols;
     int64_t rows = round_up(ceil_div(k, CONV_DW_ITEMS), CONV_ROUND);
     p->rows = rows < k ? rows : k;
+    p->imgs = 1;
+    if (p->ohw > 0 && cols == p->ohw && p->ohw < CONV_COLS) {
+        int64_t imgs = ceil_div(CONV_COLS, p->ohw), fit = CONV_COL_FLOATS / (p->ohw * (k + p->opg));
+        if (imgs > fit) imgs = fit;
+        if (imgs > p->n) imgs = p->n;
+        if (imgs > 1) p->imgs = imgs;
+    }
 }
 
 size_t conv_scratch_bytes(const spmd_tensor *t)
 {
     conv_plan p;
     conv_plan_of(t, &p);
-    if (p.pointwise) return 0;
     int64_t rows = t->op == IR_CONV2D_BACKWARD_WEIGHT ? p.rows : p.kdim;
+    /* Images side by side: their matrix and the product's operand or
+     * result of opg rows (y before it is copied out, dy gathered). */
+    if (p.imgs > 1) return (size_t)((rows + p.opg) * p.imgs * p.ohw) * sizeof(float);
+    if (p.pointwise) return 0;
     return (size_t)rows * (size_t)p.cols * sizeof(float);
 }

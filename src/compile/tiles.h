@@ -21,13 +21,15 @@ void gemm_tiles(int64_t batch, int64_t m, int64_t n, bool bf16, int64_t *tm, int
  * [kdim, OH*OW] of the image's channels of the group (kdim = cpg * KH *
  * KW), built in the thread's scratch `cols` columns at a time so that it
  * stays a few MiB; dw's kdim rows go `rows` to a work item.  Pointwise
- * (1x1, stride 1, no padding) the image itself is the matrix. */
+ * (1x1, stride 1, no padding) the image itself is the matrix.  Small
+ * images go `imgs` to a GEMM (the last call of a device's batch takes
+ * what is left), their matrices side by side: [kdim, imgs * OH*OW]. */
 typedef struct conv_plan {
     int64_t n, cin, h, w, cout, kh, kw, oh, ow;
     int64_t stride[2], pad[2], dilation[2];
     int64_t groups, cpg, opg, kdim, ohw;
     bool pointwise;
-    int64_t cols, rows;
+    int64_t cols, rows, imgs;
 } conv_plan;
 
 void conv_plan_of(const spmd_tensor *t, conv_plan *p);

@@ -1087,8 +1087,11 @@ static void test_attention(void **state)
 /* conv2d and its two backward ops against the reference's loops: strides,
  * padding (some rows all padding), dilation, groups (depthwise included),
  * pointwise (1x1, the GEMM on the image itself, and strided), a patch
- * embedding's kernel as large as its stride, and an im2col matrix past one
- * tile of columns (16 channels of 90 x 90: two tiles). */
+ * embedding's kernel as large as its stride, an im2col matrix past one
+ * tile of columns (16 channels of 90 x 90: two tiles), and small images
+ * several to a GEMM (conv_plan's imgs: most cases here), the batch's last
+ * set shorter (3 x 3 outputs 15 to a GEMM, 20 images; 1 x 1 outputs, 130
+ * images, grouped and pointwise). */
 static const ref_conv conv_cases[] = {
     {.x = {2, 3, 6, 7}, .w = {4, 3, 3, 3}, .stride = {1, 1}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 1},
     {.x = {2, 4, 9, 8}, .w = {6, 4, 3, 2}, .stride = {2, 3}, .pad = {1, 2}, .dilation = {2, 1}, .groups = 1},
@@ -1099,6 +1102,9 @@ static const ref_conv conv_cases[] = {
     {.x = {2, 3, 32, 32}, .w = {8, 3, 16, 16}, .stride = {16, 16}, .pad = {0, 0}, .dilation = {1, 1}, .groups = 1},
     {.x = {1, 2, 3, 3}, .w = {3, 2, 2, 2}, .stride = {2, 1}, .pad = {3, 2}, .dilation = {1, 2}, .groups = 1},
     {.x = {1, 16, 90, 90}, .w = {4, 16, 3, 3}, .stride = {1, 1}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 1},
+    {.x = {20, 3, 5, 5}, .w = {4, 3, 3, 3}, .stride = {2, 2}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 1},
+    {.x = {130, 4, 1, 1}, .w = {6, 2, 3, 3}, .stride = {1, 1}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 2},
+    {.x = {130, 3, 1, 1}, .w = {5, 3, 1, 1}, .stride = {1, 1}, .pad = {0, 0}, .dilation = {1, 1}, .groups = 1},
 };
 
 /* conv2d's refusals name both tensors of a mismatch, and the attribute. */
