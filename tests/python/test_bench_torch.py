@@ -91,6 +91,10 @@ def test_quick_mlp_run_reports_every_case():
 def test_quick_resnet_run_reports_every_case():
     pytest.importorskip("torch")
     pytest.importorskip("torchvision")
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        # Inductor compiles with gcc, which would run under the sanitizer
+        # runtimes the sanitizer build preloads into this interpreter.
+        pytest.skip("torch.compile under a sanitizer build's preloaded runtimes")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     # torch.compile's first compile of each thread count takes a minute or
     # two on 2 cores; inductor's cache makes later runs quicker.
