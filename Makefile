@@ -134,9 +134,10 @@ bench: build
 	    echo "==> running $$b"; "$$b"; \
 	done; [ $$found = 1 ] || echo "==> no benchmarks built"
 	@py=$(python_for); if [ -d $(BUILD)/python/libspmd ] && $$py -c 'import torch' 2>/dev/null; then \
-	    echo "==> running bench/bench_torch_gpt.py"; \
-	    PYTHONPATH=$(BUILD)/python $$py bench/bench_torch_gpt.py; \
-	else echo "==> bench/bench_torch_gpt.py skipped: no Python package in $(BUILD)/ or no torch for $$py"; fi
+	    for b in bench/bench_torch_gpt.py bench/bench_torch_mlp.py bench/bench_torch_resnet.py; do \
+	        echo "==> running $$b"; PYTHONPATH=$(BUILD)/python $$py $$b || exit 1; \
+	    done; \
+	else echo "==> the bench/bench_torch_*.py skipped: no Python package in $(BUILD)/ or no torch for $$py"; fi
 
 clean:
 	@echo "==> removing $(BUILD)/, $(ASAN_BUILD)/, $(TSAN_BUILD)/ and $(NOMPI_BUILD)/"
