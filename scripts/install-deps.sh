@@ -63,7 +63,8 @@ why[librsvg2-bin]="tests only: rsvg-convert renders the charts of spmd plot and 
 why[nodejs]="tests only: node runs gpt-3-encoder's own JavaScript encoder, the oracle of test_cli_tokenize"
 why[npm]="tests only: npm installs gpt-3-encoder (--npm DIR)"
 why[iproute2]="tests only: ip makes the network namespaces of test_multihost, hosts simulated on this machine (not in a minimal image such as a chroot or container)"
-test_packages=(librsvg2-bin iproute2)
+why[g++]="tests only: torch.compile (inductor) builds its CPU kernels with g++ (the resnet18 benchmark's comparison, bench/bench_torch_resnet.py)"
+test_packages=(librsvg2-bin iproute2 g++)
 if ((with_tests)); then
   packages+=("${test_packages[@]}")
 fi

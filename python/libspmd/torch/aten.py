@@ -481,8 +481,9 @@ def slice_scatter(cx, x, src, dim=0, start=None, end=None, step=1):
     if stride != 1:
         raise cx.unsupported(f"with step {step}; libspmd slices are contiguous")
     stop = max(stop, begin)
-    parts = [_slice(cx, x, d, 0, begin), src, _slice(cx, x, d, stop, n - stop)]
-    return _concat(cx, [p for p in parts if p.shape[d] != 0] or [src], d)
+    before = [_slice(cx, x, d, 0, begin)] if begin > 0 else []
+    after = [_slice(cx, x, d, stop, n - stop)] if stop < n else []
+    return _concat(cx, before + [src] + after, d)
 
 
 @lowers("aten.upsample_nearest2d.vec")
