@@ -89,7 +89,8 @@ if [ -n "$venv" ]; then
     why[python3-torch]="tests only: PyTorch 2 (Debian's), seen by the --venv environment: the tests of libspmd.torch"
     why[python3-torchvision]="tests only: torchvision (Debian's), for the front end's tests on resnet18"
     why[python3-pytest]="tests only: pytest runs the Python package's tests (tests/python, the CTest test python_tests)"
-    packages+=(python3-venv python3-torch python3-torchvision python3-pytest)
+    why[python3-setuptools]="tests only: torch 2.6's torch.compile (inductor) builds its kernels through setuptools"
+    packages+=(python3-venv python3-torch python3-torchvision python3-pytest python3-setuptools)
     venv_base=/usr/bin/python3
     venv_args=(--system-site-packages)
   else
