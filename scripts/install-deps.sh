@@ -90,7 +90,8 @@ if [ -n "$venv" ]; then
     why[python3-torchvision]="tests only: torchvision (Debian's), for the front end's tests on resnet18"
     why[python3-pytest]="tests only: pytest runs the Python package's tests (tests/python, the CTest test python_tests)"
     why[python3-setuptools]="tests only: torch 2.6's torch.compile (inductor) builds its kernels through setuptools"
-    packages+=(python3-venv python3-torch python3-torchvision python3-pytest python3-setuptools)
+    why[libtorch-dev]="tests only: the ATen headers torch.compile's kernels include (Debian's python3-torch has none)"
+    packages+=(python3-venv python3-torch python3-torchvision python3-pytest python3-setuptools libtorch-dev)
     venv_base=/usr/bin/python3
     venv_args=(--system-site-packages)
   else
