@@ -9,6 +9,10 @@
 #                   build-nompi/ and run a few fast tests there (CI does, with
 #                   WERROR=ON)
 #   make bench      build and run the benchmarks
+#   make bench-peers the peers benchmark: libspmd beside JAX, PyTorch eager,
+#                   torch.compile, DDP and FSDP2 on the same work, one table
+#                   in build/bench-peers/ (installs JAX into build/venv; about
+#                   25 minutes on 2 cores; PEERS_ARGS=--quick for a look)
 #   make clean      remove the build folders
 # Knobs: BUILD_TYPE=Release NATIVE=ON WERROR=OFF JOBS=<cores> CMAKE_ARGS=... PYTHON=<interpreter>
 
@@ -52,7 +56,7 @@ out=$$(cmake $(1)) || { printf '%s\n' "$$out"; exit 1; }; \
 	    printf '%s\n' "$$out" | grep '^-- libspmd' || true
 endef
 
-.PHONY: all deps build build-asan build-tsan build-nompi run test test-asan test-tsan test-nompi bench clean
+.PHONY: all deps build build-asan build-tsan build-nompi run test test-asan test-tsan test-nompi bench bench-peers clean
 
 all: build
 
@@ -63,6 +67,8 @@ all: build
 DEPS_ARGS :=
 test: DEPS_ARGS := --tests --npm $(BUILD)/npm --venv $(VENV)
 test-asan: DEPS_ARGS := --tests --npm $(ASAN_BUILD)/npm --venv $(VENV)
+bench-peers: DEPS_ARGS := --tests --npm $(BUILD)/npm --venv $(VENV) --peers
+PEERS_ARGS ?=
 
 deps:
 	@echo "==> checking system packages (scripts/install-deps.sh $(DEPS_ARGS))"
@@ -138,6 +144,11 @@ bench: build
 	        echo "==> running $$b"; PYTHONPATH=$(BUILD)/python $$py $$b || exit 1; \
 	    done; \
 	else echo "==> the bench/bench_torch_*.py skipped: no Python package in $(BUILD)/ or no torch for $$py"; fi
+
+bench-peers: build
+	@echo "==> running bench/peers/bench_peers.py $(PEERS_ARGS) (tables in $(BUILD)/bench-peers/)"
+	@PYTHONPATH=$(BUILD)/python $(VENV)/bin/python bench/peers/bench_peers.py \
+	    --out-dir $(BUILD)/bench-peers $(PEERS_ARGS)
 
 clean:
 	@echo "==> removing $(BUILD)/, $(ASAN_BUILD)/, $(TSAN_BUILD)/ and $(NOMPI_BUILD)/"

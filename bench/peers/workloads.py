@@ -179,6 +179,7 @@ class Run:
         self.step_s = []
         self.losses = []
         self.first_step_s = None
+        self.cpu_warm = None  # this process's CPU seconds when the warm-up ended
 
     def ready(self):
         self.t_ready = self.t_last = time.perf_counter()
@@ -190,6 +191,8 @@ class Run:
         self.step_s.append(now - self.t_last)
         self.t_last = now
         self.losses.append(float(loss))
+        if len(self.step_s) == WARMUP:
+            self.cpu_warm = cpu_seconds()
 
     def start_step(self):
         """Call before a step whose time starts later than the last one's
@@ -198,22 +201,31 @@ class Run:
 
     def result(self):
         """step_ms (each step after WARMUP), losses (every step),
-        first_step_s (ready to the first step's end: trace, compile, run)
-        and this process's cpu_s and peak_rss_mib."""
-        usage = resource.getrusage(resource.RUSAGE_SELF)
+        first_step_s (ready to the first step's end: trace, compile, run),
+        this process's CPU time per measured step (every thread's) and its
+        peak_rss_mib."""
+        measured = len(self.step_s) - WARMUP
+        if measured < 1:
+            raise ValueError(f"a run needs more than {WARMUP} steps to measure one")
         return dict(step_ms=[s * 1e3 for s in self.step_s[WARMUP:]], losses=self.losses,
-                    first_step_s=self.first_step_s, cpu_s=usage.ru_utime + usage.ru_stime,
-                    peak_rss_mib=usage.ru_maxrss / 1024.0)
+                    first_step_s=self.first_step_s,
+                    cpu_ms_per_step=(cpu_seconds() - self.cpu_warm) * 1e3 / measured,
+                    peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+
+
+def cpu_seconds():
+    """This process's user and system CPU seconds, every thread's."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def merge_processes(results):
     """One result of a run over several processes: process 0's times and
-    losses, the CPU seconds and peak memory summed, the slowest first step."""
+    losses, the CPU time and peak memory summed, the slowest first step."""
     out = dict(results[0])
-    out["cpu_s"] = sum(r["cpu_s"] for r in results)
+    out["cpu_ms_per_step"] = sum(r["cpu_ms_per_step"] for r in results)
     out["peak_rss_mib"] = sum(r["peak_rss_mib"] for r in results)
     out["first_step_s"] = max(r["first_step_s"] for r in results)
-    out["processes"] = len(results)
     return out
 
 
