@@ -124,6 +124,14 @@ def shown_block(pairs):
     return "\n".join(out)
 
 
+def markdown_block(pairs):
+    """Each command as a code line, its output (Markdown) as it is."""
+    out = []
+    for command, lines in pairs:
+        out += ["    $ " + command, ""] + lines
+    return "\n".join(out)
+
+
 def prose(text):
     return textwrap.fill(text, width=74, break_long_words=False, break_on_hyphens=False)
 
@@ -256,6 +264,16 @@ def torch_bench(script):
     return run
 
 
+def fig_peers(r):
+    """The peers benchmark's table (bench/peers/bench_peers.py), Markdown
+    as it prints it."""
+    argv = [torch_python(r), os.path.join(ROOT, "bench", "peers", "bench_peers.py"), "--quiet",
+            "--out-dir", os.path.join(r.scratch, "peers")]
+    env = {"PYTHONPATH": os.path.join(r.build, "python")}
+    return [(f"PYTHONPATH=build/python {r.shown(argv[:1])} bench/peers/bench_peers.py",
+             r.run(argv, env))]
+
+
 def fig_train_124m(r):
     """GPT-2 124M's start-up (building, compiling) and first steps."""
     argv = [r.tool(), "train", "--mesh", "1", "--axes", "data", "--model", "gpt", "--layers", "12",
@@ -290,8 +308,11 @@ def fig_tokenize(r):
 
 
 class Figure:
-    def __init__(self, run, seconds, needs):
-        self.run, self.seconds, self.needs = run, seconds, needs
+    """markdown: the output is Markdown (a table), placed as it is under
+    the command rather than as a code block."""
+
+    def __init__(self, run, seconds, needs, markdown=False):
+        self.run, self.seconds, self.needs, self.markdown = run, seconds, needs, markdown
 
 
 # Seconds a figure took on a 2-core AVX-512 machine at a load of about 3
@@ -307,6 +328,9 @@ FIGURES = {
     # inductor's cache.
     "torch-resnet": Figure(torch_bench("bench_torch_resnet.py"), 150,
                            needs_torch("torch", "torchvision")),
+    # JAX, PyTorch eager, torch.compile, DDP and FSDP2 beside libspmd; the
+    # peers that are not installed are rows saying so.
+    "peers": Figure(fig_peers, 1500, needs_torch("libspmd"), markdown=True),
     "train-fwd-bwd": Figure(fig_train_fwd_bwd, 140, needs_bench("bench_train")),
     "train-124m": Figure(fig_train_124m, 20, needs_tool),
     "gemm": Figure(fig_gemm, 90, needs_bench("bench_gemm")),
@@ -507,7 +531,8 @@ def main(argv):
             start_load, start = measured_on.load(), time.monotonic()
             pairs = FIGURES[n].run(runner)
             # Blank lines around the block keep the markers out of its Markdown.
-            body = "\n" + machine_line(start_load) + "\n\n" + shown_block(pairs) + "\n\n"
+            shown = (markdown_block(pairs) if FIGURES[n].markdown else shown_block(pairs))
+            body = "\n" + machine_line(start_load) + "\n\n" + shown + "\n\n"
             if to_stdout:
                 print(f"<!-- bench-figures: {n} {cls} -->\n{body}{CLOSE}")
             else:

@@ -219,6 +219,7 @@ def main():
     ap.add_argument("--threads", type=int, default=THREADS)
     ap.add_argument("--python", default=sys.executable, help="the runners' interpreter")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "..", "..", "build", "bench-peers"))
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     names = [n for n in args.workloads.split(",") if n]
@@ -242,9 +243,10 @@ def main():
                 if absent[case["system"]]:
                     runs[i].append(dict(case, error=absent[case["system"]]))
                     continue
-                print(f"round {r + 1}/{rounds}: {case['system']} {case['variant']} "
-                      f"{case['workload']} {case['mesh']} {case['precision']}", file=sys.stderr,
-                      flush=True)
+                if not args.quiet:
+                    print(f"round {r + 1}/{rounds}: {case['system']} {case['variant']} "
+                          f"{case['workload']} {case['mesh']} {case['precision']}",
+                          file=sys.stderr, flush=True)
                 runs[i].append(run_case(args.python, case, args.quick, args.threads, scratch))
     rows = [summarize(case, rs) for case, rs in zip(todo, runs)]
     compare(rows)
