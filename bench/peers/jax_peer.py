@@ -363,7 +363,6 @@ def main():
             for r in results[1:]:
                 r.pop("versions")
             result = merge_processes(results)
-            result.pop("processes")
         else:
             configure_xla(local_devices, threads)
             result = run_workload(args, w, steps)
