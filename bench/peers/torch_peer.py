@@ -10,7 +10,8 @@ Variants (--variant; the default is the one the mesh runs):
            foreach implementation (the default a user gets) it was the
            faster (see FUSED_ADAMW), so a user picking the fast one picks it.
   compile  mesh "1": eager's setup with the model in torch.compile
-           (Inductor, default mode) -- forward, loss and, through
+           (Inductor, default mode: "max-autotune-no-cudagraphs" was no
+           faster, see COMPILE_MODE) -- forward, loss and, through
            AOTAutograd, backward.  clip_grad_norm_ and the fused AdamW stay
            eager: the fused step is one C++ kernel already, and compiling
            it did not pay (see FUSED_ADAMW).  first_step_s includes the
