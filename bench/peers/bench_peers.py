@@ -4,7 +4,9 @@ sharded jit, eager PyTorch, torch.compile, DDP, FSDP2), on the same work
 
 Every case is one run of a system's runner (<system>_peer.py) on a
 workload, mesh and precision, started under `taskset` on the thread
-budget's CPUs.  The cases run in interleaved rounds, each case once per
+budget's CPUs, with NumPy's OpenBLAS on one thread (OPENBLAS_NUM_THREADS=1:
+every runner imports NumPy, whose BLAS no step uses, and its idle thread
+would spin on one of the CPUs for the run's first tenth of a second).  The cases run in interleaved rounds, each case once per
 round, so a change in the machine's load falls on all of them alike; a
 case's step time is the median of its measured steps over every round and
 its spread the 25th to 75th percentile of them.  The report gives for each
@@ -95,10 +97,13 @@ def run_case(python, case, quick, threads, scratch):
     if quick:
         argv.append("--quick")
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
+    # NumPy's own OpenBLAS, which no system's step uses, would start a
+    # thread that busy-waits a tenth of a second on one of the CPUs.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     t0 = time.perf_counter()
     try:
         done = subprocess.run(["taskset", "-c", cpus] + argv, capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S, cwd=HERE)
+                              timeout=RUN_TIMEOUT_S, cwd=HERE, env=env)
     except subprocess.TimeoutExpired:
         return dict(case, error=f"no result within {RUN_TIMEOUT_S} s")
     wall = time.perf_counter() - t0
