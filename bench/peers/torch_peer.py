@@ -207,6 +207,20 @@ def make_model(w):
 # ---------------------------------------------------------------- training
 
 
+def init_process_group(dist, rank, world):
+    """gloo over env:// (MASTER_ADDR, MASTER_PORT).  A torch built without
+    libuv (Debian's) refuses the TCP store's default backend: then, as its
+    message suggests, the store without it (USE_LIBUV=0)."""
+    timeout = datetime.timedelta(seconds=CHILD_TIMEOUT_S)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    except RuntimeError as e:
+        if "libuv" not in str(e):
+            raise
+        os.environ["USE_LIBUV"] = "0"
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+
+
 def train(w, args, rank=0, world=1):
     """Runs the steps in this process; returns (Run, processes note)."""
     import torch
@@ -216,8 +230,7 @@ def train(w, args, rank=0, world=1):
     import torch.distributed as dist
 
     if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=CHILD_TIMEOUT_S))
+        init_process_group(dist, rank, world)
     model = make_model(w)
     if args.variant == "ddp":
         from torch.nn.parallel import DistributedDataParallel
