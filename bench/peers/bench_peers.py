@@ -21,7 +21,7 @@ A peer that is not installed, or that cannot run a case, has a row that
 says why (the runner quotes the system's error).
 
     python bench/peers/bench_peers.py [--quick] [--rounds N] [--out-dir DIR]
-        [--systems libspmd,jax,pytorch] [--workloads seed,mlp,...]
+        [--systems libspmd,jax,pytorch] [--workloads seed,mlp,...] [--isa avx2]
 
 writes DIR/peers.json (every run) and DIR/peers.md (the table), and prints
 the table.  --quick runs the workloads' small sizes, one round: for the
@@ -48,6 +48,13 @@ RUNNERS = {"libspmd": "libspmd_peer.py", "jax": "jax_peer.py", "pytorch": "torch
 # What each system's runner needs importable, to tell "not installed" apart.
 NEEDS = {"libspmd": ("libspmd",), "jax": ("jax", "optax"), "pytorch": ("torch",)}
 RUN_TIMEOUT_S = 1800
+# --isa avx2: every system held to AVX2 on a wider CPU, to try the AVX2
+# class's path anywhere.  PyTorch's own kernels, its oneDNN and MKL, XLA's
+# code generation, and libspmd's OpenBLAS (Haswell's kernels, through the
+# runner) and oneDNN; libspmd's own kernels are the build's (-march).
+ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                     "MKL_ENABLE_INSTRUCTIONS": "AVX2", "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
+                     "PEERS_OPENBLAS_CORETYPE": "Haswell"}}
 
 
 def variants(system, mesh_name, w):
@@ -86,7 +93,7 @@ def missing(python, system):
     return f"not installed for {python}: {last}"
 
 
-def run_case(python, case, quick, threads, scratch):
+def run_case(python, case, quick, threads, scratch, isa=None):
     """One run of the case's runner: its result, with `wall_s`."""
     out = os.path.join(scratch, "result.json")
     if os.path.exists(out):
@@ -99,7 +106,7 @@ def run_case(python, case, quick, threads, scratch):
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
     # NumPy's own OpenBLAS, which no system's step uses, would start a
     # thread that busy-waits a tenth of a second on one of the CPUs.
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **ISA_CAPS.get(isa, {}))
     t0 = time.perf_counter()
     try:
         done = subprocess.run(["taskset", "-c", cpus] + argv, capture_output=True, text=True,
@@ -181,7 +188,9 @@ def markdown(report):
              f"{m['debian']}, load {report['load_start']:.1f} at the start and "
              f"{report['load_end']:.1f} at the end, {m['date']}, commit {m['commit']}; "
              f"{report['threads']} threads for every run (taskset), {report['rounds']} "
-             f"interleaved round(s); versions: " +
+             f"interleaved round(s); " +
+             (f"every system held to {report['isa'].upper()} (--isa); " if report.get("isa")
+              else "") + "versions: " +
              ", ".join(f"{k} {v}" for k, v in sorted(report["versions"].items())) + ".", "",
              "| workload | mesh | precision | system | ms/step | p25-p75 | CPU ms/step | peak MiB "
              "| first step s | last loss | loss vs libspmd | step / libspmd's |",
@@ -225,6 +234,9 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="the runners' interpreter")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "..", "..", "build", "bench-peers"))
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--isa", choices=sorted(ISA_CAPS),
+                    help="hold every system to this instruction set (libspmd's own kernels: "
+                         "run a build for it, e.g. -march=x86-64-v3)")
     args = ap.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     names = [n for n in args.workloads.split(",") if n]
@@ -252,7 +264,8 @@ def main():
                     print(f"round {r + 1}/{rounds}: {case['system']} {case['variant']} "
                           f"{case['workload']} {case['mesh']} {case['precision']}",
                           file=sys.stderr, flush=True)
-                runs[i].append(run_case(args.python, case, args.quick, args.threads, scratch))
+                runs[i].append(run_case(args.python, case, args.quick, args.threads, scratch,
+                                        args.isa))
     rows = [summarize(case, rs) for case, rs in zip(todo, runs)]
     compare(rows)
     versions = {}
@@ -260,6 +273,7 @@ def main():
         versions.update(r.get("versions", {}))
     versions.pop("blas", None)
     report = dict(machine=machine(), threads=args.threads, rounds=rounds, quick=args.quick,
+                  isa=args.isa,
                   load_start=load_start, load_end=os.getloadavg()[0], versions=versions,
                   rows=rows, speedups=speedups(rows))
     os.makedirs(args.out_dir, exist_ok=True)

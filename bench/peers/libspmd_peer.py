@@ -74,6 +74,9 @@ def build(w, mesh_name, precision):
 
 
 def run(args, processes):
+    # bench_peers.py --isa avx2: OpenBLAS's kernels for that class.
+    if os.environ.get("PEERS_OPENBLAS_CORETYPE"):
+        libspmd.blas_select(coretype=os.environ["PEERS_OPENBLAS_CORETYPE"])
     w = workload(args.workload, args.quick)
     steps = args.steps or w["steps"]
     weights = initial_weights(w["model"], w["shape"])
