@@ -96,6 +96,7 @@ void exec_scatter(spmd_program *p, const spmd_tensor *t, const void *src, int co
         copy_ctx c = {p->dev[d].leaf_data[lt->id], (char *)src, spmd_dtype_size(t->dtype), true};
         exec_for_rows(&b, exec_copy_row, &c);
     }
+    exec_note_leaf_written(p, t, copy);
 }
 
 void exec_assemble(const spmd_program *p, const spmd_tensor *t, void *dst, int copy)

@@ -148,6 +148,10 @@ struct spmd_program {
      * refuses an input never set rather than compute on zeros. */
     bool *input_set;
     bool inputs_checked; /* every read input was set once: an input stays set */
+    /* Per global node id and copy, as input_set: whether that leaf of that
+     * copy still waits for its initial value (exec_init_pending); NULL
+     * once none does. */
+    bool *init_pending;
     /* Gradient accumulation: micro-batches run since the last step's
      * update (spmd_program_accumulate), and whether the run under way is
      * one of them. */
@@ -224,9 +228,16 @@ spmd_status exec_assemble_across(const spmd_program *p, const spmd_tensor *t, vo
 spmd_status exec_setup_devices(spmd_program *p, const spmd_compile_options *opts);
 /* Every device's buffers, communication thread and pool. */
 void exec_free_devices(spmd_program *p);
-/* Parameters and state to their initial values, every device's threads
- * a share of its blocks. */
-void exec_init_params(spmd_program *p);
+/* Every leaf of every copy marked for its initial value, filled when
+ * first needed (exec_init_pending): a leaf the caller writes whole before
+ * then (a loaded model, a checkpoint) never draws its random values. */
+spmd_status exec_init_params(spmd_program *p);
+/* The leaves still marked, to their initial values (parameters and state)
+ * or zeros (the others), every device's threads a share of its blocks;
+ * before anything reads a leaf: a run, a read, a checkpoint's block. */
+void exec_init_pending(const spmd_program *p);
+/* Leaf t of copy `copy` (-1: of every copy) was written whole. */
+void exec_note_leaf_written(spmd_program *p, const spmd_tensor *t, int copy);
 
 /* ---- Collectives in flight (executor_inflight.c) ---------------------------------- */
 

@@ -1,6 +1,9 @@
 /*
  * Parameter initialisation: every device fills its blocks of the
- * parameters and state, and zeroes its other leaves.
+ * parameters and state, and zeroes its other leaves, when first needed.
+ * Deferred from compile because a caller who loads a model (GPT-2
+ * weights, a PyTorch module's) writes every parameter first: drawing 124M's normal
+ * values took half of its compile for nothing.
  */
 #include "runtime/executor_impl.h"
 #include "base/rng.h"
@@ -42,6 +45,7 @@ static void init_worker(void *ctx, int ith, int nth)
     for (int i = 0; i < p->c.g->n_nodes; i++) {
         const spmd_tensor *t = p->c.g->nodes[i];
         if (!ir_op_is_leaf(t->op)) continue;
+        if (!p->init_pending[(size_t)t->id * (size_t)p->copies + (size_t)d->copy]) continue;
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[i] : t;
         if (!lt) continue;
         block b = exec_block_of(p, t, d->id);
@@ -75,8 +79,35 @@ static void device_init(void *ctx, int ith, int nth)
     rt_pool_run(p->dev[ith].pool, init_worker, &p->dev[ith]);
 }
 
-void exec_init_params(spmd_program *p)
+spmd_status exec_init_params(spmd_program *p)
 {
-    if (p->n_local > 1) rt_pool_run(p->outer, device_init, p);
+    const spmd_graph *g = p->c.g;
+    size_t n = (size_t)(g->n_nodes ? g->n_nodes : 1) * (size_t)p->copies;
+    p->init_pending = base_calloc(&p->alloc, n * sizeof *p->init_pending, "initial values' marks");
+    if (!p->init_pending) return SPMD_ERR_NOMEM;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (ir_op_is_leaf(g->nodes[i]->op))
+            for (int c = 0; c < p->copies; c++)
+                p->init_pending[(size_t)i * (size_t)p->copies + (size_t)c] = true;
+    return SPMD_OK;
+}
+
+void exec_init_pending(const spmd_program *p)
+{
+    if (!p->init_pending) return;
+    /* A program is never defined const: the const of a read is the
+     * caller's promise not to change what it computes, which holds. */
+    spmd_program *mp = (spmd_program *)p;
+    if (p->n_local > 1) rt_pool_run(mp->outer, device_init, mp);
     else rt_pool_run(p->dev[0].pool, init_worker, &p->dev[0]);
+    base_free(&mp->alloc, mp->init_pending);
+    mp->init_pending = NULL;
+}
+
+void exec_note_leaf_written(spmd_program *p, const spmd_tensor *t, int copy)
+{
+    if (!p->init_pending) return;
+    bool *mark = &p->init_pending[(size_t)t->id * (size_t)p->copies];
+    for (int c = 0; c < p->copies; c++)
+        if (copy < 0 || c == copy) mark[c] = false;
 }

@@ -113,6 +113,7 @@ spmd_status spmd_program_read_copy(const spmd_program *p, int copy, const spmd_t
                           "read: %s '%s' is not kept after a run; mark it with "
                           "spmd_graph_mark_output before compiling",
                           ir_op_name(t->op), t->name ? t->name : "(unnamed)");
+    exec_init_pending(p);
     if (exec_spread_over_processes(p, t)) return exec_assemble_across(p, t, dst, copy);
     exec_assemble(p, t, dst, copy);
     return SPMD_OK;

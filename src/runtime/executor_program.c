@@ -62,7 +62,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         p->outer = rt_pool_create(p->n_local, &p->alloc);
         if (!p->outer) goto fail;
     }
-    exec_init_params(p);
+    if (exec_init_params(p) != SPMD_OK) goto fail;
     return p;
 
 fail:
@@ -76,6 +76,7 @@ void spmd_program_free(spmd_program *p)
     if (p->outer) rt_pool_free(p->outer);
     exec_free_devices(p);
     base_free(&p->alloc, p->input_set);
+    base_free(&p->alloc, p->init_pending);
     exec_inflight_free(p);
     exec_trace_free(p);
     if (p->world) coll_world_free(p->world);

@@ -195,6 +195,7 @@ spmd_status exec_run(spmd_program *p)
         p->blas_loaded = true;
     }
     if ((ok = check_inputs_set(p)) != SPMD_OK) return ok;
+    exec_init_pending(p);
     trace *tr = &p->trace;
     bool traced = tr->on && tr->runs < tr->room;
     if (traced) tr->run_begin[tr->runs] = trace_clock(p);
