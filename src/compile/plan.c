@@ -203,10 +203,9 @@ static spmd_status build(plan *p, const spmd_graph *g, const spmd_allocator *all
         last_use[p->storage[v->id]] = forever;
         if (p->lands_in[v->id] >= 0) last_use[p->storage[v->in[0]->id]] = forever;
     }
-    plan_mark_buffers(p, g, sh);
-
     bool moved = false;
-    spmd_status st = plan_hoist_sums(p, g, fu, &moved);
+    spmd_status st = plan_mark_buffers(p, g, fu, sh);
+    if (st == SPMD_OK) st = plan_hoist_sums(p, g, fu, &moved);
     if (st == SPMD_OK && (depth > 0 || moved)) {
         st = place_scheduled(p, g, fu, depth, budget, &f);
     } else if (st == SPMD_OK) {

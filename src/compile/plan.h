@@ -119,5 +119,10 @@ uint64_t plan_free_block_visits(void);
  * as before views (plan.view_of all -1), for comparing bits; true by
  * default. */
 void plan_test_views(bool on);
+/* A test hook: with false, the plans this thread builds give every
+ * update value but an accumulator's sum a buffer of its own, traded in
+ * after the run (plan.swapped), as before values were computed in place;
+ * true by default. */
+void plan_test_updates_in_place(bool on);
 
 #endif

@@ -21,6 +21,13 @@ static int hoisted_cmp(const void *x, const void *y)
     return (a->s > b->s) - (a->s < b->s);
 }
 
+/* Whether step t is an accumulator's sum (an update value computed in
+ * place may be another's). */
+static bool accumulator_sum(const plan *p, const spmd_graph *g, const spmd_tensor *t)
+{
+    return p->in_place[t->id] >= 0 && g->nodes[p->in_place[t->id]]->accumulator;
+}
+
 /* Gradient accumulation: each accumulator's sum (plan.in_place) runs
  * right after the last step it reads, its gradient's, so that the
  * gradient dies there instead of at the end of the backward pass, where
@@ -35,7 +42,7 @@ spmd_status plan_hoist_sums(plan *p, const spmd_graph *g, const fusion *fu, bool
     int n = g->n_nodes, ns = p->n_steps;
     *moved = false;
     bool any = false;
-    for (int s = 0; s < ns && !any; s++) any = p->in_place[p->steps[s]->id] >= 0;
+    for (int s = 0; s < ns && !any; s++) any = accumulator_sum(p, g, p->steps[s]);
     if (!any) return SPMD_OK;
     size_t nn = (size_t)(n ? n : 1), nsz = (size_t)(ns ? ns : 1);
     int *prod = base_alloc(&p->alloc, nn * sizeof *prod, "schedule");
@@ -69,7 +76,7 @@ spmd_status plan_hoist_sums(plan *p, const spmd_graph *g, const fusion *fu, bool
         /* Each sum's members, back from it; the latest other step they
          * read is the sum's place. */
         for (int r = 0; r < ns; r++) {
-            if (p->in_place[p->steps[r]->id] < 0) continue;
+            if (!accumulator_sum(p, g, p->steps[r])) continue;
             int top = 0;
             sum_of[r] = r;
             stack[top++] = r;

@@ -75,10 +75,11 @@ void plan_step_of_storage(const plan *p, const spmd_graph *g, const fusion *fu, 
  * `needed`, slices that are views of leaves (mark_views), gathers that
  * land in place (mark_lands). */
 void plan_mark_outside(plan *p, const spmd_graph *g, const fusion *fu, const plan_sharing *sh);
-/* Once storage is known (plan_marks.c): accumulators' sums computed in
- * place (mark_in_place), update values in buffers of their own
- * (mark_swapped). */
-void plan_mark_buffers(plan *p, const spmd_graph *g, const plan_sharing *sh);
+/* Once storage and the steps are known (plan_marks.c): accumulators'
+ * sums and the update values that can be computed in place
+ * (mark_in_place, mark_updates_in_place), update values in buffers of
+ * their own (mark_swapped). */
+spmd_status plan_mark_buffers(plan *p, const spmd_graph *g, const fusion *fu, const plan_sharing *sh);
 
 /* The list schedule that moves collectives up to what they read
  * (plan_reorder.c). */

@@ -30,8 +30,6 @@ static void mark_in_place(plan *p, const spmd_graph *g)
             p->storage[v->id] == v->id && !v->is_output && ir_nbytes(v) == ir_nbytes(acc))
             p->in_place[v->id] = acc->id;
     }
-    for (int i = 0; i < g->n_nodes; i++) /* a view of a value keeps it in the arena */
-        if (p->needed[i] && p->storage[i] != i) p->in_place[p->storage[i]] = -1;
 }
 
 /* The dims of t before `dim` are all 1: each block along `dim` is one
@@ -177,8 +175,107 @@ void plan_mark_outside(plan *p, const spmd_graph *g, const fusion *fu, const pla
     mark_lands(p, g, sh);
 }
 
-void plan_mark_buffers(plan *p, const spmd_graph *g, const plan_sharing *sh)
+/* The member of fused group grp that computes v: the root, or the one
+ * stored as v; -1 when grp does not compute v. */
+static int member_of(const fuse_group *grp, const spmd_tensor *v)
+{
+    if (grp->root == v) return grp->n_steps - 1;
+    for (int j = 0; j < grp->n_stored; j++)
+        if (grp->stored[j] == v)
+            for (int m = 0; m < grp->n_steps; m++)
+                if (grp->steps[m].stored == j) return m;
+    return -1;
+}
+
+/* Whether a member after m of grp reads external input x: it would find
+ * the new value where member m wrote it, block by block. */
+static bool read_after(const fuse_group *grp, int m, const spmd_tensor *x)
+{
+    for (int k = 0; k < grp->n_in; k++)
+        if (grp->in[k] == x)
+            for (int s = m + 1; s < grp->n_steps; s++)
+                for (int j = 0; j < ir_op_formula_arity(grp->steps[s].op); j++)
+                    if (grp->steps[s].src[j] == -1 - k) return true;
+    return false;
+}
+
+/* Update values computed into their targets' buffers, as accumulators'
+ * sums are: no second buffer per parameter and moment (GPT-2 124M's
+ * AdamW held 1.5 GB of them) and none to fault in on the first step.
+ * Where a program has no collective (one device, or copies that share
+ * nothing), so no peer reads the target during the run; the value
+ * elementwise (a formula op, or a fused group's root or stored member),
+ * its own storage, not an output, of the target's bytes, one update per
+ * value; the target read by no view, gather or other device, and by no
+ * step after the value's, nor in the value's group by a member after
+ * the value's. And the failure model holds ([Failure model], runtime.md:
+ * a failed run leaves the parameters as they were): every step from the
+ * value's on is elementwise, whose kernels do not fail. */
+static _Thread_local bool updates_in_place_off; /* plan_test_updates_in_place(false) */
+
+void plan_test_updates_in_place(bool on) { updates_in_place_off = !on; }
+
+static spmd_status mark_updates_in_place(plan *p, const spmd_graph *g, const fusion *fu,
+                                         const plan_sharing *sh)
+{
+    if (g->accumulate_steps > 1 || updates_in_place_off) return SPMD_OK;
+    int ns = p->n_steps, last_failable = -1;
+    for (int s = 0; s < ns; s++) {
+        if (ir_op_is_collective(p->steps[s]->op)) return SPMD_OK;
+        if (!elementwise(p->steps[s], fu)) last_failable = s;
+    }
+    size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);
+    int *prod = base_alloc(&p->alloc, nn * sizeof *prod, "memory plan");
+    int *last_read = base_alloc(&p->alloc, nn * sizeof *last_read, "memory plan");
+    if (!prod || !last_read) {
+        base_free(&p->alloc, prod);
+        base_free(&p->alloc, last_read);
+        return SPMD_ERR_NOMEM;
+    }
+    plan_step_of_storage(p, g, fu, prod);
+    for (int i = 0; i < g->n_nodes; i++) {
+        last_read[i] = -1;
+        /* A target some view or gather reads in place stays out. */
+        if (p->view_of[i] >= 0) last_read[p->view_of[i]] = ns;
+        if (p->gather_leaf[i] >= 0) last_read[p->gather_leaf[i]] = ns;
+        if (p->lands_in[i] >= 0) last_read[p->lands_in[i]] = ns;
+    }
+    for (int s = 0; s < ns; s++) {
+        const spmd_tensor *const *in;
+        int n_in = reads(p->steps[s], fu, &in);
+        for (int j = 0; j < n_in; j++)
+            if (ir_op_is_leaf(in[j]->op) && last_read[in[j]->id] < s) last_read[in[j]->id] = s;
+    }
+    for (int u = 0; u < g->n_updates; u++) {
+        const spmd_tensor *v = g->updates[u].value, *x = g->updates[u].target;
+        int s = prod[v->id];
+        if (x->accumulator || s < 0 || s <= last_failable || !p->needed[v->id] || outside(p, v) ||
+            p->storage[v->id] != v->id || v->is_output || ir_nbytes(v) != ir_nbytes(x) ||
+            ir_op_formula_arity(v->op) <= 0 || (sh && sh->sharers[x->id] > 1) || last_read[x->id] > s)
+            continue;
+        const fuse_group *grp = fusion_group(fu, p->steps[s]);
+        if (grp && (member_of(grp, v) < 0 || read_after(grp, member_of(grp, v), x))) continue;
+        if (!grp && p->steps[s] != v) continue;
+        p->in_place[v->id] = x->id;
+    }
+    for (int u = 0; u < g->n_updates; u++) /* one update per value and per target */
+        for (int w = 0; w < u; w++)
+            if (g->updates[w].value == g->updates[u].value || g->updates[w].target == g->updates[u].target) {
+                if (!g->updates[u].target->accumulator) p->in_place[g->updates[u].value->id] = -1;
+                if (!g->updates[w].target->accumulator) p->in_place[g->updates[w].value->id] = -1;
+            }
+    base_free(&p->alloc, prod);
+    base_free(&p->alloc, last_read);
+    return SPMD_OK;
+}
+
+spmd_status plan_mark_buffers(plan *p, const spmd_graph *g, const fusion *fu, const plan_sharing *sh)
 {
     mark_in_place(p, g);
+    spmd_status st = mark_updates_in_place(p, g, fu, sh);
+    if (st != SPMD_OK) return st;
+    for (int i = 0; i < g->n_nodes; i++) /* a view of a value keeps it in the arena */
+        if (p->needed[i] && p->storage[i] != i) p->in_place[p->storage[i]] = -1;
     mark_swapped(p, g, sh);
+    return SPMD_OK;
 }
