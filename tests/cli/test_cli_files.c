@@ -283,7 +283,8 @@ static void test_keep_deletes_only_checkpoints(void **state)
 }
 
 /* A log that cannot be written (here: past RLIMIT_FSIZE, as on a full
- * disk) stops the run at that step, exit 1, naming the log. */
+ * disk) stops the run at that step, exit 1, naming the log; the line cut
+ * short is taken back, so the log holds whole lines only. */
 static void test_log_write_error_stops_the_run(void **state)
 {
     (void)state;
@@ -303,6 +304,26 @@ static void test_log_write_error_stops_the_run(void **state)
     has("cannot write the line of step");
     has("the run stops");
     if (strstr(out, "done:")) fail_msg("the run went on:\n%s", out);
+    size_t len;
+    char *text = support_read_file(log, &len);
+    if (len == 0 || text[len - 1] != '\n') fail_msg("the log ends in a torn line:\n%s", text);
+    int lines = 0;
+    for (char *line = text, *end; (end = strchr(line, '\n')); line = end + 1, lines++)
+        if (strncmp(line, "{\"step\":", 8) || end[-1] != '}') fail_msg("a line is not whole:\n%s", text);
+    assert_true(lines >= 1);
+    free(text);
+    /* A torn line an earlier run left (a machine that went down) is
+     * removed, saying so, before the next run appends. */
+    FILE *f = fopen(log, "a");
+    assert_non_null(f);
+    fputs("{\"step\":115,\"loss\":1", f);
+    assert_int_equal(fclose(f), 0);
+    rc = tool(SPMD_TOOL_PATH, "train --model mlp --steps 2 --eval 0 --log %s", log);
+    if (rc != 0) fail_msg("exit %d\n%s", rc, out);
+    has("removed its torn last line (20 bytes");
+    text = support_read_file(log, &len);
+    if (strstr(text, "115")) fail_msg("the torn line is still there:\n%s", text);
+    free(text);
 }
 
 /* A FIFO as --data, --val-data, --init, or in a checkpoint (latest,
