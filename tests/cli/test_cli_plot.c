@@ -13,6 +13,8 @@
  *     a title with markup is escaped;
  *   - a long log is drawn with at most 1000 vertices a line while
  *     data-points still counts every step;
+ *   - a torn last line (no newline, not whole JSON: a full disk) is
+ *     skipped, saying so;
  *   - refusals: a missing log (exit 1), a malformed line, a line without
  *     "step", an empty log, no --out, an unknown flag, an --out no file
  *     can be written to (a missing directory, a directory, a device)
@@ -457,6 +459,32 @@ static void test_long_log_is_thinned(void **state)
     free(svg);
 }
 
+/* A log whose last line a full disk cut short ({"step":115,"loss":1, no
+ * newline) is drawn from its whole lines, saying the torn one was
+ * skipped; a line cut short before others is still refused (test_refusals). */
+static void test_torn_last_line_skipped(void **state)
+{
+    (void)state;
+    char log[PATH], svg_path[PATH], out[OUT];
+    write_text(support_path_in(log, dir, "torn.jsonl"),
+               "{\"step\":113,\"loss\":1.5,\"lr\":0.001}\n"
+               "{\"step\":114,\"loss\":1.4,\"lr\":0.001}\n"
+               "{\"step\":115,\"loss\":1");
+    support_path_in(svg_path, dir, "torn.svg");
+    int rc = run_toolf(out, sizeof out, "plot %s --out %s", log, svg_path);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    expect_text(out, "torn.jsonl:3: skipped a torn last line");
+    expect_text(out, "(2 losses");
+    size_t len;
+    char *svg = read_all(svg_path, &len);
+    assert_int_equal(series_of(svg, "train-loss").points, 2);
+    free(svg);
+    /* The same as the run compared with. */
+    rc = run_toolf(out, sizeof out, "plot %s --compare %s --out %s", train_log, log, svg_path);
+    if (rc != 0) fail_msg("--compare: exit %d:\n%s", rc, out);
+    expect_text(out, "torn.jsonl:3: skipped a torn last line");
+}
+
 /* ---- Refusals ------------------------------------------------------------------------------- */
 
 typedef struct refusal {
@@ -596,6 +624,7 @@ int main(void)
         cmocka_unit_test(test_gaps_validation_and_appended_runs),
         cmocka_unit_test(test_long_log_is_thinned),
         cmocka_unit_test(test_grad_norm_and_compare),
+        cmocka_unit_test(test_torn_last_line_skipped),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_failed_writes),
         cmocka_unit_test(test_train_plot),
