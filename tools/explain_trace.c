@@ -69,6 +69,68 @@ static int by_value(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* A box's start and length in microseconds: never negative, and within a
+ * week of the trace's start (a few steps are traced; past that, sums of
+ * boxes could reach infinity). */
+#define TRACE_MOST_US 6.048e11
+
+/* A field no run writes: refused naming the event, the field and its
+ * value.  0, or 2 with a message. */
+static int impossible(const char *path, int event, const char *name, const char *key, double v,
+                      const char *rule)
+{
+    char where[128];
+    if (event < 0) snprintf(where, sizeof where, "its otherData");
+    else snprintf(where, sizeof where, "its event %d (%s)", event, name ? name : "unnamed");
+    return cli_fail("--trace %s: %s has \"%s\" %.10g, %s: not a trace as spmd train --trace "
+                    "writes one", path, where, key, v, rule);
+}
+
+/* Whether `v` is a whole number in [lo, 2^53]. */
+static bool whole_from(double v, double lo)
+{
+    return v >= lo && v <= 9007199254740992.0 && v == floor(v);
+}
+
+/* The fields every later step reads, checked for what no run can have:
+ * negative or endless boxes, counts below zero, steps that do not run
+ * forward.  0, or 2 with a message. */
+static int check_fields(const char *path, const cJSON *events, const cJSON *about)
+{
+    const struct {
+        const char *key;
+        double lo;
+        const char *rule;
+    } counts[] = {{"params", 0, "a count of parameters is a whole number from 0"},
+                  {"collectives", 0, "a count of collectives is a whole number from 0"},
+                  {"first_step", 1, "steps count from 1"},
+                  {"processes", 1, "a run has a whole number of processes from 1"}};
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(about, counts[i].key);
+        if (cJSON_IsNumber(v) && !whole_from(v->valuedouble, counts[i].lo))
+            return impossible(path, -1, NULL, counts[i].key, v->valuedouble, counts[i].rule);
+    }
+    double first = 1, last = 1;
+    if (number_of(about, "first_step", &first) && number_of(about, "last_step", &last) &&
+        !whole_from(last, first))
+        return impossible(path, -1, NULL, "last_step", last, "before its first_step");
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events)
+    {
+        static const char *const keys[] = {"ts", "dur"};
+        for (int k = 0; k < 2; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, keys[k]);
+            if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= TRACE_MOST_US)))
+                return impossible(path, i, string_of(e, "name"), keys[k],
+                                  cJSON_IsNumber(v) ? v->valuedouble : NAN,
+                                  "where a box starts and lasts from 0 to a week of microseconds");
+        }
+        i++;
+    }
+    return 0;
+}
+
 /* "gpt, 0.23M parameters, mesh 4x2 (replica, fsdp), 100 collectives" */
 static void run_text(char *buf, size_t size, const char *model, double params, const char *mesh, int n)
 {
@@ -155,6 +217,11 @@ int explain_trace_read(const char *path, const char *model, double params, const
         return cli_fail("--trace %s: not a trace spmd train --trace wrote (no traceEvents, or no "
                         "model, params, mesh, collectives and steps in otherData)", path), 2;
     }
+    int rc = check_fields(path, events, about);
+    if (rc) {
+        cJSON_Delete(root);
+        return rc;
+    }
     int n = spmd_program_collective_count(p);
     if (strcmp(t_model, model) || t_params != params || strcmp(t_mesh, mesh) || t_n != n) {
         char theirs[512], ours[512];
@@ -168,7 +235,7 @@ int explain_trace_read(const char *path, const char *model, double params, const
     out->n = n;
     out->median_us = calloc((size_t)(n ? n : 1), sizeof *out->median_us);
     out->samples = calloc((size_t)(n ? n : 1), sizeof *out->samples);
-    int rc = durs && out->median_us && out->samples ? collect(path, events, p, durs, out->samples, true)
+    rc = durs && out->median_us && out->samples ? collect(path, events, p, durs, out->samples, true)
                                                     : (cli_fail("--trace: out of memory"), 1);
     if (!rc) rc = collect(path, events, p, durs, out->samples, false);
     for (int i = 0; !rc && i < n; i++) {

@@ -28,7 +28,8 @@
  *     a measured column next to the estimate for every collective, each a
  *     number that parses, their sum, and --json's "measured" list; a trace
  *     of another mesh, model or plan (--zero off) is refused naming both,
- *     and so is --json on the trace itself.
+ *     and so is --json on the trace itself, and a trace with impossible
+ *     fields (a negative duration, steps that do not run forward).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -428,6 +429,68 @@ static void test_explain_measured(void **state)
     assert_non_null(strstr(out, "not a trace"));
 }
 
+/* The trace at `from` with one field of its first event of category
+ * `cat` (NULL: of otherData) set to `value`, written to `to`. */
+static void edited_trace(const char *from, const char *to, const char *cat, const char *key,
+                         double value)
+{
+    cJSON *root = load(from), *target = cJSON_GetObjectItemCaseSensitive(root, "otherData"), *e;
+    if (cat) {
+        target = NULL;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(root, "traceEvents"))
+        {
+            const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "cat");
+            if (cJSON_IsString(c) && !strcmp(c->valuestring, cat)) {
+                target = e;
+                break;
+            }
+        }
+    }
+    assert_non_null(target);
+    cJSON_ReplaceItemInObjectCaseSensitive(target, key, cJSON_CreateNumber(value));
+    char *text = cJSON_PrintUnformatted(root);
+    FILE *f = fopen(to, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    free(text);
+    cJSON_Delete(root);
+}
+
+/* A trace with fields no run can have (a negative or huge duration, a
+ * start before the trace's, steps that do not run forward) is refused by
+ * explain --trace naming the event and the field, not summed into a
+ * negative or infinite measure. */
+static void test_impossible_fields(void **state)
+{
+    (void)state;
+    char trace[SUPPORT_PATH], bad[SUPPORT_PATH];
+    support_path_in(trace, dir, "fields.json");
+    support_path_in(bad, dir, "fields-bad.json");
+    int rc = run_toolf(out, sizeof out, "train --model mlp --steps 4 --eval 0 --trace %s", trace);
+    if (rc) fail_msg("spmd train --trace failed (%d):\n%s", rc, out);
+    const struct {
+        const char *cat, *key;
+        double value;
+        const char *said;
+    } cases[] = {
+        {"collective", "dur", -181.5, "\"dur\" -181.5"},
+        {"collective", "dur", -1e308, "\"dur\" -1e+308"},
+        {"step", "dur", 1e300, "\"dur\" 1e+300"},
+        {"compute", "ts", -3, "\"ts\" -3"},
+        {NULL, "first_step", 0, "\"first_step\" 0"},
+        {NULL, "last_step", 1, "\"last_step\" 1"},
+        {NULL, "params", -5901, "\"params\" -5901"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        edited_trace(trace, bad, cases[i].cat, cases[i].key, cases[i].value);
+        rc = run_toolf(out, sizeof out, "explain --model mlp --trace %s", bad);
+        if (rc != 2 || !strstr(out, cases[i].said) || strstr(out, "inf ms") || strstr(out, "measured: -"))
+            fail_msg("%s %s = %g: exit %d, want 2 naming '%s':\n%s", cases[i].cat ? cases[i].cat : "otherData",
+                     cases[i].key, cases[i].value, rc, cases[i].said, out);
+    }
+}
+
 #ifdef SPMD_MPIEXEC
 static void test_over_processes(void **state)
 {
@@ -463,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_steps_asked),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_explain_measured),
+        cmocka_unit_test(test_impossible_fields),
         cmocka_unit_test(test_over_processes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
