@@ -5,7 +5,9 @@
  *     metadata events ("ph":"M") naming the process and each device's
  *     thread: a track per device of the default mesh (2x2x2);
  *   - the steps asked for, and only those (the default: 3 after the first;
- *     --trace-steps A-B), each a "step N" event on every track, inside
+ *     --trace-steps A-B; a count of all the steps: all of them; a resumed
+ *     run: the steps of A-B it runs, saying which it did not), each a
+ *     "step N" event on every track, inside
  *     which the device's nodes (compute, collectives, the update) add up
  *     to the step within 10% with the wake box before them (the device's
  *     thread being scheduled; the step is timed around the run by the
@@ -321,6 +323,67 @@ static void test_steps_asked(void **state)
     check_picture(svg, png, false); /* no communication lanes */
 }
 
+/* A count of all the run's steps traces them all, the first included
+ * (a count traces the steps after the first only when the run has them). */
+static void test_count_of_every_step(void **state)
+{
+    (void)state;
+    char trace[SUPPORT_PATH];
+    support_path_in(trace, dir, "count.json");
+    int rc = run_toolf(out, sizeof out, "train --model mlp --steps 5 --eval 0 --trace %s --trace-steps 5",
+                       trace);
+    if (rc) fail_msg("--trace-steps 5 failed (%d):\n%s", rc, out);
+    checked c = check_trace(trace);
+    assert_int_equal(c.steps, 5);
+    for (int i = 0; i < 5; i++) assert_int_equal(c.step[i], 1 + i);
+    /* 2 of 5: the two after the first. */
+    rc = run_toolf(out, sizeof out, "train --model mlp --steps 5 --eval 0 --trace %s --trace-steps 2",
+                   trace);
+    if (rc) fail_msg("--trace-steps 2 failed (%d):\n%s", rc, out);
+    c = check_trace(trace);
+    assert_int_equal(c.steps, 2);
+    assert_int_equal(c.step[0], 2);
+    assert_int_equal(c.step[1], 3);
+}
+
+/* A run resumed at step 3 (from a checkpoint of step 2) traces the steps
+ * of --trace-steps 2-4 it runs, 3 and 4, saying step 2 was before the
+ * resume; a range wholly before it traces nothing, saying so; a count
+ * counts from the resumed run's first step. */
+static void test_steps_of_a_resumed_run(void **state)
+{
+    (void)state;
+    char ck[SUPPORT_PATH], trace[SUPPORT_PATH];
+    support_path_in(ck, dir, "resume-ck");
+    support_path_in(trace, dir, "resumed.json");
+    int rc = run_toolf(out, sizeof out, "train --model mlp --steps 2 --eval 0 --save %s", ck);
+    if (rc) fail_msg("the checkpoint failed (%d):\n%s", rc, out);
+    rc = run_toolf(out, sizeof out,
+                   "train --model mlp --steps 5 --eval 0 --resume %s --trace %s --trace-steps 2-4", ck,
+                   trace);
+    if (rc) fail_msg("resumed with --trace-steps 2-4 failed (%d):\n%s", rc, out);
+    if (!strstr(out, "--trace-steps 2-4: step 2 was before the resume at step 3; tracing steps 3 to 4"))
+        fail_msg("no note of the steps before the resume:\n%s", out);
+    checked c = check_trace(trace);
+    assert_int_equal(c.steps, 2);
+    assert_int_equal(c.step[0], 3);
+    assert_int_equal(c.step[1], 4);
+    assert_int_equal(unlink(trace), 0);
+    rc = run_toolf(out, sizeof out,
+                   "train --model mlp --steps 5 --eval 0 --resume %s --trace %s --trace-steps 1-2", ck,
+                   trace);
+    if (rc) fail_msg("resumed with --trace-steps 1-2 failed (%d):\n%s", rc, out);
+    if (!strstr(out, "--trace-steps 1-2: these steps were before the resume at step 3; no trace written"))
+        fail_msg("no note that nothing was traced:\n%s", out);
+    assert_int_not_equal(access(trace, F_OK), 0);
+    rc = run_toolf(out, sizeof out, "train --model mlp --steps 5 --eval 0 --resume %s --trace %s", ck,
+                   trace);
+    if (rc) fail_msg("resumed with the default steps failed (%d):\n%s", rc, out);
+    c = check_trace(trace);
+    assert_int_equal(c.steps, 3); /* the default 3, of the 3 left: all of them */
+    for (int i = 0; i < 3; i++) assert_int_equal(c.step[i], 3 + i);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -524,6 +587,8 @@ int main(void)
         cmocka_unit_test(test_default_run),
         cmocka_unit_test(test_readme_picture),
         cmocka_unit_test(test_steps_asked),
+        cmocka_unit_test(test_count_of_every_step),
+        cmocka_unit_test(test_steps_of_a_resumed_run),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_explain_measured),
         cmocka_unit_test(test_impossible_fields),

@@ -502,6 +502,8 @@ static int train(cli_opts *o_in, run_log *log)
     if (!rc && o.resume && !(rc = run_checkpoint_resume(&o, &m, p, &first, &sample))) {
         printf("resumed: step %d of %d from %s (data position %lld samples) in %.0f ms\n", first,
                o.steps, o.resume, (long long)sample, now_ms() - t_load);
+        fflush(stdout);
+        trace_resumed(&o, &traced, first);
     }
     if (rc) {
         spmd_program_free(eval);
