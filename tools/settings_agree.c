@@ -128,6 +128,17 @@ static void settings_value(settings_text *t, const flag_spec *fs, const cli_opts
     t->len++; /* the value's NUL */
 }
 
+char *settings_value_text(const flag_spec *fs, const cli_opts *o)
+{
+    settings_text t = {0};
+    settings_value(&t, fs, o);
+    if (t.failed) {
+        free(t.buf);
+        return NULL;
+    }
+    return t.buf;
+}
+
 /* ---- The input files' bytes ---------------------------------------------------------------- */
 
 /* "file FLAG PATH" and "crc32 X (N bytes)" (or why it cannot be read):

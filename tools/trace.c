@@ -1,11 +1,13 @@
 /* `spmd train --trace` (see trace.h). */
 #include "trace.h"
 
+#include "flag_table.h"
 #include "json_file.h"
 #include "message.h"
 #include "plot.h"
 #include "plot_trace.h"
 #include "processes.h"
+#include "settings_agree.h"
 
 #include <cJSON.h>
 
@@ -419,5 +421,14 @@ int trace_write(const cli_opts *o, const cli_model *m, const spmd_program *p, co
     cJSON_AddNumberToObject(about, "processes", procs);
     cJSON_AddStringToObject(about, "clock", "CLOCK_MONOTONIC, microseconds from the first "
                             "process's start of the trace");
+    /* The run's flags as settled, for explain --trace to name those that
+     * differ from its own. */
+    cJSON *flags = cJSON_AddObjectToObject(about, "flags");
+    for (int i = 0; i < flag_row_count; i++) {
+        if (!(flag_rows[i].commands & CMD_TRAIN)) continue;
+        char *value = settings_value_text(&flag_rows[i], o);
+        if (value) cJSON_AddStringToObject(flags, flag_rows[i].name, value);
+        free(value);
+    }
     return json_file_write(o->trace, root);
 }

@@ -7,7 +7,8 @@
  * 4 KiB saying so, a visualize --shape past 2^62 refused and a
  * 4096-device picture drawn whole; a --shape of too many dimensions told
  * the limit, the free-space refusal's margin, a checkpoint index nested
- * too deep named as such.
+ * too deep named as such, an explain --trace of another plan naming what
+ * differs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -160,6 +161,28 @@ static void test_deep_index_named(void **state)
     support_drop_dir(dir);
 }
 
+/* explain --trace of a plan other than the traced one names what
+ * differs (the flags and the figures), not both runs' summaries. */
+static void test_explain_trace_names_what_differs(void **state)
+{
+    (void)state;
+    char *dir = support_temp_dir("test_cli_messages"), trace[SUPPORT_PATH], args[SUPPORT_PATH + 128];
+    support_path_in(trace, dir, "t.json");
+    snprintf(args, sizeof args, "train --model mlp --hidden 64 --steps 3 --eval 0 --trace %s", trace);
+    int rc = run_tool(args, out, sizeof out);
+    if (rc) fail_msg("the trace: exit %d\n%s", rc, out);
+    snprintf(args, sizeof args, "explain --model mlp --hidden 65 --trace %s", trace);
+    rc = run_tool(args, out, sizeof out);
+    if (rc != 2 || !strstr(out, "--hidden 64 (here 65)") || strstr(out, "0.01M parameters"))
+        fail_msg("--hidden 65: exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "explain --model mlp --hidden 128 --steps 5 --trace %s", trace);
+    rc = run_tool(args, out, sizeof out);
+    if (rc != 2 || !strstr(out, "--hidden 64 (here 128)") ||
+        !strstr(out, "5901 parameters (here 19981)"))
+        fail_msg("--hidden 128: exit %d:\n%s", rc, out);
+    support_drop_dir(dir);
+}
+
 /* A 4096-device picture (74 KB) whole: it ends with the last device. */
 static void test_visualize_4096_devices_whole(void **state)
 {
@@ -186,6 +209,7 @@ int main(void)
         cmocka_unit_test(test_visualize_dimension_limit),
         cmocka_unit_test(test_free_space_margin_stated),
         cmocka_unit_test(test_deep_index_named),
+        cmocka_unit_test(test_explain_trace_names_what_differs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
