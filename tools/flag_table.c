@@ -252,7 +252,8 @@ const flag_spec flag_rows[] = {
      "show each collective's measured time (median over the traced steps and devices) next to its "
      "estimate"},
     {.name = "--trace-steps", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace_steps),
-     .value = "A-B|N", .help = "the steps --trace records: A to B, or N after the first",
+     .value = "A-B|N",
+     .help = "the steps --trace records: A to B, or N after the first (the last N where no room)",
      .shown = "3"},
     {.name = "--trace-plot", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace_plot),
      .value = "FILE.svg", .help = "draw the first traced step: devices as lanes, compute and "

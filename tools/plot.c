@@ -25,11 +25,20 @@ enum { TOP = 64, BOTTOM = 56, LEFT = 72, RIGHT_WITH_AXIS = 84, RIGHT_BARE = 28 }
 /* About this many intervals between ticks on an axis. */
 enum { TICK_INTERVALS = 5 };
 
-/* Values lo..hi (whole ticks) drawn from pixel px_lo to px_hi. */
+/* Values lo..hi (whole ticks) drawn from pixel px_lo to px_hi.  Values
+ * near the ends of the doubles are scaled first: lo, hi and step are in
+ * units of 10^exp10 (0 but past 1e300, where a difference of two values,
+ * or the tick past the largest, would overflow). */
 typedef struct scale {
     double lo, hi, step;
     double px_lo, px_hi;
+    int exp10;
+    double unit; /* 10^exp10 */
 } scale;
+
+/* Past this a scale works in units of 10^SCALED_EXP10. */
+#define SCALED_FROM 1e300
+enum { SCALED_EXP10 = 20 };
 
 /* The plot area and the scales of its axes. */
 typedef struct frame {
@@ -38,9 +47,16 @@ typedef struct frame {
     bool has_side[2];
 } frame;
 
+/* A value in the scale's units (a tick: k * step) to its pixel. */
+static double scaled_px(const scale *s, double u)
+{
+    return s->px_lo + (u - s->lo) / (s->hi - s->lo) * (s->px_hi - s->px_lo);
+}
+
+/* A value of the data to its pixel. */
 static double to_px(const scale *s, double v)
 {
-    return s->px_lo + (v - s->lo) / (s->hi - s->lo) * (s->px_hi - s->px_lo);
+    return scaled_px(s, s->exp10 ? v / s->unit : v);
 }
 
 /* 1, 2 or 5 times a power of ten, the first at least `raw`. */
@@ -80,6 +96,9 @@ static double tick_above(double v, double step)
 static scale make_scale(double lo, double hi, bool whole, bool from_zero, int intervals, double px_lo,
                         double px_hi)
 {
+    int exp10 = fmax(fabs(lo), fabs(hi)) > SCALED_FROM ? SCALED_EXP10 : 0;
+    double unit = exp10 ? pow(10, exp10) : 1;
+    if (exp10) lo /= unit, hi /= unit, whole = false;
     if (from_zero && lo > 0) lo = 0;
     if (!(lo < hi)) {
         double pad = lo != 0 ? fabs(lo) / 10 : 1;
@@ -87,7 +106,7 @@ static scale make_scale(double lo, double hi, bool whole, bool from_zero, int in
         if (!(from_zero && lo == 0)) lo -= pad;
     }
     if (intervals < 2) intervals = 0; /* one interval cannot always hold lo..hi */
-    scale s = {.px_lo = px_lo, .px_hi = px_hi};
+    scale s = {.px_lo = px_lo, .px_hi = px_hi, .exp10 = exp10, .unit = unit};
     s.step = nice_step((hi - lo) / (intervals ? intervals : TICK_INTERVALS), whole);
     while (intervals && tick_above(hi, s.step) - tick_below(lo, s.step) > intervals)
         s.step = next_nice(s.step);
@@ -105,11 +124,18 @@ static void tick_range(const scale *s, long long *first, long long *last)
 
 /* Fixed decimals as fine as the step ("0.0005", "0.00002"); where that
  * would be long, one digit and an exponent ("2.0e-07"), alike on every
- * tick of the axis. */
+ * tick of the axis.  `v` is in the scale's units; a scaled axis writes
+ * the exponent of the value itself ("1.5e+308", which may be past the
+ * largest double: the tick above the largest value). */
 static void tick_label(const scale *s, double v, char *buf, size_t size)
 {
     double biggest = fmax(fabs(s->lo), fabs(s->hi));
-    if (s->step >= 1e-6 && biggest < 1e7) {
+    if (s->exp10) {
+        char text[32], *e;
+        snprintf(text, sizeof text, "%.1e", v);
+        if (v == 0 || !(e = strchr(text, 'e'))) snprintf(buf, size, "0");
+        else snprintf(buf, size, "%.*se%+03d", (int)(e - text), text, atoi(e + 1) + s->exp10);
+    } else if (s->step >= 1e-6 && biggest < 1e7) {
         int decimals = s->step >= 1 ? 0 : (int)-floor(log10(s->step) + 1e-9);
         snprintf(buf, size, "%.*f", decimals, v);
     } else {
@@ -160,8 +186,7 @@ static int text_chars(const char *text)
 
 bool plot_point_drawn(const plot_point *p)
 {
-    /* Beyond 1e300 a difference of two values could overflow a scale. */
-    return fabs(p->x) <= 1e300 && fabs(p->y) <= 1e300;
+    return isfinite(p->x) && isfinite(p->y);
 }
 
 static void extend(double v, double *lo, double *hi)
@@ -218,13 +243,13 @@ static void draw_grid(FILE *f, const frame *fr)
     fputs("<g class=\"grid\" stroke=\"#e4e4e4\" stroke-width=\"1\">\n", f);
     tick_range(&fr->x, &first, &last);
     for (long long k = first; k <= last; k++) {
-        double x = to_px(&fr->x, (double)k * fr->x.step);
+        double x = scaled_px(&fr->x, (double)k * fr->x.step);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, fr->top, x, fr->bottom);
     }
     const scale *y = &fr->y[fr->has_side[PLOT_LEFT] ? PLOT_LEFT : PLOT_RIGHT];
     tick_range(y, &first, &last);
     for (long long k = first; k <= last; k++) {
-        double py = to_px(y, (double)k * y->step);
+        double py = scaled_px(y, (double)k * y->step);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", fr->left, py, fr->right, py);
     }
     fputs("</g>\n", f);
@@ -238,7 +263,7 @@ static void draw_x_axis(FILE *f, const frame *fr, const char *title)
             fr->left, fr->bottom, fr->right, fr->bottom);
     tick_range(&fr->x, &first, &last);
     for (long long k = first; k <= last; k++) {
-        double v = (double)k * fr->x.step, x = to_px(&fr->x, v);
+        double v = (double)k * fr->x.step, x = scaled_px(&fr->x, v);
         char label[32];
         tick_label(&fr->x, v, label, sizeof label);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, fr->bottom, x,
@@ -265,7 +290,7 @@ static void draw_y_axis(FILE *f, const frame *fr, plot_side side, const char *ti
             left ? "left" : "right", edge, fr->top, edge, fr->bottom);
     tick_range(y, &first, &last);
     for (long long k = first; k <= last; k++) {
-        double v = (double)k * y->step, py = to_px(y, v);
+        double v = (double)k * y->step, py = scaled_px(y, v);
         char label[32];
         tick_label(y, v, label, sizeof label);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", edge, py, edge + 5 * out, py);

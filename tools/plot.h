@@ -10,13 +10,13 @@
 #include <stddef.h>
 #include <stdio.h>
 
-/* A point whose x or y is not finite (a null in a log) or beyond
- * +-1e300 is not drawn, and the line breaks there. */
+/* A point whose x or y is not finite (a null in a log) is not drawn, and
+ * the line breaks there; every finite one is, up to +-DBL_MAX. */
 typedef struct plot_point {
     double x, y;
 } plot_point;
 
-/* Whether the point is drawn (finite, within +-1e300). */
+/* Whether the point is drawn (both finite). */
 bool plot_point_drawn(const plot_point *p);
 
 typedef enum plot_side { PLOT_LEFT, PLOT_RIGHT } plot_side;

@@ -19,9 +19,11 @@ static void shown_value(const char *v, char *buf, size_t size)
     else snprintf(buf, size, "%.*s... (%zu bytes)", SHOWN, v, n);
 }
 
-/* The first setting where `a` (process 0's) and `b` (process `r`'s)
- * differ, refused: the pairs are name, value, in one order. */
-static int refuse_difference(const char *a, size_t a_len, const char *b, size_t b_len, int r)
+/* The first setting where `a` (process 0's, on host_a) and `b` (process
+ * `r`'s, on host_b) differ, refused: the pairs are name, value, in one
+ * order.  A pair named "file FLAG PATH" is the bytes of an input file. */
+static int refuse_difference(const char *a, size_t a_len, const char *b, size_t b_len, int r,
+                             const char *host_a, const char *host_b)
 {
     const char *ea = a + a_len, *eb = b + b_len;
     while (a < ea && b < eb) {
@@ -31,6 +33,16 @@ static int refuse_difference(const char *a, size_t a_len, const char *b, size_t 
             char x[160], y[160];
             shown_value(va, x, sizeof x);
             shown_value(vb, y, sizeof y);
+            if (!strncmp(a, "file ", 5) && !strcmp(a, b))
+                return cli_fail("process %d on host %s reads %s as %s, process 0 on host %s as %s: "
+                                "every process must read the same files (a relative path is read "
+                                "in each process's working directory)", r, host_b, b + 5, y, host_a,
+                                x);
+            if (!strncmp(a, "file ", 5) || !strncmp(b, "file ", 5))
+                return cli_fail("process %d on host %s reads %s, process 0 on host %s %s: every "
+                                "process must read the same files", r, host_b,
+                                strncmp(b, "file ", 5) ? "other files" : b + 5, host_a,
+                                strncmp(a, "file ", 5) ? "other files" : a + 5);
             if (strcmp(a, b))
                 return cli_fail("process %d runs with %s %s, process 0 with %s %s: every process "
                                 "must be started with the same settings", r, b, y, a, x);
@@ -286,8 +298,16 @@ int processes_agree(const char *settings, size_t len)
         free(a);
         return cli_fail("out of memory comparing the processes' settings"), 1;
     }
-    int rc = refuse_difference(a, a_len, b, b_len, other);
-    free(a), free(b);
+    /* And the hosts of both, for the message. */
+    char host[MPI_MAX_PROCESSOR_NAME + 1] = "";
+    int host_len = 0;
+    if (MPI_Get_processor_name(host, &host_len) != MPI_SUCCESS) snprintf(host, sizeof host, "?");
+    size_t ha_len = 0, hb_len = 0;
+    char *host_a = broadcast_text(host, strlen(host), 0, &ha_len);
+    char *host_b = host_a ? broadcast_text(host, strlen(host), other, &hb_len) : NULL;
+    int rc = host_b ? refuse_difference(a, a_len, b, b_len, other, host_a, host_b)
+                    : (cli_fail("out of memory comparing the processes' settings"), 1);
+    free(a), free(b), free(host_a), free(host_b);
     fflush(stderr);
     MPI_Barrier(world);
     refused_together = true;

@@ -212,9 +212,12 @@ int run_checkpoint_check_room(const cli_opts *o, const cli_model *m, const spmd_
     double avail = test_hooks_free_bytes((double)vfs.f_bavail * (double)vfs.f_frsize);
     double need = checkpoint_bytes(m, p);
     /* The files' headers and the index: a few KiB a tensor at most. */
-    if (need < 0 || avail >= need * 1.01 + (1 << 20)) return 0;
-    cli_fail("--save %s: a checkpoint of this run takes %.1f MiB and its file system has %.1f MiB "
-             "free: make room, or --save elsewhere", o->save, need / 1048576.0, avail / 1048576.0);
+    double margin = need * 0.01 + (1 << 20);
+    if (need < 0 || avail >= need + margin) return 0;
+    cli_fail("--save %s: a checkpoint of this run takes %.1f MiB, and %.1f MiB more is kept free "
+             "for its files' headers and index (1%% of it and 1 MiB): its file system has %.1f MiB "
+             "free, %.1f MiB needed: make room, or --save elsewhere", o->save, need / 1048576.0,
+             margin / 1048576.0, avail / 1048576.0, (need + margin) / 1048576.0);
     return 1;
 }
 

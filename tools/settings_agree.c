@@ -1,7 +1,8 @@
 /*
  * The settings every process of a run under mpirun must share
  * (settings_agree.h): the settled value of each row of the flag table, as
- * text, compared with process 0's by processes_agree.
+ * text, compared with process 0's by processes_agree; then the bytes of
+ * the input files the flags name, as a crc32 and a length each.
  */
 #include "settings_agree.h"
 
@@ -9,11 +10,19 @@
 #include "message.h"
 #include "processes.h"
 
+#include "train/checkpoint.h"
+#include "train/checkpoint_fs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Text that grows: the settings' name and value pairs. */
 typedef struct settings_text {
@@ -119,6 +128,95 @@ static void settings_value(settings_text *t, const flag_spec *fs, const cli_opts
     t->len++; /* the value's NUL */
 }
 
+char *settings_value_text(const flag_spec *fs, const cli_opts *o)
+{
+    settings_text t = {0};
+    settings_value(&t, fs, o);
+    if (t.failed) {
+        free(t.buf);
+        return NULL;
+    }
+    return t.buf;
+}
+
+/* ---- The input files' bytes ---------------------------------------------------------------- */
+
+/* "file FLAG PATH" and "crc32 X (N bytes)" (or why it cannot be read):
+ * the pair processes_agree phrases as a file read differently. */
+static void file_digest(settings_text *t, const char *flag, const char *path)
+{
+    char name[4096 + 64], value[128];
+    snprintf(name, sizeof name, "file %s %s", flag, path);
+    int fd = ckpt_open_input(path);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        snprintf(value, sizeof value, "(cannot be read: %s)", strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        snprintf(value, sizeof value, "(not a regular file)");
+    } else {
+        static unsigned char buf[1 << 20];
+        uint32_t crc = 0;
+        long long bytes = 0;
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+            if (n > 0) crc = ckpt_crc32(crc, buf, (size_t)n), bytes += n;
+        if (n < 0) snprintf(value, sizeof value, "(cannot be read: %s)", strerror(errno));
+        else snprintf(value, sizeof value, "crc32 %08" PRIx32 " (%lld bytes)", crc, bytes);
+    }
+    if (fd >= 0) close(fd);
+    settings_put(t, name, strlen(name) + 1);
+    settings_put(t, value, strlen(value) + 1);
+}
+
+/* A checkpoint directory's bytes: its index (whose crc32 of every block
+ * file stands for the files) and `latest`; each copy's, with copies. */
+static void checkpoint_digest(settings_text *t, const char *flag, const char *dir)
+{
+    char path[4096], name[4096];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    if (access(path, F_OK) == 0) {
+        file_digest(t, flag, path);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/latest", dir);
+    if (access(path, F_OK) == 0) {
+        file_digest(t, flag, path);
+        char step[32];
+        if (ckpt_read_latest(NULL, dir, step, flag) == SPMD_OK) {
+            snprintf(name, sizeof name, "%s/%s/index.json", dir, step);
+            file_digest(t, flag, name);
+        }
+        return;
+    }
+    for (int c = 0;; c++) { /* --copies: DIR/copy-C */
+        snprintf(path, sizeof path, "%s/copy-%d", dir, c);
+        if (access(path, F_OK) != 0) break;
+        checkpoint_digest(t, flag, path);
+    }
+}
+
+/* The files an input flag names: the paths a glob matches (a data set of
+ * shards), both files of an --encoder folder, a checkpoint's index and
+ * `latest`.  A name that matches no file (--data arith) has none. */
+static void input_digests(settings_text *t, const char *flag, const char *value)
+{
+    char path[4096];
+    if (!strcmp(flag, "--resume")) {
+        checkpoint_digest(t, flag, value);
+    } else if (!strcmp(flag, "--encoder")) {
+        static const char *const files[] = {"encoder.json", "vocab.bpe"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(path, sizeof path, "%s/%s", value, files[i]);
+            file_digest(t, flag, path);
+        }
+    } else {
+        glob_t g = {0};
+        if (glob(value, 0, NULL, &g) == 0)
+            for (size_t i = 0; i < g.gl_pathc; i++) file_digest(t, flag, g.gl_pathv[i]);
+        globfree(&g);
+    }
+}
+
 /* Every process compares its settled settings with process 0's: each row
  * of the table for this command (so a new flag is compared by
  * construction), but those that may differ by process: its threads, its
@@ -139,6 +237,17 @@ int settings_agree(const cli_opts *o)
         if (!(fs->commands & o->command) || mine) continue;
         settings_put(&t, fs->name, strlen(fs->name) + 1);
         settings_value(&t, fs, o);
+    }
+    /* The inputs' bytes, after every setting: a name that differs is
+     * named as a setting first. */
+    static const char *const inputs[] = {"--data", "--val-data", "--init", "--resume", "--tokenizer",
+                                         "--encoder"};
+    for (int i = 0; i < flag_row_count; i++) {
+        const flag_spec *fs = &flag_rows[i];
+        if (!(fs->commands & o->command) || fs->kind != FLAG_TEXT) continue;
+        const char *value = *(const char *const *)(const void *)((const char *)o + fs->offset);
+        for (size_t k = 0; value && k < sizeof inputs / sizeof *inputs; k++)
+            if (!strcmp(fs->name, inputs[k])) input_digests(&t, fs->name, value);
     }
     int rc = t.failed ? cli_fail("out of memory listing the settings") : 0;
     if (!rc) rc = processes_agree(t.buf, t.len);

@@ -13,4 +13,11 @@
  * process 0's: 0, or an exit code with a message (on every process). */
 int settings_agree(const cli_opts *o);
 
+struct flag_spec;
+/* One row's settled value in o as the comparison renders it ("64",
+ * "0.003", "on", "(none)"), allocated (free it); NULL when out of memory.
+ * A trace records its run's flags with it, for explain --trace to name
+ * those that differ. */
+char *settings_value_text(const struct flag_spec *fs, const cli_opts *o);
+
 #endif

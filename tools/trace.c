@@ -1,11 +1,13 @@
 /* `spmd train --trace` (see trace.h). */
 #include "trace.h"
 
+#include "flag_table.h"
 #include "json_file.h"
 #include "message.h"
 #include "plot.h"
 #include "plot_trace.h"
 #include "processes.h"
+#include "settings_agree.h"
 
 #include <cJSON.h>
 
@@ -55,20 +57,45 @@ int trace_prepare(const cli_opts *o, trace_steps *t)
     if (dash) {
         char a[16];
         snprintf(a, sizeof a, "%.*s", (int)(dash - spec < 15 ? dash - spec : 15), spec);
-        if (!whole(a, &t->first) || !whole(dash + 1, &t->last) || t->last < t->first)
+        if (!whole(a, &t->a) || !whole(dash + 1, &t->b) || t->b < t->a)
             return cli_fail("--trace-steps %s: expected A-B, steps from 1 with A <= B, or a count",
                             spec);
-        if (t->last > o->steps)
+        if (t->b > o->steps)
             return cli_fail("--trace-steps %s: the run has %d steps", spec, o->steps);
-        return 0;
-    }
-    int count;
-    if (!whole(spec, &count))
+    } else if (!whole(spec, &t->count)) {
         return cli_fail("--trace-steps %s: expected A-B, steps from 1 with A <= B, or a count", spec);
-    /* The first step touches every page for the first time: the ones after it. */
-    t->first = o->steps > 1 ? 2 : 1;
-    t->last = t->first + count - 1 < o->steps ? t->first + count - 1 : o->steps;
+    }
+    trace_resumed(o, t, 0);
     return 0;
+}
+
+void trace_resumed(const cli_opts *o, trace_steps *t, int done)
+{
+    if (!t->a && !t->count) return; /* nothing traced */
+    if (t->count) {
+        /* The first step run touches every page for the first time: the
+         * ones after it, when the run has them. */
+        int left = o->steps - done;
+        t->first = left > t->count ? done + 2 : done + 1;
+        t->last = t->first + t->count - 1 < o->steps ? t->first + t->count - 1 : o->steps;
+        if (left <= 0) t->first = t->last = 0;
+        return;
+    }
+    t->first = t->a > done ? t->a : done + 1;
+    t->last = t->b;
+    if (t->first > t->last) t->first = t->last = 0;
+    if (t->a > done || processes_rank() != 0) return;
+    if (!t->first) {
+        fprintf(stderr, "spmd: warning: --trace-steps %d-%d: these steps were before the resume at "
+                        "step %d; no trace written\n", t->a, t->b, done + 1);
+    } else if (t->a == done) {
+        fprintf(stderr, "spmd: warning: --trace-steps %d-%d: step %d was before the resume at step "
+                        "%d; tracing steps %d to %d\n", t->a, t->b, t->a, done + 1, t->first, t->last);
+    } else {
+        fprintf(stderr, "spmd: warning: --trace-steps %d-%d: steps %d to %d were before the resume "
+                        "at step %d; tracing steps %d to %d\n", t->a, t->b, t->a, done, done + 1,
+                t->first, t->last);
+    }
 }
 
 static int micro_batches(const cli_opts *o)
@@ -336,9 +363,9 @@ int trace_write(const cli_opts *o, const cli_model *m, const spmd_program *p, co
 {
     if (!t->first) return 0;
     if (!t->started) {
-        /* A run resumed past them (every process alike). */
+        /* A run stopped early (every process alike). */
         if (processes_rank() == 0)
-            fprintf(stderr, "spmd: warning: --trace-steps %d-%d: none of these steps ran; no "
+            fprintf(stderr, "spmd: warning: --trace-steps %d-%d: the run stopped before them; no "
                     "trace written\n", t->first, t->last);
         return 0;
     }
@@ -394,5 +421,14 @@ int trace_write(const cli_opts *o, const cli_model *m, const spmd_program *p, co
     cJSON_AddNumberToObject(about, "processes", procs);
     cJSON_AddStringToObject(about, "clock", "CLOCK_MONOTONIC, microseconds from the first "
                             "process's start of the trace");
+    /* The run's flags as settled, for explain --trace to name those that
+     * differ from its own. */
+    cJSON *flags = cJSON_AddObjectToObject(about, "flags");
+    for (int i = 0; i < flag_row_count; i++) {
+        if (!(flag_rows[i].commands & CMD_TRAIN)) continue;
+        char *value = settings_value_text(&flag_rows[i], o);
+        if (value) cJSON_AddStringToObject(flags, flag_rows[i].name, value);
+        free(value);
+    }
     return json_file_write(o->trace, root);
 }

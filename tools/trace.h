@@ -15,11 +15,20 @@ typedef struct trace_steps {
     int first, last;   /* steps traced, from 1; first 0: none */
     double origin_us;  /* this process's clock at spmd_program_trace_begin */
     bool started;
+    /* What --trace-steps asked: steps a..b, or a count of them. */
+    int a, b, count;
 } trace_steps;
 
 /* The steps --trace-steps asks for, of a run of o->steps steps; the
- * --trace and --trace-plot paths checked.  0, or 2 with a message. */
+ * --trace and --trace-plot paths checked.  0, or 2 with a message.  A
+ * count N traces the N steps after the first (which touches every page
+ * for the first time) when the run has them, else its last N, the first
+ * among them. */
 int trace_prepare(const cli_opts *o, trace_steps *t);
+/* The steps traced once the run resumed after step `done`: a count
+ * counts from the first step this run runs; of a range A-B, the steps
+ * before the resume are said (on stderr, by process 0) and left out. */
+void trace_resumed(const cli_opts *o, trace_steps *t, int done);
 /* Before and after step `step` (from 1) of the loop: starts and stops
  * the recording.  0, or 1 with a message. */
 int trace_before_step(const cli_opts *o, trace_steps *t, spmd_program *p, int step);

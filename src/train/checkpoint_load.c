@@ -38,6 +38,7 @@
 #include "ir/ir.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_fs.h"
+#include "train/json_text.h"
 #include "train/safetensors.h"
 
 #define WHAT "checkpoint load"
@@ -129,6 +130,13 @@ static spmd_status read_index(loader *L, int64_t *step)
     spmd_status st = ckpt_read_file(L->alloc, L->index_path, CKPT_MAX_INDEX, &text, &len, WHAT);
     if (st != SPMD_OK) return st;
     L->index = cJSON_ParseWithLength(text, len);
+    if (!L->index) {
+        char why[256];
+        st = base_error(SPMD_ERR_IO, WHAT ": %s %s", L->index_path,
+                        json_text_why_not(text, len, why, sizeof why));
+        base_free(L->alloc, text);
+        return st;
+    }
     base_free(L->alloc, text);
     if (!cJSON_IsObject(L->index))
         return base_error(SPMD_ERR_IO, WHAT ": %s is not a JSON object", L->index_path);

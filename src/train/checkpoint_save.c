@@ -431,10 +431,28 @@ static int by_step_descending(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
+/* Whether `path` is a libspmd checkpoint's index: a JSON object whose
+ * "format" is CKPT_FORMAT.  A user's JSON, one cut short, a FIFO or a
+ * missing file is not. */
+static bool is_checkpoint_index(const spmd_allocator *alloc, const char *path)
+{
+    char *text;
+    size_t len;
+    if (ckpt_read_file(alloc, path, CKPT_MAX_INDEX, &text, &len, WHAT) != SPMD_OK) return false;
+    cJSON *index = cJSON_ParseWithLength(text, len);
+    base_free(alloc, text);
+    const cJSON *format = cJSON_GetObjectItemCaseSensitive(index, "format");
+    bool ours = cJSON_IsObject(index) && cJSON_IsString(format) &&
+                !strcmp(format->valuestring, CKPT_FORMAT);
+    cJSON_Delete(index);
+    return ours;
+}
+
 /* Delete the step directories below `step` but the newest keep - 1, each
  * renamed out of the step-* names first, so none is ever half there.  Only
- * checkpoints count and go: a step-* directory without an index.json is
- * not one (a user's, say) and is left alone. */
+ * checkpoints count and go: a step-* directory whose index.json is missing
+ * or not a libspmd checkpoint's index is not one (a user's, say) and is
+ * left alone. */
 static spmd_status prune(const spmd_allocator *alloc, const char *dir, int64_t step, int keep)
 {
     if (keep <= 0) return SPMD_OK;
@@ -449,7 +467,7 @@ static spmd_status prune(const spmd_allocator *alloc, const char *dir, int64_t s
         char index[CKPT_PATH_MAX];
         if (!ckpt_parse_step_name(e->d_name, &s) || s >= step) continue;
         if (snprintf(index, sizeof index, "%s/%s/" CKPT_INDEX, dir, e->d_name) >= (int)sizeof index ||
-            !ckpt_exists(index))
+            !is_checkpoint_index(alloc, index))
             continue;
         if (!base_grow(alloc, (void **)&older, &cap, n + 1, sizeof *older, 16, "checkpoint list")) {
             st = SPMD_ERR_NOMEM;

@@ -23,6 +23,7 @@
 #include "spmd/weights.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_fs.h"
+#include "train/json_text.h"
 #include "train/safetensors.h"
 
 #define LLMC_VOCAB_ROUND 128
@@ -313,10 +314,15 @@ spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_gpt_config
     if (st == SPMD_OK) st = ckpt_read_file(NULL, path, CKPT_MAX_INDEX, &text, &len, WHAT_EXPORT);
     if (st != SPMD_OK) return st;
     cJSON *index = cJSON_ParseWithLength(text, len);
+    if (!index) {
+        char why[256];
+        st = base_error(SPMD_ERR_IO, WHAT_EXPORT ": %s %s", path,
+                        json_text_why_not(text, len, why, sizeof why));
+    }
     base_free(NULL, text);
     int64_t saved = 0;
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(index, "step");
-    if (!cJSON_IsObject(index) || !st_json_count(s, &saved))
+    if (st == SPMD_OK && (!cJSON_IsObject(index) || !st_json_count(s, &saved)))
         st = base_error(SPMD_ERR_IO, WHAT_EXPORT ": %s is not a checkpoint index (JSON with a "
                         "step)", path);
     if (st == SPMD_OK) st = parse_config(index, path, cfg);

@@ -3,7 +3,9 @@
  * differ in a setting (as `mpirun -n 1 spmd A : -n 1 spmd B` would start
  * them) is refused by every process, before anything is compiled or
  * measured, naming the setting and both values, exit 2; settings that are
- * each process's own (--threads) may differ.
+ * each process's own (--threads) may differ.  Input files are compared by
+ * their bytes: one relative --data name that names two files (a working
+ * directory each) is refused naming both digests and hosts.
  *
  * The two command lines are started by rank (`mpirun -n 2 sh -c ...`
  * picks A for process 0, B for process 1), not with mpirun's colon:
@@ -21,7 +23,9 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "support_files.h"
 #include "support_mpi.h"
 #include "support_tool.h"
 
@@ -45,6 +49,62 @@ static int run_mpmd(const char *a, const char *b)
     if (support_mpi_timed_out(rc))
         fail_msg("timed out after %d s: spmd %s : spmd %s\n%s", TIMEOUT_S, a, b, out);
     return rc;
+}
+
+/* `spmd ARGS` as both processes, process 0 in directory `a` and process
+ * 1 in `b` (an MPMD launch with a working directory each, or hosts whose
+ * files differ); the job's exit status. */
+static int run_in_dirs(const char *a, const char *b, const char *args)
+{
+    char cmd[8192], mpirun[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s -n 2 sh -c 'if [ \"${OMPI_COMM_WORLD_RANK:-$PMIX_RANK}\" = 0 ]; "
+             "then cd \"%s\"; else cd \"%s\"; fi && exec \"$0\" %s' '%s'",
+             support_mpirun(mpirun, sizeof mpirun, TIMEOUT_S), a, b, args, SPMD_TOOL_PATH);
+    int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+    if (support_mpi_timed_out(rc)) fail_msg("timed out after %d s: spmd %s\n%s", TIMEOUT_S, args, out);
+    return rc;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* One relative --data name, two files (each process's working directory
+ * holds its own): refused by both processes before the step is compiled,
+ * naming the file, both digests and the hosts; the same bytes in both
+ * places train. */
+static void test_input_files_by_content(void **state)
+{
+    (void)state;
+    char *top = support_temp_dir("test_cli_agree"), a[SUPPORT_PATH], b[SUPPORT_PATH], f[SUPPORT_PATH];
+    assert_int_equal(mkdir(support_path_in(a, top, "a"), 0755), 0);
+    assert_int_equal(mkdir(support_path_in(b, top, "b"), 0755), 0);
+    write_text(support_path_in(f, a, "data.txt"), "the first text, read by process 0 alone\n");
+    write_text(support_path_in(f, b, "data.txt"), "another text, which process 1 reads\n");
+    const char *args = "train --steps 2 --eval 0 --dim 32 --heads 2 --seq 8 --batch 8 --layers 1 "
+                       "--data data.txt";
+    int rc = run_in_dirs(a, b, args);
+    for (int p = 0; p < 2; p++) {
+        char line[256];
+        snprintf(line, sizeof line, "spmd: process %d: process 1 on host ", p);
+        if (!strstr(out, line)) fail_msg("no '%s' in:\n%s", line, out);
+    }
+    const char *parts[] = {"reads --data data.txt as crc32 ", "(36 bytes), process 0 on host ",
+                           "(40 bytes): every process must read the same files"};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (!strstr(out, parts[i])) fail_msg("no '%s' in:\n%s", parts[i], out);
+    assert_int_equal(rc, 2);
+    assert_null(strstr(out, "done: loss"));
+    /* The same bytes: trained on. */
+    write_text(support_path_in(f, b, "data.txt"), "the first text, read by process 0 alone\n");
+    rc = run_in_dirs(a, b, args);
+    if (rc != 0) fail_msg("the same files: exit %d\n%s", rc, out);
+    support_drop_dir(top);
 }
 
 /* `extra` on process 1 only: refused by both processes, naming the flag
@@ -116,6 +176,7 @@ int main(void)
         cmocka_unit_test(test_prompt),    cmocka_unit_test(test_command),
         cmocka_unit_test(test_inflight_mib),
         cmocka_unit_test(test_threads_may_differ),
+        cmocka_unit_test(test_input_files_by_content),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -267,7 +267,8 @@ static void test_one_writer_per_directory(void **state)
 }
 
 /* --keep 1 deletes older checkpoints but not a step-* directory without
- * an index.json. */
+ * an index.json, nor one whose index.json is not a libspmd checkpoint's
+ * index (a user's JSON, one cut short). */
 static void test_keep_deletes_only_checkpoints(void **state)
 {
     (void)state;
@@ -276,14 +277,45 @@ static void test_keep_deletes_only_checkpoints(void **state)
     assert_int_equal(mkdir(ck, 0755), 0);
     assert_int_equal(mkdir(support_path_in(mine, ck, "step-00000000"), 0755), 0);
     write_text(support_path_in(note, mine, "notes.txt"), "mine\n");
+    const char *indexes[] = {"{\"experiment\": \"mine\", \"step\": 1}\n",
+                             "{\"format\": \"libspmd-checkpoint\", \"vers"};
+    char users[2][SUPPORT_PATH], index[SUPPORT_PATH];
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "step-0000000%d", i + 1);
+        assert_int_equal(mkdir(support_path_in(users[i], dir, name), 0755), 0);
+        write_text(support_path_in(index, users[i], "index.json"), indexes[i]);
+    }
     int rc = tool(SPMD_TOOL_PATH, MLP " --save %s --save-every 1 --keep 1", ck);
     if (rc != 0) fail_msg("exit %d\n%s", rc, out);
     assert_int_equal(access(note, F_OK), 0);
     assert_int_equal(access(support_path_in(step1, ck, "step-00000001"), F_OK), -1);
+    /* The user's directories among the run's step-*: a run of 5 steps
+     * resumed in a copy of the checkpoints with them beside. */
+    char ck2[SUPPORT_PATH], step[SUPPORT_PATH];
+    support_path_in(ck2, dir, "ck2");
+    rc = tool(SPMD_TOOL_PATH, MLP " --save %s", ck2);
+    if (rc != 0) fail_msg("exit %d\n%s", rc, out);
+    for (int i = 0; i < 2; i++) {
+        char name[32], to[SUPPORT_PATH];
+        snprintf(name, sizeof name, "step-0000000%d", i + 1);
+        assert_int_equal(rename(users[i], support_path_in(to, ck2, name)), 0);
+        snprintf(users[i], sizeof users[i], "%s", to);
+    }
+    rc = tool(SPMD_TOOL_PATH, "train --model mlp --steps 5 --eval 0 --resume %s --save %s "
+                              "--save-every 1 --keep 1", ck2, ck2);
+    if (rc != 0) fail_msg("exit %d\n%s", rc, out);
+    for (int i = 0; i < 2; i++) {
+        if (access(support_path_in(index, users[i], "index.json"), F_OK) != 0)
+            fail_msg("--keep 1 deleted %s, whose index.json is not a checkpoint's", users[i]);
+    }
+    assert_int_equal(access(support_path_in(step, ck2, "step-00000003"), F_OK), -1);
+    assert_int_equal(access(support_path_in(step, ck2, "step-00000005"), F_OK), 0);
 }
 
 /* A log that cannot be written (here: past RLIMIT_FSIZE, as on a full
- * disk) stops the run at that step, exit 1, naming the log. */
+ * disk) stops the run at that step, exit 1, naming the log; the line cut
+ * short is taken back, so the log holds whole lines only. */
 static void test_log_write_error_stops_the_run(void **state)
 {
     (void)state;
@@ -303,6 +335,26 @@ static void test_log_write_error_stops_the_run(void **state)
     has("cannot write the line of step");
     has("the run stops");
     if (strstr(out, "done:")) fail_msg("the run went on:\n%s", out);
+    size_t len;
+    char *text = support_read_file(log, &len);
+    if (len == 0 || text[len - 1] != '\n') fail_msg("the log ends in a torn line:\n%s", text);
+    int lines = 0;
+    for (char *line = text, *end; (end = strchr(line, '\n')); line = end + 1, lines++)
+        if (strncmp(line, "{\"step\":", 8) || end[-1] != '}') fail_msg("a line is not whole:\n%s", text);
+    assert_true(lines >= 1);
+    free(text);
+    /* A torn line an earlier run left (a machine that went down) is
+     * removed, saying so, before the next run appends. */
+    FILE *f = fopen(log, "a");
+    assert_non_null(f);
+    fputs("{\"step\":115,\"loss\":1", f);
+    assert_int_equal(fclose(f), 0);
+    rc = tool(SPMD_TOOL_PATH, "train --model mlp --steps 2 --eval 0 --log %s", log);
+    if (rc != 0) fail_msg("exit %d\n%s", rc, out);
+    has("removed its torn last line (20 bytes");
+    text = support_read_file(log, &len);
+    if (strstr(text, "115")) fail_msg("the torn line is still there:\n%s", text);
+    free(text);
 }
 
 /* A FIFO as --data, --val-data, --init, or in a checkpoint (latest,

@@ -5,7 +5,10 @@
  * (exit 2, a usage error), a memory refusal's advice at 4096
  * replicating devices (shard more, not "a bigger mesh"), a message cut at
  * 4 KiB saying so, a visualize --shape past 2^62 refused and a
- * 4096-device picture drawn whole.
+ * 4096-device picture drawn whole; a --shape of too many dimensions told
+ * the limit, the free-space refusal's margin, a checkpoint index nested
+ * too deep named as such, an explain --trace of another plan naming what
+ * differs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "support_files.h"
 #include "support_tool.h"
 
 #include <stdio.h>
@@ -99,6 +103,86 @@ static void test_visualize_shape_past_2_62(void **state)
            "blocks of [2305843009213693952, 6]");
 }
 
+/* A --shape of more dimensions than a tensor has is told the limit, not
+ * to use positive sizes. */
+static void test_visualize_dimension_limit(void **state)
+{
+    (void)state;
+    expect("visualize --shape 1,1,1,1,1,1,1,1,1 --spec None --mesh 2 --axes fsdp", 2,
+           "--shape '1,1,1,1,1,1,1,1,1' has 9 dimensions; a tensor has at most 6");
+    expect("visualize --shape 2,-3 --spec fsdp,None --mesh 2 --axes fsdp", 2, "positive sizes");
+}
+
+/* The free-space refusal states the margin it keeps beyond the
+ * checkpoint's bytes (spmd-test's SPMD_TEST_FREE_BYTES stands for a
+ * nearly full disk). */
+static void test_free_space_margin_stated(void **state)
+{
+    (void)state;
+    char *dir = support_temp_dir("test_cli_messages"), args[SUPPORT_PATH + 64];
+    snprintf(args, sizeof args, "train --model mlp --steps 1 --eval 0 --save %s/ck", dir);
+    setenv("SPMD_TEST_FREE_BYTES", "1048576", 1);
+    int rc = support_run_tool(SPMD_TEST_TOOL_PATH, args, NULL, out, sizeof out);
+    unsetenv("SPMD_TEST_FREE_BYTES");
+    support_drop_dir(dir);
+    if (rc != 1 || !strstr(out, "a checkpoint of this run takes 0.2 MiB, and 1.0 MiB more is kept "
+                                "free for its files' headers and index (1% of it and 1 MiB): its "
+                                "file system has 1.0 MiB free, 1.2 MiB needed"))
+        fail_msg("exit %d:\n%s", rc, out);
+}
+
+/* A checkpoint index that is valid JSON nested 200,000 deep is refused
+ * as too deep, with the limit, not as "not a JSON object". */
+static void test_deep_index_named(void **state)
+{
+    (void)state;
+    char *dir = support_temp_dir("test_cli_messages"), ck[SUPPORT_PATH], index[2 * SUPPORT_PATH],
+         args[2 * SUPPORT_PATH];
+    support_path_in(ck, dir, "ck");
+    snprintf(args, sizeof args, "train --model mlp --steps 1 --eval 0 --save %s", ck);
+    int rc = run_tool(args, out, sizeof out);
+    if (rc) fail_msg("the checkpoint: exit %d\n%s", rc, out);
+    snprintf(index, sizeof index, "%s/step-00000001/index.json", ck);
+    FILE *f = fopen(index, "w");
+    assert_non_null(f);
+    fputs("{\"format\": ", f);
+    for (int i = 0; i < 200000; i++) fputc('[', f);
+    for (int i = 0; i < 200000; i++) fputc(']', f);
+    fputs("}\n", f);
+    assert_int_equal(fclose(f), 0);
+    snprintf(args, sizeof args, "train --model mlp --steps 2 --eval 0 --resume %s", ck);
+    rc = run_tool(args, out, sizeof out);
+    if (rc == 0 || !strstr(out, "index.json nests 200001 levels of arrays and objects deep; at most "
+                                "1000 are read"))
+        fail_msg("exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "export %s --out %s/x.safetensors", ck, dir);
+    rc = run_tool(args, out, sizeof out);
+    if (rc == 0 || !strstr(out, "nests 200001 levels")) fail_msg("export: exit %d:\n%s", rc, out);
+    support_drop_dir(dir);
+}
+
+/* explain --trace of a plan other than the traced one names what
+ * differs (the flags and the figures), not both runs' summaries. */
+static void test_explain_trace_names_what_differs(void **state)
+{
+    (void)state;
+    char *dir = support_temp_dir("test_cli_messages"), trace[SUPPORT_PATH], args[SUPPORT_PATH + 128];
+    support_path_in(trace, dir, "t.json");
+    snprintf(args, sizeof args, "train --model mlp --hidden 64 --steps 3 --eval 0 --trace %s", trace);
+    int rc = run_tool(args, out, sizeof out);
+    if (rc) fail_msg("the trace: exit %d\n%s", rc, out);
+    snprintf(args, sizeof args, "explain --model mlp --hidden 65 --trace %s", trace);
+    rc = run_tool(args, out, sizeof out);
+    if (rc != 2 || !strstr(out, "--hidden 64 (here 65)") || strstr(out, "0.01M parameters"))
+        fail_msg("--hidden 65: exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "explain --model mlp --hidden 128 --steps 5 --trace %s", trace);
+    rc = run_tool(args, out, sizeof out);
+    if (rc != 2 || !strstr(out, "--hidden 64 (here 128)") ||
+        !strstr(out, "5901 parameters (here 19981)"))
+        fail_msg("--hidden 128: exit %d:\n%s", rc, out);
+    support_drop_dir(dir);
+}
+
 /* A 4096-device picture (74 KB) whole: it ends with the last device. */
 static void test_visualize_4096_devices_whole(void **state)
 {
@@ -122,6 +206,10 @@ int main(void)
         cmocka_unit_test(test_long_message_cut_saying_so),
         cmocka_unit_test(test_visualize_shape_past_2_62),
         cmocka_unit_test(test_visualize_4096_devices_whole),
+        cmocka_unit_test(test_visualize_dimension_limit),
+        cmocka_unit_test(test_free_space_margin_stated),
+        cmocka_unit_test(test_deep_index_named),
+        cmocka_unit_test(test_explain_trace_names_what_differs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,9 @@
  *     a title with markup is escaped;
  *   - a long log is drawn with at most 1000 vertices a line while
  *     data-points still counts every step;
+ *   - a torn last line (no newline, not whole JSON: a full disk) is
+ *     skipped, saying so;
+ *   - every finite value is drawn, 1e308 too, on finite ticks;
  *   - refusals: a missing log (exit 1), a malformed line, a line without
  *     "step", an empty log, no --out, an unknown flag, an --out no file
  *     can be written to (a missing directory, a directory, a device)
@@ -457,6 +460,81 @@ static void test_long_log_is_thinned(void **state)
     free(svg);
 }
 
+/* A log whose last line a full disk cut short ({"step":115,"loss":1, no
+ * newline) is drawn from its whole lines, saying the torn one was
+ * skipped; a line cut short before others is still refused (test_refusals). */
+static void test_torn_last_line_skipped(void **state)
+{
+    (void)state;
+    char log[PATH], svg_path[PATH], out[OUT];
+    write_text(support_path_in(log, dir, "torn.jsonl"),
+               "{\"step\":113,\"loss\":1.5,\"lr\":0.001}\n"
+               "{\"step\":114,\"loss\":1.4,\"lr\":0.001}\n"
+               "{\"step\":115,\"loss\":1");
+    support_path_in(svg_path, dir, "torn.svg");
+    int rc = run_toolf(out, sizeof out, "plot %s --out %s", log, svg_path);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    expect_text(out, "torn.jsonl:3: skipped a torn last line");
+    expect_text(out, "(2 losses");
+    size_t len;
+    char *svg = read_all(svg_path, &len);
+    assert_int_equal(series_of(svg, "train-loss").points, 2);
+    free(svg);
+    /* The same as the run compared with. */
+    rc = run_toolf(out, sizeof out, "plot %s --compare %s --out %s", train_log, log, svg_path);
+    if (rc != 0) fail_msg("--compare: exit %d:\n%s", rc, out);
+    expect_text(out, "torn.jsonl:3: skipped a torn last line");
+}
+
+/* Every number in the SVG's points and coordinates is finite and inside
+ * the chart (no "nan", no "inf", nothing drawn off the page). */
+static void all_coordinates_on_the_chart(const char *svg)
+{
+    if (strstr(svg, "nan") || strstr(svg, "inf")) fail_msg("a non-finite coordinate:\n%s", svg);
+    for (const char *p = strstr(svg, "<polyline points=\""); p; p = strstr(p, "<polyline points=\"")) {
+        p += strlen("<polyline points=\"");
+        while (*p == ' ') p++;
+        while (*p != '"') {
+            char *end;
+            double x = strtod(p, &end);
+            assert_true(end > p && *end == ',');
+            double y = strtod(end + 1, &end);
+            if (!(x >= 0 && x <= 800 && y >= 0 && y <= 450)) fail_msg("vertex %g,%g off the chart", x, y);
+            p = end;
+            while (*p == ' ') p++;
+        }
+    }
+}
+
+/* Finite values near the ends of the doubles (losses of 1e308, a learning
+ * rate of -1.7e308) are drawn like any other: every point, one line, on
+ * axes whose ticks are finite numbers. */
+static void test_extreme_finite_values(void **state)
+{
+    (void)state;
+    char log[PATH], svg_path[PATH], out[OUT];
+    write_text(support_path_in(log, dir, "huge.jsonl"),
+               "{\"step\":1,\"loss\":1e308,\"lr\":-1.7e308}\n"
+               "{\"step\":2,\"loss\":1.7976931348623157e308,\"lr\":0.001}\n"
+               "{\"step\":3,\"loss\":2.5,\"lr\":1.7e308}\n"
+               "{\"step\":4,\"loss\":-1e308,\"lr\":0.001}\n");
+    support_path_in(svg_path, dir, "huge.svg");
+    int rc = run_toolf(out, sizeof out, "plot %s --out %s", log, svg_path);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    expect_text(out, "(4 losses, 0 validation losses, 4 learning rates)");
+    size_t len;
+    char *svg = read_all(svg_path, &len);
+    series_facts loss = series_of(svg, "train-loss"), lr = series_of(svg, "lr");
+    assert_int_equal(loss.points, 4);
+    assert_int_equal(loss.runs, 1);
+    assert_int_equal(loss.vertices, 4);
+    assert_int_equal(lr.points, 4);
+    assert_int_equal(lr.runs, 1);
+    all_coordinates_on_the_chart(svg);
+    expect_text(svg, "e+308</text>");
+    free(svg);
+}
+
 /* ---- Refusals ------------------------------------------------------------------------------- */
 
 typedef struct refusal {
@@ -596,6 +674,8 @@ int main(void)
         cmocka_unit_test(test_gaps_validation_and_appended_runs),
         cmocka_unit_test(test_long_log_is_thinned),
         cmocka_unit_test(test_grad_norm_and_compare),
+        cmocka_unit_test(test_torn_last_line_skipped),
+        cmocka_unit_test(test_extreme_finite_values),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_failed_writes),
         cmocka_unit_test(test_train_plot),

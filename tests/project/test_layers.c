@@ -222,7 +222,7 @@ static void test_every_include_goes_down(void **state)
 static const char *const tool_groups[] = {
     "message unicode_class",                          /* cli_fail; code point classes */
     "processes bpe",                                  /* MPI; GPT-2's BPE */
-    "test_hooks json_file plot vocab weights options", /* leaves; a command's settings */
+    "test_hooks json_file plot vocab weights options run_log", /* leaves; settings; the log */
     "flag_spec plot_curves plot_trace",               /* a flag row; training curves, a trace's step */
     "flag_values",                                    /* reading a flag's value */
     "flag_table",                                     /* the flag table and the commands */

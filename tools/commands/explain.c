@@ -84,7 +84,7 @@ int cmd_explain(int argc, char **argv)
     char mesh[128];
     model_mesh_text(&m, mesh, sizeof mesh);
     explain_measured meas = {0};
-    if (o.trace && (rc = explain_trace_read(o.trace, o.model, (double)m.params, mesh, p, &meas))) {
+    if (o.trace && (rc = explain_trace_read(o.trace, &o, (double)m.params, mesh, p, &meas))) {
         spmd_program_free(p);
         model_free(&m);
         return rc;

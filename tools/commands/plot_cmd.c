@@ -4,6 +4,9 @@
  * a validation line {"step":N,"val_loss":X}) drawn as a loss chart.
  * An --out no file can be written to is refused first; any bad line
  * refuses the whole log, naming the line; either way nothing is written.
+ * But a last line without its newline that is not whole JSON is a write
+ * cut short (a full disk, a machine that went down): it is skipped, saying
+ * so, and the whole lines before it are drawn.
  */
 #include "commands/plot_cmd.h"
 
@@ -61,13 +64,19 @@ static bool blank(const char *s, const char *end)
     return s == end;
 }
 
-/* One line's object into the curves; 0, or an exit status with a message. */
+/* One line's object into the curves; 0, or an exit status with a message.
+ * A line that `may_be_torn` (the last, without its newline) and does not
+ * parse is left out, with *torn set. */
 static int read_line(const log_place *at, const char *text, size_t len, bool grad_norm,
-                     plot_training *t)
+                     bool may_be_torn, bool *torn, plot_training *t)
 {
     const char *end = text;
     cJSON *obj = cJSON_ParseWithLengthOpts(text, len, &end, false);
     int rc = 0;
+    if (!obj && may_be_torn) {
+        *torn = true;
+        return 0;
+    }
     if (!obj || !cJSON_IsObject(obj) || !blank(end, text + len)) {
         int shown = len > 40 ? 40 : (int)len;
         rc = cli_fail("%s:%d: not a JSON object: '%.*s%s'", at->path, at->line, shown, text,
@@ -104,12 +113,21 @@ static int read_log(const char *path, bool grad_norm, plot_training *t)
     ssize_t len;
     int rc = 0, objects = 0;
     log_place at = {path, 0};
+    bool torn = false;
     while (!rc && (len = getline(&line, &room, f)) >= 0) {
         at.line++;
+        bool last_without_newline = len > 0 && line[len - 1] != '\n';
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
         if (blank(line, line + len)) continue;
-        rc = read_line(&at, line, (size_t)len, grad_norm, t);
-        objects++;
+        rc = read_line(&at, line, (size_t)len, grad_norm, last_without_newline, &torn, t);
+        if (torn) {
+            int shown = len > 40 ? 40 : (int)len;
+            fprintf(stderr, "spmd: warning: %s:%d: skipped a torn last line ('%.*s%s': no newline "
+                            "and not whole JSON, a write cut short)\n",
+                    path, at.line, shown, line, len > 40 ? "..." : "");
+        } else {
+            objects++;
+        }
     }
     if (!rc && ferror(f)) {
         cli_fail("cannot read the log %s: %s", path, strerror(errno));

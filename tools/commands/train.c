@@ -16,6 +16,7 @@
 #include "processes.h"
 #include "report.h"
 #include "run_checkpoint.h"
+#include "run_log.h"
 #include "test_hooks.h"
 #include "trace.h"
 #include "weights.h"
@@ -272,21 +273,10 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     return json_file_write(o->json, root);
 }
 
-/* A log line that could not be written (a full disk, a quota) stops the
- * run: a log with holes would pass for a whole one.  0, or 1 with a
- * message. */
-static int log_written(FILE *log, const char *path, int step)
-{
-    if (fflush(log) == 0 && !ferror(log)) return 0;
-    cli_fail("--log %s: cannot write the line of step %d: %s; the run stops", path, step,
-             strerror(errno ? errno : EIO));
-    return 1;
-}
-
 /* The validation loss of every copy after step `done`: printed, logged
  * (copy 0's as val_loss, every copy's as copy_val_loss), recorded. */
 static int validate(const cli_opts *o, const cli_model *m, const spmd_program *p,
-                    spmd_program *eval, int done, FILE *log, val_records *val)
+                    spmd_program *eval, int done, run_log *log, val_records *val)
 {
     float loss[CLI_MAX_COPIES];
     for (int c = 0; c < m->copies; c++) {
@@ -300,30 +290,33 @@ static int validate(const cli_opts *o, const cli_model *m, const spmd_program *p
     printf("step %4d/%d  val loss %s (%d batches of %d)\n", done, o->steps,
            loss_text(loss, m->copies, text, sizeof text), o->val_batches, o->batch);
     fflush(stdout);
-    if (log) {
+    FILE *line = log ? run_log_begin(log) : NULL;
+    if (line) {
         char x[32];
-        fprintf(log, "{\"step\":%d,\"val_loss\":%s", done, json_number(loss[0], x, sizeof x));
+        fprintf(line, "{\"step\":%d,\"val_loss\":%s", done, json_number(loss[0], x, sizeof x));
         for (int c = 0; m->copies > 1 && c < m->copies; c++)
-            fprintf(log, "%s%s", c ? "," : ",\"copy_val_loss\":[", json_number(loss[c], x, sizeof x));
-        fprintf(log, "%s}\n", m->copies > 1 ? "]" : "");
-        return log_written(log, o->log, done);
+            fprintf(line, "%s%s", c ? "," : ",\"copy_val_loss\":[", json_number(loss[c], x, sizeof x));
+        fprintf(line, "%s}", m->copies > 1 ? "]" : "");
     }
+    if (log) return run_log_end(log, done);
     return 0;
 }
 
 /* One object per step, as JSON Lines; a non-finite value is null.  The
  * figures are copy 0's; with copies, copy_loss lists every copy's loss. */
-static int log_step(FILE *log, const char *path, int step, const float *loss, int copies, float lr,
-                    float norm, double ms, double tok_s)
+static int log_step(run_log *log, int step, const float *loss, int copies, float lr, float norm,
+                    double ms, double tok_s)
 {
     char l[32], n[32], x[32];
-    fprintf(log, "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"ms\":%.3f,\"tokens_per_s\":%.1f",
+    FILE *line = run_log_begin(log);
+    if (!line) return run_log_end(log, step);
+    fprintf(line, "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"ms\":%.3f,\"tokens_per_s\":%.1f",
             step, json_number(loss[0], l, sizeof l), (double)lr, json_number(norm, n, sizeof n), ms,
             tok_s);
     for (int c = 0; copies > 1 && c < copies; c++)
-        fprintf(log, "%s%s", c ? "," : ",\"copy_loss\":[", json_number(loss[c], x, sizeof x));
-    fprintf(log, "%s}\n", copies > 1 ? "]" : "");
-    return log_written(log, path, step);
+        fprintf(line, "%s%s", c ? "," : ",\"copy_loss\":[", json_number(loss[c], x, sizeof x));
+    fprintf(line, "%s}", copies > 1 ? "]" : "");
+    return run_log_end(log, step);
 }
 
 /* The loss and learning rate of the `steps` steps run after step `first`,
@@ -462,7 +455,7 @@ static void score_all(const cli_opts *o, const cli_model *m, const spmd_program 
 }
 
 /* The run: build, check, compile, train, report; 0 or an exit code. */
-static int train(cli_opts *o_in, FILE *log)
+static int train(cli_opts *o_in, run_log *log)
 {
     cli_opts o = *o_in;
     int rc = 0;
@@ -509,6 +502,8 @@ static int train(cli_opts *o_in, FILE *log)
     if (!rc && o.resume && !(rc = run_checkpoint_resume(&o, &m, p, &first, &sample))) {
         printf("resumed: step %d of %d from %s (data position %lld samples) in %.0f ms\n", first,
                o.steps, o.resume, (long long)sample, now_ms() - t_load);
+        fflush(stdout);
+        trace_resumed(&o, &traced, first);
     }
     if (rc) {
         spmd_program_free(eval);
@@ -596,7 +591,7 @@ static int train(cli_opts *o_in, FILE *log)
             printf("step %4d/%d  loss %s  %.0f tok/s  %.1f ms/step  eta %.0fs\n", done, o.steps,
                    text, tok_s, ms[i], eta);
         fflush(stdout);
-        if (log && (rc = log_step(log, o.log, done, loss, copies, feed_lr(&o, s), norm[0], ms[i], tok_s)))
+        if (log && (rc = log_step(log, done, loss, copies, feed_lr(&o, s), norm[0], ms[i], tok_s)))
             break;
         /* Copies share nothing: one that diverges is named and the others
          * train on, until none is left. */
@@ -715,14 +710,10 @@ int cmd_train(int argc, char **argv)
                         "over %d processes, start spmd with mpirun -n %d", o.processes, o.processes);
     /* The files of the run, before any work. */
     if ((rc = outputs_check_train(&o)) || (rc = run_checkpoint_prepare(&o))) return rc;
-    FILE *log = NULL;
+    run_log *log = NULL;
     /* Process 0 logs for the run. */
-    if (o.log && processes_rank() == 0 && !(log = fopen(o.log, "a")))
-        return cli_fail("--log %s: cannot open it for appending: %s", o.log, strerror(errno));
+    if (o.log && processes_rank() == 0 && !(log = run_log_open(o.log))) return 1;
     rc = train(&o, log);
-    if (log && fclose(log) != 0 && !rc) {
-        cli_fail("--log %s: %s", o.log, strerror(errno));
-        rc = 1;
-    }
-    return rc;
+    int closed = run_log_close(log);
+    return rc ? rc : closed;
 }

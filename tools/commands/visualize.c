@@ -25,7 +25,11 @@ int cmd_visualize(int argc, char **argv)
         return cli_fail("visualize needs --shape (e.g. 8,6) and --spec");
     }
     int64_t dims[SPMD_MAX_RANK];
-    int rank = 0;
+    int rank = 0, given = 1;
+    for (const char *s = shape; *s; s++) given += *s == ',';
+    if (given > SPMD_MAX_RANK)
+        return cli_fail("--shape '%s' has %d dimensions; a tensor has at most %d", shape, given,
+                        SPMD_MAX_RANK);
     for (const char *s = shape; *s;) {
         char *end;
         errno = 0;
