@@ -17,8 +17,9 @@ typedef struct trace_steps {
     bool started;
 } trace_steps;
 
-/* The steps --trace-steps asks for, of a run of o->steps steps; the
- * --trace and --trace-plot paths checked.  0, or 2 with a message. */
+/* The steps --trace-steps asks for, of a run of o->steps steps (the
+ * --trace and --trace-plot paths are tools/paths.c's).  0, or 2 with a
+ * message. */
 int trace_prepare(const cli_opts *o, trace_steps *t);
 /* Before and after step `step` (from 1) of the loop: starts and stops
  * the recording.  0, or 1 with a message. */

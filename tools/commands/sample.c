@@ -13,6 +13,7 @@
 
 #include "flags.h"
 #include "message.h"
+#include "paths.h"
 #include "model.h"
 #include "vocab.h"
 
@@ -71,6 +72,7 @@ static int parse_sample(int argc, char **argv, cli_opts *o)
                         shape_given ? "shape" : "data", shape_given ? "the shape flags" : "--data");
     if (o->init && data_given)
         return cli_fail("--init %s has GPT-2's vocabulary; --data does not apply", o->init);
+    if ((rc = paths_check(o))) return rc;
     return flags_settle(o);
 }
 
