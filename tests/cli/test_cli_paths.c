@@ -241,7 +241,7 @@ static void test_fifo_inputs_never_waited_on(void **state)
 
 /* Messages that name their cause: a --trace path refused as --trace (it
  * was labelled --json); a trace that cannot be written says the trace
- * (it said "the report"); a loop of links given to sample --resume names
+ * (it said "the report"); a loop of links under sample --resume names
  * sample and --resume (it was labelled export). */
 static void test_messages_name_the_real_flag(void **state)
 {
@@ -272,6 +272,15 @@ static void test_messages_name_the_real_flag(void **state)
     assert_int_equal(symlink("loop", support_path_in(loop, dir, "loop")), 0);
     refused(tool("sample --resume %s --tokens 1", loop),
             (const char *[]){"sample", "--resume", "loop of symbolic links", NULL}, "export");
+    /* A loop at the checkpoint's latest, below the directory given. */
+    char ck[SUPPORT_PATH], latest[SUPPORT_PATH];
+    checkpoint(ck);
+    support_path_in(latest, ck, "latest");
+    assert_int_equal(unlink(latest), 0);
+    assert_int_equal(symlink("latest", latest), 0);
+    rc = tool("sample --resume %s --tokens 1", ck);
+    if (rc <= 0 || !strstr(out, "sample --resume") || strstr(out, "export"))
+        fail_msg("exit %d, want a refusal naming sample --resume:\n%s", rc, out);
 }
 
 int main(void)
