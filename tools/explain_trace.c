@@ -5,6 +5,8 @@
 #include "message.h"
 #include "settings_agree.h"
 
+#include "train/checkpoint_fs.h"
+
 #include <cJSON.h>
 
 #include <errno.h>
@@ -20,16 +22,13 @@
 /* The whole of a regular file, NUL-terminated; NULL with a message. */
 static char *read_whole(const char *path, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    const char *why;
+    int fd = ckpt_open_regular(path, &why); /* without blocking: a FIFO is refused */
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
-        cli_fail("--trace %s: cannot open it: %s", path, strerror(errno));
+        if (why) cli_fail("--trace %s: %s (the trace spmd train --trace wrote)", path, why);
+        else cli_fail("--trace %s: cannot open it: %s", path, strerror(errno));
         if (fd >= 0) close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        cli_fail("--trace %s: not a regular file (the trace spmd train --trace wrote)", path);
         return NULL;
     }
     size_t size = (size_t)st.st_size, got = 0;

@@ -23,6 +23,22 @@ typedef enum flag_kind {
     FLAG_CUSTOM  /* parsed by the row's own `set` */
 } flag_kind;
 
+/* What a flag's value names when it names a file or a directory.  Every
+ * such row declares one, and tools/paths.c applies the rules of its kind
+ * to every path of a command together, before the command runs: a new
+ * path flag gets them all by its row (test_path_kinds walks the table). */
+typedef enum path_kind {
+    PATH_NONE,           /* not a path */
+    PATH_IN_FILE,        /* a file read: a regular file, opened without blocking */
+    PATH_IN_DIR,         /* a directory whose `path_files` are read */
+    PATH_IN_DATA,        /* a data set: a built-in name ("arith"), a text file or token shards
+                          * (a file or a glob); a file only when one is there */
+    PATH_IN_CHECKPOINT,  /* a checkpoint directory, or one of its step directories, read */
+    PATH_OUT_FILE,       /* a file written: a regular file or a new path */
+    PATH_OUT_DIR,        /* a directory its `path_files` are written into */
+    PATH_OUT_CHECKPOINT, /* a directory checkpoints are saved into */
+} path_kind;
+
 typedef struct flag_spec flag_spec;
 struct flag_spec {
     const char *name;
@@ -43,6 +59,8 @@ struct flag_spec {
     const char *why_min; /* FLAG_INT: why less than min means nothing, or NULL */
     const char *choices; /* FLAG_CHOICE */
     int (*set)(const flag_spec *fs, char *v, cli_opts *o); /* FLAG_CUSTOM */
+    path_kind path;      /* FLAG_TEXT: what the value names, if a path */
+    const char *const *path_files; /* PATH_IN_DIR, PATH_OUT_DIR: the files in it, NULL-ended */
 };
 
 #endif

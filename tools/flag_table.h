@@ -29,7 +29,12 @@ typedef struct command_spec {
     const char *operand_noun; /* "checkpoint": "export takes one checkpoint" */
     const char *operand_help;
     bool operands;        /* any number of them (into o->operands) */
+    path_kind operand_path; /* what an operand names (flag_spec.h) */
 } command_spec;
+
+/* The shards spmd tokenize writes into --out DIR. */
+#define TOKENIZE_TRAIN_SHARD "train_000000.bin"
+#define TOKENIZE_VAL_SHARD "val_000000.bin"
 
 /* The rows, in the order the usage lists them; cli_opts.given is indexed
  * by row. */

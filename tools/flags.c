@@ -7,6 +7,7 @@
 
 #include "flag_values.h"
 #include "message.h"
+#include "paths.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -101,6 +102,7 @@ int flags_read(int argc, char **argv, cli_command command, cli_opts *o)
 int flags_parse(int argc, char **argv, cli_command command, cli_opts *o)
 {
     int rc = flags_read(argc, argv, command, o);
+    if (!rc) rc = paths_check(o);
     if (!rc && (command & MODEL_COMMANDS)) rc = flags_settle(o);
     return rc;
 }

@@ -18,7 +18,8 @@
  * for the others: 0, -1 after --help (usage printed), or an exit code
  * with a message.  Nothing is read but argv. */
 int flags_read(int argc, char **argv, cli_command command, cli_opts *o);
-/* flags_read, then flags_settle for the model commands. */
+/* flags_read, the command's paths checked (paths.h: before settling
+ * reads the --init file), then flags_settle for the model commands. */
 int flags_parse(int argc, char **argv, cli_command command, cli_opts *o);
 
 #endif

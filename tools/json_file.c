@@ -1,6 +1,6 @@
 /*
  * Writing a JSON file whole or not at all (the reports of `spmd train`
- * and `spmd explain`), and refusing early a path none could be written to.
+ * and `spmd explain`, the trace of `spmd train`).
  */
 #include "json_file.h"
 
@@ -50,18 +50,6 @@ static int temp_beside(const char *target, char *tmp, size_t size)
     return mkstemp(tmp);
 }
 
-int json_file_check_path(const char *path)
-{
-    char target[PATH_MAX], tmp[PATH_MAX + 16];
-    const char *why;
-    if (report_target(path, target, sizeof target, &why)) return cli_fail("--json %s %s", path, why);
-    int fd = temp_beside(target, tmp, sizeof tmp);
-    if (fd < 0) return cli_fail("--json %s: cannot create a file there: %s", path, strerror(errno));
-    close(fd);
-    unlink(tmp);
-    return 0;
-}
-
 static int write_all(int fd, const char *text, size_t n)
 {
     while (n) {
@@ -83,7 +71,7 @@ static mode_t report_mode(const char *target)
     return 0666 & ~mask;
 }
 
-int json_file_write(const char *path, cJSON *root)
+int json_file_write(const char *flag, const char *what, const char *path, cJSON *root)
 {
     /* Over several processes, process 0 writes the run's one report. */
     if (processes_rank() != 0) {
@@ -92,7 +80,7 @@ int json_file_write(const char *path, cJSON *root)
     }
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
-    if (!text) return cli_fail("could not format the JSON report");
+    if (!text) return cli_fail("%s %s: could not format %s: out of memory", flag, path, what);
     /* Written whole beside the target, then renamed over it: a failure
      * at any point leaves the earlier report, never a truncated one. */
     char target[PATH_MAX], tmp[PATH_MAX + 16];
@@ -107,7 +95,7 @@ int json_file_write(const char *path, cJSON *root)
     if (err && fd >= 0) unlink(tmp);
     free(text);
     if (!err) return 0;
-    cli_fail("cannot write the report %s: %s; an earlier report there is left as it was", path,
-             why ? why : strerror(err));
+    cli_fail("%s %s: cannot write %s: %s; an earlier file there is left as it was", flag, path,
+             what, why ? why : strerror(err));
     return 1;
 }

@@ -7,11 +7,10 @@
 
 struct cJSON;
 
-/* Refuse (message, exit code 2) a --json path no report could be written
- * to: a directory, a device, a place where no file can be created. */
-int json_file_check_path(const char *path);
-/* Writes and frees `root`; over several processes only process 0 writes.
- * 0, or 1 with a message. */
-int json_file_write(const char *path, struct cJSON *root);
+/* Writes and frees `root` at `path`, which `flag` gave ("--json") and
+ * holds `what` ("the report"), as a failure's message says; over several
+ * processes only process 0 writes.  0, or 1 with a message.  (Whether a
+ * file can be written there is checked before the run: tools/paths.c.) */
+int json_file_write(const char *flag, const char *what, const char *path, struct cJSON *root);
 
 #endif

@@ -468,19 +468,6 @@ static const char *not_a_file(const char *path, char *dir, size_t size, const ch
     return S_ISREG(st.st_mode) ? NULL : "it is not a regular file";
 }
 
-int plot_check_path(const char *flag, const char *path)
-{
-    char dir[PATH_MAX], tmp[PATH_MAX + 32];
-    const char *name, *why = not_a_file(path, dir, sizeof dir, &name);
-    if (why) return cli_fail("%s %s: %s", flag, path, why);
-    snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", dir, name);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return cli_fail("%s %s: cannot create a file there: %s", flag, path, strerror(errno));
-    close(fd);
-    unlink(tmp);
-    return 0;
-}
-
 /* `path` replaced by `n` bytes of `data` in one rename; 0 or 1 with a message. */
 static int replace_file(const char *path, const char *data, size_t n)
 {

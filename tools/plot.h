@@ -54,10 +54,6 @@ typedef struct plot_chart {
 enum { PLOT_WIDTH = 800, PLOT_HEIGHT = 450, PLOT_COLUMNS = 500, PLOT_MAX_DRAWN = 2 * PLOT_COLUMNS };
 int plot_write_svg(const char *path, const plot_chart *chart, const plot_series *series,
                    int n_series);
-/* Refuse, before a long run, a path no plot could be written to (a
- * directory, a device, a place where no file can be created): 0, or 2
- * with "spmd: FLAG PATH: why". */
-int plot_check_path(const char *flag, const char *path);
 /* For other pictures (plot_trace.h): `text` as XML character data, and
  * an SVG of n bytes written whole, as plot_write_svg writes its own. */
 void plot_xml(FILE *f, const char *text);

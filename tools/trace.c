@@ -47,9 +47,6 @@ int trace_prepare(const cli_opts *o, trace_steps *t)
         if (o->trace_steps) return cli_fail("--trace-steps needs --trace FILE.json or --trace-plot FILE.svg");
         return 0;
     }
-    int rc;
-    if (o->trace && (rc = json_file_check_path(o->trace))) return rc;
-    if (o->trace_plot && (rc = plot_check_path("--trace-plot", o->trace_plot))) return rc;
     char fallback[16];
     snprintf(fallback, sizeof fallback, "%d", DEFAULT_STEPS);
     const char *spec = o->trace_steps ? o->trace_steps : fallback;
@@ -430,5 +427,5 @@ int trace_write(const cli_opts *o, const cli_model *m, const spmd_program *p, co
         if (value) cJSON_AddStringToObject(flags, flag_rows[i].name, value);
         free(value);
     }
-    return json_file_write(o->trace, root);
+    return json_file_write("--trace", "the trace", o->trace, root);
 }

@@ -19,11 +19,11 @@ typedef struct trace_steps {
     int a, b, count;
 } trace_steps;
 
-/* The steps --trace-steps asks for, of a run of o->steps steps; the
- * --trace and --trace-plot paths checked.  0, or 2 with a message.  A
- * count N traces the N steps after the first (which touches every page
- * for the first time) when the run has them, else its last N, the first
- * among them. */
+/* The steps --trace-steps asks for, of a run of o->steps steps (the
+ * --trace and --trace-plot paths are tools/paths.c's).  0, or 2 with a
+ * message.  A count N traces the N steps after the first (which touches
+ * every page for the first time) when the run has them, else its last N,
+ * the first among them. */
 int trace_prepare(const cli_opts *o, trace_steps *t);
 /* The steps traced once the run resumed after step `done`: a count
  * counts from the first step this run runs; of a range A-B, the steps

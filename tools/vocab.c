@@ -9,11 +9,13 @@
 #include "message.h"
 
 #include "spmd/data.h"
+#include "train/checkpoint_fs.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define LLMC_TOKENIZER_MAGIC 20240328u
 #define LLMC_HEADER_INTS 256
@@ -128,8 +130,14 @@ int vocab_load_llmc(vocab *v, const char *path)
 {
     memset(v, 0, sizeof *v);
     v->kind = VOCAB_LLMC;
-    FILE *f = fopen(path, "rb");
-    if (!f) return cli_fail("--tokenizer %s: %s", path, strerror(errno));
+    const char *why;
+    int fd = ckpt_open_regular(path, &why); /* without blocking: a FIFO is refused */
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return cli_fail("--tokenizer %s: %s", path, why ? why : strerror(err));
+    }
     uint32_t header[LLMC_HEADER_INTS];
     int rc = 0;
     if (fread(header, sizeof *header, LLMC_HEADER_INTS, f) != LLMC_HEADER_INTS)

@@ -35,7 +35,11 @@ extern "C" {
 
 /* Save every parameter and state tensor of runnable program p as
  * DIR/step-NNNNNNNN (DIR is created if missing; a step directory of the
- * same number is replaced atomically) and point DIR/latest at it.
+ * same number is replaced atomically) and point DIR/latest at it.  The
+ * save holds DIR's writers' lock (DIR/.lock, the one `spmd train --save`
+ * holds through its run): a DIR another process is saving into is
+ * refused, naming that process; so is a DIR that is not a directory or
+ * lies in another checkpoint (its latest, a step directory).
  * `meta_json` is the caller's JSON object (the data position, the
  * configuration), kept in index.json as "meta"; NULL stores {}.  Once the
  * new checkpoint is complete, the oldest step directories of lower steps

@@ -147,6 +147,34 @@ int ckpt_open_input(const char *path)
     return fd;
 }
 
+int ckpt_open_regular(const char *path, const char **why)
+{
+    *why = NULL;
+    int fd = ckpt_open_input(path);
+    struct stat st;
+    if (fd < 0) return -1;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    if (S_ISREG(st.st_mode)) return fd;
+    close(fd);
+    *why = ckpt_not_regular(st.st_mode);
+    errno = EINVAL;
+    return -1;
+}
+
+const char *ckpt_not_regular(unsigned mode)
+{
+    if (S_ISREG(mode)) return NULL;
+    return S_ISDIR(mode)    ? "a directory, not a regular file"
+           : S_ISFIFO(mode) ? "a FIFO, not a regular file"
+           : S_ISSOCK(mode) ? "a socket, not a regular file"
+                            : "a device, not a regular file";
+}
+
 /* The holder a lock file names, "process 123 on host": what it wrote,
  * else the pid fcntl reports. */
 static void lock_holder(int fd, char *buf, size_t size)
@@ -167,7 +195,71 @@ static void lock_holder(int fd, char *buf, size_t size)
         snprintf(buf, size, "another process");
 }
 
+/* The checkpoint directories whose lock this process holds, by the
+ * directory's device and inode, and how many hold each.  A child made by
+ * fork inherits the table but none of the locks: entries of another
+ * process are not its own. */
+typedef struct held_lock {
+    dev_t dev;
+    ino_t ino;
+    pid_t pid;
+    int fd, holders;
+} held_lock;
+enum { MAX_HELD = 64 };
+static held_lock held[MAX_HELD];
+static int n_held;
+static pthread_mutex_t held_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static spmd_status lock_file(const char *dir, int *out, const char *what);
+
 spmd_status ckpt_lock_dir(const char *dir, int *out, const char *what)
+{
+    *out = -1;
+    struct stat ds;
+    if (stat(dir, &ds) != 0)
+        return base_error(SPMD_ERR_IO, "%s: cannot lock %s: %s", what, dir, strerror(errno));
+    pthread_mutex_lock(&held_mutex);
+    pid_t me = getpid();
+    for (int i = 0; i < n_held;) /* a parent's, before a fork */
+        if (held[i].pid != me) {
+            close(held[i].fd);
+            held[i] = held[--n_held];
+        } else {
+            i++;
+        }
+    for (int i = 0; i < n_held; i++)
+        if (held[i].dev == ds.st_dev && held[i].ino == ds.st_ino) {
+            held[i].holders++;
+            *out = held[i].fd;
+            pthread_mutex_unlock(&held_mutex);
+            return SPMD_OK;
+        }
+    spmd_status st = n_held < MAX_HELD ? lock_file(dir, out, what)
+                                       : base_error(SPMD_ERR_IO, "%s: cannot lock %s: this process "
+                                                    "holds %d locks already", what, dir, MAX_HELD);
+    if (st == SPMD_OK && *out >= 0) held[n_held++] = (held_lock){ds.st_dev, ds.st_ino, me, *out, 1};
+    pthread_mutex_unlock(&held_mutex);
+    return st;
+}
+
+void ckpt_unlock_dir(int fd)
+{
+    if (fd < 0) return;
+    pthread_mutex_lock(&held_mutex);
+    for (int i = 0; i < n_held; i++) {
+        if (held[i].fd != fd || held[i].pid != getpid()) continue;
+        if (--held[i].holders == 0) {
+            close(fd);
+            held[i] = held[--n_held];
+        }
+        break;
+    }
+    pthread_mutex_unlock(&held_mutex);
+}
+
+/* DIR/.lock opened and locked (ckpt_lock_dir), for a directory this
+ * process does not hold yet. */
+static spmd_status lock_file(const char *dir, int *out, const char *what)
 {
     char path[CKPT_PATH_MAX];
     *out = -1;

@@ -43,14 +43,26 @@ bool ckpt_exists(const char *path);
  * once open) and the caller's fstat then refuses what is not a regular
  * file.  The descriptor, or -1 with errno. */
 int ckpt_open_input(const char *path);
+/* ckpt_open_input, then fstat: the descriptor of a regular file, or -1
+ * with *why NULL when the open failed (errno says why) or naming what the
+ * path is instead ("a FIFO, not a regular file"). */
+int ckpt_open_regular(const char *path, const char **why);
+/* What a file of `mode` is when it is not a regular file ("a FIFO, not a
+ * regular file"), or NULL for a regular file. */
+const char *ckpt_not_regular(unsigned mode);
 
 /* The writers' lock of a checkpoint directory, DIR/.lock: an fcntl write
- * lock held by the writing run until it ends (the kernel drops it when the
+ * lock held by the writer while it writes (the kernel drops it when the
  * process dies, so a dead writer's lock file holds nothing).  The file
  * records the holder as "PID HOST" for the message a second writer gets.
- * *fd is the descriptor to keep open while writing, -1 where the file
- * system has no locks (no error then). */
+ * A process that holds DIR's lock already (the tool holds its run's for
+ * the whole run, and each save takes it again) shares it: closing any
+ * descriptor of the file would drop the process's lock, so the file stays
+ * open once, until its last holder lets go.  *fd is the lock to pass to
+ * ckpt_unlock_dir, -1 where the file system has no locks (no error then). */
 spmd_status ckpt_lock_dir(const char *dir, int *fd, const char *what);
+/* Let go of a lock ckpt_lock_dir gave (-1: nothing). */
+void ckpt_unlock_dir(int fd);
 /* Remove the temporaries a killed save left in `dir` (.tmp-step-* and
  * .del-step-* directories); only for the holder of the lock.  How many
  * were removed goes to *removed. */

@@ -34,6 +34,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_fs.h"
 #include "train/checkpoint_hook.h"
+#include "train/checkpoint_paths.h"
 #include "train/safetensors.h"
 
 #define WHAT "checkpoint save"
@@ -614,7 +615,13 @@ spmd_status spmd_checkpoint_save_copy(const spmd_program *p, int copy, const cha
     bool leader = spmd_program_process(p) == 0;
     if (spmd_program_processes(p) > 1) snprintf(tmp_name, sizeof tmp_name, ".tmp-%s-processes", step_name);
     else snprintf(tmp_name, sizeof tmp_name, ".tmp-%s-%ld", step_name, (long)getpid());
-    st = ckpt_mkdirs(dir, WHAT);
+    /* Process 0 holds the writers' lock through the save, as a run of
+     * the tool holds it through the run: a save into a directory another
+     * process is writing checkpoints into is refused, naming it. */
+    int lock = -1;
+    if (leader) st = ckpt_check_save_dir(dir, WHAT);
+    if (st == SPMD_OK) st = ckpt_mkdirs(dir, WHAT);
+    if (st == SPMD_OK && leader) st = ckpt_lock_dir(dir, &lock, WHAT);
     if (st == SPMD_OK) st = ckpt_join(tmp, dir, tmp_name, WHAT);
     if (st == SPMD_OK) st = ckpt_join(final, dir, step_name, WHAT);
     /* A leftover of a failed save of this name. */
@@ -625,6 +632,7 @@ spmd_status spmd_checkpoint_save_copy(const spmd_program *p, int copy, const cha
     if (st != SPMD_OK) {
         cJSON_Delete(meta);
         ckpt_layout_free(&l);
+        ckpt_unlock_dir(lock);
         return st;
     }
     st = write_all_files(&l, step, meta, tmp);
@@ -642,6 +650,7 @@ spmd_status spmd_checkpoint_save_copy(const spmd_program *p, int copy, const cha
         snprintf(message, sizeof message, "%s", spmd_last_error());
         ckpt_remove_tree(tmp, WHAT);
         ckpt_layout_free(&l);
+        ckpt_unlock_dir(lock);
         agree(p, st);
         return base_error(st, "%s", message);
     }
@@ -654,5 +663,6 @@ spmd_status spmd_checkpoint_save_copy(const spmd_program *p, int copy, const cha
     if (st == SPMD_OK) st = reached(CKPT_LATEST);
     if (st == SPMD_OK) st = prune(l.alloc, dir, step, keep);
     ckpt_layout_free(&l);
+    ckpt_unlock_dir(lock);
     return agree(p, st);
 }

@@ -258,77 +258,87 @@ spmd_status spmd_weights_save_as(const spmd_program *p, const spmd_gpt_config *c
 #define WHAT_EXPORT "export"
 
 /* index.json of the checkpoint DIR/latest names, or of DIR itself. */
-static spmd_status index_path(const char *dir, char *out)
+static spmd_status index_path(const char *dir, char *out, const char *what)
 {
     char name[32], step_dir[CKPT_PATH_MAX];
-    spmd_status st = ckpt_join(out, dir, CKPT_INDEX, WHAT_EXPORT);
+    spmd_status st = ckpt_join(out, dir, CKPT_INDEX, what);
     if (st != SPMD_OK || ckpt_exists(out)) return st;
     char latest[CKPT_PATH_MAX];
-    if ((st = ckpt_join(latest, dir, CKPT_LATEST, WHAT_EXPORT)) != SPMD_OK) return st;
+    if ((st = ckpt_join(latest, dir, CKPT_LATEST, what)) != SPMD_OK) return st;
     if (!ckpt_exists(latest))
-        return base_error(SPMD_ERR_IO, WHAT_EXPORT ": %s is not a checkpoint: it has neither a "
-                          "latest file nor an " CKPT_INDEX, dir);
-    if ((st = ckpt_read_latest(NULL, dir, name, WHAT_EXPORT)) != SPMD_OK) return st;
-    if ((st = ckpt_join(step_dir, dir, name, WHAT_EXPORT)) != SPMD_OK) return st;
-    return ckpt_join(out, step_dir, CKPT_INDEX, WHAT_EXPORT);
+        return base_error(SPMD_ERR_IO, "%s: %s is not a checkpoint: it has neither a "
+                          "latest file nor an " CKPT_INDEX, what, dir);
+    if ((st = ckpt_read_latest(NULL, dir, name, what)) != SPMD_OK) return st;
+    if ((st = ckpt_join(step_dir, dir, name, what)) != SPMD_OK) return st;
+    return ckpt_join(out, step_dir, CKPT_INDEX, what);
 }
 
 /* meta.config of a parsed index. */
-static spmd_status parse_config(const cJSON *index, const char *path, spmd_gpt_config *cfg)
+static spmd_status parse_config(const cJSON *index, const char *path, spmd_gpt_config *cfg,
+                                const char *what)
 {
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(index, "meta");
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(meta, "config");
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(c, "model");
     if (!cJSON_IsObject(c))
-        return base_error(SPMD_ERR_INVALID, WHAT_EXPORT ": %s has no meta.config (the model "
+        return base_error(SPMD_ERR_INVALID, "%s: %s has no meta.config (the model "
                           "configuration spmd train --save records): which model it holds is "
-                          "unknown", path);
+                          "unknown", what, path);
     if (!cJSON_IsString(model) || strcmp(model->valuestring, "gpt"))
-        return base_error(SPMD_ERR_UNSUPPORTED, WHAT_EXPORT ": %s holds model '%s'; only a GPT "
-                          "exports to GPT-2 weights", path,
+        return base_error(SPMD_ERR_UNSUPPORTED, "%s: %s holds model '%s'; only a GPT "
+                          "exports to GPT-2 weights", what, path,
                           cJSON_IsString(model) ? model->valuestring : "(none)");
     const char *keys[] = {"vocab", "seq", "layers", "heads", "dim"};
     int *fields[] = {&cfg->vocab, &cfg->seq, &cfg->layers, &cfg->heads, &cfg->dim};
     for (int i = 0; i < 5; i++)
         if ((*fields[i] = gw_json_int(c, keys[i])) <= 0)
-            return base_error(SPMD_ERR_INVALID, WHAT_EXPORT ": %s: meta.config.%s is missing or "
-                              "not a positive whole number", path, keys[i]);
+            return base_error(SPMD_ERR_INVALID, "%s: %s: meta.config.%s is missing or "
+                              "not a positive whole number", what, path, keys[i]);
     if ((cfg->context = gw_json_int(c, "context")) < 0)
-        return base_error(SPMD_ERR_INVALID, WHAT_EXPORT ": %s: meta.config.context is not a "
-                          "positive whole number", path);
+        return base_error(SPMD_ERR_INVALID, "%s: %s: meta.config.context is not a "
+                          "positive whole number", what, path);
     if (spmd_gpt_validate(cfg) == SPMD_OK) return SPMD_OK;
     char why[512];
     snprintf(why, sizeof why, "%s", spmd_last_error());
-    return base_error(SPMD_ERR_INVALID, WHAT_EXPORT ": %s: meta.config: %s", path, why);
+    return base_error(SPMD_ERR_INVALID, "%s: %s: meta.config: %s", what, path, why);
 }
 
-spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_gpt_config *cfg,
-                                           int64_t *step)
+/* The checkpoint's model configuration and step; messages prefixed `what`. */
+static spmd_status checkpoint_config(const char *ckpt_dir, spmd_gpt_config *cfg, int64_t *step,
+                                     const char *what)
 {
-    if (!ckpt_dir || !cfg) return base_error(SPMD_ERR_INVALID, WHAT_EXPORT ": NULL argument");
+    if (!ckpt_dir || !cfg) return base_error(SPMD_ERR_INVALID, "%s: NULL argument", what);
     memset(cfg, 0, sizeof *cfg);
     char path[CKPT_PATH_MAX];
-    spmd_status st = index_path(ckpt_dir, path);
+    spmd_status st = index_path(ckpt_dir, path, what);
     char *text = NULL;
     size_t len;
-    if (st == SPMD_OK) st = ckpt_read_file(NULL, path, CKPT_MAX_INDEX, &text, &len, WHAT_EXPORT);
+    if (st == SPMD_OK) st = ckpt_read_file(NULL, path, CKPT_MAX_INDEX, &text, &len, what);
     if (st != SPMD_OK) return st;
     cJSON *index = cJSON_ParseWithLength(text, len);
     if (!index) {
         char why[256];
-        st = base_error(SPMD_ERR_IO, WHAT_EXPORT ": %s %s", path,
+        st = base_error(SPMD_ERR_IO, "%s: %s %s", what, path,
                         json_text_why_not(text, len, why, sizeof why));
     }
     base_free(NULL, text);
     int64_t saved = 0;
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(index, "step");
     if (st == SPMD_OK && (!cJSON_IsObject(index) || !st_json_count(s, &saved)))
-        st = base_error(SPMD_ERR_IO, WHAT_EXPORT ": %s is not a checkpoint index (JSON with a "
-                        "step)", path);
-    if (st == SPMD_OK) st = parse_config(index, path, cfg);
+        st = base_error(SPMD_ERR_IO, "%s: %s is not a checkpoint index (JSON with a "
+                        "step)", what, path);
+    if (st == SPMD_OK) st = parse_config(index, path, cfg, what);
     cJSON_Delete(index);
     if (st == SPMD_OK && step) *step = saved;
     return st;
+}
+
+/* Read by export and by other callers (spmd sample --resume): its
+ * messages name the checkpoint, not the export. */
+spmd_status spmd_weights_checkpoint_config(const char *ckpt_dir, spmd_gpt_config *cfg,
+                                           int64_t *step)
+{
+    return checkpoint_config(ckpt_dir, cfg, step, "checkpoint");
 }
 
 spmd_status spmd_weights_export(const char *ckpt_dir, spmd_weights_format format,
@@ -342,7 +352,7 @@ spmd_status spmd_weights_export_as(const char *ckpt_dir, spmd_weights_format for
                                    int64_t *step)
 {
     spmd_gpt_config cfg;
-    spmd_status st = spmd_weights_checkpoint_config(ckpt_dir, &cfg, NULL);
+    spmd_status st = checkpoint_config(ckpt_dir, &cfg, NULL, WHAT_EXPORT);
     if (st != SPMD_OK) return st;
     /* One sequence of one token: the parameters are all that is needed. */
     spmd_gpt_config small = cfg;

@@ -193,10 +193,11 @@ static void test_save_checked_before_the_first_step(void **state)
     char file[SUPPORT_PATH], under[SUPPORT_PATH + 8], fresh[SUPPORT_PATH + 8];
     support_path_in(file, dir, "plain");
     write_text(file, "not a directory\n");
-    refused(tool(SPMD_TOOL_PATH, MLP " --save %s", file), 1, (const char *[]){"--save", file, NULL});
+    /* Usage errors (exit 2), as for every path flag. */
+    refused(tool(SPMD_TOOL_PATH, MLP " --save %s", file), 2, (const char *[]){"--save", file, NULL});
     snprintf(under, sizeof under, "%s/sub", file);
-    refused(tool(SPMD_TOOL_PATH, MLP " --save %s", under), 1, (const char *[]){"--save", under, NULL});
-    refused(tool(SPMD_TOOL_PATH, MLP " --save ''"), 1, (const char *[]){"--save", "empty", NULL});
+    refused(tool(SPMD_TOOL_PATH, MLP " --save %s", under), 2, (const char *[]){"--save", under, NULL});
+    refused(tool(SPMD_TOOL_PATH, MLP " --save ''"), 2, (const char *[]){"--save", "empty", NULL});
     /* A missing directory is made, parents and all. */
     snprintf(fresh, sizeof fresh, "%s/a/b", dir);
     int rc = tool(SPMD_TOOL_PATH, MLP " --save %s", fresh);

@@ -227,9 +227,9 @@ static const char *const tool_groups[] = {
     "flag_values",                                    /* reading a flag's value */
     "flag_table",                                     /* the flag table and the commands */
     "flag_usage settings_agree",                      /* usage text; settings across processes */
-    "flag_settle",                                    /* defaults that depend on other flags */
+    "flag_settle paths",                              /* defaults across flags; a command's paths */
     "flags",                                          /* the parser, the commands' interface */
-    "copies outputs",                                 /* per-copy settings; the files a command writes */
+    "copies",                                         /* per-copy settings */
     "model",                                          /* build, marks, compile */
     "feed report run_checkpoint trace explain_trace", /* pieces of a run; a trace read back */
     "train explain sample export visualize plot_cmd tokenize", /* the commands */

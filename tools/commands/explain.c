@@ -12,7 +12,6 @@
 #include "json_file.h"
 #include "message.h"
 #include "model.h"
-#include "outputs.h"
 #include "report.h"
 
 #include <cJSON.h>
@@ -70,9 +69,6 @@ int cmd_explain(int argc, char **argv)
     cli_opts o;
     int rc = flags_parse(argc, argv, CMD_EXPLAIN, &o);
     if (rc) return rc < 0 ? 0 : rc;
-    /* The report must not replace the trace it reads. */
-    const outputs_file out[] = {{"--json", o.json}}, in[] = {{"--trace", o.trace}};
-    if ((rc = outputs_check_apart(out, 1, in, 1))) return rc;
     o.eval_samples = o.val_batches = 0; /* nothing is evaluated: no evaluation graph */
     cli_model m;
     rc = model_build(&o, &m);
@@ -141,7 +137,7 @@ int cmd_explain(int argc, char **argv)
         }
         cJSON_AddItemToObject(root, "fallbacks", fb);
         cJSON_AddNumberToObject(root, "fallback_count", nf);
-        rc = json_file_write(o.json, root);
+        rc = json_file_write("--json", "the report", o.json, root);
     }
     explain_measured_free(&meas);
     spmd_program_free(p);

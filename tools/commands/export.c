@@ -11,13 +11,11 @@
 
 #include "flags.h"
 #include "message.h"
-#include "outputs.h"
+#include "paths.h"
 
 #include "spmd/weights.h"
 
-#include <stdbool.h>
 #include <stdio.h>
-#include <string.h>
 #include <sys/stat.h>
 
 int cmd_export(int argc, char **argv)
@@ -30,24 +28,8 @@ int cmd_export(int argc, char **argv)
         flags_usage(stderr, CMD_EXPORT);
         return cli_fail("export needs a checkpoint and --out FILE");
     }
-    /* Nothing of the checkpoint is overwritten: not inside it (where it
-     * is one: the library names a directory that is not), and for a step
-     * directory not on its parent's latest or other steps. */
-    const outputs_file outs[] = {{"--out", out}}, in = {"CKPT", ckpt};
-    char parent[CLI_PATH_MAX];
-    const char *slash = strrchr(ckpt, '/');
-    const char *base = slash ? slash + 1 : ckpt;
-    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - ckpt) : 1, slash ? ckpt : ".");
-    const outputs_file up = {"CKPT's directory", parent};
-    char latest[CLI_PATH_MAX], index[CLI_PATH_MAX];
-    snprintf(latest, sizeof latest, "%s/latest", ckpt);
-    snprintf(index, sizeof index, "%s/index.json", ckpt);
-    struct stat st;
-    bool is_checkpoint = stat(latest, &st) == 0 || stat(index, &st) == 0;
-    if ((rc = outputs_check_target("--out", out)) ||
-        (is_checkpoint && (rc = outputs_check_outside(outs, 1, &in, true))) ||
-        (!strncmp(base, "step-", 5) && (rc = outputs_check_outside(outs, 1, &up, false))))
-        return rc;
+    /* Nothing of the checkpoint is overwritten (tools/paths.c). */
+    if ((rc = paths_check(&o))) return rc;
     spmd_weights_format format = o.llmc ? SPMD_WEIGHTS_LLMC : SPMD_WEIGHTS_HF;
     if (o.export_bf16 && o.llmc)
         return cli_fail("--dtype bf16 writes safetensors (--format hf) only; llm.c's bf16 "

@@ -12,9 +12,11 @@
 
 #include "flags.h"
 #include "message.h"
-#include "outputs.h"
+#include "paths.h"
 #include "plot.h"
 #include "plot_curves.h"
+
+#include "train/checkpoint_fs.h"
 
 #include <cJSON.h>
 
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- The log ------------------------------------------------------------------------------- */
 
@@ -103,9 +106,12 @@ static int read_line(const log_place *at, const char *text, size_t len, bool gra
 /* The curves of the log at `path`; 0, or an exit status with a message. */
 static int read_log(const char *path, bool grad_norm, plot_training *t)
 {
-    FILE *f = fopen(path, "r");
+    const char *why;
+    int fd = ckpt_open_regular(path, &why);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     if (!f) {
-        cli_fail("cannot open the log %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        cli_fail("cannot open the log %s: %s", path, why ? why : strerror(errno));
         return 1;
     }
     char *line = NULL;
@@ -160,10 +166,8 @@ int cmd_plot(int argc, char **argv)
         flags_usage(stderr, CMD_PLOT);
         return cli_fail("plot needs a log (spmd train --log FILE.jsonl) and --out FILE.svg");
     }
-    const outputs_file outs[] = {{"--out", a.out}}, in[] = {{"LOG", a.log}, {"--compare", o.compare}};
     int n_in = o.compare ? 2 : 1;
-    if ((rc = plot_check_path("--out", a.out)) || (rc = outputs_check_apart(outs, 1, in, n_in)))
-        return rc;
+    if ((rc = paths_check(&o))) return rc;
     plot_training t = {0}, u = {0};
     rc = read_log(a.log, o.plot_grad_norm, &t);
     if (!rc && o.compare) rc = read_log(o.compare, o.plot_grad_norm, &u);

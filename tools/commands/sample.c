@@ -13,6 +13,7 @@
 
 #include "flags.h"
 #include "message.h"
+#include "paths.h"
 #include "model.h"
 #include "vocab.h"
 
@@ -71,6 +72,7 @@ static int parse_sample(int argc, char **argv, cli_opts *o)
                         shape_given ? "shape" : "data", shape_given ? "the shape flags" : "--data");
     if (o->init && data_given)
         return cli_fail("--init %s has GPT-2's vocabulary; --data does not apply", o->init);
+    if ((rc = paths_check(o))) return rc;
     return flags_settle(o);
 }
 
@@ -84,7 +86,7 @@ static int model_config(sampler *sp)
     if (o->resume) {
         int64_t step;
         if (spmd_weights_checkpoint_config(o->resume, &sp->cfg, &step) != SPMD_OK)
-            return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
+            return cli_fail("sample --resume %s: %s", o->resume, spmd_last_error());
         return 0;
     }
     sp->cfg = o->gpt;
@@ -204,7 +206,7 @@ static int load_weights(sampler *sp)
     if (o->resume) {
         int64_t step;
         if (spmd_checkpoint_load(sp->fwd_p, o->resume, &step, &sp->meta) != SPMD_OK)
-            return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
+            return cli_fail("sample --resume %s: %s", o->resume, spmd_last_error());
         printf("model: %s step %lld\n", o->resume, (long long)step);
     } else if (o->init) {
         if (spmd_weights_load(sp->fwd_p, &sp->cfg, o->init) != SPMD_OK)

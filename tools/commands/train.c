@@ -10,7 +10,6 @@
 #include "json_file.h"
 #include "message.h"
 #include "model.h"
-#include "outputs.h"
 #include "plot.h"
 #include "plot_curves.h"
 #include "processes.h"
@@ -270,7 +269,7 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
         cJSON_AddNumberToObject(src, "samples", (double)o->val_batches * o->batch);
     }
     cJSON_AddStringToObject(root, "data", spmd_dataset_describe(m->data));
-    return json_file_write(o->json, root);
+    return json_file_write("--json", "the report", o->json, root);
 }
 
 /* The validation loss of every copy after step `done`: printed, logged
@@ -461,8 +460,6 @@ static int train(cli_opts *o_in, run_log *log)
     int rc = 0;
     /* What would fail only after the run (the report) or kill it (memory)
      * is checked before it. */
-    if (o.json && (rc = json_file_check_path(o.json))) return rc;
-    if (o.plot && (rc = plot_check_path("--plot", o.plot))) return rc;
     trace_steps traced;
     if ((rc = trace_prepare(&o, &traced))) return rc;
     cli_model m;
@@ -708,8 +705,8 @@ int cmd_train(int argc, char **argv)
     if (o.processes > 1 && processes_count() == 1)
         return cli_fail("--processes plans a run over several processes (spmd explain); to train "
                         "over %d processes, start spmd with mpirun -n %d", o.processes, o.processes);
-    /* The files of the run, before any work. */
-    if ((rc = outputs_check_train(&o)) || (rc = run_checkpoint_prepare(&o))) return rc;
+    /* The save directory before any work (flags_parse checked the paths). */
+    if ((rc = run_checkpoint_prepare(&o))) return rc;
     run_log *log = NULL;
     /* Process 0 logs for the run. */
     if (o.log && processes_rank() == 0 && !(log = run_log_open(o.log))) return 1;
