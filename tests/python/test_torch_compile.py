@@ -16,7 +16,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from test_torch_models import CASES, GPT, MLP, gpt_batch, gpt_loss, mlp_batch, mlp_loss  # noqa: E402
 
-import libspmd.torch as xs  # noqa: E402 (test_torch_models puts the package on the path)
+import libspmd  # noqa: E402 (test_torch_models puts the package on the path)
+import libspmd.torch as xs  # noqa: E402
 
 LOSS_RTOL = 1e-4
 PARAM_ATOL = 1e-4
@@ -416,3 +417,30 @@ def test_bad_settings_are_refused_by_name():
     with pytest.raises(ValueError, match=r"batch argument 0 of shape \(8, 12\) does not split into "
                                          r"gradient_accumulation_steps=3"):
         step(*batches("mlp", 1)[0])
+
+
+def test_numbers_are_checked_as_the_tool_checks_them():
+    """The step's numbers are refused naming the argument and the value, as
+    `spmd train` refuses --seed 18446744073709551616, --clip nan and
+    --lr nan: never wrapped (the seed to 0) or run (a NaN learning rate
+    makes every weight NaN, without a word)."""
+    model = MLP()
+    for clip in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(libspmd.InvalidError, match=rf"compile: clip_grad_norm wants a finite number "
+                                                  rf">= 0 \(or None\), got {clip}"):
+            xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), mlp_loss, clip_grad_norm=clip)
+    data = batches("mlp", 1)[0]
+    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), mlp_loss, seed=2**64)
+    with pytest.raises(libspmd.InvalidError, match="compile: seed wants an integer from 0 to "
+                                              "18446744073709551615, got 18446744073709551616"):
+        step(*data)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = xs.compile(model, opt, mlp_loss, seed=2**64 - 1)
+    step(*data)
+    for lr in (float("nan"), float("inf"), -0.5):
+        opt.param_groups[0]["lr"] = lr
+        with pytest.raises(libspmd.InvalidError, match=rf"step: param_groups\[0\]\['lr'\] wants a finite "
+                                                  rf"number >= 0, got {lr}"):
+            step(*data)
+    opt.param_groups[0]["lr"] = 0.0  # a warmup's first step
+    step(*data)
