@@ -340,7 +340,8 @@ const flag_spec flag_rows[] = {
      .help = "end the job when a device waits S seconds in a collective without progress (no "
              "peer arriving, no message completing), naming the collective, its axes, the "
              "process and host waited for; 0: the default, negative: never",
-     .shown = STRING(SPMD_COLLECTIVE_TIMEOUT_S), .min = -1e7, .max = 1e7, .max_included = true},
+     .shown = STRING(SPMD_COLLECTIVE_TIMEOUT_S), .min = -SPMD_COLLECTIVE_TIMEOUT_MAX_S,
+     .max = SPMD_COLLECTIVE_TIMEOUT_MAX_S, .max_included = true},
     {.name = "--blas", .commands = MODEL_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(blas),
      .value = "NAME", .help = "GEMM backends: auto, openblas, blis, a CBLAS .so path, onednn (f32 on "
                              "oneDNN's matmul) or measure (each shape class timed, the fastest "

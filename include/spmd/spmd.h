@@ -387,7 +387,8 @@ typedef struct spmd_program spmd_program;
  * shared-memory collectives (or spread over MPI processes: mpi_comm);
  * inputs, parameters and outputs are still read and written whole. */
 typedef struct spmd_compile_options {
-    int threads;        /* compute threads in all (of this process); 0 = every core */
+    int threads;        /* compute threads in all (of this process); 0 = every core;
+                           negative is refused */
     uint64_t seed;      /* parameter initialisation */
     bool plan_only;     /* partition and plan, allocate nothing: for reports
                            (collectives, memory); the program cannot run */
@@ -411,7 +412,8 @@ typedef struct spmd_compile_options {
      * "collective timeout: ...", naming the collective, its axes and the
      * device or process (and host) it waited for, and every other wait of
      * this process ends.  0: the default, SPMD_COLLECTIVE_TIMEOUT_S;
-     * negative: no watchdog (a dead peer is waited for forever). */
+     * negative: no watchdog (a dead peer is waited for forever); at most
+     * SPMD_COLLECTIVE_TIMEOUT_MAX_S either way (NaN and more are refused). */
     double collective_timeout_s;
     /* Run each all-gather, reduce-scatter and all-reduce in flight on the
      * device's communication thread while it computes, instead of as a
@@ -430,6 +432,9 @@ typedef struct spmd_compile_options {
 /* The watchdog's default: a dead link ends a job within two minutes,
  * while no collective of a healthy run goes this long without progress. */
 #define SPMD_COLLECTIVE_TIMEOUT_S 100
+/* The most collective_timeout_s takes either way: spmd_compile and the
+ * tool's --collective-timeout refuse more. */
+#define SPMD_COLLECTIVE_TIMEOUT_MAX_S 1e7
 /* The in-flight budget's default, in MiB per device: far more than the
  * tests' and benchmarks' plans hold (the count binds there), yet a bound
  * on a large model's prefetch (docs/DESIGN.md, "Schedule and memory plan"). */

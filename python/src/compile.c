@@ -5,21 +5,21 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", "mpi",
                              "collective_timeout", "overlap", "inflight_bytes", NULL};
-    unsigned long long seed = 0;
-    int threads = 0, plan_only = 0, unfused = 0, over_processes = 0, overlap = 0;
+    int plan_only = 0, unfused = 0, over_processes = 0, overlap = 0;
     double collective_timeout = 0;
-    Py_ssize_t inflight_bytes = 0;
-    PyObject *seeds_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KippOpdpn:compile", kwlist, &seed, &threads, &plan_only,
-                                     &unfused, &seeds_o, &over_processes, &collective_timeout, &overlap,
-                                     &inflight_bytes) ||
-        graph_open(self) < 0)
+    PyObject *seed_o = NULL, *threads_o = NULL, *inflight_o = NULL, *seeds_o = Py_None;
+    uint64_t seed = 0, threads = 0, inflight_bytes = 0;
+    /* The integers are read whole and checked before they are narrowed;
+     * the library checks the rest (collective_timeout's range). */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOppOpdpO:compile", kwlist, &seed_o, &threads_o,
+                                     &plan_only, &unfused, &seeds_o, &over_processes,
+                                     &collective_timeout, &overlap, &inflight_o) ||
+        graph_open(self) < 0 ||
+        (seed_o && count_arg("compile", "seed", seed_o, UINT64_MAX, NULL, &seed) < 0) ||
+        (threads_o && count_arg("compile", "threads", threads_o, INT_MAX, "every core", &threads) < 0) ||
+        (inflight_o &&
+         count_arg("compile", "inflight_bytes", inflight_o, PY_SSIZE_T_MAX, "the default", &inflight_bytes) < 0))
         return NULL;
-    if (inflight_bytes < 0) {
-        PyErr_SetString(error_type(SPMD_ERR_INVALID),
-                        "compile: inflight_bytes must be 0 (the default) or more");
-        return NULL;
-    }
     /* Over processes: MPI_COMM_WORLD (mpi.c). */
     const void *comm;
     if (mpi_compile_comm(over_processes, &comm) < 0) return NULL;
@@ -48,8 +48,9 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
                          copies);
         seeds = tuple && !PyErr_Occurred() ? PyMem_Calloc((size_t)copies, sizeof *seeds) : NULL;
         for (int i = 0; seeds && i < copies; i++) {
-            seeds[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(tuple, i));
-            if (PyErr_Occurred()) {
+            char name[32];
+            snprintf(name, sizeof name, "copy_seeds[%d]", i);
+            if (count_arg("compile", name, PyTuple_GET_ITEM(tuple, i), UINT64_MAX, NULL, &seeds[i]) < 0) {
                 PyMem_Free(seeds);
                 seeds = NULL;
             }
@@ -61,7 +62,7 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
             return NULL;
         }
     }
-    spmd_compile_options opts = {.threads = threads, .seed = seed, .plan_only = plan_only,
+    spmd_compile_options opts = {.threads = (int)threads, .seed = seed, .plan_only = plan_only,
                                  .copy_seeds = seeds, .unfused = unfused, .mpi_comm = comm,
                                  .collective_timeout_s = collective_timeout, .overlap = overlap,
                                  .inflight_bytes = (size_t)inflight_bytes};
@@ -89,7 +90,7 @@ PyMethodDef graph_compile_methods[] = {
      "collective_timeout=0, overlap=False, inflight_bytes=0) -> Program; "
      "mpi=True: over the processes of MPI_COMM_WORLD (mpi_start), each running its run of devices; "
      "collective_timeout: seconds a device may wait in a collective without progress before its "
-     "run raises TimeoutError (0: the default, 100; negative: never); "
+     "run raises TimeoutError (0: the default, 100; negative: never; at most 1e7 either way); "
      "overlap=True: collectives in flight on each device's communication thread while it computes (the same bits), "
      "their operands and results at most inflight_bytes at once (0: the default, 64 MiB)"},
     {NULL}};

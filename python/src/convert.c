@@ -275,6 +275,25 @@ PyObject *spec_text(PyObject *spec, const spmd_mesh *m)
     return r;
 }
 
+int count_arg(const char *who, const char *name, PyObject *o, uint64_t max, const char *zero,
+              uint64_t *out)
+{
+    PyObject *v = PyNumber_Index(o);
+    if (!v) return -1;
+    PyObject *top = PyLong_FromUnsignedLongLong(max), *none = PyLong_FromLong(0);
+    int below = top && none ? PyObject_RichCompareBool(v, none, Py_LT) : -1;
+    int above = below == 0 ? PyObject_RichCompareBool(v, top, Py_GT) : below;
+    Py_XDECREF(top);
+    Py_XDECREF(none);
+    if (below == 0 && above == 0) *out = (uint64_t)PyLong_AsUnsignedLongLong(v);
+    else if (below > 0 || above > 0)
+        PyErr_Format(error_type(SPMD_ERR_INVALID), "%s: %s wants an integer from 0%s%s%s to %llu, got %S",
+                     who, name, zero ? " (" : "", zero ? zero : "", zero ? ")" : "",
+                     (unsigned long long)max, v);
+    Py_DECREF(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 int mesh_arg(PyObject *o, MeshObject **out)
 {
     if (!PyObject_TypeCheck(o, MeshType)) {

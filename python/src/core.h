@@ -141,6 +141,12 @@ int axes_text(PyObject *o, const char **out, PyObject **keep);
  * of entries (PyTorch/XLA's form) joined with ", ".  Returns a new str. */
 PyObject *spec_text(PyObject *spec, const spmd_mesh *m);
 int mesh_arg(PyObject *o, MeshObject **out);
+/* A Python int for argument NAME of WHO, from 0 to max, refused in the
+ * words of the tool's flags: "WHO: NAME wants an integer from 0 to MAX,
+ * got V" (InvalidError; `zero`, when not NULL, says what 0 means), never
+ * wrapped to fit the C type; TypeError for what is not an int. */
+int count_arg(const char *who, const char *name, PyObject *o, uint64_t max, const char *zero,
+              uint64_t *out);
 /* A mesh axis given by name or index. */
 int mesh_axis_arg(const spmd_mesh *m, PyObject *o, int *axis);
 /* The graph keeps every mesh its marks use alive. */

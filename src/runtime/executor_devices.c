@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "spmd/mesh.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -89,6 +90,34 @@ static size_t slice_offset(const spmd_program *p, const device *d, int node)
     return 0;
 }
 
+/* A device's place in one copy's shared buffer: sorted by place, then
+ * device, so the devices holding the same block come together in device
+ * order. */
+typedef struct shared_place {
+    const char *at;
+    int device;
+} shared_place;
+
+static int by_place(const void *a, const void *b)
+{
+    const shared_place *x = a, *y = b;
+    if (x->at != y->at) return x->at < y->at ? -1 : 1;
+    return (x->device > y->device) - (x->device < y->device);
+}
+
+/* share_rank of node v for the n devices of one copy (their places):
+ * each device's rank among those of the copy holding the same block, in
+ * device order.  Sorted, so n log n: counting the devices before each
+ * with the same block took most of the start-up of 4096 devices. */
+static void rank_sharers(spmd_program *p, int v, shared_place *places, int n)
+{
+    qsort(places, (size_t)n, sizeof *places, by_place);
+    for (int i = 0, rank = 0; i < n; i++) {
+        rank = i > 0 && places[i].at == places[i - 1].at ? rank + 1 : 0;
+        p->dev[places[i].device].share_rank[v] = rank;
+    }
+}
+
 /* One buffer per copy for each shared leaf (and swapped value), every
  * block side by side: device d's block at its block index times the
  * block's bytes, along the leaf's one split dim (compiled.share_blocks).
@@ -104,6 +133,9 @@ static spmd_status setup_shared(spmd_program *p)
         d->share_rank = base_calloc(&p->alloc, (size_t)lg->n_nodes * sizeof *d->share_rank, "shared leaves");
         if (!d->share_rank) return SPMD_ERR_NOMEM;
     }
+    shared_place *places = base_alloc(&p->alloc, (size_t)p->n_local * sizeof *places, "shared leaves");
+    if (!places) return SPMD_ERR_NOMEM;
+    spmd_status st = SPMD_OK;
     /* The global node of each shared leaf, for its blocks. */
     for (int gi = 0; gi < g->n_nodes; gi++) {
         const spmd_tensor *t = g->nodes[gi], *lt = p->c.part.local_of[gi];
@@ -114,30 +146,35 @@ static spmd_status setup_shared(spmd_program *p)
             if (held->dim[dim].n) split = dim;
         size_t bytes = ir_nbytes(lt), whole = bytes * (size_t)p->c.share_blocks[lt->id];
         /* The node itself and each update value taking its layout. */
-        for (int v = 0; v < lg->n_nodes; v++) {
+        for (int v = 0; v < lg->n_nodes && st == SPMD_OK; v++) {
             if (p->share_as[v] != lt->id) continue;
             for (int copy = 0; copy < p->copies; copy++) {
                 char *buf = NULL;
+                int n = 0;
                 for (int k = 0; k < p->n_local; k++) {
                     device *d = &p->dev[k];
                     if (d->copy != copy) continue;
                     if (!buf) {
                         buf = device_alloc(p, whole, t->name ? t->name : "shared leaf");
-                        if (!buf) return SPMD_ERR_NOMEM;
+                        if (!buf) {
+                            st = SPMD_ERR_NOMEM;
+                            break;
+                        }
                         memset(buf, 0, whole);
                         p->shared_bufs[p->n_shared_bufs++] = buf;
                     }
                     int64_t index = split >= 0 ? sharding_block_index(held, p->c.mesh, split, d->id) : 0;
                     d->leaf_data[v] = buf + (size_t)index * bytes + slice_offset(p, d, v);
-                    int rank = 0;
-                    for (int j = 0; j < k; j++)
-                        rank += p->dev[j].copy == copy && p->dev[j].leaf_data[v] == d->leaf_data[v];
-                    d->share_rank[v] = rank;
+                    places[n++] = (shared_place){d->leaf_data[v], k};
                 }
+                if (st != SPMD_OK) break;
+                rank_sharers(p, v, places, n);
             }
         }
+        if (st != SPMD_OK) break;
     }
-    return SPMD_OK;
+    base_free(&p->alloc, places);
+    return st;
 }
 
 static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64_t *copy_seeds)

@@ -9,12 +9,33 @@
 #include "base/error.h"
 #include "spmd/mesh.h"
 
+#include <limits.h>
+
+/* The options' numbers, refused in the words of the tool's flags ("NAME
+ * wants ... from MIN to MAX, got V"), never wrapped or taken as the
+ * default: a negative thread count or a NaN timeout is a mistake. */
+static spmd_status check_options(const spmd_compile_options *o)
+{
+    if (o->threads < 0)
+        return base_error(SPMD_ERR_INVALID,
+                          "compile: threads wants an integer from 0 (every core) to %d, got %d",
+                          INT_MAX, o->threads);
+    double t = o->collective_timeout_s;
+    if (!(t >= -SPMD_COLLECTIVE_TIMEOUT_MAX_S && t <= SPMD_COLLECTIVE_TIMEOUT_MAX_S))
+        return base_error(SPMD_ERR_INVALID,
+                          "compile: collective_timeout_s wants a number from %g to %g (included), "
+                          "got %g",
+                          -SPMD_COLLECTIVE_TIMEOUT_MAX_S, SPMD_COLLECTIVE_TIMEOUT_MAX_S, t);
+    return SPMD_OK;
+}
+
 spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
 {
     if (!g) {
         base_error(SPMD_ERR_INVALID, "compile: graph is NULL");
         return NULL;
     }
+    if (opts && check_options(opts) != SPMD_OK) return NULL;
     spmd_program *p = base_calloc(&g->alloc, sizeof *p, "program");
     if (!p) return NULL;
     p->alloc = g->alloc;

@@ -8,6 +8,7 @@
  * - A run refuses a program input never set since compile (of any copy
  *   it runs), naming it; an input nothing reads need not be set.
  * - set_input and write refuse each other's tensors.
+ * - spmd_compile refuses its options' numbers out of range, naming them.
  * - The partitioner under every allocation failure reports out of memory
  *   (status and message), leaks nothing, and never "failed without
  *   recording why".
@@ -22,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -182,6 +184,37 @@ static void test_unset_input_fails_the_run(void **state)
     assert_contains(spmd_last_error(), "input 'targets' of copy 1 was never set");
     assert_int_equal(spmd_program_set_input(m.p, m.t.targets, Y, sizeof Y), SPMD_OK); /* every copy */
     assert_int_equal(spmd_program_run(m.p), SPMD_OK);
+    mlp_free(&m);
+}
+
+/* spmd_compile refuses a negative thread count and a NaN, infinite or
+ * too long watchdog in the words of the tool's flags, naming the option
+ * and the value (they were taken as the defaults). */
+static void test_compile_options_are_checked(void **state)
+{
+    (void)state;
+    mlp_program m;
+    mlp_compile(&m, NULL, NULL);
+    static const struct {
+        spmd_compile_options opts;
+        const char *says;
+    } cases[] = {
+        {{.threads = -1}, "compile: threads wants an integer from 0 (every core) to 2147483647, got -1"},
+        {{.collective_timeout_s = NAN},
+         "compile: collective_timeout_s wants a number from -1e+07 to 1e+07 (included), got nan"},
+        {{.collective_timeout_s = -INFINITY}, "(included), got -inf"},
+        {{.collective_timeout_s = SPMD_COLLECTIVE_TIMEOUT_MAX_S * 2}, "(included), got 2e+07"},
+        {{.plan_only = true, .threads = -2}, "threads wants an integer from 0 (every core)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_null(spmd_compile(m.g, &cases[i].opts));
+        assert_int_equal(spmd_last_status(), SPMD_ERR_INVALID);
+        assert_contains(spmd_last_error(), cases[i].says);
+    }
+    spmd_program *p = spmd_compile(
+        m.g, &(spmd_compile_options){.threads = 1, .collective_timeout_s = -SPMD_COLLECTIVE_TIMEOUT_MAX_S});
+    assert_non_null(p);
+    spmd_program_free(p);
     mlp_free(&m);
 }
 
@@ -364,6 +397,7 @@ int main(void)
         cmocka_unit_test(test_inner_calls_keep_the_failure),
         cmocka_unit_test(test_unset_input_fails_the_run),
         cmocka_unit_test(test_set_input_and_write_refuse_each_other),
+        cmocka_unit_test(test_compile_options_are_checked),
         cmocka_unit_test(test_partition_out_of_memory),
         cmocka_unit_test(test_propagation_round_limit),
     };

@@ -6,6 +6,7 @@ RuntimeError otherwise; and nothing crashes the interpreter (None tensors,
 closed graphs and programs, wrong types, wrong arrays)."""
 import gc
 import os
+import re
 import subprocess
 import sys
 
@@ -157,6 +158,45 @@ def test_collective_timeout_is_a_compile_option():
     assert losses[0] == losses[1] == losses[2]
     with pytest.raises(TypeError):
         small()[0].compile(collective_timeout="soon")
+
+
+def test_compile_numbers_are_checked_as_the_tool_checks_its_flags():
+    # The tool refuses --seed 18446744073709551616, --threads -1 and
+    # --collective-timeout nan naming the flag and the value; compile()
+    # refuses the same values in the same words, naming the argument,
+    # instead of wrapping the seed to 0 or taking the defaults.
+    refused = [
+        (dict(seed=2**64), "compile: seed wants an integer from 0 to 18446744073709551615, "
+                           "got 18446744073709551616"),
+        (dict(seed=-1), "compile: seed wants an integer from 0 to 18446744073709551615, got -1"),
+        (dict(threads=-1), r"compile: threads wants an integer from 0 \(every core\) to 2147483647, "
+                           r"got -1"),
+        (dict(threads=2**40), r"compile: threads wants an integer from 0 \(every core\) to "
+                              r"2147483647, got 1099511627776"),
+        (dict(inflight_bytes=-1), r"compile: inflight_bytes wants an integer from 0 \(the default\) "
+                                  r"to 9223372036854775807, got -1"),
+        (dict(copy_seeds=(2**64,)), "compile: copy_seeds\\[0\\] wants an integer from 0 to "
+                                    "18446744073709551615, got 18446744073709551616"),
+    ]
+    for value in (float("nan"), float("inf"), -float("inf"), 1e8, -1e8):
+        refused.append((dict(collective_timeout=value),
+                        r"compile: collective_timeout_s wants a number from -1e\+07 to 1e\+07 "
+                        rf"\(included\), got {re.escape(f'{value:g}')}"))
+    for options, message in refused:
+        g = small()[0]
+        with pytest.raises(libspmd.InvalidError, match=message) as e:
+            g.compile(**options)
+        assert isinstance(e.value, ValueError)
+    # The ends of each range are taken, as the tool takes them.
+    g, x, w, loss = small()
+    for options in (dict(seed=2**64 - 1), dict(seed=0, threads=1, collective_timeout=1e7),
+                    dict(collective_timeout=-1e7), dict(copy_seeds=(2**64 - 1,))):
+        with g.compile(**options):
+            pass
+    with pytest.raises(TypeError):
+        g.compile(seed=1.5)
+    with pytest.raises(TypeError):
+        g.compile(threads="2")
 
 
 def test_arrays_are_checked_against_the_tensor():

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from test_torch_models import CASES, GPT, MLP, gpt_batch, gpt_loss, mlp_batch, mlp_loss  # noqa: E402
 
-import libspmd.torch as xs  # noqa: E402 (test_torch_models puts the package on the path)
+import libspmd  # noqa: E402 (test_torch_models puts the package on the path)
+import libspmd.torch as xs  # noqa: E402
 
 LOSS_RTOL = 1e-4
 PARAM_ATOL = 1e-4
@@ -416,3 +417,135 @@ def test_bad_settings_are_refused_by_name():
     with pytest.raises(ValueError, match=r"batch argument 0 of shape \(8, 12\) does not split into "
                                          r"gradient_accumulation_steps=3"):
         step(*batches("mlp", 1)[0])
+
+
+def test_numbers_are_checked_as_the_tool_checks_them():
+    """The step's numbers are refused naming the argument and the value, as
+    `spmd train` refuses --seed 18446744073709551616, --clip nan and
+    --lr nan: never wrapped (the seed to 0) or run (a NaN learning rate
+    makes every weight NaN, without a word)."""
+    model = MLP()
+    for clip in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(libspmd.InvalidError, match=rf"compile: clip_grad_norm wants a finite number "
+                                                  rf">= 0 \(or None\), got {clip}"):
+            xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), mlp_loss, clip_grad_norm=clip)
+    data = batches("mlp", 1)[0]
+    step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), mlp_loss, seed=2**64)
+    with pytest.raises(libspmd.InvalidError, match="compile: seed wants an integer from 0 to "
+                                              "18446744073709551615, got 18446744073709551616"):
+        step(*data)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = xs.compile(model, opt, mlp_loss, seed=2**64 - 1)
+    step(*data)
+    for lr in (float("nan"), float("inf"), -0.5):
+        opt.param_groups[0]["lr"] = lr
+        with pytest.raises(libspmd.InvalidError, match=rf"step: param_groups\[0\]\['lr'\] wants a finite "
+                                                  rf"number >= 0, got {lr}"):
+            step(*data)
+    opt.param_groups[0]["lr"] = 0.0  # a warmup's first step
+    step(*data)
+
+
+class _HalvesItsWeight(nn.Module):
+    """Holds its weight's .data as a plain attribute (a weight-norm style
+    handle) and halves it in forward: an in-place write the capture
+    refuses, after it ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(12, 4)
+        self.handle = self.lin.weight.data
+        self.calls = torch.zeros(())  # a plain tensor, neither a parameter nor a buffer
+
+    def forward(self, x):
+        self.handle.mul_(0.5)
+        self.calls.add_(1)
+        return self.lin(x)
+
+
+class _ReadsItsWeightData(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(12, 4)
+
+    def forward(self, x):
+        self.lin.weight.data.mul_(0.5)
+        return self.lin(x)
+
+
+class _Unmapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(12, 4)
+        self.norm = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return torch.special.bessel_j0(self.norm(self.lin(x)))
+
+
+class _Trains(nn.Module):
+    """BatchNorm's running statistics (buffers the step writes), dropout,
+    a buffer folded at trace time and a plain tensor read as a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(12, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.1)
+        self.out = nn.Linear(8, 4)
+        self.register_buffer("scale", torch.full((4,), 0.5))
+        self.shift = torch.ones(4)
+
+    def forward(self, x):
+        return self.out(self.drop(torch.relu(self.norm(self.lin(x))))) * (self.scale * 2) + self.shift
+
+
+def _model_state(model):
+    """Every tensor the model holds (parameters, buffers, plain tensor
+    attributes): a copy of its bits, its version counter, requires_grad
+    and whether it has a .grad."""
+    held = dict(model.named_parameters())
+    held.update(model.named_buffers())
+    for mod_name, mod in model.named_modules():
+        for key, value in vars(mod).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                held[f"{mod_name}.{key}" if mod_name else key] = value
+    return {name: (t.detach().clone(), t._version, t.requires_grad, t.grad is None)
+            for name, t in held.items()}
+
+
+def _assert_same_state(before, after):
+    assert before.keys() == after.keys()
+    for name, (bits, version, grad, no_grad) in before.items():
+        now = after[name]
+        assert torch.equal(bits.reshape(-1).view(torch.uint8), now[0].reshape(-1).view(torch.uint8)), \
+            f"{name}'s values changed"
+        assert (version, grad, no_grad) == now[1:], f"{name}'s version or grad changed"
+
+
+def test_compiling_never_touches_the_model():
+    """The trace runs on a stand-in of the model: a compile refused after
+    forward wrote a parameter through a handle (weight.data kept as an
+    attribute), a buffer or a plain tensor, and one that succeeds, leave
+    every tensor of the model bit for bit as it was, with its version
+    counter; the trained values reach the model by sync() only."""
+    x = torch.randn(8, 12)
+    for cls, refusal in ((_HalvesItsWeight, "torch.export could not capture"),
+                         (_ReadsItsWeightData, "torch.export could not capture"),
+                         (_Unmapped, "bessel_j0")):
+        model = cls()
+        before = _model_state(model)
+        step = xs.compile(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda m, x: m(x).sum())
+        with pytest.raises(libspmd.UnsupportedError, match=refusal):
+            step(x)
+        _assert_same_state(before, _model_state(model))
+    model = _Trains()
+    before = _model_state(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    step = xs.compile(model, opt, lambda m, x: m(x).square().mean(), clip_grad_norm=CLIP)
+    losses = [step(x) for _ in range(2)]
+    assert losses[1] < losses[0]
+    _assert_same_state(before, _model_state(model))
+    step.sync()
+    assert not torch.equal(model.lin.weight, before["lin.weight"][0])
+    assert not torch.equal(model.norm.running_mean, before["norm.running_mean"][0])

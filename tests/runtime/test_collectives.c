@@ -9,7 +9,8 @@
  * back to back), mismatched calls, allocation through the hook, and abort:
  * members blocked in a collective must wake with an error, every member
  * must stop after the same collective, and the world must work again
- * after a reset.  The watchdog: a member that never arrives is named by
+ * after a reset.  A world of 4096 devices is set up in work linear in the
+ * ranks its groups hold (counted).  The watchdog: a member that never arrives is named by
  * the waits that end within the limit (and no wait blames a peer that is
  * itself waiting, live), and arrivals a second apart under a 3 s limit are
  * progress however long the call takes in all.  Every test runs under an alarm so that a hang fails
@@ -649,6 +650,59 @@ static void test_groups(void **state)
     coll_world_free(NULL);
 }
 
+/* A world of COLL_MAX_MEMBERS devices is set up in time linear in the
+ * ranks asked for: every device of a 64x64 mesh asks for its row, its
+ * column and the whole world, as a program's devices do, and the world
+ * looks at a few rank entries per rank asked (its checks, its index of
+ * groups), counted, never timed.  The duplicate check that compared each
+ * rank with those before it looked at size^2 / 2 per request: some 3e10
+ * here, the minutes `spmd sample --mesh 4096` spent starting. */
+static void test_big_world_setup_is_linear(void **state)
+{
+    (void)state;
+    enum { SIDE = 64, N = SIDE * SIDE };
+    assert_int_equal(N, COLL_MAX_MEMBERS);
+    coll_world *w = coll_shm_world_create(N, NULL);
+    assert_non_null(w);
+    static int all[N];
+    for (int k = 0; k < N; k++) all[k] = k;
+    uint64_t asked = 0, calls = 0, before = coll_world_rank_visits(w);
+    coll_group *whole = NULL, *rows[SIDE] = {0}, *cols[SIDE] = {0};
+    for (int d = 0; d < N; d++) {
+        int row = d / SIDE, col = d % SIDE, r[SIDE], c[SIDE];
+        for (int k = 0; k < SIDE; k++) {
+            r[k] = row * SIDE + k;
+            c[k] = k * SIDE + col;
+        }
+        coll_group *gw = coll_world_group(w, N, all), *gr = coll_world_group(w, SIDE, r),
+                   *gc = coll_world_group(w, SIDE, c);
+        assert_non_null(gw);
+        assert_non_null(gr);
+        assert_non_null(gc);
+        /* Each group is made once and shared by its members. */
+        if (!whole) whole = gw;
+        if (!rows[row]) rows[row] = gr;
+        if (!cols[col]) cols[col] = gc;
+        assert_ptr_equal(gw, whole);
+        assert_ptr_equal(gr, rows[row]);
+        assert_ptr_equal(gc, cols[col]);
+        asked += N + 2 * SIDE;
+        calls += 3;
+    }
+    uint64_t visits = coll_world_rank_visits(w) - before;
+    print_message("%d devices: %llu ranks asked for in %llu requests, %llu rank entries looked at\n", N,
+                  (unsigned long long)asked, (unsigned long long)calls, (unsigned long long)visits);
+    if (visits > 4 * (asked + calls))
+        fail_msg("%llu rank entries looked at for %llu ranks asked for: not linear",
+                 (unsigned long long)visits, (unsigned long long)asked);
+    /* A duplicate is still found wherever it is, and named. */
+    all[N - 1] = 0;
+    spmd_clear_error();
+    assert_null(coll_world_group(w, N, all));
+    assert_non_null(strstr(spmd_last_error(), "rank 0 twice"));
+    coll_world_free(w);
+}
+
 /* Members that disagree about a call all fail, and the group still works. */
 static void body_mismatch(team *t, int rank)
 {
@@ -1029,6 +1083,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tree_order, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_groups, arm_alarm, disarm_alarm),
+        cmocka_unit_test_setup_teardown(test_big_world_setup_is_linear, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_allocator, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_world_sizes, arm_alarm, disarm_alarm),
         cmocka_unit_test_setup_teardown(test_mesh_4x2, arm_alarm, disarm_alarm),

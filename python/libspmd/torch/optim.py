@@ -10,6 +10,8 @@ momentum_buffer, square_avg, sum, ...) between optimizer.state and the
 program's state tensors "<param>.<what>"; one_step_count reconciles
 torch's per-parameter step counts with libspmd's one "opt.step".
 """
+import math
+
 import torch
 
 from ..errors import InvalidError, UnsupportedError
@@ -129,8 +131,15 @@ class OptimizerPlan:
                       for g in self.groups))
 
     def lrs(self):
-        """Each group's learning rate as the optimizer holds it now."""
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
+        """Each group's learning rate as the optimizer holds it now: a
+        finite number >= 0 (0: a warmup's first step), as torch.optim
+        refuses a negative one when it is made; a schedule or the user may
+        set any value later, and a NaN would train every weight to NaN."""
+        lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        for i, lr in enumerate(lrs):
+            if not math.isfinite(lr) or lr < 0:
+                raise InvalidError(f"step: param_groups[{i}]['lr'] wants a finite number >= 0, got {lr}")
+        return lrs
 
     def trained(self):
         """The names of the parameters the optimizer updates."""

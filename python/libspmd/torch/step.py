@@ -12,6 +12,8 @@ leaves from mark_sharding, appends libspmd's backward and the optimizer
 `optimizer` describes, and compiles.  The parameters and the optimizer state
 live in the program between calls; sync() copies them back.
 """
+import math
+
 import numpy as np
 import torch
 
@@ -61,8 +63,9 @@ class Step:
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.clip_grad_norm = float(clip_grad_norm) if clip_grad_norm else 0.0
-        if self.clip_grad_norm < 0:
-            raise InvalidError(f"clip_grad_norm {clip_grad_norm} must be positive (or None)")
+        if not math.isfinite(self.clip_grad_norm) or self.clip_grad_norm < 0:
+            raise InvalidError(f"compile: clip_grad_norm wants a finite number >= 0 (or None), got "
+                               f"{clip_grad_norm}")
         self.seed = seed
         if (not isinstance(gradient_accumulation_steps, int) or isinstance(gradient_accumulation_steps, bool)
                 or gradient_accumulation_steps < 1):
@@ -204,13 +207,14 @@ class Step:
     def __call__(self, *batch):
         params = dict(self.model.named_parameters())
         plan = OptimizerPlan(self.optimizer, params)
+        lrs = plan.lrs()  # refused before anything runs
         if isinstance(self.model, SpmdFullyShardedDataParallel):
             self.model.mark_batch(batch)  # FSDPv2: the batch over the data axes
         micro = self._micro_batches(batch)
         entry = self._entry(micro[0], plan, params)
         self._activate(entry)
         prog = entry.program
-        for lr_input, lr in zip(entry.lrs, plan.lrs()):
+        for lr_input, lr in zip(entry.lrs, lrs):
             prog.set_input(lr_input, np.array(lr, np.float32))
         # K - 1 micro-batches add up their gradients; the last one updates.
         # The loss is their mean: the whole batch's.

@@ -10,6 +10,7 @@ runtime op reads becomes a `state` leaf (its values written after compile).
 The batch's tensors become `input` leaves.  Everything is mapped into a list
 before any builder is called, so a failure leaves nothing half-built.
 """
+import copy
 import functools
 import inspect
 import operator
@@ -153,6 +154,50 @@ def _named_leaves(model, kind):
     return canonical, aliases
 
 
+def _stand_in(model):
+    """A copy of the module tree for the capture to run in the model's
+    place, so that nothing forward does (an in-place write through a
+    handle such as weight.data kept as an attribute, a buffer's add_)
+    reaches the model, whether the capture succeeds or is refused: every
+    module copied (its __dict__ shallowly, its hook registries too), each
+    parameter replaced by a Parameter of the same shape, dtype, device and
+    requires_grad whose values are never read (the capture reads shapes,
+    and the program starts from the model's own values), each buffer and
+    plain tensor attribute by a copy (the trace folds their values).  A
+    module, parameter or tensor the tree holds twice (tied weights) has one
+    stand-in.  The model's tensors are read, never written: their values
+    and version counters stay as they were."""
+    done = {}
+
+    def tensor(t):
+        if id(t) not in done:
+            if isinstance(t, torch.nn.Parameter):
+                done[id(t)] = torch.nn.Parameter(torch.empty_like(t), requires_grad=t.requires_grad)
+            else:
+                done[id(t)] = t.detach().clone().requires_grad_(t.requires_grad)
+        return done[id(t)]
+
+    def module(m):
+        if id(m) in done:
+            return done[id(m)]
+        twin = object.__new__(type(m))
+        state = dict(vars(m))
+        object.__setattr__(twin, "__dict__", state)
+        done[id(m)] = twin
+        for key, value in vars(m).items():
+            if key in ("_parameters", "_buffers"):
+                state[key] = {k: None if t is None else tensor(t) for k, t in value.items()}
+            elif key == "_modules":
+                state[key] = {k: None if c is None else module(c) for k, c in value.items()}
+            elif isinstance(value, torch.Tensor):
+                state[key] = tensor(value)
+            elif key.startswith("_") and isinstance(value, (dict, set)):
+                state[key] = copy.copy(value)  # torch's hook registries: nothing added reaches the model
+        return twin
+
+    return module(model)
+
+
 def _batch_names(loss_fn, n):
     try:
         params = list(inspect.signature(loss_fn).parameters.values())[1:]
@@ -285,11 +330,12 @@ def trace(loss_fn, model, *batch):
         if b.dtype == torch.bool or b.is_complex():
             raise TypeError(f"batch item {i} has dtype {b.dtype}; inputs are float or integer")
     params, aliases = _named_leaves(model, "param")
-    capture = make_aten_graph(loss_fn, model, *batch)
+    buffers, _ = _named_leaves(model, "buffer")
+    capture = make_aten_graph(loss_fn, _stand_in(model), *batch)
     names = _batch_names(loss_fn, len(batch))
     cx = Lowering(locate=source_location, module_path=module_path)
     try:
-        out, marks = _lower(cx, capture, params, batch, names)
+        out, marks = _lower(cx, capture, params, buffers, batch, names)
     finally:
         cx.close()
 
@@ -306,10 +352,11 @@ def trace(loss_fn, model, *batch):
     return TracedGraph(calls, out, params, aliases, states, inputs, marks, updates)
 
 
-def _lower(cx, capture, params, batch, names):
+def _lower(cx, capture, params, buffers, batch, names):
     """Map the capture's nodes through the op table: (the loss's Ref, leaf
     name -> ShardingMark of the marked parameters, buffers and batch
-    tensors)."""
+    tensors).  The capture ran on a stand-in of the model: its buffers
+    are copies; the marks are the model's (params, buffers by name)."""
     gm = capture.gm
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -346,7 +393,7 @@ def _lower(cx, capture, params, batch, names):
             # A buffer the step assigns is a state the program updates;
             # any other is a constant, folded where it is read.
             env[ph] = cx.buffer_value(name) if name in assigned else t
-            note_mark(name, b)
+            note_mark(name, buffers[name])
         elif role[0] == "constant":
             env[ph] = role[1].detach() if isinstance(role[1], torch.Tensor) else role[1]
         else:

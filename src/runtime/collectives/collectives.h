@@ -96,6 +96,10 @@ void coll_world_free(coll_world *w);
  * world a group must have a member in this process, and a group that
  * crosses processes can carry collectives only after coll_world_connect. */
 coll_group *coll_world_group(coll_world *w, int size, const int *world_ranks);
+/* The rank entries the shared-memory world's group requests looked at
+ * so far (their checks and lookups): the tests count that setting up a
+ * world is linear in the ranks its devices ask for. */
+uint64_t coll_world_rank_visits(const coll_world *w);
 /* Make the communicators of the groups asked for since the last connect:
  * one thread of every process of an MPI world calls it, the same number of
  * times, after every process asked for all its groups (each process asks

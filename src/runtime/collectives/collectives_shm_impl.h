@@ -77,6 +77,7 @@ struct coll_shm_group {
     coll_slot *slots;
     coll_term *terms;  /* the summands: member i writes terms[i] before entering */
     bool hidden;       /* another transport's private group: never looked up */
+    uint64_t key;      /* ranks_key of its ranks: its place in the world's index */
 };
 
 /* What a device's current wait tells the others (coll_shm_waiting). */
@@ -95,11 +96,17 @@ struct coll_world {
      * before the world, so a group pointer stays valid without it. */
     pthread_mutex_t mu;
     coll_shm_group *groups;
+    /* The groups that are looked up, by their ranks: open addressing on
+     * ranks_key, at most half full, so finding a device's group reads its
+     * ranks a bounded number of times however many groups there are. */
+    coll_shm_group **index;
+    int index_size, indexed;
     _Atomic bool aborted;
     char message[ABORT_MESSAGE];
     /* Devices in other processes (collectives_impl.h), or NULL. */
     const coll_world_ext *ext;
     void *ext_state;
+    _Atomic uint64_t rank_visits; /* coll_world_rank_visits */
 };
 
 /* ---- The barrier (collectives_shm_barrier.c) ------------------------------------- */

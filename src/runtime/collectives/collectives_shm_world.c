@@ -49,6 +49,7 @@ coll_world *coll_shm_world_create(int n, const spmd_allocator *alloc)
     rt_wait_init(&w->wait, n, COLL_SPIN, COLL_SPIN_OVERSUBSCRIBED);
     pthread_mutex_init(&w->mu, NULL);
     atomic_init(&w->aborted, false);
+    atomic_init(&w->rank_visits, 0);
     return w;
 }
 
@@ -69,34 +70,94 @@ void coll_world_free(coll_world *w)
         next = g->next;
         group_free(w, g);
     }
+    base_free(&w->alloc, w->index);
     pthread_mutex_destroy(&w->mu);
     rt_wait_destroy(&w->wait);
     base_free(&w->alloc, w->waiting);
     base_free(&w->alloc, w);
 }
 
-static bool valid_ranks(const coll_world *w, int size, const int *ranks)
+/* The ranks of a group, checked in one pass: each in the world, none
+ * twice (a bit per world rank, so the check is linear in the group and
+ * the world, where comparing each rank with those before it took minutes
+ * for the 4096 devices' world groups of a 4096-device mesh). */
+static bool valid_ranks(coll_world *w, int size, const int *ranks)
 {
     if (size < 1 || size > w->n || !ranks) {
         base_error(SPMD_ERR_INVALID, "collectives: a group of %d in a world of %d", size, w->n);
         return false;
     }
+    uint64_t seen[(COLL_MAX_MEMBERS + 63) / 64] = {0};
+    atomic_fetch_add_explicit(&w->rank_visits, (uint64_t)size, memory_order_relaxed);
     for (int i = 0; i < size; i++) {
-        if (ranks[i] < 0 || ranks[i] >= w->n) {
-            base_error(SPMD_ERR_INVALID, "collectives: rank %d in a world of %d", ranks[i], w->n);
+        int r = ranks[i];
+        if (r < 0 || r >= w->n) {
+            base_error(SPMD_ERR_INVALID, "collectives: rank %d in a world of %d", r, w->n);
             return false;
         }
-        for (int j = 0; j < i; j++)
-            if (ranks[j] == ranks[i]) {
-                base_error(SPMD_ERR_INVALID, "collectives: rank %d twice in a group", ranks[i]);
-                return false;
-            }
+        uint64_t bit = UINT64_C(1) << (r % 64);
+        if (seen[r / 64] & bit) {
+            base_error(SPMD_ERR_INVALID, "collectives: rank %d twice in a group", r);
+            return false;
+        }
+        seen[r / 64] |= bit;
     }
     return true;
 }
 
-/* Under w->mu. */
-static coll_shm_group *group_create(coll_world *w, int size, const int *ranks, bool hidden)
+/* A hash of a group's ranks in order (FNV-1a over the 32-bit values,
+ * then mixed): the key of the world's index. */
+static uint64_t ranks_key(int size, const int *ranks)
+{
+    uint64_t h = 0xcbf29ce484222325u ^ (uint64_t)(uint32_t)size;
+    for (int i = 0; i < size; i++) h = (h ^ (uint32_t)ranks[i]) * 0x100000001b3u;
+    h ^= h >> 33;
+    return h * 0xff51afd7ed558ccdu;
+}
+
+/* Under w->mu: the looked-up group of these ranks, or NULL. */
+static coll_shm_group *index_find(coll_world *w, uint64_t key, int size, const int *ranks)
+{
+    if (!w->index_size) return NULL;
+    unsigned mask = (unsigned)w->index_size - 1;
+    for (unsigned at = (unsigned)key & mask;; at = (at + 1) & mask) {
+        coll_shm_group *g = w->index[at];
+        atomic_fetch_add_explicit(&w->rank_visits, 1, memory_order_relaxed);
+        if (!g) return NULL;
+        if (g->key != key || g->pub.size != size) continue;
+        atomic_fetch_add_explicit(&w->rank_visits, (uint64_t)size, memory_order_relaxed);
+        if (memcmp(g->ranks, ranks, sizeof *ranks * (size_t)size) == 0) return g;
+    }
+}
+
+/* Under w->mu: index g, growing the index to stay at most half full. */
+static bool index_add(coll_world *w, coll_shm_group *g)
+{
+    if (2 * (w->indexed + 1) > w->index_size) {
+        int size = w->index_size ? 2 * w->index_size : 64;
+        coll_shm_group **grown = base_calloc(&w->alloc, sizeof *grown * (size_t)size, "collective groups");
+        if (!grown) return false;
+        for (int i = 0; i < w->index_size; i++) {
+            coll_shm_group *old = w->index[i];
+            if (!old) continue;
+            unsigned at = (unsigned)old->key & (unsigned)(size - 1);
+            while (grown[at]) at = (at + 1) & (unsigned)(size - 1);
+            grown[at] = old;
+        }
+        base_free(&w->alloc, w->index);
+        w->index = grown;
+        w->index_size = size;
+    }
+    unsigned mask = (unsigned)w->index_size - 1, at = (unsigned)g->key & mask;
+    while (w->index[at]) at = (at + 1) & mask;
+    w->index[at] = g;
+    w->indexed++;
+    return true;
+}
+
+/* Under w->mu: a group of these ranks, indexed by `key` unless hidden. */
+static coll_shm_group *group_create(coll_world *w, int size, const int *ranks, bool hidden,
+                                    uint64_t key)
 {
     coll_shm_group *g = base_calloc(&w->alloc, sizeof *g, "collective group");
     if (!g) return NULL;
@@ -115,6 +176,13 @@ static coll_shm_group *group_create(coll_world *w, int size, const int *ranks, b
     /* A group made after an abort is aborted too, until the reset. */
     rt_wait_word_init(&g->bar.word, atomic_load(&w->aborted) ? ABORT_BIT : 0);
     atomic_init(&g->bar.count, 0);
+    if (!hidden) {
+        g->key = key;
+        if (!index_add(w, g)) {
+            group_free(w, g);
+            return NULL;
+        }
+    }
     g->next = w->groups;
     w->groups = g;
     return g;
@@ -123,15 +191,16 @@ static coll_shm_group *group_create(coll_world *w, int size, const int *ranks, b
 coll_group *coll_shm_world_group(coll_world *w, int size, const int *ranks)
 {
     if (!w || !valid_ranks(w, size, ranks)) return NULL;
+    uint64_t key = ranks_key(size, ranks);
+    atomic_fetch_add_explicit(&w->rank_visits, (uint64_t)size, memory_order_relaxed);
     pthread_mutex_lock(&w->mu);
-    coll_shm_group *g = w->groups;
-    while (g && !(!g->hidden && g->pub.size == size &&
-                  memcmp(g->ranks, ranks, sizeof *ranks * (size_t)size) == 0))
-        g = g->next;
-    if (!g) g = group_create(w, size, ranks, false);
+    coll_shm_group *g = index_find(w, key, size, ranks);
+    if (!g) g = group_create(w, size, ranks, false, key);
     pthread_mutex_unlock(&w->mu);
     return g ? &g->pub : NULL;
 }
+
+uint64_t coll_world_rank_visits(const coll_world *w) { return atomic_load(&w->rank_visits); }
 
 coll_group *coll_world_group(coll_world *w, int size, const int *world_ranks)
 {
@@ -200,7 +269,7 @@ coll_shm_group *coll_shm_group_private(coll_world *w, int size, const int *ranks
 {
     if (!valid_ranks(w, size, ranks)) return NULL;
     pthread_mutex_lock(&w->mu);
-    coll_shm_group *g = group_create(w, size, ranks, true);
+    coll_shm_group *g = group_create(w, size, ranks, true, 0);
     pthread_mutex_unlock(&w->mu);
     return g;
 }
