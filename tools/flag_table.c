@@ -23,6 +23,14 @@
 #define STRING_(x) #x
 #define STRING(x) STRING_(x)
 
+/* The mpirun spmd launch starts: the one libspmd was built with (CMake's),
+ * else the first on PATH. */
+#ifdef SPMD_MPIRUN_PATH
+#define LAUNCH_MPIRUN SPMD_MPIRUN_PATH
+#else
+#define LAUNCH_MPIRUN "mpirun"
+#endif
+
 /* --seq's default, which --init cuts to the file's context. */
 #define DEFAULT_SEQ "40"
 
@@ -392,6 +400,43 @@ const flag_spec flag_rows[] = {
     {.name = "--compare", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(compare),
      .value = "LOG.jsonl", .help = "a second run's log: both runs' --metric on one chart, a colour "
              "each, named by their files"},
+
+    /* launch */
+    {.name = "-n", .commands = CMD_LAUNCH, .kind = FLAG_INT, .offset = FIELD(launch_n),
+     .value = "N", .help = "processes in all",
+     .shown = "--per-host times the hosts, the hosts' slots, Slurm's SLURM_NTASKS, or 1",
+     .min = 1},
+    {.name = "--per-host", .commands = CMD_LAUNCH, .kind = FLAG_INT, .offset = FIELD(per_host),
+     .value = "K", .help = "processes on each host", .shown = "each host's slots", .min = 1},
+    {.name = "--hosts", .commands = CMD_LAUNCH, .kind = FLAG_TEXT, .offset = FIELD(hosts),
+     .value = "FILE|LIST",
+     .help = "the hosts: an Open MPI hostfile, or HOST:SLOTS,... (node1:4,node2:4); processes "
+             "0, 1, ... fill the first host's slots first; inside a Slurm allocation its hosts "
+             "and tasks (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE) when not given",
+     .shown = "this host"},
+    {.name = "--subnet", .commands = CMD_LAUNCH, .kind = FLAG_TEXT, .offset = FIELD(subnet),
+     .value = "CIDR",
+     .help = "the network the processes and Open MPI's daemons talk over, as 10.0.0.0/24 or "
+             "interface names (btl_tcp_if_include, oob_tcp_if_include)",
+     .shown = "Open MPI's choice"},
+    {.name = "--mca", .commands = CMD_LAUNCH, .kind = FLAG_CUSTOM, .offset = 0,
+     .value = "KEY=VALUE", .help = "an Open MPI setting, passed as --mca KEY VALUE; repeatable",
+     .set = flag_set_launch_list},
+    {.name = "--env", .commands = CMD_LAUNCH, .kind = FLAG_CUSTOM, .offset = 0,
+     .value = "NAME[=VALUE]",
+     .help = "an environment variable for the processes on every host (mpirun -x); repeatable",
+     .set = flag_set_launch_list},
+    {.name = "--mpirun", .commands = CMD_LAUNCH, .kind = FLAG_TEXT, .offset = FIELD(mpirun),
+     .value = "PATH", .help = "Open MPI's mpirun (4.1 or 5)", .initial = LAUNCH_MPIRUN},
+    {.name = "--abort-wait", .commands = CMD_LAUNCH, .kind = FLAG_FLOAT,
+     .offset = FIELD(abort_wait_s), .value = "S",
+     .help = "once a process has called MPI_Abort (an error, the collective watchdog), end "
+             "mpirun if the job has not ended S seconds later: mpirun waits for every host's "
+             "daemon, one behind a dead link until TCP gives up (15 minutes)",
+     .initial = "30", .min = 0, .max = 1e6, .max_included = true},
+    {.name = "--dry-run", .commands = CMD_LAUNCH, .kind = FLAG_CHOICE, .offset = FIELD(dry_run),
+     .value = "off|on", .help = "on: print the mpirun line and run nothing", .initial = "off",
+     .choices = "off|on"},
 };
 
 enum { N_FLAG_ROWS = sizeof flag_rows / sizeof *flag_rows };
@@ -427,6 +472,11 @@ const command_spec flag_commands[] = {
      .operand = "TEXT...", .operand_noun = "text file", .operands = true,
      .operand_help = "text files, each a document: GPT-2's BPE tokens, <|endoftext|> before "
                      "each"},
+    {.command = CMD_LAUNCH, .name = "launch",
+     .synopsis = "[-n N] [--hosts FILE|LIST] [--per-host K] [flags] -- train|sample|explain "
+                 "[flags] | PROGRAM [ARGS]",
+     .what = "a job over processes and hosts through Open MPI's mpirun (as torchrun): train, "
+             "sample or explain, or a program"},
 };
 
 const int flag_command_count = sizeof flag_commands / sizeof *flag_commands;
