@@ -174,6 +174,7 @@ int run_checkpoint_prepare(const cli_opts *o)
         cli_fail("%s", spmd_last_error());
         rc = 1;
     }
+    if (!rc) test_hooks_phase("lock");
     /* Under the lock no other run writes here: every temporary is a
      * killed save's.  Without locks (a file system that has none) they
      * stay, since another writer may own them. */
