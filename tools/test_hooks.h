@@ -32,8 +32,10 @@
  *   SPMD_TEST_PHASES=FILE              every process appends a line to FILE
  *       (one write, O_APPEND) as it enters each phase of a training run,
  *       "P<rank> <pid> <seconds, CLOCK_MONOTONIC> <phase>", the phase one
- *       of: start (flags read), lock (--save's lock taken, a killed save's
- *       temporaries not yet removed), step N, save N (the save of step N
+ *       of: start (flags read), probe (the file that checks --save takes
+ *       writes made), lock (--save's lock taken, a killed save's
+ *       temporaries not yet removed), prepared (they are: start-up goes
+ *       on), step N, save N (the save of step N
  *       begun), save N STAGE (a stage of it done; see
  *       train/checkpoint_hook.h), saved N; so a test that kills the tool
  *       knows where each kill landed (test_cli_chaos).
