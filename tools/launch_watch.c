@@ -20,7 +20,7 @@
  * (mpirun, already aborting, takes the second as "terminate now"), and
  * SIGKILL later still. */
 #define SECOND_TERM_S 2.0
-#define KILL_S 10.0
+#define KILL_S 5.0
 
 /* What Open MPI's mpirun prints (4.1 and 5.0 alike, from its help texts)
  * when a process calls MPI_Abort and when it loses a host's daemon; the

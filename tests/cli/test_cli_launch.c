@@ -141,7 +141,7 @@ static void test_line_on_this_host(void **state)
 }
 
 /* A command of spmd runs this spmd, by its real path; its flags follow it
- * untouched, with or without "--". */
+ * untouched, with or without "--" (a spmd built without MPI refuses). */
 static void test_line_spmd_command(void **state)
 {
     (void)state;
@@ -156,7 +156,14 @@ static void test_line_spmd_command(void **state)
     expect_line(fake4, "-n 2 --map-by slot --oversubscribe --bind-to none " KEEPALIVE4
                        " SPMD sample --tokens 3 -n 4");
 #else
-    print_message("built without MPI: spmd's own commands are refused (test_refusals)\n");
+    /* A spmd without MPI would run P unrelated one-process jobs. */
+    char args[2048], cmd[4096];
+    snprintf(args, sizeof args, "--mpirun %s -n 2 -- train --steps 5", fake4);
+    snprintf(cmd, sizeof cmd, "launch %s", args);
+    int rc = run_tool(cmd, out, sizeof out);
+    if (rc != 2 || !strstr(out, "this spmd was built without MPI: its train cannot run over "
+                                "processes"))
+        fail_msg("exit %d, want the refusal of a spmd without MPI:\n%s", rc, out);
 #endif
 }
 
