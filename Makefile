@@ -38,9 +38,11 @@ NOMPI_BUILD := build-nompi
 # Fast tests that touch what MPI or oneDNN change: the collectives (the MPI
 # ones say they skip), the install (spmd.pc without ompi-c), the GEMM
 # backends (bf16 converted, the oneDNN checks skip, --blas onednn refused),
-# the benchmarks' reports, an example, the fuzz corpora.
+# the benchmarks' reports, an example, the fuzz corpora, spmd launch (its
+# lines, and spmd's own commands refused).
 NOMPI_TESTS := test_smoke test_collectives_mpi test_cli_mpi test_install test_gemm test_cli_gemm \
-	test_bench example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus
+	test_bench example_fsdp_replicas fuzz_spec_corpus fuzz_mesh_corpus fuzz_shards_corpus \
+	test_cli_launch
 # The tests whose threads share memory: device workers, collectives, the
 # optimizers on a mesh, big meshes, parameters read in place.
 TSAN_TESTS := test_spmd_runtime test_collectives test_optim test_spmd_structure test_big_mesh test_overlap \

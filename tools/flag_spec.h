@@ -31,8 +31,10 @@ typedef enum path_kind {
     PATH_NONE,           /* not a path */
     PATH_IN_FILE,        /* a file read: a regular file, opened without blocking */
     PATH_IN_DIR,         /* a directory whose `path_files` are read */
-    PATH_IN_DATA,        /* a data set: a built-in name ("arith"), a text file or token shards
-                          * (a file or a glob); a file only when one is there */
+    PATH_IN_FILE_IF_THERE, /* a file only when one is there (or a glob matches): a data set
+                            * (a built-in name such as "arith", a text file, token shards),
+                            * launch's --hosts (a hostfile or HOST:SLOTS,...), --mpirun (a
+                            * path or a name looked up on PATH) */
     PATH_IN_CHECKPOINT,  /* a checkpoint directory, or one of its step directories, read */
     PATH_OUT_FILE,       /* a file written: a regular file or a new path */
     PATH_OUT_DIR,        /* a directory its `path_files` are written into */

@@ -27,6 +27,14 @@
 #define BPE_FILES ((const char *const[]){BPE_VOCABULARY_FILE, BPE_MERGES_FILE, NULL})
 #define TOKENIZE_SHARDS ((const char *const[]){TOKENIZE_TRAIN_SHARD, TOKENIZE_VAL_SHARD, NULL})
 
+/* The mpirun spmd launch starts: the one libspmd was built with (CMake's),
+ * else the first on PATH. */
+#ifdef SPMD_MPIRUN_PATH
+#define LAUNCH_MPIRUN SPMD_MPIRUN_PATH
+#else
+#define LAUNCH_MPIRUN "mpirun"
+#endif
+
 /* --seq's default, which --init cuts to the file's context. */
 #define DEFAULT_SEQ "40"
 
@@ -96,7 +104,7 @@ const flag_spec flag_rows[] = {
     {.name = "--data", .commands = MODEL_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(data),
      .value = "PATH",
      .help = "arith (built-in additions), a text file, or llm.c token shards (FILE.bin or a glob)",
-     .shown = "arith", .path = PATH_IN_DATA},
+     .shown = "arith", .path = PATH_IN_FILE_IF_THERE},
     {.name = "--init", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(init),
      .value = "FILE",
      .help = "start the GPT from GPT-2 weights: Hugging Face safetensors or an llm.c checkpoint; "
@@ -229,7 +237,7 @@ const flag_spec flag_rows[] = {
     {.name = "--val-data", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(val_data),
      .value = "PATH",
      .help = "validate on PATH's held-out split (same kinds as --data) instead of --data's; alone, "
-             "validates at the last step", .path = PATH_IN_DATA},
+             "validates at the last step", .path = PATH_IN_FILE_IF_THERE},
 
     /* Copies. */
     {.name = "--copies", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(copies),
@@ -407,6 +415,44 @@ const flag_spec flag_rows[] = {
     {.name = "--compare", .commands = CMD_PLOT, .kind = FLAG_TEXT, .offset = FIELD(compare),
      .value = "LOG.jsonl", .help = "a second run's log: both runs' --metric on one chart, a colour "
              "each, named by their files", .path = PATH_IN_FILE},
+
+    /* launch */
+    {.name = "-n", .commands = CMD_LAUNCH, .kind = FLAG_INT, .offset = FIELD(launch_n),
+     .value = "N", .help = "processes in all",
+     .shown = "--per-host times the hosts, the hosts' slots, Slurm's SLURM_NTASKS, or 1",
+     .min = 1},
+    {.name = "--per-host", .commands = CMD_LAUNCH, .kind = FLAG_INT, .offset = FIELD(per_host),
+     .value = "K", .help = "processes on each host", .shown = "each host's slots", .min = 1},
+    {.name = "--hosts", .commands = CMD_LAUNCH, .kind = FLAG_TEXT, .offset = FIELD(hosts),
+     .value = "FILE|LIST",
+     .help = "the hosts: an Open MPI hostfile, or HOST:SLOTS,... (node1:4,node2:4); processes "
+             "0, 1, ... fill the first host's slots first; inside a Slurm allocation its hosts "
+             "and tasks (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE) when not given",
+     .shown = "this host", .path = PATH_IN_FILE_IF_THERE},
+    {.name = "--subnet", .commands = CMD_LAUNCH, .kind = FLAG_TEXT, .offset = FIELD(subnet),
+     .value = "CIDR",
+     .help = "the network the processes and Open MPI's daemons talk over, as 10.0.0.0/24 or "
+             "interface names (btl_tcp_if_include, oob_tcp_if_include)",
+     .shown = "Open MPI's choice"},
+    {.name = "--mca", .commands = CMD_LAUNCH, .kind = FLAG_CUSTOM, .offset = 0,
+     .value = "KEY=VALUE", .help = "an Open MPI setting, passed as --mca KEY VALUE; repeatable",
+     .set = flag_set_launch_list},
+    {.name = "--env", .commands = CMD_LAUNCH, .kind = FLAG_CUSTOM, .offset = 0,
+     .value = "NAME[=VALUE]",
+     .help = "an environment variable for the processes on every host (mpirun -x); repeatable",
+     .set = flag_set_launch_list},
+    {.name = "--mpirun", .commands = CMD_LAUNCH, .kind = FLAG_TEXT, .offset = FIELD(mpirun),
+     .value = "PATH", .help = "Open MPI's mpirun (4.1 or 5)", .initial = LAUNCH_MPIRUN,
+     .path = PATH_IN_FILE_IF_THERE},
+    {.name = "--abort-wait", .commands = CMD_LAUNCH, .kind = FLAG_FLOAT,
+     .offset = FIELD(abort_wait_s), .value = "S",
+     .help = "once a process has called MPI_Abort (an error, the collective watchdog), end "
+             "mpirun if the job has not ended S seconds later: mpirun waits for every host's "
+             "daemon, one behind a dead link until TCP gives up (15 minutes)",
+     .initial = "30", .min = 0, .max = 1e6, .max_included = true},
+    {.name = "--dry-run", .commands = CMD_LAUNCH, .kind = FLAG_CHOICE, .offset = FIELD(dry_run),
+     .value = "off|on", .help = "on: print the mpirun line and run nothing", .initial = "off",
+     .choices = "off|on"},
 };
 
 enum { N_FLAG_ROWS = sizeof flag_rows / sizeof *flag_rows };
@@ -445,6 +491,11 @@ const command_spec flag_commands[] = {
      .operand_help = "text files, each a document: GPT-2's BPE tokens, <|endoftext|> before "
                      "each",
      .operand_path = PATH_IN_FILE},
+    {.command = CMD_LAUNCH, .name = "launch",
+     .synopsis = "[-n N] [--hosts FILE|LIST] [--per-host K] [flags] -- train|sample|explain "
+                 "[flags] | PROGRAM [ARGS]",
+     .what = "a job over processes and hosts through Open MPI's mpirun (as torchrun): train, "
+             "sample or explain, or a program"},
 };
 
 const int flag_command_count = sizeof flag_commands / sizeof *flag_commands;

@@ -163,6 +163,33 @@ int flag_set_prompt(const flag_spec *fs, char *v, cli_opts *o)
     return 0;
 }
 
+/* A name of letters, digits and '_', not starting with a digit. */
+static bool setting_name(const char *s, size_t n)
+{
+    if (n == 0 || isdigit((unsigned char)s[0])) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_') return false;
+    return true;
+}
+
+int flag_set_launch_list(const flag_spec *fs, char *v, cli_opts *o)
+{
+    bool mca = !strcmp(fs->name, "--mca");
+    const char **list = mca ? o->mca : o->env;
+    int *n = mca ? &o->n_mca : &o->n_env;
+    if (*n == CLI_MAX_LAUNCH_SETTINGS)
+        return cli_fail("more than %d %s", CLI_MAX_LAUNCH_SETTINGS, fs->name);
+    const char *eq = strchr(v, '=');
+    size_t name = eq ? (size_t)(eq - v) : strlen(v);
+    if (mca && (!eq || !setting_name(v, name) || !eq[1]))
+        return cli_fail("--mca wants KEY=VALUE, an Open MPI setting (btl_tcp_if_include=eth0), "
+                        "got '%s'", v);
+    if (!mca && !setting_name(v, name))
+        return cli_fail("--env wants NAME or NAME=VALUE, an environment variable, got '%s'", v);
+    list[(*n)++] = v;
+    return 0;
+}
+
 /* One flag's value into `o`; `v` is ours to modify. */
 int flag_set(const flag_spec *fs, char *v, cli_opts *o)
 {

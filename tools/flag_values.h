@@ -19,5 +19,7 @@ int flag_set_optimizer(const flag_spec *fs, char *v, cli_opts *o); /* sgd|adamw|
 int flag_set_copy_list(const flag_spec *fs, char *v, cli_opts *o);
 int flag_set_shard(const flag_spec *fs, char *v, cli_opts *o);  /* PATTERN=SPEC */
 int flag_set_prompt(const flag_spec *fs, char *v, cli_opts *o); /* one more row's text */
+/* launch's --mca KEY=VALUE and --env NAME[=VALUE]: one more of each. */
+int flag_set_launch_list(const flag_spec *fs, char *v, cli_opts *o);
 
 #endif

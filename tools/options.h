@@ -23,6 +23,8 @@
 #define CLI_MAX_TEXTS 1024
 /* Rows of the flag table (flag_table.c) at most. */
 #define CLI_MAX_FLAG_ROWS 128
+/* spmd launch's --mca and --env may be given this many times each. */
+#define CLI_MAX_LAUNCH_SETTINGS 64
 
 /* The commands, as bits: a flag row names those it applies to. */
 typedef enum cli_command {
@@ -33,6 +35,7 @@ typedef enum cli_command {
     CMD_VISUALIZE = 1 << 4,
     CMD_PLOT = 1 << 5,
     CMD_TOKENIZE = 1 << 6,
+    CMD_LAUNCH = 1 << 7,
 } cli_command;
 
 typedef struct cli_shard {
@@ -125,6 +128,19 @@ typedef struct cli_opts {
     const char *compare; /* plot --compare: a second run's log */
     bool plot_grad_norm; /* plot --metric grad_norm */
     bool export_bf16;    /* export --dtype bf16 */
+
+    /* launch */
+    int launch_n;        /* -n: processes in all; 0: from the hosts, Slurm's, or --per-host */
+    int per_host;        /* --per-host: processes on each host; 0: the hosts' slots */
+    const char *hosts;   /* --hosts FILE or HOST:SLOTS,...; NULL: Slurm's allocation or this host */
+    const char *subnet;  /* --subnet CIDR: the network the job talks over */
+    const char *mpirun;  /* --mpirun PATH; NULL: the one libspmd was built with */
+    float abort_wait_s;  /* --abort-wait: mpirun's time to end an aborted job */
+    bool dry_run;        /* --dry-run on: print the mpirun line, run nothing */
+    const char *mca[CLI_MAX_LAUNCH_SETTINGS]; /* --mca KEY=VALUE */
+    int n_mca;
+    const char *env[CLI_MAX_LAUNCH_SETTINGS]; /* --env NAME */
+    int n_env;
 } cli_opts;
 
 /* The optimizers --optimizer names, by spmd_optimizer_kind: the flag's

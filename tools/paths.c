@@ -51,9 +51,10 @@ static int add(path_list *l, const char *flag, const char *path, path_kind kind,
     return 0;
 }
 
-/* A data set's files: the glob's matches, the file, or none for a
- * built-in name ("arith"). */
-static int add_data(path_list *l, const char *flag, const char *spec)
+/* A value that is a file only when one is there: the file, a glob's
+ * matches, or none (a data set's built-in name "arith", a list of
+ * hosts, a program found on PATH). */
+static int add_if_there(path_list *l, const char *flag, const char *spec)
 {
     struct stat st;
     if (lstat(spec, &st) == 0) return add(l, flag, spec, PATH_IN_FILE, false);
@@ -70,7 +71,7 @@ static int add_data(path_list *l, const char *flag, const char *spec)
 static int add_value(path_list *l, const char *flag, const char *value, path_kind kind,
                      const char *const *files)
 {
-    if (kind == PATH_IN_DATA) return add_data(l, flag, value);
+    if (kind == PATH_IN_FILE_IF_THERE) return add_if_there(l, flag, value);
     int rc = add(l, flag, value, kind, false);
     for (int i = 0; !rc && files && files[i]; i++) {
         char path[CLI_PATH_MAX];

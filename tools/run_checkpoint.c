@@ -121,17 +121,22 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
  * drop it). */
 static int save_lock = -1;
 
+/* The probe's name: a run killed while it held one leaves it behind, and
+ * the next run removes it under the lock. */
+#define PROBE_PREFIX ".write-test-"
+
 /* A file made, written and synced in `dir`, then removed: a read-only,
  * full or foreign directory fails here rather than at the first save. */
 static int check_writable(const char *dir)
 {
     char probe[CLI_PATH_MAX];
-    snprintf(probe, sizeof probe, "%s/.write-test-XXXXXX", dir);
+    snprintf(probe, sizeof probe, "%s/" PROBE_PREFIX "XXXXXX", dir);
     int fd = mkstemp(probe);
     if (fd < 0) {
         cli_fail("--save %s: cannot create a file there: %s", dir, strerror(errno));
         return 1;
     }
+    test_hooks_phase("probe");
     int err = write(fd, "\n", 1) == 1 ? 0 : errno ? errno : EIO;
     if (!err && fsync(fd) != 0) err = errno;
     close(fd);
@@ -139,6 +144,21 @@ static int check_writable(const char *dir)
     if (!err) return 0;
     cli_fail("--save %s: cannot write a file there: %s", dir, strerror(err));
     return 1;
+}
+
+/* The probes of runs killed while they checked `dir` (check_writable).
+ * A live probe of another run, refused by the lock, may go too: it has
+ * its file open, and its unlink fails harmlessly. */
+static void remove_probes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char path[CLI_PATH_MAX];
+        if (!strncmp(e->d_name, PROBE_PREFIX, strlen(PROBE_PREFIX)) &&
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+            unlink(path);
+    }
+    if (d) closedir(d);
 }
 
 /* The temporaries in dir and its copy-C directories; the count removed. */
@@ -174,13 +194,18 @@ int run_checkpoint_prepare(const cli_opts *o)
         cli_fail("%s", spmd_last_error());
         rc = 1;
     }
+    if (!rc) test_hooks_phase("lock");
     /* Under the lock no other run writes here: every temporary is a
      * killed save's.  Without locks (a file system that has none) they
      * stay, since another writer may own them. */
-    if (!rc && save_lock >= 0) rc = remove_temporaries(o->save, &removed) ? 1 : 0;
+    if (!rc && save_lock >= 0) {
+        remove_probes(o->save);
+        rc = remove_temporaries(o->save, &removed) ? 1 : 0;
+    }
     if (!rc && removed)
         printf("checkpoint: removed %d unfinished save%s a killed run left in %s\n", removed,
                removed > 1 ? "s" : "", o->save);
+    if (!rc) test_hooks_phase("prepared");
     return rc;
 }
 

@@ -10,10 +10,13 @@
  *                           a run's loss and learning rate (spmd train --log) as a chart
  *   spmd tokenize TEXT... --out DIR
  *                           text files as GPT-2 token shards for spmd train --data
+ *   spmd launch [-n N] [--hosts H] -- train|sample|explain ... | PROGRAM ...
+ *                           a job over processes and hosts through mpirun
  * The entry point, at the top of the tool's modules: it has no header.
  */
 #include "commands/explain.h"
 #include "commands/export.h"
+#include "commands/launch.h"
 #include "commands/plot_cmd.h"
 #include "commands/sample.h"
 #include "commands/tokenize.h"
@@ -43,20 +46,21 @@ static int run_command(int argc, char **argv)
     } runs[] = {{CMD_TRAIN, cmd_train},   {CMD_EXPLAIN, cmd_explain},
                 {CMD_VISUALIZE, cmd_visualize}, {CMD_EXPORT, cmd_export},
                 {CMD_SAMPLE, cmd_sample}, {CMD_PLOT, cmd_plot},
-                {CMD_TOKENIZE, cmd_tokenize}};
+                {CMD_TOKENIZE, cmd_tokenize}, {CMD_LAUNCH, cmd_launch}};
     cli_command command = flags_command(cmd);
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++)
         if (runs[i].command == command) return runs[i].run(argc - 2, argv + 2);
     fprintf(stderr, "spmd: unknown command '%s' (train, explain, visualize, export, sample, plot, "
-            "tokenize)\n",
+            "tokenize, launch)\n",
             cmd);
     return 2;
 }
 
 /* Under mpirun every process runs the same command on its share of the
- * mesh's devices (processes.h). */
+ * mesh's devices (processes.h); the launcher itself is never one of them. */
 int main(int argc, char **argv)
 {
+    if (argc > 1 && flags_command(argv[1]) == CMD_LAUNCH) return run_command(argc, argv);
     int rc = processes_start(&argc, &argv);
     if (rc) return rc;
     return processes_end(run_command(argc, argv));

@@ -7,7 +7,9 @@
 
 #include "train/checkpoint_hook.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +24,34 @@ bool test_hooks_bad_token(int step)
     return proc == processes_rank() && at == step + 1;
 }
 
+void test_hooks_phase(const char *fmt, ...)
+{
+    const char *file = getenv("SPMD_TEST_PHASES"), *stop = getenv("SPMD_TEST_PHASE_STOP");
+    if (!file && !stop) return;
+    char phase[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(phase, sizeof phase, fmt, ap);
+    va_end(ap);
+    if (file) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        char line[384];
+        int n = snprintf(line, sizeof line, "P%d %ld %ld.%09ld %s\n", processes_rank(),
+                         (long)getpid(), (long)t.tv_sec, t.tv_nsec, phase);
+        int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd >= 0 && n > 0) {
+            if (write(fd, line, (size_t)n) != n) {} /* a test's record: nothing to do */
+            close(fd);
+        }
+    }
+    const char *colon = stop ? strchr(stop, ':') : NULL;
+    if (colon && atoi(stop) == processes_rank() && !strcmp(colon + 1, phase)) raise(SIGSTOP);
+}
+
 void test_hooks_step_begin(int step)
 {
+    test_hooks_phase("step %d", step + 1);
     const char *stop = getenv("SPMD_TEST_STOP"), *delay = getenv("SPMD_TEST_DELAY");
     int proc = -1, at = -1;
     double seconds = 0;
@@ -57,7 +85,8 @@ static pause_at armed;
 static bool pause_hook(void *ctx, const char *stage)
 {
     const pause_at *at = ctx;
-    if (strcmp(stage, at->stage)) return true;
+    test_hooks_phase("save %ld %s", at->step, stage);
+    if (!at->stage || strcmp(stage, at->stage)) return true;
     fprintf(stderr, "spmd: test: save of step %ld paused after %s\n", at->step, stage);
     fflush(stderr);
     for (;;) pause();
@@ -65,14 +94,21 @@ static bool pause_hook(void *ctx, const char *stage)
 
 void test_hooks_save_begin(int step)
 {
+    test_hooks_phase("save %d", step);
     const char *test = getenv("SPMD_TEST_SAVE_PAUSE");
     const char *colon = test ? strchr(test, ':') : NULL;
-    if (!colon || atol(test) != step) return;
-    armed = (pause_at){step, colon + 1};
+    bool pause = colon && atol(test) == step;
+    if (!pause && !getenv("SPMD_TEST_PHASES") && !getenv("SPMD_TEST_PHASE_STOP")) return;
+    armed = (pause_at){step, pause ? colon + 1 : NULL};
     checkpoint_set_hook(pause_hook, &armed);
 }
 
-void test_hooks_save_end(void) { checkpoint_set_hook(NULL, NULL); }
+void test_hooks_save_end(void)
+{
+    checkpoint_set_hook(NULL, NULL);
+    if (armed.step) test_hooks_phase("saved %ld", armed.step);
+    armed.step = 0;
+}
 
 size_t test_hooks_shard_tokens(size_t max)
 {
@@ -104,5 +140,6 @@ void test_hooks_save_begin(int step) { (void)step; }
 void test_hooks_save_end(void) {}
 size_t test_hooks_shard_tokens(size_t max) { return max; }
 double test_hooks_free_bytes(double real) { return real; }
+void test_hooks_phase(const char *fmt, ...) { (void)fmt; }
 
 #endif

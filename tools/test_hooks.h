@@ -29,6 +29,19 @@
  *   SPMD_TEST_FREE_BYTES=N             the --save directory's file system has
  *       N bytes free, so the refusal of a run whose checkpoint cannot fit
  *       runs without filling a disk (test_cli_files).
+ *   SPMD_TEST_PHASES=FILE              every process appends a line to FILE
+ *       (one write, O_APPEND) as it enters each phase of a training run,
+ *       "P<rank> <pid> <seconds, CLOCK_MONOTONIC> <phase>", the phase one
+ *       of: start (flags read), probe (the file that checks --save takes
+ *       writes made), lock (--save's lock taken, a killed save's
+ *       temporaries not yet removed), prepared (they are: start-up goes
+ *       on), step N, save N (the save of step N
+ *       begun), save N STAGE (a stage of it done; see
+ *       train/checkpoint_hook.h), saved N; so a test that kills the tool
+ *       knows where each kill landed (test_cli_chaos).
+ *   SPMD_TEST_PHASE_STOP=PROCESS:PHASE process PROCESS stops itself
+ *       (SIGSTOP) as it enters PHASE, after its line, so a test can kill
+ *       it exactly there (test_cli_chaos).
  */
 #ifndef SPMD_TOOLS_TEST_HOOKS_H
 #define SPMD_TOOLS_TEST_HOOKS_H
@@ -49,5 +62,7 @@ void test_hooks_save_end(void);
 size_t test_hooks_shard_tokens(size_t max);
 /* The bytes free where --save writes: `real`, or the hook's. */
 double test_hooks_free_bytes(double real);
+/* This process enters the phase the format names ("step 3"). */
+void test_hooks_phase(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -19,6 +19,7 @@
 #include "base/arena.h"
 #include "base/error.h"
 #include "runtime/pool.h"
+#include "train/checkpoint.h"
 
 spmd_status ckpt_join(char *buf, const char *dir, const char *name, const char *what)
 {
@@ -312,9 +313,14 @@ spmd_status ckpt_remove_temporaries(const char *dir, int *removed, const char *w
         if (errno == ENOENT) return SPMD_OK;
         return base_error(SPMD_ERR_IO, "%s: cannot list %s: %s", what, dir, strerror(errno));
     }
+    /* ckpt_replace_file's temporary of `latest`, from a save killed as it
+     * wrote it. */
+    static const char latest_tmp[] = "." CKPT_LATEST ".tmp-";
     spmd_status st = SPMD_OK;
     for (struct dirent *e; st == SPMD_OK && (e = readdir(d));) {
-        if (strncmp(e->d_name, ".tmp-step-", 10) && strncmp(e->d_name, ".del-step-", 10)) continue;
+        if (strncmp(e->d_name, ".tmp-step-", 10) && strncmp(e->d_name, ".del-step-", 10) &&
+            strncmp(e->d_name, latest_tmp, sizeof latest_tmp - 1))
+            continue;
         char path[CKPT_PATH_MAX];
         st = ckpt_join(path, dir, e->d_name, what);
         if (st == SPMD_OK) st = ckpt_remove_tree(path, what);

@@ -64,8 +64,9 @@ spmd_status ckpt_lock_dir(const char *dir, int *fd, const char *what);
 /* Let go of a lock ckpt_lock_dir gave (-1: nothing). */
 void ckpt_unlock_dir(int fd);
 /* Remove the temporaries a killed save left in `dir` (.tmp-step-* and
- * .del-step-* directories); only for the holder of the lock.  How many
- * were removed goes to *removed. */
+ * .del-step-* directories, and the .latest.tmp-* file of ckpt_replace_file);
+ * only for the holder of the lock.  How many were removed goes to
+ * *removed. */
 spmd_status ckpt_remove_temporaries(const char *dir, int *removed, const char *what);
 
 /* A whole file of at most `max` bytes, NUL-terminated, allocated from

@@ -184,6 +184,7 @@ static int run(const fixture *f, cli_command command, const char *extra, const c
     case CMD_TOKENIZE:
         return tool("tokenize %s --out %s %s", operand ? operand : f->text, f->shards, extra);
     case CMD_VISUALIZE: return tool("visualize --shape 8 --spec None %s", extra);
+    case CMD_LAUNCH: return tool("launch --dry-run on %s -- train --model mlp --steps 1", extra);
     }
     return -1;
 }

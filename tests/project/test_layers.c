@@ -222,7 +222,8 @@ static void test_every_include_goes_down(void **state)
 static const char *const tool_groups[] = {
     "message unicode_class",                          /* cli_fail; code point classes */
     "processes bpe",                                  /* MPI; GPT-2's BPE */
-    "test_hooks json_file plot vocab weights options run_log", /* leaves; settings; the log */
+    /* leaves; a command's settings; the log; a launch's hosts and its mpirun watched */
+    "test_hooks json_file plot vocab weights options run_log launch_hosts launch_watch",
     "flag_spec plot_curves plot_trace",               /* a flag row; training curves, a trace's step */
     "flag_values",                                    /* reading a flag's value */
     "flag_table",                                     /* the flag table and the commands */
@@ -232,7 +233,7 @@ static const char *const tool_groups[] = {
     "copies",                                         /* per-copy settings */
     "model",                                          /* build, marks, compile */
     "feed report run_checkpoint trace explain_trace", /* pieces of a run; a trace read back */
-    "train explain sample export visualize plot_cmd tokenize", /* the commands */
+    "train explain sample export visualize plot_cmd tokenize launch", /* the commands */
     "spmd",                                           /* main */
 };
 static const char *const tool_entry_point = "spmd";

@@ -111,3 +111,28 @@ def test_an_uncaught_exception_ends_the_job_instead_of_hanging():
     assert r.returncode not in (0, 124, 137), f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     assert "process 1 fails before compiling" in r.stderr
     assert "libspmd: process 1 of 2: ending the job" in r.stderr
+
+
+SPMD = os.path.join(os.environ.get("SPMD_BUILD_DIR", ""), "spmd")
+
+
+def launch(*program):
+    """`spmd launch -n 2 -- PROGRAM` under a timeout, with what
+    scripts/mpirun.sh gives mpirun (root allowed, IPv4 only)."""
+    e = env()
+    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+             OMPI_MCA_btl_tcp_disable_family="6")
+    cmd = ["timeout", "-k", "10", "300", SPMD, "launch", "--mpirun", MPIEXEC, "-n", "2", "--",
+           *program]
+    return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=360)
+
+
+@pytest.mark.skipif(not os.access(SPMD, os.X_OK), reason="no spmd tool in SPMD_BUILD_DIR")
+def test_spmd_launch_runs_a_python_script():
+    r = launch(sys.executable, os.path.join(HERE, "mpi_checks.py"))
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert r.stdout.count("ok 0") == 1 and r.stdout.count("ok 1") == 1, r.stdout
+    assert "spmd launch: " in r.stderr  # the mpirun line it ran
+    r = launch(sys.executable, "-c", FAILS_ON_ONE)
+    assert r.returncode not in (0, 124, 137), f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert "process 1 fails before compiling" in r.stderr

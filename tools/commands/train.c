@@ -702,6 +702,7 @@ int cmd_train(int argc, char **argv)
     cli_opts o;
     int rc = flags_parse(argc, argv, CMD_TRAIN, &o);
     if (rc) return rc < 0 ? 0 : rc;
+    test_hooks_phase("start");
     if (o.processes > 1 && processes_count() == 1)
         return cli_fail("--processes plans a run over several processes (spmd explain); to train "
                         "over %d processes, start spmd with mpirun -n %d", o.processes, o.processes);
