@@ -198,6 +198,13 @@ SPMD_API spmd_tensor *spmd_sum(spmd_graph *g, spmd_tensor *x, uint32_t axes, boo
 SPMD_API spmd_tensor *spmd_mean(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
 SPMD_API spmd_tensor *spmd_max(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim);
 
+/* The cumulative sum of x along `axis` (negative counts from the end):
+ * y[.., i, ..] = x[.., 0, ..] + ... + x[.., i, ..], or with `reverse`
+ * x[.., i, ..] + ... + x[.., n-1, ..] (the adjoint of the forward one).
+ * Each element sums in double, in order along the axis; sums of 0/1
+ * masks (positions within an expert's capacity) are exact. */
+SPMD_API spmd_tensor *spmd_cumsum(spmd_graph *g, spmd_tensor *x, int axis, bool reverse);
+
 /* Normalisations over the last dimension. */
 SPMD_API spmd_tensor *spmd_softmax(spmd_graph *g, spmd_tensor *x);
 SPMD_API spmd_tensor *spmd_log_softmax(spmd_graph *g, spmd_tensor *x);

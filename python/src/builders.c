@@ -236,6 +236,18 @@ static PyObject *graph_max(GraphObject *self, PyObject *args, PyObject *kw)
     return wrap_tensor(self, spmd_max(self->g, t, axis, keepdim));
 }
 
+static PyObject *graph_cumsum(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "axis", "reverse", NULL};
+    PyObject *x;
+    int axis, reverse = 0;
+    spmd_tensor *t;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|p:cumsum", kwlist, &x, &axis, &reverse) ||
+        tensor_arg(self, x, &t, true) < 0)
+        return NULL;
+    return wrap_tensor(self, spmd_cumsum(self->g, t, axis, reverse));
+}
+
 static PyObject *graph_layernorm(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"x", "gamma", "beta", "eps", NULL};
@@ -541,6 +553,8 @@ PyMethodDef graph_builder_methods[] = {
     {"sum", KW(graph_sum), "sum(x, axes=None, keepdim=False): axes an int or a tuple; None is all"},
     {"mean", KW(graph_mean), "mean(x, axes=None, keepdim=False)"},
     {"max", KW(graph_max), "max(x, axis, keepdim=False)"},
+    {"cumsum", KW(graph_cumsum),
+     "cumsum(x, axis, reverse=False): running sums along axis (from the end with reverse)"},
     {"layernorm", KW(graph_layernorm), "layernorm(x, gamma, beta, eps=1e-5): over the last dim"},
     {"max_pool2d", KW(graph_max_pool2d),
      "max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False): over the\n"

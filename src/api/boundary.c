@@ -72,6 +72,7 @@ spmd_tensor *spmd_dropout_impl(spmd_graph *g, spmd_tensor *x, float p);
 spmd_tensor *spmd_sum_impl(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
 spmd_tensor *spmd_mean_impl(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdim);
 spmd_tensor *spmd_max_impl(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim);
+spmd_tensor *spmd_cumsum_impl(spmd_graph *g, spmd_tensor *x, int axis, bool reverse);
 spmd_tensor *spmd_softmax_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_log_softmax_impl(spmd_graph *g, spmd_tensor *x);
 spmd_tensor *spmd_layernorm_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *gamma, spmd_tensor *beta, float eps);
@@ -568,6 +569,13 @@ spmd_tensor *spmd_mean(spmd_graph *g, spmd_tensor *x, uint32_t axes, bool keepdi
 spmd_tensor *spmd_max(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim)
 {
     spmd_tensor *r = spmd_max_impl(g, x, axis, keepdim);
+    if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_cumsum(spmd_graph *g, spmd_tensor *x, int axis, bool reverse)
+{
+    spmd_tensor *r = spmd_cumsum_impl(g, x, axis, reverse);
     if (r) spmd_clear_error();
     return r;
 }

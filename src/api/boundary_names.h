@@ -66,6 +66,7 @@
 #define spmd_sum spmd_sum_impl
 #define spmd_mean spmd_mean_impl
 #define spmd_max spmd_max_impl
+#define spmd_cumsum spmd_cumsum_impl
 #define spmd_softmax spmd_softmax_impl
 #define spmd_log_softmax spmd_log_softmax_impl
 #define spmd_layernorm spmd_layernorm_impl

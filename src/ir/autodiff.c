@@ -335,6 +335,13 @@ static spmd_status vjp_max(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_
     return done(t, dx);
 }
 
+/* y_i = sum_{j<=i} x_j: dx_j = sum_{i>=j} dy_i, the scan the other way. */
+static spmd_status vjp_cumsum(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, spmd_tensor **dx)
+{
+    dx[0] = spmd_cumsum(g, dy, t->attr.cumsum.axis, !t->attr.cumsum.reverse);
+    return done(t, dx);
+}
+
 /* Pooling: the backward ops take the forward's windows; max_pool2d's finds
  * each window's maximum again in x rather than keeping its position. */
 static spmd_status vjp_max_pool2d(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,

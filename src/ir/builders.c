@@ -322,6 +322,19 @@ spmd_tensor *spmd_max(spmd_graph *g, spmd_tensor *x, int axis, bool keepdim)
     return t;
 }
 
+spmd_tensor *spmd_cumsum(spmd_graph *g, spmd_tensor *x, int axis, bool reverse)
+{
+    if (any_null(g, "cumsum", &x, 1) || !want_f32(g, "cumsum", x)) return NULL;
+    if (axis < 0) axis += x->rank;
+    if (!axis_ok(g, "cumsum", x, axis)) return NULL;
+    spmd_tensor *t = ir_node_new(g, IR_CUMSUM, SPMD_F32, x->rank, x->dims, &x, 1);
+    if (t) {
+        t->attr.cumsum.axis = axis;
+        t->attr.cumsum.reverse = reverse;
+    }
+    return t;
+}
+
 spmd_tensor *ir_max_backward(spmd_graph *g, spmd_tensor *x, spmd_tensor *dy, int axis,
                              bool keepdim)
 {

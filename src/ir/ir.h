@@ -38,6 +38,7 @@ typedef union ir_attr {
     struct { bool ta, tb; } matmul;          /* MATMUL, BMM */
     struct { uint32_t axes; bool keepdim; } reduce; /* SUM, MEAN */
     struct { int axis; bool keepdim; } max;  /* MAX, MAX_BACKWARD */
+    struct { int axis; bool reverse; } cumsum; /* CUMSUM */
     struct { int axis; int64_t start, len; } slice; /* SLICE: x[start:start+len] */
     struct { int axis; int64_t start, total; } pad; /* PAD: zeros, x at [start:] */
     struct { int axis; } concat;

@@ -95,6 +95,20 @@ static bool sig_reduce_backward(const spmd_tensor *t, ir_dimsig *s)
     return true;
 }
 
+/* A scan along one axis (cumsum): that dim FULL, every other parallel;
+ * x and y share the layout. */
+static bool sig_scan(const spmd_tensor *t, ir_dimsig *s)
+{
+    int axis = t->attr.cumsum.axis;
+    for (int i = 0; i < t->rank; i++) {
+        bool scanned = i == axis;
+        s->out[i] = s->in[0][i] = (int8_t)add_iter(s, t->dims[i],
+                                                    scanned ? IR_ITER_FULL : IR_ITER_PARALLEL,
+                                                    scanned ? 's' : generic_letter(i));
+    }
+    return true;
+}
+
 /* Rows over the last dim (softmax, layernorm): the row is FULL; [D]
  * operands (gamma, beta) map to it. */
 static bool sig_rowwise(const spmd_tensor *t, ir_dimsig *s)

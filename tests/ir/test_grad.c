@@ -435,6 +435,18 @@ static void test_max(void **state)
         }
 }
 
+static void test_cumsum(void **state)
+{
+    (void)state;
+    for (int axis = 0; axis < 3; axis++)
+        for (int reverse = 0; reverse < 2; reverse++) {
+            gcheck c;
+            gc_init(&c, "cumsum axis %d reverse %d", axis, reverse);
+            spmd_tensor *x = gc_param(&c, "x", 3, D(2, 3, 4), GEN_ANY);
+            gc_run(&c, spmd_cumsum(c.g, x, axis, reverse));
+        }
+}
+
 /* Pooling: max over distinct values (0.1 apart, so x +- h keeps each
  * window's maximum), ResNet's stem window, a dilated ceil_mode one and a
  * MaxPool1d-like row on [C, H, W]; the averages with padding counted and
@@ -1028,6 +1040,7 @@ int main(void)
         cmocka_unit_test(test_sum),
         cmocka_unit_test(test_mean),
         cmocka_unit_test(test_max),
+        cmocka_unit_test(test_cumsum),
         cmocka_unit_test(test_max_pool2d),
         cmocka_unit_test(test_avg_pool2d),
         cmocka_unit_test(test_adaptive_avg_pool2d),

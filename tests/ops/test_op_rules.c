@@ -160,6 +160,7 @@ static bool build_sample(ir_op op, sample *s)
     case IR_SUM: o = spmd_sum(g, x46(s), 1u << 1, false); break;
     case IR_MEAN: o = spmd_mean(g, x46(s), 1u << 1, false); break;
     case IR_MAX: o = spmd_max(g, x46(s), 1, false); break;
+    case IR_CUMSUM: o = spmd_cumsum(g, x46(s), 1, false); break;
     case IR_SOFTMAX: o = spmd_softmax(g, x46(s)); break;
     case IR_LOG_SOFTMAX: o = spmd_log_softmax(g, x46(s)); break;
     case IR_LAYERNORM:

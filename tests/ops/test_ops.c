@@ -673,6 +673,25 @@ static void test_max(void **state)
     }
 }
 
+/* Every axis of the reduction shapes, both directions: each element's
+ * sum is the reference's, in the same order (exactly equal). */
+static void test_cumsum(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(reduce_shapes); i++) {
+        const shape *s = &reduce_shapes[i];
+        for (int axis = 0; axis < s->rank; axis++)
+            for (int reverse = 0; reverse < 2; reverse++) {
+                opcase c;
+                oc_init(&c, "cumsum #%zu axis %d reverse %d", i, axis, reverse);
+                spmd_tensor *x = oc_input(&c, s, GEN_ANY);
+                ref_cumsum(oc_f(&c, 0), s->dims, s->rank, axis, reverse,
+                           oc_expect(&c, spmd_cumsum(c.g, x, axis, reverse)));
+                oc_check(&c);
+            }
+    }
+}
+
 /* NaN passes through relu, and the first NaN along the axis is max. */
 static void test_nan(void **state)
 {
@@ -1696,6 +1715,7 @@ int main(void)
         cmocka_unit_test(test_new_op_errors),
         cmocka_unit_test(test_sum_mean),
         cmocka_unit_test(test_max),
+        cmocka_unit_test(test_cumsum),
         cmocka_unit_test(test_nan),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_layernorm),

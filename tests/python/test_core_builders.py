@@ -29,6 +29,7 @@ def test_every_builder_gives_its_shape():
     assert g.reshape(x, (8, 8)).shape == (8, 8)
     assert g.sum(x, (0, 2)).shape == (4,) and g.mean(x, 1, keepdim=True).shape == (2, 1, 8)
     assert g.max(x, 2).shape == (2, 4)
+    assert g.cumsum(x, 1).shape == (2, 4, 8) and g.cumsum(x, -1, reverse=True).op == "cumsum"
     assert g.layernorm(x, gamma, beta).shape == (2, 4, 8)
     mean, var = g.batch_norm_stats(x)  # channels on dim 1: x is [N, C, L]
     assert (mean.op, var.op, var.shape) == ("mean", "batch_norm_var", (4,))
@@ -229,3 +230,17 @@ def test_optimizer_groups_refuse_bad_groups():
         g.optimizer_apply_groups("lamb", [{"params": ["w"]}])
     with pytest.raises(ValueError, match="nope"):
         g.optimizer_apply_groups("adam", [{"params": ["w"]}, {"params": ["nope"]}])
+
+
+def test_cumsum_runs_either_way_along_an_axis():
+    v = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7
+    g = libspmd.Graph()
+    x = g.input("x", (2, 3, 4))
+    fwd, rev = g.cumsum(x, 1), g.cumsum(x, -1, reverse=True)
+    g.mark_output(fwd)
+    g.mark_output(rev)
+    p = g.compile()
+    p.set_input(x, v)
+    p.run()
+    np.testing.assert_array_equal(p.read(fwd), np.cumsum(v, axis=1))
+    np.testing.assert_array_equal(p.read(rev), np.flip(np.cumsum(np.flip(v, -1), axis=-1), -1))

@@ -718,6 +718,20 @@ static spmd_tensor *op_max(eq_case *c, spmd_tensor *x)
     return note(c, spmd_sub(c->g, x, m), "sub(%s, %s)", name_of(x), name_of(m));
 }
 
+/* A running sum along a random axis, either way, scaled by 1/len to
+ * keep the values' size. */
+static spmd_tensor *op_cumsum(eq_case *c, spmd_tensor *x)
+{
+    int r = rank_of(x);
+    if (r < 1) return NULL;
+    int axis = test_rng_int(&c->r, 0, r - 1);
+    bool reverse = test_rng_chance(&c->r, 0.5);
+    spmd_tensor *y = note(c, spmd_cumsum(c->g, x, axis, reverse), "cumsum(%s, axis %d, reverse %d)",
+                          name_of(x), axis, reverse);
+    float s = 1.0f / (float)dim_of(x, axis);
+    return note(c, spmd_scale(c->g, y, s), "scale(%s, %g)", name_of(y), (double)s);
+}
+
 static spmd_tensor *op_softmax(eq_case *c, spmd_tensor *x)
 {
     int r = rank_of(x);
@@ -915,7 +929,7 @@ static const struct {
     {op_linear, 6},    {op_matmul_ta, 2}, {op_matmul_tt, 2}, {op_bmm, 3},      {op_unary, 4},
     {op_broadcast, 4}, {op_branch, 3},    {op_reduce, 3},    {op_max, 2},      {op_softmax, 2},
     {op_layernorm, 3}, {op_attention, 3}, {op_embed_add, 2}, {op_reshape, 3},  {op_permute, 3},
-    {op_slice, 2},     {op_concat, 2},    {op_where, 2},     {op_dropout, 2},
+    {op_slice, 2},     {op_concat, 2},    {op_where, 2},     {op_dropout, 2},    {op_cumsum, 2},
 };
 
 static op_fn pick_op(eq_case *c)

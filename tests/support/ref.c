@@ -302,6 +302,22 @@ void ref_max_backward(const float *x, const int64_t *xd, int xr, int axis, const
     }
 }
 
+void ref_cumsum(const float *x, const int64_t *xd, int xr, int axis, bool reverse, float *out)
+{
+    int64_t idx[REF_MAX_RANK];
+    int64_t n = ref_numel(xd, xr);
+    for (int64_t i = 0; i < n; i++) {
+        unflatten(i, xd, xr, idx);
+        int64_t at = idx[axis], from = reverse ? at : 0, to = reverse ? xd[axis] : at + 1;
+        double acc = 0.0;
+        for (int64_t l = from; l < to; l++) {
+            idx[axis] = reverse ? to - 1 - (l - from) : l;
+            acc += x[flatten(idx, xd, xr)];
+        }
+        out[i] = (float)acc;
+    }
+}
+
 /* ---- Row normalisations ------------------------------------------------------------ */
 
 static int64_t last_dim(const int64_t *xd, int xr) { return xr > 0 ? xd[xr - 1] : 1; }

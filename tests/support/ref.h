@@ -84,6 +84,10 @@ void ref_max(const float *x, const int64_t *xd, int xr, int axis, float *out);
 void ref_max_backward(const float *x, const int64_t *xd, int xr, int axis, const float *dy,
                       float *out);
 
+/* Running sums along `axis` (from the end with reverse), each in double
+ * by its own multi-index walk; out: x's shape. */
+void ref_cumsum(const float *x, const int64_t *xd, int xr, int axis, bool reverse, float *out);
+
 /* ---- Row normalisations (last dim) ----------------------------------------- */
 
 /* out: x's shape. */

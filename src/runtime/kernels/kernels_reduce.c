@@ -1,6 +1,6 @@
 /*
  * Reductions: sum and mean over a set of axes, max over one axis and its
- * backward.  Each output element is reduced by exactly one thread in a
+ * backward, the cumulative sum along one axis.  Each output element is reduced by exactly one thread in a
  * fixed order (double accumulators), so results do not depend on nth; a
  * reduction to one scalar therefore runs on one thread, which is fine for
  * the small scalars a training step reduces.
@@ -259,6 +259,42 @@ void kern_max_backward(const kern_args *a)
         for (int64_t l = 0; l < len; l++) {
             float *restrict dl = dxo + l * inner;
             for (int64_t j = 0; j < n; j++) dl[j] = idx[j] == l ? dyo[j] : 0.0f;
+        }
+    }
+}
+
+/* ---- cumsum ------------------------------------------------------------------- */
+
+/* x [.., L, ..] -> its running sums along attr.cumsum.axis, from the end
+ * with reverse.  A thread takes whole outer rows or chunks of columns, and
+ * each column runs along L in a double accumulator, so the sums do not
+ * depend on nth. */
+void kern_cumsum(const kern_args *a)
+{
+    const spmd_tensor *t = a->node;
+    int64_t outer, len, inner;
+    axis_view(t, t->attr.cumsum.axis, &outer, &len, &inner);
+    const bool reverse = t->attr.cumsum.reverse;
+    const int64_t chunks = kn_ceil_div(inner, RED_CHUNK);
+    const float *x = a->in[0];
+    float *y = a->out;
+    int64_t b, e;
+    kern_split(outer * chunks, a->ith, a->nth, 1, &b, &e);
+    double acc[RED_CHUNK];
+    for (int64_t u = b; u < e; u++) {
+        int64_t o = u / chunks, c0 = (u % chunks) * RED_CHUNK;
+        int64_t n = kn_min(RED_CHUNK, inner - c0);
+        const float *xo = x + o * len * inner + c0;
+        float *yo = y + o * len * inner + c0;
+        for (int64_t j = 0; j < n; j++) acc[j] = 0.0;
+        for (int64_t step = 0; step < len; step++) {
+            int64_t l = reverse ? len - 1 - step : step;
+            const float *restrict xl = xo + l * inner;
+            float *restrict yl = yo + l * inner;
+            for (int64_t j = 0; j < n; j++) {
+                acc[j] += (double)xl[j];
+                yl[j] = (float)acc[j];
+            }
         }
     }
 }
