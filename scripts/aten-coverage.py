@@ -16,7 +16,7 @@ too is no limit of libspmd's).  torch says which ops are Core ATen, which
 it decomposes first (trace.py's _decompositions), which draw random
 numbers (trace.py's _RANDOM) and which take no tensor.  Only the reasons
 why an op has no mapping are written here (WHY_NOT), where no rule gives
-one.
+one and the package (aten.NOT_MAPPED) does not.
 
 --print writes the page to stdout.  --check regenerates it in memory and
 fails, with a diff, when the page (or FILE) is out of date.  The page
@@ -71,11 +71,7 @@ WHY_NOT = {
     "as_strided": "a view by strides: libspmd's tensors are contiguous",
     "_fft_r2c": "complex numbers: libspmd's tensors are real",
     "_fft_c2r": "complex numbers: libspmd's tensors are real",
-    "_local_scalar_dense": "a value read in Python (`.item()`): the capture runs on shapes, "
-                           "not values",
-    "argmax": "integer results (indices): libspmd computes them for no op",
-    "argmin": "integer results (indices): libspmd computes them for no op",
-    "nonzero": "a result whose shape depends on the values",
+    **aten.NOT_MAPPED,  # those trace() gives when refusing the op
 }
 
 # The page's statuses, in its order: (key, heading, what it means).
@@ -289,9 +285,14 @@ def page():
         "Whatever the table says, an op whose operands are all constants (buffers, "
         "literals, what was folded before) is computed by torch while tracing and never "
         "reaches the table, so a mask or table built from buffers may use any op. Tensors "
-        "computed at run time are float (f32), or int32 where an op reads indices (the "
-        "batch's targets and ids); an op on an integer tensor computed at run time is "
-        "refused. A lowering refuses some arguments naming them (the messages below, "
+        "computed at run time are f32, torch's integers and booleans among them (a "
+        "comparison's 1 or 0, argmax's index, a count: whole numbers, exact in f32 below "
+        "2^24), or int32 where an op reads indices (the batch's targets and ids, which no "
+        "op computes). A float becomes an integer only where libspmd knows it whole, and "
+        "a check torch records (`_assert_async`: F.one_hot's) is dropped only where it "
+        "holds whatever the values, else refused ([From "
+        "PyTorch](python.md#from-pytorch)). A lowering refuses some arguments "
+        "naming them (the messages below, "
         "`…` standing for a value), and libspmd's builders may refuse what the library "
         "cannot hold (more than 6 dimensions, say), naming the op and the line. "
         "The page is generated: `scripts/aten-coverage.py` rewrites it and "

@@ -161,6 +161,12 @@ class NumpyBuilder:
         self._f32("max", x)
         return np.max(x, axis=axis, keepdims=keepdim)
 
+    def cumsum(self, x, axis, reverse=False):
+        self._f32("cumsum", x)
+        v = np.flip(x, axis) if reverse else x
+        y = np.cumsum(v.astype(np.float64), axis=axis).astype(F32)
+        return np.ascontiguousarray(np.flip(y, axis) if reverse else y)
+
     def log_softmax(self, x):
         self._f32("log_softmax", x)
         v = x.astype(np.float64)

@@ -180,6 +180,23 @@ LOSSES = {
                                        * torch.arange(24.0).view(1, 1, 4, 6)).sum()
                          + F.interpolate(m(x).view(1, 3, 2, 3), size=(6, 3)).pow(2).sum(),
                          lambda: (x46(),)),
+    # Integers and booleans computed at run time, held as whole numbers in
+    # f32: argmax, one_hot, topk, cumsum, any and the casts between them.
+    "argmax_one_hot": (lambda m, x: (F.one_hot(m(x).argmax(1), 6) * m(x)).sum()
+                       + (m(x).argmin(0) * 1.5).sum() + m(x).argmax().float()
+                       + (m(x).argmax(1, keepdim=True) * m(x)).sum()
+                       + (F.one_hot((m(x) > 0).sum(1), 7)[:, :6] * m(x)).sum(), lambda: (x46(),)),
+    "topk_values_and_indices": (lambda m, x: (torch.topk(m(x), 2, dim=1).values ** 2).sum()
+                                + (torch.topk(m(x), 3, dim=0, largest=False).values * 2).sum()
+                                + torch.topk(m(x), 4).indices.float().pow(2).sum(),
+                                lambda: (x46(),)),
+    "cumsum_counts": (lambda m, x: (torch.cumsum(m(x), 1) * torch.arange(6.0)).sum()
+                      + (torch.cumsum(m(x), 0) ** 2).sum()
+                      + (torch.cumsum((m(x) > 0).float(), 0) * m(x)).sum(), lambda: (x46(),)),
+    "any_and_casts": (lambda m, x: (torch.any(m(x) > 0.5, 1).float() * m(x)[:, 0]).sum()
+                      + torch.any(m(x) > 2) + (m(x) > 0).long().sum()
+                      + ((m(x) > 0).sum(1).long() * m(x)[:, 1]).sum()
+                      + (m(x) * m(x).bool()).sum(), lambda: (x46(),)),
     "group_norm": (lambda m, x: (F.group_norm(m(x).view(3, 6, 1), 2, m.w[0], m.w[1])
                                  * torch.arange(6.0).view(6, 1)).sum()
                    + F.group_norm(m(x).view(1, 6, 3), 3).pow(3).sum(), lambda: (x46(),)),
@@ -202,7 +219,8 @@ def test_op_maps_to_eager_value(name):
 # The LOSSES of the ops mapped onto other libspmd ops by a few lines each.
 TRAINED_AS_EAGER = ["clamp_forms", "leaky_relu_elu", "maximum_minimum", "log_exp_forms",
                     "logical_masks", "var_std", "amin_max_min_dim", "div_rounding_none",
-                    "repeat_and_index", "slice_scatter_writes", "upsample_nearest", "group_norm"]
+                    "repeat_and_index", "slice_scatter_writes", "upsample_nearest", "group_norm",
+                    "argmax_one_hot", "topk_values_and_indices", "cumsum_counts", "any_and_casts"]
 
 
 @pytest.mark.parametrize("name", TRAINED_AS_EAGER)
@@ -576,8 +594,10 @@ def line_of(fragment):
 
 # (case, the op the refusal names, loss_fn, the fragment of its line).
 UNMAPPED = [
-    ("cumsum", "aten.cumsum.default", lambda m, x: torch.cumsum(m(x), 1).sum(), "torch.cumsum(m(x), 1)"),
+    ("flip", "aten.flip.default", lambda m, x: torch.flip(m(x), (1,)).sum(), "torch.flip(m(x), (1,))"),
     ("atan", "aten.atan.default", lambda m, x: m(x).atan().sum(), "m(x).atan()"),
+    ("nonzero", "aten.nonzero.default", lambda m, x: torch.nonzero(m(x) > 0).float().sum(),
+     "torch.nonzero(m(x) > 0)"),
     ("pow_tensors", "aten.pow.Tensor_Tensor", lambda m, x: (m(x) ** m(x)).sum(), "(m(x) ** m(x))"),
     ("pow_negative_base", "aten.pow.Scalar", lambda m, x: torch.pow(-2.0, m(x)).sum(),
      "torch.pow(-2.0, m(x))"),
@@ -613,6 +633,14 @@ def test_unmapped_op_raises_naming_op_and_line(case):
      "aten.upsample_nearest2d.vec", "from 2x3 to 3x4; libspmd upsamples by whole factors"),
     (lambda m, x: torch.slice_scatter(m(x), m(x)[:, :2], 1, 0, 4, 2).sum(),
      "aten.slice_scatter.default", "with step 2"),
+    (lambda m, x: (m(x) * 3).long().sum(), "aten._to_copy.default",
+     "converts a float tensor computed at run time to torch.int64, which truncates it"),
+    # The classes (m(x) > 0).sum(1) are 0 to 6: in range for 7 (above), not for 4.
+    (lambda m, x: F.one_hot((m(x) > 0).sum(1), 4).sum(), "aten._assert_async.msg",
+     "checks 'one_hot: Class values must be smaller than num_classes.' on values computed at "
+     "run time, which libspmd cannot show to hold"),
+    (lambda m, x: torch.topk(m(x), 0, dim=1).values.sum() + m(x).sum(), "aten.topk.default",
+     "with k 0 over a dim of 6; libspmd maps 1 to 6"),
 ])
 def test_composed_ops_refusals(loss_fn, op, why):
     batch = (x46(), torch.ones(3, 6, dtype=torch.int64))[:loss_fn.__code__.co_argcount - 1]

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from . import attention
+from . import attention, ranges
 from .graph import Ref
 from .lowering import Unavailable
 
@@ -23,6 +23,18 @@ from .lowering import Unavailable
 # (torch 2's attention) is still a key.
 TABLE = {}
 
+
+# Why an aten op has no entry, by its packet name, where the reason is not
+# that libspmd lacks an op for it: trace() gives it when refusing the op,
+# and the coverage page (scripts/aten-coverage.py) shows it.
+NOT_MAPPED = {
+    "nonzero": "gives a result whose shape depends on the values (torch.nonzero, torch.where "
+               "of a mask alone: the tokens an expert was given, say), and libspmd's programs "
+               "have static shapes; route tokens as GShard does, by einsums over a one-hot "
+               "dispatch mask of a fixed capacity",
+    "_local_scalar_dense": "reads a value in Python (`.item()`), and the capture runs on "
+                           "shapes, not values",
+}
 
 def lowers(*overloads):
     """Register the decorated function as the lowering of each named
@@ -63,9 +75,14 @@ def _reshape(cx, x, shape):
 
 
 def _permute(cx, x, perm):
+    """libspmd's permute, or a reshape where only dims of size 1 move (einsum's
+    unsqueezed operands), which the partitioner carries splits through."""
     perm = tuple(_dim(p, x.rank) for p in perm)
     if perm == tuple(range(x.rank)):
         return x
+    moved = [p for p in perm if x.shape[p] != 1]
+    if moved == sorted(moved):
+        return _reshape(cx, x, tuple(x.shape[p] for p in perm))
     return cx.emit("permute", x, perm)
 
 
@@ -290,17 +307,28 @@ def identity(cx, x, **_kw):
 
 @lowers("aten._to_copy.default")
 def to_copy(cx, x, dtype=None, **_kw):
-    """x itself where the dtype stays of its kind (a float as a float, an integer as an
-    integer)."""
+    """x itself where the value stays as libspmd holds it: every value computed at run time
+    is f32 (a float, or a whole number standing for torch's integer or bool), and a batch's
+    integers i32."""
     x = cx.ref(x, None)
     if dtype is None:
         return x
-    want = "f32" if dtype.is_floating_point else None
-    if dtype not in (torch.bool,) and not dtype.is_complex and not dtype.is_floating_point:
-        want = "i32"
-    if want == x.dtype:
+    if x.dtype == "i32":
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise cx.unsupported(f"converts a {x.dtype} tensor computed at run time to {dtype}")
         return x
-    raise cx.unsupported(f"converts a {x.dtype} tensor computed at run time to {dtype}")
+    if dtype.is_floating_point:
+        return x
+    if dtype.is_complex:
+        raise cx.unsupported(f"converts a {x.dtype} tensor computed at run time to {dtype}")
+    r = ranges.whole_range(cx, x)
+    if dtype == torch.bool:  # x != 0, unless x is 0 or 1 already
+        return x if r is not None and r[0] >= 0 and r[1] <= 1 else _truth(cx, x)
+    if r is None:
+        raise cx.unsupported(f"converts a float tensor computed at run time to {dtype}, which "
+                             f"truncates it; libspmd has no op that does, and converts only "
+                             f"values it knows whole (counts, indices, comparisons)")
+    return x
 
 
 @lowers("aten.slice.Tensor")
@@ -797,6 +825,19 @@ def capture_check(cx, *_args, **_kw):
     return None
 
 
+@lowers("aten._assert_async.msg", "aten._assert_async.default")
+def assert_async(cx, cond, msg="the assertion"):
+    """A check the capture recorded on values computed at run time (F.one_hot's: the classes
+    in range): dropped where it holds whatever the values (ranges.py: the one-hot of an
+    argmax over n); a program checks nothing while it runs, so any other is refused."""
+    if ranges.always_true(cx, cx.ref(cond)):
+        return None
+    raise cx.unsupported(f"checks '{msg}' on values computed at run time, which libspmd "
+                         f"cannot show to hold and does not check while the program runs; "
+                         f"compare with an arange instead (x[..., None] == torch.arange(n) is "
+                         f"F.one_hot(x, n) where x is in range, all 0 where it is not)")
+
+
 def _dropout(cx, x, p, train, draw_dims=None):
     """x under dropout in training, libspmd's op (its own draws: PyTorch's
     random stream is not reproduced, docs/python.md); x itself in eval or
@@ -884,6 +925,76 @@ def max_dim(cx, x, dim, keepdim=False):
     else:
         y = cx.emit("neg", cx.emit("max", cx.emit("neg", x), d, bool(keepdim)))
     return y, Unavailable(f"{cx.overload.split('.')[1]}'s indices")
+
+
+def _first_extremum(cx, x, d, keepdim):
+    """(the maximum of x along d, the index of its first occurrence as a whole number in f32):
+    libspmd's max, eq with it, and the least index where they are equal (max of the negated
+    indices)."""
+    n = x.shape[d]
+    top = cx.emit("max", x, d, True)
+    hit = cx.emit("eq", x, top)
+    index = torch.arange(n, dtype=torch.float32).view([n if i == d else 1 for i in range(x.rank)])
+    # n - 1 where no index hits: the least index hit is the first maximum.
+    at = cx.emit("where", hit, cx.ref(index), cx.ref(float(n - 1)))
+    first = cx.emit("neg", cx.emit("max", cx.emit("neg", at), d, bool(keepdim)))
+    return (top if keepdim else _reshape(cx, top, first.shape)), first
+
+
+@lowers("aten.argmax.default", "aten.argmin.default")
+def argmax(cx, x, dim=None, keepdim=False):
+    """The index of the first maximum (argmin: minimum) along dim, a whole number in f32:
+    libspmd's max, eq with it, and the least index where they are equal (max of the negated
+    indices); no gradient, as torch's.  For x without NaN (torch's argmax takes a NaN as
+    the maximum)."""
+    x = cx.ref(x)
+    if cx.overload == "aten.argmin.default":
+        x = cx.emit("neg", x)
+    if dim is None:
+        x = _reshape(cx, x, (int(np.prod(x.shape, dtype=np.int64)),))
+    first = _first_extremum(cx, x, 0 if dim is None else _dim(dim, x.rank), keepdim)[1]
+    return _reshape(cx, first, cx.out_shape())
+
+
+@lowers("aten.topk.default")
+def topk(cx, x, k, dim=-1, largest=True, sorted=True):
+    """The k largest (smallest) values along dim and their indices, largest first: k rounds
+    of argmax's max and first index, each round's pick set to -inf for the next; the
+    gradient goes to the values picked, as torch's.  Ties are taken in index order."""
+    x = cx.ref(x)
+    d = _dim(dim, x.rank)
+    if not 1 <= int(k) <= x.shape[d]:
+        raise cx.unsupported(f"with k {k} over a dim of {x.shape[d]}; libspmd maps 1 to "
+                             f"{x.shape[d]}")
+    rest = x if largest else cx.emit("neg", x)
+    values, indices = [], []
+    n = x.shape[d]
+    index = torch.arange(n, dtype=torch.float32).view([n if i == d else 1 for i in range(x.rank)])
+    for i in range(int(k)):
+        top, first = _first_extremum(cx, rest, d, True)
+        values.append(top if largest else cx.emit("neg", top))
+        indices.append(first)
+        if i + 1 < int(k):
+            picked = cx.emit("eq", cx.ref(index), first)
+            rest = cx.emit("where", picked, cx.ref(-math.inf), rest)
+    return _concat(cx, values, d), _concat(cx, indices, d)
+
+
+@lowers("aten.any.default", "aten.any.dim", "aten.any.dims")
+def any_(cx, x, dim=None, keepdim=False):
+    """1 where some value over dim (.default: all) is nonzero, else 0: libspmd's ne of the sum
+    of x != 0, a count."""
+    x = cx.ref(x)
+    axes = _axes(dim, x.rank)
+    count = cx.emit("sum", _truth(cx, x), axes, bool(keepdim)) if axes else _truth(cx, x)
+    return _truth(cx, count)
+
+
+@lowers("aten.cumsum.default")
+def cumsum(cx, x, dim, dtype=None):
+    """libspmd's cumsum along dim (of a 0/1 mask, a count: whole numbers stay exact)."""
+    x = cx.ref(x)
+    return cx.emit("cumsum", x, _dim(dim, x.rank), False)
 
 
 def _variance(cx, x, dim, correction, keepdim):

@@ -14,7 +14,7 @@ method returns the builder's own tensor handle.
     pow_scalar(x, c)                     x ** c for a constant c
     expand(x, shape)                     numpy broadcasting to shape
     sum(x, axes, keepdim)  mean(x, axes, keepdim)   axes: tuple of dims
-    max(x, axis, keepdim)
+    max(x, axis, keepdim)  cumsum(x, axis, reverse)
     softmax(x)  log_softmax(x)           over the last dim
     layernorm(x, gamma, beta, eps)       over the last dim
     max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)

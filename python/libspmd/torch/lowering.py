@@ -84,6 +84,7 @@ class Lowering:
         self.buffer_ids = {}
         self.buffer_states = {}
         self.buffer_values = {}
+        self.whole_ranges = {}  # Ref id -> ranges.whole_range's answer
 
     # ---- messages
 
@@ -216,6 +217,10 @@ class Lowering:
         if not isinstance(value, Ref) or value.shape != old.shape or value.dtype != "f32":
             raise self.unsupported(f"writes {value!r} into buffer {name} of shape {list(old.shape)}")
         self.buffer_values[name] = value
+
+    def buffer_state_names(self):
+        """The state leaves of the buffers the step writes."""
+        return {state for state, _ in self.buffer_states.values()}
 
     def updates(self):
         """state name -> (buffer name, the state's Ref, the value written

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidError, UnsupportedError
-from .aten import TABLE
+from .aten import NOT_MAPPED, TABLE
 from .dropout_capture import DropoutAsOneOp
 from .graph import Ref, TracedGraph
 from .lowering import Lowering, Unavailable, op_name
@@ -341,7 +341,10 @@ def trace(loss_fn, model, *batch):
 
     _group_fused_heads(cx, marks, names)
     updates = cx.updates()
-    calls = _live_calls(cx.calls, out, [value for _, _, value in updates.values()])
+    # A buffer's state stays a leaf even where the step writes it unread
+    # (buf.copy_(value)): its update needs it.
+    calls = _live_calls(cx.calls, out, [r for _, state, value in updates.values()
+                                         for r in (state, value)])
     live_leaves = {c.args[0] for c in calls if c.op in ("input", "state")}
     states = {n: a for n, a in cx.states.items() if n in live_leaves}
     inputs = [s for s in cx.inputs if s.name in live_leaves]
@@ -438,7 +441,8 @@ def _lower(cx, capture, params, buffers, batch, names):
             continue
         fn = TABLE.get(name)
         if fn is None:
-            raise cx.unsupported()
+            why = NOT_MAPPED.get(name.split(".")[1]) if name.startswith("aten.") else None
+            raise cx.unsupported(why)
         env[node] = fn(cx, *args, **kwargs)
 
     outs = _subst(out_node.args[0], env)
@@ -511,7 +515,8 @@ def _group_fused_heads(cx, marks, batch_names):
 
 
 def _live_calls(calls, loss, written=()):
-    """The calls the loss and the values written into buffers need, plus
+    """The calls the loss and the buffers written (their states and the
+    values written) need, plus
     every param (each parameter stays a leaf of the program even when the
     loss does not read it)."""
     live = {loss.id} | {ref.id for ref in written}
