@@ -227,6 +227,8 @@ def classify(name, decomposed):
 def reaches(name, decompositions):
     """How a table entry that is no Core ATen op reaches the table."""
     op = overload(name)
+    if name == "libspmd.sharding_constraint.default":
+        return "`mark_sharding` inside `forward` makes it (`constraint.py`)"
     if name.startswith("libspmd."):
         return "the capture makes it (`dropout_capture.py`)"
     if op is None:
@@ -291,7 +293,7 @@ def page():
         "op computes). A float becomes an integer only where libspmd knows it whole, and "
         "a check torch records (`_assert_async`: F.one_hot's) is dropped only where it "
         "holds whatever the values, else refused ([From "
-        "PyTorch](python.md#from-pytorch)). A lowering refuses some arguments "
+        "PyTorch](python.md#experts-from-pytorch)). A lowering refuses some arguments "
         "naming them (the messages below, "
         "`…` standing for a value), and libspmd's builders may refuse what the library "
         "cannot hold (more than 6 dimensions, say), naming the op and the line. "
@@ -316,7 +318,8 @@ def page():
     out += [
         "## Other ops the table maps",
         "",
-        "Ops that are not Core ATen: libspmd's own (the capture's channel-wise dropout), "
+        "Ops that are not Core ATen: libspmd's own (the capture's channel-wise dropout, "
+        "a mark inside forward), "
         "aten ops the table keeps whole where torch would decompose them (libspmd has "
         "fused ops for them: cross-entropy's `nll_loss_forward`, ...), and entries for "
         "what other versions of torch capture.",

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from . import attention, ranges
+from . import attention, constraint, ranges
 from .graph import Ref
 from .lowering import Unavailable
 
@@ -286,6 +286,16 @@ def view(cx, x, *_shape_args, **_kw):
         # refused where it is read, as the output itself.
         return x
     return _reshape(cx, x, cx.out_shape())
+
+
+@lowers("libspmd.sharding_constraint.default")
+def sharding_constraint(cx, x, key):
+    """mark_sharding on a value computed inside forward: a node of its own holding x (x
+    scaled by 1, elementwise: the operand is resharded to the mark) that carries the mark."""
+    x = cx.ref(x)
+    y = cx.emit("scale", x, 1.0)
+    cx.value_marks[y.id] = constraint.mark_of(key)
+    return y
 
 
 @lowers("aten.expand.default")

@@ -112,9 +112,12 @@ class TracedGraph:
     updates  state name -> (buffer name, the state's Ref, its new value's
              Ref): the buffers each step writes (BatchNorm's running
              statistics), updated in the program and written back by sync
+    value_marks  Ref id -> ShardingMark: the values mark_sharding marked
+             inside forward (sharding constraints, constraint.py)
     """
 
-    def __init__(self, calls, loss, params, aliases, states, inputs, marks, updates=None):
+    def __init__(self, calls, loss, params, aliases, states, inputs, marks, updates=None,
+                 value_marks=None):
         self.calls = calls
         self.loss = loss
         self.params = params
@@ -123,6 +126,7 @@ class TracedGraph:
         self.inputs = inputs
         self.marks = marks
         self.updates = dict(updates or {})
+        self.value_marks = dict(value_marks or {})
 
     def ops(self):
         """The distinct builder ops the program uses."""

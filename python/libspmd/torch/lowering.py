@@ -85,6 +85,7 @@ class Lowering:
         self.buffer_states = {}
         self.buffer_values = {}
         self.whole_ranges = {}  # Ref id -> ranges.whole_range's answer
+        self.value_marks = {}  # Ref id -> ShardingMark: constraints made inside forward
 
     # ---- messages
 

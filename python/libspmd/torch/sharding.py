@@ -12,6 +12,7 @@ import weakref
 import torch
 
 from ..errors import InvalidError
+from . import constraint
 from .mesh import Mesh, get_global_mesh
 
 
@@ -134,7 +135,9 @@ def normalize_spec(mesh, partition_spec, rank):
 
 def mark_sharding(t, mesh, partition_spec):
     """Mark tensor t (a parameter, a buffer or an input) to be split over
-    `mesh` by `partition_spec`; returns t.  A later mark replaces it."""
+    `mesh` by `partition_spec`; returns t.  A later mark replaces it.
+    Inside forward, on a value computed there, it is a sharding constraint
+    on the value it returns (constraint.py): use that value."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"mark_sharding marks a torch.Tensor, got {type(t).__name__}")
     if mesh is None:
@@ -144,7 +147,10 @@ def mark_sharding(t, mesh, partition_spec):
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mark_sharding needs a Mesh, got {type(mesh).__name__}")
     axes = normalize_spec(mesh, partition_spec, t.dim())
-    _marks.set(t, ShardingMark(mesh, axes, tuple(partition_spec)))
+    mark = ShardingMark(mesh, axes, tuple(partition_spec))
+    if constraint.active():
+        return constraint.constrain(t, mark)
+    _marks.set(t, mark)
     return t
 
 

@@ -116,6 +116,8 @@ class Step:
                     g.mark_sharding(env[call.out.id], self._libspmd_mesh(m.mesh), m.spec_text())
                 if call.op == "param" and call.args[0] in frozen:
                     g.param_freeze(env[call.out.id])
+            for ref_id, m in traced.value_marks.items():
+                g.mark_sharding(env[ref_id], self._libspmd_mesh(m.mesh), m.spec_text())
             g.grad(loss)
             lrs = g.optimizer_apply_groups(plan.kind, plan.groups, clip_norm=self.clip_grad_norm,
                                            shard_state=self.zero, accumulate_steps=self.accumulation)

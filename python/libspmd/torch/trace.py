@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidError, UnsupportedError
+from . import constraint
 from .aten import NOT_MAPPED, TABLE
 from .dropout_capture import DropoutAsOneOp
 from .graph import Ref, TracedGraph
@@ -286,7 +287,7 @@ def make_aten_graph(loss_fn, model, *batch):
     name_of.update({id(t): n for n, t in buffers.items()})
     wrapper = _LossCall(model, _as_forward(loss_fn))
     try:
-        with DropoutAsOneOp():
+        with DropoutAsOneOp(), constraint.capturing():
             exported = torch.export.export(wrapper, tuple(batch), strict=False)
         exported = exported.run_decompositions(_decompositions())
     except Exception as e:  # torch's own refusal: say what was captured
@@ -352,7 +353,14 @@ def trace(loss_fn, model, *batch):
         if spec.name not in marks and spec.arg is not None and names[spec.arg] in marks:
             marks[spec.name] = marks[names[spec.arg]]
     marks = {n: m for n, m in marks.items() if n in live_leaves or n in params}
-    return TracedGraph(calls, out, params, aliases, states, inputs, marks, updates)
+    live = {c.out.id for c in calls}
+    value_marks = {i: m for i, m in cx.value_marks.items() if i in live}
+    meshes = {m.mesh for m in list(marks.values()) + list(value_marks.values())}
+    if len(meshes) > 1:
+        raise InvalidError(f"the marks (mark_sharding inside forward among them) use "
+                           f"{len(meshes)} meshes {sorted(map(repr, meshes))}; all marks of a "
+                           f"program use one mesh")
+    return TracedGraph(calls, out, params, aliases, states, inputs, marks, updates, value_marks)
 
 
 def _lower(cx, capture, params, buffers, batch, names):
