@@ -80,7 +80,10 @@ class GShardMoE(nn.Module):
         xe = self.on_experts(torch.einsum("gsec,gsm->egcm", dispatch, x))
         h = F.gelu(torch.einsum("egcm,emh->egch", xe, self.w1))
         ye = self.on_experts(torch.einsum("egch,ehm->egcm", h, self.w2))
-        return torch.einsum("gsec,egcm->gsm", combine, ye), aux
+        # torch's einsum orders the summed letters alphabetically: with the
+        # expert's letter before the capacity's, the merged (E, C) dim has
+        # E major, whose split the partitioner carries into it.
+        return torch.einsum("gsex,egxm->gsm", combine, ye), aux
 
     def on_experts(self, t):
         """GShard's annotation of [E, G, C, M]: E over 'expert', G over
@@ -180,8 +183,15 @@ def test_gshard_moe_trains_as_eager(mesh_shape):
 
 def test_tokens_travel_to_their_experts_by_all_to_all():
     (_, _, _, step), _ = train((4, 2), steps=1)
-    moved = [c for c in step.explain()["collectives"] if c["kind"] == "all-to-all"]
+    report = step.explain()
+    moved = [c for c in report["collectives"] if c["kind"] == "all-to-all"]
     assert moved and all(tuple(c["axes"]) == ("expert",) for c in moved), moved
+    # Forward, the tokens go to their experts and back by all-to-all alone:
+    # nothing is gathered over 'expert' (neither tokens nor weights).
+    forward = [(c["kind"], tuple(c["axes"])) for c in report["collectives"]
+               if c["phase"] == "forward" and "expert" in c["axes"]]
+    assert forward.count(("all-to-all", ("expert",))) == 2, forward
+    assert all(kind in ("all-to-all", "all-reduce") for kind, _ in forward), forward
     assert "all-to-all" in step.explain_text()
     sharding = {t["name"]: t["sharding"] for t in step.explain()["tensors"]}
     assert sharding["moe.w1"] == "expert, None, None", sharding["moe.w1"]
