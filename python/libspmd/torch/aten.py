@@ -36,6 +36,7 @@ NOT_MAPPED = {
                            "shapes, not values",
 }
 
+
 def lowers(*overloads):
     """Register the decorated function as the lowering of each named
     overload (aten's, or the capture's own libspmd ops); one serving
@@ -938,9 +939,9 @@ def max_dim(cx, x, dim, keepdim=False):
 
 
 def _first_extremum(cx, x, d, keepdim):
-    """(the maximum of x along d, the index of its first occurrence as a whole number in f32):
-    libspmd's max, eq with it, and the least index where they are equal (max of the negated
-    indices)."""
+    """(the maximum of x along d, its dim kept; the index of its first occurrence, a whole
+    number in f32, d kept as `keepdim` says): libspmd's max, eq with it, and the least index
+    where they are equal (max of the negated indices)."""
     n = x.shape[d]
     top = cx.emit("max", x, d, True)
     hit = cx.emit("eq", x, top)
@@ -948,7 +949,7 @@ def _first_extremum(cx, x, d, keepdim):
     # n - 1 where no index hits: the least index hit is the first maximum.
     at = cx.emit("where", hit, cx.ref(index), cx.ref(float(n - 1)))
     first = cx.emit("neg", cx.emit("max", cx.emit("neg", at), d, bool(keepdim)))
-    return (top if keepdim else _reshape(cx, top, first.shape)), first
+    return top, first
 
 
 @lowers("aten.argmax.default", "aten.argmin.default")
