@@ -124,7 +124,9 @@ spmd_tensor *gpt_moe_ffn(spmd_graph *g, const spmd_gpt_config *cfg, int layer, s
     /* Gating: gates [G, S, E]. */
     spmd_tensor *wg = moe_param(g, p, "gate.weight", 2, (const int64_t[]){E, M},
                                 (spmd_init){SPMD_INIT_NORMAL, GPT_STD});
-    spmd_tensor *gates = spmd_softmax(g, spmd_matmul(g, x, wg, false, true));
+    char name[64];
+    snprintf(name, sizeof name, "%s.gates", p);
+    spmd_tensor *gates = gpt_named(g, spmd_softmax(g, spmd_matmul(g, x, wg, false, true)), name);
     spmd_tensor *one = spmd_fill(g, 0, NULL, 1.0f);
     spmd_tensor *cap = spmd_fill(g, 0, NULL, (float)C);
     /* iota [C] = 0, 1, ..., C-1: a running count of ones, less one. */
@@ -180,7 +182,6 @@ spmd_tensor *gpt_moe_ffn(spmd_graph *g, const spmd_gpt_config *cfg, int layer, s
                                 (spmd_init){SPMD_INIT_ZEROS, 0});
     spmd_tensor *h = spmd_reshape(g, in, 3, (const int64_t[]){E, G * C, M});
     h = spmd_add(g, spmd_bmm(g, h, w1, false, false), spmd_reshape(g, b1, 3, (const int64_t[]){E, 1, H}));
-    char name[64];
     snprintf(name, sizeof name, "%s.gelu", p);
     h = gpt_named(g, spmd_gelu(g, h), name);                                    // [E, GC, H]
     h = spmd_add(g, spmd_bmm(g, h, w2, false, false), spmd_reshape(g, b2, 3, (const int64_t[]){E, 1, M}));

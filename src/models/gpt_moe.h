@@ -23,8 +23,8 @@ spmd_status gpt_moe_validate(const spmd_gpt_config *cfg);
 /* Parameters of one MoE layer, in place of the dense MLP's. */
 int64_t gpt_moe_block_params(const spmd_gpt_config *cfg);
 /* The MoE layer of block `layer` on x [B, T, C] (ln_2's output): [B, T,
- * C], named "h.{layer}.moe.out"; adds its auxiliary loss and dropped
- * count to sums. */
+ * C], named "h.{layer}.moe.out" (its gates [B, T, E] "h.{layer}.moe.gates");
+ * adds its auxiliary loss and dropped count to sums. */
 spmd_tensor *gpt_moe_ffn(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x,
                          gpt_moe_sums *sums);
 
