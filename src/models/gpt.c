@@ -38,8 +38,8 @@ spmd_status spmd_gpt_validate(const spmd_gpt_config *cfg)
     if (st != SPMD_OK) return st;
     /* The count below must fit in int64; checked in double to avoid overflow. */
     double c = cfg->dim, e = cfg->experts;
-    double total = ((double)cfg->vocab + gpt_context(cfg) + 2) * c + cfg->layers * (12 * c * c + 13 * c) +
-                   (cfg->layers / 2) * (e * c + (e - 1) * (8 * c * c + 5 * c));
+    double total = ((double)cfg->vocab + gpt_context(cfg) + 2) * c + cfg->layers * (12 * c * c + 13 * c);
+    if (e > 0) total += (cfg->layers / 2) * (e * c + (e - 1) * (8 * c * c + 5 * c));
     if (total > 0x1p62)
         return base_error(SPMD_ERR_INVALID,
                           "gpt: %.3g parameters is more than the 2^62 it can count", total);

@@ -46,6 +46,9 @@ spmd_status gpt_moe_validate(const spmd_gpt_config *cfg)
         return base_error(SPMD_ERR_INVALID,
                           "gpt: top-k (%d) must be from 1 to the number of experts (%d)",
                           cfg->top_k, cfg->experts);
+    if (cfg->top_k > SPMD_GPT_MAX_TOP_K)
+        return base_error(SPMD_ERR_INVALID, "gpt: top-k (%d) is more than the %d choices a token "
+                          "may make", cfg->top_k, SPMD_GPT_MAX_TOP_K);
     if (!(cfg->capacity_factor > 0) || !isfinite(cfg->capacity_factor))
         return base_error(SPMD_ERR_INVALID, "gpt: capacity factor (%g) must be a positive number",
                           (double)cfg->capacity_factor);
@@ -95,6 +98,7 @@ static spmd_tensor *compare(spmd_graph *g, const char *op, spmd_tensor *a, spmd_
  * count of them keeps the one whose count is 1. */
 static spmd_tensor *first_argmax_one_hot(spmd_graph *g, spmd_tensor *x, spmd_tensor *one)
 {
+    if (!x) return NULL;
     int last = spmd_tensor_rank(x) - 1;
     spmd_tensor *m = compare(g, "eq", x, spmd_max(g, x, last, true));
     return spmd_mul(g, m, compare(g, "eq", spmd_cumsum(g, m, last, false), one));

@@ -6,7 +6,8 @@
  *   ('expert'), 2x4 ('data', 'expert'), 2x2x2 with FSDP and 2x2x2 with
  *   tensor parallelism gives the one-device losses and expert weights
  *   within 1e-5 (the 3-D mesh tests' tolerance), the same dropped counts
- *   exactly, and the same bits when run again.
+ *   exactly, and the same bits when run again; spmd_gpt_param_count
+ *   counts the experts' parameters as the graph holds them.
  * - Structure: each MoE block costs two all-to-alls over 'expert' forward
  *   and two backward, and no activation is all-gathered over any axis;
  *   each device holds E/n experts' weights.
@@ -75,6 +76,7 @@ static void train(const moe_case *c, moe_run *r)
     assert_int_equal(spmd_gpt_build(g, &GPT, BATCH, &t), SPMD_OK);
     assert_non_null(t.dropped);
     assert_non_null(t.aux_loss);
+    assert_int_equal(spmd_gpt_param_count(&GPT), spmd_graph_param_count(g));
     mark(g, &t, mesh, c);
     spmd_optimizer opt = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f};
     spmd_trainer *tr = spmd_trainer_create(
@@ -228,6 +230,11 @@ static void test_refusals_name_the_numbers(void **state)
     cfg.top_k = 5;
     assert_int_equal(spmd_gpt_validate(&cfg), SPMD_ERR_INVALID);
     assert_non_null(strstr(spmd_last_error(), "top-k (5) must be from 1 to the number of experts (4)"));
+
+    cfg = GPT;
+    cfg.experts = 16, cfg.top_k = 9;
+    assert_int_equal(spmd_gpt_validate(&cfg), SPMD_ERR_INVALID);
+    assert_non_null(strstr(spmd_last_error(), "top-k (9) is more than the 8 choices"));
 
     cfg = GPT;
     cfg.experts = 64, cfg.top_k = 1, cfg.capacity_factor = 1.0f; /* 8 tokens, 64 experts */
