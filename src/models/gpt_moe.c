@@ -173,7 +173,9 @@ spmd_tensor *gpt_moe_ffn(spmd_graph *g, const spmd_gpt_config *cfg, int layer, s
     spmd_tensor *flat = spmd_reshape(g, dispatch, 3, (const int64_t[]){G, S, E * C});
     spmd_tensor *in = spmd_bmm(g, flat, x, true, false);                        // [G, EC, M]
     in = spmd_reshape(g, in, 4, (const int64_t[]){G, E, C, M});
-    in = constrained(g, spmd_permute(g, in, (const int[]){1, 0, 2, 3}), p, "dispatched");
+    snprintf(name, sizeof name, "%s.to_experts", p); /* what the all-to-all moves */
+    in = gpt_named(g, spmd_permute(g, in, (const int[]){1, 0, 2, 3}), name);
+    in = constrained(g, in, p, "dispatched");
 
     /* The experts' MLPs on EGCM: bmm over E of [E, GC, M] by [E, M, H]. */
     spmd_tensor *w1 = moe_param(g, p, "c_fc.weight", 3, (const int64_t[]){E, M, H},
@@ -192,7 +194,9 @@ spmd_tensor *gpt_moe_ffn(spmd_graph *g, const spmd_gpt_config *cfg, int layer, s
     h = constrained(g, spmd_reshape(g, h, 4, (const int64_t[]){E, G, C, M}), p, "expert_out");
 
     /* Back to the groups (the all-to-all), then GSEC,EGCM->GSM. */
-    spmd_tensor *back = constrained(g, spmd_permute(g, h, (const int[]){1, 0, 2, 3}), p, "returned");
+    snprintf(name, sizeof name, "%s.from_experts", p);
+    spmd_tensor *back = gpt_named(g, spmd_permute(g, h, (const int[]){1, 0, 2, 3}), name);
+    back = constrained(g, back, p, "returned");
     back = spmd_reshape(g, back, 3, (const int64_t[]){G, E * C, M});
     spmd_tensor *y = spmd_bmm(g, spmd_reshape(g, combine, 3, (const int64_t[]){G, S, E * C}), back,
                               false, false);                                    // [G, S, M]
