@@ -80,6 +80,11 @@ const flag_spec flag_rows[] = {
      .value = "on|off",
      .help = "with --tp: sequence parallelism, the residual stream split over the sequence on the "
              "tensor axis", .initial = "off", .choices = "off|on"},
+    {.name = "--ep", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(ep),
+     .value = "AXIS",
+     .help = "with --experts: expert parallelism (GShard) over AXIS: the experts' weights split "
+             "on the expert dim, tokens sent to their experts and back by all-to-all; the batch "
+             "stays over every batch axis, AXIS included (best last in --axes)"},
 
     /* The model. */
     {.name = "--model", .commands = RUN_COMMANDS, .kind = FLAG_CUSTOM, .offset = 0,
@@ -99,6 +104,19 @@ const flag_spec flag_rows[] = {
     {.name = "--context", .commands = MODEL_COMMANDS, .kind = FLAG_INT,
      .offset = FIELD(gpt.context), .value = "N", .help = "GPT position table rows",
      .shown = "--seq", .min = 1},
+    {.name = "--experts", .commands = RUN_COMMANDS, .kind = FLAG_INT,
+     .offset = FIELD(gpt.experts), .value = "E",
+     .help = "GPT mixture of experts (GShard): E expert MLPs in place of the MLP of every other "
+             "block (h.1, h.3, ...); 0: none", .initial = "0", .min = 0},
+    {.name = "--experts-top-k", .commands = RUN_COMMANDS, .kind = FLAG_INT,
+     .offset = FIELD(gpt.top_k), .value = "K",
+     .help = "with --experts: experts per token, chosen in turn by the gate's first maximum",
+     .initial = "2", .min = 1, .max = SPMD_GPT_MAX_TOP_K},
+    {.name = "--capacity-factor", .commands = RUN_COMMANDS, .kind = FLAG_FLOAT,
+     .offset = FIELD(gpt.capacity_factor), .value = "F",
+     .help = "with --experts: each expert takes floor(K x seq x F / E) tokens of a sequence, the "
+             "rest are dropped (counted in the log)", .initial = "1.25", .min = 1e-6f,
+     .max = 1e6, .max_included = true},
     {.name = "--hidden", .commands = RUN_COMMANDS, .kind = FLAG_INT, .offset = FIELD(mlp.hidden),
      .value = "N", .help = "MLP width; --layers sets its depth", .initial = "128", .min = 1},
     {.name = "--data", .commands = MODEL_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(data),

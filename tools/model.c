@@ -99,8 +99,15 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     spmd_tensor *inputs[2] = {c->input, c->targets};
     int n = c->targets ? 2 : 1;
     spmd_status st;
-    /* Tensor parallelism marks its weights and the batch (off its axis)
-     * first; FSDP then splits the other parameters. */
+    /* Expert parallelism marks the experts and the tokens between them,
+     * tensor parallelism its weights and the batch (off its axis); FSDP
+     * then splits the other parameters. */
+    if (o->ep) {
+        if (strcmp(o->model, "gpt") || o->gpt.experts == 0)
+            return cli_fail("--ep %s: expert parallelism is for --model gpt with --experts", o->ep);
+        if (spmd_gpt_shard_experts(c->g, &o->gpt, mesh, o->ep, o->tp, NULL) != SPMD_OK)
+            return cli_fail("--ep %s: %s", o->ep, spmd_last_error());
+    }
     if (o->tp) {
         if (strcmp(o->model, "gpt")) return cli_fail("--tp: tensor parallelism is for --model gpt");
         spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp};
@@ -126,6 +133,43 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
 
 /* ---- Model ---------------------------------------------------------------------- */
 
+/* The experts' flags, each refusal naming the flags and their numbers
+ * (the library's own checks say the same without the flags). */
+static int check_experts(const cli_opts *o, const spmd_mesh *mesh)
+{
+    const spmd_gpt_config *g = &o->gpt;
+    if (g->experts == 0) {
+        if (o->ep) return cli_fail("--ep %s: expert parallelism needs --experts E", o->ep);
+        return 0;
+    }
+    if (strcmp(o->model, "gpt"))
+        return cli_fail("--experts %d: experts are for --model gpt", g->experts);
+    if (g->layers < 2)
+        return cli_fail("--experts %d: experts replace the MLP of every other block (h.1, h.3, "
+                        "...): --layers %d has none; give at least 2", g->experts, g->layers);
+    if (g->top_k > g->experts)
+        return cli_fail("--experts-top-k %d is more than --experts %d: a token cannot go to more "
+                        "experts than there are", g->top_k, g->experts);
+    double room = (double)g->top_k * g->seq * g->capacity_factor / g->experts;
+    if (room + 1e-9 < 1)
+        return cli_fail("--capacity-factor %g: more experts than fit the capacity: --experts %d "
+                        "take floor(--experts-top-k %d x --seq %d x %g / %d) = 0 tokens each; "
+                        "give --capacity-factor %g or more, or fewer experts",
+                        (double)g->capacity_factor, g->experts, g->top_k, g->seq,
+                        (double)g->capacity_factor, g->experts,
+                        ceil((double)g->experts / ((double)g->top_k * g->seq) * 1e6) / 1e6);
+    if (o->ep && mesh) {
+        int a = spmd_mesh_axis_index(mesh, o->ep);
+        if (a < 0) return cli_fail("--ep %s: %s", o->ep, spmd_last_error());
+        int n = spmd_mesh_axis_size(mesh, a);
+        if (g->experts % n)
+            return cli_fail("--ep %s: --experts %d do not split over the axis's %d devices "
+                            "(%d %% %d = %d)", o->ep, g->experts, n, g->experts, n,
+                            g->experts % n);
+    }
+    return 0;
+}
+
 /* The model for `batch` rows of the data: a GPT over sequences, or an MLP
  * reading a one-hot token and predicting the next (a bigram model). */
 static int build_graph(const cli_opts *o, const cli_model *m, cli_graph *c)
@@ -139,6 +183,7 @@ static int build_graph(const cli_opts *o, const cli_model *m, cli_graph *c)
         spmd_gpt_tensors t;
         st = spmd_gpt_build(c->g, &o->gpt, o->batch, &t);
         c->input = t.input, c->targets = t.targets, c->loss = t.loss, c->logits = t.logits;
+        c->dropped = t.dropped;
     } else {
         spmd_mlp_config cfg = o->mlp;
         cfg.in_dim = cfg.out_dim = o->gpt.vocab;
@@ -295,6 +340,8 @@ int model_build(const cli_opts *o_in, cli_model *m)
         spmd_mesh_free(m->mesh); /* one device, nothing to partition */
         m->mesh = NULL;
     }
+    rc = check_experts(&o, m->mesh);
+    if (rc) return rc;
     m->gpt = o.gpt;
     rc = build_graph(&o, m, &m->train);
     if (rc) return rc;
@@ -308,6 +355,10 @@ int model_build(const cli_opts *o_in, cli_model *m)
     double mults = (double)m->params, attn = 0;
     if (gpt) {
         mults -= (double)(o.gpt.context ? o.gpt.context : o.gpt.seq) * o.gpt.dim;
+        /* A token runs K of the E experts of an MoE block. */
+        double c = o.gpt.dim;
+        if (o.gpt.experts)
+            mults -= (double)(o.gpt.layers / 2) * (o.gpt.experts - o.gpt.top_k) * (8 * c * c + 5 * c);
         attn = 12.0 * o.gpt.layers * o.gpt.dim * o.gpt.seq;
     }
     m->flops_per_step = (6.0 * mults + attn) * (double)m->tokens_per_step;

@@ -23,6 +23,7 @@
 typedef struct cli_graph {
     spmd_graph *g;
     spmd_tensor *input, *targets, *loss, *logits;
+    spmd_tensor *dropped; /* a GPT with experts: assignments past capacity; else NULL */
 } cli_graph;
 
 typedef struct cli_model {

@@ -3,8 +3,9 @@
  * sharded tensors (spmd/checkpoint.h); this file adds what only the tool
  * knows, as the checkpoint's "meta" object:
  *
- *   config     the model: {model, vocab, seq, context, layers, heads, dim}
- *              for a GPT, {model, vocab, seq, layers, hidden} for the MLP
+ *   config     the model: {model, vocab, seq, context, layers, heads, dim,
+ *              and with experts experts, top_k, capacity_factor} for a
+ *              GPT, {model, vocab, seq, layers, hidden} for the MLP
  *   optimizer  {kind, lr, schedule, warmup, steps, weight_decay, clip,
  *              and the kind's own: momentum, dampening, nesterov (sgd);
  *              beta1, beta2, eps, amsgrad (adamw, adam); momentum,
@@ -59,6 +60,11 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
         cJSON_AddNumberToObject(config, "layers", m->gpt.layers);
         cJSON_AddNumberToObject(config, "heads", m->gpt.heads);
         cJSON_AddNumberToObject(config, "dim", m->gpt.dim);
+        if (m->gpt.experts) {
+            cJSON_AddNumberToObject(config, "experts", m->gpt.experts);
+            cJSON_AddNumberToObject(config, "top_k", m->gpt.top_k);
+            cJSON_AddNumberToObject(config, "capacity_factor", m->gpt.capacity_factor);
+        }
     } else {
         cJSON_AddNumberToObject(config, "layers", o->mlp.layers);
         cJSON_AddNumberToObject(config, "hidden", o->mlp.hidden);

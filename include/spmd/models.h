@@ -86,13 +86,41 @@ typedef struct spmd_gpt_config {
     int layers;
     int heads;  /* must divide dim */
     int dim;    /* C */
+    /* Mixture of experts (GShard; docs/DESIGN.md, "Experts"): with
+     * experts E > 0 the odd blocks (h.1, h.3, ...; at least 2 layers) have
+     * E expert MLPs in place of their MLP, each token routed to top_k K
+     * of them (1 <= K <= E, at most SPMD_GPT_MAX_TOP_K) by a softmax gate,
+     * each expert taking floor(K * T * capacity_factor / E) tokens of
+     * each sequence (at least 1) and dropping the rest.  Parameters of such a
+     * block, in place of its mlp.*:
+     *   h.{i}.moe.gate.weight [E, C]
+     *   h.{i}.moe.c_fc.weight [E, C, 4C], .bias [E, 4C]
+     *   h.{i}.moe.c_proj.weight [E, 4C, C], .bias [E, C]
+     * 0 experts: the dense GPT, as before. */
+    int experts;
+    int top_k;
+    float capacity_factor;
 } spmd_gpt_config;
+
+#define SPMD_GPT_MAX_TOP_K 8
+/* The auxiliary load-balancing loss's weight in the loss (Switch's and
+ * GShard's 0.01). */
+#define SPMD_GPT_MOE_AUX_WEIGHT 0.01f
 
 typedef struct spmd_gpt_tensors {
     spmd_tensor *input;   /* "input"   i32 [B, T] token ids */
     spmd_tensor *targets; /* "targets" i32 [B, T] next-token ids */
     spmd_tensor *logits;  /* "logits" [B, T, V] */
-    spmd_tensor *loss;    /* scalar mean cross-entropy */
+    /* Scalar mean cross-entropy; with experts, plus SPMD_GPT_MOE_AUX_WEIGHT
+     * times aux_loss. */
+    spmd_tensor *loss;
+    /* With experts (else NULL): "moe.aux_loss", the MoE layers' summed
+     * load-balancing losses (each E * sum_e mean_t(gate_e) * mean_t(first
+     * choice_e), averaged over the sequences); "moe.dropped", the
+     * assignments past capacity over the batch and the MoE layers, an
+     * output of the graph. */
+    spmd_tensor *aux_loss;
+    spmd_tensor *dropped;
 } spmd_gpt_tensors;
 
 #define SPMD_GPT_LN_EPS 1e-5f
@@ -140,6 +168,18 @@ typedef struct spmd_gpt_parallel {
 SPMD_API spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config *cfg,
                                                     const spmd_mesh *m,
                                                     const spmd_gpt_parallel *how);
+
+/* Expert parallelism for a GPT with experts (GShard): the experts' weights
+ * split on E over axis `expert` (and their hidden units over `tensor`, if
+ * not NULL), the dispatched tokens [E, B, capacity, C] split on E over
+ * `expert` and on the sequences over the other batch axes, and the tokens
+ * returned [B, E, capacity, C] split on the sequences over every batch axis (`batch`, or
+ * NULL: every axis but `tensor` and the independent ones, the expert axis
+ * last among them for the reshard to be one all-to-all).  The expert
+ * axis's size must divide E.  Marks the caller already made are kept. */
+SPMD_API spmd_status spmd_gpt_shard_experts(spmd_graph *g, const spmd_gpt_config *cfg,
+                                            const spmd_mesh *m, const char *expert,
+                                            const char *tensor, const char *batch);
 
 /* ---- GPT-2 decoding with a KV cache ------------------------------------------ */
 

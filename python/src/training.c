@@ -357,11 +357,13 @@ static PyObject *graph_mlp(GraphObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *graph_gpt(GraphObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"vocab", "seq", "layers", "heads", "dim", "batch", "context", NULL};
-    spmd_gpt_config cfg = {0};
+    static char *kwlist[] = {"vocab", "seq", "layers", "heads", "dim", "batch", "context",
+                             "experts", "top_k", "capacity_factor", NULL};
+    spmd_gpt_config cfg = {.top_k = 2, .capacity_factor = 1.25f};
     int batch;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiii|i:gpt", kwlist, &cfg.vocab, &cfg.seq, &cfg.layers,
-                                     &cfg.heads, &cfg.dim, &batch, &cfg.context) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiii|iiif:gpt", kwlist, &cfg.vocab, &cfg.seq, &cfg.layers,
+                                     &cfg.heads, &cfg.dim, &batch, &cfg.context, &cfg.experts, &cfg.top_k,
+                                     &cfg.capacity_factor) ||
         graph_open(self) < 0)
         return NULL;
     spmd_gpt_tensors t;
@@ -372,6 +374,14 @@ static PyObject *graph_gpt(GraphObject *self, PyObject *args, PyObject *kw)
                                                                "logits", o[2], "loss", o[3])
                                                : NULL;
     for (int i = 0; i < 4; i++) Py_XDECREF(o[i]);
+    /* With experts: the load-balancing loss and the dropped count too. */
+    const char *names[2] = {"aux_loss", "dropped"};
+    spmd_tensor *moe[2] = {t.aux_loss, t.dropped};
+    for (int i = 0; i < 2 && d && moe[i]; i++) {
+        PyObject *v = wrap_tensor(self, moe[i]);
+        if (!v || PyDict_SetItemString(d, names[i], v) < 0) Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
     return d;
 }
 
@@ -397,7 +407,9 @@ PyMethodDef graph_training_methods[] = {
     {"mlp", KW(graph_mlp),
      "mlp(in_dim, hidden, layers, out_dim, batch=0, *, x=None, loss=None) -> dict of tensors\n"
      "(spmd_mlp_build; loss 'mse' or 'cross_entropy' adds the targets and the loss)"},
-    {"gpt", KW(graph_gpt), "gpt(vocab, seq, layers, heads, dim, batch, context=0) -> dict of tensors"},
+    {"gpt", KW(graph_gpt),
+     "gpt(vocab, seq, layers, heads, dim, batch, context=0, experts=0, top_k=2,\n"
+     "capacity_factor=1.25) -> dict of tensors (with experts: aux_loss and dropped too)"},
     {NULL}};
 
 static PyStructSequence_Field optimizer_fields[] = {

@@ -1,6 +1,7 @@
 /*
  * GPT-2 style decoder as a graph builder: token + position embeddings,
- * pre-norm transformer blocks (causal attention, GELU MLP), a final
+ * pre-norm transformer blocks (causal attention, GELU MLP or, in every
+ * other block, a mixture of experts: gpt_moe.c), a final
  * LayerNorm and an LM head tied to the token embedding.  Names, shapes and
  * init follow nanoGPT so its checkpoints and numerics carry over.
  */
@@ -8,6 +9,7 @@
 
 #include "base/error.h"
 #include "ir/ir.h"
+#include "models/gpt_moe.h"
 #include "models/gpt_parts.h"
 
 #include <math.h>
@@ -32,9 +34,12 @@ spmd_status spmd_gpt_validate(const spmd_gpt_config *cfg)
     if (cfg->dim % cfg->heads != 0)
         return base_error(SPMD_ERR_INVALID, "gpt: dim (%d) is not a multiple of heads (%d)",
                           cfg->dim, cfg->heads);
+    spmd_status st = gpt_moe_validate(cfg);
+    if (st != SPMD_OK) return st;
     /* The count below must fit in int64; checked in double to avoid overflow. */
-    double c = cfg->dim;
+    double c = cfg->dim, e = cfg->experts;
     double total = ((double)cfg->vocab + gpt_context(cfg) + 2) * c + cfg->layers * (12 * c * c + 13 * c);
+    if (e > 0) total += (cfg->layers / 2) * (e * c + (e - 1) * (8 * c * c + 5 * c));
     if (total > 0x1p62)
         return base_error(SPMD_ERR_INVALID,
                           "gpt: %.3g parameters is more than the 2^62 it can count", total);
@@ -48,8 +53,10 @@ int64_t spmd_gpt_param_count(const spmd_gpt_config *cfg)
     int64_t c = cfg->dim;
     /* Per block: two LayerNorms (4C), c_attn (3C*C + 3C), attn.c_proj
      * (C*C + C), c_fc (4C*C + 4C), mlp.c_proj (4C*C + C). */
-    int64_t block = 12 * c * c + 13 * c;
-    return (int64_t)cfg->vocab * c + (int64_t)gpt_context(cfg) * c + cfg->layers * block + 2 * c;
+    int64_t block = 12 * c * c + 13 * c, total = 0;
+    for (int i = 0; i < cfg->layers; i++)
+        total += gpt_moe_layer(cfg, i) ? block - (8 * c * c + 5 * c) + gpt_moe_block_params(cfg) : block;
+    return (int64_t)cfg->vocab * c + (int64_t)gpt_context(cfg) * c + total + 2 * c;
 }
 
 spmd_status gpt_build_failed(const spmd_graph *g)
@@ -109,8 +116,10 @@ static spmd_tensor *qkv_part(spmd_graph *g, spmd_tensor *parts, int which)
     return spmd_reshape(g, part, 3, (const int64_t[]){b, t, spmd_tensor_dim(parts, 3)});
 }
 
-/* x [B, T, C] -> [B, T, C]; the caller has checked cfg and x. */
-static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x)
+/* x [B, T, C] -> [B, T, C]; the caller has checked cfg and x.  An MoE
+ * block adds its auxiliary loss and dropped count to `moe`. */
+static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x,
+                          gpt_moe_sums *moe)
 {
     int64_t c = cfg->dim;
     float proj_std = gpt_proj_std(cfg);
@@ -137,6 +146,11 @@ static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, 
 
     snprintf(p, sizeof p, "h.%d.ln_2", layer);
     spmd_tensor *m = gpt_layernorm(g, x, p, c);
+    if (gpt_moe_layer(cfg, layer)) {
+        x = spmd_add(g, x, gpt_moe_ffn(g, cfg, layer, m, moe));
+        snprintf(p, sizeof p, "h.%d.out", layer);
+        return gpt_named(g, x, p);
+    }
     snprintf(p, sizeof p, "h.%d.mlp.c_fc", layer);
     m = gpt_linear(g, m, p, c, 4 * c, GPT_STD);
     snprintf(p, sizeof p, "h.%d.mlp.gelu", layer);
@@ -175,7 +189,8 @@ spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer
      * caller's earlier calls left on g. */
     ir_failure outer;
     ir_error_scope_begin(g, &outer);
-    spmd_tensor *y = block(g, cfg, layer, x);
+    gpt_moe_sums moe = {0}; /* a lone block's MoE sums go nowhere */
+    spmd_tensor *y = block(g, cfg, layer, x, &moe);
     ir_error_scope_end(g, &outer);
     return y;
 }
@@ -207,12 +222,19 @@ spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
     /* Positions 0..T-1: the first T rows of wpe, broadcast over the batch. */
     spmd_tensor *pos = ctx > t ? spmd_slice(g, wpe, 0, 0, t) : wpe; // [T, C]
     spmd_tensor *x = gpt_named(g, spmd_add(g, spmd_embedding(g, wte, ids), pos), "embed"); // [B, T, C]
+    gpt_moe_sums moe = {0};
     for (int i = 0; i < cfg->layers && x; i++)
-        x = block(g, cfg, i, x);
+        x = block(g, cfg, i, x, &moe);
     x = gpt_layernorm(g, x, "ln_f", c);
     spmd_tensor *logits = gpt_named(g, spmd_matmul(g, x, wte, false, true), "logits"); // [B, T, V], tied head
     spmd_tensor *loss = spmd_cross_entropy(g, logits, targets);
-    st = loss ? SPMD_OK : gpt_build_failed(g);
+    if (cfg->experts > 0) {
+        moe.aux = gpt_named(g, moe.aux, "moe.aux_loss");
+        moe.dropped = gpt_named(g, moe.dropped, "moe.dropped");
+        loss = spmd_add(g, loss, spmd_scale(g, moe.aux, SPMD_GPT_MOE_AUX_WEIGHT));
+    }
+    st = loss && (cfg->experts == 0 || moe.dropped) ? SPMD_OK : gpt_build_failed(g);
+    if (st == SPMD_OK && moe.dropped) st = spmd_graph_mark_output(g, moe.dropped);
     ir_error_scope_end(g, &outer);
     if (st != SPMD_OK)
         return st;
@@ -221,5 +243,7 @@ spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
     out->targets = targets;
     out->logits = logits;
     out->loss = loss;
+    out->aux_loss = moe.aux;
+    out->dropped = moe.dropped;
     return SPMD_OK;
 }

@@ -74,6 +74,9 @@ spmd_status spmd_gpt_build_decode(spmd_graph *g, const spmd_gpt_config *cfg, int
         return st;
     if (batch <= 0)
         return base_error(SPMD_ERR_INVALID, "gpt decode: batch (%d) must be positive", batch);
+    if (cfg->experts > 0)
+        return base_error(SPMD_ERR_UNSUPPORTED, "gpt decode: a GPT with experts (%d) has no "
+                          "decoding graph: its capacity is per trained sequence", cfg->experts);
 
     int64_t c = cfg->dim, v = cfg->vocab;
     spmd_init emb_init = {SPMD_INIT_NORMAL, GPT_STD};

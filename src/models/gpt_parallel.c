@@ -5,7 +5,8 @@
  * annotations.  Heads, the MLP's hidden units and the vocabulary are
  * split over the tensor axis; an FSDP axis, if given, splits the other
  * dim of the same weights; sequence parallelism splits the residual
- * stream over the sequence between the blocks' matmuls.
+ * stream over the sequence between the blocks' matmuls.  Expert
+ * parallelism (GShard) splits the experts over an expert axis.
  */
 #include "spmd/models.h"
 #include "spmd/mesh.h"
@@ -19,10 +20,12 @@ typedef struct tp_specs {
     spmd_graph *g;
     const spmd_mesh *m;
     const char *tp, *fsdp, *batch; /* fsdp: "None" without FSDP */
+    const char *expert;            /* spmd_gpt_shard_experts' axis */
 } tp_specs;
 
 /* Mark the tensor called `name` with `pattern`, where T stands for the
- * tensor axis, F for the FSDP axis (None without) and B for the batch.
+ * tensor axis, F for the FSDP axis (None without), B for the batch and X
+ * for the expert axis.
  * A mark the caller already made is kept (as spmd_fsdp_wrap keeps it). */
 static spmd_status mark(const tp_specs *s, const char *name, const char *pattern)
 {
@@ -35,7 +38,8 @@ static spmd_status mark(const tp_specs *s, const char *name, const char *pattern
     char spec[256];
     size_t n = 0;
     for (const char *c = pattern; *c && n < sizeof spec; c++) {
-        const char *with = *c == 'T' ? s->tp : *c == 'F' ? s->fsdp : *c == 'B' ? s->batch : NULL;
+        const char *with = *c == 'T' ? s->tp : *c == 'F' ? s->fsdp : *c == 'B' ? s->batch
+                         : *c == 'X' ? s->expert : NULL;
         if (with) n += (size_t)snprintf(spec + n, sizeof spec - n, "%s", with);
         else spec[n++] = *c;
     }
@@ -83,7 +87,7 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
     char batch[256];
     if (how->batch) snprintf(batch, sizeof batch, "%s", how->batch);
     else batch_axes(m, tp, batch, sizeof batch);
-    tp_specs s = {g, m, how->tensor, how->fsdp ? how->fsdp : "None", batch};
+    tp_specs s = {g, m, how->tensor, how->fsdp ? how->fsdp : "None", batch, NULL};
 
     /* The batch, off the tensor axis; weights: column-parallel c_attn
      * (q | k | v each split by heads) and c_fc, row-parallel c_proj, the
@@ -105,6 +109,9 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
             {"attn.y", "B, None, T"},                {"mlp.gelu", "B, None, T"},
         };
         for (size_t r = 0; r < sizeof rules / sizeof rules[0] && st == SPMD_OK; r++) {
+            /* An MoE block has no mlp.*: spmd_gpt_shard_experts splits its
+             * experts' hidden units over the tensor axis. */
+            if (cfg->experts > 0 && i % 2 == 1 && !strncmp(rules[r][0], "mlp.", 4)) continue;
             char name[64];
             snprintf(name, sizeof name, "h.%d.%s", i, rules[r][0]);
             st = mark(&s, name, rules[r][1]);
@@ -115,10 +122,74 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
         for (size_t r = 0; how->sequence && r < sizeof stream / sizeof stream[0] && st == SPMD_OK;
              r++) {
             char name[64];
-            snprintf(name, sizeof name, "h.%d.%s", i, stream[r]);
+            bool moe = cfg->experts > 0 && i % 2 == 1;
+            snprintf(name, sizeof name, "h.%d.%s", i, moe && r == 2 ? "moe.out" : stream[r]);
             st = mark(&s, name, "B, T, None");
         }
     }
     if (how->sequence && st == SPMD_OK) st = mark(&s, "embed", "B, T, None");
+    return st;
+}
+
+/* The batch axes less the expert axis: where the dispatched tokens keep
+ * their sequences split ("None" when the expert axis is the only one). */
+static void batch_without(const spmd_mesh *m, const char *batch, const char *expert, char *buf,
+                          size_t size)
+{
+    size_t n = (size_t)snprintf(buf, size, "(");
+    bool any = false;
+    for (int a = 0; a < spmd_mesh_rank(m) && n < size; a++) {
+        const char *name = spmd_mesh_axis_name(m, a);
+        size_t len = strlen(name);
+        bool in = false;
+        for (const char *c = strstr(batch, name); c && !in; c = strstr(c + 1, name))
+            in = (c == batch || strchr("(, ", c[-1])) && strchr("), ", c[len]);
+        if (!in || !strcmp(name, expert)) continue;
+        n += (size_t)snprintf(buf + n, size - n, "%s%s", any ? ", " : "", name);
+        any = true;
+    }
+    if (!any) snprintf(buf, size, "None");
+    else if (n < size) snprintf(buf + n, size - n, ")");
+}
+
+spmd_status spmd_gpt_shard_experts(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m,
+                                   const char *expert, const char *tensor, const char *batch)
+{
+    if (!g || !m || !expert)
+        return base_error(SPMD_ERR_INVALID, "gpt experts: graph, mesh or expert axis is NULL");
+    spmd_status st = spmd_gpt_validate(cfg);
+    if (st != SPMD_OK) return st;
+    if (cfg->experts == 0)
+        return base_error(SPMD_ERR_INVALID, "gpt experts: the model has no experts (experts 0)");
+    int ep = spmd_mesh_axis_index(m, expert);
+    if (ep < 0) return SPMD_ERR_INVALID; /* the message names the axis and the mesh's axes */
+    int tp = tensor ? spmd_mesh_axis_index(m, tensor) : -1;
+    if (tensor && tp < 0) return SPMD_ERR_INVALID;
+    if (tp == ep)
+        return base_error(SPMD_ERR_INVALID, "gpt experts: axis '%s' cannot be both the expert "
+                          "axis and the tensor axis", expert);
+    int n = spmd_mesh_axis_size(m, ep);
+    if (cfg->experts % n)
+        return base_error(SPMD_ERR_SHAPE, "gpt experts: %d experts do not split over the expert "
+                          "axis '%s' of %d devices", cfg->experts, expert, n);
+    char all[256], rest[256];
+    if (batch) snprintf(all, sizeof all, "%s", batch);
+    else batch_axes(m, tp, all, sizeof all);
+    batch_without(m, all, expert, rest, sizeof rest);
+    /* X: the expert axis; T: the tensor axis (None without); B: every
+     * batch axis; F here: the batch axes but the expert axis. */
+    tp_specs s = {g, m, tensor ? tensor : "None", rest, all, expert};
+    static const char *const rules[][2] = {
+        {"c_fc.weight", "X, None, T"},      {"c_fc.bias", "X, T"},
+        {"c_proj.weight", "X, T, None"},    {"c_proj.bias", "X, None"},
+        {"dispatched", "X, F, None, None"}, {"expert_out", "X, F, None, None"},
+        {"returned", "B, None, None, None"},
+    };
+    for (int i = 1; i < cfg->layers && st == SPMD_OK; i += 2)
+        for (size_t r = 0; r < sizeof rules / sizeof rules[0] && st == SPMD_OK; r++) {
+            char name[64];
+            snprintf(name, sizeof name, "h.%d.moe.%s", i, rules[r][0]);
+            st = mark(&s, name, rules[r][1]);
+        }
     return st;
 }

@@ -8,7 +8,8 @@
  * 4096-device picture drawn whole; a --shape of too many dimensions told
  * the limit, the free-space refusal's margin, a checkpoint index nested
  * too deep named as such, an explain --trace of another plan naming what
- * differs.
+ * differs; the experts' flags named in their refusals, and explain of
+ * an expert-parallel GPT.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -60,6 +61,31 @@ static void test_axis_name_limit_stated(void **state)
     name[31] = '\0'; /* 31 is taken */
     snprintf(args, sizeof args, "explain --mesh 4x2 --axes %s,b", name);
     expect(args, 0, name);
+}
+
+/* Experts: each refusal names its flags and numbers; explain on 2x4
+ * ('data', 'expert') shows the all-to-alls over 'expert', the experts
+ * split over it, and no activation gathered forward or backward. */
+static void test_experts_named(void **state)
+{
+    (void)state;
+    expect("explain --mesh 4 --axes expert --experts 6 --ep expert", 2,
+           "--ep expert: --experts 6 do not split over the axis's 4 devices (6 % 4 = 2)");
+    expect("explain --mesh 1 --axes data --experts 4 --experts-top-k 5", 2,
+           "--experts-top-k 5 is more than --experts 4");
+    expect("explain --mesh 1 --axes data --experts 64 --experts-top-k 1 --capacity-factor 1", 2,
+           "--capacity-factor 1: more experts than fit the capacity: --experts 64 take "
+           "floor(--experts-top-k 1 x --seq 40 x 1 / 64) = 0 tokens each; give "
+           "--capacity-factor 1.6 or more");
+    expect("explain --mesh 1 --axes data --experts 4 --layers 1", 2, "--layers 1 has none");
+    expect("explain --mesh 4 --axes data --ep data", 2, "--ep data: expert parallelism needs --experts");
+    expect("explain --mesh 2x4 --axes data,expert --experts 4 --ep expert", 0,
+           "forward   all-to-all      expert");
+    assert_non_null(strstr(out, "backward  all-to-all      expert"));
+    assert_non_null(strstr(out, "h.1.moe.c_fc.weight"));
+    assert_non_null(strstr(strstr(out, "h.1.moe.c_fc.weight"), "expert, None, None"));
+    assert_null(strstr(out, "forward   all-gather"));
+    assert_null(strstr(out, "backward  all-gather"));
 }
 
 static void test_blas_not_a_library(void **state)
@@ -210,6 +236,7 @@ int main(void)
         cmocka_unit_test(test_free_space_margin_stated),
         cmocka_unit_test(test_deep_index_named),
         cmocka_unit_test(test_explain_trace_names_what_differs),
+        cmocka_unit_test(test_experts_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -317,3 +317,43 @@ def evaluate(traced, *batch, params=None):
     values.update(traced.feeds(*batch))
     loss, _ = traced.build(NumpyBuilder(values))
     return float(loss)
+
+
+def gshard_routing(gates, top_k, capacity):
+    """GShard's top-k routing of gates [G, S, E] (each group's tokens in
+    order, every token's first choice before any second one), written
+    token by token: each choice is the first maximum of the gates left
+    (the chosen expert's gate zeroed for the next), a token takes the
+    next free place of its expert, and places at or past `capacity` are
+    dropped.  Returns (assignments dropped, the first choices' one-hot
+    [G, S, E])."""
+    gates = np.asarray(gates, dtype=F32)
+    groups, tokens, experts = gates.shape
+    left = gates.copy()
+    kept = np.zeros((groups, experts), dtype=np.int64)  # places taken, by earlier choices too
+    first = np.zeros(gates.shape, dtype=F32)
+    dropped = 0
+    for k in range(top_k):
+        choice = np.argmax(left, axis=-1)  # the first maximum, as argmax
+        for g in range(groups):
+            taken = kept[g].copy()
+            for s in range(tokens):
+                e = choice[g, s]
+                if taken[e] < capacity:
+                    taken[e] += 1
+                else:
+                    dropped += 1
+                left[g, s, e] = 0.0
+                if k == 0:
+                    first[g, s, e] = 1.0
+            kept[g] = taken
+    return dropped, first
+
+
+def gshard_aux_loss(gates, first):
+    """E * sum_e mean_s(gates_e) * mean_s(first_e) per group, averaged
+    over the groups, in float64."""
+    gates = np.asarray(gates, dtype=np.float64)
+    experts = gates.shape[-1]
+    per_group = (gates.mean(axis=1) * np.asarray(first, np.float64).mean(axis=1)).sum(axis=-1)
+    return experts * per_group.mean()

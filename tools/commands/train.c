@@ -154,14 +154,17 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Twice the room (at least 1024 steps) for the time and the loss of each
- * step, `copies` losses a step (step i, copy c at i * copies + c). */
-static int grow_records(float **losses, double **ms, size_t *room, int copies)
+/* Twice the room (at least 1024 steps) for the time, the loss and the
+ * dropped count of each step, `copies` losses a step (step i, copy c at
+ * i * copies + c). */
+static int grow_records(float **losses, double **ms, double **drops, size_t *room, int copies)
 {
     size_t want = *room ? 2 * *room : 1024;
     float *l = realloc(*losses, want * (size_t)copies * sizeof *l);
     if (l) *losses = l;
-    double *t = l ? realloc(*ms, want * sizeof *t) : NULL;
+    double *d = l ? realloc(*drops, want * sizeof *d) : NULL;
+    if (d) *drops = d;
+    double *t = d ? realloc(*ms, want * sizeof *t) : NULL;
     if (!t) return cli_fail("out of memory for the records of %zu steps", want);
     *ms = t;
     *room = want;
@@ -212,8 +215,8 @@ static int val_record(val_records *v, int step, double loss)
 /* The report of `steps` steps run after step `start` (non-finite losses
  * print as null). */
 static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, const float *losses,
-                  int start, int steps, double ms, const double *accuracy, const train_stop *stop,
-                  const val_records *val_of)
+                  const double *drops, int start, int steps, double ms, const double *accuracy,
+                  const train_stop *stop, const val_records *val_of)
 {
     const val_records *val = &val_of[0]; /* copy 0's, as the top-level figures */
     cJSON *root = cJSON_CreateObject();
@@ -226,6 +229,18 @@ static int report(const cli_opts *o, const cli_model *m, const spmd_program *p, 
     cJSON *loss = cJSON_AddArrayToObject(root, "loss");
     for (int i = 0; i < steps; i++)
         cJSON_AddItemToArray(loss, cJSON_CreateNumber(losses[(size_t)i * (size_t)m->copies]));
+    if (m->train.dropped) { /* experts: the assignments past capacity, each step's and in all */
+        cJSON *dropped = cJSON_AddArrayToObject(root, "dropped");
+        double total = 0;
+        for (int i = 0; i < steps; i++) {
+            cJSON_AddItemToArray(dropped, cJSON_CreateNumber(drops[i]));
+            total += drops[i];
+        }
+        cJSON_AddNumberToObject(root, "dropped_total", total);
+        cJSON_AddNumberToObject(root, "assignments_per_step",
+                                (double)o->gpt.top_k * (double)(m->tokens_per_step / m->copies) *
+                                    (double)(o->gpt.layers / 2));
+    }
     if (stop->step) {
         cJSON *stopped = cJSON_AddObjectToObject(root, "stopped");
         cJSON_AddNumberToObject(stopped, "step", stop->step);
@@ -303,8 +318,8 @@ static int validate(const cli_opts *o, const cli_model *m, const spmd_program *p
 
 /* One object per step, as JSON Lines; a non-finite value is null.  The
  * figures are copy 0's; with copies, copy_loss lists every copy's loss. */
-static int log_step(run_log *log, int step, const float *loss, int copies, float lr, float norm,
-                    double ms, double tok_s)
+static int log_step(run_log *log, int step, const float *loss, const double *dropped, int copies,
+                    float lr, float norm, double ms, double tok_s)
 {
     char l[32], n[32], x[32];
     FILE *line = run_log_begin(log);
@@ -314,7 +329,9 @@ static int log_step(run_log *log, int step, const float *loss, int copies, float
             tok_s);
     for (int c = 0; copies > 1 && c < copies; c++)
         fprintf(line, "%s%s", c ? "," : ",\"copy_loss\":[", json_number(loss[c], x, sizeof x));
-    fprintf(line, "%s}", copies > 1 ? "]" : "");
+    if (copies > 1) fprintf(line, "]");
+    if (dropped) fprintf(line, ",\"dropped\":%.0f", *dropped);
+    fprintf(line, "}");
     return run_log_end(log, step);
 }
 
@@ -512,7 +529,7 @@ static int train(cli_opts *o_in, run_log *log)
     /* Per-step records grow with the run: a long --steps must not claim
      * its whole history before the first step. */
     float *losses = NULL;
-    double *ms = NULL;
+    double *ms = NULL, *drops = NULL;
     size_t room = 0;
     train_stop stop = {0};
     val_records val[CLI_MAX_COPIES] = {0};
@@ -538,7 +555,7 @@ static int train(cli_opts *o_in, run_log *log)
     const int micro = o.optimizer.accumulate_steps > 1 ? o.optimizer.accumulate_steps : 1;
     for (int s = first; s < o.steps && !rc && !stop.step; s++) {
         int i = s - first; /* records index */
-        if ((size_t)i == room && (rc = grow_records(&losses, &ms, &room, copies))) break;
+        if ((size_t)i == room && (rc = grow_records(&losses, &ms, &drops, &room, copies))) break;
         float *loss = &losses[(size_t)i * (size_t)copies];
         if ((rc = trace_before_step(&o, &traced, p, s + 1))) break;
         test_hooks_step_begin(s);
@@ -548,6 +565,7 @@ static int train(cli_opts *o_in, run_log *log)
          * of their concatenated batch. */
         spmd_status st = SPMD_OK;
         double sum[CLI_MAX_COPIES] = {0};
+        drops[i] = 0; /* copy 0's, over the micro-batches */
         for (int k = 0; k < micro && !rc && st == SPMD_OK; k++) {
             if ((rc = feed_step(&o, &m, p, s, sample))) break;
             sample += o.batch;
@@ -557,6 +575,10 @@ static int train(cli_opts *o_in, run_log *log)
                 st = spmd_program_read_copy(p, c, m.train.loss, &l, sizeof l);
                 sum[c] += l;
             }
+            float d = 0.0f;
+            if (m.train.dropped && st == SPMD_OK)
+                st = spmd_program_read_copy(p, 0, m.train.dropped, &d, sizeof d);
+            drops[i] += d;
         }
         if (rc) break;
         float norm[CLI_MAX_COPIES] = {0};
@@ -579,8 +601,10 @@ static int train(cli_opts *o_in, run_log *log)
         double tok_s = (double)m.tokens_per_step / (ms[i] / 1e3);
         done = s + 1;
         /* A terminal gets one live line; a file or pipe, plain lines. */
-        char text[16 * CLI_MAX_COPIES];
+        char text[16 * CLI_MAX_COPIES + 32];
         loss_text(loss, copies, text, sizeof text);
+        if (m.train.dropped) /* experts: the step's assignments past capacity */
+            snprintf(text + strlen(text), sizeof text - strlen(text), "  dropped %.0f", drops[i]);
         if (live)
             printf("\rstep %4d/%d  loss %s  %.0f tok/s  %.1f ms/step  eta %.0fs   ", done, o.steps,
                    text, tok_s, ms[i], eta);
@@ -588,7 +612,8 @@ static int train(cli_opts *o_in, run_log *log)
             printf("step %4d/%d  loss %s  %.0f tok/s  %.1f ms/step  eta %.0fs\n", done, o.steps,
                    text, tok_s, ms[i], eta);
         fflush(stdout);
-        if (log && (rc = log_step(log, done, loss, copies, feed_lr(&o, s), norm[0], ms[i], tok_s)))
+        if (log && (rc = log_step(log, done, loss, m.train.dropped ? &drops[i] : NULL, copies,
+                                  feed_lr(&o, s), norm[0], ms[i], tok_s)))
             break;
         /* Copies share nothing: one that diverges is named and the others
          * train on, until none is left. */
@@ -674,7 +699,16 @@ static int train(cli_opts *o_in, run_log *log)
                (double)spmd_program_peak_bytes(p) / 1048576.0, (double)model_param_bytes(p) / 1048576.0,
                spmd_program_collective_count(p));
         fflush(stdout); /* the summary before any message about the report */
-        if (o.json) rc = report(&o, &m, p, losses, first, run, median, accuracy, &stop, val);
+        if (m.train.dropped) {
+            double total = 0;
+            for (int i = 0; i < run; i++) total += drops[i];
+            printf("experts: %.0f token assignments dropped past capacity in %d steps (%.2f%% of "
+                   "%d x %lld a step)\n", total, run,
+                   100.0 * total / ((double)run * o.gpt.top_k * (double)(m.tokens_per_step / copies) *
+                                    (o.gpt.layers / 2)),
+                   o.gpt.top_k * (o.gpt.layers / 2), (long long)(m.tokens_per_step / copies));
+        }
+        if (o.json) rc = report(&o, &m, p, losses, drops, first, run, median, accuracy, &stop, val);
         if (stop.signal)
             fprintf(stderr, "spmd: interrupted by %s after step %d%s%s\n", stop.reason, stop.step,
                     !o.json ? "" : rc ? "; the report could not be written" : "; report written to ",
@@ -689,7 +723,7 @@ static int train(cli_opts *o_in, run_log *log)
         if (stop.step) rc = stop.signal ? 128 + stop.signal : EXIT_DIVERGED;
     }
 out:
-    free(losses), free(ms);
+    free(losses), free(ms), free(drops);
     for (int c = 0; c < CLI_MAX_COPIES; c++) free(val[c].step), free(val[c].loss);
     spmd_program_free(eval);
     spmd_program_free(p);
