@@ -99,11 +99,18 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     spmd_tensor *inputs[2] = {c->input, c->targets};
     int n = c->targets ? 2 : 1;
     spmd_status st;
-    /* Tensor parallelism marks its weights and the batch (off its axis)
-     * first; FSDP then splits the other parameters. */
+    /* Context and tensor parallelism mark the inputs' sequence and
+     * batch (off their axes), and tensor parallelism its weights, first;
+     * FSDP then splits the other parameters. */
+    spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp, o->cp};
+    if (o->cp) {
+        if (strcmp(o->model, "gpt"))
+            return cli_fail("--cp: context parallelism is for --model gpt");
+        if (spmd_gpt_shard_context_parallel(c->g, &o->gpt, mesh, &how) != SPMD_OK)
+            return cli_fail("--cp %s: %s", o->cp, spmd_last_error());
+    }
     if (o->tp) {
         if (strcmp(o->model, "gpt")) return cli_fail("--tp: tensor parallelism is for --model gpt");
-        spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp};
         if (spmd_gpt_shard_tensor_parallel(c->g, &o->gpt, mesh, &how) != SPMD_OK)
             return cli_fail("--tp %s: %s", o->tp, spmd_last_error());
     } else if (o->sp) {
