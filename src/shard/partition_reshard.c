@@ -397,16 +397,18 @@ static bool note_fallback(builder *b, int tensor, int consumer)
  * (32 rows over 65 devices; heads that do not divide): then every device
  * computes the whole dim.  Not fallbacks: parameters (gathering a stored
  * shard before use is the FSDP plan itself: a LayerNorm scale is always
- * gathered), and an axis the op gave to another dim (a choice the cost
- * model made). */
+ * gathered), the keys and values of attention gathered along the
+ * sequence (sequence-split attention's plan), and an axis the op gave to
+ * another dim (a choice the cost model made). */
 bool part_check_fallback(builder *b, const spmd_tensor *t, int j, const sharding *have,
                          const sharding *need)
 {
     const partition *p = b->p;
     const shard_node *n = &p->prop.nodes[t->id];
     if (ir_is_persistent(t->in[j])) return true;
+    bool keys = (t->op == IR_ATTENTION || t->op == IR_ATTENTION_BACKWARD) && (j == 1 || j == 2);
     for (int i = 0; i < have->rank; i++) {
-        if (have->dim[i].n <= need->dim[i].n) continue;
+        if (have->dim[i].n <= need->dim[i].n || (keys && i == 1)) continue;
         int it = n->sig ? n->sig->in[j][i] : -1;
         if (it < 0 || n->sig->kind[it] == IR_ITER_FULL ||
             !shard_splittable(p->m, &have->dim[i], n->sig->size[it], n->sig->granule[it]))

@@ -14,7 +14,7 @@
  *   else; the backward pass gathers them again (the forward's copies are
  *   not kept) and reduce-scatters attention's gradients twice (for
  *   c_attn's weight gradient, and c_attn's data gradient); no activation
- *   is all-reduced.
+ *   is all-reduced, and no gather counts as a fallback.
  * - Marks and errors: the inputs are marked "batch, cp"; a context axis
  *   that does not divide the sequence, or that is also the tensor axis,
  *   or context and sequence parallelism together, are refused with the
@@ -133,6 +133,7 @@ static void test_gpt_equals_one_device(void **state)
 typedef struct counts {
     int n[3][IR_OP_COUNT];
     int other_gathers;
+    int fallbacks;
 } counts;
 
 static counts count_cp_collectives(int layers)
@@ -165,6 +166,7 @@ static counts count_cp_collectives(int layers)
               (moved == user->in[1] || moved == user->in[2])))
             n.other_gathers++;
     }
+    n.fallbacks = pt->n_fallbacks;
     spmd_trainer_free(tr);
     spmd_graph_free(g);
     spmd_mesh_free(mesh);
@@ -179,6 +181,7 @@ static void test_block_collectives(void **state)
     for (int ph = 0; ph < 2; ph++)
         for (int k = 0; k < IR_OP_COUNT; k++) block[ph][k] = two.n[ph][k] - one.n[ph][k];
     assert_int_equal(two.other_gathers, 0);
+    assert_int_equal(two.fallbacks, 0); /* gathering k and v is the plan */
     assert_int_equal(block[PART_FORWARD][IR_ALL_GATHER], 2); /* k and v */
     assert_int_equal(block[PART_BACKWARD][IR_ALL_GATHER], 2); /* k and v again */
     /* Attention's pending gradients reach c_attn: its weight gradient
