@@ -76,6 +76,10 @@ const flag_spec flag_rows[] = {
      .help = "GPT tensor parallelism (Megatron-LM) over AXIS: heads, MLP hidden units and "
              "vocabulary split; the batch goes over the other axes, --fsdp splits the weights' "
              "other dim"},
+    {.name = "--cp", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(cp),
+     .value = "AXIS",
+     .help = "GPT context parallelism over AXIS: the sequence split, each attention gathering "
+             "the keys and values; the batch goes over the other axes"},
     {.name = "--sp", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE, .offset = FIELD(sp),
      .value = "on|off",
      .help = "with --tp: sequence parallelism, the residual stream split over the sequence on the "

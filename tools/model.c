@@ -100,17 +100,24 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     int n = c->targets ? 2 : 1;
     spmd_status st;
     /* Expert parallelism marks the experts and the tokens between them,
-     * tensor parallelism its weights and the batch (off its axis); FSDP
-     * then splits the other parameters. */
+     * context and tensor parallelism the inputs' sequence and batch (off
+     * their axes), and tensor parallelism its weights, first; FSDP then
+     * splits the other parameters. */
     if (o->ep) {
         if (strcmp(o->model, "gpt") || o->gpt.experts == 0)
             return cli_fail("--ep %s: expert parallelism is for --model gpt with --experts", o->ep);
         if (spmd_gpt_shard_experts(c->g, &o->gpt, mesh, o->ep, o->tp, NULL) != SPMD_OK)
             return cli_fail("--ep %s: %s", o->ep, spmd_last_error());
     }
+    spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp, o->cp};
+    if (o->cp) {
+        if (strcmp(o->model, "gpt"))
+            return cli_fail("--cp: context parallelism is for --model gpt");
+        if (spmd_gpt_shard_context_parallel(c->g, &o->gpt, mesh, &how) != SPMD_OK)
+            return cli_fail("--cp %s: %s", o->cp, spmd_last_error());
+    }
     if (o->tp) {
         if (strcmp(o->model, "gpt")) return cli_fail("--tp: tensor parallelism is for --model gpt");
-        spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp};
         if (spmd_gpt_shard_tensor_parallel(c->g, &o->gpt, mesh, &how) != SPMD_OK)
             return cli_fail("--tp %s: %s", o->tp, spmd_last_error());
     } else if (o->sp) {

@@ -67,6 +67,7 @@ typedef struct cli_opts {
     const char *tp;    /* --tp: the GPT's tensor-parallel axis, NULL: none */
     bool sp;           /* --sp: sequence parallelism on that axis */
     const char *ep;    /* --ep: the GPT's expert axis, NULL: experts on every device */
+    const char *cp;    /* --cp: the GPT's context-parallel axis, NULL: none */
     const char *data;  /* NULL: the synthetic addition set */
     spmd_optimizer optimizer;
     bool zero;         /* --zero (on by default): optimizer.zero ON or OFF */

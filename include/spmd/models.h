@@ -139,7 +139,7 @@ SPMD_API spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, i
 SPMD_API spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer,
                                      spmd_tensor *x);
 
-/* ---- Tensor and sequence parallelism (Megatron-LM) ---------------------------- */
+/* ---- Tensor, sequence and context parallelism --------------------------------- */
 
 /* How spmd_gpt_shard_tensor_parallel splits a GPT.  `tensor` names the
  * mesh axis that splits the heads (q, k and v of GPT-2's fused c_attn:
@@ -152,12 +152,16 @@ SPMD_API spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, 
  * spmd_shard_batch gives the inputs when told those axes).  `sequence`
  * adds sequence parallelism: the residual stream ("embed", "h.{i}.mid",
  * "h.{i}.out") split over the sequence on the tensor axis, so each
- * block's all-reduces become reduce-scatters and all-gathers. */
+ * block's all-reduces become reduce-scatters and all-gathers.  `context`,
+ * if not NULL, names the context-parallel axis: the activations'
+ * sequence is split over it (spmd_gpt_shard_context_parallel), and the
+ * batch (when NULL) goes over the axes left. */
 typedef struct spmd_gpt_parallel {
     const char *tensor;
     const char *fsdp;
     const char *batch;
     bool sequence;
+    const char *context;
 } spmd_gpt_parallel;
 
 /* Marks a graph from spmd_gpt_build (on mesh m) as `how` says, the
@@ -180,6 +184,18 @@ SPMD_API spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gp
 SPMD_API spmd_status spmd_gpt_shard_experts(spmd_graph *g, const spmd_gpt_config *cfg,
                                             const spmd_mesh *m, const char *expert,
                                             const char *tensor, const char *batch);
+/* Context parallelism (sequence-split attention): marks the inputs
+ * ("input", "targets") "batch, context", so every activation is split on
+ * the sequence over how->context and each attention gathers the keys and
+ * values of the whole sequence (docs/DESIGN.md, "Sequence-split
+ * attention").  Call it before spmd_gpt_shard_tensor_parallel (with the
+ * same `how`, whose marks then keep the sequence split) and
+ * spmd_fsdp_wrap or spmd_shard_batch (which keep the inputs' marks).  The
+ * context axis must divide the sequence and differ from the tensor axis;
+ * `sequence` (sequence parallelism) is refused with it. */
+SPMD_API spmd_status spmd_gpt_shard_context_parallel(spmd_graph *g, const spmd_gpt_config *cfg,
+                                                     const spmd_mesh *m,
+                                                     const spmd_gpt_parallel *how);
 
 /* ---- GPT-2 decoding with a KV cache ------------------------------------------ */
 

@@ -39,6 +39,7 @@ spmd_status spmd_gpt_build_impl(spmd_graph *g, const spmd_gpt_config *cfg, int b
 spmd_tensor *spmd_gpt_block_impl(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x);
 spmd_status spmd_gpt_shard_tensor_parallel_impl(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const spmd_gpt_parallel *how);
 spmd_status spmd_gpt_shard_experts_impl(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const char *expert, const char *tensor, const char *batch);
+spmd_status spmd_gpt_shard_context_parallel_impl(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const spmd_gpt_parallel *how);
 spmd_status spmd_gpt_build_decode_impl(spmd_graph *g, const spmd_gpt_config *cfg, int batch, spmd_gpt_decode_tensors *out);
 spmd_status spmd_last_status_impl(void);
 spmd_status spmd_graph_status_impl(const struct spmd_graph *g);
@@ -339,6 +340,13 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
 spmd_status spmd_gpt_shard_experts(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const char *expert, const char *tensor, const char *batch)
 {
     spmd_status r = spmd_gpt_shard_experts_impl(g, cfg, m, expert, tensor, batch);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_gpt_shard_context_parallel(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const spmd_gpt_parallel *how)
+{
+    spmd_status r = spmd_gpt_shard_context_parallel_impl(g, cfg, m, how);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

@@ -33,6 +33,7 @@
 #define spmd_gpt_block spmd_gpt_block_impl
 #define spmd_gpt_shard_tensor_parallel spmd_gpt_shard_tensor_parallel_impl
 #define spmd_gpt_shard_experts spmd_gpt_shard_experts_impl
+#define spmd_gpt_shard_context_parallel spmd_gpt_shard_context_parallel_impl
 #define spmd_gpt_build_decode spmd_gpt_build_decode_impl
 #define spmd_last_status spmd_last_status_impl
 #define spmd_graph_status spmd_graph_status_impl

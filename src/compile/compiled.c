@@ -69,21 +69,21 @@ static size_t scratch_none(const spmd_tensor *t)
 /* A block of query rows against all keys: its scores. */
 static size_t scratch_attention(const spmd_tensor *t)
 {
-    if (t->n_in < 1 || t->in[0]->rank != 3) return 0;
-    return (size_t)COMPILE_ATTN_BLOCK * (size_t)t->in[0]->dims[1] * sizeof(float);
+    if (t->n_in < 2 || t->in[1]->rank != 3) return 0;
+    return (size_t)COMPILE_ATTN_BLOCK * (size_t)t->in[1]->dims[1] * sizeof(float);
 }
 
 /* The forward's scores plus their gradients; with bf16 q, k and v (kept
  * under mixed precision, ir/autocast.c) also one head of each widened to
- * f32, [T, C / heads] each. */
+ * f32, [T, C / heads] of q and [S, C / heads] of k and v. */
 static size_t scratch_attention_backward(const spmd_tensor *t)
 {
     size_t n = 2 * scratch_attention(t);
     bool narrow = t->n_in >= 3 && (t->in[0]->dtype == SPMD_BF16 || t->in[1]->dtype == SPMD_BF16 ||
                                    t->in[2]->dtype == SPMD_BF16);
-    if (narrow && t->in[0]->rank == 3 && t->attr.attention.heads > 0)
-        n += 3 * (size_t)t->in[0]->dims[1] * (size_t)(t->in[0]->dims[2] / t->attr.attention.heads) *
-             sizeof(float);
+    if (narrow && t->in[0]->rank == 3 && t->in[1]->rank == 3 && t->attr.attention.heads > 0)
+        n += (size_t)(t->in[0]->dims[1] + 2 * t->in[1]->dims[1]) *
+             (size_t)(t->in[0]->dims[2] / t->attr.attention.heads) * sizeof(float);
     return n;
 }
 

@@ -1130,7 +1130,7 @@ spmd_tensor *ir_attention_backward(spmd_graph *g, spmd_tensor *q, spmd_tensor *k
     if (!check_qkv(g, "attention_backward", q, k, v, heads)) return NULL;
     if (!ir_same_shape(q, dout))
         return fail_shape2(g, "attention_backward", "dout differs", q, dout);
-    int64_t dims[4] = {3, q->dims[0], q->dims[1], q->dims[2]};
+    int64_t dims[4] = {3, q->dims[0], k->dims[1], q->dims[2]};
     spmd_tensor *t = ir_node_new(g, IR_ATTENTION_BACKWARD, SPMD_F32, 4, dims, in, 4);
     if (t) t->attr.attention.heads = heads;
     return t;

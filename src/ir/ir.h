@@ -43,7 +43,11 @@ typedef union ir_attr {
     struct { int axis; int64_t start, total; } pad; /* PAD: zeros, x at [start:] */
     struct { int axis; } concat;
     struct { int perm[SPMD_MAX_RANK]; } permute; /* out dim i = in dim perm[i] */
-    struct { int heads; } attention;         /* (CACHED_)ATTENTION(_BACKWARD) */
+    /* (CACHED_)ATTENTION(_BACKWARD).  In a per-device program whose
+     * query rows are split (sequence-split attention, fix_attention),
+     * `rows` is the whole sequence and `spec` the group whose member rank
+     * is the device's block of query rows; rows 0: the queries are whole. */
+    struct { int heads; int spec; int64_t rows; } attention;
     struct { float c; } scale;              /* SCALE, POW_SCALAR; `c` of every unary formula (ops.def) */
     struct { float eps; } norm;              /* LAYERNORM* */
     /* BATCH_NORM*: x [N, C, ...], the channels on dim 1.  `count`: the

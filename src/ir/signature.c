@@ -242,17 +242,23 @@ static bool sig_bmm(const spmd_tensor *t, ir_dimsig *s)
 }
 
 /* q [b,t,c], k and v [b,s,c] -> [b,t,c]: "btc,bsc,bsc->btc".  Channels
- * shard in whole heads (granule = head_dim); the causal mask needs global
- * positions, so t and s stay whole for now.  The backward op adds a
- * leading stack dim of 3 (dq, dk, dv). */
+ * shard in whole heads (granule = head_dim).  Query rows are parallel: a
+ * device with a block of them attends from it to every key (the causal
+ * mask offset by the block, fix_attention), so keys and values are
+ * gathered along s, which stays whole.  The backward op,
+ * "btc,bsc,bsc,btc->xbsc", stacks dq, dk and dv on x: dk and dv sum over
+ * the query rows, so t is SUM there, and dq (one query row per row) takes
+ * its rows on s, zero outside the device's block: a query split leaves
+ * the three as one pending sum that reduce-scatters onto the operands'
+ * split (docs/DESIGN.md, "Sequence-split attention"). */
 static bool sig_attention(const spmd_tensor *t, ir_dimsig *s)
 {
     const spmd_tensor *q = t->in[0];
-    int stack = -1;
-    if (t->op == IR_ATTENTION_BACKWARD) stack = add_iter(s, 3, IR_ITER_FULL, 'x');
+    bool backward = t->op == IR_ATTENTION_BACKWARD;
+    int stack = backward ? add_iter(s, 3, IR_ITER_FULL, 'x') : -1;
     int b = add_iter(s, q->dims[0], IR_ITER_PARALLEL, 'b');
-    int tq = add_iter(s, q->dims[1], IR_ITER_FULL, 't');
-    int ts = add_iter(s, q->dims[1], IR_ITER_FULL, 's');
+    int tq = add_iter(s, q->dims[1], backward ? IR_ITER_SUM : IR_ITER_PARALLEL, 't');
+    int ts = add_iter(s, t->in[1]->dims[1], IR_ITER_FULL, 's');
     int c = add_iter(s, q->dims[2], IR_ITER_PARALLEL, 'c');
     s->granule[c] = q->dims[2] / t->attr.attention.heads;
     int8_t qmap[3] = {(int8_t)b, (int8_t)tq, (int8_t)c};
@@ -260,12 +266,12 @@ static bool sig_attention(const spmd_tensor *t, ir_dimsig *s)
     memcpy(s->in[0], qmap, 3);
     memcpy(s->in[1], kvmap, 3);
     memcpy(s->in[2], kvmap, 3);
-    if (stack < 0) {
+    if (!backward) {
         memcpy(s->out, qmap, 3);
     } else {
         memcpy(s->in[3], qmap, 3);
         s->out[0] = (int8_t)stack;
-        memcpy(s->out + 1, qmap, 3);
+        memcpy(s->out + 1, kvmap, 3);
     }
     return true;
 }

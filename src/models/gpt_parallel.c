@@ -5,7 +5,9 @@
  * annotations.  Heads, the MLP's hidden units and the vocabulary are
  * split over the tensor axis; an FSDP axis, if given, splits the other
  * dim of the same weights; sequence parallelism splits the residual
- * stream over the sequence between the blocks' matmuls.  Expert
+ * stream over the sequence between the blocks' matmuls.  Context
+ * parallelism splits the inputs' sequence, and so every activation's,
+ * over its own axis (docs/DESIGN.md, "Sequence-split attention").  Expert
  * parallelism (GShard) splits the experts over an expert axis.
  */
 #include "spmd/models.h"
@@ -20,11 +22,13 @@ typedef struct tp_specs {
     spmd_graph *g;
     const spmd_mesh *m;
     const char *tp, *fsdp, *batch; /* fsdp: "None" without FSDP */
+    const char *seq;               /* the context axis, or "None" */
     const char *expert;            /* spmd_gpt_shard_experts' axis */
 } tp_specs;
 
 /* Mark the tensor called `name` with `pattern`, where T stands for the
- * tensor axis, F for the FSDP axis (None without), B for the batch and X
+ * tensor axis, F for the FSDP axis (None without), B for the batch, S
+ * for the activations' sequence (the context axis, None without) and X
  * for the expert axis.
  * A mark the caller already made is kept (as spmd_fsdp_wrap keeps it). */
 static spmd_status mark(const tp_specs *s, const char *name, const char *pattern)
@@ -38,8 +42,12 @@ static spmd_status mark(const tp_specs *s, const char *name, const char *pattern
     char spec[256];
     size_t n = 0;
     for (const char *c = pattern; *c && n < sizeof spec; c++) {
-        const char *with = *c == 'T' ? s->tp : *c == 'F' ? s->fsdp : *c == 'B' ? s->batch
-                         : *c == 'X' ? s->expert : NULL;
+        const char *with = *c == 'T'   ? s->tp
+                           : *c == 'F' ? s->fsdp
+                           : *c == 'B' ? s->batch
+                           : *c == 'S' ? s->seq
+                           : *c == 'X' ? s->expert
+                                       : NULL;
         if (with) n += (size_t)snprintf(spec + n, sizeof spec - n, "%s", with);
         else spec[n++] = *c;
     }
@@ -48,20 +56,76 @@ static spmd_status mark(const tp_specs *s, const char *name, const char *pattern
     return spmd_mark_sharding(s->g, t, s->m, spec);
 }
 
-/* "(a, b)" of every axis but the tensor axis and the independent ones, or
- * "None": where the batch goes. */
-static void batch_axes(const spmd_mesh *m, int tp, char *buf, size_t size)
+/* "(a, b)" of every axis but the tensor and context axes (-1: none) and
+ * the independent ones, or "None": where the batch goes. */
+static void batch_axes(const spmd_mesh *m, int tp, int cp, char *buf, size_t size)
 {
     size_t n = (size_t)snprintf(buf, size, "(");
     bool any = false;
     for (int a = 0; a < spmd_mesh_rank(m) && n < size; a++) {
-        if (a == tp || spmd_mesh_axis_is_independent(m, a)) continue;
+        if (a == tp || a == cp || spmd_mesh_axis_is_independent(m, a)) continue;
         n += (size_t)snprintf(buf + n, size - n, "%s%s", any ? ", " : "",
                               spmd_mesh_axis_name(m, a));
         any = true;
     }
     if (!any) snprintf(buf, size, "None");
     else if (n < size) snprintf(buf + n, size - n, ")");
+}
+
+/* The context axis of `how` (-1 when none): its index, checked against
+ * the sequence and the tensor axis. */
+static spmd_status context_axis(const spmd_gpt_config *cfg, const spmd_mesh *m,
+                                const spmd_gpt_parallel *how, int *cp)
+{
+    *cp = -1;
+    if (!how->context) return SPMD_OK;
+    *cp = spmd_mesh_axis_index(m, how->context);
+    if (*cp < 0) return SPMD_ERR_INVALID; /* the message names the axis and the mesh's axes */
+    if (how->tensor && !strcmp(how->tensor, how->context))
+        return base_error(SPMD_ERR_INVALID, "gpt context parallel: axis '%s' cannot be both the "
+                          "context axis and the tensor axis", how->context);
+    if (how->sequence)
+        return base_error(SPMD_ERR_INVALID, "gpt context parallel: sequence parallelism splits "
+                          "the sequence over the tensor axis, and the context axis '%s' splits it "
+                          "already", how->context);
+    int n = spmd_mesh_axis_size(m, *cp);
+    if (cfg->seq % n)
+        return base_error(SPMD_ERR_SHAPE, "gpt context parallel: a sequence of %d tokens does "
+                          "not split over axis '%s' of %d devices", cfg->seq, how->context, n);
+    return SPMD_OK;
+}
+
+/* The specs of `how` on mesh m, the batch in `batch`. */
+static spmd_status specs_of(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m,
+                            const spmd_gpt_parallel *how, tp_specs *s, char *batch,
+                            size_t size)
+{
+    spmd_status st = spmd_gpt_validate(cfg);
+    if (st != SPMD_OK) return st;
+    int tp = how->tensor ? spmd_mesh_axis_index(m, how->tensor) : -1, cp;
+    if (how->tensor && tp < 0) return SPMD_ERR_INVALID;
+    if ((st = context_axis(cfg, m, how, &cp)) != SPMD_OK) return st;
+    if (how->batch) snprintf(batch, size, "%s", how->batch);
+    else batch_axes(m, tp, cp, batch, size);
+    *s = (tp_specs){g, m, how->tensor, how->fsdp ? how->fsdp : "None", batch,
+                    how->context ? how->context : "None", NULL};
+    return SPMD_OK;
+}
+
+spmd_status spmd_gpt_shard_context_parallel(spmd_graph *g, const spmd_gpt_config *cfg,
+                                            const spmd_mesh *m, const spmd_gpt_parallel *how)
+{
+    if (!g || !m || !how || !how->context)
+        return base_error(SPMD_ERR_INVALID,
+                          "gpt context parallel: graph, mesh, options or axis is NULL");
+    tp_specs s;
+    char batch[256];
+    spmd_status st = specs_of(g, cfg, m, how, &s, batch, sizeof batch);
+    /* The inputs' sequence; propagation carries it to every activation,
+     * and attention gathers the keys and values it needs. */
+    if (st == SPMD_OK) st = mark(&s, "input", "B, S");
+    if (st == SPMD_OK) st = mark(&s, "targets", "B, S");
+    return st;
 }
 
 spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config *cfg,
@@ -84,29 +148,29 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
     if (cfg->heads % t)
         return base_error(SPMD_ERR_SHAPE, "gpt tensor parallel: %d heads do not split over "
                           "axis '%s' of %d devices", cfg->heads, how->tensor, t);
+    tp_specs s;
     char batch[256];
-    if (how->batch) snprintf(batch, sizeof batch, "%s", how->batch);
-    else batch_axes(m, tp, batch, sizeof batch);
-    tp_specs s = {g, m, how->tensor, how->fsdp ? how->fsdp : "None", batch, NULL};
+    if ((st = specs_of(g, cfg, m, how, &s, batch, sizeof batch)) != SPMD_OK) return st;
 
     /* The batch, off the tensor axis; weights: column-parallel c_attn
      * (q | k | v each split by heads) and c_fc, row-parallel c_proj, the
-     * vocabulary of the tied wte. */
-    st = mark(&s, "input", "B, None");
-    if (st == SPMD_OK) st = mark(&s, "targets", "B, None");
+     * vocabulary of the tied wte.  The activations keep the context
+     * axis's sequence split, if any. */
+    st = mark(&s, "input", "B, S");
+    if (st == SPMD_OK) st = mark(&s, "targets", "B, S");
     if (st == SPMD_OK) st = mark(&s, "wte.weight", "T, F");
-    if (st == SPMD_OK) st = mark(&s, "logits", "B, None, T");
+    if (st == SPMD_OK) st = mark(&s, "logits", "B, S, T");
     for (int i = 0; i < cfg->layers && st == SPMD_OK; i++) {
         static const char *const rules[][2] = {
             {"attn.c_attn.weight", "3*T, F"},  {"attn.c_attn.bias", "3*T"},
-            {"attn.c_attn.matmul", "B, None, 3*T"},
+            {"attn.c_attn.matmul", "B, S, 3*T"},
             {"attn.c_proj.weight", "F, T"},
             {"mlp.c_fc.weight", "T, F"},       {"mlp.c_fc.bias", "T"},
-            {"mlp.c_fc.matmul", "B, None, T"},
+            {"mlp.c_fc.matmul", "B, S, T"},
             {"mlp.c_proj.weight", "F, T"},
             /* The row-parallel matmuls' inputs, so their adjoints (marked
              * alike) keep the backward pass on the same plan. */
-            {"attn.y", "B, None, T"},                {"mlp.gelu", "B, None, T"},
+            {"attn.y", "B, S, T"},                {"mlp.gelu", "B, S, T"},
         };
         for (size_t r = 0; r < sizeof rules / sizeof rules[0] && st == SPMD_OK; r++) {
             /* An MoE block has no mlp.*: spmd_gpt_shard_experts splits its
@@ -174,11 +238,11 @@ spmd_status spmd_gpt_shard_experts(spmd_graph *g, const spmd_gpt_config *cfg, co
                           "axis '%s' of %d devices", cfg->experts, expert, n);
     char all[256], rest[256];
     if (batch) snprintf(all, sizeof all, "%s", batch);
-    else batch_axes(m, tp, all, sizeof all);
+    else batch_axes(m, tp, -1, all, sizeof all);
     batch_without(m, all, expert, rest, sizeof rest);
     /* X: the expert axis; T: the tensor axis (None without); B: every
      * batch axis; F here: the batch axes but the expert axis. */
-    tp_specs s = {g, m, tensor ? tensor : "None", rest, all, expert};
+    tp_specs s = {g, m, tensor ? tensor : "None", rest, all, "None", expert};
     static const char *const rules[][2] = {
         {"c_fc.weight", "X, None, T"},      {"c_fc.bias", "X, T"},
         {"c_proj.weight", "X, T, None"},    {"c_proj.bias", "X, None"},

@@ -35,6 +35,21 @@ static spmd_tensor *fix_heads(builder *b, const spmd_tensor *t, const sharding *
     return lt;
 }
 
+/* Attention (or its backward) whose query rows are split: the kernel
+ * needs the device's block of them, which it finds at run time as its
+ * member rank in the group of the rows' axes, for the causal mask and,
+ * backward, the rows of dq; and its heads as fix_heads. */
+static spmd_tensor *fix_attention(builder *b, const spmd_tensor *t, const sharding *need,
+                                  spmd_tensor *lt)
+{
+    const spmd_tensor *q = t->in[0];
+    lt = fix_heads(b, t, need, lt);
+    if (!need[0].dim[1].n) return lt;
+    lt->attr.attention.spec = part_spec_index(b->p, &need[0].dim[1]);
+    lt->attr.attention.rows = q->dims[1];
+    return lt->attr.attention.spec < 0 ? part_fail_nomem(b, "the collective groups") : lt;
+}
+
 /* A grouped convolution split over its channels in whole groups
  * (sig_conv2d): the device's channels hold local Cin / (Cin / groups)
  * groups. */

@@ -7,7 +7,8 @@
  * leave a dim are moved (all-to-all) or gathered, then the last slices.
  * Each resharded value is cached per (node, sharding); a parameter is
  * resharded again in each phase (ZeRO-3), so its forward gather dies
- * before the backward pass.  Also the operands an op cannot use as they
+ * before the backward pass, and so are sequence-split attention's keys
+ * and values.  Also the operands an op cannot use as they
  * arrive (fallbacks), and the local share of a split value.
  */
 #include "shard/partition_impl.h"
@@ -322,17 +323,31 @@ static spmd_tensor *reshard(builder *b, spmd_tensor *x, sharding cur, const shar
     return reshard_in_groups(b, x, &cur, want, want, gdims, gid, consumer);
 }
 
-/* The local value of global node `gid` with sharding `want`.  A
- * parameter (or its bf16 copy) resharded for one phase is resharded
- * again for another, as FSDP (ZeRO-3) gathers a weight again in the
- * backward pass instead of keeping the forward pass's copy alive in
+/* Whether x, resharded for `consumer`, is resharded again in each phase
+ * rather than kept from one to the next: a parameter (or its bf16 copy),
+ * and the keys and values of sequence-split attention's backward op,
+ * whose gathers would otherwise live from the forward pass to the
+ * backward pass, a whole sequence per layer (docs/DESIGN.md,
+ * "Sequence-split attention"). */
+static bool resharded_per_phase(const spmd_graph *g, const spmd_tensor *x, int consumer)
+{
+    if (x->op == IR_PARAM || ir_is_param_copy(x)) return true;
+    const spmd_tensor *c = consumer >= 0 ? g->nodes[consumer] : NULL;
+    return c && c->op == IR_ATTENTION_BACKWARD && (c->in[1] == x || c->in[2] == x);
+}
+
+/* The local value of global node `gid` with sharding `want`.  A value
+ * resharded for one phase is resharded again for another where
+ * resharded_per_phase says, as FSDP (ZeRO-3) gathers a weight again in
+ * the backward pass instead of keeping the forward pass's copy alive in
  * between. */
 spmd_tensor *part_value(builder *b, const spmd_tensor *x, const sharding *want, int consumer)
 {
     variant *first = b->variants[x->id];
     int phase = (int)partition_phase(b->p->g, consumer >= 0 ? consumer : x->id);
+    bool per_phase = resharded_per_phase(b->p->g, x, consumer);
     for (variant *v = first; v; v = v->next)
-        if (sharding_equal(v->s, want) && (v->phase < 0 || v->phase == phase || !(x->op == IR_PARAM || ir_is_param_copy(x))))
+        if (sharding_equal(v->s, want) && (v->phase < 0 || v->phase == phase || !per_phase))
             return v->t;
     if (!first) {
         part_record(b, SPMD_ERR_INTERNAL, "partition: node %d used before it was partitioned",
@@ -382,16 +397,18 @@ static bool note_fallback(builder *b, int tensor, int consumer)
  * (32 rows over 65 devices; heads that do not divide): then every device
  * computes the whole dim.  Not fallbacks: parameters (gathering a stored
  * shard before use is the FSDP plan itself: a LayerNorm scale is always
- * gathered), and an axis the op gave to another dim (a choice the cost
- * model made). */
+ * gathered), the keys and values of attention gathered along the
+ * sequence (sequence-split attention's plan), and an axis the op gave to
+ * another dim (a choice the cost model made). */
 bool part_check_fallback(builder *b, const spmd_tensor *t, int j, const sharding *have,
                          const sharding *need)
 {
     const partition *p = b->p;
     const shard_node *n = &p->prop.nodes[t->id];
     if (ir_is_persistent(t->in[j])) return true;
+    bool keys = (t->op == IR_ATTENTION || t->op == IR_ATTENTION_BACKWARD) && (j == 1 || j == 2);
     for (int i = 0; i < have->rank; i++) {
-        if (have->dim[i].n <= need->dim[i].n) continue;
+        if (have->dim[i].n <= need->dim[i].n || (keys && i == 1)) continue;
         int it = n->sig ? n->sig->in[j][i] : -1;
         if (it < 0 || n->sig->kind[it] == IR_ITER_FULL ||
             !shard_splittable(p->m, &have->dim[i], n->sig->size[it], n->sig->granule[it]))

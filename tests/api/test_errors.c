@@ -279,7 +279,7 @@ static void test_partition_out_of_memory(void **state)
     spmd_gpt_config cfg = {.vocab = 15, .seq = 4, .layers = 1, .heads = 2, .dim = 8};
     spmd_gpt_tensors t;
     assert_int_equal(spmd_gpt_build(g, &cfg, 4, &t), SPMD_OK);
-    spmd_gpt_parallel how = {"tensor", "fsdp", NULL, true};
+    spmd_gpt_parallel how = {"tensor", "fsdp", NULL, true, NULL};
     assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &cfg, mesh, &how), SPMD_OK);
     spmd_tensor *in[2] = {t.input, t.targets};
     assert_int_equal(spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL), SPMD_OK);
@@ -372,7 +372,7 @@ static void test_propagation_round_limit(void **state)
     assert_non_null(one);
     assert_int_equal(spmd_program_propagation_unsettled(one), 0);
     spmd_program_free(one);
-    spmd_gpt_parallel how = {"tensor", "fsdp", NULL, true};
+    spmd_gpt_parallel how = {"tensor", "fsdp", NULL, true, NULL};
     assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &cfg, mesh, &how), SPMD_OK);
     spmd_tensor *in[2] = {t.input, t.targets};
     assert_int_equal(spmd_fsdp_wrap(g, mesh, "fsdp", in, 2, NULL), SPMD_OK);

@@ -371,6 +371,65 @@ static void test_tensor_parallel_flags(void **state)
     assert_non_null(strstr(out, "give --tp AXIS"));
 }
 
+/* --cp on 2x2 (data, cp): the inputs split on the batch and the
+ * sequence; over 'cp', per block, the forward pass all-gathers k and v,
+ * the backward pass gathers them again and reduce-scatters attention's
+ * gradients twice, and no activation is all-reduced.  Bad uses are
+ * refused, naming the numbers and axes. */
+static void test_context_parallel_flags(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    int rc = run_toolf(out, sizeof out, "explain --mesh 2x2 --axes data,cp --cp cp --json %s",
+                       report_path);
+    if (rc != 0) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    cJSON *j = support_load_json(report_path);
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(j, "tensors");
+    int seen = 0;
+    for (int i = 0; i < cJSON_GetArraySize(tensors); i++) {
+        const cJSON *t = cJSON_GetArrayItem(tensors, i);
+        const char *name = cJSON_GetObjectItemCaseSensitive(t, "name")->valuestring;
+        const char *spec = cJSON_GetObjectItemCaseSensitive(t, "sharding")->valuestring;
+        if (!strcmp(name, "input")) assert_string_equal(spec, "data, cp"), seen++;
+        if (!strcmp(name, "h.1.attn.y")) assert_string_equal(spec, "data, cp, None"), seen++;
+    }
+    assert_int_equal(seen, 2);
+    const cJSON *colls = cJSON_GetObjectItemCaseSensitive(j, "collectives");
+    int n[2][3] = {{0}}; /* forward, backward: all-gathers, reduce-scatters, all-reduces */
+    for (int i = 0; i < cJSON_GetArraySize(colls); i++) {
+        const cJSON *c = cJSON_GetArrayItem(colls, i);
+        const char *kind = cJSON_GetObjectItemCaseSensitive(c, "kind")->valuestring;
+        const char *phase = cJSON_GetObjectItemCaseSensitive(c, "phase")->valuestring;
+        const cJSON *axes = cJSON_GetObjectItemCaseSensitive(c, "axes");
+        int ph = !strcmp(phase, "forward") ? 0 : !strcmp(phase, "backward") ? 1 : -1;
+        if (ph < 0 || cJSON_GetArraySize(axes) != 1 ||
+            strcmp(cJSON_GetArrayItem(axes, 0)->valuestring, "cp"))
+            continue;
+        int count = (int)cJSON_GetObjectItemCaseSensitive(c, "count")->valuedouble;
+        n[ph][0] += !strcmp(kind, "all-gather") * count;
+        n[ph][1] += !strcmp(kind, "reduce-scatter") * count;
+        n[ph][2] += !strcmp(kind, "all-reduce") * count;
+    }
+    /* The default GPT has two blocks. */
+    assert_int_equal(n[0][0], 4);
+    assert_int_equal(n[1][0], 4);
+    assert_int_equal(n[0][1], 0);
+    assert_int_equal(n[1][1], 4);
+    assert_int_equal(n[1][2], 0);
+    cJSON_Delete(j);
+    assert_int_equal(run_tool("train --mesh 4 --axes cp --cp cp --seq 42", out, sizeof out), 2);
+    assert_non_null(strstr(out, "a sequence of 42 tokens does not split over axis 'cp' of 4 devices"));
+    assert_int_equal(run_tool("train --mesh 2x2 --axes cp,tensor --cp tensor --tp tensor", out,
+                              sizeof out), 2);
+    assert_non_null(strstr(out, "'tensor' cannot be both the context axis and the tensor axis"));
+    assert_int_equal(run_tool("train --mesh 2x2 --axes cp,tensor --cp cp --tp tensor --sp on", out,
+                              sizeof out), 2);
+    assert_non_null(strstr(out, "sequence parallelism"));
+    assert_int_equal(run_tool("train --model mlp --mesh 2 --axes cp --cp cp", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--cp: context parallelism is for --model gpt"));
+}
+
 /* The milliseconds of "about X ms by the alpha-beta model" in explain's output. */
 static double estimated_ms(const char *out)
 {
@@ -481,6 +540,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_explain_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explain_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_parallel_flags, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_context_parallel_flags, setup, teardown),
         cmocka_unit_test(test_explain_without_blas),
         cmocka_unit_test(test_bad_mesh_and_shard),
         cmocka_unit_test(test_bad_flags),

@@ -1,6 +1,7 @@
 /*
  * `spmd` over several processes, through mpirun: the same run over P
- * processes gives the one-process losses bit for bit, each process holds
+ * processes gives the one-process losses bit for bit (tensor, sequence
+ * and context parallelism included), each process holds
  * 1/P of the bytes, a failing or killed process ends the job with its
  * cause, a stopped one through the collective watchdog (a slow one does
  * not), and explain marks the axes that cross processes.  A GPT with
@@ -152,6 +153,16 @@ static void test_gpt_tp_sp_2x2x2(void **state)
 {
     (void)state;
     same_bits_with("gpt", "2x2x2", "data,fsdp,tensor", 4, "--fsdp fsdp --tp tensor --sp on");
+}
+/* Context parallelism: the sequence over 'cp' across the processes (k
+ * and v all-gathered, their gradients reduce-scattered over MPI), and
+ * with FSDP over the same axis ('data' inside each process keeps
+ * replicas that one process shares). */
+static void test_gpt_cp_p2(void **state)
+{
+    (void)state;
+    same_bits_with("gpt", "2x2", "cp,data", 2, "--cp cp");
+    same_bits_with("gpt", "2x2", "cp,data", 2, "--cp cp --fsdp cp");
 }
 /* Gradient accumulation: the micro-batches and the step's one reduction
  * over processes. */
@@ -448,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_gpt_2x4),
         cmocka_unit_test(test_gpt_2x2x2),
         cmocka_unit_test(test_gpt_tp_sp_2x2x2),
+        cmocka_unit_test(test_gpt_cp_p2),
         cmocka_unit_test(test_gpt_accumulate_4x2_p2),
         cmocka_unit_test(test_gpt_bf16_reduce),
         cmocka_unit_test(test_gpt_experts_2x4_p2),

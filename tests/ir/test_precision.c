@@ -60,7 +60,7 @@ static void train_reduced(const char *shape, const char *axes, spmd_dtype precis
     assert_int_equal(spmd_gpt_build(g, &CFG, BATCH, &t), SPMD_OK);
     spmd_tensor *in[2] = {t.input, t.targets};
     if (mesh && strstr(axes, "tensor")) {
-        spmd_gpt_parallel how = {"tensor", NULL, NULL, true};
+        spmd_gpt_parallel how = {"tensor", NULL, NULL, true, NULL};
         assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &CFG, mesh, &how), SPMD_OK);
         assert_int_equal(spmd_shard_batch(g, mesh, in, 2, "data"), SPMD_OK);
     } else if (mesh) {

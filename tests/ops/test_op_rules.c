@@ -101,6 +101,9 @@ static spmd_tensor *ids(sample *s, int rank, const int64_t *dims, int32_t limit)
 static spmd_tensor *x46(sample *s) { return operand(s, V_ANY, 2, D(4, 6)); }
 static spmd_tensor *pos46(sample *s) { return operand(s, V_POS, 2, D(4, 6)); }
 static spmd_tensor *qkv(sample *s) { return operand(s, V_ANY, 3, D(2, 6, 8)); }
+/* Attention's q, k and v: 5 rows split unevenly over 2 and 3 devices, so
+ * a query block starts off the kernel's blocks and the last one pads. */
+static spmd_tensor *qkv5(sample *s) { return operand(s, V_ANY, 3, D(2, 5, 8)); }
 static spmd_tensor *mask46(sample *s) { return operand(s, V_MASK, 2, D(4, 6)); }
 /* Batch normalisation: x [N, C, L] (split unevenly over 3 on N and L, and
  * over 2 on C), per-channel [C] operands (a variance is positive). */
@@ -177,7 +180,7 @@ static bool build_sample(ir_op op, sample *s)
         o = spmd_bmm(g, operand(s, V_ANY, 3, D(2, 4, 6)), operand(s, V_ANY, 3, D(2, 6, 5)), false,
                      false);
         break;
-    case IR_ATTENTION: o = spmd_attention(g, qkv(s), qkv(s), qkv(s), 2); break;
+    case IR_ATTENTION: o = spmd_attention(g, qkv5(s), qkv5(s), qkv5(s), 2); break;
     case IR_CONV2D: { /* strided, padded and dilated; groups 1: Cin summed */
         spmd_conv2d_options opts = {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}};
         spmd_tensor *x = operand(s, V_ANY, 4, D(2, 4, 5, 6));
@@ -230,7 +233,9 @@ static bool build_sample(ir_op op, sample *s)
                                    per_channel(s, V_ANY), nch(s), operand(s, V_ANY, 2, D(2, 3)),
                                    1e-5f);
         break;
-    case IR_ATTENTION_BACKWARD: o = ir_attention_backward(g, qkv(s), qkv(s), qkv(s), qkv(s), 2); break;
+    case IR_ATTENTION_BACKWARD:
+        o = ir_attention_backward(g, qkv5(s), qkv5(s), qkv5(s), qkv5(s), 2);
+        break;
     case IR_CONV2D_BACKWARD_INPUT: { /* 2 groups of 2 channels: split in whole groups */
         ir_conv c = {.stride = {2, 2}, .pad = {1, 1}, .dilation = {1, 1}, .groups = 2};
         spmd_tensor *dy = operand(s, V_ANY, 4, D(2, 4, 3, 3));

@@ -59,7 +59,7 @@ static void mark(spmd_graph *g, spmd_gpt_tensors *t, const spmd_mesh *mesh, cons
     if (!c) return;
     assert_int_equal(spmd_gpt_shard_experts(g, &GPT, mesh, "expert", c->tensor, NULL), SPMD_OK);
     if (c->tensor) {
-        spmd_gpt_parallel how = {c->tensor, c->fsdp, NULL, false};
+        spmd_gpt_parallel how = {c->tensor, c->fsdp, NULL, false, NULL};
         assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_OK);
     }
     spmd_tensor *in[2] = {t->input, t->targets};

@@ -37,7 +37,9 @@
  * channels, rows split; a pending sum through the averages), and of batch
  * normalisation over a batch split over 2, 4 and 2x2 devices, unevenly
  * over 3, with the channels or the spatial rows split (its statistics must
- * be the global batch's: the program must all-reduce their sums).
+ * be the global batch's: the program must all-reduce their sums), and of
+ * attention with its sequence split (meshes 2 and 4 over cp, 2x2 with the
+ * batch or the heads split too).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -1922,6 +1924,41 @@ static const regression batch_norm_cases[] = {
     {"batch norm: spatial rows over 2, uneven", 1, {2}, {"data"}, bn_spatial_uneven, 0},
 };
 
+/* Sequence-split attention: x [2, 150, 8] split on the sequence over cp
+ * (150 rows: several kernel blocks of 64, a device's block starting off
+ * them, and over 4 devices a padded last block), q, k and v projections
+ * of it, 2 heads; over tp the heads split too.  The keys and values are
+ * gathered, the causal mask offset by each device's block, and dq, dk, dv
+ * reduce-scattered. */
+static void attention_over_cp(eq_case *c, const char *x_spec, const char *qkv_spec)
+{
+    spmd_tensor *x = input(c, 3, D(2, 150, 8));
+    mark(c, x, x_spec);
+    spmd_tensor *qkv[3];
+    for (int i = 0; i < 3; i++) {
+        spmd_tensor *w = param(c, 2, D(8, 8), GEN_WEIGHT, 0.5f);
+        qkv[i] = note(c, spmd_matmul(c->g, x, w, false, false), "matmul(%s, %s)", name_of(x),
+                      name_of(w));
+        if (qkv_spec) mark(c, qkv[i], qkv_spec);
+    }
+    spmd_tensor *a = note(c, spmd_attention(c->g, qkv[0], qkv[1], qkv[2], 2),
+                          "attention(%s, %s, %s, heads 2)", name_of(qkv[0]), name_of(qkv[1]),
+                          name_of(qkv[2]));
+    add_output(c, a);
+    square_loss(c, a);
+}
+
+static void attn_cp(eq_case *c) { attention_over_cp(c, "None, cp, None", NULL); }
+static void attn_data_cp(eq_case *c) { attention_over_cp(c, "data, cp, None", NULL); }
+static void attn_cp_tensor(eq_case *c) { attention_over_cp(c, "None, cp, None", "None, cp, tp"); }
+
+static const regression attention_cases[] = {
+    {"attention: sequence over 2", 1, {2}, {"cp"}, attn_cp, 0},
+    {"attention: sequence over 4, uneven", 1, {4}, {"cp"}, attn_cp, 0},
+    {"attention: batch over data, sequence over cp", 2, {2, 2}, {"data", "cp"}, attn_data_cp, 0},
+    {"attention: sequence over cp, heads over tp", 2, {2, 2}, {"cp", "tp"}, attn_cp_tensor, 0},
+};
+
 static const regression regressions[] = {
     {"marked reshape splitting a minor dim", 1, {3}, {"fsdp"}, reg_reshape_mark_minor_split, 0},
     {"attention heads split unevenly", 1, {5}, {"replica"}, reg_attention_uneven_heads, 0},
@@ -2016,6 +2053,14 @@ static void test_pooling(void **state)
     if (failed) fail_msg("%d of %zu pooling cases failed", failed, ARRAY_LEN(pool_cases));
 }
 
+/* Attention with its sequence split: values and gradients one device's. */
+static void test_sequence_split_attention(void **state)
+{
+    (void)state;
+    int failed = run_fixed(attention_cases, ARRAY_LEN(attention_cases), 3000);
+    if (failed) fail_msg("%d of %zu attention cases failed", failed, ARRAY_LEN(attention_cases));
+}
+
 /* Batch normalisation over a split batch: the statistics are the global
  * batch's (all-reduced), values and gradients one device's. */
 static void test_batch_norm(void **state)
@@ -2077,6 +2122,7 @@ int main(void)
         cmocka_unit_test(test_conv_parallel),
         cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_batch_norm),
+        cmocka_unit_test(test_sequence_split_attention),
         cmocka_unit_test(test_random_equivalence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -156,7 +156,7 @@ static void mark(spmd_graph *g, const spmd_gpt_config *cfg, spmd_gpt_tensors *t,
                  const spmd_mesh *mesh, const tp_case *c)
 {
     if (!c) return;
-    spmd_gpt_parallel how = {"tensor", c->fsdp, NULL, c->sequence};
+    spmd_gpt_parallel how = {"tensor", c->fsdp, NULL, c->sequence, NULL};
     assert_int_equal(spmd_gpt_shard_tensor_parallel(g, cfg, mesh, &how), SPMD_OK);
     spmd_tensor *in[2] = {t->input, t->targets};
     assert_int_equal(c->fsdp ? spmd_fsdp_wrap(g, mesh, c->fsdp, in, 2, c->batch)
@@ -388,7 +388,7 @@ static void test_marks_batch_and_keeps_marks(void **state)
     assert_int_equal(spmd_gpt_build(g, &GPT, BATCH, &t), SPMD_OK);
     spmd_tensor *fc = spmd_graph_find(g, "h.0.mlp.c_fc.weight");
     assert_int_equal(spmd_mark_sharding(g, fc, mesh, "None, tensor"), SPMD_OK);
-    spmd_gpt_parallel how = {"tensor", NULL, NULL, false};
+    spmd_gpt_parallel how = {"tensor", NULL, NULL, false, NULL};
     assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_OK);
     char spec[64];
     assert_string_equal(spmd_get_sharding(fc, spec, sizeof spec), "None, tensor");
@@ -407,12 +407,12 @@ static void test_bad_tensor_parallel(void **state)
     spmd_graph *g = spmd_graph_create(NULL);
     spmd_gpt_tensors t;
     assert_int_equal(spmd_gpt_build(g, &GPT, BATCH, &t), SPMD_OK);
-    spmd_gpt_parallel how = {"tensor", NULL, NULL, false};
+    spmd_gpt_parallel how = {"tensor", NULL, NULL, false, NULL};
     assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_ERR_SHAPE);
     assert_non_null(strstr(spmd_last_error(), "4 heads do not split over axis 'tensor' of 8"));
     how.tensor = "model";
     assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_ERR_INVALID);
-    how = (spmd_gpt_parallel){"tensor", "tensor", NULL, false};
+    how = (spmd_gpt_parallel){"tensor", "tensor", NULL, false, NULL};
     assert_int_equal(spmd_gpt_shard_tensor_parallel(g, &GPT, mesh, &how), SPMD_ERR_INVALID);
     spmd_graph_free(g);
     spmd_mesh_free(mesh);
