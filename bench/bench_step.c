@@ -8,6 +8,12 @@
  *     64, on meshes 1, 2 'fsdp', 2 'data', 4x2 'replica,fsdp', 8 'data';
  *   - a small GPT (4 layers, dim 256, vocab 512, seq 128), batch 8, on
  *     meshes 1, 2 'data', 4x2 'replica,fsdp', 8 'data';
+ *   - the same GPT with 8 experts (GShard, top-2, capacity factor 1.25)
+ *     in blocks 1 and 3, on one device and on 2x4 'data,expert' with the
+ *     experts split over 'expert' (spmd_gpt_shard_experts);
+ *   - the same GPT at seq 2048, batch 1, on one device and on 4 'cp' with
+ *     its sequence split (spmd_gpt_shard_context_parallel) and FSDP over
+ *     the same axis;
  *
  * the replicated meshes by default (ZeRO: the optimizer's state and update
  * sharded, spmd_optimizer.zero) and with ZeRO off (rows "zero off": every
@@ -16,14 +22,16 @@
  * mixed precision, --precision bf16).
  *
  * GFLOP/s counts 6 x multiplying parameters x tokens per step (plus
- * attention's 12 x layers x dim x seq per token); ratios compare with the
+ * attention's 12 x layers x dim x seq per token; with experts, the
+ * experts' products over the rows they take, capacity x experts per
+ * sequence, and the dispatch and combine products); ratios compare with the
  * bare sgemm rate on all threads and with the workload's one-device step.
  * Medians of --reps steps after one unmeasured.
  *
- *   bench_step [--reps N] [--threads N] [--quick] [--only mlp|gpt|124m] [--mesh SHAPE]
- *              [--fp32|--bf16] [--overlap-compare]
+ *   bench_step [--reps N] [--threads N] [--quick] [--only mlp|gpt|124m|moe|long]
+ *              [--mesh SHAPE] [--fp32|--bf16] [--overlap-compare]
  *
- * (--quick: no 124M; --only one workload (--124m: --only 124m); --mesh
+ * (--quick: the MLP and the small GPT only; --only one workload (--124m: --only 124m); --mesh
  * only its cases on that mesh, "1" for one device; --fp32, --bf16: only
  * the rows of that precision, for a profile; --overlap-compare: each
  * mesh row three times with collectives in flight and three times
@@ -53,6 +61,8 @@ typedef struct mesh_case {
     const char *shape, *axes, *fsdp; /* fsdp: the axis parameters are sharded over, or NULL */
     bool zero_off;                   /* every replica updates whole (ZeRO off) */
     bool bf16;                       /* matmuls on bf16 copies (mixed precision) */
+    const char *expert;              /* the experts' axis (expert parallelism), or NULL */
+    const char *context;             /* the sequence's axis (context parallelism), or NULL */
 } mesh_case;
 
 static double flops_per_step(const workload *w, int64_t params)
@@ -63,7 +73,20 @@ static double flops_per_step(const workload *w, int64_t params)
         mults -= (double)w->cfg.seq * w->cfg.dim; /* the position table is only added */
         attn = 12.0 * w->cfg.layers * w->cfg.dim * w->cfg.seq;
     }
-    return (6.0 * mults + attn) * tokens;
+    double experts = 0;
+    if (w->gpt && w->cfg.experts > 0) {
+        /* A token multiplies its experts' weights only as one of the
+         * capacity x E rows of its sequence the experts take, and the
+         * dispatch and combine multiply [T, E x capacity] by [T, C]. */
+        const spmd_gpt_config *c = &w->cfg;
+        double moe_blocks = c->layers / 2, e = c->experts, dim = c->dim;
+        double cap = (int)((double)c->top_k * c->seq * c->capacity_factor / e);
+        mults -= moe_blocks * e * (8.0 * dim * dim + 5.0 * dim);
+        double rows = cap * e * w->batch;
+        experts = moe_blocks * (6.0 * rows * (8.0 * dim * dim) +
+                                12.0 * w->batch * c->seq * e * cap * dim);
+    }
+    return (6.0 * mults + attn) * tokens + experts;
 }
 
 /* Every collective a blocking step (spmd_compile_options.overlap unset). */
@@ -92,6 +115,12 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
         input = t.input, targets = t.targets, loss = t.loss;
     }
     spmd_tensor *inputs[2] = {input, targets};
+    if (st == SPMD_OK && mesh && mc->expert)
+        st = spmd_gpt_shard_experts(g, &w->cfg, mesh, mc->expert, NULL, NULL);
+    if (st == SPMD_OK && mesh && mc->context) {
+        spmd_gpt_parallel how = {NULL, mc->fsdp, NULL, false, mc->context};
+        st = spmd_gpt_shard_context_parallel(g, &w->cfg, mesh, &how);
+    }
     if (st == SPMD_OK && mesh)
         st = mc->fsdp ? spmd_fsdp_wrap(g, mesh, mc->fsdp, inputs, 2, NULL)
                       : spmd_shard_batch(g, mesh, inputs, 2, NULL);
@@ -148,13 +177,19 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--fp32")) only_fp32 = true;
         else if (!strcmp(argv[i], "--overlap-compare")) compare = true;
         else {
-            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] [--only mlp|gpt|124m] "
-                            "[--mesh SHAPE] [--fp32|--bf16] [--overlap-compare]\n");
+            fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] "
+                            "[--only mlp|gpt|124m|moe|long] [--mesh SHAPE] [--fp32|--bf16] "
+                            "[--overlap-compare]\n");
             return 2;
         }
     }
-    if (only && strcmp(only, "mlp") && strcmp(only, "gpt") && strcmp(only, "124m")) {
-        fprintf(stderr, "bench_step: --only %s: mlp, gpt or 124m\n", only);
+    static const char *const keys[] = {"124m", "mlp", "gpt", "moe", "long"};
+    enum { n_loads = sizeof keys / sizeof keys[0] };
+    int only_load = -1;
+    for (int l = 0; only && l < n_loads; l++)
+        if (!strcmp(only, keys[l])) only_load = l;
+    if (only && only_load < 0) {
+        fprintf(stderr, "bench_step: --only %s: mlp, gpt, 124m, moe or long\n", only);
         return 2;
     }
     if (reps < 1) reps = 1;
@@ -169,30 +204,42 @@ int main(int argc, char **argv)
         {"MLP 4 x 1024^2, batch 64", false, {.vocab = 13, .layers = 5, .dim = 1024}, 64},
         {"GPT 4 x 256, vocab 512, seq 128, batch 8", true,
          {.vocab = 512, .seq = 128, .layers = 4, .heads = 4, .dim = 256}, 8},
+        {"GPT 4 x 256, 8 experts top-2, batch 8", true,
+         {.vocab = 512, .seq = 128, .layers = 4, .heads = 4, .dim = 256, .experts = 8, .top_k = 2,
+          .capacity_factor = 1.25f},
+         8},
+        {"GPT 4 x 256, vocab 512, seq 2048, batch 1", true,
+         {.vocab = 512, .seq = 2048, .layers = 4, .heads = 4, .dim = 256}, 1},
     };
-    static const mesh_case one[] = {{NULL, NULL, NULL, false, false}, {NULL, NULL, NULL, false, true}};
+    /* {shape, axes, fsdp, zero off, bf16, expert axis, context axis} */
+#define CASE(shape, axes, fsdp, zero_off, bf16) {shape, axes, fsdp, zero_off, bf16, NULL, NULL}
+    static const mesh_case one[] = {CASE(NULL, NULL, NULL, false, false), CASE(NULL, NULL, NULL, false, true)};
     static const mesh_case mlp_meshes[] = {
-        {NULL, NULL, NULL, false, false},         {"2", "fsdp", "fsdp", false, false},
-        {"2", "data", NULL, false, false},        {"2", "data", NULL, true, false},
-        {"4x2", "replica,fsdp", "fsdp", false, false}, {"4x2", "replica,fsdp", "fsdp", true, false},
-        {"8", "data", NULL, false, false},        {"8", "data", NULL, true, false}};
-    static const char *const keys[] = {"124m", "mlp", "gpt"};
+        CASE(NULL, NULL, NULL, false, false),           CASE("2", "fsdp", "fsdp", false, false),
+        CASE("2", "data", NULL, false, false),          CASE("2", "data", NULL, true, false),
+        CASE("4x2", "replica,fsdp", "fsdp", false, false), CASE("4x2", "replica,fsdp", "fsdp", true, false),
+        CASE("8", "data", NULL, false, false),          CASE("8", "data", NULL, true, false)};
     static const mesh_case gpt_meshes[] = {
-        {NULL, NULL, NULL, false, false}, {NULL, NULL, NULL, false, true},
-        {"2", "data", NULL, false, false}, {"2", "data", NULL, true, false},
-        {"4x2", "replica,fsdp", "fsdp", false, false}, {"4x2", "replica,fsdp", "fsdp", false, true},
-        {"4x2", "replica,fsdp", "fsdp", true, false}, {"8", "data", NULL, false, false},
-        {"8", "data", NULL, true, false}};
-    const mesh_case *meshes[] = {one, mlp_meshes, gpt_meshes};
-    const int n_meshes[] = {2, 8, 9};
+        CASE(NULL, NULL, NULL, false, false),           CASE(NULL, NULL, NULL, false, true),
+        CASE("2", "data", NULL, false, false),          CASE("2", "data", NULL, true, false),
+        CASE("4x2", "replica,fsdp", "fsdp", false, false), CASE("4x2", "replica,fsdp", "fsdp", false, true),
+        CASE("4x2", "replica,fsdp", "fsdp", true, false), CASE("8", "data", NULL, false, false),
+        CASE("8", "data", NULL, true, false)};
+#undef CASE
+    static const mesh_case moe_meshes[] = {{NULL, NULL, NULL, false, false, NULL, NULL},
+                                           {"2x4", "data,expert", NULL, false, false, "expert", NULL}};
+    static const mesh_case long_meshes[] = {{NULL, NULL, NULL, false, false, NULL, NULL},
+                                            {"4", "cp", "cp", false, false, NULL, "cp"}};
+    const mesh_case *meshes[] = {one, mlp_meshes, gpt_meshes, moe_meshes, long_meshes};
+    const int n_meshes[] = {2, 8, 9, 2, 2};
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
     printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
     printf("%-42s %-26s %10s %10s %8s %8s %8s %10s %9s%s\n", "workload", "mesh", "ms/step", "GFLOP/s",
            "/sgemm", "/mesh 1", "cpu ms", "arena MiB", "held MiB", compare ? "  no overlap" : "");
-    for (int l = quick ? 1 : 0; l < 3; l++) {
+    for (int l = quick ? 1 : 0; l < (quick ? 3 : n_loads); l++) {
         const workload *w = &loads[l];
-        if (only && strcmp(only, keys[l])) continue;
+        if (only && l != only_load) continue;
         /* The bare rate: the better of a product of the workload's own
          * size (its MLP's first layer) and a 1024-cube. */
         int64_t rows = (int64_t)w->batch * (w->gpt ? w->cfg.seq : 1);
