@@ -6,6 +6,7 @@
 #include "compile/explain.h"
 #include "base/error.h"
 #include "compile/report.h"
+#include "ir/ir.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -109,6 +110,55 @@ static void put_copies(text *t, const spmd_mesh *m)
         if (spmd_mesh_axis_is_independent(m, a)) put(t, n++ ? ", %s" : "%s", spmd_mesh_axis_name(m, a));
     put(t, "', independent: each group along it trains a model of its own and no collective crosses "
            "it; the plan below is one copy's, on its group\n");
+}
+
+/* Pipeline stages (docs/DESIGN.md, "Pipeline stages"): per stage its
+ * blocks (parameters "h.{i}.*", as the GPT names them), its other
+ * parameters, the bytes of the parameters and state it updates, and the
+ * steps of the schedule it runs. */
+static void put_stages(text *t, const compiled *c)
+{
+    const spmd_mesh *m = c->mesh;
+    int axis = m ? spmd_mesh_stage_axis(m) : -1;
+    if (axis < 0 || !c->partitioned) return;
+    int stages = spmd_mesh_axis_size(m, axis);
+    const spmd_graph *lg = c->local;
+    put(t, "\nstages: %d along '%s'; each device runs its stage's steps, the values between "
+           "stages sent point to point\n", stages, spmd_mesh_axis_name(m, axis));
+    for (int s = 0; s < stages; s++) {
+        int first = -1, last = -1, steps = 0, others = 0;
+        size_t bytes = 0;
+        char names[160] = "";
+        for (int i = 0; i < lg->n_nodes; i++) {
+            const spmd_tensor *x = lg->nodes[i];
+            if (!ir_is_persistent(x) || x->stage != s) continue;
+            bytes += ir_nbytes(x);
+            int layer;
+            if (x->op != IR_PARAM) continue;
+            if (x->name && sscanf(x->name, "h.%d.", &layer) == 1) {
+                if (first < 0 || layer < first) first = layer;
+                if (layer > last) last = layer;
+            } else if (x->name && strlen(names) + strlen(x->name) + 8 < sizeof names) {
+                size_t n = strlen(names);
+                snprintf(names + n, sizeof names - n, "%s%s", n ? ", " : "", x->name);
+            } else {
+                others++;
+            }
+        }
+        for (int k = 0; k < c->plan.n_steps; k++) {
+            const spmd_tensor *x = c->plan.steps[k];
+            steps += x->op == IR_STAGE_TRANSFER ? x->attr.stage.from == s || x->attr.stage.to == s
+                                                : x->stage == s;
+        }
+        char b[32], layers[32] = "no blocks";
+        if (first >= 0 && first == last) snprintf(layers, sizeof layers, "block %d", first);
+        else if (first >= 0) snprintf(layers, sizeof layers, "blocks %d-%d", first, last);
+        put(t, "  stage %d: %s%s%s%s, %s of parameters and state, %d steps\n", s, layers,
+            names[0] ? " + " : "", names, others ? " + more" : "", bytes_text((double)bytes, b, sizeof b),
+            steps);
+    }
+    put(t, "  every device still holds every stage's parameters and the whole arena (per-stage "
+           "buffers are not built)\n");
 }
 
 static void put_tensors(text *t, const spmd_graph *g)
@@ -231,6 +281,7 @@ spmd_status compiled_explain(const compiled *c, const spmd_explain_options *o, c
     put(&t, "\n");
     put_processes(&t, c->mesh, o ? o->network_source : NULL);
     put_copies(&t, c->mesh);
+    put_stages(&t, c);
     put_tensors(&t, g);
     put_collectives(&t, c, g->accumulate_steps, o);
     put_memory(&t, c);

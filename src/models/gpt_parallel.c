@@ -51,7 +51,7 @@ static void batch_axes(const spmd_mesh *m, int tp, char *buf, size_t size)
     size_t n = (size_t)snprintf(buf, size, "(");
     bool any = false;
     for (int a = 0; a < spmd_mesh_rank(m) && n < size; a++) {
-        if (a == tp || spmd_mesh_axis_is_independent(m, a)) continue;
+        if (a == tp || spmd_mesh_axis_is_independent(m, a) || spmd_mesh_stage_axis(m) == a) continue;
         n += (size_t)snprintf(buf + n, size - n, "%s%s", any ? ", " : "",
                               spmd_mesh_axis_name(m, a));
         any = true;
