@@ -66,6 +66,8 @@ typedef struct cli_opts {
     const char *fsdp;  /* axis, "none", or NULL: "fsdp" when the mesh has it */
     const char *tp;    /* --tp: the GPT's tensor-parallel axis, NULL: none */
     bool sp;           /* --sp: sequence parallelism on that axis */
+    const char *pp;    /* --pp: the GPT's pipeline stage axis, NULL: none */
+    int microbatches;  /* --microbatches with --pp; 0: as many as stages */
     const char *data;  /* NULL: the synthetic addition set */
     spmd_optimizer optimizer;
     bool zero;         /* --zero (on by default): optimizer.zero ON or OFF */
