@@ -112,6 +112,50 @@ static void put_copies(text *t, const spmd_mesh *m)
            "it; the plan below is one copy's, on its group\n");
 }
 
+/* The most arena bytes stage s's values hold at once over the schedule,
+ * each from the step that writes it to the last that reads it (outputs
+ * and update values to the end): what a device of the stage would plan
+ * were its arena its own; -1 when out of memory. */
+static double stage_activation_peak(const compiled *c, int s)
+{
+    const plan *pl = &c->plan;
+    const spmd_graph *lg = c->local;
+    int n = lg->n_nodes, ns = pl->n_steps;
+    int *born = malloc((size_t)(n ? n : 1) * sizeof *born), *dies = malloc((size_t)(n ? n : 1) * sizeof *dies);
+    double *delta = calloc((size_t)ns + 2, sizeof *delta);
+    double peak = -1;
+    if (born && dies && delta) {
+        for (int i = 0; i < n; i++) born[i] = dies[i] = -1;
+        for (int k = 0; k < ns; k++) {
+            const spmd_tensor *t = pl->steps[k];
+            const fuse_group *grp = fusion_group(&c->fusion, t);
+            born[pl->storage[t->id]] = k;
+            for (int j = 0; grp && j < grp->n_stored; j++) born[pl->storage[grp->stored[j]->id]] = k;
+            int n_in = grp ? grp->n_in : t->n_in;
+            for (int j = 0; j < n_in; j++) {
+                int st = pl->storage[(grp ? grp->in[j] : t->in[j])->id];
+                if (dies[st] < k) dies[st] = k;
+            }
+            if (t->is_output) dies[pl->storage[t->id]] = ns;
+        }
+        for (int u = 0; u < lg->n_updates; u++) dies[pl->storage[lg->updates[u].value->id]] = ns;
+        for (int i = 0; i < n; i++) {
+            const spmd_tensor *t = lg->nodes[i];
+            if (born[i] < 0 || pl->offset[i] < 0 || (t->stage != s && t->stage >= 0)) continue;
+            delta[born[i]] += (double)ir_nbytes(t);
+            delta[(dies[i] > born[i] ? dies[i] : born[i]) + 1] -= (double)ir_nbytes(t);
+        }
+        double live = 0;
+        peak = 0;
+        for (int k = 0; k <= ns; k++) {
+            live += delta[k];
+            if (live > peak) peak = live;
+        }
+    }
+    free(born), free(dies), free(delta);
+    return peak;
+}
+
 /* Pipeline stages (docs/DESIGN.md, "Pipeline stages"): per stage its
  * blocks (parameters "h.{i}.*", as the GPT names them), its other
  * parameters, the bytes of the parameters and state it updates, and the
@@ -150,15 +194,19 @@ static void put_stages(text *t, const compiled *c)
             steps += x->op == IR_STAGE_TRANSFER ? x->attr.stage.from == s || x->attr.stage.to == s
                                                 : x->stage == s;
         }
-        char b[32], layers[32] = "no blocks";
+        char b[32], act[32], layers[32] = "no blocks";
+        double peak = stage_activation_peak(c, s);
+        if (peak < 0) snprintf(act, sizeof act, "?");
+        else bytes_text(peak, act, sizeof act);
         if (first >= 0 && first == last) snprintf(layers, sizeof layers, "block %d", first);
         else if (first >= 0) snprintf(layers, sizeof layers, "blocks %d-%d", first, last);
-        put(t, "  stage %d: %s%s%s%s, %s of parameters and state, %d steps\n", s, layers,
-            names[0] ? " + " : "", names, others ? " + more" : "", bytes_text((double)bytes, b, sizeof b),
-            steps);
+        put(t, "  stage %d: %s%s%s%s, %s of parameters and state, %s of activations at most, %d steps\n",
+            s, layers, names[0] ? " + " : "", names, others ? " + more" : "",
+            bytes_text((double)bytes, b, sizeof b), act, steps);
     }
-    put(t, "  every device still holds every stage's parameters and the whole arena (per-stage "
-           "buffers are not built)\n");
+    put(t, "  (activations: the most a stage's values hold at once, were its arena its own; every "
+           "device still holds every stage's parameters and the whole arena of %s: per-stage buffers "
+           "are not built)\n", bytes_text((double)c->plan.arena_bytes, (char[32]){0}, 32));
 }
 
 static void put_tensors(text *t, const spmd_graph *g)

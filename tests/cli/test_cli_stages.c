@@ -116,6 +116,7 @@ static void test_explain_shows_the_stages(void **state)
     has("stages: 2 along 'pp'");
     has("stage 0: blocks 0-2 + wte.weight, wpe.weight");
     has("stage 1: blocks 3-4 + ln_f.weight, ln_f.bias");
+    has("of activations at most");
 }
 
 static void test_refusals(void **state)
