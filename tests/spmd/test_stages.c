@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "runtime/executor.h"
+#include "spmd/checkpoint.h"
 #include "spmd/data.h"
 #include "spmd/mesh.h"
 #include "spmd/models.h"
@@ -230,6 +231,11 @@ static void test_same_seed_same_bits(void **state)
         if (memcmp(&la, &lb, sizeof la) != 0) fail_msg("step %d: %.9g then %.9g", s, la, lb);
         if (!close_rel(la, l1, 1e-5)) fail_msg("step %d: mesh %.9g, one device %.9g", s, la, l1);
     }
+    /* Checkpoints on stages are refused, not written from stale copies. */
+    if (spmd_checkpoint_save(a.p, "test_stages_ck", 3, NULL, 0) == SPMD_OK)
+        fail_msg("a checkpoint of a program on stages was written");
+    if (!strstr(spmd_last_error(), "pipeline stages are not built yet"))
+        fail_msg("checkpoint refusal: %s", spmd_last_error());
     setup_free(&a);
     setup_free(&b);
     setup_free(&one);
