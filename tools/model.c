@@ -98,11 +98,17 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
         for (int a = 0; a < spmd_mesh_rank(mesh); a++)
             if (!strcmp(spmd_mesh_axis_name(mesh, a), "fsdp")) fsdp = "fsdp";
     }
-    if (spmd_mesh_stage_axis(mesh) >= 0 && spmd_tensor_rank(c->input) == 3)
-        return mark_stage_inputs(mesh, c);
     spmd_tensor *inputs[2] = {c->input, c->targets};
     int n = c->targets ? 2 : 1;
     spmd_status st;
+    /* Stages: the micro-batches' samples over the other axes, then FSDP
+     * for the parameters (each stage's over the axis, inside the stage). */
+    if (spmd_mesh_stage_axis(mesh) >= 0 && spmd_tensor_rank(c->input) == 3) {
+        int rc = mark_stage_inputs(mesh, c);
+        if (!rc && strcmp(fsdp, "none") && spmd_fsdp_wrap(c->g, mesh, fsdp, NULL, 0, NULL) != SPMD_OK)
+            rc = cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
+        return rc;
+    }
     /* Tensor parallelism marks its weights and the batch (off its axis)
      * first; FSDP then splits the other parameters. */
     if (o->tp) {
@@ -144,7 +150,7 @@ static int setup_stages(cli_opts *o, cli_model *m)
     const char *not_yet = strcmp(o->model, "gpt") ? "--model mlp" : o->tp ? "--tp" : o->copies ? "--copies"
                           : o->optimizer.accumulate_steps > 1 ? "--accumulate (micro-batches are --microbatches)"
                           : o->checkpoint ? "--checkpoint on" : o->save ? "--save" : o->resume ? "--resume"
-                          : o->fsdp && strcmp(o->fsdp, "none") ? "--fsdp" : o->init ? "--init" : NULL;
+                          : o->init ? "--init" : NULL;
     if (not_yet) return cli_fail("--pp %s with %s is not built yet", o->pp, not_yet);
     int axis = spmd_mesh_axis_index(m->mesh, o->pp);
     if (axis < 0) return cli_fail("--pp %s: %s", o->pp, spmd_last_error());

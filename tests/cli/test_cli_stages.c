@@ -1,6 +1,7 @@
 /*
  * spmd train --pp AXIS --microbatches M (docs/design/stages.md): the GPT
- * on 2 and 4 pipeline stages, and on 2 stages x 2 data replicas, trains
+ * on 2 and 4 pipeline stages, on 2 stages x 2 data replicas and on 2
+ * stages x 2 fsdp x 2 data, trains
  * as --accumulate M does on one device (the losses within 1e-5 relative
  * over the steps), a rerun gives the same bits, the banner and explain
  * show the stages, and what is not built or makes no pipeline is refused
@@ -101,6 +102,14 @@ static void test_four_stages(void **state)
     same_as_accumulation("4", "pp", 4);
 }
 
+/* 2 stages x 2 fsdp x 2 data: each stage's parameters over 'fsdp' (the
+ * axis of that name, by default), its samples over both. */
+static void test_stages_fsdp_data(void **state)
+{
+    (void)state;
+    same_as_accumulation("2x2x2", "pp,fsdp,data", 4);
+}
+
 /* Each stage's micro-batches split over a data axis. */
 static void test_two_stages_two_replicas(void **state)
 {
@@ -158,6 +167,7 @@ int main(void)
         cmocka_unit_test(test_two_stages),
         cmocka_unit_test(test_four_stages),
         cmocka_unit_test(test_two_stages_two_replicas),
+        cmocka_unit_test(test_stages_fsdp_data),
         cmocka_unit_test(test_explain_shows_the_stages),
         cmocka_unit_test(test_refusals),
     };

@@ -3,7 +3,7 @@
  * S stages over a mesh's stage axis, M micro-batches a step, trains as the
  * GPT without stages accumulating the same M micro-batches on one device
  * (the losses within 1e-5 relative, the weights within 1e-5), on 2 and 4
- * stages and on an uneven split; a rerun gives the same bits; the
+ * stages, on an uneven split and on 2 stages x 2 data replicas; a rerun gives the same bits; the
  * embeddings run on the first stage and the loss on the last, as explain
  * says; bad input
  * is refused with its reason.
@@ -61,8 +61,10 @@ static void make_plain(setup *s, const spmd_gpt_config *cfg, int micro)
     s->p = spmd_trainer_program(s->tr);
 }
 
-/* The GPT on `stages` stages of a mesh "pp" (NULL mesh: one device). */
-static spmd_status make_staged(setup *s, const spmd_gpt_config *cfg, int stages, int micro, bool mesh)
+/* The GPT on `stages` stages of a mesh "pp" (mesh false: one device),
+ * times `replicas` along "data", which splits each micro-batch. */
+static spmd_status make_staged_on(setup *s, const spmd_gpt_config *cfg, int stages, int replicas,
+                                  int micro, bool mesh)
 {
     memset(s, 0, sizeof *s);
     s->micro = micro;
@@ -70,13 +72,18 @@ static spmd_status make_staged(setup *s, const spmd_gpt_config *cfg, int stages,
     spmd_status st = spmd_gpt_build_stages(s->g, cfg, MICRO, stages, micro, &s->t);
     if (st != SPMD_OK) return st;
     if (mesh) {
-        char shape[16];
-        snprintf(shape, sizeof shape, "%d", stages);
-        s->mesh = spmd_mesh_parse(shape, "pp");
+        char shape[32];
+        bool fsdp = replicas == 4; /* 2 fsdp x 2 data */
+        snprintf(shape, sizeof shape, fsdp ? "%dx2x2" : replicas > 1 ? "%dx%d" : "%d", stages, replicas);
+        s->mesh = spmd_mesh_parse(shape, fsdp ? "pp,fsdp,data" : replicas > 1 ? "pp,data" : "pp");
         assert_int_equal(spmd_mesh_set_stage_axis(s->mesh, 0), SPMD_OK);
-        /* The inputs whole on every stage: their marks give the graph its mesh. */
-        assert_int_equal(spmd_mark_sharding(s->g, s->t.input, s->mesh, "None, None, None"), SPMD_OK);
-        assert_int_equal(spmd_mark_sharding(s->g, s->t.targets, s->mesh, "None, None, None"), SPMD_OK);
+        /* The inputs on every stage, each micro-batch's samples over the
+         * replicas (the marks give the graph its mesh). */
+        const char *spec = fsdp ? "None, (fsdp, data), None" : replicas > 1 ? "None, data, None"
+                                                                            : "None, None, None";
+        assert_int_equal(spmd_mark_sharding(s->g, s->t.input, s->mesh, spec), SPMD_OK);
+        assert_int_equal(spmd_mark_sharding(s->g, s->t.targets, s->mesh, spec), SPMD_OK);
+        if (fsdp) assert_int_equal(spmd_fsdp_wrap(s->g, s->mesh, "fsdp", NULL, 0, NULL), SPMD_OK);
     }
     s->tr = spmd_trainer_create(s->g, s->t.loss,
                                 &(spmd_trainer_options){.optimizer = adamw(),
@@ -84,6 +91,11 @@ static spmd_status make_staged(setup *s, const spmd_gpt_config *cfg, int stages,
     if (!s->tr) return spmd_last_status();
     s->p = spmd_trainer_program(s->tr);
     return SPMD_OK;
+}
+
+static spmd_status make_staged(setup *s, const spmd_gpt_config *cfg, int stages, int micro, bool mesh)
+{
+    return make_staged_on(s, cfg, stages, 1, micro, mesh);
 }
 
 static void setup_free(setup *s)
@@ -138,12 +150,13 @@ static bool close_rel(double a, double b, double tol)
     return fabs(a - b) <= tol * fmax(fabs(a), fabs(b)) + 1e-7;
 }
 
-/* S stages, M micro-batches against accumulation over the same M. */
-static void compare(const spmd_gpt_config *cfg, int stages, int micro)
+/* S stages (times `replicas` along a data axis), M micro-batches against
+ * accumulation over the same M. */
+static void compare_on(const spmd_gpt_config *cfg, int stages, int replicas, int micro)
 {
     setup plain, staged;
     make_plain(&plain, cfg, micro);
-    if (make_staged(&staged, cfg, stages, micro, true) != SPMD_OK)
+    if (make_staged_on(&staged, cfg, stages, replicas, micro, true) != SPMD_OK)
         fail_msg("%d stages: %s", stages, spmd_last_error());
     for (int s = 0; s < STEPS; s++) {
         float np = 0, ns = 0;
@@ -168,6 +181,11 @@ static void compare(const spmd_gpt_config *cfg, int stages, int micro)
     setup_free(&staged);
 }
 
+static void compare(const spmd_gpt_config *cfg, int stages, int micro)
+{
+    compare_on(cfg, stages, 1, micro);
+}
+
 static void test_two_stages_train_as_accumulation(void **state)
 {
     (void)state;
@@ -190,6 +208,22 @@ static void test_an_uneven_split_trains_as_accumulation(void **state)
     spmd_gpt_config cfg = CFG;
     cfg.layers = 5;
     compare(&cfg, 2, 3);
+}
+
+/* 2 stages x 2 replicas: each stage's gradients reduced over 'data'
+ * inside it, ZeRO's state split over 'data', the norm over both. */
+static void test_stages_beside_a_data_axis(void **state)
+{
+    (void)state;
+    compare_on(&CFG, 2, 2, 4);
+}
+
+/* 2 stages x 2 fsdp x 2 data: each stage's parameters split over
+ * 'fsdp', gathered where its blocks read them. */
+static void test_stages_fsdp_and_data(void **state)
+{
+    (void)state;
+    compare_on(&CFG, 2, 4, 4);
 }
 
 /* Two runs of one seed: the same losses, bit for bit; and the graph with
@@ -310,6 +344,8 @@ int main(void)
         cmocka_unit_test(test_two_stages_train_as_accumulation),
         cmocka_unit_test(test_four_stages_train_as_accumulation),
         cmocka_unit_test(test_an_uneven_split_trains_as_accumulation),
+        cmocka_unit_test(test_stages_beside_a_data_axis),
+        cmocka_unit_test(test_stages_fsdp_and_data),
         cmocka_unit_test(test_same_seed_same_bits),
         cmocka_unit_test(test_bad_input_is_refused),
     };
