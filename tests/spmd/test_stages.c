@@ -290,9 +290,15 @@ static void test_bad_input_is_refused(void **state)
     setup_free(&s);
     expect_refused(make_staged(&s, &CFG, 4, 2, false), "2 micro-batches for 4 stages");
     setup_free(&s);
-    /* A mark over the stage axis. */
+    /* A mark over the stage axis; the stage axis independent, or the
+     * other way round. */
     spmd_mesh *m = spmd_mesh_parse("2x2", "pp,data");
+    assert_int_equal(spmd_mesh_set_axis_independent(m, 1, true), SPMD_OK);
+    expect_refused(spmd_mesh_set_stage_axis(m, 1), "axis 'data' is independent");
+    assert_int_equal(spmd_mesh_set_axis_independent(m, 1, false), SPMD_OK);
     assert_int_equal(spmd_mesh_set_stage_axis(m, 0), SPMD_OK);
+    assert_int_equal(spmd_mesh_stage_axis(m), 0);
+    expect_refused(spmd_mesh_set_axis_independent(m, 0, true), "axis 'pp' is the stage axis");
     spmd_graph *g = spmd_graph_create(NULL);
     spmd_gpt_tensors t;
     assert_int_equal(spmd_gpt_build_stages(g, &CFG, MICRO, 2, 2, &t), SPMD_OK);
