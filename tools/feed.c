@@ -32,6 +32,12 @@ static int local_samples(const cli_opts *o, const cli_graph *c, const spmd_progr
     int seq = !strcmp(o->model, "gpt") ? 1 : o->gpt.seq;
     *begin = lo / seq;
     *end = (hi + seq - 1) / seq;
+    /* Pipeline stages: rows are micro-batches of dim 1's samples. */
+    if (spmd_tensor_rank(c->input) == 3 && !strcmp(o->model, "gpt")) {
+        int64_t b = spmd_tensor_dim(c->input, 1);
+        *begin *= b;
+        *end *= b;
+    }
     return 0;
 }
 
@@ -51,7 +57,9 @@ static int feed_split(const cli_opts *o, spmd_dataset *data, const cli_graph *c,
                       int copy, spmd_split split, int64_t first, int32_t *tok, int32_t *tgt)
 {
     int seq = o->gpt.seq, v = spmd_tensor_dim(c->logits, spmd_tensor_rank(c->logits) - 1);
-    size_t ntok = (size_t)o->batch * (size_t)seq;
+    /* The graph's samples: --batch, or with --pp its micro-batches'. */
+    size_t ntok = !strcmp(o->model, "gpt") ? (size_t)spmd_tensor_numel(c->input)
+                                            : (size_t)o->batch * (size_t)seq;
     int64_t s0 = 0, s1 = 0;
     int rc = local_samples(o, c, p, &s0, &s1);
     if (rc) return rc;
@@ -95,7 +103,7 @@ static int feed_bad_token(const cli_opts *o, const cli_model *m, spmd_program *p
 
 int feed_step(const cli_opts *o, const cli_model *m, spmd_program *p, int step, int64_t first)
 {
-    size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq;
+    size_t ntok = (size_t)o->batch * (size_t)o->gpt.seq * (size_t)m->micro_batches;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
     int rc = tok && tgt ? 0 : cli_fail("out of memory");
     /* Each copy its own batch and learning rate. */

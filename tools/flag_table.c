@@ -80,6 +80,15 @@ const flag_spec flag_rows[] = {
      .value = "AXIS",
      .help = "GPT context parallelism over AXIS: the sequence split, each attention gathering "
              "the keys and values; the batch goes over the other axes"},
+    {.name = "--pp", .commands = RUN_COMMANDS, .kind = FLAG_TEXT, .offset = FIELD(pp),
+     .value = "AXIS",
+     .help = "GPT pipeline stages over AXIS: contiguous runs of blocks, one per member, the "
+             "embeddings on the first and the head and loss on the last; each step is "
+             "--microbatches micro-batches of --batch samples (GPipe order)"},
+    {.name = "--microbatches", .commands = RUN_COMMANDS, .kind = FLAG_INT,
+     .offset = FIELD(microbatches), .value = "M",
+     .help = "with --pp: micro-batches a step, at least the stages", .shown = "the stages",
+     .min = 1},
     {.name = "--sp", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE, .offset = FIELD(sp),
      .value = "on|off",
      .help = "with --tp: sequence parallelism, the residual stream split over the sequence on the "

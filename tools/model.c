@@ -65,6 +65,8 @@ static bool rule_fits(const cli_shard *r, const spmd_tensor *t)
     return name && fnmatch(r->pattern, name, 0) == 0 && spec_entries(r->spec) == spmd_tensor_rank(t);
 }
 
+static int mark_stage_inputs(spmd_mesh *mesh, cli_graph *c);
+
 int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
 {
     for (int r = 0; r < o->n_shards; r++) {
@@ -99,6 +101,14 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     spmd_tensor *inputs[2] = {c->input, c->targets};
     int n = c->targets ? 2 : 1;
     spmd_status st;
+    /* Stages: the micro-batches' samples over the other axes, then FSDP
+     * for the parameters (each stage's over the axis, inside the stage). */
+    if (spmd_mesh_stage_axis(mesh) >= 0 && spmd_tensor_rank(c->input) == 3) {
+        int rc = mark_stage_inputs(mesh, c);
+        if (!rc && strcmp(fsdp, "none") && spmd_fsdp_wrap(c->g, mesh, fsdp, NULL, 0, NULL) != SPMD_OK)
+            rc = cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
+        return rc;
+    }
     /* Expert parallelism marks the experts and the tokens between them,
      * context and tensor parallelism the inputs' sequence and batch (off
      * their axes), and tensor parallelism its weights, first; FSDP then
@@ -135,6 +145,60 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
         if (spmd_mark_sharding(c->g, c->input, mesh, whole) != SPMD_OK)
             return cli_fail("--copies: %s", spmd_last_error());
     }
+    return 0;
+}
+
+/* ---- Pipeline stages ------------------------------------------------------------- */
+
+/* --pp AXIS: the mesh's stage axis, the stages and the micro-batches
+ * (docs/design/stages.md); what does not compose with stages yet is
+ * refused, naming the flag. */
+static int setup_stages(cli_opts *o, cli_model *m)
+{
+    m->stages = m->micro_batches = 1;
+    if (!o->pp) {
+        if (o->microbatches) return cli_fail("--microbatches %d: micro-batches are --pp's; give --pp AXIS "
+                                             "(gradient accumulation is --accumulate)", o->microbatches);
+        return 0;
+    }
+    const char *not_yet = strcmp(o->model, "gpt") ? "--model mlp" : o->tp ? "--tp" : o->copies ? "--copies"
+                          : o->cp ? "--cp" : o->ep ? "--ep" : o->gpt.experts > 0 ? "--experts"
+                          : o->optimizer.accumulate_steps > 1 ? "--accumulate (micro-batches are --microbatches)"
+                          : o->checkpoint ? "--checkpoint on" : o->save ? "--save" : o->resume ? "--resume"
+                          : o->init ? "--init" : NULL;
+    if (not_yet) return cli_fail("--pp %s with %s is not built yet", o->pp, not_yet);
+    int axis = spmd_mesh_axis_index(m->mesh, o->pp);
+    if (axis < 0) return cli_fail("--pp %s: %s", o->pp, spmd_last_error());
+    if (spmd_mesh_set_stage_axis(m->mesh, axis) != SPMD_OK) return cli_fail("--pp %s: %s", o->pp, spmd_last_error());
+    m->stages = spmd_mesh_axis_size(m->mesh, axis);
+    m->micro_batches = o->microbatches ? o->microbatches : m->stages;
+    if (o->gpt.layers < m->stages)
+        return cli_fail("--pp %s: %d stages for --layers %d; each stage holds at least one layer", o->pp,
+                        m->stages, o->gpt.layers);
+    if (m->micro_batches < m->stages)
+        return cli_fail("--microbatches %d for %d stages (--pp %s): GPipe needs at least one micro-batch "
+                        "per stage to fill the pipeline", m->micro_batches, m->stages, o->pp);
+    return 0;
+}
+
+/* The staged GPT's inputs [M, b, T]: the micro-batches' rows over every
+ * axis but the stage axis and the independent ones, else whole (the mark
+ * gives the graph its mesh). */
+static int mark_stage_inputs(spmd_mesh *mesh, cli_graph *c)
+{
+    char spec[256] = "None, (";
+    size_t n = strlen(spec);
+    int named = 0;
+    for (int a = 0; a < spmd_mesh_rank(mesh); a++) {
+        if (a == spmd_mesh_stage_axis(mesh) || spmd_mesh_axis_is_independent(mesh, a)) continue;
+        n += (size_t)snprintf(spec + n, sizeof spec - n, "%s%s", named++ ? ", " : "", spmd_mesh_axis_name(mesh, a));
+    }
+    if (named) snprintf(spec + n, sizeof spec - n, "), None");
+    else snprintf(spec, sizeof spec, "None, None, None");
+    spmd_tensor *inputs[2] = {c->input, c->targets};
+    for (int j = 0; j < 2; j++)
+        if (spmd_mark_sharding(c->g, inputs[j], mesh, spec) != SPMD_OK)
+            return cli_fail("--pp: the inputs' micro-batches: %s", spmd_last_error());
     return 0;
 }
 
@@ -188,7 +252,12 @@ static int build_graph(const cli_opts *o, const cli_model *m, cli_graph *c)
     if (st != SPMD_OK) return cli_fail("%s", spmd_last_error());
     if (!strcmp(o->model, "gpt")) {
         spmd_gpt_tensors t;
-        st = spmd_gpt_build(c->g, &o->gpt, o->batch, &t);
+        /* The training step on stages; evaluation, forward only, reads
+         * the trained parameters into the GPT without them. */
+        if (o->pp && c == &m->train)
+            st = spmd_gpt_build_stages(c->g, &o->gpt, o->batch, m->stages, m->micro_batches, &t);
+        else
+            st = spmd_gpt_build(c->g, &o->gpt, o->batch, &t);
         c->input = t.input, c->targets = t.targets, c->loss = t.loss, c->logits = t.logits;
         c->dropped = t.dropped;
     } else {
@@ -336,6 +405,7 @@ int model_build(const cli_opts *o_in, cli_model *m)
         return cli_fail("--devices %d but the mesh %s has %d devices", o.devices, o.mesh,
                         spmd_mesh_devices(m->mesh));
     int rc = copies_setup(&o, m->mesh, &m->copies, m->copy_data);
+    if (!rc) rc = setup_stages(&o, m);
     if (!rc) rc = check_model_size(&o, m->copies);
     if (rc) return rc;
     if (o.processes > 1 && spmd_mesh_place_processes(m->mesh, o.processes) != SPMD_OK)
@@ -354,7 +424,7 @@ int model_build(const cli_opts *o_in, cli_model *m)
     if (rc) return rc;
     bool gpt = !strcmp(o.model, "gpt");
     m->params = gpt ? spmd_gpt_param_count(&o.gpt) : spmd_graph_param_count(m->train.g);
-    m->tokens_per_step = (int64_t)o.batch * o.gpt.seq *
+    m->tokens_per_step = (int64_t)o.batch * o.gpt.seq * m->micro_batches *
                          (o.optimizer.accumulate_steps > 1 ? o.optimizer.accumulate_steps : 1);
     /* Forward + backward: 6 flops per parameter per token for the weights
      * that multiply (not the position table, which is only added), plus
@@ -582,9 +652,12 @@ void model_mesh_text(const cli_model *m, char *buf, size_t size)
     snprintf(buf + n, size - n, ")");
 }
 
-void model_batch_text(const cli_opts *o, char *buf, size_t size)
+void model_batch_text(const cli_opts *o, const cli_model *m, char *buf, size_t size)
 {
     int k = o->optimizer.accumulate_steps;
-    if (k > 1) snprintf(buf, size, "batch %d x %d micro-batches", o->batch, k);
+    if (o->pp)
+        snprintf(buf, size, "batch %d x %d micro-batches over %d stages", o->batch, m->micro_batches,
+                 m->stages);
+    else if (k > 1) snprintf(buf, size, "batch %d x %d micro-batches", o->batch, k);
     else snprintf(buf, size, "batch %d", o->batch);
 }

@@ -40,6 +40,9 @@ typedef struct cli_model {
     spmd_gpt_config gpt; /* the shape built, vocabulary resolved (mlp: vocab, layers) */
     int64_t params, tokens_per_step;
     double flops_per_step;
+    /* --pp: the stages and the micro-batches a step feeds at once (1 and
+     * 1 without; gradient accumulation feeds its own one by one). */
+    int stages, micro_batches;
 } cli_model;
 
 /* Whether the run validates (--val-every, --val-batches or --val-data):
@@ -72,8 +75,9 @@ size_t model_param_bytes(const spmd_program *p);
 /* "4x2 (replica, fsdp)" or "1 device". */
 void model_mesh_text(const cli_model *m, char *buf, size_t size);
 
-/* "batch 32", or with --accumulate "batch 32 x 4 micro-batches": what a
+/* "batch 32", or with --accumulate "batch 32 x 4 micro-batches", with
+ * --pp "batch 32 x 4 micro-batches over 2 stages": what a
  * step trains on. */
-void model_batch_text(const cli_opts *o, char *buf, size_t size);
+void model_batch_text(const cli_opts *o, const cli_model *m, char *buf, size_t size);
 
 #endif

@@ -68,6 +68,8 @@ typedef struct cli_opts {
     bool sp;           /* --sp: sequence parallelism on that axis */
     const char *ep;    /* --ep: the GPT's expert axis, NULL: experts on every device */
     const char *cp;    /* --cp: the GPT's context-parallel axis, NULL: none */
+    const char *pp;    /* --pp: the GPT's pipeline stage axis, NULL: none */
+    int microbatches;  /* --microbatches with --pp; 0: as many as stages */
     const char *data;  /* NULL: the synthetic addition set */
     spmd_optimizer optimizer;
     bool zero;         /* --zero (on by default): optimizer.zero ON or OFF */

@@ -38,6 +38,15 @@ SPMD_API bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis);
  * numbered by the devices' coordinates on the independent axes (row-major
  * over them); spmd_program_set_input_copy and friends address one. */
 SPMD_API spmd_status spmd_mesh_set_axis_independent(spmd_mesh *m, int axis, bool independent);
+/* Declare `axis` the pipeline's stage axis (docs/DESIGN.md, "Pipeline
+ * stages"; -1: none): member s of it runs the nodes placed on stage s
+ * (spmd_graph_set_stage), and values cross between stages only through
+ * spmd_stage_transfer.  Nothing is split or summed over it: a sharding
+ * mark that names it is refused, and the batch wrappers and ZeRO leave it
+ * out.  At most one; declared before marking. */
+SPMD_API spmd_status spmd_mesh_set_stage_axis(spmd_mesh *m, int axis);
+/* The stage axis, -1 for none. */
+SPMD_API int spmd_mesh_stage_axis(const spmd_mesh *m);
 SPMD_API bool spmd_mesh_axis_is_independent(const spmd_mesh *m, int axis);
 /* The product of the independent axes' sizes (1 without any). */
 SPMD_API int spmd_mesh_copies(const spmd_mesh *m);

@@ -139,6 +139,26 @@ SPMD_API spmd_status spmd_gpt_build(spmd_graph *g, const spmd_gpt_config *cfg, i
 SPMD_API spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer,
                                      spmd_tensor *x);
 
+/* ---- Pipeline stages (docs/DESIGN.md, "Pipeline stages") ---------------------- */
+
+/* The model of spmd_gpt_build (the same parameters: names, shapes and
+ * init) split into `stages` stages of contiguous layers, the first
+ * layers % stages stages one layer more; the embeddings on stage 0, the
+ * final norm, the tied head and the loss on the last.  The step takes
+ * `micro_batches` micro-batches of `batch` sequences: "input" and
+ * "targets" are i32 [micro_batches, batch, T] (micro-batch m is rows
+ * m * batch .. of the global batch, as gradient accumulation takes them),
+ * the loss the micro-batches' mean.  Micro-batch 0's activations carry
+ * spmd_gpt_build's names, micro-batch m's "mb{m}." before them; `logits`
+ * is micro-batch 0's.  Refused: more stages than layers, fewer
+ * micro-batches than stages.  Compile it on a mesh whose stage axis
+ * (spmd_mesh_set_stage_axis) has `stages` devices, or on one device. */
+SPMD_API spmd_status spmd_gpt_build_stages(spmd_graph *g, const spmd_gpt_config *cfg, int batch,
+                                           int stages, int micro_batches, spmd_gpt_tensors *out);
+/* The first layer of stage `stage` of `stages` over `layers` layers
+ * (stage == stages: layers); -1 for arguments out of range. */
+SPMD_API int spmd_gpt_stage_first_layer(int layers, int stages, int stage);
+
 /* ---- Tensor, sequence and context parallelism --------------------------------- */
 
 /* How spmd_gpt_shard_tensor_parallel splits a GPT.  `tensor` names the

@@ -307,6 +307,19 @@ SPMD_API spmd_status spmd_graph_set_matmul_precision(spmd_graph *g, spmd_dtype d
  * f32.  Read when the graph is compiled.  SPMD_F32 (the default): f32
  * reductions, the bits libspmd always gave. */
 SPMD_API spmd_status spmd_graph_set_reduce_precision(spmd_graph *g, spmd_dtype dtype);
+/* Pipeline stages (docs/DESIGN.md, "Pipeline stages"): the nodes built
+ * from now on are placed on stage `stage` of the mesh's stage axis
+ * (spmd_mesh_set_stage_axis); -1 (the default) places none.  Autodiff
+ * places each backward node where the node it differentiates is; nodes
+ * left unplaced take their operands' stage when compiled. */
+SPMD_API spmd_status spmd_graph_set_stage(spmd_graph *g, int stage);
+/* The stage t is placed on, -1 for none. */
+SPMD_API int spmd_tensor_stage(const spmd_tensor *t);
+/* x of stage `from` on stage `to`: the only way a value crosses stages.
+ * Sent point to point between the two devices that differ only in their
+ * stage coordinate; a copy on a mesh without a stage axis.  Its gradient
+ * goes back from `to` to `from`. */
+SPMD_API spmd_tensor *spmd_stage_transfer(spmd_graph *g, spmd_tensor *x, int from, int to);
 /* x as f32 or bf16 (rounded to nearest even); x itself when it has that
  * type already.  Its gradient is the f32 adjoint of the result. */
 SPMD_API spmd_tensor *spmd_convert(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);

@@ -24,6 +24,7 @@ spmd_mesh *spmd_mesh_create_impl(int rank, const int *shape, const char *const *
 spmd_mesh *spmd_mesh_parse_impl(const char *shape, const char *axes);
 spmd_status spmd_mesh_set_axis_local_impl(spmd_mesh *m, int axis, bool local);
 spmd_status spmd_mesh_set_axis_independent_impl(spmd_mesh *m, int axis, bool independent);
+spmd_status spmd_mesh_set_stage_axis_impl(spmd_mesh *m, int axis);
 spmd_status spmd_mesh_place_processes_impl(spmd_mesh *m, int processes);
 spmd_status spmd_mesh_set_network_impl(spmd_mesh *m, double latency_s, double bytes_per_s);
 spmd_status spmd_mark_sharding_impl(spmd_graph *g, spmd_tensor *t, const spmd_mesh *m, const char *spec);
@@ -37,6 +38,7 @@ spmd_status spmd_mlp_add_loss_impl(spmd_graph *g, spmd_mlp_loss_kind kind, spmd_
 spmd_status spmd_gpt_validate_impl(const spmd_gpt_config *cfg);
 spmd_status spmd_gpt_build_impl(spmd_graph *g, const spmd_gpt_config *cfg, int batch, spmd_gpt_tensors *out);
 spmd_tensor *spmd_gpt_block_impl(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x);
+spmd_status spmd_gpt_build_stages_impl(spmd_graph *g, const spmd_gpt_config *cfg, int batch, int stages, int micro_batches, spmd_gpt_tensors *out);
 spmd_status spmd_gpt_shard_tensor_parallel_impl(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const spmd_gpt_parallel *how);
 spmd_status spmd_gpt_shard_experts_impl(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const char *expert, const char *tensor, const char *batch);
 spmd_status spmd_gpt_shard_context_parallel_impl(spmd_graph *g, const spmd_gpt_config *cfg, const spmd_mesh *m, const spmd_gpt_parallel *how);
@@ -89,6 +91,8 @@ spmd_tensor *spmd_bmm_impl(spmd_graph *g, spmd_tensor *a, spmd_tensor *b, bool t
 spmd_tensor *spmd_conv2d_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *w, const spmd_conv2d_options *opts);
 spmd_status spmd_graph_set_matmul_precision_impl(spmd_graph *g, spmd_dtype dtype);
 spmd_status spmd_graph_set_reduce_precision_impl(spmd_graph *g, spmd_dtype dtype);
+spmd_status spmd_graph_set_stage_impl(spmd_graph *g, int stage);
+spmd_tensor *spmd_stage_transfer_impl(spmd_graph *g, spmd_tensor *x, int from, int to);
 spmd_tensor *spmd_convert_impl(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);
 spmd_tensor *spmd_attention_impl(spmd_graph *g, spmd_tensor *q, spmd_tensor *k, spmd_tensor *v, int heads);
 spmd_tensor *spmd_cache_write_impl(spmd_graph *g, spmd_tensor *cache, spmd_tensor *rows, spmd_tensor *pos);
@@ -239,6 +243,13 @@ spmd_status spmd_mesh_set_axis_independent(spmd_mesh *m, int axis, bool independ
     return r;
 }
 
+spmd_status spmd_mesh_set_stage_axis(spmd_mesh *m, int axis)
+{
+    spmd_status r = spmd_mesh_set_stage_axis_impl(m, axis);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
 spmd_status spmd_mesh_place_processes(spmd_mesh *m, int processes)
 {
     spmd_status r = spmd_mesh_place_processes_impl(m, processes);
@@ -327,6 +338,13 @@ spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer
 {
     spmd_tensor *r = spmd_gpt_block_impl(g, cfg, layer, x);
     if (r) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_gpt_build_stages(spmd_graph *g, const spmd_gpt_config *cfg, int batch, int stages, int micro_batches, spmd_gpt_tensors *out)
+{
+    spmd_status r = spmd_gpt_build_stages_impl(g, cfg, batch, stages, micro_batches, out);
+    if (r == SPMD_OK) spmd_clear_error();
     return r;
 }
 
@@ -691,6 +709,20 @@ spmd_status spmd_graph_set_reduce_precision(spmd_graph *g, spmd_dtype dtype)
 {
     spmd_status r = spmd_graph_set_reduce_precision_impl(g, dtype);
     if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_graph_set_stage(spmd_graph *g, int stage)
+{
+    spmd_status r = spmd_graph_set_stage_impl(g, stage);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_tensor *spmd_stage_transfer(spmd_graph *g, spmd_tensor *x, int from, int to)
+{
+    spmd_tensor *r = spmd_stage_transfer_impl(g, x, from, to);
+    if (r) spmd_clear_error();
     return r;
 }
 

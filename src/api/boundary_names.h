@@ -18,6 +18,7 @@
 #define spmd_mesh_parse spmd_mesh_parse_impl
 #define spmd_mesh_set_axis_local spmd_mesh_set_axis_local_impl
 #define spmd_mesh_set_axis_independent spmd_mesh_set_axis_independent_impl
+#define spmd_mesh_set_stage_axis spmd_mesh_set_stage_axis_impl
 #define spmd_mesh_place_processes spmd_mesh_place_processes_impl
 #define spmd_mesh_set_network spmd_mesh_set_network_impl
 #define spmd_mark_sharding spmd_mark_sharding_impl
@@ -31,6 +32,7 @@
 #define spmd_gpt_validate spmd_gpt_validate_impl
 #define spmd_gpt_build spmd_gpt_build_impl
 #define spmd_gpt_block spmd_gpt_block_impl
+#define spmd_gpt_build_stages spmd_gpt_build_stages_impl
 #define spmd_gpt_shard_tensor_parallel spmd_gpt_shard_tensor_parallel_impl
 #define spmd_gpt_shard_experts spmd_gpt_shard_experts_impl
 #define spmd_gpt_shard_context_parallel spmd_gpt_shard_context_parallel_impl
@@ -83,6 +85,8 @@
 #define spmd_conv2d spmd_conv2d_impl
 #define spmd_graph_set_matmul_precision spmd_graph_set_matmul_precision_impl
 #define spmd_graph_set_reduce_precision spmd_graph_set_reduce_precision_impl
+#define spmd_graph_set_stage spmd_graph_set_stage_impl
+#define spmd_stage_transfer spmd_stage_transfer_impl
 #define spmd_convert spmd_convert_impl
 #define spmd_attention spmd_attention_impl
 #define spmd_cache_write spmd_cache_write_impl

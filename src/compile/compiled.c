@@ -4,6 +4,7 @@
  * compiled.h).
  */
 #include "compile/compiled.h"
+#include "compile/stages.h"
 #include "compile/tiles.h"
 #include "base/arena.h"
 #include "base/error.h"
@@ -241,15 +242,26 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, const compile_options *opt
     spmd_status st = check_dtypes(g);
     if (st != SPMD_OK) return st;
     if (g->mesh && (st = check_independent_axes(g)) != SPMD_OK) return st;
+    bool staged = g->mesh && mesh_stage_axis(g->mesh) >= 0;
     if (g->mesh) {
         /* Only the nodes that outputs and updates need are partitioned. */
         size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1);
         bool *needed = base_calloc(&c->alloc, nn * sizeof *needed, "schedule");
-        if (!needed) return SPMD_ERR_NOMEM;
+        int16_t *stage_of = staged ? base_alloc(&c->alloc, nn * sizeof *stage_of, "stages") : NULL;
+        if (!needed || (staged && !stage_of)) {
+            base_free(&c->alloc, needed);
+            base_free(&c->alloc, stage_of);
+            return SPMD_ERR_NOMEM;
+        }
         plan_mark_needed(g, needed);
-        st = partition_build(&c->part, g, g->mesh, needed, &c->alloc);
+        st = staged ? stages_settle(g, needed, opts->overlap, stage_of) : SPMD_OK;
+        if (st == SPMD_OK) {
+            st = partition_build(&c->part, g, g->mesh, needed, &c->alloc);
+            c->partitioned = true;
+        }
         base_free(&c->alloc, needed);
-        c->partitioned = true;
+        if (st == SPMD_OK && staged) stages_place(c);
+        base_free(&c->alloc, stage_of);
         if (st != SPMD_OK) return st;
         c->local = c->part.local;
         if ((st = check_dtypes(c->local)) != SPMD_OK) return st;
@@ -270,7 +282,7 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, const compile_options *opt
     /* Peers' blocks can be read in place only where every peer is here
      * (and explain's plan over processes, spmd_mesh_place_processes, is
      * one that runs in one). */
-    bool shared = c->partitioned && (devices_here <= 0 || devices_here == c->n_dev) &&
+    bool shared = c->partitioned && !staged && (devices_here <= 0 || devices_here == c->n_dev) &&
                   spmd_mesh_processes(g->mesh) <= 1 && !sharing_off;
     if (shared && (st = mark_shared(c)) != SPMD_OK) return st;
     plan_sharing sharing = {c->share_blocks, c->sharers, c->group_size};

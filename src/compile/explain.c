@@ -6,6 +6,7 @@
 #include "compile/explain.h"
 #include "base/error.h"
 #include "compile/report.h"
+#include "ir/ir.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -109,6 +110,103 @@ static void put_copies(text *t, const spmd_mesh *m)
         if (spmd_mesh_axis_is_independent(m, a)) put(t, n++ ? ", %s" : "%s", spmd_mesh_axis_name(m, a));
     put(t, "', independent: each group along it trains a model of its own and no collective crosses "
            "it; the plan below is one copy's, on its group\n");
+}
+
+/* The most arena bytes stage s's values hold at once over the schedule,
+ * each from the step that writes it to the last that reads it (outputs
+ * and update values to the end): what a device of the stage would plan
+ * were its arena its own; -1 when out of memory. */
+static double stage_activation_peak(const compiled *c, int s)
+{
+    const plan *pl = &c->plan;
+    const spmd_graph *lg = c->local;
+    int n = lg->n_nodes, ns = pl->n_steps;
+    int *born = malloc((size_t)(n ? n : 1) * sizeof *born), *dies = malloc((size_t)(n ? n : 1) * sizeof *dies);
+    double *delta = calloc((size_t)ns + 2, sizeof *delta);
+    double peak = -1;
+    if (born && dies && delta) {
+        for (int i = 0; i < n; i++) born[i] = dies[i] = -1;
+        for (int k = 0; k < ns; k++) {
+            const spmd_tensor *t = pl->steps[k];
+            const fuse_group *grp = fusion_group(&c->fusion, t);
+            born[pl->storage[t->id]] = k;
+            for (int j = 0; grp && j < grp->n_stored; j++) born[pl->storage[grp->stored[j]->id]] = k;
+            int n_in = grp ? grp->n_in : t->n_in;
+            for (int j = 0; j < n_in; j++) {
+                int st = pl->storage[(grp ? grp->in[j] : t->in[j])->id];
+                if (dies[st] < k) dies[st] = k;
+            }
+            if (t->is_output) dies[pl->storage[t->id]] = ns;
+        }
+        for (int u = 0; u < lg->n_updates; u++) dies[pl->storage[lg->updates[u].value->id]] = ns;
+        for (int i = 0; i < n; i++) {
+            const spmd_tensor *t = lg->nodes[i];
+            if (born[i] < 0 || pl->offset[i] < 0 || (t->stage != s && t->stage >= 0)) continue;
+            delta[born[i]] += (double)ir_nbytes(t);
+            delta[(dies[i] > born[i] ? dies[i] : born[i]) + 1] -= (double)ir_nbytes(t);
+        }
+        double live = 0;
+        peak = 0;
+        for (int k = 0; k <= ns; k++) {
+            live += delta[k];
+            if (live > peak) peak = live;
+        }
+    }
+    free(born), free(dies), free(delta);
+    return peak;
+}
+
+/* Pipeline stages (docs/DESIGN.md, "Pipeline stages"): per stage its
+ * blocks (parameters "h.{i}.*", as the GPT names them), its other
+ * parameters, the bytes of the parameters and state it updates, and the
+ * steps of the schedule it runs. */
+static void put_stages(text *t, const compiled *c)
+{
+    const spmd_mesh *m = c->mesh;
+    int axis = m ? spmd_mesh_stage_axis(m) : -1;
+    if (axis < 0 || !c->partitioned) return;
+    int stages = spmd_mesh_axis_size(m, axis);
+    const spmd_graph *lg = c->local;
+    put(t, "\nstages: %d along '%s'; each device runs its stage's steps, the values between "
+           "stages sent point to point\n", stages, spmd_mesh_axis_name(m, axis));
+    for (int s = 0; s < stages; s++) {
+        int first = -1, last = -1, steps = 0, others = 0;
+        size_t bytes = 0;
+        char names[160] = "";
+        for (int i = 0; i < lg->n_nodes; i++) {
+            const spmd_tensor *x = lg->nodes[i];
+            if (!ir_is_persistent(x) || x->stage != s) continue;
+            bytes += ir_nbytes(x);
+            int layer;
+            if (x->op != IR_PARAM) continue;
+            if (x->name && sscanf(x->name, "h.%d.", &layer) == 1) {
+                if (first < 0 || layer < first) first = layer;
+                if (layer > last) last = layer;
+            } else if (x->name && strlen(names) + strlen(x->name) + 8 < sizeof names) {
+                size_t n = strlen(names);
+                snprintf(names + n, sizeof names - n, "%s%s", n ? ", " : "", x->name);
+            } else {
+                others++;
+            }
+        }
+        for (int k = 0; k < c->plan.n_steps; k++) {
+            const spmd_tensor *x = c->plan.steps[k];
+            steps += x->op == IR_STAGE_TRANSFER ? x->attr.stage.from == s || x->attr.stage.to == s
+                                                : x->stage == s;
+        }
+        char b[32], act[32], layers[32] = "no blocks";
+        double peak = stage_activation_peak(c, s);
+        if (peak < 0) snprintf(act, sizeof act, "?");
+        else bytes_text(peak, act, sizeof act);
+        if (first >= 0 && first == last) snprintf(layers, sizeof layers, "block %d", first);
+        else if (first >= 0) snprintf(layers, sizeof layers, "blocks %d-%d", first, last);
+        put(t, "  stage %d: %s%s%s%s, %s of parameters and state, %s of activations at most, %d steps\n",
+            s, layers, names[0] ? " + " : "", names, others ? " + more" : "",
+            bytes_text((double)bytes, b, sizeof b), act, steps);
+    }
+    put(t, "  (activations: the most a stage's values hold at once, were its arena its own; every "
+           "device still holds every stage's parameters and the whole arena of %s: per-stage buffers "
+           "are not built)\n", bytes_text((double)c->plan.arena_bytes, (char[32]){0}, 32));
 }
 
 static void put_tensors(text *t, const spmd_graph *g)
@@ -231,6 +329,7 @@ spmd_status compiled_explain(const compiled *c, const spmd_explain_options *o, c
     put(&t, "\n");
     put_processes(&t, c->mesh, o ? o->network_source : NULL);
     put_copies(&t, c->mesh);
+    put_stages(&t, c);
     put_tensors(&t, g);
     put_collectives(&t, c, g->accumulate_steps, o);
     put_memory(&t, c);

@@ -49,9 +49,11 @@ typedef struct builder {
 } builder;
 
 /* Whether x runs when the group's root does: a micro-batch runs whole
- * groups. */
+ * groups, and a device its stage's nodes (docs/DESIGN.md, "Pipeline
+ * stages"). */
 static bool same_run(const builder *b, const spmd_tensor *x)
 {
+    if (x->stage != b->grp->root->stage) return false; /* devices run their stage's nodes */
     return !b->micro || b->micro[x->id] == b->micro[b->grp->root->id];
 }
 

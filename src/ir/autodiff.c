@@ -168,6 +168,14 @@ static spmd_status vjp_dropout(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy, s
     return dx[0] ? SPMD_OK : builder_failed(g);
 }
 
+/* The value goes back the way it came: dy from stage `to` to `from`. */
+static spmd_status vjp_stage_transfer(spmd_graph *g, spmd_tensor *t, spmd_tensor *dy,
+                                      spmd_tensor **dx)
+{
+    dx[0] = spmd_stage_transfer(g, dy, t->attr.stage.to, t->attr.stage.from);
+    return done(t, dx);
+}
+
 /* The constraint is x itself: the adjoint passes through (mark_adjoint
  * gives it the constraint's mark, as JAX transposes a sharding
  * constraint). */
@@ -730,6 +738,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
      * [0, n) index the arrays below. */
     int n = g->n_nodes;
     size_t nn = (size_t)n;
+    const int outer_stage = g->stage;
     ir_failure outer;
     ir_error_scope_begin(g, &outer);
     bool *from_param = base_calloc(&g->alloc, nn * sizeof(bool), "autodiff reachability");
@@ -776,6 +785,9 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
         for (int i = 0; i < n; i++) rule_begin[i] = -1;
     want_set = need;
     want_count = n;
+    /* Each rule's nodes on the stage of the node it differentiates, and
+     * an adjoint's sum on its value's ("Pipeline stages"). */
+    g->stage = loss->stage;
     if (need[last]) {
         adj[last] = spmd_fill(g, 0, NULL, 1.0f);
         if (!adj[last]) {
@@ -790,6 +802,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
         if (st != SPMD_OK) goto out;
         if (rule_begin) rule_begin[i] = g->n_nodes;
         spmd_tensor *dx[IR_MAX_INPUTS] = {0};
+        g->stage = t->stage;
         st = ir_op_vjp(t->op)(g, t, adj[i], dx);
         if (st != SPMD_OK) goto out;
         for (int j = 0; j < t->n_in; j++) {
@@ -802,6 +815,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
                 st = BASE_INTERNAL(a);
                 goto out;
             }
+            g->stage = x->stage;
             adj[x->id] = adj[x->id] ? spmd_add(g, adj[x->id], dx[j]) : dx[j];
             if (!adj[x->id]) {
                 st = builder_failed(g);
@@ -814,6 +828,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
         spmd_tensor *p = g->nodes[i];
         if (!ir_is_trained(p)) continue;
         spmd_tensor *gr = i <= last ? adj[i] : NULL;
+        g->stage = gr ? gr->stage : -1;
         if (!gr) { /* the loss does not depend on p */
             gr = spmd_fill(g, p->rank, p->dims, 0.0f);
             if (!gr) {
@@ -827,7 +842,10 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
 
 out:
     ir_error_scope_end(g, &outer);
-    if (g->has_grad) g->backward_end = g->n_nodes;
+    if (g->has_grad) {
+        g->backward_end = g->n_nodes;
+        g->stage = outer_stage;
+    }
     want_set = NULL;
     want_count = 0;
     base_free(&g->alloc, from_param);

@@ -235,6 +235,35 @@ spmd_tensor *ir_sharding_constraint(spmd_graph *g, spmd_tensor *x)
     return ir_node_new(g, IR_SHARDING_CONSTRAINT, x->dtype, x->rank, x->dims, &x, 1);
 }
 
+spmd_tensor *spmd_stage_transfer(spmd_graph *g, spmd_tensor *x, int from, int to)
+{
+    if (any_null(g, "stage_transfer", &x, 1)) return NULL;
+    if (from < 0 || to < 0 || from > INT16_MAX || to > INT16_MAX || from == to) {
+        ir_error(g, SPMD_ERR_INVALID,
+                 "stage_transfer: from stage %d to stage %d; stages are two different numbers "
+                 "in 0..%d", from, to, INT16_MAX);
+        return NULL;
+    }
+    spmd_tensor *t = ir_node_new(g, IR_STAGE_TRANSFER, x->dtype, x->rank, x->dims, &x, 1);
+    if (!t) return NULL;
+    t->attr.stage.from = from;
+    t->attr.stage.to = to;
+    t->stage = (int16_t)to; /* the value lives where it arrives */
+    return t;
+}
+
+spmd_status spmd_graph_set_stage(spmd_graph *g, int stage)
+{
+    if (!g) return base_error(SPMD_ERR_INVALID, "graph_set_stage: graph is NULL");
+    if (stage < -1 || stage > INT16_MAX)
+        return base_error(SPMD_ERR_INVALID,
+                          "graph_set_stage: stage %d is outside -1 (none) .. %d", stage, INT16_MAX);
+    g->stage = stage;
+    return SPMD_OK;
+}
+
+int spmd_tensor_stage(const spmd_tensor *t) { return t ? t->stage : -1; }
+
 /* dx = dy * f'(x) of an elementwise activation f: x and dy of one shape. */
 static spmd_tensor *grad_helper(spmd_graph *g, ir_op op, spmd_tensor *x, spmd_tensor *dy)
 {

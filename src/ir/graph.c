@@ -20,6 +20,7 @@ spmd_graph *spmd_graph_create(const spmd_allocator *alloc)
     if (!g) return NULL;
     g->alloc = base_allocator_or_default(alloc);
     base_arena_init(&g->arena, &g->alloc);
+    g->stage = -1;
     return g;
 }
 
@@ -219,6 +220,7 @@ spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
     for (int i = 0; i < rank; i++) t->dims[i] = dims[i];
     t->n_in = n_in;
     for (int i = 0; i < n_in; i++) t->in[i] = in[i];
+    t->stage = (int16_t)g->stage;
     t->graph = g;
     g->nodes[g->n_nodes++] = t;
     return t;

@@ -90,6 +90,8 @@ typedef union ir_attr {
      *                   `exact`: the members' blocks tile `global` (no padding)
      *   MASK_PADDING    zero elements of `dim` at global index >= `global` */
     struct { int spec, dim, dim2; int64_t global; bool exact; } coll;
+    /* STAGE_TRANSFER: the stage the value leaves and the one it reaches. */
+    struct { int from, to; } stage;
     /* CROSS_ENTROPY(_BACKWARD) and the VOCAB_CE_* ops in a per-device
      * program: for each dim of the targets split unevenly, its group (spec)
      * and whole size; rows past that size are padding and count for
@@ -126,6 +128,9 @@ struct spmd_tensor {
     int n_in;
     bool is_output;
     bool has_update;        /* PARAM, STATE: the target of an update (one at most) */
+    /* The pipeline stage the node is placed on (docs/DESIGN.md, "Pipeline
+     * stages"); -1: not placed. */
+    int16_t stage;
     ir_attr attr;
     char *name;             /* NULL if unnamed; arena-owned */
     spmd_init init;         /* PARAM, STATE */
@@ -196,6 +201,9 @@ struct spmd_graph {
      * or SPMD_BF16 (the partitioner sends them as bf16). */
     spmd_dtype reduce_precision;
     const struct spmd_mesh *mesh; /* the mesh of every mark; NULL when none */
+    /* Pipeline stages (spmd_graph_set_stage): the stage new nodes are
+     * placed on (-1: none). */
+    int stage;
     /* Dropout (dropout.c): the state scalar "rng.step" that counts the runs
      * and keys the masks with the step, created with the first dropout
      * (NULL before), and the dropouts built so far, each one's site. */

@@ -61,6 +61,14 @@ spmd_status spmd_mark_sharding(spmd_graph *g, spmd_tensor *t, const spmd_mesh *m
                                   "is independent (each group along it trains a model of its own; "
                                   "nothing is split over it)",
                                   label, spec, i, m->names[s.dim[i].axis[k]]);
+    for (int i = 0; i < s.rank; i++)
+        for (int k = 0; k < s.dim[i].n; k++)
+            if (m->stage[s.dim[i].axis[k]])
+                return base_error(SPMD_ERR_INVALID,
+                                  "mark_sharding %s: spec \"%s\" splits dim %d over axis '%s', which "
+                                  "is the stage axis (each of its members runs its own layers; "
+                                  "nothing is split over it)",
+                                  label, spec, i, m->names[s.dim[i].axis[k]]);
     for (int i = 0; i < s.rank; i++) {
         int64_t groups = mesh_axes_groups(&s.dim[i]), blocks = sharding_blocks(&s, m, i);
         if (s.dim[i].n && !sharding_groups_exact(&s, m, i, t->dims[i]))

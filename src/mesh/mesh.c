@@ -363,6 +363,9 @@ bool spmd_mesh_axis_is_local(const spmd_mesh *m, int axis)
 spmd_status spmd_mesh_set_axis_independent(spmd_mesh *m, int axis, bool independent)
 {
     if (!axis_ok(m, axis, "mesh_set_axis_independent")) return SPMD_ERR_INVALID;
+    if (independent && m->stage[axis])
+        return base_error(SPMD_ERR_INVALID,
+                          "mesh_set_axis_independent: axis '%s' is the stage axis", m->names[axis]);
     m->independent[axis] = independent;
     return SPMD_OK;
 }
@@ -371,6 +374,42 @@ bool spmd_mesh_axis_is_independent(const spmd_mesh *m, int axis)
 {
     return axis_ok(m, axis, "mesh_axis_is_independent") && m->independent[axis];
 }
+
+spmd_status spmd_mesh_set_stage_axis(spmd_mesh *m, int axis)
+{
+    if (m && axis == -1) {
+        memset(m->stage, 0, sizeof m->stage);
+        return SPMD_OK;
+    }
+    if (!axis_ok(m, axis, "mesh_set_stage_axis")) return SPMD_ERR_INVALID;
+    if (m->independent[axis])
+        return base_error(SPMD_ERR_INVALID,
+                          "mesh_set_stage_axis: axis '%s' is independent (copies of a model); "
+                          "a stage axis splits one model", m->names[axis]);
+    memset(m->stage, 0, sizeof m->stage);
+    m->stage[axis] = true;
+    return SPMD_OK;
+}
+
+int spmd_mesh_stage_axis(const spmd_mesh *m) { return m ? mesh_stage_axis(m) : -1; }
+
+int mesh_stage_axis(const spmd_mesh *m)
+{
+    for (int a = 0; a < m->rank; a++)
+        if (m->stage[a]) return a;
+    return -1;
+}
+
+int mesh_stage_of(const spmd_mesh *m, int device)
+{
+    int axis = mesh_stage_axis(m);
+    if (axis < 0) return -1;
+    int pos = m->position[device];
+    for (int a = m->rank - 1; a > axis; a--) pos /= m->shape[a];
+    return pos % m->shape[axis];
+}
+
+bool mesh_axis_holds_no_split(const spmd_mesh *m, int a) { return m->independent[a] || m->stage[a]; }
 
 int spmd_mesh_copies(const spmd_mesh *m)
 {

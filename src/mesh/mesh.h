@@ -29,6 +29,7 @@ struct spmd_mesh {
     char names[MESH_MAX_AXES][MESH_MAX_NAME];
     bool local[MESH_MAX_AXES];                  /* groups stay inside one process */
     bool independent[MESH_MAX_AXES];            /* spmd_mesh_set_axis_independent: copies */
+    bool stage[MESH_MAX_AXES];                  /* spmd_mesh_set_stage_axis: at most one */
     int processes;                              /* spmd_mesh_place_processes; 1 by default */
     cost_link network;                          /* spmd_mesh_set_network */
     int n_devices;
@@ -64,6 +65,14 @@ bool mesh_equal(const spmd_mesh *a, const spmd_mesh *b);
 /* The copy (0 .. spmd_mesh_copies - 1) the device at mesh position `pos`
  * belongs to: its row-major index over the independent axes. */
 int mesh_copy_of(const spmd_mesh *m, int pos);
+/* The stage axis (spmd_mesh_set_stage_axis), -1 for none. */
+int mesh_stage_axis(const spmd_mesh *m);
+/* The device's coordinate on the stage axis: its stage; -1 without one. */
+int mesh_stage_of(const spmd_mesh *m, int device);
+/* Whether the batch and ZeRO's splits leave axis a out: an independent
+ * axis (each copy has its own) or the stage axis (every stage sees the
+ * same micro-batches). */
+bool mesh_axis_holds_no_split(const spmd_mesh *m, int a);
 /* Whether groups along `axis` cross processes when each process holds an
  * aligned run of `per_process` mesh positions (process-major layout). */
 bool mesh_axis_crosses(const spmd_mesh *m, int axis, int per_process);

@@ -75,9 +75,9 @@ spmd_tensor *gpt_layernorm(spmd_graph *g, spmd_tensor *x, const char *prefix, in
 {
     char name[64];
     snprintf(name, sizeof name, "%s.weight", prefix);
-    spmd_tensor *w = spmd_param(g, name, 1, (const int64_t[]){c}, (spmd_init){SPMD_INIT_ONES, 0});
+    spmd_tensor *w = gpt_param(g, name, 1, (const int64_t[]){c}, (spmd_init){SPMD_INIT_ONES, 0});
     snprintf(name, sizeof name, "%s.bias", prefix);
-    spmd_tensor *b = spmd_param(g, name, 1, (const int64_t[]){c}, (spmd_init){SPMD_INIT_ZEROS, 0});
+    spmd_tensor *b = gpt_param(g, name, 1, (const int64_t[]){c}, (spmd_init){SPMD_INIT_ZEROS, 0});
     return spmd_layernorm(g, x, w, b, SPMD_GPT_LN_EPS);
 }
 
@@ -86,11 +86,11 @@ spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64
 {
     char name[64];
     snprintf(name, sizeof name, "%s.weight", prefix);
-    spmd_tensor *w = spmd_param(g, name, 2, (const int64_t[]){out, in},
-                                (spmd_init){SPMD_INIT_NORMAL, std});
+    spmd_tensor *w = gpt_param(g, name, 2, (const int64_t[]){out, in},
+                               (spmd_init){SPMD_INIT_NORMAL, std});
     snprintf(name, sizeof name, "%s.bias", prefix);
-    spmd_tensor *b = spmd_param(g, name, 1, (const int64_t[]){out},
-                                (spmd_init){SPMD_INIT_ZEROS, 0});
+    spmd_tensor *b = gpt_param(g, name, 1, (const int64_t[]){out},
+                               (spmd_init){SPMD_INIT_ZEROS, 0});
     /* "<prefix>.matmul" and "<prefix>.out", for tensor parallelism's marks. */
     snprintf(name, sizeof name, "%s.matmul", prefix);
     spmd_tensor *y = gpt_named(g, spmd_matmul(g, x, w, false, true), name);
@@ -98,8 +98,25 @@ spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64
     return gpt_named(g, spmd_add(g, y, b), name);
 }
 
+static _Thread_local int naming_micro; /* gpt_name_micro_batch */
+
+void gpt_name_micro_batch(int micro) { naming_micro = micro; }
+
+spmd_tensor *gpt_param(spmd_graph *g, const char *name, int rank, const int64_t *dims, spmd_init init)
+{
+    /* Only a later micro-batch reuses: a name taken otherwise is refused. */
+    spmd_tensor *t = g && naming_micro > 0 ? spmd_graph_find(g, name) : NULL;
+    if (t && t->op == IR_PARAM) return t;
+    return spmd_param(g, name, rank, dims, init);
+}
+
 spmd_tensor *gpt_named(spmd_graph *g, spmd_tensor *x, const char *name)
 {
+    char micro[80];
+    if (naming_micro > 0) {
+        snprintf(micro, sizeof micro, "mb%d.%s", naming_micro, name);
+        name = micro;
+    }
     if (x && spmd_tensor_set_name(x, name) != SPMD_OK) {
         ir_error_keep(g); /* x is lost with it: a failure of this builder */
         return NULL;
@@ -162,6 +179,14 @@ static spmd_tensor *block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, 
      * checkpoint, spmd_grad_checkpointed) with spmd_graph_find. */
     snprintf(p, sizeof p, "h.%d.out", layer);
     return gpt_named(g, x, p);
+}
+
+spmd_tensor *gpt_blocks(spmd_graph *g, const spmd_gpt_config *cfg, int first, int last, spmd_tensor *x)
+{
+    gpt_moe_sums moe = {0}; /* stages take no experts (gpt_stages.c refuses them) */
+    for (int i = first; i < last && x; i++)
+        x = block(g, cfg, i, x, &moe);
+    return x;
 }
 
 spmd_tensor *spmd_gpt_block(spmd_graph *g, const spmd_gpt_config *cfg, int layer, spmd_tensor *x)

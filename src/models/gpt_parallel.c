@@ -63,7 +63,8 @@ static void batch_axes(const spmd_mesh *m, int tp, int cp, char *buf, size_t siz
     size_t n = (size_t)snprintf(buf, size, "(");
     bool any = false;
     for (int a = 0; a < spmd_mesh_rank(m) && n < size; a++) {
-        if (a == tp || a == cp || spmd_mesh_axis_is_independent(m, a)) continue;
+        if (a == tp || a == cp || spmd_mesh_axis_is_independent(m, a) || spmd_mesh_stage_axis(m) == a)
+            continue;
         n += (size_t)snprintf(buf + n, size - n, "%s%s", any ? ", " : "",
                               spmd_mesh_axis_name(m, a));
         any = true;

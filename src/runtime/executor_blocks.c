@@ -104,6 +104,7 @@ void exec_assemble(const spmd_program *p, const spmd_tensor *t, void *dst, int c
     for (int d = 0; d < p->n_local; d++) {
         if (p->dev[d].copy != copy) continue;
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
+        if (!exec_on_stage(&p->dev[d], lt)) continue; /* its stage's devices hold it */
         block b = exec_block_of(p, t, p->dev[d].id);
         copy_ctx c = {data_of(&p->dev[d], lt), dst, spmd_dtype_size(t->dtype), false};
         exec_for_rows(&b, exec_copy_row, &c);

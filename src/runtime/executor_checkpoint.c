@@ -53,6 +53,10 @@ spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int d
     if (dev_index < 0 || dev_index >= p->c.n_dev)
         return base_error(SPMD_ERR_INVALID, "block_of: device index %d, the program has %d",
                           dev_index, p->c.n_dev);
+    /* Only a parameter's home stage holds its trained value. */
+    if (p->c.mesh && mesh_stage_axis(p->c.mesh) >= 0)
+        return base_error(SPMD_ERR_UNSUPPORTED,
+                          "block_of: checkpoints of a program on pipeline stages are not built yet");
     exec_init_pending(p);
     /* A device of another process: where its block lies, not its data. */
     bool here = dev_index >= p->first && dev_index < p->first + p->n_local;

@@ -177,6 +177,38 @@ static spmd_status setup_shared(spmd_program *p)
     return st;
 }
 
+/* Pipeline stages: the device's stage, and the group of it and its peer
+ * on each other stage its program sends to or receives from (the lower
+ * stage's member first), at from * stages + to and to * stages + from. */
+static spmd_status setup_stage_pairs(spmd_program *p, device *d)
+{
+    const spmd_mesh *m = p->c.mesh;
+    int axis = mesh_stage_axis(m), stages = m->shape[axis];
+    d->stage_pairs = base_calloc(&p->alloc, (size_t)stages * (size_t)stages * sizeof *d->stage_pairs,
+                                 "stage pairs");
+    if (!d->stage_pairs) return SPMD_ERR_NOMEM;
+    d->kd.stage = mesh_stage_of(m, d->id);
+    d->kd.stages = stages;
+    d->kd.pairs = d->stage_pairs;
+    mesh_axes along = {.n = 1, .axis = {(int8_t)axis}};
+    int by_stage[MESH_MAX_DEVICES];
+    mesh_group(m, d->id, &along, by_stage);
+    const spmd_graph *lg = p->c.local;
+    for (int i = 0; i < lg->n_nodes; i++) {
+        const spmd_tensor *t = lg->nodes[i];
+        if (t->op != IR_STAGE_TRANSFER) continue;
+        int from = t->attr.stage.from, to = t->attr.stage.to;
+        if (from != d->kd.stage && to != d->kd.stage) continue;
+        if (d->stage_pairs[from * stages + to]) continue;
+        int lo = from < to ? from : to, hi = from < to ? to : from;
+        int members[2] = {m->position[by_stage[lo]], m->position[by_stage[hi]]};
+        coll_group *g = coll_world_group(p->world, 2, members);
+        if (!g) return SPMD_ERR_NOMEM;
+        d->stage_pairs[from * stages + to] = d->stage_pairs[to * stages + from] = g;
+    }
+    return SPMD_OK;
+}
+
 static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64_t *copy_seeds)
 {
     const spmd_graph *lg = p->c.local;
@@ -220,7 +252,12 @@ static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64
             if (!d->groups[s]) return SPMD_ERR_NOMEM;
             d->member[s] = mesh_group_rank(p->c.mesh, id, &p->c.part.specs[s]);
         }
-        d->kd = (kern_device){id, d->groups, d->member, p->world, p->c.mesh, p->c.part.specs};
+        d->kd = (kern_device){id, d->groups, d->member, p->world, p->c.mesh, p->c.part.specs,
+                              .stage = -1};
+        if (mesh_stage_axis(p->c.mesh) >= 0) {
+            spmd_status st = setup_stage_pairs(p, d);
+            if (st != SPMD_OK) return st;
+        }
     }
     return setup_views(p, d);
 }
@@ -292,6 +329,7 @@ void exec_free_devices(spmd_program *p)
         base_free(&p->alloc, dv->arena);
         base_free(&p->alloc, dv->scratch);
         base_free(&p->alloc, dv->groups);
+        base_free(&p->alloc, dv->stage_pairs);
         base_free(&p->alloc, dv->member);
     }
     base_free(&p->alloc, p->dev);

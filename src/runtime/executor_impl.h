@@ -85,6 +85,7 @@ struct device {
     kern_device kd;
     coll_group **groups;      /* per spec */
     int *member;              /* per spec */
+    coll_group **stage_pairs; /* kern_device.pairs; NULL without a stage axis */
     /* First failure of the current run, one word per step parity and one
      * for the steps thread 0 runs alone (see run_worker); at most one of
      * them is set in a run. */
@@ -161,6 +162,18 @@ struct spmd_program {
     inflight fly;
 };
 
+
+/* Whether device d runs node t, or holds t's value where t is a leaf or
+ * an output (docs/DESIGN.md, "Pipeline stages"): every node without a
+ * stage axis; with one, the nodes of its stage and those placed on none,
+ * and a transfer on the two devices it joins. */
+static inline bool exec_on_stage(const device *d, const spmd_tensor *t)
+{
+    int s = d->kd.stage;
+    if (!d->stage_pairs || t->stage < 0) return true;
+    if (t->op == IR_STAGE_TRANSFER) return s == t->attr.stage.from || s == t->attr.stage.to;
+    return t->stage == s;
+}
 
 static inline void *data_of(const device *d, const spmd_tensor *t)
 {

@@ -25,6 +25,10 @@ bool exec_spread_over_processes(const spmd_program *p, const spmd_tensor *t)
     if (p->processes == 1 || !p->c.partitioned) return false;
     if (p->copies > 1) return true;
     uint32_t mask = split_axes(p, t);
+    /* A value placed on a stage is held by that stage's devices only. */
+    int stage_axis = mesh_stage_axis(p->c.mesh);
+    const spmd_tensor *lt = p->c.part.local_of[t->id];
+    if (stage_axis >= 0 && lt && lt->stage >= 0) mask |= 1u << stage_axis;
     for (int a = 0; a < p->c.mesh->rank; a++)
         if ((mask >> a & 1) && mesh_axis_crosses(p->c.mesh, a, p->n_local)) return true;
     return false;
@@ -32,12 +36,14 @@ bool exec_spread_over_processes(const spmd_program *p, const spmd_tensor *t)
 
 /* The device at mesh position pos holds its block of copy `copy` first
  * (lowest position in the copy): its coordinates off the split and
- * independent axes are all 0, and it is in the copy. */
-static bool first_holder(const spmd_mesh *m, uint32_t split, int pos, int copy)
+ * independent axes are all 0 (on the stage axis, a value placed on a
+ * stage: that stage), and it is in the copy. */
+static bool first_holder(const spmd_mesh *m, uint32_t split, int pos, int copy, int stage)
 {
     if (mesh_copy_of(m, pos) != copy) return false;
     for (int a = m->rank - 1; a >= 0; a--) {
-        if (!(split >> a & 1) && !m->independent[a] && pos % m->shape[a] != 0) return false;
+        int want = m->stage[a] && stage >= 0 ? stage : 0;
+        if (!(split >> a & 1) && !m->independent[a] && pos % m->shape[a] != want) return false;
         pos /= m->shape[a];
     }
     return true;
@@ -56,7 +62,7 @@ spmd_status exec_assemble_across(const spmd_program *p, const spmd_tensor *t, vo
     if (!bytes_of) return SPMD_ERR_NOMEM;
     int64_t total = 0;
     for (int pos = 0; pos < p->c.n_dev; pos++) {
-        if (!first_holder(m, split, pos, copy)) continue;
+        if (!first_holder(m, split, pos, copy, lt->stage)) continue;
         bytes_of[pos / p->n_local] += (int64_t)block_bytes;
         total += (int64_t)block_bytes;
     }
@@ -65,14 +71,14 @@ spmd_status exec_assemble_across(const spmd_program *p, const spmd_tensor *t, vo
     spmd_status st = mine && all ? SPMD_OK : SPMD_ERR_NOMEM;
     size_t at = 0;
     for (int d = 0; st == SPMD_OK && d < p->n_local; d++) {
-        if (!first_holder(m, split, p->first + d, copy)) continue;
+        if (!first_holder(m, split, p->first + d, copy, lt->stage)) continue;
         memcpy(mine + at, data_of(&p->dev[d], lt), block_bytes);
         at += block_bytes;
     }
     if (st == SPMD_OK) st = coll_world_gather_processes(p->world, mine, all, bytes_of);
     at = 0;
     for (int pos = 0; st == SPMD_OK && pos < p->c.n_dev; pos++) {
-        if (!first_holder(m, split, pos, copy)) continue;
+        if (!first_holder(m, split, pos, copy, lt->stage)) continue;
         block b = exec_block_of(p, t, m->ids[pos]);
         copy_ctx c = {(char *)all + at, dst, es, false};
         exec_for_rows(&b, exec_copy_row, &c);

@@ -62,7 +62,9 @@ static void run_worker(void *ctx, int ith, int nth)
     int owed = -1;
     for (int s = 0; s <= pl->n_steps; s++) {
         const spmd_tensor *t = s < pl->n_steps ? pl->steps[s] : NULL;
-        bool skipped = t && p->micro_run && !p->c.micro[t->id]; /* the update waits for the last */
+        /* The update waits for the last micro-batch; another stage's nodes
+         * are its devices'. */
+        bool skipped = t && ((p->micro_run && !p->c.micro[t->id]) || !exec_on_stage(d, t));
         bool flying = t && c && pl->async_of[s] >= 0;
         /* A fused group's root reads the group's inputs. */
         const fuse_group *grp = t ? fusion_group(&p->c.fusion, t) : NULL;

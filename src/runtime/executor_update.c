@@ -24,6 +24,7 @@ static void update_worker(void *ctx, int ith, int nth)
     for (int u = 0; u < lg->n_updates; u++) {
         const ir_update *up = &lg->updates[u];
         if (p->micro_run && !up->target->accumulator) continue;
+        if (!exec_on_stage(d, up->value)) continue; /* the target's home stage updates it */
         if (p->c.plan.in_place[up->value->id] >= 0) continue; /* written where it goes */
         int64_t b, e;
         if (p->c.plan.lands_in[up->value->id] >= 0) {

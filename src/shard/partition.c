@@ -171,6 +171,16 @@ static spmd_status emit_leaf(builder *b, const spmd_tensor *t)
 
 /* ---- Entry points ---------------------------------------------------------------------------- */
 
+/* Pipeline stages (docs/DESIGN.md, "Pipeline stages"): the local nodes
+ * made for global node t run on t's stage, and so do the reshards of its
+ * operands, but for a transfer's, which run on the sender's; nothing is
+ * placed without a stage axis. */
+static void place(partition *p, const spmd_tensor *t)
+{
+    if (mesh_stage_axis(p->m) < 0) return;
+    p->local->stage = t->op == IR_STAGE_TRANSFER ? t->attr.stage.from : t->stage;
+}
+
 static spmd_status build(builder *b, const bool *needed)
 {
     partition *p = b->p;
@@ -182,6 +192,7 @@ static spmd_status build(builder *b, const bool *needed)
         if (g->has_grad && i == g->backward_begin) p->local->backward_begin = p->local->n_nodes;
         if (needed && !needed[i] && !ir_op_is_leaf(t->op)) continue;
         b->node = i;
+        place(p, t);
         spmd_status st = ir_op_is_leaf(t->op) ? emit_leaf(b, t) : emit_op(b, t);
         if (st != SPMD_OK) return st;
         /* A marked value is held as marked, whatever its op produced. */
@@ -194,6 +205,7 @@ static spmd_status build(builder *b, const bool *needed)
         const spmd_tensor *t = g->nodes[i];
         if (!t->is_output || ir_op_is_leaf(t->op)) continue;
         b->node = i;
+        place(p, t);
         sharding s = t->mark ? *t->mark : shard_produced(&p->prop, t);
         s.partial = 0;
         spmd_tensor *lt = part_value(b, t, &s, -1);
@@ -205,12 +217,14 @@ static spmd_status build(builder *b, const bool *needed)
     for (int u = 0; u < g->n_updates; u++) {
         const ir_update *up = &g->updates[u];
         b->node = up->value->id;
+        place(p, up->value);
         spmd_tensor *lv = part_value(b, up->value, &p->held[up->target->id], up->value->id);
         if (!lv) return failed(b);
         /* set_update records its message as it returns a failure. */
         spmd_status st = spmd_graph_set_update(p->local, p->local_of[up->target->id], lv);
         if (st != SPMD_OK) return part_record(b, st, "%s", spmd_last_error());
     }
+    p->local->stage = -1;
     return SPMD_OK;
 }
 

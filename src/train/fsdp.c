@@ -56,10 +56,11 @@ spmd_status spmd_shard_batch(spmd_graph *g, const spmd_mesh *m, spmd_tensor *con
     if (data_axes) {
         k = (size_t)snprintf(batch, sizeof batch, "(%s)", data_axes);
     } else {
-        /* Every axis but the independent ones: each copy has its own batch. */
+        /* Every axis but the independent ones (each copy has its own batch)
+         * and the stage axis (every stage sees the same micro-batches). */
         k = (size_t)snprintf(batch, sizeof batch, "(");
         for (int i = 0, named = 0; i < spmd_mesh_rank(m) && k < sizeof batch; i++) {
-            if (m->independent[i]) continue;
+            if (mesh_axis_holds_no_split(m, i)) continue;
             k += (size_t)snprintf(batch + k, sizeof batch - k, "%s%s", named++ ? ", " : "",
                                   spmd_mesh_axis_name(m, i));
         }

@@ -344,7 +344,7 @@ static bool state_mark(const spmd_graph *g, const spmd_optimizer *o, const spmd_
         if (p->dims[i] > p->dims[d]) d = i;
     int64_t blocks = mesh_axes_size(m, &out->dim[d]);
     for (int a = 0; a < m->rank && out->dim[d].n < MESH_MAX_AXES; a++) {
-        if ((used >> a & 1) || m->independent[a] || m->shape[a] == 1) continue;
+        if ((used >> a & 1) || mesh_axis_holds_no_split(m, a) || m->shape[a] == 1) continue;
         /* Every device gets a piece: no split into mostly padding, and no
          * device left with only padding (11 rows over 8: blocks of 2, the
          * last two empty). */
@@ -668,20 +668,45 @@ static bool same_mark(const spmd_tensor *a, const spmd_tensor *b)
  * first: their partial sums are pending over the same axes and add up
  * before one all-reduce, where a sum in parameter order would resolve at
  * every change of mark.  `grouped` is scratch, n_params long. */
+/* The last pipeline stage a gradient is placed on; -1 without stages. */
+static int last_stage(spmd_tensor *const *grads, int n_params)
+{
+    int last = -1;
+    for (int k = 0; k < n_params; k++)
+        if (grads[k]->stage > last) last = grads[k]->stage;
+    return last;
+}
+
+/* The clipping scale on `stage`, computed on the last (squares_total):
+ * sent to each other stage once, the copies kept in on[stage]. */
+static spmd_tensor *scale_on(spmd_graph *g, spmd_tensor *scale, int last, int stage, spmd_tensor **on)
+{
+    if (!scale || stage < 0 || stage == last) return scale;
+    if (!on[stage]) on[stage] = spmd_stage_transfer(g, scale, last, stage);
+    return on[stage];
+}
+
 static spmd_tensor *squares_total(spmd_graph *g, spmd_tensor **params, spmd_tensor **grads,
                                   int n_params, bool *grouped)
 {
     spmd_tensor *total = NULL;
     memset(grouped, 0, (size_t)n_params * sizeof *grouped);
+    /* With pipeline stages each stage sums its own gradients and sends
+     * the sum to the last stage, which adds them (docs/DESIGN.md,
+     * "Pipeline stages"); without, every stage is -1 and nothing moves. */
+    int last = last_stage(grads, n_params);
     for (int k = 0; k < n_params; k++) {
         if (grouped[k]) continue;
         spmd_tensor *alike = NULL;
         for (int j = k; j < n_params; j++) {
-            if (grouped[j] || !same_mark(params[j], params[k])) continue;
+            if (grouped[j] || !same_mark(params[j], params[k]) || grads[j]->stage != grads[k]->stage)
+                continue;
             grouped[j] = true;
             spmd_tensor *sq = sum_of_squares(g, grads[j]);
             alike = alike ? spmd_add(g, alike, sq) : sq;
         }
+        if (alike && grads[k]->stage >= 0 && grads[k]->stage != last)
+            alike = spmd_stage_transfer(g, alike, grads[k]->stage, last);
         total = total ? spmd_add(g, total, alike) : alike;
     }
     return total;
@@ -710,7 +735,10 @@ static spmd_status accumulate(spmd_graph *g, plan *pl, const char *who)
         if (!acc) return builder_failed(g, who);
         acc->accumulator = true;
         acc->grad = p->grad;
+        int outer = g->stage;
+        g->stage = p->grad->stage; /* the sum where the gradient is ("Pipeline stages") */
         spmd_tensor *mean = spmd_add(g, spmd_mul(g, acc, keep), spmd_scale(g, p->grad, 1.0f / (float)steps));
+        g->stage = outer;
         spmd_status st = update(g, acc, mean, who);
         if (st != SPMD_OK) return st;
         pl->grads[k] = mean;
@@ -728,9 +756,14 @@ static spmd_status append(spmd_graph *g, plan *pl, bool bookkeeping, const char 
     spmd_status st;
     for (int k = 0; k < pl->n_params; k++) pl->grads[k] = pl->params[k]->grad;
     if (accumulates(&pl->o[0]) && (st = accumulate(g, pl, who)) != SPMD_OK) return st;
-    for (int k = 0; k < pl->n_params && bookkeeping; k++)
-        if (!(pl->grads[k] = held_grad(g, &pl->o[pl->group[k]], pl->params[k], pl->grads[k])))
-            return builder_failed(g, who);
+    const int outer = g->stage;
+    for (int k = 0; k < pl->n_params && bookkeeping; k++) {
+        /* Held where the gradient is: squares_total groups by stage. */
+        g->stage = pl->grads[k] ? pl->grads[k]->stage : -1;
+        pl->grads[k] = held_grad(g, &pl->o[pl->group[k]], pl->params[k], pl->grads[k]);
+        g->stage = outer;
+        if (!pl->grads[k]) return builder_failed(g, who);
+    }
 
     const spmd_optimizer *o0 = &pl->o[0]; /* the settings every group shares are here too */
     spmd_tensor *one = spmd_fill(g, 0, NULL, 1.0f), *t = NULL, *norm = NULL;
@@ -768,12 +801,20 @@ static spmd_status append(spmd_graph *g, plan *pl, bool bookkeeping, const char 
         if ((st = group_scalars(g, &pl->o[i], &pl->s[i], t, one, who)) != SPMD_OK) return st;
     }
 
-    for (int k = 0; k < pl->n_params; k++) {
+    int stages = last_stage(pl->grads, pl->n_params) + 1;
+    spmd_tensor **scales = NULL;
+    if (clip_scale && stages > 0 &&
+        !(scales = base_calloc(&g->alloc, (size_t)stages * sizeof *scales, "clipping per stage")))
+        return SPMD_ERR_NOMEM;
+    for (int k = 0; k < pl->n_params && st == SPMD_OK; k++) {
         const spmd_optimizer *o = &pl->o[pl->group[k]];
         const shared *s = &pl->s[pl->group[k]];
-        spmd_tensor *grad = clip_scale ? spmd_mul(g, pl->grads[k], clip_scale) : pl->grads[k];
-        if ((st = param_update(g, o, pl->params[k], grad, s, who)) != SPMD_OK) return st;
+        spmd_tensor *scale = scales ? scale_on(g, clip_scale, stages - 1, pl->grads[k]->stage, scales) : clip_scale;
+        spmd_tensor *grad = scale ? spmd_mul(g, pl->grads[k], scale) : pl->grads[k];
+        st = param_update(g, o, pl->params[k], grad, s, who);
     }
+    base_free(&g->alloc, scales);
+    if (st != SPMD_OK) return st;
     if (out) {
         out->lr = pl->lr[0];
         out->grad_norm = bookkeeping ? norm : NULL;

@@ -164,6 +164,44 @@ static void test_gpt_cp_p2(void **state)
     same_bits_with("gpt", "2x2", "cp,data", 2, "--cp cp");
     same_bits_with("gpt", "2x2", "cp,data", 2, "--cp cp --fsdp cp");
 }
+
+/* Pipeline stages over processes: the activations and their gradients
+ * cross between processes point to point, the loss is read from the
+ * last stage's process; the one-process bits.  (Stages hold no shared
+ * parameters in one process, so same_bits_with's memory checks do not
+ * apply.) */
+static void stages_same_bits(const char *mesh, const char *axes, int procs)
+{
+    char one[SUPPORT_PATH], many[SUPPORT_PATH], args[4096];
+    support_path_in(one, dir, "one.json");
+    support_path_in(many, dir, "many.json");
+    const char *common = "--steps 10 --eval 0 --batch 4 --seq 24 --dim 32 --heads 2 --layers 4 "
+                         "--pp pp --microbatches 4 --threads 1";
+    snprintf(args, sizeof args, "train --mesh %s --axes %s %s --json %s", mesh, axes, common, one);
+    if (run_spmd(0, args) != 0) fail_msg("one process: %s", out);
+    snprintf(args, sizeof args, "train --mesh %s --axes %s %s --json %s", mesh, axes, common, many);
+    if (run_spmd(procs, args) != 0) fail_msg("%d processes: %s", procs, out);
+    run_figures a = figures(one), b = figures(many);
+    assert_int_equal(a.steps, 10);
+    assert_int_equal(b.steps, 10);
+    for (int s = 0; s < 10; s++)
+        if (memcmp(&a.loss[s], &b.loss[s], sizeof(float)))
+            fail_msg("stages on %s over %d processes: step %d loss %.9g, one process %.9g", mesh,
+                     procs, s + 1, (double)b.loss[s], (double)a.loss[s]);
+}
+
+static void test_gpt_stages_p2(void **state)
+{
+    (void)state;
+    stages_same_bits("2x2", "pp,data", 2);
+}
+
+static void test_gpt_stages_p4(void **state)
+{
+    (void)state;
+    stages_same_bits("4", "pp", 4);
+}
+
 /* Gradient accumulation: the micro-batches and the step's one reduction
  * over processes. */
 static void test_gpt_accumulate_4x2_p2(void **state)
@@ -461,6 +499,8 @@ int main(void)
         cmocka_unit_test(test_gpt_tp_sp_2x2x2),
         cmocka_unit_test(test_gpt_cp_p2),
         cmocka_unit_test(test_gpt_accumulate_4x2_p2),
+        cmocka_unit_test(test_gpt_stages_p2),
+        cmocka_unit_test(test_gpt_stages_p4),
         cmocka_unit_test(test_gpt_bf16_reduce),
         cmocka_unit_test(test_gpt_experts_2x4_p2),
         cmocka_unit_test(test_mlp_data_8),

@@ -754,6 +754,19 @@ static void test_reshape(void **state)
     }
 }
 
+/* A transfer there and back (one device: copies): its adjoint is the
+ * transfer back, placed on the stage the value left. */
+static void test_stage_transfer(void **state)
+{
+    (void)state;
+    gcheck c;
+    gc_init(&c, "stage_transfer 0 -> 2 -> 1");
+    spmd_tensor *x = gc_param(&c, "x", 2, D(3, 4), GEN_ANY);
+    spmd_tensor *y = spmd_stage_transfer(c.g, spmd_stage_transfer(c.g, x, 0, 2), 2, 1);
+    assert_int_equal(spmd_tensor_stage(y), 1);
+    gc_run(&c, y);
+}
+
 static void test_permute(void **state)
 {
     (void)state;
@@ -1058,6 +1071,7 @@ int main(void)
         cmocka_unit_test(test_mse),
         cmocka_unit_test(test_reshape),
         cmocka_unit_test(test_permute),
+        cmocka_unit_test(test_stage_transfer),
         cmocka_unit_test(test_slice),
         cmocka_unit_test(test_concat),
         cmocka_unit_test(test_composite),

@@ -210,6 +210,7 @@ static bool build_sample(ir_op op, sample *s)
         break;
     }
     case IR_SHARDING_CONSTRAINT: o = ir_sharding_constraint(g, x46(s)); break;
+    case IR_STAGE_TRANSFER: o = spmd_stage_transfer(g, x46(s), 0, 1); break;
     case IR_CONVERT: { /* to the other type */
         spmd_tensor *x = x46(s);
         o = spmd_convert(g, x, x->dtype == SPMD_BF16 ? SPMD_F32 : SPMD_BF16);
@@ -451,10 +452,12 @@ static void test_every_op_has_rules(void **state)
          * it), and only an elementwise op has one; convert, which changes
          * the type, has none (fusion computes f32), nor has an op whose
          * local form needs a fixup (dropout's global indices: a fused pass
-         * has no fixup). */
+         * has no fixup), nor a collective (a stage transfer moves its
+         * elements between devices, which no formula says). */
         int formula = ir_op_formula_arity((ir_op)op);
         bool fixup = partition_has_fixup((ir_op)op);
-        if (elementwise_signature(t, &sig) && !formula && t->dtype == t->in[0]->dtype && !fixup)
+        if (elementwise_signature(t, &sig) && !formula && t->dtype == t->in[0]->dtype && !fixup &&
+            !ir_op_is_collective((ir_op)op))
             fail_msg("%s: an elementwise signature but no formula in ops.def",
                      ir_op_name((ir_op)op));
         if (formula && fixup)
@@ -916,8 +919,11 @@ static void test_kind_column_is_the_kernels(void **state)
     coll_group *groups[1] = {&counted};
     const int member[1] = {0};
     const mesh_axes specs[1] = {{0}};
+    /* A stage transfer's pair of stages (0 to 1, its sample's) is the
+     * same one-member group. */
+    coll_group *pairs[4] = {&counted, &counted, &counted, &counted};
     const kern_device dev = {.device = 0, .groups = groups, .member = member, .world = w,
-                             .specs = specs};
+                             .specs = specs, .stage = 0, .stages = 2, .pairs = pairs};
     int collectives = 0, computes = 0;
     for (int op = 0; op < IR_OP_COUNT; op++) {
         ir_op o = (ir_op)op;
@@ -956,7 +962,7 @@ static void test_kind_column_is_the_kernels(void **state)
         free_values(&s, &v);
         spmd_graph_free(s.g);
     }
-    assert_int_equal(collectives, 4);
+    assert_int_equal(collectives, 5);
     assert_true(computes >= 40);
     coll_world_free(w);
 }

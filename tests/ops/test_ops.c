@@ -1377,6 +1377,23 @@ static void test_reshape(void **state)
         }
 }
 
+/* A stage transfer on one device (no stage axis) is a copy, of either
+ * floating type or ids. */
+static void test_stage_transfer(void **state)
+{
+    (void)state;
+    static const shape cases[] = {SH(0), SH(1, 7), SH(3, 2, 3, 4), SH(2, 37, 50)};
+    for (size_t k = 0; k < ARRAY_LEN(layout_dtypes); k++)
+        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+            opcase c;
+            oc_init(&c, "stage_transfer %s #%zu", spmd_dtype_name(layout_dtypes[k]), i);
+            spmd_tensor *x = layout_input(&c, &cases[i], layout_dtypes[k]);
+            spmd_tensor *y = spmd_stage_transfer(c.g, x, 1, 0);
+            memcpy(layout_expect(&c, y), oc_f(&c, 0), test_tensor_bytes(x));
+            oc_check(&c);
+        }
+}
+
 /* permute (perm given) or transpose (d0 != -1). */
 typedef struct perm_case {
     shape s;
@@ -1735,6 +1752,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_mse),
         cmocka_unit_test(test_reshape),
+        cmocka_unit_test(test_stage_transfer),
         cmocka_unit_test(test_permute_transpose),
         cmocka_unit_test(test_slice),
         cmocka_unit_test(test_concat),

@@ -8,7 +8,8 @@
  * broadcasting arithmetic, unary ops (the activations, pow_scalar), where
  * over broadcast masks, reductions, max, softmax,
  * log_softmax, layernorm, attention, embedding, cross entropy, mse,
- * reshape, permute, slice, concat, dropout keyed by a step input) with random partition specs on some
+ * reshape, permute, slice, concat, dropout keyed by a step input, stage
+ * transfers, copies without a stage axis) with random partition specs on some
  * inputs, parameters, intermediates and gradients: None, one axis or a
  * tuple of two per dim, uneven splits (and now and then empty blocks)
  * included, and grouped splits (2*x, 3*(x, y)) where they divide.  The same graph is built twice: without marks (compiled for
@@ -551,7 +552,9 @@ static spmd_tensor *op_bmm(eq_case *c, spmd_tensor *x)
 
 static spmd_tensor *op_unary(eq_case *c, spmd_tensor *x)
 {
-    switch (test_rng_int(&c->r, 0, 10)) {
+    switch (test_rng_int(&c->r, 0, 11)) {
+    case 11: /* a stage transfer, a copy on a mesh without a stage axis */
+        return note(c, spmd_stage_transfer(c->g, x, 0, 1), "stage_transfer(%s, 0, 1)", name_of(x));
     case 6: { /* sqrt, rsqrt or log of exp(tanh(x)), in [0.37, 2.72] */
         spmd_tensor *t = note(c, spmd_exp(c->g, spmd_tanh(c->g, x)), "exp(tanh(%s))", name_of(x));
         switch (test_rng_int(&c->r, 0, 2)) {

@@ -89,7 +89,7 @@ int cmd_explain(int argc, char **argv)
      * the tool knows: the model, the batch, where the network's figures
      * come from and the trace's measures. */
     char batch[64];
-    model_batch_text(&o, batch, sizeof batch);
+    model_batch_text(&o, &m, batch, sizeof batch);
     spmd_explain_options how = {.model = o.model, .batch = batch, .network_source = m.network_source,
                                 .measured_us = o.trace ? meas.median_us : NULL,
                                 .first_step = meas.first_step, .last_step = meas.last_step};

@@ -492,7 +492,7 @@ static int train(cli_opts *o_in, run_log *log)
     char mesh[128];
     model_mesh_text(&m, mesh, sizeof mesh);
     char batch[64];
-    model_batch_text(&o, batch, sizeof batch);
+    model_batch_text(&o, &m, batch, sizeof batch);
     printf("spmd train: %s, %.2fM parameters, mesh %s, %s, %s, %s\n", o.model,
            (double)m.params / 1e6, mesh, batch,
            cli_optimizer_title(o.optimizer.kind), spmd_blas_describe());
@@ -568,7 +568,7 @@ static int train(cli_opts *o_in, run_log *log)
         drops[i] = 0; /* copy 0's, over the micro-batches */
         for (int k = 0; k < micro && !rc && st == SPMD_OK; k++) {
             if ((rc = feed_step(&o, &m, p, s, sample))) break;
-            sample += o.batch;
+            sample += (int64_t)o.batch * m.micro_batches;
             st = k + 1 < micro ? spmd_program_accumulate(p) : spmd_program_run(p);
             for (int c = 0; c < copies && st == SPMD_OK; c++) {
                 float l = 0.0f;

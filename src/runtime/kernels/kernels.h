@@ -25,6 +25,12 @@ typedef struct kern_device {
     struct coll_world *world;
     const struct spmd_mesh *mesh;    /* for messages: a collective's axes */
     const struct mesh_axes *specs;   /* the collectives' axes, by attr.coll.spec */
+    /* Pipeline stages: the device's stage, and per pair of stages (index
+     * from * stages + to) the group of this device and its peer on the
+     * other stage, the lower stage's member first; NULL without a stage
+     * axis. */
+    int stage, stages;
+    struct coll_group *const *pairs;
 } kern_device;
 
 typedef struct kern_args {

@@ -45,6 +45,11 @@ static void check(const kern_args *a, spmd_status st)
         const char *colon = strstr(why, ": ");
         if (colon) why = colon + 2;
     }
+    if (a->node->op == IR_STAGE_TRANSFER) {
+        kern_fail(a, st, "collective timeout: stage_transfer from stage %d to stage %d: %s",
+                  a->node->attr.stage.from, a->node->attr.stage.to, why);
+        return;
+    }
     char axes[128];
     mesh_text t;
     mesh_text_init(&t, axes, sizeof axes);
@@ -62,6 +67,33 @@ void kern_all_reduce(const kern_args *a)
     memcpy(a->out, a->in[0], ir_nbytes(t));
     coll_group *g = group_of(a);
     check(a, g->ops->all_reduce(g, member_of(a), a->out, ir_numel(t), sum_type(t)));
+}
+
+/* x from stage `from` to stage `to`: a permute over the pair of devices
+ * that differ only in their stage, the receiver's member reading the
+ * sender's; a copy where there is no stage axis (one program holds every
+ * stage).  In a group of one member (a test's) the member reads itself. */
+void kern_stage_transfer(const kern_args *a)
+{
+    if (a->ith != 0) return;
+    const spmd_tensor *t = a->node;
+    int from = t->attr.stage.from, to = t->attr.stage.to;
+    const kern_device *dev = a->dev;
+    if (!dev || !dev->pairs) {
+        memcpy(a->out, a->in[0], ir_nbytes(t));
+        return;
+    }
+    coll_group *g = dev->pairs[from * dev->stages + to];
+    int src[2] = {0, -1};
+    int member = 0;
+    if (g->size == 2) {
+        int lower = from < to ? from : to;
+        int sender = from == lower ? 0 : 1;
+        member = dev->stage == lower ? 0 : 1;
+        src[sender] = -1;
+        src[1 - sender] = sender;
+    }
+    check(a, g->ops->permute(g, member, a->in[0], a->out, (int64_t)ir_nbytes(t), src));
 }
 
 /* [.., b, ..] blocks from every member -> [.., n*b, ..] along dim. */

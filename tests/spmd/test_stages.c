@@ -1,0 +1,359 @@
+/*
+ * Pipeline stages (docs/DESIGN.md, "Pipeline stages"): the GPT split into
+ * S stages over a mesh's stage axis, M micro-batches a step, trains as the
+ * GPT without stages accumulating the same M micro-batches on one device
+ * (the losses within 1e-5 relative, the weights within 1e-5), on 2 and 4
+ * stages, on an uneven split and on 2 stages x 2 data replicas; a rerun gives the same bits; the
+ * embeddings run on the first stage and the loss on the last, as explain
+ * says; bad input
+ * is refused with its reason.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/executor.h"
+#include "spmd/checkpoint.h"
+#include "spmd/data.h"
+#include "spmd/mesh.h"
+#include "spmd/models.h"
+#include "spmd/train.h"
+
+enum { STEPS = 5, MICRO = 2, SEQ = 8, VOCAB = 16 };
+
+static const spmd_gpt_config CFG = {.vocab = VOCAB, .seq = SEQ, .layers = 4, .heads = 2, .dim = 16};
+
+typedef struct setup {
+    spmd_mesh *mesh;
+    spmd_graph *g;
+    spmd_gpt_tensors t;
+    spmd_trainer *tr;
+    spmd_program *p;
+    int micro; /* micro-batches per step: fed at once with stages, one by one without */
+} setup;
+
+static spmd_optimizer adamw(void)
+{
+    return (spmd_optimizer){.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.1f, .clip_norm = 1.0f};
+}
+
+/* The GPT without stages, accumulating `micro` micro-batches, on one device. */
+static void make_plain(setup *s, const spmd_gpt_config *cfg, int micro)
+{
+    memset(s, 0, sizeof *s);
+    s->micro = micro;
+    s->g = spmd_graph_create(NULL);
+    assert_int_equal(spmd_gpt_build(s->g, cfg, MICRO, &s->t), SPMD_OK);
+    spmd_optimizer opt = adamw();
+    opt.accumulate_steps = micro;
+    s->tr = spmd_trainer_create(s->g, s->t.loss,
+                                &(spmd_trainer_options){.optimizer = opt,
+                                                        .compile = {.seed = 3, .threads = 2}});
+    if (!s->tr) fail_msg("plain: %s", spmd_last_error());
+    s->p = spmd_trainer_program(s->tr);
+}
+
+/* The GPT on `stages` stages of a mesh "pp" (mesh false: one device),
+ * times `replicas` along "data", which splits each micro-batch. */
+static spmd_status make_staged_on(setup *s, const spmd_gpt_config *cfg, int stages, int replicas,
+                                  int micro, bool mesh)
+{
+    memset(s, 0, sizeof *s);
+    s->micro = micro;
+    s->g = spmd_graph_create(NULL);
+    spmd_status st = spmd_gpt_build_stages(s->g, cfg, MICRO, stages, micro, &s->t);
+    if (st != SPMD_OK) return st;
+    if (mesh) {
+        char shape[32];
+        bool fsdp = replicas == 4; /* 2 fsdp x 2 data */
+        snprintf(shape, sizeof shape, fsdp ? "%dx2x2" : replicas > 1 ? "%dx%d" : "%d", stages, replicas);
+        s->mesh = spmd_mesh_parse(shape, fsdp ? "pp,fsdp,data" : replicas > 1 ? "pp,data" : "pp");
+        assert_int_equal(spmd_mesh_set_stage_axis(s->mesh, 0), SPMD_OK);
+        /* The inputs on every stage, each micro-batch's samples over the
+         * replicas (the marks give the graph its mesh). */
+        const char *spec = fsdp ? "None, (fsdp, data), None" : replicas > 1 ? "None, data, None"
+                                                                            : "None, None, None";
+        assert_int_equal(spmd_mark_sharding(s->g, s->t.input, s->mesh, spec), SPMD_OK);
+        assert_int_equal(spmd_mark_sharding(s->g, s->t.targets, s->mesh, spec), SPMD_OK);
+        if (fsdp) assert_int_equal(spmd_fsdp_wrap(s->g, s->mesh, "fsdp", NULL, 0, NULL), SPMD_OK);
+    }
+    s->tr = spmd_trainer_create(s->g, s->t.loss,
+                                &(spmd_trainer_options){.optimizer = adamw(),
+                                                        .compile = {.seed = 3, .threads = 4}});
+    if (!s->tr) return spmd_last_status();
+    s->p = spmd_trainer_program(s->tr);
+    return SPMD_OK;
+}
+
+static spmd_status make_staged(setup *s, const spmd_gpt_config *cfg, int stages, int micro, bool mesh)
+{
+    return make_staged_on(s, cfg, stages, 1, micro, mesh);
+}
+
+static void setup_free(setup *s)
+{
+    spmd_trainer_free(s->tr);
+    spmd_graph_free(s->g);
+    spmd_mesh_free(s->mesh);
+}
+
+/* Samples [first, first + n * MICRO) as the program's inputs. */
+static void feed(setup *s, int64_t first, int n)
+{
+    size_t k = (size_t)n * MICRO * SEQ;
+    int32_t *ids = malloc(k * sizeof *ids), *tg = malloc(k * sizeof *tg);
+    assert_int_equal(spmd_data_sequences(7, first, n * MICRO, SEQ, VOCAB, ids, tg), SPMD_OK);
+    assert_int_equal(spmd_program_set_input(s->p, s->t.input, ids, k * sizeof *ids), SPMD_OK);
+    assert_int_equal(spmd_program_set_input(s->p, s->t.targets, tg, k * sizeof *tg), SPMD_OK);
+    free(ids), free(tg);
+}
+
+/* Step `step` over the samples from step * micro * MICRO on. */
+static float train_step(setup *s, int step, bool staged, float *norm)
+{
+    float loss = 0.0f;
+    int64_t first = (int64_t)step * s->micro * MICRO;
+    if (staged) {
+        feed(s, first, s->micro);
+    } else {
+        for (int k = 0; k < s->micro - 1; k++) {
+            feed(s, first + (int64_t)k * MICRO, 1);
+            if (spmd_trainer_accumulate(s->tr, NULL) != SPMD_OK)
+                fail_msg("accumulate: %s", spmd_last_error());
+        }
+        feed(s, first + (int64_t)(s->micro - 1) * MICRO, 1);
+    }
+    if (spmd_trainer_step(s->tr, 1e-2f, &loss, norm) != SPMD_OK) fail_msg("step: %s", spmd_last_error());
+    return loss;
+}
+
+static float *read_param(setup *s, const char *name, size_t *n)
+{
+    spmd_tensor *w = spmd_graph_find(s->g, name);
+    assert_non_null(w);
+    *n = (size_t)spmd_tensor_numel(w);
+    float *v = malloc(*n * sizeof *v);
+    if (spmd_program_read(s->p, w, v, *n * sizeof *v) != SPMD_OK) fail_msg("read %s: %s", name, spmd_last_error());
+    return v;
+}
+
+static bool close_rel(double a, double b, double tol)
+{
+    return fabs(a - b) <= tol * fmax(fabs(a), fabs(b)) + 1e-7;
+}
+
+/* S stages (times `replicas` along a data axis), M micro-batches against
+ * accumulation over the same M. */
+static void compare_on(const spmd_gpt_config *cfg, int stages, int replicas, int micro)
+{
+    setup plain, staged;
+    make_plain(&plain, cfg, micro);
+    if (make_staged_on(&staged, cfg, stages, replicas, micro, true) != SPMD_OK)
+        fail_msg("%d stages: %s", stages, spmd_last_error());
+    for (int s = 0; s < STEPS; s++) {
+        float np = 0, ns = 0;
+        float lp = train_step(&plain, s, false, &np), ls = train_step(&staged, s, true, &ns);
+        if (!close_rel(lp, ls, 1e-5) || !close_rel(np, ns, 1e-5))
+            fail_msg("%d stages step %d: loss %.8g vs %.8g, grad norm %.8g vs %.8g", stages, s, lp,
+                     ls, np, ns);
+    }
+    char last[64];
+    snprintf(last, sizeof last, "h.%d.mlp.c_proj.weight", cfg->layers - 1);
+    const char *const names[] = {"wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", last,
+                                 "ln_f.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        size_t n;
+        float *a = read_param(&plain, names[i], &n), *b = read_param(&staged, names[i], &n);
+        for (size_t j = 0; j < n; j++)
+            if (fabsf(a[j] - b[j]) > 1e-5f)
+                fail_msg("%d stages %s[%zu]: %.8g vs %.8g", stages, names[i], j, a[j], b[j]);
+        free(a), free(b);
+    }
+    setup_free(&plain);
+    setup_free(&staged);
+}
+
+static void compare(const spmd_gpt_config *cfg, int stages, int micro)
+{
+    compare_on(cfg, stages, 1, micro);
+}
+
+static void test_two_stages_train_as_accumulation(void **state)
+{
+    (void)state;
+    compare(&CFG, 2, 4);
+}
+
+static void test_four_stages_train_as_accumulation(void **state)
+{
+    (void)state;
+    compare(&CFG, 4, 4);
+}
+
+/* 5 layers on 2 stages: 3 and 2. */
+static void test_an_uneven_split_trains_as_accumulation(void **state)
+{
+    (void)state;
+    assert_int_equal(spmd_gpt_stage_first_layer(5, 2, 1), 3);
+    assert_int_equal(spmd_gpt_stage_first_layer(5, 2, 2), 5);
+    assert_int_equal(spmd_gpt_stage_first_layer(6, 4, 3), 5);
+    spmd_gpt_config cfg = CFG;
+    cfg.layers = 5;
+    compare(&cfg, 2, 3);
+}
+
+/* 2 stages x 2 replicas: each stage's gradients reduced over 'data'
+ * inside it, ZeRO's state split over 'data', the norm over both. */
+static void test_stages_beside_a_data_axis(void **state)
+{
+    (void)state;
+    compare_on(&CFG, 2, 2, 4);
+}
+
+/* 2 stages x 2 fsdp x 2 data: each stage's parameters split over
+ * 'fsdp', gathered where its blocks read them. */
+static void test_stages_fsdp_and_data(void **state)
+{
+    (void)state;
+    compare_on(&CFG, 2, 4, 4);
+}
+
+/* Two runs of one seed: the same losses, bit for bit; and the graph with
+ * stages on one device (every transfer a copy) computes what the mesh
+ * does within rounding. */
+static void test_same_seed_same_bits(void **state)
+{
+    (void)state;
+    setup a, b, one;
+    assert_int_equal(make_staged(&a, &CFG, 2, 4, true), SPMD_OK);
+    assert_int_equal(make_staged(&b, &CFG, 2, 4, true), SPMD_OK);
+    assert_int_equal(make_staged(&one, &CFG, 2, 4, false), SPMD_OK);
+    /* Where the per-device program runs its ops. */
+    const partition *part = executor_partition(a.p);
+    assert_non_null(part);
+    int lookups = 0, losses = 0, transfers = 0;
+    for (int i = 0; i < part->local->n_nodes; i++) {
+        const spmd_tensor *t = part->local->nodes[i];
+        if (t->op == IR_EMBEDDING) lookups++, assert_int_equal(t->stage, 0);
+        if (t->op == IR_CROSS_ENTROPY) losses++, assert_int_equal(t->stage, 1);
+        transfers += t->op == IR_STAGE_TRANSFER;
+    }
+    assert_int_equal(lookups, 4);
+    assert_int_equal(losses, 4);
+    /* Per micro-batch the activation and its gradient; wte to the head and
+     * its gradient back; the norm's sum and the clipping scale. */
+    assert_int_equal(transfers, 4 * 2 + 2 + 2);
+    /* Explain names each stage's blocks and other parameters. */
+    char *text = NULL;
+    assert_int_equal(spmd_program_explain(a.p, NULL, &text), SPMD_OK);
+    if (!strstr(text, "stages: 2 along 'pp'") ||
+        !strstr(text, "stage 0: blocks 0-1 + wte.weight, wpe.weight, ") ||
+        !strstr(text, "stage 1: blocks 2-3 + ln_f.weight, ln_f.bias, "))
+        fail_msg("explain:\n%s", text);
+    free(text);
+    for (int s = 0; s < 3; s++) {
+        float la = train_step(&a, s, true, NULL), lb = train_step(&b, s, true, NULL);
+        float l1 = train_step(&one, s, true, NULL);
+        if (memcmp(&la, &lb, sizeof la) != 0) fail_msg("step %d: %.9g then %.9g", s, la, lb);
+        if (!close_rel(la, l1, 1e-5)) fail_msg("step %d: mesh %.9g, one device %.9g", s, la, l1);
+    }
+    /* Checkpoints on stages are refused, not written from stale copies. */
+    if (spmd_checkpoint_save(a.p, "test_stages_ck", 3, NULL, 0) == SPMD_OK)
+        fail_msg("a checkpoint of a program on stages was written");
+    if (!strstr(spmd_last_error(), "pipeline stages are not built yet"))
+        fail_msg("checkpoint refusal: %s", spmd_last_error());
+    setup_free(&a);
+    setup_free(&b);
+    setup_free(&one);
+}
+
+static void expect_refused(spmd_status st, const char *what)
+{
+    if (st == SPMD_OK) fail_msg("accepted; expected a refusal naming '%s'", what);
+    if (!strstr(spmd_last_error(), what)) fail_msg("'%s' does not name '%s'", spmd_last_error(), what);
+}
+
+static void test_bad_input_is_refused(void **state)
+{
+    (void)state;
+    setup s;
+    /* More stages than layers; fewer micro-batches than stages. */
+    expect_refused(make_staged(&s, &CFG, 5, 5, false), "5 stages for 4 layers");
+    setup_free(&s);
+    expect_refused(make_staged(&s, &CFG, 4, 2, false), "2 micro-batches for 4 stages");
+    setup_free(&s);
+    /* A mark over the stage axis; the stage axis independent, or the
+     * other way round. */
+    spmd_mesh *m = spmd_mesh_parse("2x2", "pp,data");
+    assert_int_equal(spmd_mesh_set_axis_independent(m, 1, true), SPMD_OK);
+    expect_refused(spmd_mesh_set_stage_axis(m, 1), "axis 'data' is independent");
+    assert_int_equal(spmd_mesh_set_axis_independent(m, 1, false), SPMD_OK);
+    assert_int_equal(spmd_mesh_set_stage_axis(m, 0), SPMD_OK);
+    assert_int_equal(spmd_mesh_stage_axis(m), 0);
+    expect_refused(spmd_mesh_set_axis_independent(m, 0, true), "axis 'pp' is the stage axis");
+    spmd_graph *g = spmd_graph_create(NULL);
+    spmd_gpt_tensors t;
+    assert_int_equal(spmd_gpt_build_stages(g, &CFG, MICRO, 2, 2, &t), SPMD_OK);
+    expect_refused(spmd_mark_sharding(g, t.input, m, "None, pp, None"), "stage axis");
+    /* The graph's stages must fit the axis: 4 stages on 2 devices. */
+    spmd_graph_free(g);
+    g = spmd_graph_create(NULL);
+    assert_int_equal(spmd_gpt_build_stages(g, &CFG, MICRO, 4, 4, &t), SPMD_OK);
+    assert_int_equal(spmd_mark_sharding(g, t.input, m, "None, data, None"), SPMD_OK);
+    spmd_graph_mark_output(g, t.loss);
+    expect_refused(spmd_compile(g, &(spmd_compile_options){.threads = 1}) ? SPMD_OK : spmd_last_status(),
+                   "has 2 devices");
+    spmd_graph_free(g);
+    /* A value read on another stage without a transfer. */
+    g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(g, "x", SPMD_F32, 2, (const int64_t[]){4, 4});
+    spmd_tensor *w = spmd_param(g, "w", 2, (const int64_t[]){4, 4}, (spmd_init){SPMD_INIT_NORMAL, 1});
+    spmd_graph_set_stage(g, 0);
+    spmd_tensor *y = spmd_matmul(g, x, w, false, false);
+    spmd_graph_set_stage(g, 1);
+    spmd_tensor *loss = spmd_mean(g, spmd_mul(g, y, y), 3, false);
+    assert_non_null(loss);
+    assert_int_equal(spmd_mark_sharding(g, x, m, "data, None"), SPMD_OK);
+    spmd_graph_mark_output(g, loss);
+    expect_refused(spmd_compile(g, &(spmd_compile_options){.threads = 1}) ? SPMD_OK : spmd_last_status(),
+                   "crosses stages only through spmd_stage_transfer");
+    spmd_graph_free(g);
+    /* Collectives in flight are not built with stages. */
+    g = spmd_graph_create(NULL);
+    assert_int_equal(spmd_gpt_build_stages(g, &CFG, MICRO, 2, 2, &t), SPMD_OK);
+    assert_int_equal(spmd_mark_sharding(g, t.input, m, "None, data, None"), SPMD_OK);
+    spmd_graph_mark_output(g, t.loss);
+    expect_refused(spmd_compile(g, &(spmd_compile_options){.threads = 1, .overlap = true})
+                       ? SPMD_OK : spmd_last_status(),
+                   "overlap");
+    spmd_graph_free(g);
+    /* A transfer to a stage of its own. */
+    g = spmd_graph_create(NULL);
+    x = spmd_input(g, "x", SPMD_F32, 1, (const int64_t[]){4});
+    assert_null(spmd_stage_transfer(g, x, 1, 1));
+    assert_non_null(strstr(spmd_last_error(), "from stage 1 to stage 1"));
+    spmd_graph_free(g);
+    spmd_mesh_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_stages_train_as_accumulation),
+        cmocka_unit_test(test_four_stages_train_as_accumulation),
+        cmocka_unit_test(test_an_uneven_split_trains_as_accumulation),
+        cmocka_unit_test(test_stages_beside_a_data_axis),
+        cmocka_unit_test(test_stages_fsdp_and_data),
+        cmocka_unit_test(test_same_seed_same_bits),
+        cmocka_unit_test(test_bad_input_is_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
