@@ -5,7 +5,7 @@ auxiliary load-balancing loss) in a small transformer-style model trains
 through libspmd.torch with AdamW as eager PyTorch does, on one device and
 on a 4x2 ('data', 'expert') mesh with the experts' weights split over
 'expert' and the groups over both axes; explain shows the tokens moving to
-their experts and back by all-to-all over 'expert'; the count of tokens
+their experts and back by all-to-all over 'expert', and no fallback; the count of tokens
 over capacity is a NumPy reference's of the same gating; a Mixtral-style
 layer, which gathers each expert's tokens at positions that depend on the
 values, is refused naming the op and why."""
@@ -193,6 +193,9 @@ def test_tokens_travel_to_their_experts_by_all_to_all():
     assert forward.count(("all-to-all", ("expert",))) == 2, forward
     assert all(kind in ("all-to-all", "all-reduce") for kind, _ in forward), forward
     assert "all-to-all" in step.explain_text()
+    # Nor backward: the experts' gradient moves back by all-to-all too,
+    # no operand is gathered whole for an op.
+    assert not report["fallbacks"], report["fallbacks"]
     sharding = {t["name"]: t["sharding"] for t in step.explain()["tensors"]}
     assert sharding["moe.w1"] == "expert, None, None", sharding["moe.w1"]
 
