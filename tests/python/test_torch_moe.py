@@ -80,10 +80,10 @@ class GShardMoE(nn.Module):
         xe = self.on_experts(torch.einsum("gsec,gsm->egcm", dispatch, x))
         h = F.gelu(torch.einsum("egcm,emh->egch", xe, self.w1))
         ye = self.on_experts(torch.einsum("egch,ehm->egcm", h, self.w2))
-        # torch's einsum orders the summed letters alphabetically: with the
-        # expert's letter before the capacity's, the merged (E, C) dim has
-        # E major, whose split the partitioner carries into it.
-        return torch.einsum("gsex,egxm->gsm", combine, ye), aux
+        # torch's einsum merges the summed letters alphabetically, (C, E)
+        # here; the lowering merges them as both operands hold them, E
+        # major, whose split over 'expert' the partitioner carries.
+        return torch.einsum("gsec,egcm->gsm", combine, ye), aux
 
     def on_experts(self, t):
         """GShard's annotation of [E, G, C, M]: E over 'expert', G over
