@@ -4,7 +4,8 @@
  * knows, as the checkpoint's "meta" object:
  *
  *   config     the model: {model, vocab, seq, context, layers, heads, dim,
- *              and with experts experts, top_k, capacity_factor} for a
+ *              and with experts experts, top_k, capacity_factor,
+ *              expert_blocks ("1,3")} for a
  *              GPT, {model, vocab, seq, layers, hidden} for the MLP
  *   optimizer  {kind, lr, schedule, warmup, steps, weight_decay, clip,
  *              and the kind's own: momentum, dampening, nesterov (sgd);
@@ -29,6 +30,7 @@
 #include "processes.h"
 #include "test_hooks.h"
 
+#include "models/gpt_moe.h"
 #include "spmd/checkpoint.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_fs.h"
@@ -47,6 +49,16 @@
 
 static const char *data_source(const cli_opts *o) { return o->data ? o->data : "arith"; }
 
+/* The blocks with experts, "1,3": which ones is the model's rule
+ * (gpt_moe_layer), saved so that a change of the rule is seen on resume. */
+static void expert_blocks(const spmd_gpt_config *cfg, char *buf, size_t size)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < cfg->layers && at < size; i++)
+        if (gpt_moe_layer(cfg, i)) at += (size_t)snprintf(buf + at, size - at, at ? ",%d" : "%d", i);
+}
+
 cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
 {
     cJSON *root = cJSON_CreateObject();
@@ -64,6 +76,9 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
             cJSON_AddNumberToObject(config, "experts", m->gpt.experts);
             cJSON_AddNumberToObject(config, "top_k", m->gpt.top_k);
             cJSON_AddNumberToObject(config, "capacity_factor", m->gpt.capacity_factor);
+            char blocks[256];
+            expert_blocks(&m->gpt, blocks, sizeof blocks);
+            cJSON_AddStringToObject(config, "expert_blocks", blocks);
         }
     } else {
         cJSON_AddNumberToObject(config, "layers", o->mlp.layers);
@@ -332,6 +347,34 @@ static bool differs_text(const char *flag, const cJSON *saved, const char *now)
     return true;
 }
 
+/* A number of a config, 0 when absent (a model without experts). */
+static double config_number(const cJSON *config, const char *key)
+{
+    const cJSON *n = item(config, key);
+    return cJSON_IsNumber(n) ? n->valuedouble : 0;
+}
+
+/* The experts' settings are the model's shape and routing, not a setting
+ * to change mid-run: refused when they differ, naming both sides. */
+static int compare_experts(const cli_opts *o, const cJSON *now, const cJSON *saved)
+{
+    const char *numbers[][2] = {{"--experts", "experts"},
+                                {"--experts-top-k", "top_k"},
+                                {"--capacity-factor", "capacity_factor"}};
+    for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++) {
+        double a = config_number(now, numbers[i][1]), b = config_number(saved, numbers[i][1]);
+        if ((float)a != (float)b)
+            return cli_fail("--resume %s: %s %g, but the checkpoint was trained with %s %g", o->resume,
+                            numbers[i][0], a, numbers[i][0], b);
+    }
+    const cJSON *a = item(now, "expert_blocks"), *b = item(saved, "expert_blocks");
+    if (cJSON_IsString(a) && cJSON_IsString(b) && strcmp(a->valuestring, b->valuestring))
+        return cli_fail("--resume %s: this run has experts in blocks %s, but the checkpoint in "
+                        "blocks %s",
+                        o->resume, a->valuestring, b->valuestring);
+    return 0;
+}
+
 /* The saved settings against the run's own; 0 or an exit code. */
 static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *meta)
 {
@@ -348,6 +391,7 @@ static int compare_settings(const cli_opts *o, const cli_model *m, const cJSON *
     else if (strcmp(kind->valuestring, item(item(now, "optimizer"), "kind")->valuestring))
         rc = cli_fail("--resume %s: --optimizer %s, but the checkpoint holds %s's state", o->resume,
                       item(item(now, "optimizer"), "kind")->valuestring, kind->valuestring);
+    if (!rc) rc = compare_experts(o, item(now, "config"), cfg);
     if (rc) {
         cJSON_Delete(now);
         return rc;
@@ -399,13 +443,22 @@ static int resume_copy(const cli_opts *o, const cli_model *m, spmd_program *p, i
 {
     int64_t saved = 0;
     char *text = NULL;
-    spmd_status st = m->copies > 1 ? spmd_checkpoint_load_copy(p, copy, o->resume, &saved, &text)
-                                   : spmd_checkpoint_load(p, o->resume, &saved, &text);
-    if (st != SPMD_OK) return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
+    /* The settings first: a different model is named as such, not as
+     * the first tensor whose shape differs. */
+    if (ckpt_read_meta(o->resume, &text) != SPMD_OK)
+        return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
     cJSON *meta = cJSON_Parse(text);
     free(text);
     int rc = meta ? compare_settings(o, m, meta)
                   : cli_fail("--resume %s: cannot parse its meta", o->resume);
+    cJSON_Delete(meta);
+    if (rc) return rc;
+    spmd_status st = m->copies > 1 ? spmd_checkpoint_load_copy(p, copy, o->resume, &saved, &text)
+                                   : spmd_checkpoint_load(p, o->resume, &saved, &text);
+    if (st != SPMD_OK) return cli_fail("--resume %s: %s", o->resume, spmd_last_error());
+    meta = cJSON_Parse(text);
+    free(text);
+    if (!meta) rc = cli_fail("--resume %s: cannot parse its meta", o->resume);
     const cJSON *pos = item(item(meta, "data"), "samples");
     if (!rc && !cJSON_IsNumber(pos))
         rc = cli_fail("--resume %s: its meta lacks the data position (data.samples)", o->resume);

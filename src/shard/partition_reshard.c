@@ -391,6 +391,22 @@ static bool note_fallback(builder *b, int tensor, int consumer)
     return true;
 }
 
+/* The mesh axes of the dims of s. */
+static uint32_t split_axes(const sharding *s)
+{
+    uint32_t mask = 0;
+    for (int i = 0; i < s->rank; i++) mask |= mesh_axes_mask(&s->dim[i]);
+    return mask;
+}
+
+/* Whether every split dim of x under s is split exactly (no padding). */
+static bool split_exactly(const spmd_mesh *m, const sharding *s, const spmd_tensor *x)
+{
+    for (int i = 0; i < s->rank; i++)
+        if (x->dims[i] % sharding_blocks(s, m, i) != 0) return false;
+    return true;
+}
+
 /* An operand arriving split on a dim its op cannot split that way is a
  * fallback: counted, shown by explain.  The op cannot when the dim is FULL
  * or unmapped, or when its iteration cannot be cut into that many blocks
@@ -399,13 +415,21 @@ static bool note_fallback(builder *b, int tensor, int consumer)
  * shard before use is the FSDP plan itself: a LayerNorm scale is always
  * gathered), the keys and values of attention gathered along the
  * sequence (sequence-split attention's plan), and an axis the op gave to
- * another dim (a choice the cost model made). */
+ * another dim (a choice the cost model made; for a reshape, any axis its
+ * need keeps). */
 bool part_check_fallback(builder *b, const spmd_tensor *t, int j, const sharding *have,
                          const sharding *need)
 {
     const partition *p = b->p;
     const shard_node *n = &p->prop.nodes[t->id];
     if (ir_is_persistent(t->in[j])) return true;
+    /* A reshape (no signature) gathers only the axes its need drops; one
+     * that moves an exact split to another dim ([E, G, ...] split on G
+     * over (data, expert) to E over expert, G over data: GShard's
+     * experts) is an all-to-all, nothing gathered whole. */
+    if (!n->sig && (split_axes(have) & ~split_axes(need)) == 0 &&
+        split_exactly(p->m, have, t->in[j]))
+        return true;
     bool keys = (t->op == IR_ATTENTION || t->op == IR_ATTENTION_BACKWARD) && (j == 1 || j == 2);
     for (int i = 0; i < have->rank; i++) {
         if (have->dim[i].n <= need->dim[i].n || (keys && i == 1)) continue;

@@ -52,6 +52,12 @@ typedef struct ckpt_layout {
     int *by_size;       /* block indices, largest first (ties: in order) */
 } ckpt_layout;
 
+/* The saved "meta" of the checkpoint in `dir` (as spmd_checkpoint_load
+ * finds it) as text the caller frees with free(), read before any tensor:
+ * a caller can refuse settings that differ before the tensors' shapes
+ * do. */
+spmd_status ckpt_read_meta(const char *dir, char **meta_json);
+
 /* A test's hook into spmd_checkpoint_load, called with the step
  * directory once everything is checked and just before the first byte is
  * written into the program: a test can change a file there, as an I/O

@@ -584,6 +584,19 @@ static spmd_status load(loader *L, int copy, const char *dir, int64_t *step, cha
     return SPMD_OK;
 }
 
+spmd_status ckpt_read_meta(const char *dir, char **meta_json)
+{
+    *meta_json = NULL;
+    if (!dir || !dir[0]) return base_error(SPMD_ERR_INVALID, WHAT ": no directory given");
+    loader L = {0};
+    int64_t step = 0;
+    spmd_status st = find_step_dir(&L, dir);
+    if (st == SPMD_OK) st = read_index(&L, &step);
+    if (st == SPMD_OK) st = copy_meta(&L, meta_json);
+    loader_free(&L);
+    return st;
+}
+
 spmd_status spmd_checkpoint_load(spmd_program *p, const char *dir, int64_t *step, char **meta_json)
 {
     return spmd_checkpoint_load_copy(p, -1, dir, step, meta_json);

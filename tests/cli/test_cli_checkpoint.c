@@ -395,6 +395,31 @@ static void test_damaged_checkpoints_refused(void **state)
     expect_refused(path, "", (const char *[]){"none", NULL});
 }
 
+/* The experts' settings are the model's: a resume that changes one is
+ * refused before any tensor is read, naming the flag and both values. */
+static void test_expert_settings_refused(void **state)
+{
+    (void)state;
+    char ck[128];
+    snprintf(ck, sizeof ck, "%s/experts", dir);
+    tool(0, "train " SMALL " --layers 2 --experts 4 --experts-top-k 2 --steps 2 --save %s", ck);
+    const char *moe = "--layers 2 --experts 4 --experts-top-k 2";
+    char flags[128];
+    snprintf(flags, sizeof flags, "--layers 2 --experts 8 --experts-top-k 2");
+    expect_refused(ck, flags, (const char *[]){"--experts 8", "trained with --experts 4", NULL});
+    snprintf(flags, sizeof flags, "%s --experts-top-k 1", moe);
+    expect_refused(ck, flags,
+                   (const char *[]){"--experts-top-k 1", "trained with --experts-top-k 2", NULL});
+    snprintf(flags, sizeof flags, "%s --capacity-factor 2", moe);
+    expect_refused(ck, flags,
+                   (const char *[]){"--capacity-factor 2", "trained with --capacity-factor", NULL});
+    expect_refused(ck, "--layers 2",
+                   (const char *[]){"--experts 0", "trained with --experts 4", NULL});
+    /* The same settings resume. */
+    tool(0, "train " SMALL " %s --steps 3 --resume %s", moe, ck);
+    has(out, "resumed: step 2 of 3");
+}
+
 /* Settings that differ from the saved ones are named in a warning. */
 static void test_changed_settings_warned(void **state)
 {
@@ -540,6 +565,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_release_ignores_the_save_pause, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interrupted_run_saved, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_checkpoints_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_expert_settings_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_changed_settings_warned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_accumulate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_optimizer_flags, setup, teardown),

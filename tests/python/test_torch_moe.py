@@ -5,7 +5,7 @@ auxiliary load-balancing loss) in a small transformer-style model trains
 through libspmd.torch with AdamW as eager PyTorch does, on one device and
 on a 4x2 ('data', 'expert') mesh with the experts' weights split over
 'expert' and the groups over both axes; explain shows the tokens moving to
-their experts and back by all-to-all over 'expert'; the count of tokens
+their experts and back by all-to-all over 'expert', and no fallback; the count of tokens
 over capacity is a NumPy reference's of the same gating; a Mixtral-style
 layer, which gathers each expert's tokens at positions that depend on the
 values, is refused naming the op and why."""
@@ -80,10 +80,10 @@ class GShardMoE(nn.Module):
         xe = self.on_experts(torch.einsum("gsec,gsm->egcm", dispatch, x))
         h = F.gelu(torch.einsum("egcm,emh->egch", xe, self.w1))
         ye = self.on_experts(torch.einsum("egch,ehm->egcm", h, self.w2))
-        # torch's einsum orders the summed letters alphabetically: with the
-        # expert's letter before the capacity's, the merged (E, C) dim has
-        # E major, whose split the partitioner carries into it.
-        return torch.einsum("gsex,egxm->gsm", combine, ye), aux
+        # torch's einsum merges the summed letters alphabetically, (C, E)
+        # here; the lowering merges them as both operands hold them, E
+        # major, whose split over 'expert' the partitioner carries.
+        return torch.einsum("gsec,egcm->gsm", combine, ye), aux
 
     def on_experts(self, t):
         """GShard's annotation of [E, G, C, M]: E over 'expert', G over
@@ -193,6 +193,9 @@ def test_tokens_travel_to_their_experts_by_all_to_all():
     assert forward.count(("all-to-all", ("expert",))) == 2, forward
     assert all(kind in ("all-to-all", "all-reduce") for kind, _ in forward), forward
     assert "all-to-all" in step.explain_text()
+    # Nor backward: the experts' gradient moves back by all-to-all too,
+    # no operand is gathered whole for an op.
+    assert not report["fallbacks"], report["fallbacks"]
     sharding = {t["name"]: t["sharding"] for t in step.explain()["tensors"]}
     assert sharding["moe.w1"] == "expert, None, None", sharding["moe.w1"]
 

@@ -13,6 +13,9 @@
  *   Plain data parallelism (mesh 8 data): one all-reduce per gradient,
  *     no all-gather.
  *   Batch only on replica, weights on fsdp: what the fsdp pairs exchange.
+ *   A reshape that moves an axis to another dim (GShard's experts, mesh
+ *     4x2 data,expert): one all-to-all, no fallback; one whose output is
+ *     wanted whole: a gather, a fallback.
  *   Megatron tensor parallelism (mesh 2x4 data,model): one all-reduce over
  *     model forward and one backward per block (the first block's backward
  *     one merged into the first layer's gradient sum when that layer is
@@ -539,6 +542,58 @@ static void test_unsplittable_batch_is_a_fallback(void **state)
     case_close(&c, build_mlp, &cfg);
 }
 
+/* GShard's experts, backward: the gradient of [E, G, C, M] comes as
+ * [E, G, C, M, 1] split on G over (data, expert), and the reshape that
+ * drops the 1 is wanted as E over expert, G over data.  The reshape
+ * could carry either; moving 'expert' from G to E is one all-to-all and
+ * nothing is gathered whole, so it is no fallback.  A reshape whose
+ * output is wanted whole gathers its operand: that one is. */
+static spmd_program *experts_reshape(const spmd_mesh *m, const char *out_spec, spmd_graph **g)
+{
+    *g = spmd_graph_create(NULL);
+    spmd_tensor *x = spmd_input(*g, "x", SPMD_F32, 5, D(4, 8, 4, 16, 1));
+    assert_non_null(x);
+    assert_int_equal(spmd_mark_sharding(*g, x, m, "None, (data, expert), None, None, None"), SPMD_OK);
+    spmd_tensor *y = spmd_reshape(*g, x, 4, D(4, 8, 4, 16));
+    assert_non_null(y);
+    assert_int_equal(spmd_mark_sharding(*g, y, m, out_spec), SPMD_OK);
+    assert_int_equal(spmd_graph_mark_output(*g, y), SPMD_OK);
+    spmd_program *p = spmd_compile(*g, &(spmd_compile_options){.threads = 8});
+    if (!p) fail_msg("compile: %s", spmd_last_error());
+    float v[4 * 8 * 4 * 16], back[4 * 8 * 4 * 16];
+    for (int i = 0; i < 4 * 8 * 4 * 16; i++) v[i] = (float)i;
+    assert_int_equal(spmd_program_set_input(p, x, v, sizeof v), SPMD_OK);
+    assert_int_equal(spmd_program_run(p), SPMD_OK);
+    assert_int_equal(spmd_program_read(p, y, back, sizeof back), SPMD_OK);
+    assert_memory_equal(v, back, sizeof v);
+    return p;
+}
+
+static void test_reshape_moving_an_axis_is_no_fallback(void **state)
+{
+    (void)state;
+    spmd_mesh *m = spmd_mesh_parse("4x2", "data,expert");
+    spmd_graph *g;
+    spmd_program *p = experts_reshape(m, "expert, data, None, None", &g);
+    const partition *pt = executor_partition(p);
+    print_colls("reshape to the experts' layout (mesh 4x2)", pt);
+    assert_int_equal(pt->n_fallbacks, 0);
+    assert_int_equal(pt->n_colls, 1);
+    assert_int_equal(pt->colls[0].kind, IR_ALL_TO_ALL);
+    assert_true(axes_are(m, &pt->colls[0].axes, "expert"));
+    spmd_program_free(p);
+    spmd_graph_free(g);
+
+    p = experts_reshape(m, "None, None, None, None", &g);
+    pt = executor_partition(p);
+    print_colls("reshape to a whole output (mesh 4x2)", pt);
+    assert_int_equal(pt->n_fallbacks, 1);
+    assert_int_equal(pt->fallbacks[0].tensor, spmd_graph_find(g, "x")->id);
+    spmd_program_free(p);
+    spmd_graph_free(g);
+    spmd_mesh_free(m);
+}
+
 /* ---- 3. Batch on replica only, weights on fsdp ---------------------------------------------- */
 
 /* With the batch not split over fsdp, the fsdp pairs hold the same rows:
@@ -671,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_fsdp_in_replicas_uneven),
         cmocka_unit_test(test_data_parallel),
         cmocka_unit_test(test_unsplittable_batch_is_a_fallback),
+        cmocka_unit_test(test_reshape_moving_an_axis_is_no_fallback),
         cmocka_unit_test(test_replica_input_fsdp_weights),
         cmocka_unit_test(test_megatron_one_block),
         cmocka_unit_test(test_megatron_two_blocks),

@@ -10,7 +10,9 @@
  *   counts the experts' parameters as the graph holds them.
  * - Structure: each MoE block costs two all-to-alls over 'expert' forward
  *   and two backward, and no activation is all-gathered over any axis;
- *   each device holds E/n experts' weights.
+ *   each device holds E/n experts' weights: in the partitioned graph, and
+ *   in the bytes the executor keeps for them and their optimizer state
+ *   (a quarter of one device's on mesh 4, at most that on the others).
  * - Refusals: an expert axis that does not divide E, top-k above E, a
  *   capacity below one token, each naming its numbers.
  */
@@ -49,6 +51,7 @@ typedef struct moe_run {
     float loss[STEPS], dropped[STEPS];
     float *weight; /* h.1.moe.c_fc.weight after the steps */
     size_t bytes;
+    size_t expert_bytes; /* the experts' weights and state a device holds */
 } moe_run;
 
 /* Marks g for case c (NULL: one device, nothing marked): the experts
@@ -66,6 +69,30 @@ static void mark(spmd_graph *g, spmd_gpt_tensors *t, const spmd_mesh *mesh, cons
     assert_int_equal(c->fsdp ? spmd_fsdp_wrap(g, mesh, c->fsdp, in, 2, NULL)
                              : spmd_shard_batch(g, mesh, in, 2, NULL),
                      SPMD_OK);
+}
+
+/* The bytes device `dev` holds for the experts' weights and biases
+ * (h.*.moe.c_fc, c_proj) and their optimizer state, as the executor
+ * keeps them: the measured side of each device holding E/n experts. */
+static size_t expert_bytes(const spmd_graph *g, const spmd_program *p, int dev)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < spmd_graph_tensor_count(g); i++) {
+        const spmd_tensor *t = spmd_graph_tensor(g, i);
+        const char *name = spmd_tensor_name(t);
+        if (!name || !strstr(name, ".moe.c_") || !executor_keeps(p, t)) continue;
+        int pieces;
+        assert_int_equal(executor_block_pieces(p, t, &pieces), SPMD_OK);
+        for (int k = 0; k < pieces; k++) {
+            executor_block b;
+            assert_int_equal(executor_block_of(p, t, dev, k, &b), SPMD_OK);
+            assert_non_null(b.data);
+            size_t n = sizeof(float);
+            for (int d = 0; d < b.rank; d++) n *= (size_t)b.ldims[d];
+            bytes += n;
+        }
+    }
+    return bytes;
 }
 
 static void train(const moe_case *c, moe_run *r)
@@ -92,6 +119,9 @@ static void train(const moe_case *c, moe_run *r)
         assert_int_equal(spmd_program_read(p, t.dropped, &r->dropped[s], sizeof r->dropped[s]),
                          SPMD_OK);
     }
+    r->expert_bytes = expert_bytes(g, p, 0);
+    for (int d = 1; d < spmd_program_devices(p); d++)
+        assert_int_equal(expert_bytes(g, p, d), r->expert_bytes);
     spmd_tensor *w = spmd_graph_find(g, "h.1.moe.c_fc.weight");
     r->bytes = (size_t)spmd_tensor_numel(w) * sizeof(float);
     r->weight = malloc(r->bytes);
@@ -127,6 +157,14 @@ static void test_gpt_equals_one_device(void **state)
                 fail_msg("mesh %s (%s): step %d dropped %g, one device %g", CASES[k].shape,
                          CASES[k].axes, s, r.dropped[s], one.dropped[s]);
         }
+        /* A device holds a quarter of the experts' weights and state on
+         * mesh 4; less where the other axes split the state (ZeRO) or
+         * the weights too. */
+        bool expert_only = !strcmp(CASES[k].shape, "4");
+        if (expert_only ? r.expert_bytes * 4 != one.expert_bytes
+                        : r.expert_bytes * 4 > one.expert_bytes)
+            fail_msg("mesh %s (%s): a device holds %zu bytes of experts, one device %zu",
+                     CASES[k].shape, CASES[k].axes, r.expert_bytes, one.expert_bytes);
         for (size_t i = 0; i < r.bytes / sizeof(float); i++)
             if (fabsf(r.weight[i] - one.weight[i]) > 1e-5f)
                 fail_msg("mesh %s (%s): expert weight [%zu] %.7f, one device %.7f", CASES[k].shape,

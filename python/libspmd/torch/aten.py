@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from . import attention, constraint, ranges
+from . import attention, constraint, contraction, ranges
 from .graph import Ref
 from .lowering import Unavailable
 
@@ -186,13 +186,16 @@ def _batched_transpose(cx, x):
 
 @lowers("aten.bmm.default")
 def bmm(cx, a, b):
-    """libspmd's bmm (a transposed operand read through its flag), or its attention where the
-    operands are causal self-attention's."""
+    """libspmd's bmm (a transposed operand read through its flag; several contracted dims
+    merged in the order the operands hold them), or its attention where the operands are
+    causal self-attention's."""
     a, b = cx.ref(a), cx.ref(b)
     fused = attention.match(cx, a, b)  # softmax(q k^T / sqrt(hd), causal) @ v
     if fused is not None:
         return fused
     ta, tb = _batched_transpose(cx, a), _batched_transpose(cx, b)
+    if ta is None and tb is None:
+        a, b = contraction.reorder(cx, a, b) or (a, b)  # einsum's merged sums, source order
     return cx.emit("bmm", ta if ta is not None else a, tb if tb is not None else b,
                    ta is not None, tb is not None)
 
