@@ -259,6 +259,48 @@ static int collect(const char *path, const cJSON *events, const spmd_program *p,
     return rc;
 }
 
+/* Each device's idle fraction over the traced steps (explain_trace.h):
+ * 1 - (its compute boxes, stage transfers left out, and its update) over
+ * (its steps' boxes).  A device's tracks are its id; its communication
+ * thread's (ids from the mesh's size up) are left out.  0, or 1. */
+static int idle_fractions(const cJSON *events, int devices, explain_measured *out)
+{
+    double *step = calloc((size_t)devices, sizeof *step), *busy = calloc((size_t)devices, sizeof *busy);
+    out->idle = calloc((size_t)devices, sizeof *out->idle);
+    if (!step || !busy || !out->idle) {
+        free(step), free(busy);
+        return cli_fail("--trace: out of memory"), 1;
+    }
+    out->n_devices = devices;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events)
+    {
+        const char *cat = string_of(e, "cat"), *op = string_of(cJSON_GetObjectItemCaseSensitive(e, "args"), "op");
+        double tid, dur;
+        if (!cat || !number_of(e, "tid", &tid) || !number_of(e, "dur", &dur) || tid < 0 || tid >= devices ||
+            tid != floor(tid))
+            continue;
+        if (!strcmp(cat, "step")) step[(int)tid] += dur;
+        else if (!strcmp(cat, "update") || (!strcmp(cat, "compute") && op && strcmp(op, "stage_transfer")))
+            busy[(int)tid] += dur;
+    }
+    for (int d = 0; d < devices; d++) {
+        double f = step[d] > 0 ? 1 - busy[d] / step[d] : NAN;
+        out->idle[d] = isnan(f) ? f : f < 0 ? 0 : f > 1 ? 1 : f; /* clock rounding at the ends */
+    }
+    free(step), free(busy);
+    return 0;
+}
+
+double explain_idle_mean(const explain_measured *m)
+{
+    double sum = 0;
+    int n = 0;
+    for (int d = 0; d < m->n_devices; d++)
+        if (!isnan(m->idle[d])) sum += m->idle[d], n++;
+    return n ? sum / n : NAN;
+}
+
 int explain_trace_read(const char *path, const cli_opts *o, double params, const char *mesh,
                        const spmd_program *p, explain_measured *out)
 {
@@ -309,6 +351,7 @@ int explain_trace_read(const char *path, const cli_opts *o, double params, const
         qsort(durs[i], (size_t)k, sizeof *durs[i], by_value);
         out->median_us[i] = k % 2 ? durs[i][k / 2] : 0.5 * (durs[i][k / 2 - 1] + durs[i][k / 2]);
     }
+    if (!rc && o->pp) rc = idle_fractions(events, spmd_program_devices(p), out);
     for (int i = 0; durs && i < n; i++) free(durs[i]);
     free(durs);
     cJSON_Delete(root);
@@ -322,5 +365,6 @@ void explain_measured_free(explain_measured *m)
 {
     free(m->median_us);
     free(m->samples);
+    free(m->idle);
     *m = (explain_measured){0};
 }

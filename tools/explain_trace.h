@@ -16,16 +16,23 @@ typedef struct explain_measured {
     double *median_us; /* over every traced run of it on every device; NAN: never traced */
     int *samples;      /* how many boxes the median is of */
     int first_step, last_step;
+    /* With pipeline stages (--pp), per mesh device: the fraction of the
+     * traced steps it was not computing (waiting in its stage transfers,
+     * or to wake); NAN: none of its steps traced.  NULL without stages. */
+    int n_devices;
+    double *idle;
 } explain_measured;
 
 /* Reads `path` and checks it is a trace of this plan: the run's model,
  * parameter count and mesh (o->model, `params`, `mesh`, as explain names
  * them) and every traced collective's kind, bytes and value against
- * program p's.  0, or 2 with a message naming what differs: the traced
+ * program p's; with --pp, each device's idle fraction.  0, or 2 with a message naming what differs: the traced
  * run's flags that differ from o's, then the figures (or 1 when the file
  * cannot be read). */
 int explain_trace_read(const char *path, const cli_opts *o, double params, const char *mesh,
                        const spmd_program *p, explain_measured *out);
+/* The measured idle fractions' mean over the devices traced; NAN: none. */
+double explain_idle_mean(const explain_measured *m);
 void explain_measured_free(explain_measured *m);
 
 #endif

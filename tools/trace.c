@@ -255,6 +255,7 @@ static int process_events(const cli_opts *o, const spmd_program *p, const trace_
             cli_fail("--trace: %s", spmd_last_error());
             return 1;
         }
+        if (i < n && e.kind == SPMD_TRACE_OFF_STAGE) continue; /* another stage's: not run here */
         /* After a device's last event, it waited for the other devices
          * and the caller to end the run (a wake-up under load). */
         if (device >= 0 && (e.kind == SPMD_TRACE_RUN || e.device != device) && run_end > last_end)
@@ -342,7 +343,9 @@ static int plot_first_step(const cli_opts *o, const spmd_program *p)
     }
     for (int i = 0; i < n; i++) {
         spmd_trace_event e;
-        if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.run >= micro_batches(o)) continue;
+        if (spmd_program_trace_event(p, i, &e) != SPMD_OK || e.run >= micro_batches(o) ||
+            e.kind == SPMD_TRACE_OFF_STAGE)
+            continue;
         bool coll = e.kind == SPMD_TRACE_COLLECTIVE || e.kind == SPMD_TRACE_IN_FLIGHT;
         if (!coll || spmd_program_collective(p, e.collective, &colls[kept]) != SPMD_OK)
             colls[kept] = (spmd_collective_info){.kind = NULL};

@@ -536,7 +536,10 @@ typedef enum spmd_trace_kind {
      * wait_us is how long thread 0 waited for its result.  Its place in
      * the schedule is a SPMD_TRACE_COLLECTIVE event too, of next to no
      * time: the device's steps still add up to the run. */
-    SPMD_TRACE_IN_FLIGHT
+    SPMD_TRACE_IN_FLIGHT,
+    /* A node of another pipeline stage, which this device skips: no time,
+     * where the device's step before it ended. */
+    SPMD_TRACE_OFF_STAGE
 } spmd_trace_kind;
 
 typedef struct spmd_trace_event {

@@ -54,7 +54,7 @@ static spmd_tensor *micro_rows(spmd_graph *g, spmd_tensor *ids, int m)
 /* Micro-batch m's forward pass and loss, stage by stage. */
 static spmd_tensor *micro_batch(spmd_graph *g, const spmd_gpt_config *cfg, int stages, int m,
                                 spmd_tensor *ids, spmd_tensor *targets, spmd_tensor *wte,
-                                spmd_tensor *wpe, spmd_tensor **head_wte, spmd_tensor **logits)
+                                spmd_tensor *wpe, spmd_tensor *head_wte, spmd_tensor **logits)
 {
     int64_t t = cfg->seq, c = cfg->dim;
     gpt_name_micro_batch(m);
@@ -69,11 +69,7 @@ static spmd_tensor *micro_batch(spmd_graph *g, const spmd_gpt_config *cfg, int s
                        spmd_gpt_stage_first_layer(cfg->layers, stages, s + 1), x);
     }
     x = gpt_layernorm(g, x, "ln_f", c);
-    /* The tied head reads wte from the first stage: one transfer for
-     * every micro-batch, its gradient summed on the last before it goes
-     * back. */
-    if (!*head_wte) *head_wte = stages > 1 ? spmd_stage_transfer(g, wte, 0, stages - 1) : wte;
-    spmd_tensor *y = gpt_named(g, spmd_matmul(g, x, *head_wte, false, true), "logits");
+    spmd_tensor *y = gpt_named(g, spmd_matmul(g, x, head_wte, false, true), "logits");
     if (m == 0) *logits = y;
     return spmd_cross_entropy(g, y, micro_rows(g, targets, m));
 }
@@ -97,9 +93,17 @@ spmd_status spmd_gpt_build_stages(spmd_graph *g, const spmd_gpt_config *cfg, int
     spmd_graph_set_stage(g, 0);
     spmd_tensor *wte = spmd_param(g, "wte.weight", 2, (const int64_t[]){v, c}, emb_init);
     spmd_tensor *wpe = spmd_param(g, "wpe.weight", 2, (const int64_t[]){gpt_context(cfg), c}, emb_init);
-    spmd_tensor *head_wte = NULL, *logits = NULL, *sum = NULL;
+    /* The tied head reads wte from the first stage: one transfer for
+     * every micro-batch, its gradient summed on the last before it goes
+     * back. It comes first in the schedule (its gradient last): placed at
+     * micro-batch 0's head, it would hold the first stage at its second
+     * micro-batch until the last stage's first ended (a forward's time
+     * more of bubble), its gradient the same in the backward. */
+    spmd_graph_set_stage(g, stages - 1);
+    spmd_tensor *head_wte = stages > 1 ? spmd_stage_transfer(g, wte, 0, stages - 1) : wte;
+    spmd_tensor *logits = NULL, *sum = NULL;
     for (int m = 0; m < micro_batches; m++) {
-        spmd_tensor *loss = micro_batch(g, cfg, stages, m, ids, targets, wte, wpe, &head_wte, &logits);
+        spmd_tensor *loss = micro_batch(g, cfg, stages, m, ids, targets, wte, wpe, head_wte, &logits);
         sum = !sum || !loss ? loss : spmd_add(g, sum, loss);
         if (!sum) break;
     }

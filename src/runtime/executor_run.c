@@ -95,7 +95,13 @@ static void run_worker(void *ctx, int ith, int nth)
             if (tr && last >= 0) tr[2 + 2 * last] = trace_clock(p);
             break;
         }
-        if (skipped) continue;
+        if (skipped) {
+            /* Another stage's node: no time, where the last step run ended
+             * (a reference to its slot, which a solo step's barrier may
+             * still write; executor_timeline.c resolves it). */
+            if (tr && !exec_on_stage(d, t)) tr[1 + 2 * s] = tr[2 + 2 * s] = -1 - (last >= 0 ? 2 + 2 * last : 0);
+            continue;
+        }
         if (flying) {
             /* In flight on the communication thread: nothing to run here. */
             if (tr) tr[1 + 2 * s] = tr[2 + 2 * s] = trace_clock(p);

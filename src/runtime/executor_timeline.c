@@ -83,6 +83,14 @@ int spmd_program_trace_count(const spmd_program *p)
 
 static double to_us(int64_t ns) { return (double)ns / 1e3; }
 
+/* The time in a step's end slot; a step of another stage (which its
+ * device skips) holds -1 - the slot of where the device's step before it
+ * ended (executor_run.c). */
+static int64_t ended(const int64_t *row, size_t slot)
+{
+    return row[slot] >= 0 ? row[slot] : row[-1 - row[slot]];
+}
+
 spmd_status spmd_program_trace_event(const spmd_program *p, int i, spmd_trace_event *out)
 {
     if (!out) return base_error(SPMD_ERR_INVALID, "trace_event: out is NULL");
@@ -136,13 +144,17 @@ spmd_status spmd_program_trace_event(const spmd_program *p, int i, spmd_trace_ev
     } else {
         /* A step begins where the one before it (of those this run ran) ended. */
         int s = micro ? tr->micro_steps[j] : j;
-        int64_t begin = j == 0 ? row[0] : row[2 + 2 * (micro ? tr->micro_steps[j - 1] : j - 1)];
+        int64_t begin = j == 0 ? row[0] : ended(row, 2 + 2 * (micro ? tr->micro_steps[j - 1] : j - 1));
         t = p->c.plan.steps[s];
         out->start_us = to_us(begin);
-        out->dur_us = to_us(row[2 + 2 * s] - begin);
-        out->wait_us = to_us(row[2 + 2 * s] - row[1 + 2 * s]);
         out->collective = tr->collective[t->id];
-        out->kind = out->collective >= 0 ? SPMD_TRACE_COLLECTIVE : SPMD_TRACE_COMPUTE;
+        if (row[2 + 2 * s] < 0) {
+            out->kind = SPMD_TRACE_OFF_STAGE;
+        } else {
+            out->dur_us = to_us(row[2 + 2 * s] - begin);
+            out->wait_us = to_us(row[2 + 2 * s] - row[1 + 2 * s]);
+            out->kind = out->collective >= 0 ? SPMD_TRACE_COLLECTIVE : SPMD_TRACE_COMPUTE;
+        }
     }
     out->op = fusion_group(&p->c.fusion, t) ? "fused" : ir_op_name(t->op);
     if (t->name) snprintf(out->name, sizeof out->name, "%s", t->name);

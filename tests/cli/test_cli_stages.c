@@ -4,7 +4,8 @@
  * stages x 2 fsdp x 2 data, trains
  * as --accumulate M does on one device (the losses within 1e-5 relative
  * over the steps), a rerun gives the same bits, the banner and explain
- * show the stages, and what is not built or makes no pipeline is refused
+ * show the stages, explain shows the bubble computed and measured from a
+ * trace, and what is not built or makes no pipeline is refused
  * naming the flags.
  */
 #include <setjmp.h>
@@ -128,6 +129,74 @@ static void test_explain_shows_the_stages(void **state)
     has("of activations at most");
 }
 
+/* A file's whole text, parsed. */
+static cJSON *read_json(const char *path)
+{
+    static char text[1 << 23];
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("no file %s", path);
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    cJSON *j = cJSON_Parse(text);
+    if (!j) fail_msg("%s is not JSON", path);
+    return j;
+}
+
+/* The bubble: explain shows GPipe's computed (S-1)/(M+S-1) and, from a
+ * trace of --threads 1 on 2 stages x 8 micro-batches, each device's
+ * measured idle fraction, finite and in [0, 1] (how near the computed
+ * one it comes depends on the machine's load: docs/design/stages.md).
+ * The trace holds only each device's own stage's nodes. */
+static void test_bubble_computed_and_measured(void **state)
+{
+    (void)state;
+    const char *flags = "--mesh 2 --axes pp --pp pp --microbatches 8 --layers 4 --dim 32 --heads 2 "
+                        "--seq 16 --batch 4 --threads 1";
+    char trace[128], report[128];
+    snprintf(trace, sizeof trace, "%s/trace.json", dir);
+    snprintf(report, sizeof report, "%s/explain.json", dir);
+    tool(0, "explain %s", flags);
+    has("schedule: GPipe, 8 micro-batches over 2 stages");
+    has("bubble (S-1)/(M+S-1) = 1/9 = 11.1% of a step idle on each device");
+    tool(0, "train --steps 3 --eval 0 %s --trace %s", flags, trace);
+    cJSON *t = read_json(trace);
+    const cJSON *e;
+    int boxes = 0;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(t, "traceEvents"))
+    {
+        const cJSON *op = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "args"), "op");
+        const cJSON *tid = cJSON_GetObjectItemCaseSensitive(e, "tid");
+        if (!cJSON_IsString(op) || !cJSON_IsNumber(tid)) continue;
+        boxes++;
+        /* The embedding is the first stage's (device 0), the loss the last's. */
+        if (!strcmp(op->valuestring, "embedding")) assert_int_equal(tid->valueint, 0);
+        if (!strcmp(op->valuestring, "cross_entropy")) assert_int_equal(tid->valueint, 1);
+    }
+    assert_true(boxes > 0);
+    cJSON_Delete(t);
+    tool(0, "explain %s --trace %s --json %s", flags, trace, report);
+    has("measured idle (steps 1 to 3");
+    cJSON *j = read_json(report);
+    remove(trace);
+    remove(report);
+    const cJSON *pipe = cJSON_GetObjectItemCaseSensitive(j, "pipeline");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(pipe, "schedule")->valuestring, "gpipe");
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(pipe, "stages")->valueint, 2);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(pipe, "microbatches")->valueint, 8);
+    assert_true(fabs(cJSON_GetObjectItemCaseSensitive(pipe, "bubble")->valuedouble - 1.0 / 9) < 1e-12);
+    const cJSON *idle = cJSON_GetObjectItemCaseSensitive(pipe, "measured_idle");
+    assert_int_equal(cJSON_GetArraySize(idle), 2);
+    cJSON_ArrayForEach(e, idle)
+    {
+        assert_true(cJSON_IsNumber(e));
+        assert_true(isfinite(e->valuedouble) && e->valuedouble >= 0 && e->valuedouble <= 1);
+    }
+    double mean = cJSON_GetObjectItemCaseSensitive(pipe, "measured_idle_mean")->valuedouble;
+    assert_true(isfinite(mean) && mean >= 0 && mean <= 1);
+    cJSON_Delete(j);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -169,6 +238,7 @@ int main(void)
         cmocka_unit_test(test_two_stages_two_replicas),
         cmocka_unit_test(test_stages_fsdp_data),
         cmocka_unit_test(test_explain_shows_the_stages),
+        cmocka_unit_test(test_bubble_computed_and_measured),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

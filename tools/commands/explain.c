@@ -64,6 +64,46 @@ static cJSON *measured_json(const spmd_program *p, const explain_measured *meas)
     return list;
 }
 
+/* GPipe's bubble: of a step's M + S - 1 slots of micro-batch work
+ * (forward, then backward), each stage computes in M and waits in S - 1. */
+static double gpipe_bubble(const cli_model *m)
+{
+    return (double)(m->stages - 1) / (m->micro_batches + m->stages - 1);
+}
+
+/* With --pp: the schedule, its computed bubble and, from a trace, each
+ * device's measured idle fraction (docs/design/stages.md, "The bubble"). */
+static void put_schedule(const cli_model *m, const explain_measured *meas)
+{
+    printf("\nschedule: GPipe, %d micro-batches over %d stages (every forward, then every backward); "
+           "bubble (S-1)/(M+S-1) = %d/%d = %.1f%% of a step idle on each device\n",
+           m->micro_batches, m->stages, m->stages - 1, m->micro_batches + m->stages - 1, 100 * gpipe_bubble(m));
+    if (!meas->idle) return;
+    printf("  measured idle (steps %d to %d: not computing, in stage transfers or waiting to wake):",
+           meas->first_step, meas->last_step);
+    for (int d = 0; d < meas->n_devices; d++)
+        if (!isnan(meas->idle[d])) printf(" device %d %.1f%%,", d, 100 * meas->idle[d]);
+    printf(" mean %.1f%%\n", 100 * explain_idle_mean(meas));
+}
+
+static cJSON *pipeline_json(const cli_model *m, const explain_measured *meas)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "schedule", "gpipe");
+    cJSON_AddNumberToObject(o, "stages", m->stages);
+    cJSON_AddNumberToObject(o, "microbatches", m->micro_batches);
+    cJSON_AddNumberToObject(o, "bubble", gpipe_bubble(m));
+    if (meas->idle) {
+        cJSON *list = cJSON_AddArrayToObject(o, "measured_idle");
+        for (int d = 0; d < meas->n_devices; d++)
+            cJSON_AddItemToArray(list, isnan(meas->idle[d]) ? cJSON_CreateNull() : cJSON_CreateNumber(meas->idle[d]));
+        double mean = explain_idle_mean(meas);
+        if (isnan(mean)) cJSON_AddNullToObject(o, "measured_idle_mean");
+        else cJSON_AddNumberToObject(o, "measured_idle_mean", mean);
+    }
+    return o;
+}
+
 int cmd_explain(int argc, char **argv)
 {
     cli_opts o;
@@ -103,6 +143,7 @@ int cmd_explain(int argc, char **argv)
     }
     fputs(text, stdout);
     free(text);
+    if (o.pp) put_schedule(&m, &meas);
     /* The JSON report is built only when asked for: for a deep model it
      * costs as much as the text. */
     if (o.json) {
@@ -126,6 +167,7 @@ int cmd_explain(int argc, char **argv)
         cJSON_AddNumberToObject(fly, "budget_bytes", (double)spmd_program_inflight_budget(p));
         cJSON_AddNumberToObject(fly, "arena_extra_bytes", (double)fly_extra);
         if (o.trace) cJSON_AddItemToObject(root, "measured", measured_json(p, &meas));
+        if (o.pp) cJSON_AddItemToObject(root, "pipeline", pipeline_json(&m, &meas));
         cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));
         cJSON_AddItemToObject(root, "peak_bytes_per_device", report_per_device(p, (double)spmd_program_peak_bytes(p)));
         int nf = spmd_program_fallback_count(p);
