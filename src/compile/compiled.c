@@ -332,6 +332,23 @@ size_t compiled_peak_bytes(const compiled *c)
            c->scratch_each * (size_t)c->nth;
 }
 
+size_t compiled_stage_arena_bytes(const compiled *c, int stage)
+{
+    const plan *pl = &c->plan;
+    if (stage < 0 || !c->partitioned) return pl->arena_bytes;
+    const spmd_graph *lg = c->local;
+    size_t end = 0;
+    for (int i = 0; i < lg->n_nodes; i++) {
+        const spmd_tensor *t = lg->nodes[i];
+        if (pl->offset[i] < 0) continue;
+        bool runs = t->stage < 0 || t->stage == stage ||
+                    (t->op == IR_STAGE_TRANSFER && (t->attr.stage.from == stage || t->attr.stage.to == stage));
+        size_t e = (size_t)pl->offset[i] + ir_nbytes(t);
+        if (runs && e > end) end = e;
+    }
+    return end < pl->arena_bytes ? end : pl->arena_bytes;
+}
+
 size_t compiled_param_bytes(const compiled *c)
 {
     size_t n = 0;

@@ -82,6 +82,10 @@ size_t compile_scratch_bytes(const spmd_tensor *t);
 
 /* Per device: persistent + inputs + activation arena + scratch. */
 size_t compiled_peak_bytes(const compiled *c);
+/* The arena bytes a device of `stage` allocates: up to the end of the
+ * last value its stage's steps use in the one plan (-1, or without
+ * stages: the whole arena). */
+size_t compiled_stage_arena_bytes(const compiled *c, int stage);
 /* Per device: parameter bytes (not state). */
 size_t compiled_param_bytes(const compiled *c);
 

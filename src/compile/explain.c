@@ -158,7 +158,8 @@ static double stage_activation_peak(const compiled *c, int s)
 
 /* Pipeline stages (docs/DESIGN.md, "Pipeline stages"): per stage its
  * blocks (parameters "h.{i}.*", as the GPT names them), its other
- * parameters, the bytes of the parameters and state it updates, and the
+ * parameters, the bytes its devices allocate (the parameters and state
+ * it updates, their update values, its part of the arena), and the
  * steps of the schedule it runs. */
 static void put_stages(text *t, const compiled *c)
 {
@@ -171,12 +172,15 @@ static void put_stages(text *t, const compiled *c)
            "stages sent point to point\n", stages, spmd_mesh_axis_name(m, axis));
     for (int s = 0; s < stages; s++) {
         int first = -1, last = -1, steps = 0, others = 0;
-        size_t bytes = 0;
+        size_t bytes = 0, held = 0;
         char names[160] = "";
         for (int i = 0; i < lg->n_nodes; i++) {
             const spmd_tensor *x = lg->nodes[i];
-            if (!ir_is_persistent(x) || x->stage != s) continue;
+            if (x->stage != s) continue;
+            if (c->plan.swapped[i]) held += ir_nbytes(x);
+            if (!ir_is_persistent(x)) continue;
             bytes += ir_nbytes(x);
+            held += ir_nbytes(x);
             int layer;
             if (x->op != IR_PARAM) continue;
             if (x->name && sscanf(x->name, "h.%d.", &layer) == 1) {
@@ -194,19 +198,22 @@ static void put_stages(text *t, const compiled *c)
             steps += x->op == IR_STAGE_TRANSFER ? x->attr.stage.from == s || x->attr.stage.to == s
                                                 : x->stage == s;
         }
-        char b[32], act[32], layers[32] = "no blocks";
+        char b[32], h[32], ar[32], act[32], layers[32] = "no blocks";
         double peak = stage_activation_peak(c, s);
         if (peak < 0) snprintf(act, sizeof act, "?");
         else bytes_text(peak, act, sizeof act);
         if (first >= 0 && first == last) snprintf(layers, sizeof layers, "block %d", first);
         else if (first >= 0) snprintf(layers, sizeof layers, "blocks %d-%d", first, last);
-        put(t, "  stage %d: %s%s%s%s, %s of parameters and state, %s of activations at most, %d steps\n",
+        put(t, "  stage %d: %s%s%s%s, %s of parameters and state (%s with their update values), "
+               "%s of arena (%s of activations at most), %d steps\n",
             s, layers, names[0] ? " + " : "", names, others ? " + more" : "",
-            bytes_text((double)bytes, b, sizeof b), act, steps);
+            bytes_text((double)bytes, b, sizeof b), bytes_text((double)held, h, sizeof h),
+            bytes_text((double)compiled_stage_arena_bytes(c, s), ar, sizeof ar), act, steps);
     }
-    put(t, "  (activations: the most a stage's values hold at once, were its arena its own; every "
-           "device still holds every stage's parameters and the whole arena of %s: per-stage buffers "
-           "are not built)\n", bytes_text((double)c->plan.arena_bytes, (char[32]){0}, 32));
+    put(t, "  (what each device of a stage allocates: its stage's parameters, state and update "
+           "values, and the one plan's arena of %s up to its stage's last value; activations at "
+           "most: what its values hold at once, were the arena planned per stage)\n",
+        bytes_text((double)c->plan.arena_bytes, (char[32]){0}, 32));
 }
 
 static void put_tensors(text *t, const spmd_graph *g)

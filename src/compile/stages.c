@@ -84,22 +84,44 @@ spmd_status stages_settle(spmd_graph *g, const bool *needed, bool overlap, int16
         }
         stage_of[i] = (int16_t)s;
     }
-    for (int u = 0; u < g->n_updates; u++) {
-        const ir_update *up = &g->updates[u];
-        if (needed[up->value->id]) stage_of[up->target->id] = stage_of[up->value->id];
+    /* A leaf's home is the stage of its update. Only its home's devices
+     * hold it, so an unplaced node reading it (the optimizer's decay of
+     * a moment) runs there, which may give another leaf a home: to a
+     * fixed point. */
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int u = 0; u < g->n_updates; u++) {
+            const ir_update *up = &g->updates[u];
+            if (needed[up->value->id] && stage_of[up->target->id] != stage_of[up->value->id]) {
+                stage_of[up->target->id] = stage_of[up->value->id];
+                moved = true;
+            }
+        }
+        for (int i = 0; i < g->n_nodes; i++) {
+            const spmd_tensor *t = g->nodes[i];
+            if (ir_op_is_leaf(t->op) || !needed[i] || stage_of[i] >= 0 || t->op == IR_STAGE_TRANSFER)
+                continue;
+            for (int j = 0; j < t->n_in && stage_of[i] < 0; j++)
+                if (stage_of[t->in[j]->id] >= 0) {
+                    stage_of[i] = stage_of[t->in[j]->id];
+                    moved = true;
+                }
+        }
     }
     /* The partitioner places each node's local nodes by its stage. */
     for (int i = 0; i < g->n_nodes; i++)
         if (!ir_op_is_leaf(g->nodes[i]->op) && needed[i]) g->nodes[i]->stage = stage_of[i];
-    /* A leaf updated on one stage is read there only: another stage's copy
-     * keeps its first value. */
+    /* A leaf updated on one stage is read there only (no other stage
+     * holds it), and a value placed by the leaves it reads is read on
+     * its stage only. */
     for (int i = 0; i < g->n_nodes; i++) {
         const spmd_tensor *t = g->nodes[i];
         if (ir_op_is_leaf(t->op) || !needed[i] || stage_of[i] < 0) continue;
         int s = t->op == IR_STAGE_TRANSFER ? t->attr.stage.from : stage_of[i];
         for (int j = 0; j < t->n_in; j++) {
             const spmd_tensor *x = t->in[j];
-            if (!ir_op_is_leaf(x->op) || stage_of[x->id] < 0 || stage_of[x->id] == s) continue;
+            if (stage_of[x->id] < 0 || stage_of[x->id] == s) continue;
+            if (!ir_op_is_leaf(x->op)) return crossing(t, s, x, stage_of[x->id]);
             char a[96], b[96];
             return base_error(SPMD_ERR_INVALID,
                               "compile: %s is updated on stage %d but %s on stage %d reads it; "

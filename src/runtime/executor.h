@@ -24,6 +24,11 @@ typedef struct executor_block {
     void *data;
 } executor_block;
 
+/* Bytes the device dev[local] of this process allocated for itself:
+ * its blocks of inputs, parameters, state and update values, its arena
+ * and scratch (a shared buffer is no one device's); 0 out of range. */
+size_t executor_device_allocated(const spmd_program *p, int local);
+
 /* A NULL or plan-only program is an error: "<what>: ...". */
 spmd_status executor_check_runnable(const spmd_program *p, const char *what);
 /* Whether t is a parameter or state that runnable program p holds a block

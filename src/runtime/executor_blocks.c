@@ -92,6 +92,7 @@ void exec_scatter(spmd_program *p, const spmd_tensor *t, const void *src, int co
     for (int d = 0; d < p->n_local; d++) {
         if (copy >= 0 && p->dev[d].copy != copy) continue;
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[t->id] : t;
+        if (!exec_on_stage(&p->dev[d], lt)) continue; /* its stage's devices hold it */
         block b = exec_block_of(p, t, p->dev[d].id);
         copy_ctx c = {p->dev[d].leaf_data[lt->id], (char *)src, spmd_dtype_size(t->dtype), true};
         exec_for_rows(&b, exec_copy_row, &c);

@@ -24,12 +24,29 @@ static spmd_status check_kernels(const spmd_graph *g)
     return SPMD_OK;
 }
 
-/* Device memory, counted for spmd_program_allocated_bytes. */
-static void *device_alloc(spmd_program *p, size_t bytes, const char *what)
+/* Device memory, counted for spmd_program_allocated_bytes and, when it
+ * is one device's own (d not NULL), for that device. */
+static void *device_alloc(spmd_program *p, device *d, size_t bytes, const char *what)
 {
     void *x = base_alloc(&p->alloc, bytes, what);
     if (x) p->allocated += bytes;
+    if (x && d) d->allocated += bytes;
     return x;
+}
+
+/* The stage of the device at mesh id `id`, or -1 without a stage axis. */
+static int stage_of_device(const spmd_program *p, int id)
+{
+    return p->c.partitioned && mesh_stage_axis(p->c.mesh) >= 0 ? mesh_stage_of(p->c.mesh, id) : -1;
+}
+
+/* Whether a device of `stage` holds local node t's buffer: on a stage
+ * mesh a parameter, its optimizer state and their update values live on
+ * their home stage only (docs/DESIGN.md, "Stages as built"); another
+ * stage's devices never read or write them. */
+static bool holds(int stage, const spmd_tensor *t)
+{
+    return stage < 0 || t->stage < 0 || t->stage == stage;
 }
 
 /* Where each view's block lies in its leaf on device d: the block the
@@ -155,7 +172,7 @@ static spmd_status setup_shared(spmd_program *p)
                     device *d = &p->dev[k];
                     if (d->copy != copy) continue;
                     if (!buf) {
-                        buf = device_alloc(p, whole, t->name ? t->name : "shared leaf");
+                        buf = device_alloc(p, NULL, whole, t->name ? t->name : "shared leaf");
                         if (!buf) {
                             st = SPMD_ERR_NOMEM;
                             break;
@@ -219,21 +236,24 @@ static spmd_status setup_device(spmd_program *p, device *d, int id, const uint64
     d->leaf_data = base_calloc(&p->alloc, (size_t)(lg->n_nodes ? lg->n_nodes : 1) * sizeof(void *),
                                "program tensors");
     if (!d->leaf_data) return SPMD_ERR_NOMEM;
+    int stage = stage_of_device(p, id);
     for (int i = 0; i < lg->n_nodes; i++) {
         const spmd_tensor *t = lg->nodes[i];
         if (!ir_op_is_leaf(t->op) && !p->c.plan.swapped[i]) continue;
         if (p->share_as && p->share_as[i] >= 0) continue; /* setup_shared */
-        d->leaf_data[i] = device_alloc(p, ir_nbytes(t), t->name ? t->name : "update value");
+        if (!holds(stage, t)) continue;
+        d->leaf_data[i] = device_alloc(p, d, ir_nbytes(t), t->name ? t->name : "update value");
         if (!d->leaf_data[i]) return SPMD_ERR_NOMEM;
         /* A value's buffer becomes its target's after a step: zero padding. */
         if (!ir_op_is_leaf(t->op)) memset(d->leaf_data[i], 0, ir_nbytes(t));
     }
-    if (p->c.plan.arena_bytes) {
-        d->arena = device_alloc(p, p->c.plan.arena_bytes, "activation arena");
+    size_t arena = compiled_stage_arena_bytes(&p->c, stage);
+    if (arena) {
+        d->arena = device_alloc(p, d, arena, "activation arena");
         if (!d->arena) return SPMD_ERR_NOMEM;
     }
     if (p->c.scratch_each) {
-        d->scratch = device_alloc(p, p->c.scratch_each * (size_t)p->c.nth, "kernel scratch");
+        d->scratch = device_alloc(p, d, p->c.scratch_each * (size_t)p->c.nth, "kernel scratch");
         if (!d->scratch) return SPMD_ERR_NOMEM;
     }
     d->pool = rt_pool_create(p->c.nth, &p->alloc);
@@ -280,7 +300,10 @@ static spmd_status check_address_space(const spmd_program *p)
      * device's pool but its first, and its communication thread. */
     int n = p->n_local;
     long threads = (n > 1 ? n - 1 : 0) + (long)n * (p->c.nth - 1) + (p->c.plan.n_async ? n : 0);
-    double per_device = (double)compiled_peak_bytes(&p->c);
+    /* A device of a stage holds only its stage's parameters and state. */
+    bool staged = p->c.partitioned && mesh_stage_axis(p->c.mesh) >= 0;
+    double per_device = staged ? (double)(p->c.input_bytes + p->c.scratch_each * (size_t)p->c.nth)
+                               : (double)compiled_peak_bytes(&p->c);
     double need = (double)threads * (double)stack + n * per_device;
     double mapped = (double)base_mapped_bytes();
     double left = (double)as.rlim_cur - mapped;

@@ -72,7 +72,8 @@ struct device {
     rt_pool *pool;
     unsigned char *arena;
     unsigned char *scratch;   /* nth slices of scratch_each bytes */
-    void **leaf_data;         /* per local node id: inputs, params, state */
+    void **leaf_data;         /* per local node id: inputs, params, state (NULL: another stage's) */
+    size_t allocated;         /* bytes held for this device alone (not shared buffers) */
     /* Per local node id, for a view of a leaf (plan.view_of) or a gather
      * read in place (plan.gather_leaf): where it starts, in bytes from
      * where this device's block of the leaf lies (a gather's is before

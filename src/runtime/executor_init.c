@@ -47,7 +47,7 @@ static void init_worker(void *ctx, int ith, int nth)
         if (!ir_op_is_leaf(t->op)) continue;
         if (!p->init_pending[(size_t)t->id * (size_t)p->copies + (size_t)d->copy]) continue;
         const spmd_tensor *lt = p->c.partitioned ? p->c.part.local_of[i] : t;
-        if (!lt) continue;
+        if (!lt || !exec_on_stage(d, lt)) continue; /* another stage's: not held here */
         block b = exec_block_of(p, t, d->id);
         if (d->share_rank && p->share_as[lt->id] >= 0 && d->share_rank[lt->id] != 0) continue;
         if (!ir_is_persistent(t)) {

@@ -14,6 +14,11 @@ int spmd_program_copies(const spmd_program *p) { return p ? (p->copies ? p->copi
 int spmd_program_process(const spmd_program *p) { return p ? p->process : 0; }
 size_t spmd_program_allocated_bytes(const spmd_program *p) { return p ? p->allocated : 0; }
 
+size_t executor_device_allocated(const spmd_program *p, int local)
+{
+    return p && p->dev && local >= 0 && local < p->n_local ? p->dev[local].allocated : 0;
+}
+
 int spmd_program_local_devices(const spmd_program *p, int *first)
 {
     if (first) *first = p ? p->first : 0;

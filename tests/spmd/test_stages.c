@@ -275,6 +275,65 @@ static void test_same_seed_same_bits(void **state)
     setup_free(&one);
 }
 
+/* The bytes of the parameters of stage s of `stages` over cfg's layers
+ * (split as spmd_gpt_build_stages does: the first layers % stages one
+ * more), by name: its blocks, the embeddings on the first stage, the
+ * final norm on the last. */
+static size_t stage_param_bytes(setup *s, const spmd_gpt_config *cfg, int stage, int stages)
+{
+    int per = cfg->layers / stages, extra = cfg->layers % stages;
+    int first = stage * per + (stage < extra ? stage : extra), end = first + per + (stage < extra);
+    size_t bytes = 0;
+    for (int i = 0; i < spmd_graph_tensor_count(s->g); i++) {
+        const spmd_tensor *t = spmd_graph_tensor(s->g, i);
+        if (t->op != IR_PARAM) continue;
+        int layer;
+        bool mine = sscanf(t->name, "h.%d.", &layer) == 1 ? layer >= first && layer < end
+                    : strncmp(t->name, "ln_f.", 5) == 0 ? stage == stages - 1
+                                                         : stage == 0;
+        if (mine) bytes += ir_nbytes(t);
+    }
+    return bytes;
+}
+
+/* Each device allocates its stage's parameters, AdamW's two moments and
+ * the three's update values (buffers of their own): 6 x its parameters'
+ * bytes, about 1/S of the layers', and the part of the arena its
+ * stage's values lie in. */
+static void each_device_holds_its_stage(int stages)
+{
+    spmd_gpt_config cfg = CFG;
+    cfg.layers = 8;
+    cfg.dim = 32;
+    setup s;
+    assert_int_equal(make_staged(&s, &cfg, stages, stages, true), SPMD_OK);
+    train_step(&s, 0, true, NULL);
+    const compiled *c = executor_compiled(s.p);
+    size_t inputs = 2 * (size_t)stages * MICRO * SEQ * sizeof(int32_t);
+    size_t scratch = c->scratch_each * (size_t)c->nth, all = 0;
+    int first = 0;
+    assert_int_equal(spmd_program_local_devices(s.p, &first), stages);
+    for (int d = 0; d < stages; d++) {
+        size_t params = stage_param_bytes(&s, &cfg, d, stages), arena = compiled_stage_arena_bytes(c, d);
+        size_t got = executor_device_allocated(s.p, d) - inputs - scratch - arena;
+        all += params;
+        /* A few scalars besides (the step count and its update). */
+        if (got < 6 * params || got > 6 * params + 256)
+            fail_msg("stage %d of %d: %zu bytes besides inputs, scratch and arena, not 6 x %zu", d,
+                     stages, got, params);
+        assert_true(arena <= c->plan.arena_bytes);
+    }
+    assert_int_equal(all, stage_param_bytes(&s, &cfg, 0, 1));
+    setup_free(&s);
+}
+
+static void test_each_device_holds_its_stage(void **state)
+{
+    (void)state;
+    each_device_holds_its_stage(2);
+    each_device_holds_its_stage(4);
+}
+
 static void expect_refused(spmd_status st, const char *what)
 {
     if (st == SPMD_OK) fail_msg("accepted; expected a refusal naming '%s'", what);
@@ -353,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_stages_beside_a_data_axis),
         cmocka_unit_test(test_stages_fsdp_and_data),
         cmocka_unit_test(test_same_seed_same_bits),
+        cmocka_unit_test(test_each_device_holds_its_stage),
         cmocka_unit_test(test_bad_input_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

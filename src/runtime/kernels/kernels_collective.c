@@ -93,7 +93,10 @@ void kern_stage_transfer(const kern_args *a)
         src[sender] = -1;
         src[1 - sender] = sender;
     }
-    check(a, g->ops->permute(g, member, a->in[0], a->out, (int64_t)ir_nbytes(t), src));
+    /* The receiver does not hold x (another stage's): it passes its own
+     * output, which no member reads. */
+    const void *in = dev->stage == to && g->size == 2 ? a->out : a->in[0];
+    check(a, g->ops->permute(g, member, in, a->out, (int64_t)ir_nbytes(t), src));
 }
 
 /* [.., b, ..] blocks from every member -> [.., n*b, ..] along dim. */
