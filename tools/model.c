@@ -164,8 +164,7 @@ static int setup_stages(cli_opts *o, cli_model *m)
     const char *not_yet = strcmp(o->model, "gpt") ? "--model mlp" : o->tp ? "--tp" : o->copies ? "--copies"
                           : o->cp ? "--cp" : o->ep ? "--ep" : o->gpt.experts > 0 ? "--experts"
                           : o->optimizer.accumulate_steps > 1 ? "--accumulate (micro-batches are --microbatches)"
-                          : o->checkpoint ? "--checkpoint on" : o->save ? "--save" : o->resume ? "--resume"
-                          : o->init ? "--init" : NULL;
+                          : o->checkpoint ? "--checkpoint on" : NULL;
     if (not_yet) return cli_fail("--pp %s with %s is not built yet", o->pp, not_yet);
     int axis = spmd_mesh_axis_index(m->mesh, o->pp);
     if (axis < 0) return cli_fail("--pp %s: %s", o->pp, spmd_last_error());

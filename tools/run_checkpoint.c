@@ -12,7 +12,8 @@
  *              beta1, beta2, eps, amsgrad (adamw, adam); momentum,
  *              alpha, eps, centered (rmsprop); lr_decay,
  *              initial_accumulator, eps (adagrad)}
- *   data       {source, order, seed, batch, samples}: samples is the data
+ *   data       {source, order, seed, batch, accumulate (with --pp
+ *              the micro-batches), samples}: samples is the data
  *              position, the training samples consumed so far
  *   rng        {seed}: every random draw is a pure function of (seed,
  *              stream, index), so the seed and the data position are the
@@ -131,8 +132,10 @@ cJSON *run_checkpoint_settings(const cli_opts *o, const cli_model *m)
     snprintf(seed, sizeof seed, "%" PRIu64, o->seed);
     cJSON_AddStringToObject(data, "seed", seed);
     cJSON_AddNumberToObject(data, "batch", o->batch);
+    /* Micro-batches are accumulation: --pp's M steps as --accumulate M. */
     cJSON_AddNumberToObject(data, "accumulate",
-                            o->optimizer.accumulate_steps > 1 ? o->optimizer.accumulate_steps : 1);
+                            o->optimizer.accumulate_steps > 1 ? o->optimizer.accumulate_steps
+                                                              : m->micro_batches);
     return root;
 }
 

@@ -22,6 +22,9 @@ typedef struct executor_block {
     int rank;
     int64_t start[SPMD_MAX_RANK], ldims[SPMD_MAX_RANK], valid[SPMD_MAX_RANK];
     void *data;
+    /* A device off the tensor's home pipeline stage: its copy is never
+     * updated, so checkpoints neither write nor load it. */
+    bool off_stage;
 } executor_block;
 
 /* Bytes the device dev[local] of this process allocated for itself:

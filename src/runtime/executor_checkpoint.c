@@ -53,10 +53,6 @@ spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int d
     if (dev_index < 0 || dev_index >= p->c.n_dev)
         return base_error(SPMD_ERR_INVALID, "block_of: device index %d, the program has %d",
                           dev_index, p->c.n_dev);
-    /* Only a parameter's home stage holds its trained value. */
-    if (p->c.mesh && mesh_stage_axis(p->c.mesh) >= 0)
-        return base_error(SPMD_ERR_UNSUPPORTED,
-                          "block_of: checkpoints of a program on pipeline stages are not built yet");
     exec_init_pending(p);
     /* A device of another process: where its block lies, not its data. */
     bool here = dev_index >= p->first && dev_index < p->first + p->n_local;
@@ -72,6 +68,11 @@ spmd_status executor_block_of(const spmd_program *p, const spmd_tensor *t, int d
     out->device = id;
     out->copy = p->c.mesh ? mesh_copy_of(p->c.mesh, dev_index) : 0;
     out->rank = b.rank;
+    /* Only a tensor's home stage updates it (-1: every stage, as the
+     * step count); the other stages' copies keep their first value. */
+    int home = compiled_local(&p->c, t)->stage;
+    out->off_stage = p->c.mesh && mesh_stage_axis(p->c.mesh) >= 0 && home >= 0 &&
+                     mesh_stage_of(p->c.mesh, id) != home;
     size_t offset = 0;
     for (int i = 0; i < b.rank; i++) {
         out->start[i] = b.start[i];

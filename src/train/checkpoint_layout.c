@@ -2,7 +2,8 @@
  * Which device writes (or reads) which block of each persistent tensor
  * (train/checkpoint.h).  A block several devices hold, replicated over
  * some mesh axes, is read on load by the first of them in mesh order and
- * written on save by the holder the balance below picks.
+ * written on save by the holder the balance below picks.  On pipeline
+ * stages only the devices of a tensor's home stage hold it.
  */
 #include "train/checkpoint.h"
 
@@ -74,6 +75,7 @@ static spmd_status add_tensor_blocks(ckpt_layout *l, int ti, int *first, int cop
     for (int d = 0; d < l->n_dev; d++) {
         if (d > 0 && (st = executor_block_of(l->p, t, d, piece, &b)) != SPMD_OK) return st;
         if (ckpt_volume(b.rank, b.valid) == 0) continue; /* all padding */
+        if (b.off_stage) continue;                       /* never updated there */
         if (copy >= 0 && b.copy != copy) continue;       /* another model's */
         int64_t key = block_key(t, &b, pieces);
         if (first[key] < 0) {

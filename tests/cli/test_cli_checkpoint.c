@@ -6,6 +6,9 @@
  * naming the file and the cause.  Also the optimizer and schedule flags,
  * which a checkpoint records, and the other optimizers (RMSprop, Adagrad,
  * Adam with amsgrad, SGD with dampening or Nesterov) resumed bit for bit.
+ * Pipeline stages: a checkpoint saved on stages resumes on the same stages
+ * bit for bit and on one device or 4 stages within 1e-5, and one saved on
+ * one device resumes on stages.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -208,6 +211,40 @@ static void test_resume_on_another_mesh(void **state)
         snprintf(from, sizeof from, "%s/step-%08d", ck, HALF);
         expect_resumed(pairs[i][1], from, HALF, full, 1e-5);
     }
+}
+
+/* Stages and no stages: each parameter and state is saved from its home
+ * stage's devices and loaded there; --microbatches M is --accumulate M. */
+static void test_resume_across_stages(void **state)
+{
+    (void)state;
+#define STAGED "--layers 4 --batch 4 --threads 2"
+#define PP2 STAGED " --mesh 2 --axes pp --pp pp --microbatches 4"
+#define ONE STAGED " --mesh 1 --axes data --accumulate 4"
+    const struct {
+        const char *saved, *resumed;
+        double tol;
+    } cases[] = {
+        {PP2, PP2, 0},
+        {PP2, ONE, 1e-5},
+        {PP2, STAGED " --mesh 4 --axes pp --pp pp --microbatches 4", 1e-5},
+        {ONE, PP2, 1e-5},
+        {ONE, STAGED " --mesh 2x2 --axes pp,data --pp pp --microbatches 4", 1e-5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char ck[128], from[160];
+        snprintf(ck, sizeof ck, "%s/ck%zu", dir, i);
+        double full[STEPS];
+        full_run(cases[i].saved, full);
+        tool(0, "train " SMALL " %s --save %s --save-every %d", cases[i].saved, ck, HALF);
+        snprintf(from, sizeof from, "%s/step-%08d", ck, HALF);
+        expect_resumed(cases[i].resumed, from, HALF, full, cases[i].tol);
+        if (strstr(out, "will differ"))
+            fail_msg("%s from %s warned:\n%s", cases[i].resumed, from, out);
+    }
+#undef STAGED
+#undef PP2
+#undef ONE
 }
 
 /* ---- A save killed part way --------------------------------------------------------- */
@@ -561,6 +598,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_resume_same_mesh_is_bitwise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_on_another_mesh, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_across_stages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_save_leaves_the_previous, setup, teardown),
         cmocka_unit_test_setup_teardown(test_release_ignores_the_save_pause, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interrupted_run_saved, setup, teardown),

@@ -6,10 +6,11 @@
  *     read with --data-order sequential: row b is stream[8b : 8b + 8]),
  *     the loss of step 1 is PyTorch's within 1e-5, from either file, on
  *     one device and on a 2x2 mesh with FSDP; the run says where its
- *     weights and shape came from;
+ *     weights and shape came from; on pipeline stages it is the loss of
+ *     --accumulate over the same micro-batches on one device;
  *   - started from the file, one step of SGD at lr 1e-30 (too small to
  *     move any weight), saved with --save and exported with `spmd export`:
- *     every parameter is PyTorch's, bit for bit;
+ *     every parameter is PyTorch's, bit for bit, on FSDP and on stages;
  *   - the shape comes from the file (explain shows it), and flags that
  *     differ from the file, --seq past its context, --model mlp, --resume,
  *     and an unknown head count are refused before anything runs, naming
@@ -103,25 +104,34 @@ static double first_loss(const char *report)
     return v;
 }
 
-/* Step 1 from `file` on the vectors' batch: PyTorch's loss. */
-static void loss_case(const char *file, const char *extra, const char *init_line)
+/* Step 1's loss from `file` on the vectors' batch; the run's output in
+ * `out` (OUT bytes). */
+static double init_loss(const tv_file *v, const char *file, const char *extra, char *out)
 {
-    tv_file v;
-    tv_load_case("gpt_weights", &v);
-    char *dir = support_temp_dir("spmd-init"), shard[PATH], report[PATH], *out = malloc(OUT);
-    assert_non_null(out);
-    write_shard(&v, support_path_in(shard, dir, "tokens.bin"));
+    char *dir = support_temp_dir("spmd-init"), shard[PATH], report[PATH];
+    write_shard(v, support_path_in(shard, dir, "tokens.bin"));
     int rc = run_toolf(out, OUT,
                  "train --init %s %s --data %s --data-order sequential --batch 4 --seq 8 --steps 1 "
                  "--eval 0 --threads 2 --json %s",
                  file, extra, shard, support_path_in(report, dir, "r.json"));
     if (rc != 0) fail_msg("train: %d\n%s", rc, out);
+    double loss = first_loss(report);
+    support_drop_dir(dir);
+    return loss;
+}
+
+/* Step 1 from `file` on the vectors' batch: PyTorch's loss. */
+static void loss_case(const char *file, const char *extra, const char *init_line)
+{
+    tv_file v;
+    tv_load_case("gpt_weights", &v);
+    char *out = malloc(OUT);
+    assert_non_null(out);
+    double got = init_loss(&v, file, extra, out), want = *(const float *)need(&v, "loss")->data;
     expect_output(out, init_line);
-    double got = first_loss(report), want = *(const float *)need(&v, "loss")->data;
     if (!(fabs(got - want) <= TOL + TOL * fabs(want)))
         fail_msg("step 1 loss %.9g, PyTorch's %.9g (%s %s)", got, want, file, extra);
     free(out);
-    support_drop_dir(dir);
     tv_free(&v);
 }
 
@@ -148,19 +158,45 @@ static void test_loss_matches_torch_on_2x2_fsdp(void **state)
     loss_case(hf, "--heads 2 --mesh 2x2 --axes replica,fsdp", "init: ");
 }
 
-/* --init, one step that moves nothing, --save, export: PyTorch's bits. */
-static void test_init_save_export_keeps_the_weights(void **state)
+/* Each stage's parameters from the file: the loss of --accumulate over
+ * the same micro-batches on one device. */
+static void test_init_on_stages_as_accumulation(void **state)
 {
     (void)state;
+    tv_file v;
+    tv_load_case("gpt_weights", &v);
+    char *out = malloc(OUT);
+    assert_non_null(out);
+    const char *cases[][3] = {
+        {llmc, "--batch 2 --mesh 2 --axes pp --pp pp --microbatches 2", "--batch 2 --accumulate 2"},
+        {hf, "--heads 2 --batch 1 --mesh 2x2 --axes pp,data --pp pp --microbatches 4",
+         "--heads 2 --batch 1 --accumulate 4"},
+    };
+    for (int i = 0; i < 2; i++) {
+        double got = init_loss(&v, cases[i][0], cases[i][1], out);
+        expect_output(out, "init: ");
+        char one[128];
+        snprintf(one, sizeof one, "%s --mesh 1 --axes data", cases[i][2]);
+        double want = init_loss(&v, cases[i][0], one, out);
+        if (!(fabs(got - want) <= TOL * fabs(want)))
+            fail_msg("step 1 loss %.9g with %s, %.9g with %s", got, cases[i][1], want, one);
+    }
+    free(out);
+    tv_free(&v);
+}
+
+/* --init, one step that moves nothing, --save, export: PyTorch's bits. */
+static void init_save_export(const char *mesh)
+{
     tv_file v;
     tv_load_case("gpt_weights", &v);
     char *dir = support_temp_dir("spmd-init"), shard[PATH], ckpt[PATH], file[PATH], *out = malloc(OUT);
     assert_non_null(out);
     write_shard(&v, support_path_in(shard, dir, "tokens.bin"));
     int rc = run_toolf(out, OUT,
-                 "train --init %s --heads 2 --mesh 2x2 --axes replica,fsdp --optimizer sgd "
-                 "--lr 1e-30 --data %s --batch 4 --seq 8 --steps 1 --eval 0 --threads 2 --save %s",
-                 hf, shard, support_path_in(ckpt, dir, "ckpt"));
+                 "train --init %s --heads 2 --optimizer sgd --lr 1e-30 --data %s --batch 4 --seq 8 "
+                 "--steps 1 --eval 0 --threads 2 %s --save %s",
+                 hf, shard, mesh, support_path_in(ckpt, dir, "ckpt"));
     if (rc != 0) fail_msg("train: %d\n%s", rc, out);
     rc = run_toolf(out, OUT, "export %s --out %s", ckpt, support_path_in(file, dir, "out.safetensors"));
     if (rc != 0) fail_msg("export: %d\n%s", rc, out);
@@ -189,6 +225,13 @@ static void test_init_save_export_keeps_the_weights(void **state)
     free(out);
     support_drop_dir(dir);
     tv_free(&v);
+}
+
+static void test_init_save_export_keeps_the_weights(void **state)
+{
+    (void)state;
+    init_save_export("--mesh 2x2 --axes replica,fsdp");
+    init_save_export("--batch 2 --mesh 2 --axes pp --pp pp --microbatches 2");
 }
 
 static void test_shape_comes_from_the_file(void **state)
@@ -257,6 +300,7 @@ int main(void)
         cmocka_unit_test(test_loss_matches_torch_from_hf),
         cmocka_unit_test(test_loss_matches_torch_from_llmc),
         cmocka_unit_test(test_loss_matches_torch_on_2x2_fsdp),
+        cmocka_unit_test(test_init_on_stages_as_accumulation),
         cmocka_unit_test(test_init_save_export_keeps_the_weights),
         cmocka_unit_test(test_shape_comes_from_the_file),
         cmocka_unit_test(test_refuses_flags_that_clash),

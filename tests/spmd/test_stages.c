@@ -3,7 +3,8 @@
  * S stages over a mesh's stage axis, M micro-batches a step, trains as the
  * GPT without stages accumulating the same M micro-batches on one device
  * (the losses within 1e-5 relative, the weights within 1e-5), on 2 and 4
- * stages, on an uneven split and on 2 stages x 2 data replicas; a rerun gives the same bits; the
+ * stages, on an uneven split and on 2 stages x 2 data replicas; a rerun gives the same bits; a
+ * checkpoint saved on stages resumes on them bit for bit and on one device; the
  * embeddings run on the first stage and the loss on the last, as explain
  * says; bad input
  * is refused with its reason.
@@ -26,6 +27,7 @@
 #include "spmd/mesh.h"
 #include "spmd/models.h"
 #include "spmd/train.h"
+#include "support_files.h"
 
 enum { STEPS = 5, MICRO = 2, SEQ = 8, VOCAB = 16 };
 
@@ -265,11 +267,26 @@ static void test_same_seed_same_bits(void **state)
         if (memcmp(&la, &lb, sizeof la) != 0) fail_msg("step %d: %.9g then %.9g", s, la, lb);
         if (!close_rel(la, l1, 1e-5)) fail_msg("step %d: mesh %.9g, one device %.9g", s, la, l1);
     }
-    /* Checkpoints on stages are refused, not written from stale copies. */
-    if (spmd_checkpoint_save(a.p, "test_stages_ck", 3, NULL, 0) == SPMD_OK)
-        fail_msg("a checkpoint of a program on stages was written");
-    if (!strstr(spmd_last_error(), "pipeline stages are not built yet"))
-        fail_msg("checkpoint refusal: %s", spmd_last_error());
+    /* A checkpoint saved from each parameter's home stage, loaded into
+     * fresh programs on the mesh and on one device: their next step is
+     * the saved program's (bit for bit on the same mesh). */
+    char *ck = support_temp_dir("test_stages_ck");
+    if (spmd_checkpoint_save(a.p, ck, 3, NULL, 0) != SPMD_OK)
+        fail_msg("save: %s", spmd_last_error());
+    setup c, d;
+    assert_int_equal(make_staged(&c, &CFG, 2, 4, true), SPMD_OK);
+    assert_int_equal(make_staged(&d, &CFG, 2, 4, false), SPMD_OK);
+    if (spmd_checkpoint_load(c.p, ck, NULL, NULL) != SPMD_OK ||
+        spmd_checkpoint_load(d.p, ck, NULL, NULL) != SPMD_OK)
+        fail_msg("load: %s", spmd_last_error());
+    support_drop_dir(ck);
+    float la = train_step(&a, 3, true, NULL), lc = train_step(&c, 3, true, NULL);
+    float ld = train_step(&d, 3, true, NULL);
+    if (memcmp(&la, &lc, sizeof la) != 0) fail_msg("resumed: %.9g, saved program %.9g", lc, la);
+    if (!close_rel(la, ld, 1e-5))
+        fail_msg("resumed on one device: %.9g, saved program %.9g", ld, la);
+    setup_free(&c);
+    setup_free(&d);
     setup_free(&a);
     setup_free(&b);
     setup_free(&one);
