@@ -40,6 +40,8 @@
 #include "spmd/models.h"
 #include "spmd/train.h"
 
+#include "support_gpt.h"
+
 enum { STEPS = 4, BATCH = 4 };
 
 /* seq 12: over 4 devices, blocks of 3 rows. */
@@ -81,17 +83,8 @@ static void train(const cp_case *c, cp_run *r)
         g, t.loss, &(spmd_trainer_options){.optimizer = opt, .compile = {.seed = 7, .threads = 8}});
     assert_non_null(tr);
     spmd_program *p = spmd_trainer_program(tr);
-    int32_t ids[BATCH * 12], tg[BATCH * 12];
-    for (int s = 0; s < STEPS; s++) {
-        assert_int_equal(spmd_data_sequences(2, s * BATCH, BATCH, GPT.seq, GPT.vocab, ids, tg), SPMD_OK);
-        assert_int_equal(spmd_program_set_input(p, t.input, ids, sizeof ids), SPMD_OK);
-        assert_int_equal(spmd_program_set_input(p, t.targets, tg, sizeof tg), SPMD_OK);
-        assert_int_equal(spmd_trainer_step(tr, 3e-3f, &r->loss[s], NULL), SPMD_OK);
-    }
-    spmd_tensor *w = spmd_graph_find(g, "h.0.attn.c_attn.weight");
-    r->bytes = (size_t)spmd_tensor_numel(w) * sizeof(float);
-    r->weight = malloc(r->bytes);
-    assert_int_equal(spmd_program_read(p, w, r->weight, r->bytes), SPMD_OK);
+    for (int s = 0; s < STEPS; s++) support_gpt_step(tr, &t, &GPT, BATCH, s, &r->loss[s]);
+    r->weight = support_read_tensor(g, p, "h.0.attn.c_attn.weight", &r->bytes);
     spmd_trainer_free(tr);
     spmd_graph_free(g);
     spmd_mesh_free(mesh);

@@ -36,6 +36,8 @@
 #include "spmd/models.h"
 #include "spmd/train.h"
 
+#include "support_gpt.h"
+
 enum { STEPS = 4, BATCH = 8, SEQ = 8 };
 
 /* Capacity floor(2 x 8 x 1.0 / 4) = 4 of 16 assignments per expert and
@@ -110,22 +112,15 @@ static void train(const moe_case *c, moe_run *r)
         g, t.loss, &(spmd_trainer_options){.optimizer = opt, .compile = {.seed = 7, .threads = 8}});
     assert_non_null(tr);
     spmd_program *p = spmd_trainer_program(tr);
-    int32_t ids[BATCH * SEQ], tg[BATCH * SEQ];
     for (int s = 0; s < STEPS; s++) {
-        assert_int_equal(spmd_data_sequences(2, s * BATCH, BATCH, SEQ, GPT.vocab, ids, tg), SPMD_OK);
-        assert_int_equal(spmd_program_set_input(p, t.input, ids, sizeof ids), SPMD_OK);
-        assert_int_equal(spmd_program_set_input(p, t.targets, tg, sizeof tg), SPMD_OK);
-        assert_int_equal(spmd_trainer_step(tr, 3e-3f, &r->loss[s], NULL), SPMD_OK);
+        support_gpt_step(tr, &t, &GPT, BATCH, s, &r->loss[s]);
         assert_int_equal(spmd_program_read(p, t.dropped, &r->dropped[s], sizeof r->dropped[s]),
                          SPMD_OK);
     }
     r->expert_bytes = expert_bytes(g, p, 0);
     for (int d = 1; d < spmd_program_devices(p); d++)
         assert_int_equal(expert_bytes(g, p, d), r->expert_bytes);
-    spmd_tensor *w = spmd_graph_find(g, "h.1.moe.c_fc.weight");
-    r->bytes = (size_t)spmd_tensor_numel(w) * sizeof(float);
-    r->weight = malloc(r->bytes);
-    assert_int_equal(spmd_program_read(p, w, r->weight, r->bytes), SPMD_OK);
+    r->weight = support_read_tensor(g, p, "h.1.moe.c_fc.weight", &r->bytes);
     spmd_trainer_free(tr);
     spmd_graph_free(g);
     spmd_mesh_free(mesh);
