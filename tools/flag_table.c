@@ -84,11 +84,16 @@ const flag_spec flag_rows[] = {
      .value = "AXIS",
      .help = "GPT pipeline stages over AXIS: contiguous runs of blocks, one per member, the "
              "embeddings on the first and the head and loss on the last; each step is "
-             "--microbatches micro-batches of --batch samples (GPipe order)"},
+             "--microbatches micro-batches of --batch samples (in --pp-schedule's order)"},
     {.name = "--microbatches", .commands = RUN_COMMANDS, .kind = FLAG_INT,
      .offset = FIELD(microbatches), .value = "M",
      .help = "with --pp: micro-batches a step, at least the stages", .shown = "the stages",
      .min = 1},
+    {.name = "--pp-schedule", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE, .offset = FIELD(pp_1f1b),
+     .value = "gpipe|1f1b",
+     .help = "with --pp: every forward then every backward (gpipe), or one forward and one "
+             "backward by turns after a warm-up, the activations held bounded by the stages (1f1b)",
+     .initial = "gpipe", .choices = "gpipe|1f1b"},
     {.name = "--sp", .commands = RUN_COMMANDS, .kind = FLAG_CHOICE, .offset = FIELD(sp),
      .value = "on|off",
      .help = "with --tp: sequence parallelism, the residual stream split over the sequence on the "

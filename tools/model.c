@@ -157,6 +157,7 @@ static int setup_stages(cli_opts *o, cli_model *m)
 {
     m->stages = m->micro_batches = 1;
     if (!o->pp) {
+        if (o->pp_1f1b) return cli_fail("--pp-schedule 1f1b: a schedule of stages; give --pp AXIS");
         if (o->microbatches) return cli_fail("--microbatches %d: micro-batches are --pp's; give --pp AXIS "
                                              "(gradient accumulation is --accumulate)", o->microbatches);
         return 0;
@@ -175,7 +176,7 @@ static int setup_stages(cli_opts *o, cli_model *m)
         return cli_fail("--pp %s: %d stages for --layers %d; each stage holds at least one layer", o->pp,
                         m->stages, o->gpt.layers);
     if (m->micro_batches < m->stages)
-        return cli_fail("--microbatches %d for %d stages (--pp %s): GPipe needs at least one micro-batch "
+        return cli_fail("--microbatches %d for %d stages (--pp %s): the schedule needs at least one micro-batch "
                         "per stage to fill the pipeline", m->micro_batches, m->stages, o->pp);
     return 0;
 }
@@ -520,6 +521,7 @@ spmd_program *model_compile(const cli_opts *o, spmd_graph *g, bool plan_only)
                                  .mpi_comm = plan_only ? NULL : processes_mpi_comm(),
                                  .copy_seeds = copies_seeds(o),
                                  .collective_timeout_s = o->collective_timeout_s, .overlap = o->overlap,
+                                 .schedule = o->pp_1f1b ? SPMD_SCHEDULE_1F1B : SPMD_SCHEDULE_GPIPE,
                                  .inflight_bytes = (size_t)((double)o->inflight_mib * 1048576.0)};
     spmd_program *p = spmd_compile(g, &copt);
     if (!p) cli_fail("cannot compile: %s", spmd_last_error());

@@ -70,6 +70,7 @@ typedef struct cli_opts {
     const char *cp;    /* --cp: the GPT's context-parallel axis, NULL: none */
     const char *pp;    /* --pp: the GPT's pipeline stage axis, NULL: none */
     int microbatches;  /* --microbatches with --pp; 0: as many as stages */
+    bool pp_1f1b;      /* --pp-schedule 1f1b (else gpipe) */
     const char *data;  /* NULL: the synthetic addition set */
     spmd_optimizer optimizer;
     bool zero;         /* --zero (on by default): optimizer.zero ON or OFF */

@@ -313,6 +313,11 @@ SPMD_API spmd_status spmd_graph_set_reduce_precision(spmd_graph *g, spmd_dtype d
  * places each backward node where the node it differentiates is; nodes
  * left unplaced take their operands' stage when compiled. */
 SPMD_API spmd_status spmd_graph_set_stage(spmd_graph *g, int stage);
+/* The nodes built from now on compute micro-batch `micro` (-1, the
+ * default: none); autodiff tags each backward node with its forward
+ * node's.  The 1F1B schedule (spmd_compile_options.schedule) orders each
+ * stage's work by it. */
+SPMD_API spmd_status spmd_graph_set_micro_batch(spmd_graph *g, int micro);
 /* The stage t is placed on, -1 for none. */
 SPMD_API int spmd_tensor_stage(const spmd_tensor *t);
 /* x of stage `from` on stage `to`: the only way a value crosses stages.
@@ -406,6 +411,11 @@ typedef struct spmd_program spmd_program;
  * device of the marks' mesh, run by worker threads of this process with
  * shared-memory collectives (or spread over MPI processes: mpi_comm);
  * inputs, parameters and outputs are still read and written whole. */
+typedef enum spmd_pipeline_schedule {
+    SPMD_SCHEDULE_GPIPE = 0,
+    SPMD_SCHEDULE_1F1B
+} spmd_pipeline_schedule;
+
 typedef struct spmd_compile_options {
     int threads;        /* compute threads in all (of this process); 0 = every core;
                            negative is refused */
@@ -447,6 +457,14 @@ typedef struct spmd_compile_options {
      * whose operand and result alone are more stays a blocking step.
      * The same bits whatever it is.  0: SPMD_INFLIGHT_MIB MiB. */
     size_t inflight_bytes;
+    /* On a mesh with a stage axis (docs/DESIGN.md, "Pipeline stages"):
+     * the order each stage runs its micro-batches in.  GPipe (the
+     * default): every forward, then every backward; 1F1B: after S - s - 1
+     * forwards stage s alternates one forward and one backward, so it
+     * holds at most S micro-batches' activations whatever their number
+     * (the micro-batches tagged by spmd_graph_set_micro_batch).  The same
+     * bits either way. */
+    spmd_pipeline_schedule schedule;
 } spmd_compile_options;
 
 /* The watchdog's default: a dead link ends a job within two minutes,

@@ -92,6 +92,7 @@ spmd_tensor *spmd_conv2d_impl(spmd_graph *g, spmd_tensor *x, spmd_tensor *w, con
 spmd_status spmd_graph_set_matmul_precision_impl(spmd_graph *g, spmd_dtype dtype);
 spmd_status spmd_graph_set_reduce_precision_impl(spmd_graph *g, spmd_dtype dtype);
 spmd_status spmd_graph_set_stage_impl(spmd_graph *g, int stage);
+spmd_status spmd_graph_set_micro_batch_impl(spmd_graph *g, int micro);
 spmd_tensor *spmd_stage_transfer_impl(spmd_graph *g, spmd_tensor *x, int from, int to);
 spmd_tensor *spmd_convert_impl(spmd_graph *g, spmd_tensor *x, spmd_dtype dtype);
 spmd_tensor *spmd_attention_impl(spmd_graph *g, spmd_tensor *q, spmd_tensor *k, spmd_tensor *v, int heads);
@@ -715,6 +716,13 @@ spmd_status spmd_graph_set_reduce_precision(spmd_graph *g, spmd_dtype dtype)
 spmd_status spmd_graph_set_stage(spmd_graph *g, int stage)
 {
     spmd_status r = spmd_graph_set_stage_impl(g, stage);
+    if (r == SPMD_OK) spmd_clear_error();
+    return r;
+}
+
+spmd_status spmd_graph_set_micro_batch(spmd_graph *g, int micro)
+{
+    spmd_status r = spmd_graph_set_micro_batch_impl(g, micro);
     if (r == SPMD_OK) spmd_clear_error();
     return r;
 }

@@ -86,6 +86,7 @@
 #define spmd_graph_set_matmul_precision spmd_graph_set_matmul_precision_impl
 #define spmd_graph_set_reduce_precision spmd_graph_set_reduce_precision_impl
 #define spmd_graph_set_stage spmd_graph_set_stage_impl
+#define spmd_graph_set_micro_batch spmd_graph_set_micro_batch_impl
 #define spmd_stage_transfer spmd_stage_transfer_impl
 #define spmd_convert spmd_convert_impl
 #define spmd_attention spmd_attention_impl

@@ -286,9 +286,12 @@ spmd_status compile_graph(compiled *c, spmd_graph *g, const compile_options *opt
                   spmd_mesh_processes(g->mesh) <= 1 && !sharing_off;
     if (shared && (st = mark_shared(c)) != SPMD_OK) return st;
     plan_sharing sharing = {c->share_blocks, c->sharers, c->group_size};
-    if ((st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth, budget,
-                                 shared ? &sharing : NULL)) != SPMD_OK)
-        return st;
+    int64_t *priority = NULL;
+    if (staged && opts->one_f_one_b && (st = stages_priority(c, &priority)) != SPMD_OK) return st;
+    st = plan_build_overlap(&c->plan, c->local, &c->alloc, &c->fusion, depth, budget,
+                            shared ? &sharing : NULL, staged ? &(plan_stages){priority} : NULL);
+    base_free(&c->alloc, priority);
+    if (st != SPMD_OK) return st;
     for (int s = 0; s < c->plan.n_steps; s++) {
         const fuse_group *grp = fusion_group(&c->fusion, c->plan.steps[s]);
         size_t need = grp ? fusion_scratch_bytes(grp) : compile_scratch_bytes(c->plan.steps[s]);
@@ -335,18 +338,8 @@ size_t compiled_peak_bytes(const compiled *c)
 size_t compiled_stage_arena_bytes(const compiled *c, int stage)
 {
     const plan *pl = &c->plan;
-    if (stage < 0 || !c->partitioned) return pl->arena_bytes;
-    const spmd_graph *lg = c->local;
-    size_t end = 0;
-    for (int i = 0; i < lg->n_nodes; i++) {
-        const spmd_tensor *t = lg->nodes[i];
-        if (pl->offset[i] < 0) continue;
-        bool runs = t->stage < 0 || t->stage == stage ||
-                    (t->op == IR_STAGE_TRANSFER && (t->attr.stage.from == stage || t->attr.stage.to == stage));
-        size_t e = (size_t)pl->offset[i] + ir_nbytes(t);
-        if (runs && e > end) end = e;
-    }
-    return end < pl->arena_bytes ? end : pl->arena_bytes;
+    if (stage < 0 || stage >= pl->n_stage_arenas) return pl->arena_bytes;
+    return pl->stage_arena_bytes[stage];
 }
 
 size_t compiled_param_bytes(const compiled *c)

@@ -58,6 +58,8 @@ typedef struct compile_options {
      * at most `inflight_bytes` at once (0: SPMD_INFLIGHT_MIB MiB). */
     bool overlap;
     size_t inflight_bytes;
+    /* On a stage axis: the 1F1B schedule (stages.h), else GPipe's. */
+    bool one_f_one_b;
 } compile_options;
 
 /* Partition graph g (with a mesh), fuse and plan it as `opts` says.

@@ -159,7 +159,7 @@ static double stage_activation_peak(const compiled *c, int s)
 /* Pipeline stages (docs/DESIGN.md, "Pipeline stages"): per stage its
  * blocks (parameters "h.{i}.*", as the GPT names them), its other
  * parameters, the bytes its devices allocate (the parameters and state
- * it updates, their update values, its part of the arena), and the
+ * it updates, their update values, its arena), and the
  * steps of the schedule it runs. */
 static void put_stages(text *t, const compiled *c)
 {
@@ -211,9 +211,8 @@ static void put_stages(text *t, const compiled *c)
             bytes_text((double)compiled_stage_arena_bytes(c, s), ar, sizeof ar), act, steps);
     }
     put(t, "  (what each device of a stage allocates: its stage's parameters, state and update "
-           "values, and the one plan's arena of %s up to its stage's last value; activations at "
-           "most: what its values hold at once, were the arena planned per stage)\n",
-        bytes_text((double)c->plan.arena_bytes, (char[32]){0}, 32));
+           "values, and its arena: the values of no stage and its stage's own, planned along its "
+           "steps; activations at most: what its values hold at once over the schedule)\n");
 }
 
 static void put_tensors(text *t, const spmd_graph *g)

@@ -54,6 +54,7 @@ typedef struct builder {
 static bool same_run(const builder *b, const spmd_tensor *x)
 {
     if (x->stage != b->grp->root->stage) return false; /* devices run their stage's nodes */
+    if (x->micro != b->grp->root->micro) return false;  /* 1F1B runs them apart */
     return !b->micro || b->micro[x->id] == b->micro[b->grp->root->id];
 }
 

@@ -59,6 +59,11 @@ typedef struct plan {
     int *lands_in;
     int n_lands;
     size_t arena_bytes;
+    /* With stages, per stage: the arena a device of it holds, the common
+     * region and its stage's (plan.c, "regions"); n_stage_arenas 0 and
+     * NULL without. */
+    int n_stage_arenas;
+    size_t *stage_arena_bytes;
     size_t swapped_bytes; /* the bytes of those buffers */
     /* Collectives in flight (docs/DESIGN.md, "Schedule and memory plan"):
      * n_async collectives run on the device's communication thread, in
@@ -107,9 +112,17 @@ spmd_status plan_build(plan *p, const spmd_graph *g, const spmd_allocator *alloc
  * collective a step of its own, as plan_build), their operands and
  * results at most `budget` bytes at once; with `sharing` (NULL: none)
  * gathers of shared leaves are read in place and updates' gathers into
- * them land in place. */
+ * them land in place; with `stages` (NULL: none) the program's stages
+ * are planned as that says. */
+typedef struct plan_stages {
+    /* Per node id (NULL: none): the schedule takes, of the steps ready,
+     * the smallest first, then the earliest made (the 1F1B order,
+     * stages.h). */
+    const int64_t *priority;
+} plan_stages;
 spmd_status plan_build_overlap(plan *p, const spmd_graph *g, const spmd_allocator *alloc,
-                               const fusion *f, int depth, size_t budget, const plan_sharing *sharing);
+                               const fusion *f, int depth, size_t budget, const plan_sharing *sharing,
+                               const plan_stages *stages);
 void plan_free(plan *p);
 /* Free blocks the memory planner looked at on this thread, in all (a test
  * hook: per step placed it grows with the log of the free list's length,

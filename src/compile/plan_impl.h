@@ -83,7 +83,7 @@ spmd_status plan_mark_buffers(plan *p, const spmd_graph *g, const fusion *fu, co
 
 /* The list schedule that moves collectives up to what they read
  * (plan_reorder.c). */
-spmd_status plan_reorder(plan *p, const spmd_graph *g, const fusion *fu);
+spmd_status plan_reorder(plan *p, const spmd_graph *g, const fusion *fu, const int64_t *priority);
 /* Accumulators' sums moved up to their gradients (plan_hoist.c); *moved:
  * whether any moved. */
 spmd_status plan_hoist_sums(plan *p, const spmd_graph *g, const fusion *fu, bool *moved);

@@ -13,11 +13,13 @@
 typedef struct heap {
     int *at, n;
     const bool *urgent;
+    const int64_t *key; /* per step, smaller first after urgency; NULL: none */
 } heap;
 
 static bool heap_less(const heap *h, int a, int b)
 {
     if (h->urgent[a] != h->urgent[b]) return h->urgent[a];
+    if (h->key && h->key[a] != h->key[b]) return h->key[a] < h->key[b];
     return a < b;
 }
 
@@ -55,7 +57,7 @@ static int heap_pop(heap *h)
  * place: a list schedule that takes the urgent steps first and the others
  * in creation order, which with no urgent step is the creation order.
  * Only the order changes, never what a step computes: the same bits. */
-spmd_status plan_reorder(plan *p, const spmd_graph *g, const fusion *fu)
+spmd_status plan_reorder(plan *p, const spmd_graph *g, const fusion *fu, const int64_t *priority)
 {
     int n = g->n_nodes, ns = p->n_steps;
     size_t nn = (size_t)(n ? n : 1), nsz = (size_t)(ns ? ns : 1);
@@ -141,7 +143,10 @@ spmd_status plan_reorder(plan *p, const spmd_graph *g, const fusion *fu)
                 }
             }
         }
-        heap h = {heap_at, 0, urgent};
+        int64_t *key = NULL;
+        if (priority && !(key = base_alloc(&p->alloc, nsz * sizeof *key, "schedule"))) st = SPMD_ERR_NOMEM;
+        for (int s = 0; key && s < ns; s++) key[s] = priority[p->steps[s]->id];
+        heap h = {heap_at, 0, urgent, key};
         for (int s = 0; s < ns; s++)
             if (deg[s] == 0) heap_push(&h, s);
         int done = 0;
@@ -151,10 +156,11 @@ spmd_status plan_reorder(plan *p, const spmd_graph *g, const fusion *fu)
             for (int e = off[s]; e < off[s + 1]; e++)
                 if (--deg[succ[e]] == 0) heap_push(&h, succ[e]);
         }
-        if (done != ns)
+        if (st == SPMD_OK && done != ns)
             st = base_error(SPMD_ERR_INTERNAL, "plan: %d of %d steps could be ordered", done, ns);
-        else
+        else if (st == SPMD_OK)
             memcpy(p->steps, order, nsz * sizeof *order);
+        base_free(&p->alloc, key);
     }
     base_free(&p->alloc, prod);
     base_free(&p->alloc, deg);

@@ -8,6 +8,9 @@
 #include "base/error.h"
 #include "mesh/mesh.h"
 
+#include <stdint.h>
+#include <stdlib.h>
+
 static const char *label(const spmd_tensor *t, char *buf, size_t size) { return ir_label(t, buf, size); }
 
 /* A mark made before the stage axis was declared. */
@@ -138,4 +141,79 @@ void stages_place(compiled *c)
     for (int i = 0; i < lg->n_nodes; i++)
         if (ir_op_is_leaf(lg->nodes[i]->op)) lg->nodes[i]->stage = -1;
     for (int u = 0; u < lg->n_updates; u++) lg->updates[u].target->stage = lg->updates[u].value->stage;
+}
+
+/* The 1F1B order on S stages of M micro-batches, as slots of a clock
+ * where each forward and each backward takes one: stage s runs S - s - 1
+ * forwards (its warm-up), then one forward and one backward by turns,
+ * then the backwards left; a forward waits for the stage before it, a
+ * backward for the stage after it (the last stage's for its own
+ * forward).  time[(s * M + m) * 2 + b] is the slot of micro-batch m's
+ * forward (b 0) or backward (b 1) on stage s. */
+static void one_f_one_b_slots(int stages, int micro, int64_t *time)
+{
+    int *next = calloc((size_t)stages, sizeof *next); /* the stage's next in its order */
+    int64_t *free_at = calloc((size_t)stages, sizeof *free_at);
+    for (size_t i = 0; i < (size_t)stages * (size_t)micro * 2; i++) time[i] = -1;
+    if (!next || !free_at) { /* no order: GPipe's, by creation */
+        free(next), free(free_at);
+        return;
+    }
+    for (int left = stages * micro * 2; left > 0;) {
+        int before = left;
+        for (int s = 0; s < stages; s++) {
+            while (next[s] < 2 * micro) {
+                /* The k-th of stage s's order: warm-up forwards, then by
+                 * turns (forward, backward), then backwards. */
+                int k = next[s], warm = stages - s - 1 < micro ? stages - s - 1 : micro, m, b;
+                int steady = 2 * (micro - warm), j = k - warm;
+                if (k < warm) m = k, b = 0;
+                else if (j < steady) m = j % 2 ? j / 2 : warm + j / 2, b = j % 2;
+                else m = k - micro, b = 1;
+                int64_t dep = -1;
+                if (b == 0 && s > 0) dep = time[((size_t)(s - 1) * micro + m) * 2];
+                if (b == 1) dep = s + 1 < stages ? time[((size_t)(s + 1) * micro + m) * 2 + 1]
+                                                 : time[((size_t)s * micro + m) * 2];
+                if ((b == 0 && s > 0 && dep < 0) || (b == 1 && dep < 0)) break;
+                int64_t t = dep + 1 > free_at[s] ? dep + 1 : free_at[s];
+                time[((size_t)s * micro + m) * 2 + b] = t;
+                free_at[s] = t + 1;
+                next[s]++;
+                left--;
+            }
+        }
+        if (left == before) break; /* cannot happen: the order is a pipeline's */
+    }
+    free(next), free(free_at);
+}
+
+spmd_status stages_priority(const compiled *c, int64_t **out)
+{
+    *out = NULL;
+    const spmd_graph *lg = c->local;
+    int stages = c->mesh->shape[mesh_stage_axis(c->mesh)], micro = 0;
+    for (int i = 0; i < lg->n_nodes; i++)
+        if (lg->nodes[i]->micro + 1 > micro) micro = lg->nodes[i]->micro + 1;
+    if (micro == 0) return SPMD_OK; /* nothing tagged: GPipe's order */
+    size_t nn = (size_t)(lg->n_nodes ? lg->n_nodes : 1);
+    int64_t *key = base_alloc(&c->alloc, nn * sizeof *key, "the 1F1B schedule");
+    int64_t *time = base_alloc(&c->alloc, (size_t)stages * (size_t)micro * 2 * sizeof *time,
+                               "the 1F1B schedule");
+    if (!key || !time) {
+        base_free(&c->alloc, key);
+        base_free(&c->alloc, time);
+        return SPMD_ERR_NOMEM;
+    }
+    one_f_one_b_slots(stages, micro, time);
+    for (int i = 0; i < lg->n_nodes; i++) {
+        const spmd_tensor *t = lg->nodes[i];
+        bool backward = lg->backward_begin > 0 && i >= lg->backward_begin;
+        int s = t->op == IR_STAGE_TRANSFER ? t->attr.stage.to : t->stage;
+        if (lg->backward_end > 0 && i >= lg->backward_end) key[i] = INT64_MAX; /* the update: last */
+        else if (t->micro < 0 || s < 0) key[i] = -1;                         /* as soon as it can */
+        else key[i] = time[((size_t)s * micro + t->micro) * 2 + backward];
+    }
+    base_free(&c->alloc, time);
+    *out = key;
+    return SPMD_OK;
 }

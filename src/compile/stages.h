@@ -20,5 +20,12 @@ spmd_status stages_settle(spmd_graph *g, const bool *needed, bool overlap, int16
 /* The per-device program's leaves placed at their homes: the stages of
  * their updates. */
 void stages_place(compiled *c);
+/* The 1F1B schedule's order (docs/DESIGN.md, "Pipeline stages"): per node
+ * of the per-device program, the slot its stage runs its micro-batch's
+ * forward or backward in (1F1B: S - s - 1 forwards, then one forward and
+ * one backward by turns), -1 for a node of no micro-batch (as soon as it
+ * can), the update last; *out NULL when no node has a micro-batch.  The
+ * plan takes the ready step of the smallest first. */
+spmd_status stages_priority(const compiled *c, int64_t **out);
 
 #endif

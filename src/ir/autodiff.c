@@ -738,7 +738,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
      * [0, n) index the arrays below. */
     int n = g->n_nodes;
     size_t nn = (size_t)n;
-    const int outer_stage = g->stage;
+    const int outer_stage = g->stage, outer_micro = g->micro;
     ir_failure outer;
     ir_error_scope_begin(g, &outer);
     bool *from_param = base_calloc(&g->alloc, nn * sizeof(bool), "autodiff reachability");
@@ -788,6 +788,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
     /* Each rule's nodes on the stage of the node it differentiates, and
      * an adjoint's sum on its value's ("Pipeline stages"). */
     g->stage = loss->stage;
+    g->micro = loss->micro;
     if (need[last]) {
         adj[last] = spmd_fill(g, 0, NULL, 1.0f);
         if (!adj[last]) {
@@ -803,6 +804,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
         if (rule_begin) rule_begin[i] = g->n_nodes;
         spmd_tensor *dx[IR_MAX_INPUTS] = {0};
         g->stage = t->stage;
+        g->micro = t->micro;
         st = ir_op_vjp(t->op)(g, t, adj[i], dx);
         if (st != SPMD_OK) goto out;
         for (int j = 0; j < t->n_in; j++) {
@@ -816,6 +818,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
                 goto out;
             }
             g->stage = x->stage;
+            g->micro = dx[j]->micro; /* each micro-batch's share summed as it comes */
             adj[x->id] = adj[x->id] ? spmd_add(g, adj[x->id], dx[j]) : dx[j];
             if (!adj[x->id]) {
                 st = builder_failed(g);
@@ -829,6 +832,7 @@ spmd_status ir_grad(spmd_graph *g, spmd_tensor *loss, int *rule_begin)
         if (!ir_is_trained(p)) continue;
         spmd_tensor *gr = i <= last ? adj[i] : NULL;
         g->stage = gr ? gr->stage : -1;
+        g->micro = gr ? gr->micro : -1;
         if (!gr) { /* the loss does not depend on p */
             gr = spmd_fill(g, p->rank, p->dims, 0.0f);
             if (!gr) {
@@ -845,6 +849,7 @@ out:
     if (g->has_grad) {
         g->backward_end = g->n_nodes;
         g->stage = outer_stage;
+        g->micro = outer_micro;
     }
     want_set = NULL;
     want_count = 0;

@@ -264,6 +264,17 @@ spmd_status spmd_graph_set_stage(spmd_graph *g, int stage)
 
 int spmd_tensor_stage(const spmd_tensor *t) { return t ? t->stage : -1; }
 
+spmd_status spmd_graph_set_micro_batch(spmd_graph *g, int micro)
+{
+    if (!g) return base_error(SPMD_ERR_INVALID, "graph_set_micro_batch: graph is NULL");
+    if (micro < -1 || micro > INT16_MAX)
+        return base_error(SPMD_ERR_INVALID,
+                          "graph_set_micro_batch: micro-batch %d is outside -1 (none) .. %d", micro,
+                          INT16_MAX);
+    g->micro = micro;
+    return SPMD_OK;
+}
+
 /* dx = dy * f'(x) of an elementwise activation f: x and dy of one shape. */
 static spmd_tensor *grad_helper(spmd_graph *g, ir_op op, spmd_tensor *x, spmd_tensor *dy)
 {

@@ -174,6 +174,7 @@ static spmd_status recompute(rewriter *r, int seg, spmd_tensor *root)
         c->attr = t->attr;
         c->mark = t->mark;
         c->stage = t->stage; /* recomputed on the stage that computed it */
+        c->micro = t->micro;
         if (!grow(g, (void **)&r->memo, &r->cap_memo, r->n_memo + 1, sizeof *r->memo))
             return SPMD_ERR_NOMEM;
         r->memo[r->n_memo] = (memo_entry){seg, r->head[t->id], c};

@@ -21,6 +21,7 @@ spmd_graph *spmd_graph_create(const spmd_allocator *alloc)
     g->alloc = base_allocator_or_default(alloc);
     base_arena_init(&g->arena, &g->alloc);
     g->stage = -1;
+    g->micro = -1;
     return g;
 }
 
@@ -221,6 +222,7 @@ spmd_tensor *ir_node_new(spmd_graph *g, ir_op op, spmd_dtype dtype, int rank,
     t->n_in = n_in;
     for (int i = 0; i < n_in; i++) t->in[i] = in[i];
     t->stage = (int16_t)g->stage;
+    t->micro = (int16_t)(ir_op_is_leaf(op) ? -1 : g->micro); /* a leaf serves every micro-batch */
     t->graph = g;
     g->nodes[g->n_nodes++] = t;
     return t;

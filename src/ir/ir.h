@@ -131,6 +131,9 @@ struct spmd_tensor {
     /* The pipeline stage the node is placed on (docs/DESIGN.md, "Pipeline
      * stages"); -1: not placed. */
     int16_t stage;
+    /* The micro-batch it computes (spmd_graph_set_micro_batch); -1: none.
+     * The 1F1B schedule orders by it. */
+    int16_t micro;
     ir_attr attr;
     char *name;             /* NULL if unnamed; arena-owned */
     spmd_init init;         /* PARAM, STATE */
@@ -204,6 +207,7 @@ struct spmd_graph {
     /* Pipeline stages (spmd_graph_set_stage): the stage new nodes are
      * placed on (-1: none). */
     int stage;
+    int micro; /* spmd_graph_set_micro_batch: new nodes' micro-batch (-1: none) */
     /* Dropout (dropout.c): the state scalar "rng.step" that counts the runs
      * and keys the masks with the step, created with the first dropout
      * (NULL before), and the dropouts built so far, each one's site. */

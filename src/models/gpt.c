@@ -99,13 +99,15 @@ spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64
 }
 
 static _Thread_local int naming_micro; /* gpt_name_micro_batch */
+static _Thread_local bool sharing;     /* gpt_share_params */
 
 void gpt_name_micro_batch(int micro) { naming_micro = micro; }
+void gpt_share_params(bool on) { sharing = on; }
 
 spmd_tensor *gpt_param(spmd_graph *g, const char *name, int rank, const int64_t *dims, spmd_init init)
 {
-    /* Only a later micro-batch reuses: a name taken otherwise is refused. */
-    spmd_tensor *t = g && naming_micro > 0 ? spmd_graph_find(g, name) : NULL;
+    /* Only the micro-batches share: a name taken otherwise is refused. */
+    spmd_tensor *t = g && sharing ? spmd_graph_find(g, name) : NULL;
     if (t && t->op == IR_PARAM) return t;
     return spmd_param(g, name, rank, dims, init);
 }

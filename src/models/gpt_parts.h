@@ -28,9 +28,10 @@ spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64
  * and micro-batch 0's activations keep the names of the GPT without. */
 spmd_tensor *gpt_named(spmd_graph *g, spmd_tensor *x, const char *name);
 void gpt_name_micro_batch(int micro);
-/* Parameter `name`: while a micro-batch after the first is built, the
- * one the graph holds already (the GPT with stages reads each parameter
+/* Parameter `name`: while gpt_share_params(true) holds, the one the
+ * graph holds already if any (the GPT with stages reads each parameter
  * in every micro-batch), else a new one. */
+void gpt_share_params(bool on);
 spmd_tensor *gpt_param(spmd_graph *g, const char *name, int rank, const int64_t *dims, spmd_init init);
 /* The decoder blocks [first, last) on x [B, T, C] (gpt.c). */
 spmd_tensor *gpt_blocks(spmd_graph *g, const spmd_gpt_config *cfg, int first, int last, spmd_tensor *x);

@@ -58,6 +58,7 @@ static spmd_tensor *micro_batch(spmd_graph *g, const spmd_gpt_config *cfg, int s
 {
     int64_t t = cfg->seq, c = cfg->dim;
     gpt_name_micro_batch(m);
+    spmd_graph_set_micro_batch(g, m);
     spmd_graph_set_stage(g, 0);
     spmd_tensor *pos = gpt_context(cfg) > t ? spmd_slice(g, wpe, 0, 0, t) : wpe;
     spmd_tensor *x = gpt_named(g, spmd_add(g, spmd_embedding(g, wte, micro_rows(g, ids, m)), pos),
@@ -70,7 +71,7 @@ static spmd_tensor *micro_batch(spmd_graph *g, const spmd_gpt_config *cfg, int s
     }
     x = gpt_layernorm(g, x, "ln_f", c);
     spmd_tensor *y = gpt_named(g, spmd_matmul(g, x, head_wte, false, true), "logits");
-    if (m == 0) *logits = y;
+    if (m == 0) *logits = y; /* built last */
     return spmd_cross_entropy(g, y, micro_rows(g, targets, m));
 }
 
@@ -85,7 +86,7 @@ spmd_status spmd_gpt_build_stages(spmd_graph *g, const spmd_gpt_config *cfg, int
 
     int64_t mb = micro_batches, b = batch, t = cfg->seq, c = cfg->dim, v = cfg->vocab;
     spmd_init emb_init = {SPMD_INIT_NORMAL, GPT_STD};
-    int outer_stage = g->stage;
+    int outer_stage = g->stage, outer_micro = g->micro;
     ir_failure outer;
     ir_error_scope_begin(g, &outer);
     spmd_tensor *ids = spmd_input(g, "input", SPMD_I32, 3, (const int64_t[]){mb, b, t});
@@ -94,25 +95,31 @@ spmd_status spmd_gpt_build_stages(spmd_graph *g, const spmd_gpt_config *cfg, int
     spmd_tensor *wte = spmd_param(g, "wte.weight", 2, (const int64_t[]){v, c}, emb_init);
     spmd_tensor *wpe = spmd_param(g, "wpe.weight", 2, (const int64_t[]){gpt_context(cfg), c}, emb_init);
     /* The tied head reads wte from the first stage: one transfer for
-     * every micro-batch, its gradient summed on the last before it goes
-     * back. It comes first in the schedule (its gradient last): placed at
-     * micro-batch 0's head, it would hold the first stage at its second
-     * micro-batch until the last stage's first ended (a forward's time
-     * more of bubble), its gradient the same in the backward. */
+     * every micro-batch (of none: the schedule runs it as soon as it
+     * can), its gradient summed on the last before it goes back. */
     spmd_graph_set_stage(g, stages - 1);
     spmd_tensor *head_wte = stages > 1 ? spmd_stage_transfer(g, wte, 0, stages - 1) : wte;
     spmd_tensor *logits = NULL, *sum = NULL;
-    for (int m = 0; m < micro_batches; m++) {
+    /* The last micro-batch first: autodiff, from the last node made back,
+     * then meets micro-batch 0's backward first, and each weight's
+     * gradient sums the micro-batches in their order, so that 1F1B adds
+     * each micro-batch's share as its backward runs instead of holding
+     * them all to the last. */
+    gpt_share_params(true);
+    for (int m = micro_batches - 1; m >= 0; m--) {
         spmd_tensor *loss = micro_batch(g, cfg, stages, m, ids, targets, wte, wpe, head_wte, &logits);
         sum = !sum || !loss ? loss : spmd_add(g, sum, loss);
         if (!sum) break;
     }
+    gpt_share_params(false);
     gpt_name_micro_batch(0);
+    spmd_graph_set_micro_batch(g, -1);
     /* The step's loss: the micro-batches' mean, as accumulation takes it. */
     spmd_tensor *loss = sum ? spmd_scale(g, sum, 1.0f / (float)micro_batches) : NULL;
     st = loss ? SPMD_OK : gpt_build_failed(g);
     ir_error_scope_end(g, &outer);
     g->stage = outer_stage;
+    g->micro = outer_micro;
     if (st != SPMD_OK) return st;
     out->input = ids;
     out->targets = targets;

@@ -62,6 +62,7 @@ spmd_program *spmd_compile(spmd_graph *g, const spmd_compile_options *opts)
         .fuse = !(opts && opts->unfused),
         .overlap = opts && opts->overlap,
         .inflight_bytes = opts ? opts->inflight_bytes : 0,
+        .one_f_one_b = opts && opts->schedule == SPMD_SCHEDULE_1F1B,
     };
     if (compile_graph(&p->c, g, &how) != SPMD_OK) goto fail;
     /* A plan-only program (explain) stops here: no devices, no BLAS. */

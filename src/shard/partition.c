@@ -179,6 +179,7 @@ static void place(partition *p, const spmd_tensor *t)
 {
     if (mesh_stage_axis(p->m) < 0) return;
     p->local->stage = t->op == IR_STAGE_TRANSFER ? t->attr.stage.from : t->stage;
+    p->local->micro = t->micro;
 }
 
 static spmd_status build(builder *b, const bool *needed)
@@ -224,7 +225,7 @@ static spmd_status build(builder *b, const bool *needed)
         spmd_status st = spmd_graph_set_update(p->local, p->local_of[up->target->id], lv);
         if (st != SPMD_OK) return part_record(b, st, "%s", spmd_last_error());
     }
-    p->local->stage = -1;
+    p->local->stage = p->local->micro = -1;
     return SPMD_OK;
 }
 

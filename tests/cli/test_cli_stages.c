@@ -3,7 +3,8 @@
  * on 2 and 4 pipeline stages, on 2 stages x 2 data replicas and on 2
  * stages x 2 fsdp x 2 data, trains
  * as --accumulate M does on one device (the losses within 1e-5 relative
- * over the steps), a rerun gives the same bits, the banner and explain
+ * over 50 steps), in GPipe's order and in 1F1B's (the same bits: one
+ * graph, another order), a rerun gives the same bits, the banner and explain
  * show the stages, explain shows the bubble computed and measured from a
  * trace, and what is not built or makes no pipeline is refused
  * naming the flags.
@@ -48,8 +49,8 @@ static void has(const char *part)
     if (!strstr(out, part)) fail_msg("\"%s\" not in:\n%s", part, out);
 }
 
-enum { STEPS = 20 };
-#define SHAPE "--steps 20 --eval 0 --layers 4 --dim 32 --heads 2 --seq 16 --batch 4 --threads 2"
+enum { STEPS = 50 };
+#define SHAPE "--steps 50 --eval 0 --layers 4 --dim 32 --heads 2 --seq 16 --batch 4 --threads 2"
 
 /* The losses of a run's --json report. */
 static void losses(const char *flags, const char *name, double *loss)
@@ -72,35 +73,54 @@ static void losses(const char *flags, const char *name, double *loss)
     cJSON_Delete(j);
 }
 
-static void same_as_accumulation(const char *mesh, const char *axes, int micro)
+/* Over the steps, the losses on stages in `schedule`'s order within
+ * 1e-5 of --accumulate's, and a rerun's the same bits; and, where
+ * `other` names a schedule, its losses the same bits too (one graph,
+ * another order). */
+static void same_as_accumulation_in(const char *mesh, const char *axes, int micro, const char *schedule,
+                                    const char *other)
 {
     double want[STEPS], got[STEPS], again[STEPS];
-    char flags[160];
+    char flags[200];
     snprintf(flags, sizeof flags, "--accumulate %d", micro);
     losses(flags, "accumulate", want);
-    snprintf(flags, sizeof flags, "--mesh %s --axes %s --pp pp --microbatches %d", mesh, axes, micro);
+    snprintf(flags, sizeof flags, "--mesh %s --axes %s --pp pp --microbatches %d --pp-schedule %s", mesh,
+             axes, micro, schedule);
     losses(flags, "stages", got);
     has("micro-batches over");
     losses(flags, "again", again);
     for (int i = 0; i < STEPS; i++) {
         if (fabs(got[i] - want[i]) > 1e-5 * fabs(want[i]))
-            fail_msg("%s step %d: loss %.9g with stages, %.9g with --accumulate %d", mesh, i + 1,
-                     got[i], want[i], micro);
+            fail_msg("%s %s step %d: loss %.9g with stages, %.9g with --accumulate %d", mesh, schedule,
+                     i + 1, got[i], want[i], micro);
         if (memcmp(&got[i], &again[i], sizeof got[i]))
             fail_msg("%s step %d: %.17g, then %.17g", mesh, i + 1, got[i], again[i]);
     }
+    if (!other) return;
+    snprintf(flags, sizeof flags, "--mesh %s --axes %s --pp pp --microbatches %d --pp-schedule %s", mesh,
+             axes, micro, other);
+    losses(flags, "other", again);
+    for (int i = 0; i < STEPS; i++)
+        if (memcmp(&got[i], &again[i], sizeof got[i]))
+            fail_msg("%s step %d: %.17g in %s's order, %.17g in %s's", mesh, i + 1, got[i], schedule,
+                     again[i], other);
+}
+
+static void same_as_accumulation(const char *mesh, const char *axes, int micro)
+{
+    same_as_accumulation_in(mesh, axes, micro, "gpipe", NULL);
 }
 
 static void test_two_stages(void **state)
 {
     (void)state;
-    same_as_accumulation("2", "pp", 4);
+    same_as_accumulation_in("2", "pp", 4, "gpipe", "1f1b");
 }
 
 static void test_four_stages(void **state)
 {
     (void)state;
-    same_as_accumulation("4", "pp", 4);
+    same_as_accumulation_in("4", "pp", 8, "1f1b", NULL);
 }
 
 /* 2 stages x 2 fsdp x 2 data: each stage's parameters over 'fsdp' (the
@@ -127,6 +147,10 @@ static void test_explain_shows_the_stages(void **state)
     has("stage 0: blocks 0-2 + wte.weight, wpe.weight");
     has("stage 1: blocks 3-4 + ln_f.weight, ln_f.bias");
     has("of activations at most");
+    has("schedule: GPipe, 2 micro-batches over 2 stages");
+    tool(0, "explain --mesh 2 --axes pp --pp pp --layers 5 --batch 4 --microbatches 8 --pp-schedule 1f1b");
+    has("schedule: 1F1B, 8 micro-batches over 2 stages");
+    has("bubble (S-1)/(M+S-1) = 1/9");
 }
 
 /* A file's whole text, parsed. */
@@ -202,6 +226,8 @@ static void test_refusals(void **state)
     (void)state;
     tool(2, "train --steps 1 --microbatches 4");
     has("--microbatches 4: micro-batches are --pp's");
+    tool(2, "train --steps 1 --pp-schedule 1f1b");
+    has("--pp-schedule 1f1b: a schedule of stages; give --pp AXIS");
     tool(2, "train --steps 1 --mesh 4 --axes pp --pp pp --layers 4 --microbatches 2");
     has("--microbatches 2 for 4 stages");
     tool(2, "train --steps 1 --mesh 4 --axes pp --pp pp --layers 2");

@@ -66,7 +66,7 @@ static void make_plain(setup *s, const spmd_gpt_config *cfg, int micro)
 /* The GPT on `stages` stages of a mesh "pp" (mesh false: one device),
  * times `replicas` along "data", which splits each micro-batch. */
 static spmd_status make_staged_on(setup *s, const spmd_gpt_config *cfg, int stages, int replicas,
-                                  int micro, bool mesh)
+                                  int micro, bool mesh, spmd_pipeline_schedule schedule)
 {
     memset(s, 0, sizeof *s);
     s->micro = micro;
@@ -88,8 +88,9 @@ static spmd_status make_staged_on(setup *s, const spmd_gpt_config *cfg, int stag
         if (fsdp) assert_int_equal(spmd_fsdp_wrap(s->g, s->mesh, "fsdp", NULL, 0, NULL), SPMD_OK);
     }
     s->tr = spmd_trainer_create(s->g, s->t.loss,
-                                &(spmd_trainer_options){.optimizer = adamw(),
-                                                        .compile = {.seed = 3, .threads = 4}});
+                                &(spmd_trainer_options){
+                                    .optimizer = adamw(),
+                                    .compile = {.seed = 3, .threads = 4, .schedule = schedule}});
     if (!s->tr) return spmd_last_status();
     s->p = spmd_trainer_program(s->tr);
     return SPMD_OK;
@@ -97,7 +98,7 @@ static spmd_status make_staged_on(setup *s, const spmd_gpt_config *cfg, int stag
 
 static spmd_status make_staged(setup *s, const spmd_gpt_config *cfg, int stages, int micro, bool mesh)
 {
-    return make_staged_on(s, cfg, stages, 1, micro, mesh);
+    return make_staged_on(s, cfg, stages, 1, micro, mesh, SPMD_SCHEDULE_GPIPE);
 }
 
 static void setup_free(setup *s)
@@ -154,11 +155,12 @@ static bool close_rel(double a, double b, double tol)
 
 /* S stages (times `replicas` along a data axis), M micro-batches against
  * accumulation over the same M. */
-static void compare_on(const spmd_gpt_config *cfg, int stages, int replicas, int micro)
+static void compare_as(const spmd_gpt_config *cfg, int stages, int replicas, int micro,
+                       spmd_pipeline_schedule schedule)
 {
     setup plain, staged;
     make_plain(&plain, cfg, micro);
-    if (make_staged_on(&staged, cfg, stages, replicas, micro, true) != SPMD_OK)
+    if (make_staged_on(&staged, cfg, stages, replicas, micro, true, schedule) != SPMD_OK)
         fail_msg("%d stages: %s", stages, spmd_last_error());
     for (int s = 0; s < STEPS; s++) {
         float np = 0, ns = 0;
@@ -181,6 +183,11 @@ static void compare_on(const spmd_gpt_config *cfg, int stages, int replicas, int
     }
     setup_free(&plain);
     setup_free(&staged);
+}
+
+static void compare_on(const spmd_gpt_config *cfg, int stages, int replicas, int micro)
+{
+    compare_as(cfg, stages, replicas, micro, SPMD_SCHEDULE_GPIPE);
 }
 
 static void compare(const spmd_gpt_config *cfg, int stages, int micro)
@@ -351,6 +358,65 @@ static void test_each_device_holds_its_stage(void **state)
     each_device_holds_its_stage(4);
 }
 
+/* 1F1B runs the graph GPipe runs in another order: the same bits step
+ * by step, and accumulation's losses and weights within 1e-5. */
+static void test_one_f_one_b_trains_as_gpipe(void **state)
+{
+    (void)state;
+    for (int stages = 2; stages <= 4; stages += 2) {
+        setup gpipe, one_f;
+        assert_int_equal(make_staged_on(&gpipe, &CFG, stages, 1, 2 * stages, true, SPMD_SCHEDULE_GPIPE),
+                         SPMD_OK);
+        assert_int_equal(make_staged_on(&one_f, &CFG, stages, 1, 2 * stages, true, SPMD_SCHEDULE_1F1B),
+                         SPMD_OK);
+        for (int s = 0; s < 3; s++) {
+            float a = train_step(&gpipe, s, true, NULL), b = train_step(&one_f, s, true, NULL);
+            if (memcmp(&a, &b, sizeof a) != 0)
+                fail_msg("%d stages step %d: GPipe %.9g, 1F1B %.9g", stages, s, a, b);
+        }
+        setup_free(&gpipe);
+        setup_free(&one_f);
+        compare_as(&CFG, stages, 1, 2 * stages, SPMD_SCHEDULE_1F1B);
+    }
+    compare_as(&CFG, 2, 4, 4, SPMD_SCHEDULE_1F1B); /* 2 stages x 2 fsdp x 2 data */
+}
+
+/* What a device of each stage allocates besides its inputs, with M
+ * micro-batches on 2 stages. */
+static void allocated_per_stage(spmd_pipeline_schedule schedule, int micro, size_t out[2])
+{
+    spmd_gpt_config cfg = CFG;
+    cfg.dim = 32;
+    setup s;
+    assert_int_equal(make_staged_on(&s, &cfg, 2, 1, micro, true, schedule), SPMD_OK);
+    train_step(&s, 0, true, NULL);
+    size_t inputs = 2 * (size_t)micro * MICRO * SEQ * sizeof(int32_t);
+    for (int d = 0; d < 2; d++) out[d] = executor_device_allocated(s.p, d) - inputs;
+    setup_free(&s);
+}
+
+/* 1F1B holds at most S - s micro-batches' activations on stage s (and
+ * the gradients' running sums) whatever M: what a device allocates at
+ * M = 8S is within 10% of M = 2S's (the free list's fragments differ),
+ * and less than GPipe's at M = 2S; GPipe's grows with M. */
+static void test_one_f_one_b_bounds_activations(void **state)
+{
+    (void)state;
+    size_t one_2s[2], one_8s[2], gpipe_2s[2], gpipe_8s[2];
+    allocated_per_stage(SPMD_SCHEDULE_1F1B, 4, one_2s);
+    allocated_per_stage(SPMD_SCHEDULE_1F1B, 16, one_8s);
+    allocated_per_stage(SPMD_SCHEDULE_GPIPE, 4, gpipe_2s);
+    allocated_per_stage(SPMD_SCHEDULE_GPIPE, 16, gpipe_8s);
+    for (int d = 0; d < 2; d++) {
+        if ((double)one_8s[d] > 1.1 * (double)one_2s[d] || one_8s[d] >= gpipe_2s[d])
+            fail_msg("1F1B stage %d: %zu bytes at M = 16, %zu at M = 4 (GPipe %zu at M = 4)", d,
+                     one_8s[d], one_2s[d], gpipe_2s[d]);
+        if ((double)gpipe_8s[d] < 1.5 * (double)gpipe_2s[d])
+            fail_msg("GPipe stage %d: %zu bytes at M = 16, %zu at M = 4: it holds every micro-batch", d,
+                     gpipe_8s[d], gpipe_2s[d]);
+    }
+}
+
 static void expect_refused(spmd_status st, const char *what)
 {
     if (st == SPMD_OK) fail_msg("accepted; expected a refusal naming '%s'", what);
@@ -430,6 +496,8 @@ int main(void)
         cmocka_unit_test(test_stages_fsdp_and_data),
         cmocka_unit_test(test_same_seed_same_bits),
         cmocka_unit_test(test_each_device_holds_its_stage),
+        cmocka_unit_test(test_one_f_one_b_trains_as_gpipe),
+        cmocka_unit_test(test_one_f_one_b_bounds_activations),
         cmocka_unit_test(test_bad_input_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

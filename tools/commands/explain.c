@@ -64,20 +64,27 @@ static cJSON *measured_json(const spmd_program *p, const explain_measured *meas)
     return list;
 }
 
-/* GPipe's bubble: of a step's M + S - 1 slots of micro-batch work
- * (forward, then backward), each stage computes in M and waits in S - 1. */
-static double gpipe_bubble(const cli_model *m)
+/* The bubble: of a step's M + S - 1 slots of micro-batch work (forward,
+ * then backward), each stage computes in M and waits in S - 1, in
+ * GPipe's order and in 1F1B's alike. */
+static double bubble(const cli_model *m)
 {
     return (double)(m->stages - 1) / (m->micro_batches + m->stages - 1);
 }
 
 /* With --pp: the schedule, its computed bubble and, from a trace, each
  * device's measured idle fraction (docs/design/stages.md, "The bubble"). */
-static void put_schedule(const cli_model *m, const explain_measured *meas)
+static void put_schedule(const cli_opts *o, const cli_model *m, const explain_measured *meas)
 {
-    printf("\nschedule: GPipe, %d micro-batches over %d stages (every forward, then every backward); "
-           "bubble (S-1)/(M+S-1) = %d/%d = %.1f%% of a step idle on each device\n",
-           m->micro_batches, m->stages, m->stages - 1, m->micro_batches + m->stages - 1, 100 * gpipe_bubble(m));
+    if (o->pp_1f1b)
+        printf("\nschedule: 1F1B, %d micro-batches over %d stages (stage s runs S-s-1 forwards, then one "
+               "forward and one backward by turns: it holds at most S-s micro-batches' activations); ",
+               m->micro_batches, m->stages);
+    else
+        printf("\nschedule: GPipe, %d micro-batches over %d stages (every forward, then every backward: "
+               "each stage holds all M micro-batches' activations); ", m->micro_batches, m->stages);
+    printf("bubble (S-1)/(M+S-1) = %d/%d = %.1f%% of a step idle on each device\n", m->stages - 1,
+           m->micro_batches + m->stages - 1, 100 * bubble(m));
     if (!meas->idle) return;
     printf("  measured idle (steps %d to %d: not computing, in stage transfers or waiting to wake):",
            meas->first_step, meas->last_step);
@@ -86,13 +93,13 @@ static void put_schedule(const cli_model *m, const explain_measured *meas)
     printf(" mean %.1f%%\n", 100 * explain_idle_mean(meas));
 }
 
-static cJSON *pipeline_json(const cli_model *m, const explain_measured *meas)
+static cJSON *pipeline_json(const cli_opts *opts, const cli_model *m, const explain_measured *meas)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "schedule", "gpipe");
+    cJSON_AddStringToObject(o, "schedule", opts->pp_1f1b ? "1f1b" : "gpipe");
     cJSON_AddNumberToObject(o, "stages", m->stages);
     cJSON_AddNumberToObject(o, "microbatches", m->micro_batches);
-    cJSON_AddNumberToObject(o, "bubble", gpipe_bubble(m));
+    cJSON_AddNumberToObject(o, "bubble", bubble(m));
     if (meas->idle) {
         cJSON *list = cJSON_AddArrayToObject(o, "measured_idle");
         for (int d = 0; d < meas->n_devices; d++)
@@ -143,7 +150,7 @@ int cmd_explain(int argc, char **argv)
     }
     fputs(text, stdout);
     free(text);
-    if (o.pp) put_schedule(&m, &meas);
+    if (o.pp) put_schedule(&o, &m, &meas);
     /* The JSON report is built only when asked for: for a deep model it
      * costs as much as the text. */
     if (o.json) {
@@ -167,7 +174,7 @@ int cmd_explain(int argc, char **argv)
         cJSON_AddNumberToObject(fly, "budget_bytes", (double)spmd_program_inflight_budget(p));
         cJSON_AddNumberToObject(fly, "arena_extra_bytes", (double)fly_extra);
         if (o.trace) cJSON_AddItemToObject(root, "measured", measured_json(p, &meas));
-        if (o.pp) cJSON_AddItemToObject(root, "pipeline", pipeline_json(&m, &meas));
+        if (o.pp) cJSON_AddItemToObject(root, "pipeline", pipeline_json(&o, &m, &meas));
         cJSON_AddItemToObject(root, "param_bytes_per_device", report_per_device(p, (double)model_param_bytes(p)));
         cJSON_AddItemToObject(root, "peak_bytes_per_device", report_per_device(p, (double)spmd_program_peak_bytes(p)));
         int nf = spmd_program_fallback_count(p);
