@@ -133,7 +133,8 @@ SPMD_API int spmd_program_overlap(const spmd_program *p, size_t *bytes, size_t *
  * never exceeds (spmd_compile_options.inflight_bytes, or its default); 0
  * without overlap, or on a program with no collective that could fly. */
 SPMD_API size_t spmd_program_inflight_budget(const spmd_program *p);
-/* Bytes of the parameters one device holds (its blocks). */
+/* Bytes of the parameters one device holds (its blocks; on pipeline
+ * stages, the stage holding the most). */
 SPMD_API size_t spmd_program_param_bytes(const spmd_program *p);
 /* Whole-tensor gathers forced by an op that cannot use a sharding. */
 SPMD_API int spmd_program_fallback_count(const spmd_program *p);

@@ -519,7 +519,9 @@ SPMD_API spmd_status spmd_program_write_copy(spmd_program *p, int copy, const sp
 SPMD_API spmd_status spmd_program_read_copy(const spmd_program *p, int copy,
                                             const spmd_tensor *t, void *dst, size_t bytes);
 
-/* Memory: the largest transient arena plus persistent and input bytes. */
+/* Memory per device: the largest transient arena plus persistent and
+ * input bytes; persistent: parameters and optimizer state.  On pipeline
+ * stages, of the device holding the most. */
 SPMD_API size_t spmd_program_peak_bytes(const spmd_program *p);
 SPMD_API size_t spmd_program_persistent_bytes(const spmd_program *p);
 SPMD_API size_t spmd_program_arena_bytes(const spmd_program *p);

@@ -329,10 +329,60 @@ sharding compiled_held(const compiled *c, const spmd_tensor *t)
     return c->partitioned ? c->part.held[t->id] : sharding_replicated(t->rank);
 }
 
+/* On pipeline stages a device holds the leaves and update values of no
+ * stage and of its own (the executor's rule), so the bytes "per device"
+ * are those of the device holding the most: per stage, its parameters
+ * and state, its parameters alone, and its update values in buffers of
+ * their own.  stage -1: every one (a mesh without stages). */
+typedef struct stage_bytes {
+    size_t persistent, params, swapped;
+} stage_bytes;
+
+static stage_bytes held_on(const compiled *c, int stage)
+{
+    stage_bytes b = {0, 0, 0};
+    for (int i = 0; i < c->local->n_nodes; i++) {
+        const spmd_tensor *t = c->local->nodes[i];
+        if (stage >= 0 && t->stage >= 0 && t->stage != stage) continue;
+        if (ir_is_persistent(t)) b.persistent += ir_nbytes(t);
+        if (t->op == IR_PARAM) b.params += ir_nbytes(t);
+        if (c->plan.swapped[i]) b.swapped += ir_nbytes(t);
+    }
+    return b;
+}
+
+static int stage_count(const compiled *c) { return c->plan.n_stage_arenas; }
+
 size_t compiled_peak_bytes(const compiled *c)
 {
-    return c->persistent_bytes + c->input_bytes + c->plan.arena_bytes + c->plan.swapped_bytes +
-           c->scratch_each * (size_t)c->nth;
+    size_t fixed = c->input_bytes + c->scratch_each * (size_t)c->nth;
+    if (stage_count(c) == 0)
+        return c->persistent_bytes + c->plan.arena_bytes + c->plan.swapped_bytes + fixed;
+    size_t most = 0;
+    for (int s = 0; s < stage_count(c); s++) {
+        stage_bytes b = held_on(c, s);
+        size_t bytes = b.persistent + compiled_stage_arena_bytes(c, s) + b.swapped + fixed;
+        if (bytes > most) most = bytes;
+    }
+    return most;
+}
+
+/* The stage whose device holds the most parameters and state; -1 without
+ * stages. */
+static int fullest_stage(const compiled *c)
+{
+    int best = -1;
+    size_t most = 0;
+    for (int s = 0; s < stage_count(c); s++) {
+        stage_bytes b = held_on(c, s);
+        if (best < 0 || b.persistent + b.params > most) best = s, most = b.persistent + b.params;
+    }
+    return best;
+}
+
+size_t compiled_persistent_bytes(const compiled *c)
+{
+    return stage_count(c) == 0 ? c->persistent_bytes : held_on(c, fullest_stage(c)).persistent;
 }
 
 size_t compiled_stage_arena_bytes(const compiled *c, int stage)
@@ -344,8 +394,5 @@ size_t compiled_stage_arena_bytes(const compiled *c, int stage)
 
 size_t compiled_param_bytes(const compiled *c)
 {
-    size_t n = 0;
-    for (int i = 0; i < c->local->n_nodes; i++)
-        if (c->local->nodes[i]->op == IR_PARAM) n += ir_nbytes(c->local->nodes[i]);
-    return n;
+    return held_on(c, fullest_stage(c)).params;
 }

@@ -32,7 +32,7 @@ typedef struct compiled {
     int n_dev;                /* devices */
     int nth;                  /* compute threads per device (of this process) */
     size_t scratch_each;      /* kernel scratch per thread, 64-byte multiple */
-    size_t persistent_bytes;  /* per device: parameters and state */
+    size_t persistent_bytes;  /* parameters and state, every stage's (compiled_persistent_bytes: per device) */
     size_t input_bytes;       /* per device: input blocks */
     /* Gradient accumulation (local->accumulate_steps > 1): per local node
      * id, whether a micro-batch that is not a step's last runs it (the
@@ -82,13 +82,16 @@ sharding compiled_held(const compiled *c, const spmd_tensor *t);
 /* Per-thread scratch bytes that node t's kernel needs (0 for most). */
 size_t compile_scratch_bytes(const spmd_tensor *t);
 
-/* Per device: persistent + inputs + activation arena + scratch. */
+/* Per device: persistent + inputs + activation arena + update values in
+ * buffers of their own + scratch; on pipeline stages, the most of any
+ * stage's device. */
 size_t compiled_peak_bytes(const compiled *c);
-/* The arena bytes a device of `stage` allocates: up to the end of the
- * last value its stage's steps use in the one plan (-1, or without
- * stages: the whole arena). */
+/* The arena bytes a device of `stage` allocates: the common region and
+ * its stage's (plan.c; -1, or without stages: the whole arena). */
 size_t compiled_stage_arena_bytes(const compiled *c, int stage);
-/* Per device: parameter bytes (not state). */
+/* Per device: parameters and state, and parameters alone (not state); on
+ * pipeline stages, those of the stage holding the most. */
+size_t compiled_persistent_bytes(const compiled *c);
 size_t compiled_param_bytes(const compiled *c);
 
 #endif

@@ -303,7 +303,7 @@ static void put_memory(text *t, const compiled *c)
     char a[32], b[32];
     /* Gradients are resolved onto their parameter's sharding: one more
      * copy of the parameter bytes beside parameters and optimizer state. */
-    size_t params = c->persistent_bytes + compiled_param_bytes(c);
+    size_t params = compiled_persistent_bytes(c) + compiled_param_bytes(c);
     put(t, "\nmemory per device: %s parameters + gradients + optimizer state, %s peak\n",
         bytes_text((double)params, a, sizeof a), bytes_text((double)compiled_peak_bytes(c), b, sizeof b));
     int nf = compiled_fallback_count(c);

@@ -7,7 +7,7 @@
 
 size_t spmd_program_arena_bytes(const spmd_program *p) { return p ? p->c.plan.arena_bytes : 0; }
 size_t spmd_program_held_bytes(const spmd_program *p) { return p ? p->c.plan.held_bytes : 0; }
-size_t spmd_program_persistent_bytes(const spmd_program *p) { return p ? p->c.persistent_bytes : 0; }
+size_t spmd_program_persistent_bytes(const spmd_program *p) { return p ? compiled_persistent_bytes(&p->c) : 0; }
 int spmd_program_devices(const spmd_program *p) { return p ? p->c.n_dev : 0; }
 int spmd_program_processes(const spmd_program *p) { return p ? p->processes : 0; }
 int spmd_program_copies(const spmd_program *p) { return p ? (p->copies ? p->copies : 1) : 0; }
