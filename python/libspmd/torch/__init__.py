@@ -23,11 +23,12 @@ from .mesh import (HybridMesh, Mesh, get_1d_mesh, get_global_mesh, global_runtim
 from .fsdp import SpmdFullyShardedDataParallel
 from .sharding import clear_sharding, get_sharding, mark_sharding, visualize_tensor_sharding
 from .trace import trace
+from .stages import clear_pipeline, pipeline
 from .step import compile
 
 __all__ = [
     "Mesh", "HybridMesh", "get_1d_mesh", "set_global_mesh", "get_global_mesh",
     "global_runtime_device_count", "set_device_count", "process_count", "process_index",
     "mark_sharding", "clear_sharding", "visualize_tensor_sharding", "SpmdFullyShardedDataParallel",
-    "get_sharding", "trace", "compile",
+    "get_sharding", "trace", "compile", "pipeline", "clear_pipeline",
 ]
