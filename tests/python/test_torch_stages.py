@@ -212,3 +212,16 @@ def test_clear_pipeline_trains_without_stages(unpipelined):
     got, step = compiled(m, data[:3])
     np.testing.assert_array_equal(got, unpipelined[0][:3])
     assert all(t.stage == -1 for t in step.program.graph.params())
+
+
+def test_a_checkpoint_on_stages_resumes_without_them(tmp_path, unpipelined):
+    """The parameters keep their names on stages: a checkpoint saved after
+    3 steps on 2 stages resumes on one device as the run without stages."""
+    m, data = piped((2,))
+    _, step = compiled(m, data[:3])
+    step.save(str(tmp_path / "ckpt"))
+    plain = model()
+    resumed = xs.compile(plain, optimizer(plain), loss_fn, clip_grad_norm=1.0)
+    resumed.load(str(tmp_path / "ckpt"))
+    got = [resumed(ids, targets) for ids, targets in batches()[3:6]]
+    np.testing.assert_allclose(got, unpipelined[0][3:6], rtol=1e-5)
