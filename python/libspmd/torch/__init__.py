@@ -6,7 +6,9 @@
     xs.mark_sharding(inputs, mesh, (('replica', 'fsdp'), None))
 
 compile(model, optimizer, loss_fn) gives a training step that runs on
-libspmd (step.py).  trace(loss_fn, model, *batch) maps loss_fn(model,
+libspmd (step.py); pipeline(model.blocks, mesh, 'pp', microbatches=M)
+lays a ModuleList of identical blocks over a mesh axis as pipeline
+stages (stages.py).  trace(loss_fn, model, *batch) maps loss_fn(model,
 *batch) onto libspmd's graph builders (trace.py, through the op table in
 aten.py); what it returns, the builder calls (graph.py), is the package's
 own and not exported here.  It needs PyTorch (pip's extra libspmd[torch]

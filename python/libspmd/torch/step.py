@@ -391,7 +391,9 @@ def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulatio
     all-gather); zero=False updates every replica whole.  `seed` is the
     program's: dropout in training draws its masks from it, the step and
     each element's index (libspmd's own draws, the same on any mesh; the
-    parameters start from the model's values)."""
+    parameters start from the model's values).  A model whose blocks
+    pipeline() named runs on pipeline stages, each call's batch as the
+    pipeline's micro-batches (stages.py)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
     OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option
