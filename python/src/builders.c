@@ -512,6 +512,18 @@ static PyObject *graph_slice(GraphObject *self, PyObject *args, PyObject *kw)
     return wrap_tensor(self, spmd_slice(self->g, t, axis, start, len));
 }
 
+static PyObject *graph_stage_transfer(GraphObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "source", "target", NULL};
+    PyObject *x;
+    int from, to;
+    spmd_tensor *t;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii:stage_transfer", kwlist, &x, &from, &to) ||
+        tensor_arg(self, x, &t, true) < 0)
+        return NULL;
+    return wrap_tensor(self, spmd_stage_transfer(self->g, t, from, to));
+}
+
 static PyObject *graph_concat(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"xs", "axis", NULL};
@@ -586,6 +598,8 @@ PyMethodDef graph_builder_methods[] = {
     {"transpose", KW(graph_transpose), "transpose(x, dim0, dim1)"},
     {"slice", KW(graph_slice), "slice(x, axis, start, length): x[..., start:start+length, ...]"},
     {"concat", KW(graph_concat), "concat(xs, axis)"},
+    {"stage_transfer", KW(graph_stage_transfer),
+     "stage_transfer(x, source, target): x of pipeline stage source on stage target"},
     {NULL}};
 
 /* ---- The plain elementwise ops, from the op table ------------------------- */

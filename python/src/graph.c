@@ -204,6 +204,14 @@ static PyObject *graph_mark_sharding(GraphObject *self, PyObject *args, PyObject
     Py_RETURN_NONE;
 }
 
+static PyObject *graph_set_stage(GraphObject *self, PyObject *arg)
+{
+    if (graph_open(self) < 0) return NULL;
+    long s = PyLong_AsLong(arg);
+    if (s == -1 && PyErr_Occurred()) return NULL;
+    RETURN_STATUS(spmd_graph_set_stage(self->g, s < INT_MIN || s > INT_MAX ? INT_MIN : (int)s));
+}
+
 static PyObject *graph_clear_sharding(GraphObject *self, PyObject *x)
 {
     spmd_tensor *t;
@@ -242,6 +250,8 @@ static PyMethodDef graph_core_methods[] = {
      "mark_sharding(t, mesh, spec): spec as text \"(replica, fsdp), None\" or a tuple\n"
      "(('replica', 'fsdp'), None); entries an axis name or index, a tuple of them, or None"},
     {"clear_sharding", FN(graph_clear_sharding), METH_O, "clear_sharding(t): drop t's mark"},
+    {"set_stage", FN(graph_set_stage), METH_O,
+     "set_stage(s): place the nodes built from now on on pipeline stage s (-1: none)"},
     {"grad", KW(graph_grad),
      "grad(loss, checkpoints=None): append the backward pass (recomputing between checkpoints)"},
     {"close", FN(graph_close), METH_NOARGS, "close(): free the graph now (no program may be open)"},

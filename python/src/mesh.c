@@ -192,6 +192,13 @@ static PyObject *mesh_axis_is_independent(MeshObject *self, PyObject *a)
     return PyBool_FromLong(spmd_mesh_axis_is_independent(self->m, axis));
 }
 
+static PyObject *mesh_set_stage_axis(MeshObject *self, PyObject *a)
+{
+    int axis = -1;
+    if (a != Py_None && mesh_axis_arg(self->m, a, &axis) < 0) return NULL;
+    RETURN_STATUS(spmd_mesh_set_stage_axis(self->m, axis));
+}
+
 static PyObject *mesh_place_processes(MeshObject *self, PyObject *arg)
 {
     long n = PyLong_AsLong(arg);
@@ -258,6 +265,8 @@ static PyMethodDef mesh_methods[] = {
      "set_axis_independent(axis, independent=True): each group along it is a copy, a model of its own"},
     {"is_axis_independent", FN(mesh_axis_is_independent), METH_O,
      "is_axis_independent(axis) -> bool"},
+    {"set_stage_axis", FN(mesh_set_stage_axis), METH_O,
+     "set_stage_axis(axis): the pipeline's stage axis (a name or index; None for none), before any mark"},
     {"place_processes", FN(mesh_place_processes), METH_O,
      "place_processes(P): lay the devices out over P processes as a run over MPI does"},
     {"set_network", KW(mesh_set_network),
@@ -275,6 +284,8 @@ static PyGetSetDef mesh_getset[] = {
      (void *)spmd_mesh_processes},
     {"copies", GET(mesh_get_int), NULL, "the product of the independent axes' sizes",
      (void *)spmd_mesh_copies},
+    {"stage_axis", GET(mesh_get_int), NULL, "the index of the stage axis, -1 for none",
+     (void *)spmd_mesh_stage_axis},
     {NULL}};
 
 static PyType_Slot mesh_slots[] = {

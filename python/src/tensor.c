@@ -108,6 +108,12 @@ static PyObject *tensor_get_is_param(TensorObject *self, void *unused)
     return tensor_live(self) < 0 ? NULL : PyBool_FromLong(spmd_tensor_is_param(self->t));
 }
 
+static PyObject *tensor_get_stage(TensorObject *self, void *unused)
+{
+    (void)unused;
+    return tensor_live(self) < 0 ? NULL : PyLong_FromLong(spmd_tensor_stage(self->t));
+}
+
 static PyObject *tensor_get_is_frozen(TensorObject *self, void *unused)
 {
     (void)unused;
@@ -206,6 +212,7 @@ static PyGetSetDef tensor_getset[] = {
     {"size", GET(tensor_get_size), NULL, "the number of elements", NULL},
     {"op", GET(tensor_get_op), NULL, "the op's name (\"matmul\", \"param\", ...)", NULL},
     {"is_param", GET(tensor_get_is_param), NULL, "whether it is a parameter (frozen or trained)", NULL},
+    {"stage", GET(tensor_get_stage), NULL, "the pipeline stage it is placed on, -1 for none", NULL},
     {"is_frozen", GET(tensor_get_is_frozen), NULL, "whether it is a frozen parameter (Graph.param_freeze)",
      NULL},
     {"grad", GET(tensor_get_grad), NULL, "a parameter's gradient after Graph.grad, else None", NULL},

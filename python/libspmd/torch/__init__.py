@@ -6,7 +6,9 @@
     xs.mark_sharding(inputs, mesh, (('replica', 'fsdp'), None))
 
 compile(model, optimizer, loss_fn) gives a training step that runs on
-libspmd (step.py).  trace(loss_fn, model, *batch) maps loss_fn(model,
+libspmd (step.py); pipeline(model.blocks, mesh, 'pp', microbatches=M)
+lays a ModuleList of identical blocks over a mesh axis as pipeline
+stages (stages.py).  trace(loss_fn, model, *batch) maps loss_fn(model,
 *batch) onto libspmd's graph builders (trace.py, through the op table in
 aten.py); what it returns, the builder calls (graph.py), is the package's
 own and not exported here.  It needs PyTorch (pip's extra libspmd[torch]
@@ -23,11 +25,12 @@ from .mesh import (HybridMesh, Mesh, get_1d_mesh, get_global_mesh, global_runtim
 from .fsdp import SpmdFullyShardedDataParallel
 from .sharding import clear_sharding, get_sharding, mark_sharding, visualize_tensor_sharding
 from .trace import trace
+from .stages import clear_pipeline, pipeline
 from .step import compile
 
 __all__ = [
     "Mesh", "HybridMesh", "get_1d_mesh", "set_global_mesh", "get_global_mesh",
     "global_runtime_device_count", "set_device_count", "process_count", "process_index",
     "mark_sharding", "clear_sharding", "visualize_tensor_sharding", "SpmdFullyShardedDataParallel",
-    "get_sharding", "trace", "compile",
+    "get_sharding", "trace", "compile", "pipeline", "clear_pipeline",
 ]

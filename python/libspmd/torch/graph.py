@@ -114,10 +114,13 @@ class TracedGraph:
              statistics), updated in the program and written back by sync
     value_marks  Ref id -> ShardingMark: the values mark_sharding marked
              inside forward (sharding constraints, constraint.py)
+    modules  Ref id -> the names of the modules whose forward made the
+             call, outermost first (() for loss_fn's own; none for the
+             leaves): pipeline stages place a block's calls by them
     """
 
     def __init__(self, calls, loss, params, aliases, states, inputs, marks, updates=None,
-                 value_marks=None):
+                 value_marks=None, modules=None):
         self.calls = calls
         self.loss = loss
         self.params = params
@@ -127,6 +130,7 @@ class TracedGraph:
         self.marks = marks
         self.updates = dict(updates or {})
         self.value_marks = dict(value_marks or {})
+        self.modules = dict(modules or {})
 
     def ops(self):
         """The distinct builder ops the program uses."""

@@ -57,12 +57,17 @@ class Lowering:
     being mapped (for shapes and messages).  `locate(node)` names the
     user's source line of a node for messages (trace.py's
     source_location), `module_path(node)` the layer that made it
-    (trace.py's module_path), None for none.  close() frees the scratch
-    graph."""
+    (trace.py's module_path), None for none; `module_names(node)` the
+    names of the modules whose forward made it, outermost first
+    (trace.py's module_names), which `modules` keeps for each call
+    (pipeline stages place a block's calls by them).  close() frees the
+    scratch graph."""
 
-    def __init__(self, locate=None, module_path=None):
+    def __init__(self, locate=None, module_path=None, module_names=None):
         self.locate = locate
         self.module_path = module_path
+        self.module_names = module_names
+        self.modules = {}  # Ref id -> module_names of the node that made the call
         self.scratch = _core.Graph()
         self.builder = GraphBuilder(self.scratch)
         self.tensors = {}  # Ref id -> the scratch graph's Tensor
@@ -129,6 +134,8 @@ class Lowering:
         call = Call(op, tuple(args), out)
         self.calls.append(call)
         self.producer[out.id] = call
+        if self.module_names is not None and self.node is not None:
+            self.modules[out.id] = self.module_names(self.node)
         return out
 
     def close(self):

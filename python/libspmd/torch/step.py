@@ -22,6 +22,7 @@ from .fsdp import SpmdFullyShardedDataParallel
 from .graph import GraphBuilder
 from .optim import STEP_STATE, OptimizerPlan, one_step_count, read_torch_state, write_torch_state
 from .sharding import get_sharding, libspmd_mesh, mark_sharding
+from . import stages
 from .trace import trace
 
 
@@ -36,8 +37,9 @@ def _mark_key(t):
 class _Compiled:
     """One program: for one batch signature and one set of marks."""
 
-    def __init__(self, traced, graph, program, loss, lrs, batch_marks, trained):
+    def __init__(self, traced, graph, program, loss, lrs, batch_marks, trained, microbatches=1):
         self.traced = traced
+        self.microbatches = microbatches  # > 1 on pipeline stages: the inputs are per micro-batch
         self.trained = trained  # the parameters it updates (the others are frozen)
         self.graph = graph
         self.program = program
@@ -85,39 +87,52 @@ class Step:
 
     # ---- compiling
 
-    def _signature(self, batch, plan, params):
+    def _signature(self, batch, plan, params, pipe):
         shapes = tuple((tuple(b.shape), str(b.dtype)) if isinstance(b, torch.Tensor) else type(b)
                        for b in batch)
         params = tuple((n, _mark_key(p)) for n, p in params.items())
-        return (shapes, params, plan.key())
+        return (shapes, params, plan.key(), pipe[1].key() if pipe else None)
 
-    def _libspmd_mesh(self, mesh):
-        if mesh not in self._meshes:
-            self._meshes[mesh] = libspmd_mesh(mesh)
-        return self._meshes[mesh]
+    def _libspmd_mesh(self, mesh, stage_axis=None):
+        """The libspmd.Mesh of a mesh, with its stage axis declared (before
+        any mark, as the library wants) when it has one."""
+        key = (mesh, stage_axis)
+        if key not in self._meshes:
+            self._meshes[key] = libspmd_mesh(mesh)
+            if stage_axis is not None:
+                self._meshes[key].set_stage_axis(stage_axis)
+        return self._meshes[key]
 
-    def _compile(self, batch, batch_marks):
+    def _compile(self, batch, batch_marks, pipe):
         import libspmd
         _refuse_cumulative_batch_norm(self.model)
         traced = trace(self.loss_fn, self.model, *batch)
         plan = OptimizerPlan(self.optimizer, traced.params)
+        if pipe is not None:
+            stages.check_marks(traced, pipe[1])
         g = libspmd.Graph()
         try:
             g.set_matmul_precision(self.matmul_precision)
             g.set_reduce_precision(self.reduce_precision)
-            loss, env = traced.build(GraphBuilder(g))
-            g.mark_output(loss)
-            for _buffer, state, value in traced.updates.values():
-                g.set_update(env[state.id], env[value.id])
             frozen = set(plan.frozen)
-            for call in traced.calls:
-                if call.op in ("param", "state", "input") and call.args[0] in traced.marks:
-                    m = traced.marks[call.args[0]]
-                    g.mark_sharding(env[call.out.id], self._libspmd_mesh(m.mesh), m.spec_text())
-                if call.op == "param" and call.args[0] in frozen:
-                    g.param_freeze(env[call.out.id])
-            for ref_id, m in traced.value_marks.items():
-                g.mark_sharding(env[ref_id], self._libspmd_mesh(m.mesh), m.spec_text())
+            if pipe is not None:
+                prefix, mark = pipe
+                loss = stages.build(traced, g, GraphBuilder(g), prefix, mark,
+                                    self._libspmd_mesh(mark.mesh, mark.axis), frozen)
+                g.mark_output(loss)
+            else:
+                loss, env = traced.build(GraphBuilder(g))
+                g.mark_output(loss)
+                for _buffer, state, value in traced.updates.values():
+                    g.set_update(env[state.id], env[value.id])
+                for call in traced.calls:
+                    if call.op in ("param", "state", "input") and call.args[0] in traced.marks:
+                        m = traced.marks[call.args[0]]
+                        g.mark_sharding(env[call.out.id], self._libspmd_mesh(m.mesh), m.spec_text())
+                    if call.op == "param" and call.args[0] in frozen:
+                        g.param_freeze(env[call.out.id])
+                for ref_id, m in traced.value_marks.items():
+                    g.mark_sharding(env[ref_id], self._libspmd_mesh(m.mesh), m.spec_text())
             g.grad(loss)
             lrs = g.optimizer_apply_groups(plan.kind, plan.groups, clip_norm=self.clip_grad_norm,
                                            shard_state=self.zero, accumulate_steps=self.accumulation)
@@ -127,7 +142,8 @@ class Step:
             raise
         for name, value in traced.states.items():
             program.write(name, value)
-        return _Compiled(traced, g, program, loss, lrs, batch_marks, plan.trained())
+        return _Compiled(traced, g, program, loss, lrs, batch_marks, plan.trained(),
+                         pipe[1].microbatches if pipe is not None else 1)
 
     def _values_now(self, entry):
         """The carried tensors' values: from the active program, and for
@@ -167,8 +183,8 @@ class Step:
             directory, self._pending_load = self._pending_load, None
             self.load(directory)
 
-    def _entry(self, batch, plan, params):
-        sig = self._signature(batch, plan, params)
+    def _entry(self, batch, plan, params, pipe):
+        sig = self._signature(batch, plan, params, pipe)
         marks = tuple(_mark_key(b) if isinstance(b, torch.Tensor) else None for b in batch)
         entries = self._cache.setdefault(sig, [])
         if any(m is not None for m in marks):
@@ -176,17 +192,17 @@ class Step:
         else:  # an unmarked batch runs as the first batch of its shape was marked
             found = entries[-1] if entries else None
         if found is None:
-            found = self._compile(batch, marks)
+            found = self._compile(batch, marks, pipe)
             entries.append(found)
         return found
 
     # ---- running
 
-    def _micro_batches(self, batch):
-        """The batch as gradient_accumulation_steps micro-batches: each
-        tensor cut along its first dim into equal parts, each part marked as
-        the tensor is; anything else goes to every micro-batch."""
-        k = self.accumulation
+    def _micro_batches(self, batch, k, what):
+        """The batch as k micro-batches (gradient accumulation's, or a
+        pipeline's, `what` naming the setting): each tensor cut along its
+        first dim into equal parts, each part marked as the tensor is;
+        anything else goes to every micro-batch."""
         if k == 1:
             return [batch]
         parts = []
@@ -196,8 +212,7 @@ class Step:
                 continue
             if b.dim() == 0 or b.shape[0] % k:
                 raise InvalidError(f"step: batch argument {i} of shape {tuple(b.shape)} does not split "
-                                   f"into gradient_accumulation_steps={k} micro-batches along its "
-                                   f"first dim")
+                                   f"into {what}={k} micro-batches along its first dim")
             pieces = list(torch.chunk(b, k, dim=0))
             mark = get_sharding(b)
             if mark is not None:
@@ -212,8 +227,19 @@ class Step:
         lrs = plan.lrs()  # refused before anything runs
         if isinstance(self.model, SpmdFullyShardedDataParallel):
             self.model.mark_batch(batch)  # FSDPv2: the batch over the data axes
-        micro = self._micro_batches(batch)
-        entry = self._entry(micro[0], plan, params)
+        pipe = stages.find_pipeline(self.model)
+        if pipe is not None:
+            if self.accumulation > 1:
+                raise UnsupportedError(f"compile: gradient_accumulation_steps="
+                                       f"{self.accumulation} with libspmd.torch.pipeline; the "
+                                       f"pipeline's micro-batches accumulate the whole batch")
+            micro = self._micro_batches(batch, pipe[1].microbatches, "libspmd.torch.pipeline's "
+                                        "microbatches")
+            entry = self._entry(micro[0], plan, params, pipe)
+            self._activate(entry)
+            return self._run_pipelined(entry, micro, lrs)
+        micro = self._micro_batches(batch, self.accumulation, "gradient_accumulation_steps")
+        entry = self._entry(micro[0], plan, params, None)
         self._activate(entry)
         prog = entry.program
         for lr_input, lr in zip(entry.lrs, lrs):
@@ -231,6 +257,19 @@ class Step:
             total += float(prog.read(entry.loss))
         self.steps += 1
         return total / len(micro) if len(micro) > 1 else total
+
+    def _run_pipelined(self, entry, micro, lrs):
+        """One run over the pipeline's micro-batches, each fed to its own
+        inputs; the loss is their mean, the program's."""
+        prog = entry.program
+        for lr_input, lr in zip(entry.lrs, lrs):
+            prog.set_input(lr_input, np.array(lr, np.float32))
+        for m, part in enumerate(micro):
+            for name, value in entry.traced.feeds(*part).items():
+                prog.set_input(stages.micro_name(name, m), value)
+        prog.run()
+        self.steps += 1
+        return float(prog.read(entry.loss))
 
     @property
     def program(self):
@@ -352,7 +391,9 @@ def compile(model, optimizer, loss_fn, clip_grad_norm=None, gradient_accumulatio
     all-gather); zero=False updates every replica whole.  `seed` is the
     program's: dropout in training draws its masks from it, the step and
     each element's index (libspmd's own draws, the same on any mesh; the
-    parameters start from the model's values)."""
+    parameters start from the model's values).  A model whose blocks
+    pipeline() named runs on pipeline stages, each call's batch as the
+    pipeline's micro-batches (stages.py)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"compile: model must be a torch.nn.Module, got {type(model).__name__}")
     OptimizerPlan(optimizer, dict(model.named_parameters()))  # refuse early, naming the option

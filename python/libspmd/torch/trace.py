@@ -104,6 +104,16 @@ def module_path(node):
     return f"{path or 'the model'} ({cls})"
 
 
+def module_names(node):
+    """('blocks', 'blocks.1', 'blocks.1.attn'): the names in the model of
+    the modules whose forward made the node, outermost first, from the
+    capture's module stack; () for a node of loss_fn itself."""
+    stack = node.meta.get("nn_module_stack") if hasattr(node, "meta") else None
+    prefix = "model."  # _LossCall holds the user's model as .model
+    return tuple(path[len(prefix):] for path, _cls in (stack or {}).values()
+                 if path.startswith(prefix))
+
+
 def _has_ref(v):
     if isinstance(v, (Ref, Unavailable)):
         return True
@@ -334,7 +344,7 @@ def trace(loss_fn, model, *batch):
     buffers, _ = _named_leaves(model, "buffer")
     capture = make_aten_graph(loss_fn, _stand_in(model), *batch)
     names = _batch_names(loss_fn, len(batch))
-    cx = Lowering(locate=source_location, module_path=module_path)
+    cx = Lowering(locate=source_location, module_path=module_path, module_names=module_names)
     try:
         out, marks = _lower(cx, capture, params, buffers, batch, names)
     finally:
@@ -360,7 +370,9 @@ def trace(loss_fn, model, *batch):
         raise InvalidError(f"the marks (mark_sharding inside forward among them) use "
                            f"{len(meshes)} meshes {sorted(map(repr, meshes))}; all marks of a "
                            f"program use one mesh")
-    return TracedGraph(calls, out, params, aliases, states, inputs, marks, updates, value_marks)
+    modules = {i: m for i, m in cx.modules.items() if i in live}
+    return TracedGraph(calls, out, params, aliases, states, inputs, marks, updates, value_marks,
+                       modules)
 
 
 def _lower(cx, capture, params, buffers, batch, names):
