@@ -4,22 +4,28 @@
 static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"seed", "threads", "plan_only", "unfused", "copy_seeds", "mpi",
-                             "collective_timeout", "overlap", "inflight_bytes", NULL};
+                             "collective_timeout", "overlap", "inflight_bytes", "schedule", NULL};
     int plan_only = 0, unfused = 0, over_processes = 0, overlap = 0;
     double collective_timeout = 0;
     PyObject *seed_o = NULL, *threads_o = NULL, *inflight_o = NULL, *seeds_o = Py_None;
     uint64_t seed = 0, threads = 0, inflight_bytes = 0;
+    const char *schedule = "gpipe";
     /* The integers are read whole and checked before they are narrowed;
      * the library checks the rest (collective_timeout's range). */
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOppOpdpO:compile", kwlist, &seed_o, &threads_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOppOpdpOs:compile", kwlist, &seed_o, &threads_o,
                                      &plan_only, &unfused, &seeds_o, &over_processes,
-                                     &collective_timeout, &overlap, &inflight_o) ||
+                                     &collective_timeout, &overlap, &inflight_o, &schedule) ||
         graph_open(self) < 0 ||
         (seed_o && count_arg("compile", "seed", seed_o, UINT64_MAX, NULL, &seed) < 0) ||
         (threads_o && count_arg("compile", "threads", threads_o, INT_MAX, "every core", &threads) < 0) ||
         (inflight_o &&
          count_arg("compile", "inflight_bytes", inflight_o, PY_SSIZE_T_MAX, "the default", &inflight_bytes) < 0))
         return NULL;
+    bool one_f_one_b = strcmp(schedule, "1f1b") == 0;
+    if (!one_f_one_b && strcmp(schedule, "gpipe") != 0) {
+        PyErr_Format(PyExc_ValueError, "compile: schedule '%s': 'gpipe' or '1f1b'", schedule);
+        return NULL;
+    }
     /* Over processes: MPI_COMM_WORLD (mpi.c). */
     const void *comm;
     if (mpi_compile_comm(over_processes, &comm) < 0) return NULL;
@@ -65,7 +71,8 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
     spmd_compile_options opts = {.threads = (int)threads, .seed = seed, .plan_only = plan_only,
                                  .copy_seeds = seeds, .unfused = unfused, .mpi_comm = comm,
                                  .collective_timeout_s = collective_timeout, .overlap = overlap,
-                                 .inflight_bytes = (size_t)inflight_bytes};
+                                 .inflight_bytes = (size_t)inflight_bytes,
+                                 .schedule = one_f_one_b ? SPMD_SCHEDULE_1F1B : SPMD_SCHEDULE_GPIPE};
     spmd_program *p = spmd_compile(self->g, &opts);
     PyMem_Free(seeds);
     if (!p) {
@@ -87,10 +94,12 @@ static PyObject *graph_compile(GraphObject *self, PyObject *args, PyObject *kw)
 PyMethodDef graph_compile_methods[] = {
     {"compile", KW(graph_compile),
      "compile(*, seed=0, threads=0, plan_only=False, unfused=False, copy_seeds=None, mpi=False, "
-     "collective_timeout=0, overlap=False, inflight_bytes=0) -> Program; "
+     "collective_timeout=0, overlap=False, inflight_bytes=0, schedule='gpipe') -> Program; "
      "mpi=True: over the processes of MPI_COMM_WORLD (mpi_start), each running its run of devices; "
      "collective_timeout: seconds a device may wait in a collective without progress before its "
      "run raises TimeoutError (0: the default, 100; negative: never; at most 1e7 either way); "
      "overlap=True: collectives in flight on each device's communication thread while it computes (the same bits), "
-     "their operands and results at most inflight_bytes at once (0: the default, 64 MiB)"},
+     "their operands and results at most inflight_bytes at once (0: the default, 64 MiB); "
+     "schedule: on pipeline stages, 'gpipe' (every forward, then every backward) or '1f1b' "
+     "(one forward and one backward by turns, by the micro-batches set_micro_batch tagged)"},
     {NULL}};

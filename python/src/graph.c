@@ -212,6 +212,14 @@ static PyObject *graph_set_stage(GraphObject *self, PyObject *arg)
     RETURN_STATUS(spmd_graph_set_stage(self->g, s < INT_MIN || s > INT_MAX ? INT_MIN : (int)s));
 }
 
+static PyObject *graph_set_micro_batch(GraphObject *self, PyObject *arg)
+{
+    if (graph_open(self) < 0) return NULL;
+    long m = PyLong_AsLong(arg);
+    if (m == -1 && PyErr_Occurred()) return NULL;
+    RETURN_STATUS(spmd_graph_set_micro_batch(self->g, m < INT_MIN || m > INT_MAX ? INT_MIN : (int)m));
+}
+
 static PyObject *graph_clear_sharding(GraphObject *self, PyObject *x)
 {
     spmd_tensor *t;
@@ -252,6 +260,9 @@ static PyMethodDef graph_core_methods[] = {
     {"clear_sharding", FN(graph_clear_sharding), METH_O, "clear_sharding(t): drop t's mark"},
     {"set_stage", FN(graph_set_stage), METH_O,
      "set_stage(s): place the nodes built from now on on pipeline stage s (-1: none)"},
+    {"set_micro_batch", FN(graph_set_micro_batch), METH_O,
+     "set_micro_batch(m): the nodes built from now on compute micro-batch m (-1: none), the order "
+     "compile(schedule='1f1b') runs them in"},
     {"grad", KW(graph_grad),
      "grad(loss, checkpoints=None): append the backward pass (recomputing between checkpoints)"},
     {"close", FN(graph_close), METH_NOARGS, "close(): free the graph now (no program may be open)"},

@@ -156,8 +156,20 @@ static double stage_activation_peak(const compiled *c, int s)
     return peak;
 }
 
+/* The block a parameter's name places it in: its first dotted part that
+ * is a number ("h.3.attn.c_attn.weight", the GPT's; "blocks.3.qkv.weight",
+ * a PyTorch ModuleList's), -1 for none. */
+static int block_of(const char *name)
+{
+    for (const char *p = name ? strchr(name, '.') : NULL; p; p = strchr(p + 1, '.')) {
+        size_t digits = strspn(p + 1, "0123456789");
+        if (digits > 0 && digits < 9 && p[1 + digits] == '.') return atoi(p + 1);
+    }
+    return -1;
+}
+
 /* Pipeline stages (docs/DESIGN.md, "Pipeline stages"): per stage its
- * blocks (parameters "h.{i}.*", as the GPT names them), its other
+ * blocks (by block_of), its other
  * parameters, the bytes its devices allocate (the parameters and state
  * it updates, their update values, its arena), and the
  * steps of the schedule it runs. */
@@ -183,7 +195,7 @@ static void put_stages(text *t, const compiled *c)
             held += ir_nbytes(x);
             int layer;
             if (x->op != IR_PARAM) continue;
-            if (x->name && sscanf(x->name, "h.%d.", &layer) == 1) {
+            if ((layer = block_of(x->name)) >= 0) {
                 if (first < 0 || layer < first) first = layer;
                 if (layer > last) last = layer;
             } else if (x->name && strlen(names) + strlen(x->name) + 8 < sizeof names) {

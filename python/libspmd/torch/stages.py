@@ -33,15 +33,16 @@ from .mesh import Mesh, get_global_mesh
 
 class PipelineMark:
     """What pipeline() recorded: the number of blocks, the mesh, the
-    stage axis's index and the number of micro-batches."""
+    stage axis's index, the number of micro-batches and the schedule."""
 
-    __slots__ = ("blocks", "mesh", "axis", "microbatches")
+    __slots__ = ("blocks", "mesh", "axis", "microbatches", "schedule")
 
-    def __init__(self, blocks, mesh, axis, microbatches):
+    def __init__(self, blocks, mesh, axis, microbatches, schedule):
         self.blocks = blocks
         self.mesh = mesh
         self.axis = axis
         self.microbatches = microbatches
+        self.schedule = schedule
 
     @property
     def axis_name(self):
@@ -52,7 +53,7 @@ class PipelineMark:
         return self.mesh.mesh_shape[self.axis]
 
     def key(self):
-        return (self.blocks, self.mesh, self.axis, self.microbatches)
+        return (self.blocks, self.mesh, self.axis, self.microbatches, self.schedule)
 
     def first_block(self, stage):
         """The first block of `stage` (stage == stages: the block count):
@@ -67,12 +68,15 @@ class PipelineMark:
 _PIPELINES = {}  # id(ModuleList) -> (a weak reference to it, its PipelineMark)
 
 
-def pipeline(blocks, mesh=None, stage_axis="pp", microbatches=None):
+def pipeline(blocks, mesh=None, stage_axis="pp", microbatches=None, schedule="gpipe"):
     """Lay the identical blocks of `blocks` (a torch.nn.ModuleList or
     Sequential, called in order by the model's forward) over mesh axis
     `stage_axis`, in contiguous runs (the first L mod S stages one block
     more), and run each step's batch as `microbatches` micro-batches in
-    GPipe's order; returns blocks.  mesh None: the global mesh.  The
+    `schedule`'s order: 'gpipe' (every forward, then every backward) or
+    '1f1b' (stage s runs S - s - 1 forwards, then one forward and one
+    backward by turns: at most S - s micro-batches' activations held,
+    whatever their number; the same bits); returns blocks.  mesh None: the global mesh.  The
     other axes split each stage as marked (a batch over 'data', FSDP).
     The blocks must be identical (one class, the same submodules,
     parameters and buffers of the same names and shapes); at least one
@@ -94,7 +98,9 @@ def pipeline(blocks, mesh=None, stage_axis="pp", microbatches=None):
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise InvalidError(f"libspmd.torch.pipeline: microbatches must be an int >= 1, got "
                            f"{microbatches!r}")
-    mark = PipelineMark(len(blocks), mesh, axis, microbatches)
+    if schedule not in ("gpipe", "1f1b"):
+        raise InvalidError(f"libspmd.torch.pipeline: schedule {schedule!r}: 'gpipe' or '1f1b'")
+    mark = PipelineMark(len(blocks), mesh, axis, microbatches, schedule)
     if mark.stages > len(blocks):
         raise InvalidError(f"libspmd.torch.pipeline: {mark.stages} stages (axis "
                            f"{mark.axis_name!r}) for {len(blocks)} blocks; each stage holds at "
@@ -313,7 +319,10 @@ def build(traced, graph, builder, prefix, mark, lib_mesh, frozen):
 
     # What every micro-batch reads alike first, then the transfers it needs
     # (a tied head's weight to the last stage: first in the schedule, its
-    # gradient last), then the micro-batches in order: GPipe's forwards.
+    # gradient last), then the micro-batches, the last first, each tagged:
+    # autodiff, walking back from the last node made, then sums each
+    # weight's gradient in micro-batch order, each share as its backward
+    # runs in 1F1B's order (docs/design/stages.md).
     for call in traced.calls:
         if call.out.id in place.shared:
             make(call, shared_env, None)
@@ -323,12 +332,14 @@ def build(traced, graph, builder, prefix, mark, lib_mesh, frozen):
             if r.id in place.shared and call.out.id not in place.shared:
                 value(shared_env, r, stage)
     losses = []
-    for m in range(mark.microbatches):
+    for m in reversed(range(mark.microbatches)):
+        graph.set_micro_batch(m)
         env = dict(shared_env)
         for call in traced.calls:
             if call.out.id not in place.shared:
                 make(call, env, m)
         losses.append((env, traced.loss))
+    graph.set_micro_batch(-1)
     last = place.stage[traced.loss.id]
     graph.set_stage(last)
     total = None

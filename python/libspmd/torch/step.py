@@ -136,7 +136,7 @@ class Step:
             g.grad(loss)
             lrs = g.optimizer_apply_groups(plan.kind, plan.groups, clip_norm=self.clip_grad_norm,
                                            shard_state=self.zero, accumulate_steps=self.accumulation)
-            program = g.compile(seed=self.seed)
+            program = g.compile(seed=self.seed, schedule=pipe[1].schedule if pipe else "gpipe")
         except BaseException:
             g.close()
             raise
