@@ -98,16 +98,10 @@ spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64
     return gpt_named(g, spmd_add(g, y, b), name);
 }
 
-static _Thread_local int naming_micro; /* gpt_name_micro_batch */
-static _Thread_local bool sharing;     /* gpt_share_params */
-
-void gpt_name_micro_batch(int micro) { naming_micro = micro; }
-void gpt_share_params(bool on) { sharing = on; }
-
 spmd_tensor *gpt_param(spmd_graph *g, const char *name, int rank, const int64_t *dims, spmd_init init)
 {
     /* Only the micro-batches share: a name taken otherwise is refused. */
-    spmd_tensor *t = g && sharing ? spmd_graph_find(g, name) : NULL;
+    spmd_tensor *t = g && g->micro >= 0 ? spmd_graph_find(g, name) : NULL;
     if (t && t->op == IR_PARAM) return t;
     return spmd_param(g, name, rank, dims, init);
 }
@@ -115,8 +109,8 @@ spmd_tensor *gpt_param(spmd_graph *g, const char *name, int rank, const int64_t 
 spmd_tensor *gpt_named(spmd_graph *g, spmd_tensor *x, const char *name)
 {
     char micro[80];
-    if (naming_micro > 0) {
-        snprintf(micro, sizeof micro, "mb%d.%s", naming_micro, name);
+    if (g && g->micro > 0) {
+        snprintf(micro, sizeof micro, "mb%d.%s", g->micro, name);
         name = micro;
     }
     if (x && spmd_tensor_set_name(x, name) != SPMD_OK) {

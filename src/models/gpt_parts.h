@@ -23,15 +23,14 @@ spmd_tensor *gpt_layernorm(spmd_graph *g, spmd_tensor *x, const char *prefix, in
 spmd_tensor *gpt_linear(spmd_graph *g, spmd_tensor *x, const char *prefix, int64_t in,
                         int64_t out, float std);
 /* x named `name` (NULL passes through; a clash is this builder's failure);
- * while gpt_name_micro_batch(m) with m > 0 holds, "mb{m}.<name>": the
- * GPT with stages builds the model once per micro-batch (gpt_stages.c)
- * and micro-batch 0's activations keep the names of the GPT without. */
+ * while the graph builds micro-batch m > 0 (spmd_graph_set_micro_batch),
+ * "mb{m}.<name>": the GPT with stages builds the model once per
+ * micro-batch (gpt_stages.c) and micro-batch 0's activations keep the
+ * names of the GPT without. */
 spmd_tensor *gpt_named(spmd_graph *g, spmd_tensor *x, const char *name);
-void gpt_name_micro_batch(int micro);
-/* Parameter `name`: while gpt_share_params(true) holds, the one the
- * graph holds already if any (the GPT with stages reads each parameter
- * in every micro-batch), else a new one. */
-void gpt_share_params(bool on);
+/* Parameter `name`: while the graph builds a micro-batch, the one it
+ * holds already if any (the GPT with stages reads each parameter in
+ * every micro-batch), else a new one. */
 spmd_tensor *gpt_param(spmd_graph *g, const char *name, int rank, const int64_t *dims, spmd_init init);
 /* The decoder blocks [first, last) on x [B, T, C] (gpt.c). */
 spmd_tensor *gpt_blocks(spmd_graph *g, const spmd_gpt_config *cfg, int first, int last, spmd_tensor *x);

@@ -57,7 +57,6 @@ static spmd_tensor *micro_batch(spmd_graph *g, const spmd_gpt_config *cfg, int s
                                 spmd_tensor *wpe, spmd_tensor *head_wte, spmd_tensor **logits)
 {
     int64_t t = cfg->seq, c = cfg->dim;
-    gpt_name_micro_batch(m);
     spmd_graph_set_micro_batch(g, m);
     spmd_graph_set_stage(g, 0);
     spmd_tensor *pos = gpt_context(cfg) > t ? spmd_slice(g, wpe, 0, 0, t) : wpe;
@@ -105,14 +104,11 @@ spmd_status spmd_gpt_build_stages(spmd_graph *g, const spmd_gpt_config *cfg, int
      * gradient sums the micro-batches in their order, so that 1F1B adds
      * each micro-batch's share as its backward runs instead of holding
      * them all to the last. */
-    gpt_share_params(true);
     for (int m = micro_batches - 1; m >= 0; m--) {
         spmd_tensor *loss = micro_batch(g, cfg, stages, m, ids, targets, wte, wpe, head_wte, &logits);
         sum = !sum || !loss ? loss : spmd_add(g, sum, loss);
         if (!sum) break;
     }
-    gpt_share_params(false);
-    gpt_name_micro_batch(0);
     spmd_graph_set_micro_batch(g, -1);
     /* The step's loss: the micro-batches' mean, as accumulation takes it. */
     spmd_tensor *loss = sum ? spmd_scale(g, sum, 1.0f / (float)micro_batches) : NULL;
