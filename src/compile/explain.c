@@ -227,6 +227,112 @@ static void put_stages(text *t, const compiled *c)
            "steps; activations at most: what its values hold at once over the schedule)\n");
 }
 
+/* What stage transfer x moves, as a code: a parameter (the GPT's tied
+ * head weight) 2 id, its gradient 2 id + 1; else the activations, their
+ * gradients, the optimizer's scalars (each stage's sum of gradient
+ * squares to the last stage, the clipping scale back) or another of its
+ * values.  grad_of[i]: the parameter whose gradient node i is or feeds,
+ * -1 for none. */
+enum { MOVES_ACTIVATIONS = -1, MOVES_ACTIVATION_GRADS = -2, MOVES_SQUARES = -3, MOVES_CLIP = -4,
+       MOVES_OPTIMIZER = -5 };
+
+static int transfer_moves(const spmd_graph *g, const spmd_tensor *x, int last, const int *grad_of)
+{
+    part_phase phase = partition_phase(g, x->id);
+    if (x->in[0]->op == IR_PARAM) return 2 * x->in[0]->id;
+    if (grad_of[x->id] >= 0) return 2 * grad_of[x->id] + 1;
+    if (phase == PART_FORWARD) return MOVES_ACTIVATIONS;
+    if (phase == PART_BACKWARD) return MOVES_ACTIVATION_GRADS;
+    if (x->attr.stage.to == last) return MOVES_SQUARES;
+    return x->attr.stage.from == last ? MOVES_CLIP : MOVES_OPTIMIZER;
+}
+
+static void moves_text(const spmd_graph *g, int code, char *buf, size_t size)
+{
+    static const char *const kinds[] = {"activations", "activations' gradients",
+                                        "sum of gradient squares", "clipping scale",
+                                        "optimizer value"};
+    if (code < 0) {
+        snprintf(buf, size, "%s", kinds[-code - 1]);
+        return;
+    }
+    const char *name = g->nodes[code / 2]->name ? g->nodes[code / 2]->name : "a parameter";
+    snprintf(buf, size, code % 2 ? "%s's gradient" : "%s", name);
+}
+
+/* With stages: every value that crosses from one stage to another, per
+ * step, as what each device sends its partner on the other stage (one
+ * row per direction, phase, shape and kind of value), and whether any
+ * collective's group spans the stage axis (none does: the rows are all
+ * that crosses). */
+static void put_stage_transfers(text *t, const compiled *c)
+{
+    const spmd_mesh *m = c->mesh;
+    int axis = m ? spmd_mesh_stage_axis(m) : -1;
+    if (axis < 0 || !c->partitioned) return;
+    const partition *p = &c->part;
+    const spmd_graph *g = p->g, *lg = c->local;
+    int stages = spmd_mesh_axis_size(m, axis), spanning = 0, n = p->n_transfers;
+    for (int i = 0; i < p->n_colls; i++)
+        for (int a = 0; a < p->colls[i].axes.n; a++) spanning += p->colls[i].axes.axis[a] == axis;
+    put(t, "\nstage transfers per step (what each device sends its partner on the other stage; "
+           "%s):\n  %-4s %-4s %-9s %5s %12s %12s  %s\n",
+        spanning ? "collectives span the stage axis too" : "nothing else crosses: no collective spans it",
+        "from", "to", "phase", "count", "bytes each", "bytes", "moves");
+    size_t nn = (size_t)(g->n_nodes ? g->n_nodes : 1), nx = (size_t)(n ? n : 1);
+    int *grad_of = malloc(nn * sizeof *grad_of), *code = malloc(nx * sizeof *code);
+    bool *shown = calloc(nx, sizeof *shown);
+    double *sent = calloc((size_t)stages * (size_t)stages, sizeof *sent);
+    if (!grad_of || !code || !shown || !sent) {
+        t->failed = true;
+        free(grad_of), free(code), free(shown), free(sent);
+        return;
+    }
+    for (int i = 0; i < g->n_nodes; i++) grad_of[i] = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const spmd_tensor *q = g->nodes[i];
+        if (q->op != IR_PARAM || !q->grad) continue;
+        grad_of[q->grad->id] = i;
+        for (int j = 0; j < q->grad->n_in; j++) grad_of[q->grad->in[j]->id] = i;
+    }
+    for (int k = 0; k < n; k++)
+        code[k] = transfer_moves(g, g->nodes[p->transfers[k].tensor], stages - 1, grad_of);
+    for (int k = 0; k < n; k++) {
+        if (shown[k]) continue;
+        const spmd_tensor *x = g->nodes[p->transfers[k].tensor], *lx = lg->nodes[p->transfers[k].node];
+        part_phase phase = partition_phase(g, x->id);
+        int count = 0;
+        for (int j = k; j < n; j++) {
+            const spmd_tensor *y = g->nodes[p->transfers[j].tensor], *ly = lg->nodes[p->transfers[j].node];
+            if (shown[j] || code[j] != code[k] || y->attr.stage.from != x->attr.stage.from ||
+                y->attr.stage.to != x->attr.stage.to || partition_phase(g, y->id) != phase ||
+                ly->dtype != lx->dtype || ly->rank != lx->rank ||
+                memcmp(ly->dims, lx->dims, (size_t)lx->rank * sizeof *lx->dims))
+                continue;
+            shown[j] = true;
+            count++;
+        }
+        char what[160], dims[96];
+        moves_text(g, code[k], what, sizeof what);
+        size_t len = (size_t)snprintf(dims, sizeof dims, "[");
+        for (int d = 0; d < lx->rank && len < sizeof dims; d++)
+            len += (size_t)snprintf(dims + len, sizeof dims - len, d ? ", %lld" : "%lld",
+                                    (long long)lx->dims[d]);
+        if (len < sizeof dims) snprintf(dims + len, sizeof dims - len, "]");
+        size_t each = ir_nbytes(lx);
+        sent[x->attr.stage.from * stages + x->attr.stage.to] += (double)each * count;
+        put(t, "  %-4d %-4d %-9s %5d %12zu %12.0f  %s %s %s\n", x->attr.stage.from, x->attr.stage.to,
+            partition_phase_name(phase), count, each, (double)each * count, what, dims,
+            spmd_dtype_name(lx->dtype));
+    }
+    for (int s = 0; s < stages; s++)
+        for (int r = 0; r < stages; r++)
+            if (sent[s * stages + r] > 0)
+                put(t, "  stage %d to stage %d: %.0f bytes a step from each device\n", s, r,
+                    sent[s * stages + r]);
+    free(grad_of), free(code), free(shown), free(sent);
+}
+
 static void put_tensors(text *t, const spmd_graph *g)
 {
     put(t, "\ntensors (named):\n  %-34s %-18s %s\n", "name", "shape", "sharding");
@@ -348,6 +454,7 @@ spmd_status compiled_explain(const compiled *c, const spmd_explain_options *o, c
     put_processes(&t, c->mesh, o ? o->network_source : NULL);
     put_copies(&t, c->mesh);
     put_stages(&t, c);
+    put_stage_transfers(&t, c);
     put_tensors(&t, g);
     put_collectives(&t, c, g->accumulate_steps, o);
     put_memory(&t, c);

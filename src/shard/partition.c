@@ -141,6 +141,14 @@ static spmd_status emit_op(builder *b, const spmd_tensor *t)
     spmd_tensor *lt = LOCAL(b, ir_node_new(p->local, t->op, t->dtype, t->rank, dims, in, t->n_in));
     if (!lt) return failed(b);
     lt->attr = t->attr;
+    if (t->op == IR_STAGE_TRANSFER) {
+        if (!base_grow(&p->alloc, (void **)&p->transfers, &p->cap_transfers, p->n_transfers + 1,
+                       sizeof *p->transfers, 16, "partition report")) {
+            part_fail_nomem(b, "the stage transfers");
+            return failed(b);
+        }
+        p->transfers[p->n_transfers++] = (part_transfer){t->id, lt->id};
+    }
 
     lt = part_fixup(b, t, need, lt);
     if (!lt) return failed(b);
@@ -267,5 +275,6 @@ void partition_free(partition *p)
     base_free(&p->alloc, p->specs);
     base_free(&p->alloc, p->colls);
     base_free(&p->alloc, p->fallbacks);
+    base_free(&p->alloc, p->transfers);
     memset(p, 0, sizeof *p);
 }

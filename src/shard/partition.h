@@ -26,6 +26,13 @@ typedef struct part_collective {
     spmd_dtype dtype;    /* what it moves: a gradient's f32 sum reduced in bf16 moves bf16 */
 } part_collective;
 
+/* One stage transfer of the per-device program, for reports: the global
+ * node and the local node that runs it (docs/DESIGN.md, "Pipeline
+ * stages"). */
+typedef struct part_transfer {
+    int tensor, node;
+} part_transfer;
+
 /* A whole-tensor gather forced by an op that cannot use a sharding. */
 typedef struct part_fallback {
     int tensor, consumer;
@@ -47,6 +54,8 @@ typedef struct partition {
     int n_colls, cap_colls;
     part_fallback *fallbacks;
     int n_fallbacks, cap_fallbacks;
+    part_transfer *transfers;
+    int n_transfers, cap_transfers;
     spmd_allocator alloc;
 } partition;
 

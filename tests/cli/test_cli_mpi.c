@@ -4,7 +4,8 @@
  * and context parallelism included), each process holds
  * 1/P of the bytes, a failing or killed process ends the job with its
  * cause, a stopped one through the collective watchdog (a slow one does
- * not), and explain marks the axes that cross processes.  A GPT with
+ * not; a stopped pipeline stage's neighbour names the stage transfer),
+ * and explain marks the axes that cross processes.  A GPT with
  * experts over 2x4 ('data', 'expert') on 2 processes: the one-process
  * bits, one device's losses within 1e-5, the same dropped counts.
  *
@@ -400,6 +401,37 @@ static void test_stopped_process_ends_job(void **state)
     assert_null(fopen(report, "r"));
 }
 
+/* Pipeline stages, one a process (mesh 2, 'pp'): the process of one
+ * stage stops as step 3 begins (SPMD_TEST_STOP), and its neighbour's
+ * watchdog (--collective-timeout 5) ends the job well inside the
+ * timeout, non-zero, naming the stage transfer it waited in, the
+ * process and host it waited for and the step, with no report; whichever
+ * stage stops (its neighbour waits to send, or to receive). */
+static void test_stopped_stage_ends_job(void **state)
+{
+    (void)state;
+    for (int stopped = 0; stopped < 2; stopped++) {
+        char report[SUPPORT_PATH], cmd[8192], failed[64], waited[64];
+        support_path_in(report, dir, "stopped-stage.json");
+        snprintf(cmd, sizeof cmd,
+                 "SPMD_TEST_STOP=%d:3 %s -n 2 -x SPMD_TEST_STOP '%s' "
+                 "train --mesh 2 --axes pp --pp pp --layers 2 --microbatches 2 --steps 50 "
+                 "--eval 0 --threads 1 --collective-timeout 5 --json %s",
+                 stopped, mpirun, SPMD_TEST_TOOL_PATH, report);
+        int rc = support_run_tool("env", cmd, NULL, out, sizeof out);
+        if (support_mpi_timed_out(rc)) fail_msg("the job hung: %s", out);
+        assert_int_not_equal(rc, 0);
+        snprintf(failed, sizeof failed, "process %d: step 3 failed: device %d: ", 1 - stopped,
+                 1 - stopped);
+        snprintf(waited, sizeof waited, "without progress for process %d on ", stopped);
+        const char *why = strstr(out, "collective timeout: stage_transfer from stage ");
+        if (!why || !strstr(out, failed) || !strstr(why, "waited 5.") || !strstr(why, waited))
+            fail_msg("process %d stopped: the timeout does not name the stage transfer, the "
+                     "process or the step:\n%s", stopped, out);
+        assert_null(fopen(report, "r"));
+    }
+}
+
 /* A slow process is not a dead one: process 1 sleeps 1 s before each of
  * 6 steps (SPMD_TEST_DELAY), 6 s of waiting in all under a 5 s watchdog,
  * and the run finishes. */
@@ -514,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_mlp_2x2x2),
         cmocka_unit_test(test_copies_over_processes),
         cmocka_unit_test(test_stopped_process_ends_job),
+        cmocka_unit_test(test_stopped_stage_ends_job),
         cmocka_unit_test(test_slow_process_runs),
         cmocka_unit_test(test_network_rounds),
         cmocka_unit_test(test_checkpoint_over_processes),

@@ -6,7 +6,9 @@
  * over 50 steps), in GPipe's order and in 1F1B's (the same bits: one
  * graph, another order), a rerun gives the same bits, the banner and explain
  * show the stages, explain shows the bubble computed and measured from a
- * trace, and what is not built or makes no pipeline is refused
+ * trace and what crosses between stages (the activations and their
+ * gradients, the tied head weight and its gradient, the norm's scalars:
+ * the bytes each pair of stages exchanges a step), and what is not built or makes no pipeline is refused
  * naming the flags.
  */
 #include <setjmp.h>
@@ -153,6 +155,59 @@ static void test_explain_shows_the_stages(void **state)
     has("bubble (S-1)/(M+S-1) = 1/9");
 }
 
+/* The bytes explain says each device of stage `from` sends its partner
+ * on stage `to` a step; 0 where it names no such pair. */
+static double sent(int from, int to)
+{
+    char line[96];
+    snprintf(line, sizeof line, "  stage %d to stage %d: ", from, to);
+    const char *at = strstr(out, line);
+    return at ? atof(at + strlen(line)) : 0;
+}
+
+/* What crosses between stages (docs/design/stages.md, "What crosses"):
+ * explain's table of stage transfers, per step and device, is the
+ * activations (M micro-batches of [b / data, T, dim] f32) forward to the
+ * next stage and their gradients back, the tied head weight [V, dim]
+ * from the first stage to the last and its gradient back, each stage's
+ * sum of gradient squares (one f32) to the last and the clipping scale
+ * (one f32) from it; no collective spans the stage axis, and no other
+ * pair of stages exchanges anything. */
+static void check_crossing(int stages, int data, int micro)
+{
+    enum { T = 16, DIM = 32, BATCH = 4 };
+    char mesh[32], axes[32];
+    snprintf(mesh, sizeof mesh, data > 1 ? "%dx%d" : "%d", stages, data);
+    snprintf(axes, sizeof axes, data > 1 ? "pp,data" : "pp");
+    tool(0, "explain --mesh %s --axes %s --pp pp --microbatches %d --layers 4 --dim %d --heads 2 "
+            "--seq %d --batch %d", mesh, axes, micro, DIM, T, BATCH);
+    has("stage transfers per step (what each device sends its partner on the other stage; "
+        "nothing else crosses: no collective spans it)");
+    const char *wte = strstr(out, "\n  wte.weight ");
+    long vocab = 0;
+    if (!wte || sscanf(wte, "\n  wte.weight [%ld, ", &vocab) != 1) fail_msg("no wte.weight in:\n%s", out);
+    double activations = (double)micro * (BATCH / data) * T * DIM * 4, head = (double)vocab * DIM * 4;
+    for (int s = 0; s < stages; s++)
+        for (int r = 0; r < stages; r++) {
+            double want = 0;
+            if (r == s + 1 || r == s - 1) want += activations;
+            if (s == 0 && r == stages - 1) want += head;
+            if (s == stages - 1 && r == 0) want += head;
+            if (s != r && (r == stages - 1 || s == stages - 1)) want += 4;
+            if (sent(s, r) != want)
+                fail_msg("%s: stage %d to stage %d: %.0f bytes, not %.0f:\n%s", mesh, s, r, sent(s, r),
+                         want, out);
+        }
+}
+
+static void test_only_activations_cross(void **state)
+{
+    (void)state;
+    check_crossing(2, 1, 4);
+    check_crossing(2, 2, 4);
+    check_crossing(4, 1, 4);
+}
+
 /* A file's whole text, parsed. */
 static cJSON *read_json(const char *path)
 {
@@ -264,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_two_stages_two_replicas),
         cmocka_unit_test(test_stages_fsdp_data),
         cmocka_unit_test(test_explain_shows_the_stages),
+        cmocka_unit_test(test_only_activations_cross),
         cmocka_unit_test(test_bubble_computed_and_measured),
         cmocka_unit_test(test_refusals),
     };

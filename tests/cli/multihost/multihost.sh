@@ -21,14 +21,24 @@
 #   1. the same bits: 12 steps of a small GPT on 4x2 over 2 hosts (one
 #      process each, then two) and over 4 hosts give the one-process
 #      losses bit for bit;
-#   2. a host killed mid-run (every process in its namespace, kill -9):
+#   2. pipeline stages over hosts: a GPT on 2 stages x 2 data over 2 hosts
+#      and on 4 stages over 4, one process (one stage) a host, so every
+#      stage transfer crosses the bridge: 12 steps give the one-process
+#      losses bit for bit, and explain over the same hosts has 'pp' the
+#      axis across processes and no collective spanning it;
+#   3. a stage's host stalled (its processes stopped, SIGSTOP, mid-run;
+#      2 stages over 2 hosts): the neighbour stage's watchdog
+#      (--collective-timeout) ends the job, naming the stage transfer it
+#      waited in and the host it waited for, within the watchdog's bound
+#      plus BOUND;
+#   4. a host killed mid-run (every process in its namespace, kill -9):
 #      the job ends, non-zero (Open MPI 5.0.7's mpirun exits 0 there,
 #      saying it lost the host: see ended_well), well inside its timeout;
-#   3. a host killed mid-save (the save of step 8 paused by spmd-test's
+#   5. a host killed mid-save (the save of step 8 paused by spmd-test's
 #      hook on that host, after one of its files): `latest` still names
 #      step 4, and --resume continues with the uninterrupted run's losses,
 #      bit for bit, removing what the killed save left;
-#   4. a link taken down mid-run (the bridge's end of a host's veth, of 4),
+#   6. a link taken down mid-run (the bridge's end of a host's veth, of 4),
 #      the job started by `spmd launch`, every host with Linux's default
 #      TCP settings: the collective watchdog (--collective-timeout) ends
 #      the job with its message naming the host, within the watchdog's
@@ -147,7 +157,7 @@ for i in "${!HOSTS[@]}"; do
   setup ip -n "$h" link set eth0 up
   # Each namespace keeps Linux's default TCP settings (tcp_retries2 15: a
   # connection whose peer stopped answering fails after about 15 minutes),
-  # as a user's hosts would: case 4 holds through `spmd launch`.
+  # as a user's hosts would: case 6 holds through `spmd launch`.
 done
 
 printf '%s slots=1\n' "${HOSTS[0]}" "${HOSTS[1]}" >"$TMP/hosts2"
@@ -281,6 +291,58 @@ case_same_bits() {
   done
 }
 
+# ---- 2. Pipeline stages over hosts ------------------------------------------------------
+STAGE_FLAGS=(--eval 0 --batch 4 --seq 24 --dim 32 --heads 2 --layers 4 --pp pp --microbatches 4
+  --threads 1 --steps $STEPS)
+case_stages() {
+  local layout what hosts n mesh axes
+  # Mesh positions are process-major, the stage axis first: each host's
+  # process holds one stage (its data replicas with it).
+  for layout in "2 stages x 2 data over 2 hosts:hosts2:2:2x2:pp,data" \
+    "4 stages over 4 hosts:hosts4:4:4:pp"; do
+    IFS=: read -r what hosts n mesh axes <<<"$layout"
+    local one=$TMP/stages-$mesh-one many=$TMP/stages-$mesh-$hosts
+    if ! "$SPMD" train --mesh "$mesh" --axes "$axes" "${STAGE_FLAGS[@]}" --json "$one.json" \
+      >"$one.txt" 2>&1; then
+      say "  $what: the one-process run failed:"
+      show "$one.txt"
+      return 1
+    fi
+    if ! mpi "$TMP/$hosts" "$n" "$SPMD" train --mesh "$mesh" --axes "$axes" "${STAGE_FLAGS[@]}" \
+      --json "$many.json" >"$many.txt" 2>&1; then
+      say "  $what: the run failed:"
+      show "$many.txt"
+      return 1
+    fi
+    losses "$one.json" >"$one.loss"
+    losses "$many.json" >"$many.loss"
+    if [ "$(wc -l <"$one.loss")" != $STEPS ]; then
+      say "  $what: no $STEPS losses in the one-process report"
+      return 1
+    fi
+    same_losses "$one.loss" "$many.loss" "$what" || return 1
+    local procs
+    procs=$(grep -c '"rank":' "$many.json")
+    [ "$procs" = "$n" ] || { say "  $what: the report lists $procs processes"; return 1; }
+    # explain over the same hosts: the stage axis is the one across
+    # processes, and only the stage transfers cross it.
+    if ! mpi "$TMP/$hosts" "$n" "$SPMD" explain --mesh "$mesh" --axes "$axes" "${STAGE_FLAGS[@]}" \
+      >"$many.explain" 2>&1; then
+      say "  $what: explain failed:"
+      show "$many.explain"
+      return 1
+    fi
+    if ! grep -aq "across processes: pp" "$many.explain" ||
+      ! grep -aq "nothing else crosses: no collective spans it" "$many.explain"; then
+      say "  $what: explain does not put each stage on its own host, or a collective spans 'pp':"
+      grep -a -e "^processes:" -e "^stage transfers" "$many.explain" | sed 's/^/    | /'
+      return 1
+    fi
+    say "  $what: $STEPS losses equal the one-process run's, bit for bit; only the stage transfers" \
+      "cross between hosts: $(grep -a "stage 0 to stage 1:" "$many.explain" | sed 's/^ *//')"
+  done
+}
+
 # run_until_end JOB: wait for background job JOB; sets RC (its exit
 # status) and ENDED_MS (when it ended).
 run_until_end() {
@@ -311,7 +373,46 @@ ended_well() {
 
 BOUND=30 # seconds from a host's death to the job's end
 
-# ---- 2. A host killed mid-run --------------------------------------------------------------
+# ---- 3. A stage's host stalled: its neighbour's watchdog ----------------------------------
+STALL_WATCHDOG_S=3
+case_stage_stalled() {
+  local log=$TMP/stage-stalled.txt
+  mpi "$TMP/hosts2" 2 "$SPMD" train --mesh 2 --axes pp --eval 0 --batch 4 --seq 24 --dim 32 \
+    --heads 2 --layers 2 --pp pp --microbatches 2 --threads 1 --steps 1000000 --log-every 1 \
+    --collective-timeout $STALL_WATCHDOG_S >"$log" 2>&1 &
+  local job=$!
+  if ! wait_for 'ms/step' "$log" $job 60; then
+    say "  no progress line:"
+    show "$log"
+    return 1
+  fi
+  # Host 1's spmd process (stage 1) stops as a hung host's would; its
+  # daemon stays, so the abort can end it.
+  local t0 pid
+  t0=$(now_ms)
+  for pid in $(ip netns pids "${HOSTS[1]}"); do
+    [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$SPMD")" ] && kill -STOP "$pid"
+  done
+  run_until_end $job
+  ended_well "stage 1 stalled" "$log" || { show "$log"; return 1; }
+  local why
+  why=$(grep -a 'collective timeout: stage_transfer from stage ' "$log" | head -1)
+  if [ -z "$why" ] || [[ $why != *"process 0: step "*" failed: device 0: "* ]] ||
+    [[ $why != *"without progress for process 1 on ${HOSTS[1]}"* ]]; then
+    say "  no watchdog message naming the stage transfer and ${HOSTS[1]}:"
+    show "$log"
+    return 1
+  fi
+  local took=$((ENDED_MS - t0))
+  say "  stage 1's host stalled: the job ended $(seconds $took) s later, exit $RC:"
+  say "    ${why#*failed: }"
+  if ((took > (STALL_WATCHDOG_S + BOUND) * 1000)); then
+    say "  that is past the bound of $((STALL_WATCHDOG_S + BOUND)) s"
+    return 1
+  fi
+}
+
+# ---- 4. A host killed mid-run --------------------------------------------------------------
 case_host_killed() {
   local log=$TMP/killed.txt
   mpi "$TMP/hosts2" 2 "$SPMD" train "${FLAGS[@]}" --steps 1000000 --log-every 1 --threads 4 \
@@ -335,7 +436,7 @@ case_host_killed() {
   fi
 }
 
-# ---- 3. A host killed mid-save, then resumed ---------------------------------------------
+# ---- 5. A host killed mid-save, then resumed ---------------------------------------------
 case_killed_save() {
   reference || return 1
   local ck=$TMP/ckpt log=$TMP/save-killed.txt
@@ -386,7 +487,7 @@ case_killed_save() {
   say "  resumed from step 4: steps 5-$STEPS equal the uninterrupted run's, bit for bit"
 }
 
-# ---- 4. A link down mid-run: the collective watchdog --------------------------------------
+# ---- 6. A link down mid-run: the collective watchdog --------------------------------------
 WATCHDOG_S=3
 # Seconds past the watchdog within which the job must end: `spmd launch`
 # gives mpirun 30 s (--abort-wait) to end an aborted job, then ends it.
@@ -520,7 +621,10 @@ run_case() {
 run_case "the hosts: 4 processes on 4 hosts, each its own hostname and network" hosts_are_apart
 [ $FAILED = 0 ] || { say "the hosts do not work: nothing else tested"; exit 1; }
 run_case "1. the same bits over 2 and 4 hosts as in one process" case_same_bits
-run_case "2. a host killed mid-run ends the job" case_host_killed
-run_case "3. a host killed mid-save; the resumed run has the same bits" case_killed_save
-run_case "4. a link down mid-run: the collective watchdog ends the job" case_link_down
+run_case "2. pipeline stages over 2 and 4 hosts: the one-process bits" case_stages
+run_case "3. a stage's host stalled: its neighbour's watchdog names the transfer" case_stage_stalled
+run_case "4. a host killed mid-run ends the job" case_host_killed
+run_case "5. a host killed mid-save; the resumed run has the same bits" case_killed_save
+# Last: it leaves host 1 cut off.
+run_case "6. a link down mid-run: the collective watchdog ends the job" case_link_down
 exit $FAILED
