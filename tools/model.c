@@ -81,8 +81,8 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
         for (int r = 0; r < o->n_shards; r++)
             if (rule_fits(&o->shards[r], t)) rule = r;
         if (rule >= 0 && spmd_mark_sharding(c->g, t, mesh, o->shards[rule].spec) != SPMD_OK)
-            return cli_fail("--shard '%s=%s': %s", o->shards[rule].pattern, o->shards[rule].spec,
-                            spmd_last_error());
+            return cli_fail("--shard '%s=%s'%s%s: %s", o->shards[rule].pattern, o->shards[rule].spec,
+                            o->pp ? " with --pp " : "", o->pp ? o->pp : "", spmd_last_error());
     }
     for (int r = 0; r < o->n_shards; r++) {
         bool any = false;
@@ -96,15 +96,24 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
     if (!fsdp) { /* FSDPv2's convention: the axis named fsdp, if any */
         fsdp = "none";
         for (int a = 0; a < spmd_mesh_rank(mesh); a++)
-            if (!strcmp(spmd_mesh_axis_name(mesh, a), "fsdp")) fsdp = "fsdp";
+            if (!strcmp(spmd_mesh_axis_name(mesh, a), "fsdp") && a != spmd_mesh_stage_axis(mesh))
+                fsdp = "fsdp";
     }
     spmd_tensor *inputs[2] = {c->input, c->targets};
     int n = c->targets ? 2 : 1;
     spmd_status st;
-    /* Stages: the micro-batches' samples over the other axes, then FSDP
-     * for the parameters (each stage's over the axis, inside the stage). */
+    spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp, o->cp};
+    /* Stages: the micro-batches' samples over the other axes (the tensor
+     * axis's splits inside each stage, with --tp), then FSDP for the
+     * parameters (each stage's over the axis, inside the stage). */
     if (spmd_mesh_stage_axis(mesh) >= 0 && spmd_tensor_rank(c->input) == 3) {
-        int rc = mark_stage_inputs(mesh, c);
+        int rc = 0;
+        if (o->tp) {
+            if (spmd_gpt_shard_tensor_parallel(c->g, &o->gpt, mesh, &how) != SPMD_OK)
+                rc = cli_fail("--tp %s: %s", o->tp, spmd_last_error());
+        } else {
+            rc = mark_stage_inputs(mesh, c);
+        }
         if (!rc && strcmp(fsdp, "none") && spmd_fsdp_wrap(c->g, mesh, fsdp, NULL, 0, NULL) != SPMD_OK)
             rc = cli_fail("sharding with --fsdp %s: %s", fsdp, spmd_last_error());
         return rc;
@@ -119,7 +128,6 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
         if (spmd_gpt_shard_experts(c->g, &o->gpt, mesh, o->ep, o->tp, NULL) != SPMD_OK)
             return cli_fail("--ep %s: %s", o->ep, spmd_last_error());
     }
-    spmd_gpt_parallel how = {o->tp, strcmp(fsdp, "none") ? fsdp : NULL, NULL, o->sp, o->cp};
     if (o->cp) {
         if (strcmp(o->model, "gpt"))
             return cli_fail("--cp: context parallelism is for --model gpt");
@@ -150,9 +158,18 @@ int model_apply_marks(const cli_opts *o, spmd_mesh *mesh, cli_graph *c)
 
 /* ---- Pipeline stages ------------------------------------------------------------- */
 
+/* The flag that names the stage axis `pp` for a split (nothing is split
+ * over the stage axis), or NULL. */
+static const char *split_over_stages(const cli_opts *o)
+{
+    const char *axis = o->pp;
+    return o->fsdp && !strcmp(o->fsdp, axis) ? "--fsdp" : o->tp && !strcmp(o->tp, axis) ? "--tp"
+           : o->cp && !strcmp(o->cp, axis) ? "--cp" : o->ep && !strcmp(o->ep, axis) ? "--ep" : NULL;
+}
+
 /* --pp AXIS: the mesh's stage axis, the stages and the micro-batches
- * (docs/design/stages.md); what does not compose with stages yet is
- * refused, naming the flag. */
+ * (docs/design/stages.md); a split over the stage axis and what does not
+ * compose with stages yet are refused, naming the flags. */
 static int setup_stages(cli_opts *o, cli_model *m)
 {
     m->stages = m->micro_batches = 1;
@@ -162,10 +179,18 @@ static int setup_stages(cli_opts *o, cli_model *m)
                                              "(gradient accumulation is --accumulate)", o->microbatches);
         return 0;
     }
-    const char *not_yet = strcmp(o->model, "gpt") ? "--model mlp" : o->tp ? "--tp" : o->copies ? "--copies"
+    const char *split = split_over_stages(o);
+    if (split)
+        return cli_fail("%s %s%s with --pp %s: axis '%s' is the stage axis, which holds a run of the "
+                        "layers on each member and splits nothing; give %s another axis", split,
+                        o->pp, o->sp && !strcmp(split, "--tp") ? " (and --sp on)" : "", o->pp, o->pp,
+                        split);
+    if (o->sp && !o->tp)
+        return cli_fail("--sp on: sequence parallelism splits over the tensor axis: give --tp AXIS");
+    const char *not_yet = strcmp(o->model, "gpt") ? "--model mlp" : o->copies ? "--copies"
                           : o->cp ? "--cp" : o->ep ? "--ep" : o->gpt.experts > 0 ? "--experts"
                           : o->optimizer.accumulate_steps > 1 ? "--accumulate (micro-batches are --microbatches)"
-                          : o->checkpoint ? "--checkpoint on" : NULL;
+                          : NULL;
     if (not_yet) return cli_fail("--pp %s with %s is not built yet", o->pp, not_yet);
     int axis = spmd_mesh_axis_index(m->mesh, o->pp);
     if (axis < 0) return cli_fail("--pp %s: %s", o->pp, spmd_last_error());
@@ -283,14 +308,21 @@ static int add_training(const cli_opts *o, cli_model *m)
     cli_graph *c = &m->train;
     spmd_status st;
     if (o->checkpoint && !strcmp(o->model, "gpt")) {
-        spmd_tensor *cuts[256];
+        /* Each block's output, of every micro-batch on stages ("mb{k}."
+         * before all but the first's). */
+        size_t most = (size_t)o->gpt.layers * (size_t)m->micro_batches;
+        spmd_tensor **cuts = malloc((most ? most : 1) * sizeof *cuts);
+        if (!cuts) return cli_fail("out of memory for %zu checkpoints", most);
         int n = 0;
-        for (int i = 0; i < o->gpt.layers && n < 256; i++) {
-            char name[32];
-            snprintf(name, sizeof name, "h.%d.out", i);
-            if ((cuts[n] = spmd_graph_find(c->g, name))) n++;
-        }
+        for (int k = 0; k < m->micro_batches; k++)
+            for (int i = 0; i < o->gpt.layers; i++) {
+                char name[48];
+                if (k) snprintf(name, sizeof name, "mb%d.h.%d.out", k, i);
+                else snprintf(name, sizeof name, "h.%d.out", i);
+                if ((cuts[n] = spmd_graph_find(c->g, name))) n++;
+            }
         st = spmd_grad_checkpointed(c->g, c->loss, cuts, n);
+        free(cuts);
     } else {
         st = spmd_grad(c->g, c->loss);
     }

@@ -188,7 +188,9 @@ typedef struct spmd_gpt_parallel {
  * inputs' batch included; marks the caller already made are kept, the
  * other tensors stay unmarked (spmd_fsdp_wrap afterwards shards the
  * remaining parameters).  The heads must split evenly over the tensor
- * axis. */
+ * axis.  A graph from spmd_gpt_build_stages is marked alike inside each
+ * stage: the inputs [M, b, T] "None, batch, None", every micro-batch's
+ * activations as the one batch's (the batch leaves the stage axis out). */
 SPMD_API spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config *cfg,
                                                     const spmd_mesh *m,
                                                     const spmd_gpt_parallel *how);

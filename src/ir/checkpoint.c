@@ -16,7 +16,10 @@
  * torch.utils.checkpoint.checkpoint_sequential runs its last segment
  * normally: their backward runs right after the forward pass, so keeping
  * them costs nothing and recomputing them would only add work.  So are
- * outputs and update values, whose buffers live to the end anyway.
+ * outputs and update values, whose buffers live to the end anyway, and
+ * the values a stage transfer brought: recomputing one would send it
+ * again, so the stage that received it keeps it, as a checkpoint, and a
+ * recomputation never leaves the stage of the value it recomputes.
  *
  * A backward node belongs to the segment of the forward node whose
  * backward rule emitted it (ir_grad reports which).  The rewrite runs
@@ -269,7 +272,11 @@ static spmd_status rewrite(rewriter *r, spmd_tensor *const *ckpts, int n)
         const spmd_tensor *t = g->nodes[i];
         r->seg[i] = s;
         if (r->is_ckpt[i]) s++;
-        r->kept[i] = ir_op_is_leaf(t->op) || r->is_ckpt[i] || i > last || t->is_output;
+        /* A stage transfer is kept on the stage it reaches: recomputing it
+         * would send the value again, and would reach back to the stage
+         * it left (docs/DESIGN.md, "Pipeline stages"). */
+        r->kept[i] = ir_op_is_leaf(t->op) || r->is_ckpt[i] || i > last || t->is_output ||
+                     t->op == IR_STAGE_TRANSFER;
         r->head[i] = -1;
     }
     for (int i = 0; i < g->n_updates; i++) {

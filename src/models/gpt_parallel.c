@@ -129,6 +129,65 @@ spmd_status spmd_gpt_shard_context_parallel(spmd_graph *g, const spmd_gpt_config
     return st;
 }
 
+/* The inputs' marks: [B, T], or [M, b, T] from spmd_gpt_build_stages (the
+ * micro-batches whole, each one's rows as the batch), `micro` then M. */
+static spmd_status staged_inputs(const tp_specs *s, int *micro)
+{
+    spmd_tensor *input = spmd_graph_find(s->g, "input");
+    bool staged = input && spmd_tensor_rank(input) == 3;
+    *micro = staged ? (int)spmd_tensor_dim(input, 0) : 1;
+    const char *spec = staged ? "None, B, S" : "B, S";
+    spmd_status st = mark(s, "input", spec);
+    return st == SPMD_OK ? mark(s, "targets", spec) : st;
+}
+
+/* Micro-batch k's activations (the whole batch's without stages): the
+ * names spmd_gpt_build_stages gives them, "mb{k}." before all but the
+ * first micro-batch's. */
+static spmd_status mark_activations(const tp_specs *s, const spmd_gpt_config *cfg,
+                                    const spmd_gpt_parallel *how, int k)
+{
+    char mb[16] = "";
+    if (k > 0) snprintf(mb, sizeof mb, "mb%d.", k);
+    char name[80];
+    snprintf(name, sizeof name, "%slogits", mb);
+    spmd_status st = mark(s, name, "B, S, T");
+    for (int i = 0; i < cfg->layers && st == SPMD_OK; i++) {
+        static const char *const rules[][2] = {
+            {"attn.c_attn.weight", "3*T, F"},  {"attn.c_attn.bias", "3*T"},
+            {"attn.c_attn.matmul", "B, S, 3*T"},
+            {"attn.c_proj.weight", "F, T"},
+            {"mlp.c_fc.weight", "T, F"},       {"mlp.c_fc.bias", "T"},
+            {"mlp.c_fc.matmul", "B, S, T"},
+            {"mlp.c_proj.weight", "F, T"},
+            /* The row-parallel matmuls' inputs, so their adjoints (marked
+             * alike) keep the backward pass on the same plan. */
+            {"attn.y", "B, S, T"},                {"mlp.gelu", "B, S, T"},
+        };
+        for (size_t r = 0; r < sizeof rules / sizeof rules[0] && st == SPMD_OK; r++) {
+            /* An MoE block has no mlp.*: spmd_gpt_shard_experts splits its
+             * experts' hidden units over the tensor axis. */
+            if (cfg->experts > 0 && i % 2 == 1 && !strncmp(rules[r][0], "mlp.", 4)) continue;
+            /* The weights are every micro-batch's; the activations its own. */
+            bool weight = strstr(rules[r][0], "weight") || strstr(rules[r][0], "bias");
+            snprintf(name, sizeof name, "%sh.%d.%s", weight ? "" : mb, i, rules[r][0]);
+            st = mark(s, name, rules[r][1]);
+        }
+        /* Sequence parallelism: the residual stream (and so the LayerNorms
+         * and dropout-free adds on it) split over the sequence. */
+        static const char *const stream[] = {"attn.c_proj.out", "mid", "mlp.c_proj.out", "out"};
+        for (size_t r = 0; how->sequence && r < sizeof stream / sizeof stream[0] && st == SPMD_OK;
+             r++) {
+            bool moe = cfg->experts > 0 && i % 2 == 1;
+            snprintf(name, sizeof name, "%sh.%d.%s", mb, i, moe && r == 2 ? "moe.out" : stream[r]);
+            st = mark(s, name, "B, T, None");
+        }
+    }
+    snprintf(name, sizeof name, "%sembed", mb);
+    if (how->sequence && st == SPMD_OK) st = mark(s, name, "B, T, None");
+    return st;
+}
+
 spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config *cfg,
                                            const spmd_mesh *m, const spmd_gpt_parallel *how)
 {
@@ -157,42 +216,11 @@ spmd_status spmd_gpt_shard_tensor_parallel(spmd_graph *g, const spmd_gpt_config 
      * (q | k | v each split by heads) and c_fc, row-parallel c_proj, the
      * vocabulary of the tied wte.  The activations keep the context
      * axis's sequence split, if any. */
-    st = mark(&s, "input", "B, S");
-    if (st == SPMD_OK) st = mark(&s, "targets", "B, S");
+    int micro = 1;
+    st = staged_inputs(&s, &micro);
     if (st == SPMD_OK) st = mark(&s, "wte.weight", "T, F");
-    if (st == SPMD_OK) st = mark(&s, "logits", "B, S, T");
-    for (int i = 0; i < cfg->layers && st == SPMD_OK; i++) {
-        static const char *const rules[][2] = {
-            {"attn.c_attn.weight", "3*T, F"},  {"attn.c_attn.bias", "3*T"},
-            {"attn.c_attn.matmul", "B, S, 3*T"},
-            {"attn.c_proj.weight", "F, T"},
-            {"mlp.c_fc.weight", "T, F"},       {"mlp.c_fc.bias", "T"},
-            {"mlp.c_fc.matmul", "B, S, T"},
-            {"mlp.c_proj.weight", "F, T"},
-            /* The row-parallel matmuls' inputs, so their adjoints (marked
-             * alike) keep the backward pass on the same plan. */
-            {"attn.y", "B, S, T"},                {"mlp.gelu", "B, S, T"},
-        };
-        for (size_t r = 0; r < sizeof rules / sizeof rules[0] && st == SPMD_OK; r++) {
-            /* An MoE block has no mlp.*: spmd_gpt_shard_experts splits its
-             * experts' hidden units over the tensor axis. */
-            if (cfg->experts > 0 && i % 2 == 1 && !strncmp(rules[r][0], "mlp.", 4)) continue;
-            char name[64];
-            snprintf(name, sizeof name, "h.%d.%s", i, rules[r][0]);
-            st = mark(&s, name, rules[r][1]);
-        }
-        /* Sequence parallelism: the residual stream (and so the LayerNorms
-         * and dropout-free adds on it) split over the sequence. */
-        static const char *const stream[] = {"attn.c_proj.out", "mid", "mlp.c_proj.out", "out"};
-        for (size_t r = 0; how->sequence && r < sizeof stream / sizeof stream[0] && st == SPMD_OK;
-             r++) {
-            char name[64];
-            bool moe = cfg->experts > 0 && i % 2 == 1;
-            snprintf(name, sizeof name, "h.%d.%s", i, moe && r == 2 ? "moe.out" : stream[r]);
-            st = mark(&s, name, "B, T, None");
-        }
-    }
-    if (how->sequence && st == SPMD_OK) st = mark(&s, "embed", "B, T, None");
+    for (int k = 0; k < micro && st == SPMD_OK; k++)
+        st = mark_activations(&s, cfg, how, k);
     return st;
 }
 

@@ -63,10 +63,35 @@ static void make_plain(setup *s, const spmd_gpt_config *cfg, int micro)
     s->p = spmd_trainer_program(s->tr);
 }
 
-/* The GPT on `stages` stages of a mesh "pp" (mesh false: one device),
- * times `replicas` along "data", which splits each micro-batch. */
-static spmd_status make_staged_on(setup *s, const spmd_gpt_config *cfg, int stages, int replicas,
-                                  int micro, bool mesh, spmd_pipeline_schedule schedule)
+/* The other axes beside the stage axis "pp", in this order, and
+ * activation checkpointing. */
+typedef struct layout {
+    bool fsdp;       /* 2 along "fsdp": each stage's parameters split */
+    bool tensor;     /* 2 along "tensor": Megatron's splits inside each stage */
+    int replicas;    /* along "data", which splits each micro-batch */
+    bool checkpoint; /* every micro-batch's block outputs kept, the rest recomputed */
+    spmd_pipeline_schedule schedule;
+} layout;
+
+/* The graph's block outputs, every micro-batch's ("mb{k}." before all
+ * but the first's), as the checkpoints; their count. */
+static int block_outputs(spmd_graph *g, const spmd_gpt_config *cfg, int micro, spmd_tensor **cuts)
+{
+    int n = 0;
+    for (int k = 0; k < micro; k++)
+        for (int i = 0; i < cfg->layers; i++) {
+            char name[48];
+            if (k) snprintf(name, sizeof name, "mb%d.h.%d.out", k, i);
+            else snprintf(name, sizeof name, "h.%d.out", i);
+            assert_non_null(cuts[n++] = spmd_graph_find(g, name));
+        }
+    return n;
+}
+
+/* The GPT on `stages` stages of a mesh "pp" with the other axes of `l`
+ * (mesh false: one device). */
+static spmd_status make_staged_as(setup *s, const spmd_gpt_config *cfg, int stages, int micro,
+                                  bool mesh, const layout *l)
 {
     memset(s, 0, sizeof *s);
     s->micro = micro;
@@ -74,23 +99,46 @@ static spmd_status make_staged_on(setup *s, const spmd_gpt_config *cfg, int stag
     spmd_status st = spmd_gpt_build_stages(s->g, cfg, MICRO, stages, micro, &s->t);
     if (st != SPMD_OK) return st;
     if (mesh) {
-        char shape[32];
-        bool fsdp = replicas == 4; /* 2 fsdp x 2 data */
-        snprintf(shape, sizeof shape, fsdp ? "%dx2x2" : replicas > 1 ? "%dx%d" : "%d", stages, replicas);
-        s->mesh = spmd_mesh_parse(shape, fsdp ? "pp,fsdp,data" : replicas > 1 ? "pp,data" : "pp");
+        char shape[32], axes[64], batch[64] = "";
+        int n = snprintf(shape, sizeof shape, "%d", stages);
+        snprintf(axes, sizeof axes, "pp");
+        const char *other[] = {l->fsdp ? "fsdp" : NULL, l->tensor ? "tensor" : NULL,
+                               l->replicas > 1 ? "data" : NULL};
+        int sizes[] = {2, 2, l->replicas};
+        for (int a = 0; a < 3; a++) {
+            if (!other[a]) continue;
+            n += snprintf(shape + n, sizeof shape - (size_t)n, "x%d", sizes[a]);
+            strcat(axes, ","), strcat(axes, other[a]);
+            if (a != 1) strcat(batch, *batch ? ", " : ""), strcat(batch, other[a]);
+        }
+        s->mesh = spmd_mesh_parse(shape, axes);
         assert_int_equal(spmd_mesh_set_stage_axis(s->mesh, 0), SPMD_OK);
-        /* The inputs on every stage, each micro-batch's samples over the
-         * replicas (the marks give the graph its mesh). */
-        const char *spec = fsdp ? "None, (fsdp, data), None" : replicas > 1 ? "None, data, None"
-                                                                            : "None, None, None";
-        assert_int_equal(spmd_mark_sharding(s->g, s->t.input, s->mesh, spec), SPMD_OK);
-        assert_int_equal(spmd_mark_sharding(s->g, s->t.targets, s->mesh, spec), SPMD_OK);
-        if (fsdp) assert_int_equal(spmd_fsdp_wrap(s->g, s->mesh, "fsdp", NULL, 0, NULL), SPMD_OK);
+        if (l->tensor) {
+            /* Each stage's blocks split over 'tensor', the inputs' rows
+             * over the other axes. */
+            spmd_gpt_parallel how = {.tensor = "tensor", .fsdp = l->fsdp ? "fsdp" : NULL};
+            if (spmd_gpt_shard_tensor_parallel(s->g, cfg, s->mesh, &how) != SPMD_OK)
+                return spmd_last_status();
+        } else {
+            /* The inputs on every stage, each micro-batch's samples over
+             * the other axes (the marks give the graph its mesh). */
+            char spec[96];
+            snprintf(spec, sizeof spec, !*batch ? "None, None, None"
+                                        : strchr(batch, ',') ? "None, (%s), None" : "None, %s, None",
+                     batch);
+            assert_int_equal(spmd_mark_sharding(s->g, s->t.input, s->mesh, spec), SPMD_OK);
+            assert_int_equal(spmd_mark_sharding(s->g, s->t.targets, s->mesh, spec), SPMD_OK);
+        }
+        if (l->fsdp) assert_int_equal(spmd_fsdp_wrap(s->g, s->mesh, "fsdp", NULL, 0, NULL), SPMD_OK);
     }
+    spmd_tensor *cuts[64];
+    int n_cuts = l->checkpoint ? block_outputs(s->g, cfg, micro, cuts) : 0;
     s->tr = spmd_trainer_create(s->g, s->t.loss,
-                                &(spmd_trainer_options){
-                                    .optimizer = adamw(),
-                                    .compile = {.seed = 3, .threads = 4, .schedule = schedule}});
+                                &(spmd_trainer_options){.optimizer = adamw(),
+                                                        .checkpoints = n_cuts ? cuts : NULL,
+                                                        .n_checkpoints = n_cuts,
+                                                        .compile = {.seed = 3, .threads = 4,
+                                                                    .schedule = l->schedule}});
     if (!s->tr) return spmd_last_status();
     s->p = spmd_trainer_program(s->tr);
     return SPMD_OK;
@@ -98,7 +146,7 @@ static spmd_status make_staged_on(setup *s, const spmd_gpt_config *cfg, int stag
 
 static spmd_status make_staged(setup *s, const spmd_gpt_config *cfg, int stages, int micro, bool mesh)
 {
-    return make_staged_on(s, cfg, stages, 1, micro, mesh, SPMD_SCHEDULE_GPIPE);
+    return make_staged_as(s, cfg, stages, micro, mesh, &(layout){0});
 }
 
 static void setup_free(setup *s)
@@ -153,14 +201,13 @@ static bool close_rel(double a, double b, double tol)
     return fabs(a - b) <= tol * fmax(fabs(a), fabs(b)) + 1e-7;
 }
 
-/* S stages (times `replicas` along a data axis), M micro-batches against
+/* S stages (beside the other axes of `l`), M micro-batches against
  * accumulation over the same M. */
-static void compare_as(const spmd_gpt_config *cfg, int stages, int replicas, int micro,
-                       spmd_pipeline_schedule schedule)
+static void compare_as(const spmd_gpt_config *cfg, int stages, int micro, const layout *l)
 {
     setup plain, staged;
     make_plain(&plain, cfg, micro);
-    if (make_staged_on(&staged, cfg, stages, replicas, micro, true, schedule) != SPMD_OK)
+    if (make_staged_as(&staged, cfg, stages, micro, true, l) != SPMD_OK)
         fail_msg("%d stages: %s", stages, spmd_last_error());
     for (int s = 0; s < STEPS; s++) {
         float np = 0, ns = 0;
@@ -185,14 +232,9 @@ static void compare_as(const spmd_gpt_config *cfg, int stages, int replicas, int
     setup_free(&staged);
 }
 
-static void compare_on(const spmd_gpt_config *cfg, int stages, int replicas, int micro)
-{
-    compare_as(cfg, stages, replicas, micro, SPMD_SCHEDULE_GPIPE);
-}
-
 static void compare(const spmd_gpt_config *cfg, int stages, int micro)
 {
-    compare_on(cfg, stages, 1, micro);
+    compare_as(cfg, stages, micro, &(layout){0});
 }
 
 static void test_two_stages_train_as_accumulation(void **state)
@@ -224,7 +266,7 @@ static void test_an_uneven_split_trains_as_accumulation(void **state)
 static void test_stages_beside_a_data_axis(void **state)
 {
     (void)state;
-    compare_on(&CFG, 2, 2, 4);
+    compare_as(&CFG, 2, 4, &(layout){.replicas = 2});
 }
 
 /* 2 stages x 2 fsdp x 2 data: each stage's parameters split over
@@ -232,7 +274,50 @@ static void test_stages_beside_a_data_axis(void **state)
 static void test_stages_fsdp_and_data(void **state)
 {
     (void)state;
-    compare_on(&CFG, 2, 4, 4);
+    compare_as(&CFG, 2, 4, &(layout){.fsdp = true, .replicas = 2});
+}
+
+/* 2 stages x 2 tensor, and x 2 data: each stage's blocks and the tied
+ * head split as Megatron's tensor parallelism splits them without
+ * stages, its collectives inside the stage. */
+static void test_stages_and_tensor_parallelism(void **state)
+{
+    (void)state;
+    compare_as(&CFG, 2, 4, &(layout){.tensor = true});
+    compare_as(&CFG, 2, 4, &(layout){.tensor = true, .replicas = 2});
+}
+
+/* The transfers of a compiled program. */
+static int transfers_of(const setup *s)
+{
+    const partition *part = executor_partition(s->p);
+    assert_non_null(part);
+    int n = 0;
+    for (int i = 0; i < part->local->n_nodes; i++) n += part->local->nodes[i]->op == IR_STAGE_TRANSFER;
+    return n;
+}
+
+/* Activation checkpointing per stage: each block's outputs kept, the
+ * rest recomputed on its stage; what a transfer brought is kept too, so
+ * the backward sends nothing twice (the transfers of the plain graph),
+ * and each stage's part of the arena shrinks. Trains as accumulation, on
+ * 2 stages and on 2 stages x 2 tensor. */
+static void test_stages_with_activation_checkpointing(void **state)
+{
+    (void)state;
+    compare_as(&CFG, 2, 4, &(layout){.checkpoint = true});
+    compare_as(&CFG, 2, 4, &(layout){.tensor = true, .checkpoint = true});
+    setup plain, kept;
+    assert_int_equal(make_staged(&plain, &CFG, 2, 4, true), SPMD_OK);
+    assert_int_equal(make_staged_as(&kept, &CFG, 2, 4, true, &(layout){.checkpoint = true}), SPMD_OK);
+    assert_int_equal(transfers_of(&kept), transfers_of(&plain));
+    const compiled *a = executor_compiled(plain.p), *b = executor_compiled(kept.p);
+    for (int d = 0; d < 2; d++)
+        if (compiled_stage_arena_bytes(b, d) >= compiled_stage_arena_bytes(a, d))
+            fail_msg("stage %d: %zu bytes of arena with checkpoints, %zu without", d,
+                     compiled_stage_arena_bytes(b, d), compiled_stage_arena_bytes(a, d));
+    setup_free(&plain);
+    setup_free(&kept);
 }
 
 /* Two runs of one seed: the same losses, bit for bit; and the graph with
@@ -365,9 +450,9 @@ static void test_one_f_one_b_trains_as_gpipe(void **state)
     (void)state;
     for (int stages = 2; stages <= 4; stages += 2) {
         setup gpipe, one_f;
-        assert_int_equal(make_staged_on(&gpipe, &CFG, stages, 1, 2 * stages, true, SPMD_SCHEDULE_GPIPE),
-                         SPMD_OK);
-        assert_int_equal(make_staged_on(&one_f, &CFG, stages, 1, 2 * stages, true, SPMD_SCHEDULE_1F1B),
+        assert_int_equal(make_staged_as(&gpipe, &CFG, stages, 2 * stages, true, &(layout){0}), SPMD_OK);
+        assert_int_equal(make_staged_as(&one_f, &CFG, stages, 2 * stages, true,
+                                        &(layout){.schedule = SPMD_SCHEDULE_1F1B}),
                          SPMD_OK);
         for (int s = 0; s < 3; s++) {
             float a = train_step(&gpipe, s, true, NULL), b = train_step(&one_f, s, true, NULL);
@@ -376,9 +461,10 @@ static void test_one_f_one_b_trains_as_gpipe(void **state)
         }
         setup_free(&gpipe);
         setup_free(&one_f);
-        compare_as(&CFG, stages, 1, 2 * stages, SPMD_SCHEDULE_1F1B);
+        compare_as(&CFG, stages, 2 * stages, &(layout){.schedule = SPMD_SCHEDULE_1F1B});
     }
-    compare_as(&CFG, 2, 4, 4, SPMD_SCHEDULE_1F1B); /* 2 stages x 2 fsdp x 2 data */
+    compare_as(&CFG, 2, 4, &(layout){.fsdp = true, .replicas = 2, .schedule = SPMD_SCHEDULE_1F1B});
+    compare_as(&CFG, 2, 4, &(layout){.tensor = true, .checkpoint = true, .schedule = SPMD_SCHEDULE_1F1B});
 }
 
 /* What a device of each stage allocates besides its inputs, with M
@@ -388,7 +474,7 @@ static void allocated_per_stage(spmd_pipeline_schedule schedule, int micro, size
     spmd_gpt_config cfg = CFG;
     cfg.dim = 32;
     setup s;
-    assert_int_equal(make_staged_on(&s, &cfg, 2, 1, micro, true, schedule), SPMD_OK);
+    assert_int_equal(make_staged_as(&s, &cfg, 2, micro, true, &(layout){.schedule = schedule}), SPMD_OK);
     train_step(&s, 0, true, NULL);
     size_t inputs = 2 * (size_t)micro * MICRO * SEQ * sizeof(int32_t);
     for (int d = 0; d < 2; d++) out[d] = executor_device_allocated(s.p, d) - inputs;
@@ -494,6 +580,8 @@ int main(void)
         cmocka_unit_test(test_an_uneven_split_trains_as_accumulation),
         cmocka_unit_test(test_stages_beside_a_data_axis),
         cmocka_unit_test(test_stages_fsdp_and_data),
+        cmocka_unit_test(test_stages_and_tensor_parallelism),
+        cmocka_unit_test(test_stages_with_activation_checkpointing),
         cmocka_unit_test(test_same_seed_same_bits),
         cmocka_unit_test(test_each_device_holds_its_stage),
         cmocka_unit_test(test_one_f_one_b_trains_as_gpipe),
