@@ -623,6 +623,15 @@ def test_unmapped_op_raises_naming_op_and_line(case):
     assert where.startswith(f"test_torch_ops.py:{line_of(fragment)} in "), msg
 
 
+def _captures_one_hots_check():
+    """Whether this torch's capture keeps F.one_hot's check that the
+    classes are in range (an _assert_async node; older versions drop it,
+    and eager PyTorch alone raises)."""
+    from libspmd.torch.trace import make_aten_graph
+    capture = make_aten_graph(lambda m, x: F.one_hot((m(x) > 0).sum(1), 4).sum(), Lin(), x46())
+    return any("_assert_async" in str(n.target) for n in capture.gm.graph.nodes)
+
+
 @pytest.mark.parametrize("loss_fn, op, why", [
     (lambda m, x: m(x)[torch.tensor([0, 1]), torch.tensor([2, 3])].sum(), "aten.index.Tensor",
      "with 2 index tensors"),
@@ -644,6 +653,8 @@ def test_unmapped_op_raises_naming_op_and_line(case):
 ])
 def test_composed_ops_refusals(loss_fn, op, why):
     batch = (x46(), torch.ones(3, 6, dtype=torch.int64))[:loss_fn.__code__.co_argcount - 1]
+    if op.startswith("aten._assert_async") and not _captures_one_hots_check():
+        pytest.skip(f"this torch ({torch.__version__}) captures F.one_hot without its range check")
     with pytest.raises(NotImplementedError) as e:
         xs.trace(loss_fn, Lin(), *batch)
     msg = str(e.value)
