@@ -14,6 +14,9 @@
  *   - the same GPT at seq 2048, batch 1, on one device and on 4 'cp' with
  *     its sequence split (spmd_gpt_shard_context_parallel) and FSDP over
  *     the same axis;
+ *   - the small GPT's batch 8 as 8 micro-batches of 1: on one device
+ *     whole and accumulated over the 8, on 2 'data', and on 2 'pp' as 2
+ *     pipeline stages (spmd_gpt_build_stages, GPipe);
  *
  * the replicated meshes by default (ZeRO: the optimizer's state and update
  * sharded, spmd_optimizer.zero) and with ZeRO off (rows "zero off": every
@@ -28,7 +31,7 @@
  * bare sgemm rate on all threads and with the workload's one-device step.
  * Medians of --reps steps after one unmeasured.
  *
- *   bench_step [--reps N] [--threads N] [--quick] [--only mlp|gpt|124m|moe|long]
+ *   bench_step [--reps N] [--threads N] [--quick] [--only mlp|gpt|124m|moe|long|pp]
  *              [--mesh SHAPE] [--fp32|--bf16] [--overlap-compare]
  *
  * (--quick: the MLP and the small GPT only; --only one workload (--124m: --only 124m); --mesh
@@ -63,6 +66,8 @@ typedef struct mesh_case {
     bool bf16;                       /* matmuls on bf16 copies (mixed precision) */
     const char *expert;              /* the experts' axis (expert parallelism), or NULL */
     const char *context;             /* the sequence's axis (context parallelism), or NULL */
+    const char *stage;               /* the pipeline's stage axis, or NULL */
+    int micro;                       /* > 1: micro-batches, of the pipeline or else accumulated */
 } mesh_case;
 
 static double flops_per_step(const workload *w, int64_t params)
@@ -102,9 +107,21 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
     spmd_status st = spmd_graph_set_matmul_precision(g, mc->bf16 ? SPMD_BF16 : SPMD_F32);
     if (st != SPMD_OK) {
         input = targets = loss = NULL;
+    } else if (w->gpt && mc->stage) {
+        /* One stage per member of the stage axis, the batch's rows as
+         * micro-batches ([M, b, T]), whole on every stage. */
+        int axis = spmd_mesh_axis_index(mesh, mc->stage);
+        spmd_gpt_tensors t = {0};
+        st = spmd_mesh_set_stage_axis(mesh, axis);
+        if (st == SPMD_OK)
+            st = spmd_gpt_build_stages(g, &w->cfg, w->batch / mc->micro, spmd_mesh_axis_size(mesh, axis),
+                                       mc->micro, &t);
+        for (int j = 0; j < 2 && st == SPMD_OK; j++)
+            st = spmd_mark_sharding(g, j ? t.targets : t.input, mesh, "None, None, None");
+        input = t.input, targets = t.targets, loss = t.loss;
     } else if (w->gpt) {
         spmd_gpt_tensors t;
-        st = spmd_gpt_build(g, &w->cfg, w->batch, &t);
+        st = spmd_gpt_build(g, &w->cfg, mc->micro > 1 ? w->batch / mc->micro : w->batch, &t);
         input = t.input, targets = t.targets, loss = t.loss;
     } else {
         spmd_mlp_config cfg = {.in_dim = w->cfg.vocab, .hidden = w->cfg.dim, .layers = w->cfg.layers,
@@ -121,14 +138,15 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
         spmd_gpt_parallel how = {NULL, mc->fsdp, NULL, false, mc->context};
         st = spmd_gpt_shard_context_parallel(g, &w->cfg, mesh, &how);
     }
-    if (st == SPMD_OK && mesh)
+    if (st == SPMD_OK && mesh && !mc->stage)
         st = mc->fsdp ? spmd_fsdp_wrap(g, mesh, mc->fsdp, inputs, 2, NULL)
                       : spmd_shard_batch(g, mesh, inputs, 2, NULL);
     *params = spmd_graph_param_count(g);
     spmd_trainer_options opts = {
         .optimizer = {.kind = SPMD_OPTIMIZER_ADAMW, .weight_decay = 0.01f, .clip_norm = 1.0f,
-                      .zero = mc->zero_off ? SPMD_ZERO_OFF : SPMD_ZERO_DEFAULT},
-        .compile = {.threads = threads, .seed = 1, .overlap = !no_overlap}};
+                      .zero = mc->zero_off ? SPMD_ZERO_OFF : SPMD_ZERO_DEFAULT,
+                      .accumulate_steps = mc->stage ? 0 : mc->micro},
+        .compile = {.threads = threads, .seed = 1, .overlap = !no_overlap && !mc->stage}}; /* stages: not built */
     spmd_trainer *tr = st == SPMD_OK ? spmd_trainer_create(g, loss, &opts) : NULL;
     double ms = -1;
     if (tr) {
@@ -143,12 +161,23 @@ static double time_step(const workload *w, const mesh_case *mc, int threads, int
         spmd_data_sequences(1, 0, w->batch, seq, w->cfg.vocab, ids, tg);
         if (onehot)
             for (size_t i = 0; i < n; i++) onehot[i * (size_t)w->cfg.vocab + (size_t)ids[i]] = 1.0f;
-        st = onehot ? spmd_program_set_input(p, input, onehot, n * (size_t)w->cfg.vocab * sizeof *onehot)
+        /* Accumulated: the step's micro-batches one after another, each
+         * its rows of the batch. */
+        int k = mc->micro > 1 && !mc->stage ? mc->micro : 1;
+        size_t part = n / (size_t)k;
+        st = k > 1 ? SPMD_OK
+             : onehot ? spmd_program_set_input(p, input, onehot, n * (size_t)w->cfg.vocab * sizeof *onehot)
                     : spmd_program_set_input(p, input, ids, n * sizeof *ids);
-        if (st == SPMD_OK) st = spmd_program_set_input(p, targets, tg, n * sizeof *tg);
+        if (st == SPMD_OK && k == 1) st = spmd_program_set_input(p, targets, tg, n * sizeof *tg);
         for (int r = -1; r < reps && st == SPMD_OK; r++) {
             double t0 = now_s(), c0 = cpu_s();
-            st = spmd_trainer_step(tr, 1e-3f, NULL, NULL);
+            for (int m = 0; m < k && st == SPMD_OK; m++) {
+                if (k > 1) st = spmd_program_set_input(p, input, ids + (size_t)m * part, part * sizeof *ids);
+                if (k > 1 && st == SPMD_OK)
+                    st = spmd_program_set_input(p, targets, tg + (size_t)m * part, part * sizeof *tg);
+                if (st == SPMD_OK && m < k - 1) st = spmd_trainer_accumulate(tr, NULL);
+            }
+            if (st == SPMD_OK) st = spmd_trainer_step(tr, 1e-3f, NULL, NULL);
             if (r >= 0) t[r] = now_s() - t0, c[r] = cpu_s() - c0;
         }
         if (st == SPMD_OK) ms = median(t, reps) * 1e3, *cpu_ms = median(c, reps) * 1e3;
@@ -178,18 +207,18 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--overlap-compare")) compare = true;
         else {
             fprintf(stderr, "usage: bench_step [--reps N] [--threads N] [--quick] "
-                            "[--only mlp|gpt|124m|moe|long] [--mesh SHAPE] [--fp32|--bf16] "
+                            "[--only mlp|gpt|124m|moe|long|pp] [--mesh SHAPE] [--fp32|--bf16] "
                             "[--overlap-compare]\n");
             return 2;
         }
     }
-    static const char *const keys[] = {"124m", "mlp", "gpt", "moe", "long"};
+    static const char *const keys[] = {"124m", "mlp", "gpt", "moe", "long", "pp"};
     enum { n_loads = sizeof keys / sizeof keys[0] };
     int only_load = -1;
     for (int l = 0; only && l < n_loads; l++)
         if (!strcmp(only, keys[l])) only_load = l;
     if (only && only_load < 0) {
-        fprintf(stderr, "bench_step: --only %s: mlp, gpt, 124m, moe or long\n", only);
+        fprintf(stderr, "bench_step: --only %s: mlp, gpt, 124m, moe, long or pp\n", only);
         return 2;
     }
     if (reps < 1) reps = 1;
@@ -210,9 +239,11 @@ int main(int argc, char **argv)
          8},
         {"GPT 4 x 256, vocab 512, seq 2048, batch 1", true,
          {.vocab = 512, .seq = 2048, .layers = 4, .heads = 4, .dim = 256}, 1},
+        {"GPT 4 x 256, batch 8 as 8 micro-batches", true,
+         {.vocab = 512, .seq = 128, .layers = 4, .heads = 4, .dim = 256}, 8},
     };
-    /* {shape, axes, fsdp, zero off, bf16, expert axis, context axis} */
-#define CASE(shape, axes, fsdp, zero_off, bf16) {shape, axes, fsdp, zero_off, bf16, NULL, NULL}
+    /* {shape, axes, fsdp, zero off, bf16, expert axis, context axis, stage axis, micro-batches} */
+#define CASE(shape, axes, fsdp, zero_off, bf16) {shape, axes, fsdp, zero_off, bf16, NULL, NULL, NULL, 1}
     static const mesh_case one[] = {CASE(NULL, NULL, NULL, false, false), CASE(NULL, NULL, NULL, false, true)};
     static const mesh_case mlp_meshes[] = {
         CASE(NULL, NULL, NULL, false, false),           CASE("2", "fsdp", "fsdp", false, false),
@@ -226,12 +257,16 @@ int main(int argc, char **argv)
         CASE("4x2", "replica,fsdp", "fsdp", true, false), CASE("8", "data", NULL, false, false),
         CASE("8", "data", NULL, true, false)};
 #undef CASE
-    static const mesh_case moe_meshes[] = {{NULL, NULL, NULL, false, false, NULL, NULL},
-                                           {"2x4", "data,expert", NULL, false, false, "expert", NULL}};
-    static const mesh_case long_meshes[] = {{NULL, NULL, NULL, false, false, NULL, NULL},
-                                            {"4", "cp", "cp", false, false, NULL, "cp"}};
-    const mesh_case *meshes[] = {one, mlp_meshes, gpt_meshes, moe_meshes, long_meshes};
-    const int n_meshes[] = {2, 8, 9, 2, 2};
+    static const mesh_case moe_meshes[] = {{NULL, NULL, NULL, false, false, NULL, NULL, NULL, 1},
+                                           {"2x4", "data,expert", NULL, false, false, "expert", NULL, NULL, 1}};
+    static const mesh_case long_meshes[] = {{NULL, NULL, NULL, false, false, NULL, NULL, NULL, 1},
+                                            {"4", "cp", "cp", false, false, NULL, "cp", NULL, 1}};
+    static const mesh_case pp_meshes[] = {{NULL, NULL, NULL, false, false, NULL, NULL, NULL, 1},
+                                          {NULL, NULL, NULL, false, false, NULL, NULL, NULL, 8},
+                                          {"2", "data", NULL, false, false, NULL, NULL, NULL, 1},
+                                          {"2", "pp", NULL, false, false, NULL, NULL, "pp", 8}};
+    const mesh_case *meshes[] = {one, mlp_meshes, gpt_meshes, moe_meshes, long_meshes, pp_meshes};
+    const int n_meshes[] = {2, 8, 9, 2, 2, 4};
     printf("bench_step: the whole AdamW training step, %d threads, %s, median of %d steps\n", threads,
            blas, reps);
     printf("bf16 GEMM: %s\n", spmd_blas_describe_bf16());
@@ -277,8 +312,11 @@ int main(int argc, char **argv)
             if (k == 0) base = ms;
             double rate = flops_per_step(w, params) / (ms / 1e3) / 1e9;
             char mesh[48];
-            snprintf(mesh, sizeof mesh, "%s %s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
-                     mc->zero_off ? " zero off" : "", mc->bf16 ? " bf16" : "");
+            char micro[32] = "";
+            if (mc->micro > 1)
+                snprintf(micro, sizeof micro, mc->stage ? " x %d micro-batches" : " accumulate %d", mc->micro);
+            snprintf(mesh, sizeof mesh, "%s %s%s%s%s", mc->shape ? mc->shape : "1", mc->axes ? mc->axes : "",
+                     mc->zero_off ? " zero off" : "", mc->bf16 ? " bf16" : "", micro);
             char ratio[16] = "-";
             if (base > 0) snprintf(ratio, sizeof ratio, "%.2f", ms / base);
             printf("%-42s %-26s %10.1f %10.1f %8.2f %8s %8.1f %10.1f %9.1f", named ? "" : w->name, mesh,
