@@ -259,36 +259,77 @@ static int collect(const char *path, const cJSON *events, const spmd_program *p,
     return rc;
 }
 
-/* Each device's idle fraction over the traced steps (explain_trace.h):
- * 1 - (its compute boxes, stage transfers left out, and its update) over
- * (its steps' boxes).  A device's tracks are its id; its communication
- * thread's (ids from the mesh's size up) are left out.  0, or 1. */
-static int idle_fractions(const cJSON *events, int devices, explain_measured *out)
+/* A step's box on a device's track. */
+typedef struct step_box {
+    int device, step;
+    double from, to;
+} step_box;
+
+/* Each device's idle fraction over the traced steps, and each step's
+ * mean over the devices (explain_trace.h): 1 - (its compute boxes, stage
+ * transfers left out, and its update) over (its steps' boxes).  A box
+ * counts in the step box of its track that it starts in.  A device's
+ * tracks are its id; its communication thread's (ids from the mesh's
+ * size up) are left out.  0, or 1. */
+static int idle_fractions(const cJSON *events, int devices, int first, int last, explain_measured *out)
 {
-    double *step = calloc((size_t)devices, sizeof *step), *busy = calloc((size_t)devices, sizeof *busy);
+    /* Each traced step has a box: a trace claiming more steps than it has
+     * events has boxes for none past that many. */
+    if (last - first >= cJSON_GetArraySize(events)) last = first + cJSON_GetArraySize(events) - 1;
+    if (last < first) last = first;
+    int n_steps = last - first + 1, cells = devices * n_steps, n_boxes = 0;
+    double *step = calloc((size_t)cells, sizeof *step), *busy = calloc((size_t)cells, sizeof *busy);
+    step_box *boxes = malloc((size_t)(cJSON_GetArraySize(events) + 1) * sizeof *boxes);
     out->idle = calloc((size_t)devices, sizeof *out->idle);
-    if (!step || !busy || !out->idle) {
-        free(step), free(busy);
+    out->steps = calloc((size_t)n_steps, sizeof *out->steps);
+    out->step_idle = calloc((size_t)n_steps, sizeof *out->step_idle);
+    if (!step || !busy || !boxes || !out->idle || !out->steps || !out->step_idle) {
+        free(step), free(busy), free(boxes);
         return cli_fail("--trace: out of memory"), 1;
     }
     out->n_devices = devices;
+    out->n_steps = n_steps;
     const cJSON *e;
     cJSON_ArrayForEach(e, events)
     {
-        const char *cat = string_of(e, "cat"), *op = string_of(cJSON_GetObjectItemCaseSensitive(e, "args"), "op");
-        double tid, dur;
-        if (!cat || !number_of(e, "tid", &tid) || !number_of(e, "dur", &dur) || tid < 0 || tid >= devices ||
-            tid != floor(tid))
+        const char *cat = string_of(e, "cat");
+        double tid, ts, dur, number;
+        if (!cat || strcmp(cat, "step") || !number_of(e, "tid", &tid) || !number_of(e, "ts", &ts) ||
+            !number_of(e, "dur", &dur) || tid < 0 || tid >= devices || tid != floor(tid) ||
+            !number_of(cJSON_GetObjectItemCaseSensitive(e, "args"), "step", &number) || number < first ||
+            number > last || number != floor(number))
             continue;
-        if (!strcmp(cat, "step")) step[(int)tid] += dur;
-        else if (!strcmp(cat, "update") || (!strcmp(cat, "compute") && op && strcmp(op, "stage_transfer")))
-            busy[(int)tid] += dur;
+        boxes[n_boxes++] = (step_box){(int)tid, (int)number - first, ts, ts + dur};
+        step[(int)tid * n_steps + (int)number - first] += dur;
+    }
+    cJSON_ArrayForEach(e, events)
+    {
+        const char *cat = string_of(e, "cat"), *op = string_of(cJSON_GetObjectItemCaseSensitive(e, "args"), "op");
+        double tid, ts, dur;
+        if (!cat || !number_of(e, "tid", &tid) || !number_of(e, "ts", &ts) || !number_of(e, "dur", &dur) ||
+            tid < 0 || tid >= devices || tid != floor(tid))
+            continue;
+        if (strcmp(cat, "update") && (strcmp(cat, "compute") || !op || !strcmp(op, "stage_transfer"))) continue;
+        for (int b = 0; b < n_boxes; b++)
+            if (boxes[b].device == (int)tid && ts >= boxes[b].from && ts <= boxes[b].to) {
+                busy[(int)tid * n_steps + boxes[b].step] += dur;
+                break;
+            }
     }
     for (int d = 0; d < devices; d++) {
-        double f = step[d] > 0 ? 1 - busy[d] / step[d] : NAN;
-        out->idle[d] = isnan(f) ? f : f < 0 ? 0 : f > 1 ? 1 : f; /* clock rounding at the ends */
+        double all = 0, used = 0;
+        for (int k = 0; k < n_steps; k++) all += step[d * n_steps + k], used += busy[d * n_steps + k];
+        out->idle[d] = all > 0 ? fmin(1, fmax(0, 1 - used / all)) : NAN; /* clock rounding at the ends */
     }
-    free(step), free(busy);
+    for (int k = 0; k < n_steps; k++) {
+        double sum = 0;
+        int n = 0;
+        for (int d = 0; d < devices; d++)
+            if (step[d * n_steps + k] > 0) sum += fmin(1, fmax(0, 1 - busy[d * n_steps + k] / step[d * n_steps + k])), n++;
+        out->steps[k] = first + k;
+        out->step_idle[k] = n ? sum / n : NAN;
+    }
+    free(step), free(busy), free(boxes);
     return 0;
 }
 
@@ -299,6 +340,15 @@ double explain_idle_mean(const explain_measured *m)
     for (int d = 0; d < m->n_devices; d++)
         if (!isnan(m->idle[d])) sum += m->idle[d], n++;
     return n ? sum / n : NAN;
+}
+
+double explain_idle_best(const explain_measured *m, int *step)
+{
+    double best = NAN;
+    for (int k = 0; k < m->n_steps; k++)
+        if (!isnan(m->step_idle[k]) && (isnan(best) || m->step_idle[k] < best))
+            best = m->step_idle[k], *step = m->steps[k];
+    return best;
 }
 
 int explain_trace_read(const char *path, const cli_opts *o, double params, const char *mesh,
@@ -351,7 +401,7 @@ int explain_trace_read(const char *path, const cli_opts *o, double params, const
         qsort(durs[i], (size_t)k, sizeof *durs[i], by_value);
         out->median_us[i] = k % 2 ? durs[i][k / 2] : 0.5 * (durs[i][k / 2 - 1] + durs[i][k / 2]);
     }
-    if (!rc && o->pp) rc = idle_fractions(events, spmd_program_devices(p), out);
+    if (!rc && o->pp) rc = idle_fractions(events, spmd_program_devices(p), (int)first, (int)last, out);
     for (int i = 0; durs && i < n; i++) free(durs[i]);
     free(durs);
     cJSON_Delete(root);
@@ -366,5 +416,7 @@ void explain_measured_free(explain_measured *m)
     free(m->median_us);
     free(m->samples);
     free(m->idle);
+    free(m->steps);
+    free(m->step_idle);
     *m = (explain_measured){0};
 }

@@ -21,6 +21,12 @@ typedef struct explain_measured {
      * or to wake); NAN: none of its steps traced.  NULL without stages. */
     int n_devices;
     double *idle;
+    /* With stages, per traced step (steps[k], first to last): the mean
+     * over the devices of the fraction of that step each was idle; NAN
+     * where no device's step was traced.  NULL without stages. */
+    int n_steps;
+    int *steps;
+    double *step_idle;
 } explain_measured;
 
 /* Reads `path` and checks it is a trace of this plan: the run's model,
@@ -33,6 +39,12 @@ int explain_trace_read(const char *path, const cli_opts *o, double params, const
                        const spmd_program *p, explain_measured *out);
 /* The measured idle fractions' mean over the devices traced; NAN: none. */
 double explain_idle_mean(const explain_measured *m);
+/* The least idle traced step's figure (step_idle), its step in *step;
+ * NAN: none.  Other work on the machine only adds idle time (a device
+ * descheduled makes its neighbour wait), more in some steps than in
+ * others, while the schedule's own bubble is in every step: the least
+ * disturbed step measures it best (docs/design/stages.md, "The bubble"). */
+double explain_idle_best(const explain_measured *m, int *step);
 void explain_measured_free(explain_measured *m);
 
 #endif

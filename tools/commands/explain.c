@@ -91,6 +91,14 @@ static void put_schedule(const cli_opts *o, const cli_model *m, const explain_me
     for (int d = 0; d < meas->n_devices; d++)
         if (!isnan(meas->idle[d])) printf(" device %d %.1f%%,", d, 100 * meas->idle[d]);
     printf(" mean %.1f%%\n", 100 * explain_idle_mean(meas));
+    /* Per step, and the least disturbed step's (explain_idle_best). */
+    int best_step = 0;
+    double best = explain_idle_best(meas, &best_step);
+    if (isnan(best)) return;
+    printf("  measured idle per step (mean of the devices):");
+    for (int k = 0; k < meas->n_steps; k++)
+        if (!isnan(meas->step_idle[k])) printf(" step %d %.1f%%,", meas->steps[k], 100 * meas->step_idle[k]);
+    printf(" least %.1f%% (step %d)\n", 100 * best, best_step);
 }
 
 static cJSON *pipeline_json(const cli_opts *opts, const cli_model *m, const explain_measured *meas)
@@ -107,6 +115,22 @@ static cJSON *pipeline_json(const cli_opts *opts, const cli_model *m, const expl
         double mean = explain_idle_mean(meas);
         if (isnan(mean)) cJSON_AddNullToObject(o, "measured_idle_mean");
         else cJSON_AddNumberToObject(o, "measured_idle_mean", mean);
+        cJSON *steps = cJSON_AddArrayToObject(o, "measured_idle_steps");
+        for (int k = 0; k < meas->n_steps; k++) {
+            cJSON *one = cJSON_CreateObject();
+            cJSON_AddNumberToObject(one, "step", meas->steps[k]);
+            if (isnan(meas->step_idle[k])) cJSON_AddNullToObject(one, "idle");
+            else cJSON_AddNumberToObject(one, "idle", meas->step_idle[k]);
+            cJSON_AddItemToArray(steps, one);
+        }
+        int best_step = 0;
+        double best = explain_idle_best(meas, &best_step);
+        if (isnan(best)) {
+            cJSON_AddNullToObject(o, "measured_idle_least");
+        } else {
+            cJSON_AddNumberToObject(o, "measured_idle_least", best);
+            cJSON_AddNumberToObject(o, "measured_idle_least_step", best_step);
+        }
     }
     return o;
 }
