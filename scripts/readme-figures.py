@@ -4,8 +4,9 @@
     scripts/readme-figures.py [BUILD_DIR] [--only NAME[,NAME...]] [--print] [--list]
     scripts/readme-figures.py --check
 
-Runs each example command of the user documentation (README.md and
-docs/*.md) with BUILD_DIR's spmd (default: build) in a scratch directory,
+Runs each example command of the user documentation (README.md,
+docs/*.md and docs/design/*.md) with BUILD_DIR's spmd (default: build) in
+a scratch directory,
 and rewrites the file that holds its markers between them
 
     <!-- readme-figures: NAME -->
@@ -17,7 +18,9 @@ never rewritten: training runs get a pseudo-terminal and their text as a
 terminal shows it (the live progress line in its last state), and only
 long tables are cut to the rows the README discusses ("..." where rows
 were left out; a rule that matches nothing keeps the whole table).  Each
-timed figure names the machine (CPU model, cores, load) and the day.
+timed figure names the machine (CPU model, cores, load) and the day.  A
+figure that is a picture (`spmd train --trace-plot`) writes its SVG beside
+the page that shows it.
 (Measured figures that are not an example's output are in
 docs/benchmarks.md, written by scripts/bench-figures.py.)
 --print writes the regenerated regions to stdout instead of the files;
@@ -46,7 +49,9 @@ import measured_on
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(
     os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
-    if f.endswith(".md") and f != "DESIGN.md")
+    if f.endswith(".md") and f != "DESIGN.md") + sorted(
+    os.path.join(ROOT, "docs", "design", f) for f in os.listdir(os.path.join(ROOT, "docs", "design"))
+    if f.endswith(".md"))
 SHOWN_TOOL = "./build/spmd"  # how the README spells the tool
 
 
@@ -64,6 +69,8 @@ class Runner:
         if not os.access(self.tool, os.X_OK):
             die(f"no spmd tool at {self.tool} (build it first: make build)")
         self.scratch = scratch
+        # (file in the scratch folder, the documentation's file it becomes)
+        self.pictures = []
 
     def argv(self, shown):
         """The argv of a command as the README shows it ("./build/spmd ...",
@@ -415,6 +422,20 @@ def fig_explain_processes(r):
             prose(f"(`scripts/readme-figures.py` on {machine()}: 4 processes on one host.)"))
 
 
+def fig_stages_trace(r):
+    """One step of GPipe on 2 stages x 8 micro-batches, drawn by
+    --trace-plot: each device's lane, its micro-batches numbered."""
+    cmd = (f"{SHOWN_TOOL} train --mesh 2 --axes pp --pp pp --microbatches 8 --layers 4 --heads 2 \\\n"
+           "    --dim 256 --seq 64 --batch 8 --threads 1 --steps 4 --eval 0 --trace-plot stages-trace.svg")
+    r.run(cmd)
+    r.pictures.append((os.path.join(r.scratch, "stages-trace.svg"),
+                       os.path.join(ROOT, "docs", "design", "stages-trace.svg")))
+    return (block([cmd], []) + "\n\n" +
+            "![One step of GPipe on 2 stages x 8 micro-batches: a lane per device, each run of a "
+            "micro-batch's boxes numbered](stages-trace.svg)\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}; its second step, the first after the one that touches every page.)"))
+
+
 FIGURES = {
     "default-run": fig_default_run,
     "explain-fsdp": fig_explain_fsdp,
@@ -425,11 +446,12 @@ FIGURES = {
     "tokenize-path": fig_tokenize_path,
     "explain-trace": fig_explain_trace,
     "explain-processes": fig_explain_processes,
+    "stages-trace": fig_stages_trace,
 }
 # The figures that name their machine and date: the others are plans,
 # the same on every machine.
 DATED = {"default-run", "sweep", "sample", "resume-drift", "tokenize-path", "explain-trace",
-         "explain-processes"}
+         "explain-processes", "stages-trace"}
 
 
 # ---- The README ----------------------------------------------------------------
@@ -564,6 +586,10 @@ def main(argv):
             bodies[n] = "\n" + FIGURES[n](runner).strip("\n") + "\n\n"
             if to_stdout:
                 print(f"<!-- readme-figures: {n} -->\n{bodies[n]}<!-- /readme-figures -->")
+        if not to_stdout:
+            for made, dest in runner.pictures:
+                shutil.copyfile(made, dest)
+                print(f"readme-figures: wrote {os.path.relpath(dest, ROOT)}", file=sys.stderr)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if not to_stdout:

@@ -31,6 +31,14 @@ enum { N_COLOURS = sizeof COLOURS / sizeof *COLOURS };
 
 /* A communication lane's background, in the lanes and the legend. */
 static const char COMM_FILL[] = "#eeeeee";
+/* Compute of the odd micro-batches (the GPT with stages), lighter than
+ * the even ones' so that each micro-batch stands apart on its lane. */
+static const char ODD_MICRO_FILL[] = "#93b1dd";
+/* A stage transfer: mostly the wait for the neighbouring stage, so the
+ * pipeline's bubble shows as these boxes. */
+static const char TRANSFER_FILL[] = "#d9d9d9";
+
+static bool is_transfer(const spmd_trace_event *e) { return e->op && !strcmp(e->op, "stage_transfer"); }
 
 /* A device's lane, and whether a communication lane goes under it. */
 typedef struct lane {
@@ -68,6 +76,7 @@ static void box_title(FILE *f, const spmd_trace_event *e, const spmd_collective_
         fprintf(f, " ");
         plot_xml(f, e->name);
         fprintf(f, " %s %.1f us", e->shape, e->dur_us);
+        if (e->micro_batch >= 0) fprintf(f, " micro-batch %d", e->micro_batch);
         return;
     }
     char bytes[32];
@@ -88,14 +97,51 @@ static void box(FILE *f, const spmd_trace_event *e, const spmd_collective_info *
     double plot_w = WIDTH - LEFT - RIGHT;
     int k = colour_of(e, c->kind);
     const char *class = e->kind == SPMD_TRACE_IN_FLIGHT ? "in-flight"
+                        : is_transfer(e)                 ? "transfer"
                         : k == 0                         ? "compute"
                         : k == N_COLOURS - 1             ? "update"
                                                          : "collective";
     double x = LEFT + (e->start_us - t0) / span * plot_w, w = e->dur_us / span * plot_w;
+    const char *fill = is_transfer(e)                       ? TRANSFER_FILL
+                       : k == 0 && e->micro_batch % 2 == 1 ? ODD_MICRO_FILL
+                                                           : COLOURS[k].colour;
     fprintf(f, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\"><title>",
-            class, x, y, w > 0.3 ? w : 0.3, height, COLOURS[k].colour);
+            class, x, y, w > 0.3 ? w : 0.3, height, fill);
     box_title(f, e, c);
     fprintf(f, "</title></rect>\n");
+}
+
+/* A micro-batch's number over its run of boxes on a lane, where the run
+ * is wide enough for it. */
+static void micro_label(FILE *f, int micro, double from_us, double to_us, double t0, double span, int y)
+{
+    double plot_w = WIDTH - LEFT - RIGHT, x0 = LEFT + (from_us - t0) / span * plot_w,
+           x1 = LEFT + (to_us - t0) / span * plot_w;
+    if (micro < 0 || x1 - x0 < 10) return;
+    fprintf(f, "<text class=\"micro\" x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-size=\"10\" "
+               "fill=\"white\">%d</text>\n", (x0 + x1) / 2, y + LANE / 2 + 4, micro);
+}
+
+/* Over each run of a lane's boxes of one micro-batch, its number.  A
+ * stage transfer ends the run and is in none (its box is mostly the wait
+ * for the neighbour: no micro-batch's work), so a stage's forward and
+ * backward of one micro-batch are two runs around the bubble. */
+static void micro_labels(FILE *f, const spmd_trace_event *ev, int n, int device, double t0, double span,
+                         int y)
+{
+    int micro = -1;
+    double from = 0, to = 0;
+    for (int i = 0; i < n; i++) {
+        const spmd_trace_event *e = &ev[i];
+        if (e->device != device || e->kind == SPMD_TRACE_RUN || e->kind == SPMD_TRACE_IN_FLIGHT) continue;
+        bool transfer = is_transfer(e);
+        if (transfer || e->micro_batch != micro) {
+            micro_label(f, micro, from, to, t0, span, y);
+            micro = transfer ? -1 : e->micro_batch, from = e->start_us;
+        }
+        to = e->start_us + e->dur_us;
+    }
+    micro_label(f, micro, from, to, t0, span, y);
 }
 
 static void draw(FILE *f, const char *title, const spmd_trace_event *ev,
@@ -105,7 +151,9 @@ static void draw(FILE *f, const char *title, const spmd_trace_event *ev,
     int axis_y = TOP;
     bool any_comm = false;
     for (int l = 0; l < n_lanes; l++) axis_y += lane_height(&lanes[l]), any_comm |= lanes[l].comm;
-    int height = axis_y + 70;
+    bool any_micro = false, any_transfer = false;
+    for (int i = 0; i < n; i++) any_micro |= ev[i].micro_batch >= 0, any_transfer |= is_transfer(&ev[i]);
+    int height = axis_y + 70 + (any_micro || any_transfer ? 24 : 0);
     double span = t1 > t0 ? t1 - t0 : 1, plot_w = WIDTH - LEFT - RIGHT;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
@@ -133,6 +181,7 @@ static void draw(FILE *f, const char *title, const spmd_trace_event *ev,
         for (int i = 0; i < n; i++)
             if (ev[i].device == d && ev[i].kind != SPMD_TRACE_RUN && ev[i].kind != SPMD_TRACE_IN_FLIGHT)
                 box(f, &ev[i], &colls[i], t0, span, y, LANE);
+        micro_labels(f, ev, n, d, t0, span, y);
         fprintf(f, "</g>\n");
         if (lanes[l].comm) {
             /* The device's communication thread: its collectives in flight. */
@@ -157,9 +206,20 @@ static void draw(FILE *f, const char *title, const spmd_trace_event *ev,
                 ly, COLOURS[c].label);
         x += 24 + 8 * (int)strlen(COLOURS[c].label);
     }
-    if (any_comm)
+    if (any_comm) {
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"6\" fill=\"%s\" stroke=\"#999\"/>"
                    "<text x=\"%d\" y=\"%d\">comm: in flight</text>\n", x, ly - 7, COMM_FILL, x + 16, ly);
+        x += 24 + 8 * (int)strlen("comm: in flight");
+    }
+    /* With stages, a second row: the micro-batches' shades and the transfers. */
+    if (any_micro)
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
+                   "<text x=\"%d\" y=\"%d\">compute of an odd micro-batch (each numbered)</text>\n", LEFT,
+                ly + 8, ODD_MICRO_FILL, LEFT + 16, ly + 18);
+    if (any_transfer)
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
+                   "<text x=\"%d\" y=\"%d\">stage transfer (mostly waiting for the other stage)</text>\n",
+                LEFT + 400, ly + 8, TRANSFER_FILL, LEFT + 416, ly + 18);
     fprintf(f, "</g>\n</svg>\n");
 }
 

@@ -1,7 +1,9 @@
 /*
  * One step of a trace (trace.h) as an SVG picture: a lane per device,
  * time across, each node of the schedule a box, coloured by what it is
- * (compute, or the collective's kind; the update grey), and under a
+ * (compute, or the collective's kind; the update grey; with micro-batches,
+ * each run of one micro-batch's boxes numbered, the odd ones' compute
+ * lighter), and under a
  * device with collectives in flight a thinner lane for its communication
  * thread, those collectives coloured alike.
  */

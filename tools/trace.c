@@ -205,12 +205,16 @@ static void add_device_event(cJSON *list, const spmd_program *p, const spmd_trac
     spmd_collective_info c;
     bool coll = e->kind == SPMD_TRACE_COLLECTIVE &&
                 spmd_program_collective(p, e->collective, &c) == SPMD_OK;
-    cJSON *args = complete(list, coll ? c.kind : e->op, coll ? "collective" : "compute", ts,
-                           e->dur_us, pid, e->device);
+    /* A micro-batch's compute says which in its name, for the viewer's box. */
+    char named[64];
+    if (!coll && e->micro_batch >= 0) snprintf(named, sizeof named, "%s mb%d", e->op, e->micro_batch);
+    cJSON *args = complete(list, coll ? c.kind : e->micro_batch >= 0 ? named : e->op,
+                           coll ? "collective" : "compute", ts, e->dur_us, pid, e->device);
     cJSON_AddStringToObject(args, "node", e->name);
     cJSON_AddStringToObject(args, "shape", e->shape);
     cJSON_AddStringToObject(args, "op", e->op);
     cJSON_AddNumberToObject(args, "wait_us", e->wait_us);
+    if (e->micro_batch >= 0) cJSON_AddNumberToObject(args, "micro_batch", e->micro_batch);
     if (coll) {
         cJSON_AddNumberToObject(args, "collective", e->collective); /* explain --trace's index */
         cJSON_AddStringToObject(args, "kind", c.kind);

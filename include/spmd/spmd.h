@@ -577,6 +577,9 @@ typedef struct spmd_trace_event {
     char name[96];      /* the node's name, else op#id; a run: "step", or "micro-batch" */
     char shape[64];     /* the node's (per-device) shape: "f32[64,1024]" */
     int collective;     /* index for spmd_program_collective; -1 if not one */
+    /* The micro-batch the node computes (from 0: the GPT with stages,
+     * spmd_gpt_build_stages); -1 if none, for a run or an update. */
+    int micro_batch;
 } spmd_trace_event;
 
 /* Record the next `runs` runs (more are run but not recorded); forgets

@@ -102,6 +102,7 @@ spmd_status spmd_program_trace_event(const spmd_program *p, int i, spmd_trace_ev
     memset(out, 0, sizeof *out);
     out->run = run;
     out->collective = -1;
+    out->micro_batch = -1;
     if (i == 0) {
         out->kind = SPMD_TRACE_RUN;
         out->device = -1;
@@ -160,5 +161,6 @@ spmd_status spmd_program_trace_event(const spmd_program *p, int i, spmd_trace_ev
     if (t->name) snprintf(out->name, sizeof out->name, "%s", t->name);
     else snprintf(out->name, sizeof out->name, "%s#%d", ir_op_name(t->op), t->id);
     ir_shape_str(t, out->shape, sizeof out->shape);
+    out->micro_batch = t->micro;
     return SPMD_OK;
 }

@@ -21,10 +21,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "support_files.h"
 #include "support_tool.h"
 
 #include <cJSON.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,38 +302,70 @@ static cJSON *read_json(const char *path)
     return j;
 }
 
+/* How often `part` occurs in `text`. */
+static int count_of(const char *text, const char *part)
+{
+    int n = 0;
+    for (const char *p = strstr(text, part); p; p = strstr(p + 1, part)) n++;
+    return n;
+}
+
 /* The bubble: explain shows GPipe's computed (S-1)/(M+S-1) and, from a
  * trace of --threads 1 on 2 stages x 8 micro-batches, each device's
  * measured idle fraction, finite and in [0, 1] (how near the computed
  * one it comes depends on the machine's load: docs/design/stages.md).
- * The trace holds only each device's own stage's nodes. */
+ * The trace holds only each device's own stage's nodes; every one of
+ * the 8 micro-batches computes on both devices, its compute boxes named
+ * "<op> mb<m>" with the argument micro_batch; the picture numbers the
+ * micro-batches' runs and greys the stage transfers. */
 static void test_bubble_computed_and_measured(void **state)
 {
     (void)state;
     const char *flags = "--mesh 2 --axes pp --pp pp --microbatches 8 --layers 4 --dim 32 --heads 2 "
                         "--seq 16 --batch 4 --threads 1";
-    char trace[128], report[128];
+    char trace[128], report[128], svg[128];
     snprintf(trace, sizeof trace, "%s/trace.json", dir);
     snprintf(report, sizeof report, "%s/explain.json", dir);
+    snprintf(svg, sizeof svg, "%s/trace.svg", dir);
     tool(0, "explain %s", flags);
     has("schedule: GPipe, 8 micro-batches over 2 stages");
     has("bubble (S-1)/(M+S-1) = 1/9 = 11.1% of a step idle on each device");
-    tool(0, "train --steps 3 --eval 0 %s --trace %s", flags, trace);
+    tool(0, "train --steps 3 --eval 0 %s --trace %s --trace-plot %s", flags, trace, svg);
     cJSON *t = read_json(trace);
     const cJSON *e;
     int boxes = 0;
+    bool computes[2][8] = {{false}};
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(t, "traceEvents"))
     {
-        const cJSON *op = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "args"), "op");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+        const cJSON *op = cJSON_GetObjectItemCaseSensitive(args, "op");
         const cJSON *tid = cJSON_GetObjectItemCaseSensitive(e, "tid");
         if (!cJSON_IsString(op) || !cJSON_IsNumber(tid)) continue;
         boxes++;
         /* The embedding is the first stage's (device 0), the loss the last's. */
         if (!strcmp(op->valuestring, "embedding")) assert_int_equal(tid->valueint, 0);
         if (!strcmp(op->valuestring, "cross_entropy")) assert_int_equal(tid->valueint, 1);
+        const cJSON *micro = cJSON_GetObjectItemCaseSensitive(args, "micro_batch");
+        if (!micro) continue;
+        int m = micro->valueint;
+        assert_true(m >= 0 && m < 8 && tid->valueint >= 0 && tid->valueint < 2);
+        char name[96];
+        snprintf(name, sizeof name, "%s mb%d", op->valuestring, m);
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring, name);
+        if (strcmp(op->valuestring, "stage_transfer")) computes[tid->valueint][m] = true;
     }
     assert_true(boxes > 0);
+    for (int d = 0; d < 2; d++)
+        for (int m = 0; m < 8; m++)
+            if (!computes[d][m]) fail_msg("no compute of micro-batch %d on device %d", m, d);
     cJSON_Delete(t);
+    size_t len;
+    char *picture = support_read_file(svg, &len);
+    assert_non_null(picture);
+    assert_true(count_of(picture, "class=\"transfer\"") > 0);
+    assert_true(count_of(picture, "class=\"micro\"") > 0);
+    free(picture);
+    remove(svg);
     tool(0, "explain %s --trace %s --json %s", flags, trace, report);
     has("measured idle (steps 1 to 3");
     cJSON *j = read_json(report);
@@ -392,6 +426,31 @@ static void test_bubble_within_ten_points(void **state)
     if (fabs(best - 1.0 / 9) > 0.10)
         fail_msg("the least idle step measured %.1f%%, more than 10 points from GPipe's 11.1%%", 100 * best);
     cJSON_Delete(j);
+}
+
+/* docs/design/stages.md shows a pipelined step (scripts/readme-figures.py's
+ * stages-trace): two lanes, the micro-batches' runs numbered (each of the
+ * 8 forward and backward on both lanes, wide enough at that shape), the
+ * stage transfers grey. */
+static void test_docs_picture(void **state)
+{
+    (void)state;
+    char path[SUPPORT_PATH];
+    size_t len;
+    char *page = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "docs/design/stages.md"), &len);
+    assert_non_null(page);
+    assert_non_null(strstr(page, "](stages-trace.svg)"));
+    free(page);
+    char *picture = support_read_file(support_path_in(path, SPMD_SOURCE_DIR, "docs/design/stages-trace.svg"), &len);
+    assert_non_null(picture);
+    assert_int_equal(count_of(picture, "<g class=\"lane\""), 2);
+    assert_true(count_of(picture, "class=\"transfer\"") > 0);
+    for (int m = 0; m < 8; m++) {
+        char label[48];
+        snprintf(label, sizeof label, "fill=\"white\">%d</text>", m);
+        assert_int_equal(count_of(picture, label), 4);
+    }
+    free(picture);
 }
 
 static void test_refusals(void **state)
@@ -455,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_only_activations_cross),
         cmocka_unit_test(test_bubble_computed_and_measured),
         cmocka_unit_test(test_bubble_within_ten_points),
+        cmocka_unit_test(test_docs_picture),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
