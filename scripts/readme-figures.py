@@ -436,6 +436,21 @@ def fig_stages_trace(r):
             prose(f"(`scripts/readme-figures.py` on {machine()}; its second step, the first after the one that touches every page.)"))
 
 
+def fig_stages_trace_1f1b(r):
+    """The same step in 1F1B's order: after its warm-up each stage runs
+    one forward and one backward by turns."""
+    cmd = (f"{SHOWN_TOOL} train --mesh 2 --axes pp --pp pp --microbatches 8 --pp-schedule 1f1b \\\n"
+           "    --layers 4 --heads 2 --dim 256 --seq 64 --batch 8 --threads 1 --steps 4 --eval 0 \\\n"
+           "    --trace-plot stages-trace-1f1b.svg")
+    r.run(cmd)
+    r.pictures.append((os.path.join(r.scratch, "stages-trace-1f1b.svg"),
+                       os.path.join(ROOT, "docs", "design", "stages-trace-1f1b.svg")))
+    return (block([cmd], []) + "\n\n" +
+            "![One step of 1F1B on 2 stages x 8 micro-batches: after the first stage's warm-up "
+            "forward, each stage alternates a forward and a backward](stages-trace-1f1b.svg)\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}; its second step.)"))
+
+
 FIGURES = {
     "default-run": fig_default_run,
     "explain-fsdp": fig_explain_fsdp,
@@ -447,11 +462,12 @@ FIGURES = {
     "explain-trace": fig_explain_trace,
     "explain-processes": fig_explain_processes,
     "stages-trace": fig_stages_trace,
+    "stages-trace-1f1b": fig_stages_trace_1f1b,
 }
 # The figures that name their machine and date: the others are plans,
 # the same on every machine.
 DATED = {"default-run", "sweep", "sample", "resume-drift", "tokenize-path", "explain-trace",
-         "explain-processes", "stages-trace"}
+         "explain-processes", "stages-trace", "stages-trace-1f1b"}
 
 
 # ---- The README ----------------------------------------------------------------

@@ -205,13 +205,19 @@ spmd_status stages_priority(const compiled *c, int64_t **out)
         return SPMD_ERR_NOMEM;
     }
     one_f_one_b_slots(stages, micro, time);
+    /* A transfer sends what its sender's slot made, after every stage's
+     * work of that slot: both its devices meet it as their slot ends, so
+     * that a transfer (a rendezvous) never holds a device that could
+     * compute.  Keyed at the receiver's slot instead, the sender would
+     * first compute its next slot's work, and the receiver wait for it. */
     for (int i = 0; i < lg->n_nodes; i++) {
         const spmd_tensor *t = lg->nodes[i];
         bool backward = lg->backward_begin > 0 && i >= lg->backward_begin;
-        int s = t->op == IR_STAGE_TRANSFER ? t->attr.stage.to : t->stage;
+        bool transfer = t->op == IR_STAGE_TRANSFER;
+        int s = transfer ? t->attr.stage.from : t->stage;
         if (lg->backward_end > 0 && i >= lg->backward_end) key[i] = INT64_MAX; /* the update: last */
         else if (t->micro < 0 || s < 0) key[i] = -1;                         /* as soon as it can */
-        else key[i] = time[((size_t)s * micro + t->micro) * 2 + backward];
+        else key[i] = 2 * time[((size_t)s * micro + t->micro) * 2 + backward] + transfer;
     }
     base_free(&c->alloc, time);
     *out = key;
