@@ -29,8 +29,9 @@
 #   3. a stage's host stalled (its processes stopped, SIGSTOP, mid-run;
 #      2 stages over 2 hosts): the neighbour stage's watchdog
 #      (--collective-timeout) ends the job, naming the stage transfer it
-#      waited in and the host it waited for, within the watchdog's bound
-#      plus BOUND;
+#      waited in and the host it waited for (or the step's gather over
+#      every process, where the stall met it there), within the
+#      watchdog's bound plus BOUND;
 #   4. a host killed mid-run (every process in its namespace, kill -9):
 #      the job ends, non-zero (Open MPI 5.0.7's mpirun exits 0 there,
 #      saying it lost the host: see ended_well), well inside its timeout;
@@ -395,11 +396,18 @@ case_stage_stalled() {
   done
   run_until_end $job
   ended_well "stage 1 stalled" "$log" || { show "$log"; return 1; }
+  # The stall meets stage 0 in a stage transfer (the watchdog names it
+  # and the process and host it waits for) or, as often on this small
+  # shape, in the step's gather over every process that reads the loss
+  # from the last stage (a collective over all, which cannot say which
+  # one is missing: it names the one waiting).
   local why
-  why=$(grep -a 'collective timeout: stage_transfer from stage ' "$log" | head -1)
-  if [ -z "$why" ] || [[ $why != *"process 0: step "*" failed: device 0: "* ]] ||
-    [[ $why != *"without progress for process 1 on ${HOSTS[1]}"* ]]; then
-    say "  no watchdog message naming the stage transfer and ${HOSTS[1]}:"
+  why=$(grep -a -E 'collective timeout: (stage_transfer from stage |a gather over the 2 processes)' \
+    "$log" | head -1)
+  if [ -z "$why" ] || [[ $why != *"process 0: step "*" failed: "* ]] ||
+    { [[ $why == *stage_transfer* ]] && [[ $why != *"without progress for process 1 on ${HOSTS[1]}"* ]]; } ||
+    { [[ $why != *stage_transfer* ]] && [[ $why != *"process 0 on ${HOSTS[0]} waited"* ]]; }; then
+    say "  no watchdog message naming the stage transfer and ${HOSTS[1]}, or the gather:"
     show "$log"
     return 1
   fi
