@@ -422,33 +422,32 @@ def fig_explain_processes(r):
             prose(f"(`scripts/readme-figures.py` on {machine()}: 4 processes on one host.)"))
 
 
-def fig_stages_trace(r):
-    """One step of GPipe on 2 stages x 8 micro-batches, drawn by
-    --trace-plot: each device's lane, its micro-batches numbered."""
-    cmd = (f"{SHOWN_TOOL} train --mesh 2 --axes pp --pp pp --microbatches 8 --layers 4 --heads 2 \\\n"
-           "    --dim 256 --seq 64 --batch 8 --threads 1 --steps 4 --eval 0 --trace-plot stages-trace.svg")
+def stages_trace(r, schedule, name, alt, note):
+    """One step on 2 stages x 8 micro-batches in `schedule`'s order, drawn
+    by --trace-plot into docs/design/NAME.svg: each device's lane, its
+    micro-batches numbered."""
+    order = "" if schedule == "gpipe" else f" --pp-schedule {schedule}"
+    cmd = (f"{SHOWN_TOOL} train --mesh 2 --axes pp --pp pp --microbatches 8{order} --layers 4 --heads 2 \\\n"
+           f"    --dim 256 --seq 64 --batch 8 --threads 1 --steps 4 --eval 0 --trace-plot {name}.svg")
     r.run(cmd)
-    r.pictures.append((os.path.join(r.scratch, "stages-trace.svg"),
-                       os.path.join(ROOT, "docs", "design", "stages-trace.svg")))
-    return (block([cmd], []) + "\n\n" +
-            "![One step of GPipe on 2 stages x 8 micro-batches: a lane per device, each run of a "
-            "micro-batch's boxes numbered](stages-trace.svg)\n\n" +
-            prose(f"(`scripts/readme-figures.py` on {machine()}; its second step, the first after the one that touches every page.)"))
+    r.pictures.append((os.path.join(r.scratch, f"{name}.svg"),
+                       os.path.join(ROOT, "docs", "design", f"{name}.svg")))
+    return (block([cmd], []) + "\n\n" + f"![{alt}]({name}.svg)\n\n" +
+            prose(f"(`scripts/readme-figures.py` on {machine()}; {note})"))
+
+
+def fig_stages_trace(r):
+    return stages_trace(r, "gpipe", "stages-trace",
+                        "One step of GPipe on 2 stages x 8 micro-batches: a lane per device, each run "
+                        "of a micro-batch's boxes numbered",
+                        "its second step, the first after the one that touches every page.")
 
 
 def fig_stages_trace_1f1b(r):
-    """The same step in 1F1B's order: after its warm-up each stage runs
-    one forward and one backward by turns."""
-    cmd = (f"{SHOWN_TOOL} train --mesh 2 --axes pp --pp pp --microbatches 8 --pp-schedule 1f1b \\\n"
-           "    --layers 4 --heads 2 --dim 256 --seq 64 --batch 8 --threads 1 --steps 4 --eval 0 \\\n"
-           "    --trace-plot stages-trace-1f1b.svg")
-    r.run(cmd)
-    r.pictures.append((os.path.join(r.scratch, "stages-trace-1f1b.svg"),
-                       os.path.join(ROOT, "docs", "design", "stages-trace-1f1b.svg")))
-    return (block([cmd], []) + "\n\n" +
-            "![One step of 1F1B on 2 stages x 8 micro-batches: after the first stage's warm-up "
-            "forward, each stage alternates a forward and a backward](stages-trace-1f1b.svg)\n\n" +
-            prose(f"(`scripts/readme-figures.py` on {machine()}; its second step.)"))
+    return stages_trace(r, "1f1b", "stages-trace-1f1b",
+                        "One step of 1F1B on 2 stages x 8 micro-batches: after the first stage's "
+                        "warm-up forward, each stage alternates a forward and a backward",
+                        "its second step.")
 
 
 FIGURES = {

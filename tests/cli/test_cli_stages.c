@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "support_files.h"
+#include "support_json.h"
 #include "support_tool.h"
 
 #include <cJSON.h>
@@ -288,20 +289,6 @@ static void test_only_activations_cross(void **state)
     check_crossing(4, 1, 4);
 }
 
-/* A file's whole text, parsed. */
-static cJSON *read_json(const char *path)
-{
-    static char text[1 << 23];
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("no file %s", path);
-    size_t len = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[len] = '\0';
-    cJSON *j = cJSON_Parse(text);
-    if (!j) fail_msg("%s is not JSON", path);
-    return j;
-}
-
 /* How often `part` occurs in `text`. */
 static int count_of(const char *text, const char *part)
 {
@@ -331,7 +318,7 @@ static void test_bubble_computed_and_measured(void **state)
     has("schedule: GPipe, 8 micro-batches over 2 stages");
     has("bubble (S-1)/(M+S-1) = 1/9 = 11.1% of a step idle on each device");
     tool(0, "train --steps 3 --eval 0 %s --trace %s --trace-plot %s", flags, trace, svg);
-    cJSON *t = read_json(trace);
+    cJSON *t = support_load_json(trace);
     const cJSON *e;
     int boxes = 0;
     bool computes[2][8] = {{false}};
@@ -370,7 +357,7 @@ static void test_bubble_computed_and_measured(void **state)
     remove(svg);
     tool(0, "explain %s --trace %s --json %s", flags, trace, report);
     has("measured idle (steps 1 to 3");
-    cJSON *j = read_json(report);
+    cJSON *j = support_load_json(report);
     remove(trace);
     remove(report);
     const cJSON *pipe = cJSON_GetObjectItemCaseSensitive(j, "pipeline");
@@ -407,7 +394,7 @@ static void bubble_within_ten_points(const char *schedule)
     tool(0, "train --steps 5 --eval 0 %s --trace %s --trace-steps 4", flags, trace); /* steps 2 to 5 */
     tool(0, "explain %s --trace %s --json %s", flags, trace, report);
     has("measured idle per step (mean of the devices): step 2 ");
-    cJSON *j = read_json(report);
+    cJSON *j = support_load_json(report);
     remove(trace);
     remove(report);
     const cJSON *pipe = cJSON_GetObjectItemCaseSensitive(j, "pipeline");

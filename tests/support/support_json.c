@@ -14,7 +14,7 @@ cJSON *support_load_json(const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) fail_msg("cannot open %s", path);
-    static char buf[1 << 20];
+    static char buf[1 << 23]; /* a trace of a few steps takes megabytes */
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = '\0';
